@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+from wasihost.package import Package
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+
+# Trap paths of wasmtime are much slower with Rust backtraces on; tests trap a lot.
+os.environ["RUST_BACKTRACE"] = "0"
+
+settings.register_profile("ci", deadline=None, print_blob=True)
+settings.load_profile("ci")
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+ALL_CAPS = frozenset({"log", "clock", "random"})
+
+
+@pytest.fixture
+def host() -> Iterator[Host]:
+    with Host(Policy(allow=ALL_CAPS), cache_dir=None) as h:
+        yield h
+
+
+def bare(wasm: bytes, name: str = "guest.wasm") -> Package:
+    return Package(name, None, wasm, hashlib.sha256(wasm).hexdigest())

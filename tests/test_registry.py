@@ -1,0 +1,86 @@
+"""The registry the host serves is the normative one in abi/, entry by entry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from wasihost.errors import ConfigError
+from wasihost.registry import AbiVersion, Registry, default_registry, major_from_json
+from wasihost.status import Status
+
+ROOT = Path(__file__).resolve().parent.parent
+NORMATIVE = ROOT / "abi" / "v1" / "registry.json"
+SHIPPED = ROOT / "wasihost" / "abi_data" / "v1.json"
+
+
+def test_shipped_registry_is_the_normative_file() -> None:
+    assert SHIPPED.read_bytes() == NORMATIVE.read_bytes()
+
+
+def test_python_registry_agrees_with_json_entry_by_entry() -> None:
+    doc = json.loads(NORMATIVE.read_text())
+    registry = default_registry()
+    served = {f.name: f for f in registry.functions(AbiVersion(1, doc["latest_minor"]))}
+    assert set(served) == {f["name"] for f in doc["functions"]}
+    for raw in doc["functions"]:
+        entry = served[raw["name"]]
+        assert entry.module == doc["import_module"]
+        assert entry.to_json() | {"module": None} == raw | {"module": None}
+
+
+def test_status_enum_matches_registry_codes() -> None:
+    doc = json.loads(NORMATIVE.read_text())
+    assert {s.name: s.value for s in Status} == doc["status_codes"]
+
+
+def test_abi_version_parse_and_order() -> None:
+    assert AbiVersion.parse("1.0") < AbiVersion.parse("1.2") < AbiVersion.parse("2.0")
+    assert str(AbiVersion.parse("10.3")) == "10.3"
+    for bad in ["1", "1.0.0", "01.0", "1.01", "a.b", "", " 1.0"]:
+        with pytest.raises(ValueError, match="MAJOR.MINOR"):
+            AbiVersion.parse(bad)
+
+
+def _doc_with_minor_1() -> dict[str, object]:
+    doc = json.loads(NORMATIVE.read_text())
+    doc["latest_minor"] = 1
+    newer = dict(doc["functions"][1], name="log_v11", since="1.1")
+    doc["functions"].append(newer)
+    return doc
+
+
+def test_views_hide_entries_newer_than_the_declared_minor() -> None:
+    registry = Registry()
+    registry.add_major(major_from_json(_doc_with_minor_1()))
+    old = registry.view(AbiVersion(1, 0))
+    new = registry.view(AbiVersion(1, 1))
+    assert old.lookup("wasihost_v1", "log_v11") is None
+    assert new.lookup("wasihost_v1", "log_v11") is not None
+    assert old.lookup("wasihost_v1", "log") is not None
+
+
+def test_unserved_versions_are_refused() -> None:
+    registry = default_registry()
+    assert not registry.supports(AbiVersion(2, 0))
+    assert not registry.supports(AbiVersion(1, 99))
+    with pytest.raises(ConfigError, match="not served"):
+        registry.view(AbiVersion(2, 0))
+
+
+def test_malformed_registry_fails_loudly() -> None:
+    doc = json.loads(NORMATIVE.read_text())
+    doc["functions"][0]["params"] = ["i33"]
+    with pytest.raises(ConfigError, match="value types"):
+        major_from_json(doc)
+    doc = json.loads(NORMATIVE.read_text())
+    doc["functions"].append(doc["functions"][0])
+    with pytest.raises(ConfigError, match="duplicate"):
+        Registry().add_major(major_from_json(doc))
+
+
+def test_capabilities_exclude_core() -> None:
+    caps = default_registry().capabilities()
+    assert caps == {"log", "clock", "random"}

@@ -1,0 +1,49 @@
+"""wasihost: run untrusted WebAssembly extensions behind a versioned host-function registry.
+
+The daily-use names live here. They are loaded lazily so that the pure core
+(``wasihost.registry``, ``wasihost.admission``, ``wasihost.codec`` ...) can be imported and
+tested without loading the engine.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdmissionError",
+    "CallError",
+    "EngineSettings",
+    "Extension",
+    "FailureClass",
+    "Host",
+    "Policy",
+    "WasihostError",
+]
+
+_LAZY = {
+    "Host": "wasihost.runtime",
+    "Extension": "wasihost.runtime",
+    "Policy": "wasihost.policy",
+    "EngineSettings": "wasihost.settings",
+    "WasihostError": "wasihost.errors",
+    "AdmissionError": "wasihost.errors",
+    "CallError": "wasihost.errors",
+    "FailureClass": "wasihost.errors",
+}
+
+if TYPE_CHECKING:
+    from .errors import AdmissionError, CallError, FailureClass, WasihostError
+    from .policy import Policy
+    from .runtime import Extension, Host
+    from .settings import EngineSettings
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'wasihost' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

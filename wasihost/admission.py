@@ -1,0 +1,170 @@
+"""Static admission: decide, from the module's bytes alone, whether it may be instantiated.
+
+Pure. Runs on the :class:`~wasihost.wasmbin.ModuleHeader` before the engine compiles anything,
+so a refused module costs a header scan, never a compile, and none of its code runs. Every
+problem found is reported, each naming the import, export or declaration at fault.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .errors import AdmissionError
+from .policy import Grant
+from .registry import AbiVersion, HostFunction, Registry, RegistryView
+from .wasmbin import PAGE_BYTES, ModuleHeader
+
+MARKER_SECTION = "wasihost_abi"
+MARKER_MAX_BYTES = 16
+# Every guest built on the SDK (and every wasi-libc program) has exactly one table; a second
+# one buys a guest nothing this ABI offers.
+MAX_TABLES = 1
+WASI_MODULE = "wasi_snapshot_preview1"
+
+
+@attrs.frozen
+class AdmissionPlan:
+    """An admitted module: its ABI view and, in import order, the entry each import binds to."""
+
+    version: AbiVersion
+    view: RegistryView
+    imports: tuple[HostFunction, ...]
+
+
+def declared_version(header: ModuleHeader) -> AbiVersion:
+    """The ABI version the module's marker declares; refuse a missing or malformed marker."""
+    markers = header.custom(MARKER_SECTION)
+    if not markers:
+        wasi_only = header.imports and all(i.module == WASI_MODULE for i in header.imports)
+        hint = (
+            " (a plain WASI command module needs the WASI profile, which this host does not serve)"
+            if wasi_only
+            else ""
+        )
+        raise AdmissionError([f"module has no {MARKER_SECTION!r} custom section{hint}"])
+    if len(markers) > 1:
+        raise AdmissionError([f"module has {len(markers)} {MARKER_SECTION!r} sections; need one"])
+    raw = markers[0]
+    if len(raw) > MARKER_MAX_BYTES:
+        raise AdmissionError([f"{MARKER_SECTION!r} section of {len(raw)} bytes is malformed"])
+    try:
+        return AbiVersion.parse(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise AdmissionError([f"{MARKER_SECTION!r} section {raw!r} is not MAJOR.MINOR"]) from None
+
+
+def _check_limits(header: ModuleHeader, max_memory_bytes: int, max_table_elements: int) -> list[str]:
+    problems = []
+    for imp in header.imports:
+        if imp.kind != "func":
+            problems.append(
+                f"import {imp.module}.{imp.name}: imports a {imp.kind}; "
+                "guests may import only registry functions"
+            )
+    if len(header.memories) != 1:
+        problems.append(f"module defines {len(header.memories)} memories; the ABI needs exactly 1")
+    for i, mem in enumerate(header.memories):
+        if mem.is_64:
+            problems.append(f"memory {i} is a 64-bit memory; only 32-bit memories are supported")
+        if mem.shared:
+            problems.append(f"memory {i} is shared; shared memories are not supported")
+        if mem.minimum * PAGE_BYTES > max_memory_bytes:
+            problems.append(
+                f"memory {i} declares a minimum of {mem.minimum} pages "
+                f"({mem.minimum * PAGE_BYTES} bytes), over the limit of {max_memory_bytes} bytes"
+            )
+    if len(header.tables) > MAX_TABLES:
+        problems.append(f"module defines {len(header.tables)} tables; at most {MAX_TABLES}")
+    for i, table in enumerate(header.tables):
+        if table.minimum > max_table_elements:
+            problems.append(
+                f"table {i} declares a minimum of {table.minimum} elements, "
+                f"over the limit of {max_table_elements}"
+            )
+    return problems
+
+
+def _check_imports(
+    header: ModuleHeader, view: RegistryView, registry: Registry, grant: Grant
+) -> tuple[list[str], list[HostFunction]]:
+    problems: list[str] = []
+    bound: list[HostFunction] = []
+    version = view.version
+    spec_all = registry.majors[version.major].functions
+    for imp in header.imports:
+        if imp.kind != "func" or imp.func_type is None:
+            continue  # reported by _check_limits
+        where = f"import {imp.module}.{imp.name}"
+        entry = view.lookup(imp.module, imp.name)
+        if entry is None:
+            later = [f for f in spec_all if f.module == imp.module and f.name == imp.name]
+            if later:
+                problems.append(
+                    f"{where}: added in ABI {later[0].since}, but the module declares {version}"
+                )
+            elif imp.module not in view.modules:
+                served = ", ".join(sorted(view.modules))
+                problems.append(
+                    f"{where}: unknown import module {imp.module!r} (ABI {version} serves {served})"
+                )
+            else:
+                problems.append(f"{where}: not an entry of the ABI {version} registry")
+            continue
+        if (tuple(imp.func_type.params), tuple(imp.func_type.results)) != (
+            entry.params,
+            entry.results,
+        ):
+            problems.append(f"{where}: signature {imp.func_type} differs from {entry.signature}")
+            continue
+        if not grant.allows(entry.capability):
+            problems.append(f"{where}: needs capability {entry.capability!r}, which is not granted")
+            continue
+        bound.append(entry)
+    return problems, bound
+
+
+def _check_exports(header: ModuleHeader, view: RegistryView) -> list[str]:
+    problems = []
+    exports = {e.name: e for e in header.exports}
+    for spec in view.spec.exports:
+        found = exports.get(spec.name)
+        if found is None:
+            problems.append(f"export {spec.name!r} ({spec.kind}) is missing")
+        elif found.kind != spec.kind:
+            problems.append(f"export {spec.name!r} is a {found.kind}, the ABI needs a {spec.kind}")
+        elif spec.kind == "func" and found.func_type is not None:
+            got = (found.func_type.params, found.func_type.results)
+            if got != (spec.params, spec.results):
+                want = f"({', '.join(spec.params)}) -> ({', '.join(spec.results)})"
+                problems.append(
+                    f"export {spec.name!r} has signature {found.func_type}, the ABI needs {want}"
+                )
+    return problems
+
+
+def admit(
+    header: ModuleHeader,
+    registry: Registry,
+    grant: Grant,
+    *,
+    max_memory_bytes: int,
+    max_table_elements: int,
+    manifest_abi: AbiVersion | None = None,
+) -> AdmissionPlan:
+    """Admit the module or raise :class:`AdmissionError` listing every problem found."""
+    version = declared_version(header)
+    if manifest_abi is not None and manifest_abi != version:
+        raise AdmissionError(
+            [f"manifest declares ABI {manifest_abi}, the module's marker declares {version}"]
+        )
+    if not registry.supports(version):
+        served = ", ".join(str(v) for v in registry.versions)
+        raise AdmissionError([f"module declares ABI {version}; this host serves {served}"])
+    view = registry.view(version)
+    problems = _check_limits(header, max_memory_bytes, max_table_elements)
+    import_problems, bound = _check_imports(header, view, registry, grant)
+    problems += import_problems
+    problems += _check_exports(header, view)
+    if problems:
+        raise AdmissionError(problems)
+    return AdmissionPlan(version=version, view=view, imports=tuple(bound))

@@ -1,0 +1,105 @@
+"""The log broker: a bounded, per-extension record buffer."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from ..status import HostStatus, Status
+
+
+class Level(enum.IntEnum):
+    TRACE = 0
+    DEBUG = 1
+    INFO = 2
+    WARN = 3
+    ERROR = 4
+
+
+# Per-record overhead charged against the budget, so a flood of empty records is bounded too.
+RECORD_OVERHEAD_BYTES = 32
+
+
+@attrs.frozen
+class LogRecord:
+    level: Level
+    message: str
+    time_ns: int
+    source: str = "guest"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"level": self.level.name.lower(), "message": self.message, "source": self.source}
+
+
+class ExtensionLog:
+    """Records of one extension, at most ``max_bytes`` of them until the embedder drains it.
+
+    A full log drops new records and counts them, rather than evicting old ones: the first
+    records are usually the ones that explain what went wrong.
+    """
+
+    def __init__(self, max_bytes: int, clock: Callable[[], int] = time.time_ns) -> None:
+        self.max_bytes = max_bytes
+        self._clock = clock
+        self._records: list[LogRecord] = []
+        self._used = 0
+        self.dropped = 0
+        self._lock = threading.Lock()
+
+    def append(self, level: Level, message: str, source: str = "guest") -> bool:
+        cost = len(message.encode()) + RECORD_OVERHEAD_BYTES
+        with self._lock:
+            if self._used + cost > self.max_bytes:
+                self.dropped += 1
+                return False
+            self._used += cost
+            self._records.append(LogRecord(level, message, self._clock(), source))
+            return True
+
+    @property
+    def records(self) -> tuple[LogRecord, ...]:
+        with self._lock:
+            return tuple(self._records)
+
+    def drain(self) -> list[LogRecord]:
+        with self._lock:
+            out, self._records, self._used = self._records, [], 0
+            return out
+
+
+def log_handler(
+    log: ExtensionLog, commit: Callable[[Callable[[], bool]], bool] | None = None
+) -> Callable[[Any], Any]:
+    """The ``log`` entry: ``[level, message]`` -> null.
+
+    ``commit`` wraps the append so the grant epoch can be checked at commit time.
+    """
+
+    def handle(request: Any) -> None:
+        if (
+            not isinstance(request, list)
+            or len(request) != 2
+            or not isinstance(request[0], int)
+            or isinstance(request[0], bool)
+            or not isinstance(request[1], str)
+        ):
+            raise HostStatus(Status.INVALID_ARGUMENT)
+        try:
+            level = Level(request[0])
+        except ValueError:
+            raise HostStatus(Status.INVALID_ARGUMENT) from None
+        message = request[1]
+
+        def append() -> bool:
+            return log.append(level, message)
+
+        ok = commit(append) if commit is not None else append()
+        if not ok:
+            raise HostStatus(Status.QUOTA_EXCEEDED)
+
+    return handle

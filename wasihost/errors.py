@@ -1,0 +1,111 @@
+"""The error tree of wasihost.
+
+Every error says whose fault it is: the embedder's (``ConfigError``), the package author's
+(``ManifestError``, ``PackageError``, ``AdmissionError``) or the guest's at run time
+(``CallError`` with a :class:`FailureClass`). ``WasihostError`` is the root to catch; it is
+never raised itself.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class FailureClass(enum.Enum):
+    """Why a call or start-up failed; the values are the ABI's failure class names."""
+
+    ADMISSION = "admission"
+    OUT_OF_FUEL = "out_of_fuel"
+    DEADLINE = "deadline"
+    MEMORY_LIMIT = "memory_limit"
+    STACK_OVERFLOW = "stack_overflow"
+    PANIC = "panic"
+    TRAP = "trap"
+    PROTOCOL = "protocol"
+    HOST_ERROR = "host_error"
+    GUEST_ERROR = "guest_error"
+    HANDSHAKE = "handshake"
+    DENIED = "denied"
+
+    @property
+    def discards_instance(self) -> bool:
+        """A trap may leave guest state corrupt (e.g. Rust's shadow stack), so the instance goes."""
+        return self not in _KEEPS_INSTANCE
+
+
+_KEEPS_INSTANCE = frozenset({FailureClass.GUEST_ERROR, FailureClass.DENIED, FailureClass.ADMISSION})
+
+
+class WasihostError(Exception):
+    """Root of every wasihost error; catch it, never raise it directly."""
+
+    def __init__(self, message: str) -> None:
+        if type(self) is WasihostError:
+            raise TypeError("WasihostError is abstract: raise one of its subclasses")
+        super().__init__(message)
+        self.message = message
+
+    @property
+    def error_class(self) -> str:
+        """The short class printed as ``error: <class>: <message>``."""
+        return "error"
+
+
+class ConfigError(WasihostError, ValueError):
+    """The embedder passed a setting the host refuses (your code, not the guest's)."""
+
+    @property
+    def error_class(self) -> str:
+        return "config"
+
+
+class ManifestError(WasihostError, ValueError):
+    """An ``extension.toml`` is malformed; ``key`` names the offending field."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}" if key else message)
+        self.key = key
+
+    @property
+    def error_class(self) -> str:
+        return "manifest"
+
+
+class PackageError(WasihostError):
+    """A package cannot be loaded: missing or unreadable file, digest mismatch."""
+
+    @property
+    def error_class(self) -> str:
+        return "package"
+
+
+class CodecError(WasihostError, ValueError):
+    """Bytes from the other side are not one well-formed, in-bounds CBOR item."""
+
+    @property
+    def error_class(self) -> str:
+        return "codec"
+
+
+class AdmissionError(WasihostError):
+    """The module was refused before any of its code ran; ``problems`` names each offender."""
+
+    def __init__(self, problems: list[str] | tuple[str, ...]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("; ".join(self.problems) if self.problems else "module refused")
+
+    @property
+    def error_class(self) -> str:
+        return FailureClass.ADMISSION.value
+
+
+class CallError(WasihostError):
+    """A guest call or start-up failed; ``failure`` says why."""
+
+    def __init__(self, failure: FailureClass, message: str) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+    @property
+    def error_class(self) -> str:
+        return self.failure.value

@@ -1,0 +1,141 @@
+"""``wasihost inspect``: what a module imports and exports, whether it would be admitted, and
+which protections are enforced by the host versus merely declared by the package.
+
+Nothing is compiled or run: the report comes from the module's bytes, the manifest, the
+registry and the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .admission import declared_version
+from .errors import AdmissionError, WasihostError
+from .package import Package
+from .policy import Policy
+from .registry import Registry
+from .runtime import plan_package
+from .wasmbin import WasmFormatError, read_header
+
+
+def inspect_package(
+    package: Package, registry: Registry, policy: Policy, grants: Sequence[str]
+) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "source": package.source,
+        "sha256": package.sha256,
+        "size": len(package.wasm),
+        "manifest": None,
+    }
+    manifest = package.manifest
+    if manifest is not None:
+        report["manifest"] = {
+            "id": manifest.id,
+            "version": manifest.version,
+            "publisher": manifest.publisher,
+            "abi": manifest.abi,
+            "required": sorted(manifest.required),
+            "optional": sorted(manifest.optional),
+            "commands": {c.name: c.description for c in manifest.commands},
+        }
+    try:
+        header = read_header(package.wasm)
+    except WasmFormatError as exc:
+        report["admission"] = {"admitted": False, "problems": [f"not a valid module: {exc}"]}
+        return report
+    try:
+        version = declared_version(header)
+        report["abi"] = str(version)
+        view = registry.view(version) if registry.supports(version) else None
+    except AdmissionError:
+        report["abi"] = None
+        view = None
+    imports = []
+    for imp in header.imports:
+        row: dict[str, Any] = {
+            "module": imp.module,
+            "name": imp.name,
+            "kind": imp.kind,
+            "type": str(imp.func_type) if imp.func_type else None,
+            "entry": None,
+        }
+        entry = view.lookup(imp.module, imp.name) if view is not None else None
+        if entry is not None:
+            row["entry"] = {
+                "capability": entry.capability,
+                "max_request_bytes": entry.max_request_bytes,
+                "max_response_bytes": entry.max_response_bytes,
+                "fuel_base": entry.fuel_base,
+                "fuel_per_byte": entry.fuel_per_byte,
+            }
+        imports.append(row)
+    report["imports"] = imports
+    report["exports"] = [
+        {"name": e.name, "kind": e.kind, "type": str(e.func_type) if e.func_type else None}
+        for e in header.exports
+    ]
+    try:
+        plan, grant, resources = plan_package(
+            package, registry, policy, grants=grants if grants else None
+        )
+    except WasihostError as exc:
+        problems = list(exc.problems) if isinstance(exc, AdmissionError) else [exc.message]
+        report["admission"] = {"admitted": False, "problems": problems}
+        return report
+    report["admission"] = {
+        "admitted": True,
+        "abi": str(plan.version),
+        "granted": sorted(grant.capabilities),
+    }
+    report["enforced"] = [
+        "wasm isolation: the guest reaches the host only through the imports listed above",
+        f"imports limited to the ABI {plan.version} registry view and the granted capabilities",
+        "capability checked again on every host call; payload limits per registry entry",
+        "guest pointers and lengths bounds-checked before every host read or write",
+        f"fuel: {resources.fuel_per_call} per call, host calls charged",
+        f"wall-clock deadline: {resources.timeout_ms} ms per call (epoch interruption)",
+        f"linear memory: at most {resources.max_memory_bytes} bytes; "
+        f"tables: at most {resources.max_table_elements} elements",
+        f"command input <= {resources.max_input_bytes} B, output <= "
+        f"{resources.max_output_bytes} B, log <= {resources.max_log_bytes} B",
+    ]
+    report["declared"] = [
+        "extension id, version and publisher: taken from the manifest, not verified "
+        "(package signatures are not checked by this host yet)",
+        "command descriptions and optional capabilities the guest may or may not use",
+    ]
+    return report
+
+
+def render_text(report: dict[str, Any]) -> str:
+    lines = [f"source:  {report['source']}", f"sha256:  {report['sha256']}"]
+    if report.get("manifest"):
+        m = report["manifest"]
+        lines.append(f"manifest: {m['id']} {m['version']} (abi {m['abi']})")
+    lines.append(f"abi:     {report.get('abi') or 'none declared'}")
+    lines.append("imports:")
+    for imp in report.get("imports", []):
+        entry = imp["entry"]
+        desc = (
+            f"capability={entry['capability']} request<={entry['max_request_bytes']}B "
+            f"response<={entry['max_response_bytes']}B "
+            f"fuel={entry['fuel_base']}+{entry['fuel_per_byte']}/B"
+            if entry
+            else "NOT A REGISTRY ENTRY"
+        )
+        lines.append(f"  {imp['module']}.{imp['name']} {imp['type'] or imp['kind']}  {desc}")
+    lines.append("exports:")
+    for exp in report.get("exports", []):
+        lines.append(f"  {exp['name']} {exp['type'] or exp['kind']}")
+    adm = report["admission"]
+    if adm["admitted"]:
+        lines.append(f"admission: admitted (granted: {', '.join(adm['granted']) or 'nothing'})")
+        lines.append("enforced by the host:")
+        lines += [f"  - {e}" for e in report["enforced"]]
+        lines.append("declared only (not enforced):")
+        lines += [f"  - {d}" for d in report["declared"]]
+    else:
+        lines.append("admission: REFUSED")
+        lines += [f"  - {p}" for p in adm["problems"]]
+    return "\n".join(lines)

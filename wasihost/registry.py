@@ -1,0 +1,274 @@
+"""The versioned host-function registry: what a guest may import, per ABI version.
+
+Pure data, no engine: entries are frozen descriptors read from the normative
+``abi/v<major>/registry.json`` (shipped as package data). A :class:`RegistryView` is what one
+guest sees: the entries of its major whose ``since`` is not newer than its declared minor.
+Implementations are bound elsewhere (brokers); this module only describes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from typing import Any
+
+import attrs
+
+from .errors import ConfigError
+
+WASM_VALUE_TYPES = frozenset({"i32", "i64", "f32", "f64"})
+
+# Registry files are ours, but a broken one must fail loudly at start-up, not at first call.
+_VERSION_RE = re.compile(r"^(0|[1-9][0-9]{0,3})\.(0|[1-9][0-9]{0,3})$")
+
+CORE_CAPABILITY = "core"
+"""Always granted: the ABI's own plumbing (``abort``) that every guest needs."""
+
+
+@attrs.frozen(order=True)
+class AbiVersion:
+    """An ABI version ``MAJOR.MINOR``; ordering compares major, then minor."""
+
+    major: int
+    minor: int
+
+    @classmethod
+    def parse(cls, text: str) -> AbiVersion:
+        m = _VERSION_RE.match(text)
+        if m is None:
+            raise ValueError(f"ABI version {text!r} is not MAJOR.MINOR")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+    @property
+    def import_module(self) -> str:
+        return f"wasihost_v{self.major}"
+
+
+@attrs.frozen
+class HostFunction:
+    """One registry entry: a function a guest may import, with its price and limits."""
+
+    module: str
+    name: str
+    capability: str
+    since: AbiVersion
+    params: tuple[str, ...]
+    results: tuple[str, ...]
+    max_request_bytes: int
+    max_response_bytes: int
+    fuel_base: int
+    fuel_per_byte: int
+    blocking: bool
+    doc: str = ""
+    request: str = ""
+    response: str = ""
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.module}.{self.name}"
+
+    @property
+    def signature(self) -> str:
+        return f"({', '.join(self.params)}) -> ({', '.join(self.results)})"
+
+    def fuel_price(self, payload_bytes: int) -> int:
+        return self.fuel_base + self.fuel_per_byte * payload_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "module": self.module,
+            "name": self.name,
+            "capability": self.capability,
+            "since": str(self.since),
+            "params": list(self.params),
+            "results": list(self.results),
+            "max_request_bytes": self.max_request_bytes,
+            "max_response_bytes": self.max_response_bytes,
+            "fuel_base": self.fuel_base,
+            "fuel_per_byte": self.fuel_per_byte,
+            "blocking": self.blocking,
+            "request": self.request,
+            "response": self.response,
+            "doc": self.doc,
+        }
+
+
+@attrs.frozen
+class ExportSpec:
+    """An export the ABI requires of every guest of a major."""
+
+    name: str
+    kind: str
+    params: tuple[str, ...] = ()
+    results: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class MajorSpec:
+    """Everything one ABI major fixes: its functions, required exports and status codes."""
+
+    major: int
+    latest_minor: int
+    import_module: str
+    marker_section: str
+    status_codes: Mapping[str, int]
+    exports: tuple[ExportSpec, ...]
+    reserved_commands: tuple[str, ...]
+    functions: tuple[HostFunction, ...]
+
+    @property
+    def latest(self) -> AbiVersion:
+        return AbiVersion(self.major, self.latest_minor)
+
+
+@attrs.frozen
+class RegistryView:
+    """The entries one guest may link against, keyed by (import module, name)."""
+
+    version: AbiVersion
+    spec: MajorSpec
+    entries: Mapping[tuple[str, str], HostFunction]
+
+    def lookup(self, module: str, name: str) -> HostFunction | None:
+        return self.entries.get((module, name))
+
+    @property
+    def modules(self) -> frozenset[str]:
+        return frozenset(module for module, _ in self.entries)
+
+
+@attrs.define
+class Registry:
+    """All ABI majors this host serves, plus entries added by later profiles (e.g. WASI)."""
+
+    majors: dict[int, MajorSpec] = attrs.field(factory=dict)
+
+    def add_major(self, spec: MajorSpec) -> None:
+        if spec.major in self.majors:
+            raise ConfigError(f"ABI major {spec.major} is registered twice")
+        names = [f.qualified_name for f in spec.functions]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ConfigError(f"duplicate registry entries: {', '.join(duplicates)}")
+        self.majors[spec.major] = spec
+
+    @property
+    def versions(self) -> tuple[AbiVersion, ...]:
+        return tuple(self.majors[m].latest for m in sorted(self.majors))
+
+    def supports(self, version: AbiVersion) -> bool:
+        spec = self.majors.get(version.major)
+        return spec is not None and version.minor <= spec.latest_minor
+
+    def view(self, version: AbiVersion) -> RegistryView:
+        spec = self.majors.get(version.major)
+        if spec is None or version.minor > spec.latest_minor:
+            served = ", ".join(str(v) for v in self.versions) or "none"
+            raise ConfigError(f"ABI {version} is not served by this host (serves {served})")
+        entries = {
+            (f.module, f.name): f
+            for f in spec.functions
+            if f.since.major == version.major and f.since.minor <= version.minor
+        }
+        return RegistryView(version=version, spec=spec, entries=entries)
+
+    def capabilities(self) -> frozenset[str]:
+        """Capability names a manifest may request (``core`` is implicit, never requested)."""
+        return frozenset(
+            f.capability
+            for spec in self.majors.values()
+            for f in spec.functions
+            if f.capability != CORE_CAPABILITY
+        )
+
+    def functions(self, version: AbiVersion | None = None) -> Iterable[HostFunction]:
+        if version is not None:
+            yield from self.view(version).entries.values()
+            return
+        for major in sorted(self.majors):
+            yield from self.majors[major].functions
+
+
+def _require(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    value = doc.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise ConfigError(f"registry: {key!r} missing or of the wrong type")
+    return value
+
+
+def _types(values: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(values, list) or not all(v in WASM_VALUE_TYPES for v in values):
+        raise ConfigError(f"registry: {where} must list wasm value types")
+    return tuple(values)
+
+
+def major_from_json(doc: Mapping[str, Any]) -> MajorSpec:
+    """Build a :class:`MajorSpec` from the registry JSON, refusing anything malformed."""
+    major = _require(doc, "abi_major", int)
+    import_module = _require(doc, "import_module", str)
+    functions = []
+    for raw in _require(doc, "functions", list):
+        name = _require(raw, "name", str)
+        since = AbiVersion.parse(_require(raw, "since", str))
+        if since.major != major:
+            raise ConfigError(f"registry: {name} since {since} is not of major {major}")
+        functions.append(
+            HostFunction(
+                module=import_module,
+                name=name,
+                capability=_require(raw, "capability", str),
+                since=since,
+                params=_types(raw.get("params"), f"{name}.params"),
+                results=_types(raw.get("results"), f"{name}.results"),
+                max_request_bytes=_require(raw, "max_request_bytes", int),
+                max_response_bytes=_require(raw, "max_response_bytes", int),
+                fuel_base=_require(raw, "fuel_base", int),
+                fuel_per_byte=_require(raw, "fuel_per_byte", int),
+                blocking=_require(raw, "blocking", bool),
+                doc=raw.get("doc", ""),
+                request=raw.get("request", ""),
+                response=raw.get("response", ""),
+            )
+        )
+    exports = tuple(
+        ExportSpec(
+            name=_require(e, "name", str),
+            kind=_require(e, "kind", str),
+            params=_types(e.get("params", []), "export params"),
+            results=_types(e.get("results", []), "export results"),
+        )
+        for e in _require(doc, "exports", list)
+    )
+    return MajorSpec(
+        major=major,
+        latest_minor=_require(doc, "latest_minor", int),
+        import_module=import_module,
+        marker_section=_require(doc, "marker_section", str),
+        status_codes=dict(_require(doc, "status_codes", dict)),
+        exports=exports,
+        reserved_commands=tuple(_require(doc, "reserved_commands", list)),
+        functions=tuple(functions),
+    )
+
+
+def load_major_json(major: int) -> dict[str, Any]:
+    """The registry JSON of one major, as shipped with the package."""
+    text = resources.files("wasihost.abi_data").joinpath(f"v{major}.json").read_text("utf-8")
+    doc: dict[str, Any] = json.loads(text)
+    return doc
+
+
+SHIPPED_MAJORS = (1,)
+
+
+def default_registry() -> Registry:
+    """A registry serving every ABI major this release ships."""
+    registry = Registry()
+    for major in SHIPPED_MAJORS:
+        registry.add_major(major_from_json(load_major_json(major)))
+    return registry

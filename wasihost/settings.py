@@ -1,0 +1,80 @@
+"""Engine settings, validated before any of them reaches the engine.
+
+Some wasmtime settings abort the whole process when out of range (a ``max_wasm_stack`` above
+2 MiB is a Rust panic, uncatchable from Python), so every value is checked here, in pure code,
+and an out-of-range value is a :class:`~wasihost.errors.ConfigError` naming it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import attrs
+
+from .errors import ConfigError
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+# wasmtime's own default; deep enough for Rust guests built with opt-level "s".
+DEFAULT_MAX_WASM_STACK = 512 * KiB
+# wasmtime panics (process abort) above 2 MiB on its default async stack; stay well under.
+MAX_MAX_WASM_STACK = 1 * MiB
+# Below this even a small Rust guest's start-up overflows.
+MIN_MAX_WASM_STACK = 64 * KiB
+# Each linear memory reserves this much address space up front. wasmtime's default (4 GiB)
+# makes RLIMIT_AS and many instances per process impossible; 1 GiB is also the largest memory
+# a manifest may ask for, so no memory ever has to move.
+DEFAULT_MEMORY_RESERVATION = 1 * GiB
+MIN_MEMORY_RESERVATION = 64 * KiB
+MAX_MEMORY_RESERVATION = 4 * GiB
+# With a reservation under 4 GiB, bounds checks are explicit; a small guard is then enough.
+DEFAULT_MEMORY_GUARD_SIZE = 64 * KiB
+MAX_MEMORY_GUARD_SIZE = 2 * GiB
+# 10 ms: deadlines are honoured within one tick, and the watchdog wakes 100 times a second.
+DEFAULT_EPOCH_TICK_MS = 10
+MIN_EPOCH_TICK_MS = 1
+MAX_EPOCH_TICK_MS = 1000
+
+OPT_LEVELS = ("none", "speed", "speed_and_size")
+
+
+def _in_range(name: str, value: int, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"engine setting {name}={value!r} outside {low}..{high}")
+
+
+@attrs.frozen
+class EngineSettings:
+    """The engine-wide configuration; part of every compiled-module cache key."""
+
+    max_wasm_stack: int = DEFAULT_MAX_WASM_STACK
+    memory_reservation: int = DEFAULT_MEMORY_RESERVATION
+    memory_guard_size: int = DEFAULT_MEMORY_GUARD_SIZE
+    epoch_tick_ms: int = DEFAULT_EPOCH_TICK_MS
+    opt_level: str = "speed"
+    parallel_compilation: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        _in_range("max_wasm_stack", self.max_wasm_stack, MIN_MAX_WASM_STACK, MAX_MAX_WASM_STACK)
+        _in_range(
+            "memory_reservation",
+            self.memory_reservation,
+            MIN_MEMORY_RESERVATION,
+            MAX_MEMORY_RESERVATION,
+        )
+        _in_range("memory_guard_size", self.memory_guard_size, 0, MAX_MEMORY_GUARD_SIZE)
+        _in_range("epoch_tick_ms", self.epoch_tick_ms, MIN_EPOCH_TICK_MS, MAX_EPOCH_TICK_MS)
+        if self.opt_level not in OPT_LEVELS:
+            raise ConfigError(f"engine setting opt_level={self.opt_level!r} not in {OPT_LEVELS}")
+        if not isinstance(self.parallel_compilation, bool):
+            raise ConfigError("engine setting parallel_compilation must be a bool")
+
+    def fingerprint(self) -> str:
+        """What compiled code depends on (the tick does not)."""
+        text = (
+            f"stack={self.max_wasm_stack};res={self.memory_reservation};"
+            f"guard={self.memory_guard_size};opt={self.opt_level};fuel=1;epoch=1"
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,36 @@
+"""ABI status codes returned to guests; a test holds them equal to the registry JSON."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Status(enum.IntEnum):
+    """Codes a host function returns (negated) to a guest. Never reused or renumbered."""
+
+    OK = 0
+    DENIED = 1
+    INVALID_ARGUMENT = 2
+    PAYLOAD_TOO_LARGE = 3
+    BUFFER_TOO_SMALL = 4
+    QUOTA_EXCEEDED = 5
+    UNAVAILABLE = 6
+    INTERNAL = 7
+    NOT_FOUND = 8
+    UNSUPPORTED = 9
+
+
+class HostStatus(Exception):
+    """Raised by a broker to answer the guest with a status code instead of a response."""
+
+    def __init__(self, status: Status) -> None:
+        super().__init__(status.name)
+        self.status = status
+
+
+class GuestAbort(Exception):  # noqa: N818 - a guest's request, raised through the trampoline
+    """Raised by the ``abort`` broker: the guest ends its current call as a panic."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message

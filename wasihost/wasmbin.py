@@ -1,0 +1,306 @@
+"""A small, bounded reader of a wasm module's section headers.
+
+Admission must know the module's ABI marker and its declared memory and table minimums before
+the engine compiles anything: wasmtime-py has no API for custom sections, and a module that
+declares 60,000 pages should be refused by name, not by an instantiation failure. This reader
+never allocates more than the input and stops at the first inconsistency.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+WASM_MAGIC = b"\x00asm"
+WASM_VERSION = b"\x01\x00\x00\x00"
+PAGE_BYTES = 65536
+
+# The biggest Rust guests we know of are a few MB; 64 MiB leaves room without letting a
+# hostile package make the host compile (or even scan) arbitrary amounts of code.
+MAX_MODULE_BYTES = 64 * 1024 * 1024
+# Rust and wasi-libc modules carry ~15 sections plus a handful of custom ones; 10,000
+# bounds the scan of a file made of empty sections.
+MAX_SECTIONS = 10_000
+# A marker is "MAJOR.MINOR"; anything longer is malformed.
+MAX_MARKER_BYTES = 16
+# Engines refuse more than a handful of memories/tables anyway; count-bound the loop.
+MAX_DECLARED = 100_000
+
+SECTION_CUSTOM = 0
+SECTION_TYPE = 1
+SECTION_IMPORT = 2
+SECTION_FUNCTION = 3
+SECTION_TABLE = 4
+SECTION_MEMORY = 5
+SECTION_EXPORT = 7
+SECTION_START = 8
+
+_VALTYPES = {
+    0x7F: "i32",
+    0x7E: "i64",
+    0x7D: "f32",
+    0x7C: "f64",
+    0x7B: "v128",
+    0x70: "funcref",
+    0x6F: "externref",
+}
+_KINDS = {0x00: "func", 0x01: "table", 0x02: "memory", 0x03: "global", 0x04: "tag"}
+
+
+class WasmFormatError(ValueError):
+    """The bytes are not a wasm module this reader can vouch for."""
+
+
+@attrs.frozen
+class Limits:
+    """A memory or table's declared limits (pages for memories, elements for tables)."""
+
+    minimum: int
+    maximum: int | None
+    is_64: bool = False
+    shared: bool = False
+
+
+@attrs.frozen
+class FuncType:
+    params: tuple[str, ...]
+    results: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"({', '.join(self.params)}) -> ({', '.join(self.results)})"
+
+
+@attrs.frozen
+class ImportEntry:
+    """One import; ``func_type`` is set for function imports."""
+
+    module: str
+    name: str
+    kind: str
+    func_type: FuncType | None = None
+
+
+@attrs.frozen
+class ExportEntry:
+    """One export; ``func_type`` is set for function exports."""
+
+    name: str
+    kind: str
+    func_type: FuncType | None = None
+
+
+@attrs.frozen
+class ModuleHeader:
+    """What admission needs from a module before compiling it."""
+
+    size: int
+    custom_sections: tuple[tuple[str, bytes], ...]
+    memories: tuple[Limits, ...]
+    tables: tuple[Limits, ...]
+    imported_memories: tuple[Limits, ...]
+    imported_tables: tuple[Limits, ...]
+    has_start: bool
+    imports: tuple[ImportEntry, ...] = ()
+    exports: tuple[ExportEntry, ...] = ()
+
+    def custom(self, name: str) -> list[bytes]:
+        return [data for n, data in self.custom_sections if n == name]
+
+
+class _Reader:
+    def __init__(self, data: bytes, pos: int, end: int) -> None:
+        self.data = data
+        self.pos = pos
+        self.end = end
+
+    def byte(self) -> int:
+        if self.pos >= self.end:
+            raise WasmFormatError("unexpected end of section")
+        b = self.data[self.pos]
+        self.pos += 1
+        return b
+
+    def uleb(self, bits: int) -> int:
+        result = 0
+        shift = 0
+        while True:
+            b = self.byte()
+            result |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+            if shift >= bits + 7:
+                raise WasmFormatError("integer encoding too long")
+        if result >= 1 << bits:
+            raise WasmFormatError("integer out of range")
+        return result
+
+    def take(self, n: int) -> bytes:
+        if n > self.end - self.pos:
+            raise WasmFormatError("length runs past the end of its section")
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def name(self) -> str:
+        raw = self.take(self.uleb(32))
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise WasmFormatError("name is not UTF-8") from None
+
+    def limits(self, *, memory: bool) -> Limits:
+        flags = self.byte()
+        if flags > 0x07 or (not memory and flags > 0x05):
+            raise WasmFormatError(f"unknown limits flags 0x{flags:02x}")
+        is_64 = bool(flags & 0x04)
+        shared = bool(flags & 0x02)
+        bits = 64 if is_64 else 32
+        minimum = self.uleb(bits)
+        maximum = self.uleb(bits) if flags & 0x01 else None
+        return Limits(minimum, maximum, is_64, shared)
+
+
+def _count(r: _Reader) -> int:
+    n = r.uleb(32)
+    if n > MAX_DECLARED:
+        raise WasmFormatError(f"section declares {n} entries")
+    return n
+
+
+def _read_types(r: _Reader) -> list[FuncType]:
+    types = []
+    for _ in range(_count(r)):
+        form = r.byte()
+        if form != 0x60:
+            raise WasmFormatError(f"unsupported type form 0x{form:02x}")
+        sig = []
+        for _ in range(2):
+            vals = []
+            for _ in range(_count(r)):
+                code = r.byte()
+                if code not in _VALTYPES:
+                    raise WasmFormatError(f"unsupported value type 0x{code:02x}")
+                vals.append(_VALTYPES[code])
+            sig.append(tuple(vals))
+        types.append(FuncType(sig[0], sig[1]))
+    return types
+
+
+def _func_type(types: list[FuncType], index: int) -> FuncType:
+    if index >= len(types):
+        raise WasmFormatError(f"type index {index} out of range")
+    return types[index]
+
+
+def _read_imports(
+    r: _Reader,
+    types: list[FuncType],
+    memories: list[Limits],
+    tables: list[Limits],
+    imports: list[ImportEntry],
+    func_types: list[FuncType],
+) -> None:
+    for _ in range(_count(r)):
+        module = r.name()
+        name = r.name()
+        kind = r.byte()
+        if kind not in _KINDS:
+            raise WasmFormatError(f"unknown import kind 0x{kind:02x}")
+        if kind == 0x00:
+            ft = _func_type(types, r.uleb(32))
+            func_types.append(ft)
+            imports.append(ImportEntry(module, name, "func", ft))
+            continue
+        imports.append(ImportEntry(module, name, _KINDS[kind]))
+        if kind == 0x01:  # table: reftype + limits
+            r.byte()
+            tables.append(r.limits(memory=False))
+        elif kind == 0x02:
+            memories.append(r.limits(memory=True))
+        elif kind == 0x03:  # global: valtype + mutability
+            r.byte()
+            r.byte()
+        else:  # tag: attribute + type index
+            r.byte()
+            r.uleb(32)
+
+
+def read_header(data: bytes) -> ModuleHeader:
+    """Scan ``data``'s sections; raise :class:`WasmFormatError` on anything malformed."""
+    if len(data) > MAX_MODULE_BYTES:
+        raise WasmFormatError(f"module of {len(data)} bytes exceeds {MAX_MODULE_BYTES}")
+    if len(data) < 8 or data[:4] != WASM_MAGIC:
+        raise WasmFormatError("not a wasm module (bad magic)")
+    if data[4:8] != WASM_VERSION:
+        raise WasmFormatError("not a core wasm module of version 1 (components are not accepted)")
+    top = _Reader(data, 8, len(data))
+    custom: list[tuple[str, bytes]] = []
+    memories: list[Limits] = []
+    tables: list[Limits] = []
+    imported_memories: list[Limits] = []
+    imported_tables: list[Limits] = []
+    has_start = False
+    types: list[FuncType] = []
+    imports: list[ImportEntry] = []
+    func_types: list[FuncType] = []
+    raw_exports: list[tuple[str, int, int]] = []
+    sections = 0
+    while top.pos < top.end:
+        sections += 1
+        if sections > MAX_SECTIONS:
+            raise WasmFormatError(f"more than {MAX_SECTIONS} sections")
+        section_id = top.byte()
+        size = top.uleb(32)
+        if size > top.end - top.pos:
+            raise WasmFormatError(f"section {section_id} runs past the end of the module")
+        r = _Reader(data, top.pos, top.pos + size)
+        top.pos += size
+        if section_id == SECTION_CUSTOM:
+            name = r.name()
+            custom.append((name, data[r.pos : r.end]))
+        elif section_id == SECTION_TYPE:
+            types = _read_types(r)
+        elif section_id == SECTION_IMPORT:
+            _read_imports(r, types, imported_memories, imported_tables, imports, func_types)
+        elif section_id == SECTION_FUNCTION:
+            for _ in range(_count(r)):
+                func_types.append(_func_type(types, r.uleb(32)))
+        elif section_id == SECTION_EXPORT:
+            for _ in range(_count(r)):
+                raw_exports.append((r.name(), r.byte(), r.uleb(32)))
+        elif section_id == SECTION_TABLE:
+            for _ in range(_count(r)):
+                if r.data[r.pos : r.pos + 2] == b"\x40\x00":
+                    raise WasmFormatError("tables with initialisers are not supported")
+                r.byte()
+                tables.append(r.limits(memory=False))
+        elif section_id == SECTION_MEMORY:
+            for _ in range(_count(r)):
+                memories.append(r.limits(memory=True))
+        elif section_id == SECTION_START:
+            has_start = True
+        elif section_id > 13:
+            raise WasmFormatError(f"unknown section id {section_id}")
+    exports = []
+    for name, kind, index in raw_exports:
+        if kind not in _KINDS:
+            raise WasmFormatError(f"export {name!r} has unknown kind 0x{kind:02x}")
+        ft = None
+        if kind == 0x00:
+            if index >= len(func_types):
+                raise WasmFormatError(
+                    f"export {name!r} names function {index}, which does not exist"
+                )
+            ft = func_types[index]
+        exports.append(ExportEntry(name, _KINDS[kind], ft))
+    return ModuleHeader(
+        size=len(data),
+        imports=tuple(imports),
+        exports=tuple(exports),
+        custom_sections=tuple(custom),
+        memories=tuple(memories),
+        tables=tuple(tables),
+        imported_memories=tuple(imported_memories),
+        imported_tables=tuple(imported_tables),
+        has_start=has_start,
+    )
