@@ -46,7 +46,9 @@ def guest_wat(
     welcome_blob, welcome_len = _data(welcome if welcome is not None else {"status": "ready"})
     null_blob = b"\x00\x00\x00\x00\xf6"
     marker_section = f'(@custom "wasihost_abi" "{marker}")' if marker is not None else ""
-    alloc_fn = alloc or """
+    alloc_fn = (
+        alloc
+        or """
   (func (export "wasihost_alloc") (param $n i32) (result i32)
     (local $p i32)
     (local.set $p (global.get $heap))
@@ -54,6 +56,7 @@ def guest_wat(
     (if (i32.gt_u (global.get $heap) (i32.mul (memory.size) (i32.const 65536)))
       (then (global.set $heap (local.get $p)) (return (i32.const 0))))
     (local.get $p))"""
+    )
     return f"""
 (module
   {marker_section}

@@ -28,16 +28,17 @@ def _data(at: int, blob: bytes) -> str:
 
 def log_guest(req: bytes, *, call: str | None = None, expect: int | None = None) -> bytes:
     """A guest whose command calls ``log`` once; with ``expect``, traps unless it gets it."""
-    invoke = call or f"(call $log (i32.const {REQ_AT}) (i32.const {len(req)}) (i32.const {RESP_AT}) (i32.const 16))"
+    invoke = (
+        call
+        or f"(call $log (i32.const {REQ_AT}) (i32.const {len(req)}) (i32.const {RESP_AT}) (i32.const 16))"
+    )
     check = (
         f"(if (i32.ne {invoke} (i32.const {expect})) (then unreachable))"
         if expect is not None
         else f"(drop {invoke})"
     )
     return build(
-        guest_wat(
-            f"{check} (call $ok_null)", imports=host_import("log"), extra=_data(REQ_AT, req)
-        )
+        guest_wat(f"{check} (call $ok_null)", imports=host_import("log"), extra=_data(REQ_AT, req))
     )
 
 
@@ -103,10 +104,22 @@ def test_response_buffer_too_small(host: Host) -> None:
 @pytest.mark.parametrize(
     ("call", "fragment"),
     [
-        ("(call $log (i32.const 200000) (i32.const 8) (i32.const 0) (i32.const 0))", "outside memory"),
-        ("(call $log (i32.const -16) (i32.const 32) (i32.const 0) (i32.const 0))", "outside memory"),
-        ("(call $log (i32.const 0) (i32.const 0) (i32.const 131070) (i32.const 16))", "response buffer"),
-        (f"(call $log (i32.const {REQ_AT}) (i32.const 64) (i32.const {REQ_AT + 8}) (i32.const 16))", "overlap"),
+        (
+            "(call $log (i32.const 200000) (i32.const 8) (i32.const 0) (i32.const 0))",
+            "outside memory",
+        ),
+        (
+            "(call $log (i32.const -16) (i32.const 32) (i32.const 0) (i32.const 0))",
+            "outside memory",
+        ),
+        (
+            "(call $log (i32.const 0) (i32.const 0) (i32.const 131070) (i32.const 16))",
+            "response buffer",
+        ),
+        (
+            f"(call $log (i32.const {REQ_AT}) (i32.const 64) (i32.const {REQ_AT + 8}) (i32.const 16))",
+            "overlap",
+        ),
     ],
 )
 def test_wild_pointers_trap_as_protocol(host: Host, call: str, fragment: str) -> None:
@@ -128,7 +141,9 @@ def test_gate_is_checked_at_call_time(host: Host) -> None:
 
 
 def test_infinite_loop_runs_out_of_fuel(host: Host) -> None:
-    ext = load(host, build(guest_wat("(loop $l (br $l)) (call $ok_null)")), grants=(), fuel=1_000_000)
+    ext = load(
+        host, build(guest_wat("(loop $l (br $l)) (call $ok_null)")), grants=(), fuel=1_000_000
+    )
     err = failure_of(ext)
     assert err.failure is FailureClass.OUT_OF_FUEL
     assert ext.last_fuel_used == 1_000_000
@@ -153,7 +168,9 @@ def test_infinite_loop_hits_the_deadline(host: Host) -> None:
 def test_host_calls_cannot_buy_free_work(host: Host) -> None:
     req = cbor2.dumps([0, "x"])
     loop = f"(loop $l (drop (call $log (i32.const {REQ_AT}) (i32.const {len(req)}) (i32.const {RESP_AT}) (i32.const 16))) (br $l))"
-    wasm = build(guest_wat(f"{loop} (call $ok_null)", imports=host_import("log"), extra=_data(REQ_AT, req)))
+    wasm = build(
+        guest_wat(f"{loop} (call $ok_null)", imports=host_import("log"), extra=_data(REQ_AT, req))
+    )
     ext = load(host, wasm, fuel=200_000)
     err = failure_of(ext)
     assert err.failure is FailureClass.OUT_OF_FUEL

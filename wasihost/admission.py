@@ -53,7 +53,9 @@ def declared_version(header: ModuleHeader) -> AbiVersion:
         raise AdmissionError([f"{MARKER_SECTION!r} section {raw!r} is not MAJOR.MINOR"]) from None
 
 
-def _check_limits(header: ModuleHeader, max_memory_bytes: int, max_table_elements: int) -> list[str]:
+def _check_limits(
+    header: ModuleHeader, max_memory_bytes: int, max_table_elements: int
+) -> list[str]:
     problems = []
     for imp in header.imports:
         if imp.kind != "func":

@@ -52,12 +52,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("source", help="package directory or .wasm module")
     run.add_argument("command", help="command name")
     run.add_argument("--input", default="null", help="command input as JSON (default: null)")
-    run.add_argument("--grant", action="append", default=[], metavar="CAP",
-                     help="grant an optional capability (repeatable)")
+    run.add_argument(
+        "--grant",
+        action="append",
+        default=[],
+        metavar="CAP",
+        help="grant an optional capability (repeatable)",
+    )
     run.add_argument("--fuel", type=int, help="fuel budget per call")
     run.add_argument("--timeout-ms", type=int, help="wall-clock deadline per call")
-    run.add_argument("--json", action="store_true",
-                     help="print {output, fuel_used, logs} instead of the output alone")
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help="print {output, fuel_used, logs} instead of the output alone",
+    )
     run.add_argument("--cache-dir", type=Path, help="compiled-module cache directory")
     run.add_argument("--no-cache", action="store_true", help="do not use the on-disk cache")
 
@@ -151,8 +159,11 @@ def _cmd_abi(args: argparse.Namespace) -> int:
         entries = list(registry.functions())
         versions = [str(v) for v in registry.versions]
     if args.json:
-        print(json.dumps({"versions": versions, "functions": [e.to_json() for e in entries]},
-                         indent=2))
+        print(
+            json.dumps(
+                {"versions": versions, "functions": [e.to_json() for e in entries]}, indent=2
+            )
+        )
         return 0
     print(f"ABI versions: {', '.join(versions)}")
     for e in entries:
@@ -180,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as exc:  # noqa: BLE001 - the promise is: never a traceback
+    except Exception as exc:
         print(f"error: internal: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_INTERNAL
 

@@ -62,7 +62,7 @@ def _private_fn(name: str, restype: Any, *argtypes: Any) -> Any:
     does not disturb wasmtime-py's own typed prototypes. Passing raw addresses skips ctypes'
     per-argument type checks and ``cast`` calls, which dominate a no-op call otherwise.
     """
-    fn = raw.dll[name]
+    fn = ffi.dll[name]
     fn.restype = restype
     fn.argtypes = list(argtypes)
     return fn
@@ -76,9 +76,7 @@ _memory_data = _private_fn("wasmtime_memory_data", _vp, _vp, _vp)
 _memory_data_size = _private_fn("wasmtime_memory_data_size", ctypes.c_size_t, _vp, _vp)
 _set_fuel = _private_fn("wasmtime_context_set_fuel", _vp, _vp, ctypes.c_uint64)
 _get_fuel = _private_fn("wasmtime_context_get_fuel", _vp, _vp, _vp)
-_set_epoch_deadline = _private_fn(
-    "wasmtime_context_set_epoch_deadline", None, _vp, ctypes.c_uint64
-)
+_set_epoch_deadline = _private_fn("wasmtime_context_set_epoch_deadline", None, _vp, ctypes.c_uint64)
 
 _TRAP_CLASSES = {
     wasmtime.TrapCode.OUT_OF_FUEL: FailureClass.OUT_OF_FUEL,
@@ -126,8 +124,9 @@ def _trap_failure(trap_ptr: Any) -> CallError:
     trap = wasmtime.Trap._from_ptr(trap_ptr)
     code = trap.trap_code
     message = _short(trap.message)
-    return CallError(_TRAP_CLASSES.get(code, FailureClass.TRAP) if code else FailureClass.TRAP,
-                     message)
+    return CallError(
+        _TRAP_CLASSES.get(code, FailureClass.TRAP) if code else FailureClass.TRAP, message
+    )
 
 
 def _short(message: str) -> str:
@@ -167,12 +166,12 @@ _TARGET_IDS = itertools.count(1)
 def _trampoline(env: int, caller: Any, args: Any, nargs: int) -> int:
     try:
         ctx, index = _TARGETS[env]
-    except BaseException:  # noqa: BLE001 - nothing may unwind into the engine
+    except BaseException:
         return _new_trap("wasihost: host function lost its instance")
     return ctx.host_call(index, caller, args)
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # type: ignore[untyped-decorator]
 def _finalize(env: int | None) -> None:
     _TARGETS.pop(env or 0, None)
 
@@ -216,10 +215,12 @@ class _HostContext:
     def host_call(self, index: int, caller: Any, args: Any) -> int:
         try:
             return self._host_call(index, caller, args)
-        except BaseException as exc:  # noqa: BLE001 - any escape into Rust aborts the process
+        except BaseException as exc:
             if not isinstance(exc, Exception):
                 self.reraise = exc  # KeyboardInterrupt/SystemExit: re-raised after the call
-            return self._fail(FailureClass.HOST_ERROR, f"host function failed: {type(exc).__name__}")
+            return self._fail(
+                FailureClass.HOST_ERROR, f"host function failed: {type(exc).__name__}"
+            )
 
     def _host_call(self, index: int, caller: Any, args: Any) -> int:
         bound = self.imports[index]
@@ -249,12 +250,7 @@ class _HostContext:
                 FailureClass.PROTOCOL,
                 f"{name}: response buffer [{resp_ptr}, +{resp_cap}) outside memory of {size} bytes",
             )
-        if (
-            req_len
-            and resp_cap
-            and req_ptr < resp_ptr + resp_cap
-            and resp_ptr < req_ptr + req_len
-        ):
+        if req_len and resp_cap and req_ptr < resp_ptr + resp_cap and resp_ptr < req_ptr + req_len:
             return self._fail(FailureClass.PROTOCOL, f"{name}: request and response overlap")
         if not self._charge(context, entry.fuel_price(req_len), name):
             return _new_trap("wasihost: out of fuel")
@@ -269,7 +265,9 @@ class _HostContext:
         request: Any = None
         if req_len:
             try:
-                request = decode(ctypes.string_at(addr + req_ptr, req_len), self.codec_limits[index])
+                request = decode(
+                    ctypes.string_at(addr + req_ptr, req_len), self.codec_limits[index]
+                )
             except CodecError:
                 args[0].i32 = -Status.INVALID_ARGUMENT
                 return 0
@@ -406,7 +404,9 @@ class ModuleCache:
         try:
             return wasmtime.Module(self._engine, wasm)
         except wasmtime.WasmtimeError as exc:
-            raise CallError(FailureClass.ADMISSION, f"module does not validate: {_short(str(exc))}")
+            raise CallError(
+                FailureClass.ADMISSION, f"module does not validate: {_short(str(exc))}"
+            ) from None
 
     def _load(self, sha256: str) -> wasmtime.Module | None:
         if self._dir is None:
@@ -421,8 +421,9 @@ class ModuleCache:
             return None
         mac, payload = blob[:CACHE_MAC_BYTES], blob[CACHE_MAC_BYTES:]
         if len(mac) != CACHE_MAC_BYTES or not hmac.compare_digest(mac, self._mac(name, payload)):
-            warnings.warn(f"module cache entry {name} failed authentication; recompiling",
-                          stacklevel=3)
+            warnings.warn(
+                f"module cache entry {name} failed authentication; recompiling", stacklevel=3
+            )
             path.unlink(missing_ok=True)
             return None
         try:
@@ -604,7 +605,11 @@ class Instance:
             _TARGETS[env] = (self._ctx, i)
             func = ffi.wasmtime_func_t()
             raw._wasmtime_func_new_unchecked(
-                self._context, engine.func_type(bound.entry).ptr(), _trampoline, env, _finalize,
+                self._context,
+                engine.func_type(bound.entry).ptr(),
+                _trampoline,
+                env,
+                _finalize,
                 byref(func),
             )
             externs[i] = ffi.wasmtime_extern_t(
@@ -615,7 +620,11 @@ class Instance:
             self._arm(limits.fuel)
             trap = POINTER(ffi.wasm_trap_t)()
             err = raw._wasmtime_instance_new(
-                self._context, module.module.ptr(), externs, len(imports), byref(instance),
+                self._context,
+                module.module.ptr(),
+                externs,
+                len(imports),
+                byref(instance),
                 byref(trap),
             )
             self._account(limits.fuel)
@@ -731,7 +740,9 @@ class Instance:
                     f"response [{resp_ptr}, +{resp_len}) outside memory of {size} bytes",
                 )
             if resp_len < 4:
-                raise CallError(FailureClass.PROTOCOL, f"response of {resp_len} bytes has no status")
+                raise CallError(
+                    FailureClass.PROTOCOL, f"response of {resp_len} bytes has no status"
+                )
             if resp_len - 4 > max_output_bytes:
                 raise CallError(
                     FailureClass.PROTOCOL,

@@ -64,7 +64,8 @@ def load_package(source: str | os.PathLike[str], known_capabilities: frozenset[s
         digest = hashlib.sha256(wasm).hexdigest()
         if manifest.sha256 is not None and manifest.sha256 != digest:
             raise PackageError(
-                f"module {manifest.module} has SHA-256 {digest}, the manifest says {manifest.sha256}"
+                f"module {manifest.module} has SHA-256 {digest}, "
+                f"the manifest says {manifest.sha256}"
             )
         return Package(str(path), manifest, wasm, digest)
     if path.exists() and not path.is_file():

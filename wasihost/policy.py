@@ -23,11 +23,17 @@ MIN_CLOCK_RESOLUTION_NS = 1_000
 MAX_CLOCK_RESOLUTION_NS = 60_000_000_000
 
 
+def _capabilities(values: Iterable[str]) -> frozenset[str]:
+    if isinstance(values, str):
+        raise ConfigError("policy allow must be a collection of capability names, not a string")
+    return frozenset(values)
+
+
 @attrs.frozen
 class Policy:
     """What the host is willing to grant, and how it shapes granted capabilities."""
 
-    allow: frozenset[str] = attrs.field(converter=frozenset, factory=frozenset)
+    allow: frozenset[str] = attrs.field(converter=_capabilities, factory=frozenset)
     clock_resolution_ns: int = DEFAULT_CLOCK_RESOLUTION_NS
     random_seed: bytes | None = None
 

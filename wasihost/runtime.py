@@ -62,7 +62,7 @@ class Host:
         policy: Policy | None = None,
         *,
         settings: EngineSettings | None = None,
-        cache_dir: Path | None | object = _DEFAULT,
+        cache_dir: Path | object | None = _DEFAULT,
         registry: Registry | None = None,
         clock: Clock | None = None,
     ) -> None:
@@ -224,9 +224,7 @@ class Extension:
         self.last_fuel_used = 0
         self.starts = 0
         policy = host.policy
-        self._random = (
-            SeededRandom(policy.random_seed) if policy.random_seed is not None else None
-        )
+        self._random = SeededRandom(policy.random_seed) if policy.random_seed is not None else None
 
     @property
     def id(self) -> str:
@@ -243,7 +241,9 @@ class Extension:
         factories: Mapping[str, Callable[[], Callable[[Any], Any]]] = {
             "abort": lambda: abort_handler(self.log),
             "log": lambda: log_handler(self.log),
-            "clock_now": lambda: clock_handler(self.host.clock, self.host.policy.clock_resolution_ns),
+            "clock_now": lambda: clock_handler(
+                self.host.clock, self.host.policy.clock_resolution_ns
+            ),
             "random_bytes": lambda: (
                 random_handler(self._random) if self._random is not None else random_handler()
             ),

@@ -28,7 +28,7 @@ class HostStatus(Exception):
         self.status = status
 
 
-class GuestAbort(Exception):  # noqa: N818 - a guest's request, raised through the trampoline
+class GuestAbort(Exception):
     """Raised by the ``abort`` broker: the guest ends its current call as a panic."""
 
     def __init__(self, message: str) -> None:

@@ -1,0 +1,238 @@
+"""Per-call cost: wasihost against wasmtime-py's generic path and a raw-call floor, one run.
+
+All three run the same guest (fixtures/echo, built on the guest SDK) through the same ABI
+sequence: set fuel and deadline, ``wasihost_alloc``, write command + CBOR input, ``wasihost_call``,
+read the response.
+
+- ``floor``: that sequence with ``wasmtime_func_call_unchecked`` on pre-built raw arrays and no
+  checks at all: the least any host on wasmtime-py can spend.
+- ``generic``: the same sequence with wasmtime-py's public API (``Func.__call__``,
+  ``Memory.read/write``), which converts every value on every call.
+- ``wasihost``: ``Extension.call`` — bounds checks, CBOR encode/decode with limits, the lot.
+
+Usage: ``python benchmarks/bench_calls.py [--calls N] [--repeats R] [--json]``. Targets from the
+core issue: wasihost no-op within 2x of the floor, and at least 5x faster than generic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.metadata
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ["RUST_BACKTRACE"] = "0"  # trap paths are slower with it; set before wasmtime loads
+
+import cbor2
+import wasmtime
+from wasmtime import _bindings as raw
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+
+ECHO = ROOT / "fixtures" / "echo"
+FUEL = 10_000_000
+PAYLOAD = bytes(range(64))
+
+
+def _engine() -> wasmtime.Engine:
+    config = wasmtime.Config()
+    config.consume_fuel = True
+    config.epoch_interruption = True
+    return wasmtime.Engine(config)
+
+
+class PublicGuest:
+    """The echo guest driven through wasmtime-py's public, generic API."""
+
+    def __init__(self, wasm: bytes) -> None:
+        self.engine = _engine()
+        self.store = wasmtime.Store(self.engine)
+        module = wasmtime.Module(self.engine, wasm)
+        imports = []
+        for imp in module.imports:
+            ty = imp.type
+            assert isinstance(ty, wasmtime.FuncType)
+            imports.append(wasmtime.Func(self.store, ty, lambda *a: -9))  # UNSUPPORTED to all
+        self.store.set_fuel(FUEL)
+        self.store.set_epoch_deadline(1_000_000)
+        instance = wasmtime.Instance(self.store, module, imports)
+        exports = instance.exports(self.store)
+        self.memory = exports["memory"]
+        self.alloc = exports["wasihost_alloc"]
+        self.call_fn = exports["wasihost_call"]
+        self.instance = instance
+
+    def call(self, command: bytes, payload: bytes) -> bytes:
+        store = self.store
+        store.set_fuel(FUEL)
+        store.set_epoch_deadline(1_000_000)
+        total = len(command) + len(payload)
+        ptr = self.alloc(store, total) & 0xFFFFFFFF
+        self.memory.write(store, command + payload, ptr)
+        packed = self.call_fn(store, ptr, len(command), len(payload)) & 0xFFFFFFFFFFFFFFFF
+        rp, rl = packed >> 32, packed & 0xFFFFFFFF
+        return bytes(self.memory.read(store, rp, rp + rl))
+
+
+class RawFloor:
+    """The same sequence with unchecked raw calls and nothing else: the floor."""
+
+    def __init__(self, guest: PublicGuest) -> None:
+        self.guest = guest
+        ctx = guest.store._context()
+        self.ctx = ctypes.cast(ctx, ctypes.c_void_p).value
+        vp = ctypes.c_void_p
+
+        def fn(name: str, restype: object, *args: object) -> Callable[..., object]:
+            f = raw.dll[name]
+            f.restype = restype
+            f.argtypes = list(args)
+            return f  # type: ignore[no-any-return]
+
+        self.call_unchecked = fn(
+            "wasmtime_func_call_unchecked", vp, vp, vp, vp, ctypes.c_size_t, vp
+        )
+        self.mem_data = fn("wasmtime_memory_data", vp, vp, vp)
+        self.set_fuel = fn("wasmtime_context_set_fuel", vp, vp, ctypes.c_uint64)
+        self.set_deadline = fn("wasmtime_context_set_epoch_deadline", None, vp, ctypes.c_uint64)
+        self.alloc = guest.alloc._func
+        self.callf = guest.call_fn._func
+        self.mem = guest.memory._memory
+        self.alloc_addr = ctypes.addressof(self.alloc)
+        self.call_addr = ctypes.addressof(self.callf)
+        self.mem_addr = ctypes.addressof(self.mem)
+        self.a1 = (raw.wasmtime_val_raw_t * 1)()
+        self.a3 = (raw.wasmtime_val_raw_t * 3)()
+        self.a1_addr = ctypes.addressof(self.a1)
+        self.a3_addr = ctypes.addressof(self.a3)
+        self.trap = ctypes.c_void_p(0)
+        self.trap_addr = ctypes.addressof(self.trap)
+
+    def call(self, command: bytes, payload: bytes) -> bytes:
+        ctx = self.ctx
+        self.set_fuel(ctx, FUEL)
+        self.set_deadline(ctx, 1_000_000)
+        data = command + payload
+        self.a1[0].i32 = len(data)
+        self.call_unchecked(ctx, self.alloc_addr, self.a1_addr, 1, self.trap_addr)
+        ptr = self.a1[0].i32 & 0xFFFFFFFF
+        base = self.mem_data(ctx, self.mem_addr)
+        ctypes.memmove(base + ptr, data, len(data))
+        a3 = self.a3
+        a3[0].i32 = ptr
+        a3[1].i32 = len(command)
+        a3[2].i32 = len(payload)
+        self.call_unchecked(ctx, self.call_addr, self.a3_addr, 3, self.trap_addr)
+        packed = a3[0].i64 & 0xFFFFFFFFFFFFFFFF
+        return ctypes.string_at(
+            self.mem_data(ctx, self.mem_addr) + (packed >> 32), packed & 0xFFFFFFFF
+        )
+
+
+def _time(fns: dict[str, Callable[[], object]], calls: int, repeats: int) -> dict[str, float]:
+    """Per-call µs of each function: median over ``repeats`` rounds.
+
+    Rounds interleave the contenders, so drift of the machine (frequency, a busy neighbour on
+    the other core) hits all of them alike instead of whichever happened to run last.
+    """
+    for fn in fns.values():
+        for _ in range(min(calls, 1000)):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.perf_counter() - start) / calls * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def handshake(guest: PublicGuest | RawFloor) -> None:
+    hello = {"host": "wasihost", "abi": ["1.0"]}
+    guest.call(b"wasihost.hello", cbor2.dumps(hello))
+    welcome = {"runtime_id": bytes(16), "granted": [], "epoch": 0}
+    guest.call(b"wasihost.welcome", cbor2.dumps(welcome))
+
+
+def run(calls: int, repeats: int) -> dict[str, object]:
+    wasm = (ECHO / "echo.wasm").read_bytes()
+    public = PublicGuest(wasm)
+    handshake(public)
+    floor = RawFloor(public)
+    null = cbor2.dumps(None)
+    echo_in = cbor2.dumps(PAYLOAD)
+    expected_noop = b"\0\0\0\0" + null
+    expected_echo = b"\0\0\0\0" + echo_in
+    assert public.call(b"noop", null) == expected_noop
+    assert floor.call(b"noop", null) == expected_noop
+    assert floor.call(b"echo", echo_in) == expected_echo
+
+    host = Host(Policy(allow={"log", "clock", "random"}), cache_dir=None)
+    ext = host.load(ECHO)
+    assert ext.call("noop") is None
+    assert ext.call("echo", PAYLOAD) == PAYLOAD
+
+    results: dict[str, dict[str, float]] = {}
+    for name, cmd, value, encoded in (
+        ("noop", "noop", None, null),
+        ("echo64", "echo", PAYLOAD, echo_in),
+    ):
+        bcmd = cmd.encode()
+        timed = _time(
+            {
+                "floor_us": lambda: floor.call(bcmd, encoded),
+                "generic_us": lambda: public.call(bcmd, encoded),
+                "wasihost_us": lambda: ext.call(cmd, value),
+            },
+            calls,
+            repeats,
+        )
+        row = dict(timed)
+        row["wasihost_vs_floor"] = row["wasihost_us"] / row["floor_us"]
+        row["generic_vs_wasihost"] = row["generic_us"] / row["wasihost_us"]
+        results[name] = row
+    host.close()
+    return {
+        "wasmtime": importlib.metadata.version("wasmtime"),
+        "calls": calls,
+        "repeats": repeats,
+        "results": results,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    report = run(args.calls, args.repeats)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"wasmtime {report['wasmtime']}, {args.calls} calls x {args.repeats} repeats (median)")
+    print(
+        f"{'case':8} {'floor µs':>9} {'generic µs':>11} {'wasihost µs':>12} {'vs floor':>9} "
+        f"{'generic/wasihost':>17}"
+    )
+    for name, row in report["results"].items():  # type: ignore[attr-defined]
+        print(
+            f"{name:8} {row['floor_us']:9.2f} {row['generic_us']:11.2f} {row['wasihost_us']:12.2f} "
+            f"{row['wasihost_vs_floor']:8.2f}x {row['generic_vs_wasihost']:16.2f}x"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""The command line: outputs, exit codes, and one clean error line for every bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+from guests import build, guest_wat
+
+from wasihost.cli import main
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main([*argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_hello_greets(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(
+        capsys, "run", str(FIXTURES / "hello"), "greet", "--input", '{"name":"ada"}', "--no-cache"
+    )
+    assert (code, out) == (0, '{"greeting": "hello, ada"}\n')
+
+
+def test_json_envelope_reports_fuel_and_logs(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(
+        capsys,
+        "run",
+        str(FIXTURES / "hello"),
+        "greet",
+        "--input",
+        '{"name":"bo"}',
+        "--json",
+        "--no-cache",
+    )
+    doc = json.loads(out)
+    assert code == 0
+    assert doc["output"] == {"greeting": "hello, bo"}
+    assert doc["fuel_used"] > 0
+    assert isinstance(doc["logs"], list)
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (
+            ["run", "FIX/hello", "greet", "--input", "{nope"],
+            "error: usage: --input is not valid JSON",
+        ),
+        (["run", "FIX/hello", "greet", "--fuel", "0"], "error: config: fuel_per_call=0 outside"),
+        (["run", "FIX/hello", "greet", "--timeout-ms", "abc"], "error: usage:"),
+        (
+            ["run", "FIX/hello", "wasihost.hello"],
+            "error: config: command 'wasihost.hello' is reserved",
+        ),
+        (["run", "FIX/hello", "nosuch"], "error: config: command 'nosuch' is not declared"),
+        (
+            ["run", "FIX/hello", "greet", "--grant", "random"],
+            "error: admission: grant 'random' was not requested",
+        ),
+        (["run", "FIX/does-not-exist", "greet"], "error: package: module"),
+        (["frobnicate"], "error: usage:"),
+        (["abi", "--version", "x"], "error: usage: ABI version 'x' is not MAJOR.MINOR"),
+    ],
+)
+def test_bad_arguments_get_one_clean_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str
+) -> None:
+    argv = [a.replace("FIX", str(FIXTURES)) for a in argv]
+    code, _, err = run_cli(capsys, *argv, *(["--no-cache"] if argv[0] == "run" else []))
+    assert code in (1, 2)
+    assert err.strip().splitlines()[-1].startswith(fragment), err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("wasm", "fragment"),
+    [
+        (b"", "error: admission: not a valid module: not a wasm module"),
+        (b"\0asm\x01\0\0\0\x01\x05", "error: admission: not a valid module"),
+        (
+            build(guest_wat(imports='(import "env" "system" (func (param i32) (result i32)))')),
+            "error: admission: import env.system: unknown import module 'env'",
+        ),
+        (
+            build(guest_wat(memory='(memory (export "memory") 60000)')),
+            "error: admission: memory 0 declares a minimum of 60000 pages",
+        ),
+    ],
+)
+def test_hostile_modules_are_refused_by_name(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, wasm: bytes, fragment: str
+) -> None:
+    path = tmp_path / "guest.wasm"
+    path.write_bytes(wasm)
+    code, _, err = run_cli(capsys, "run", str(path), "run", "--no-cache")
+    assert code == 1
+    assert err.startswith(fragment), err
+
+
+def test_bare_module_with_grants(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "guest.wasm"
+    path.write_bytes(build(guest_wat()))
+    code, out, err = run_cli(capsys, "run", str(path), "anything", "--grant", "log", "--no-cache")
+    assert (code, out) == (0, "null\n"), err
+    code, _, err = run_cli(capsys, "run", str(path), "x", "--grant", "teleport", "--no-cache")
+    assert code == 1 and "unknown capability 'teleport'" in err
+
+
+def test_inspect_reports_imports_verdict_and_enforcement(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run_cli(capsys, "inspect", str(FIXTURES / "hello"), "--json")
+    doc = json.loads(out)
+    assert code == 0
+    assert doc["abi"] == "1.0"
+    assert doc["admission"]["admitted"] is True
+    by_name = {i["name"]: i for i in doc["imports"]}
+    assert by_name["log"]["entry"]["capability"] == "log"
+    assert any("fuel" in line for line in doc["enforced"])
+    assert doc["declared"]
+    code, out, _ = run_cli(capsys, "inspect", str(FIXTURES / "hello"))
+    assert "enforced by the host:" in out and "declared only" in out
+
+
+def test_inspect_refused_module(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "guest.wasm"
+    path.write_bytes(build(guest_wat(imports='(import "env" "system" (func))')))
+    code, out, _ = run_cli(capsys, "inspect", str(path))
+    assert code == 1
+    assert "admission: REFUSED" in out and "env.system" in out
+
+
+def test_abi_lists_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "abi", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["versions"] == ["1.0"]
+    assert {f["name"] for f in doc["functions"]} == {"abort", "log", "clock_now", "random_bytes"}
+    code, out, _ = run_cli(capsys, "abi", "--version", "1.0")
+    assert "wasihost_v1.log (i32, i32, i32, i32) -> (i32)" in out
+
+
+def test_console_entry_point_never_prints_a_traceback(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "wasihost.cli", "run", str(tmp_path / "missing.wasm"), "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: package: module")
+    assert "Traceback" not in proc.stderr
