@@ -1,0 +1,31 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+pub mod abi;
+pub mod cbor;
+pub mod clock;
+pub mod guest;
+pub mod log;
+pub mod random;
+
+mod abort;
+mod host;
+
+pub use abi::{Error, Result, Status};
+pub use abort::{abort, MAX_MESSAGE_BYTES as ABORT_MAX_MESSAGE_BYTES};
+pub use cbor::Value;
+
+/// The raw host imports, for guests that must control the exact bytes and pointers (tests of
+/// the host's checks). Prefer the safe wrappers in [`log`], [`clock`], [`random`] and
+/// [`abort()`].
+///
+/// Each has the ABI's signature `(req_ptr, req_len, resp_ptr, resp_cap) -> i32`: a return
+/// `>= 0` is the number of response bytes written, `< 0` is `-status`
+/// ([`Status::from_return`] decodes it). Off wasm they are stand-ins returning
+/// `-UNSUPPORTED`.
+pub mod raw {
+    pub use crate::abort::raw_abort as abort;
+    pub use crate::clock::raw_clock_now as clock_now;
+    pub use crate::log::raw_log as log;
+    pub use crate::random::raw_random_bytes as random_bytes;
+}

@@ -1,0 +1,204 @@
+"""Every fixture through the real host: good ones answer, hostile ones fail with their class,
+and the host carries on afterwards."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ALL_CAPS, FIXTURES
+
+from wasihost.admission import declared_version
+from wasihost.errors import AdmissionError, CallError, FailureClass
+from wasihost.policy import Policy
+from wasihost.registry import default_registry
+from wasihost.runtime import Extension, Host
+from wasihost.wasmbin import read_header
+
+FIXTURE_NAMES = sorted(p.parent.name for p in FIXTURES.glob("*/extension.toml"))
+
+
+@pytest.fixture(scope="module")
+def host() -> Any:
+    with Host(Policy(allow=ALL_CAPS), cache_dir=None) as h:
+        yield h
+
+
+def load(host: Host, name: str, **kw: Any) -> Extension:
+    return host.load(FIXTURES / name, **kw)
+
+
+def fails(ext: Extension, value: Any = None, command: str = "run") -> CallError:
+    with pytest.raises(CallError) as info:
+        ext.call(command, value)
+    return info.value
+
+
+def test_every_fixture_folder_is_complete() -> None:
+    assert len(FIXTURE_NAMES) >= 14
+    for name in FIXTURE_NAMES:
+        assert (FIXTURES / name / f"{name}.wasm").is_file(), name
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_imports_conform_to_the_registry(name: str) -> None:
+    """Every import of every fixture is an entry of its ABI's registry, same signature."""
+    header = read_header((FIXTURES / name / f"{name}.wasm").read_bytes())
+    view = default_registry().view(declared_version(header))
+    for imp in header.imports:
+        entry = view.lookup(imp.module, imp.name)
+        assert entry is not None, f"{name}: {imp.module}.{imp.name}"
+        assert imp.func_type is not None
+        assert (imp.func_type.params, imp.func_type.results) == (entry.params, entry.results)
+
+
+def test_hello(host: Host) -> None:
+    ext = load(host, "hello", grants=["clock"])
+    assert ext.call("greet", {"name": "ada"}) == {"greeting": "hello, ada"}
+    assert ext.handshake is not None and ext.handshake.readiness == "ready"
+    err = fails(ext, {"name": 7}, "greet")
+    assert err.failure is FailureClass.GUEST_ERROR and err.message.startswith("invalid_input")
+
+
+def test_hello_without_optional_clock_is_degraded_but_works() -> None:
+    with Host(Policy(allow={"log"}), cache_dir=None) as strict:
+        ext = load(strict, "hello")
+        assert ext.call("greet", {"name": "bo"}) == {"greeting": "hello, bo"}
+        assert ext.handshake is not None and ext.handshake.readiness == "degraded"
+        assert ext.handshake.granted == ("log",)
+
+
+def test_echo(host: Host) -> None:
+    ext = load(host, "echo")
+    value = {"a": [1, -2, "three", b"\x04", None, True, 1.5], "b": {}}
+    assert ext.call("echo", value) == value
+    assert ext.call("noop", value) is None
+
+
+def test_compute_fuel_scales_with_work(host: Host) -> None:
+    ext = load(host, "compute")
+    ext.call("run", {"n": 1000})
+    small = ext.last_fuel_used
+    ext.call("run", {"n": 100_000})
+    assert ext.last_fuel_used > small * 20
+    err = fails(ext, {"n": 10**9})
+    assert err.failure is FailureClass.OUT_OF_FUEL
+
+
+def test_logger_is_bounded(host: Host) -> None:
+    ext = load(host, "logger")
+    out = ext.call("run", {"lines": 1000})
+    assert out["logged"] + out["dropped"] == 1000
+    assert 0 < out["logged"] < 1000
+    assert len(ext.logs()) == out["logged"]
+    assert sum(len(r.message) + 32 for r in ext.logs()) <= 4096
+
+
+def test_clock_random(host: Host) -> None:
+    ext = load(host, "clock-random")
+    out = ext.call("run")
+    assert out["realtime"] % 1_000_000 == 0  # coarsened to the default 1 ms
+    assert out["monotonic"] > 0
+    assert isinstance(out["random"], bytes) and len(out["random"]) == 16
+
+
+def test_seeded_random_is_reproducible() -> None:
+    seed = b"s" * 32
+    outs = []
+    for _ in range(2):
+        with Host(Policy(allow=ALL_CAPS, random_seed=seed), cache_dir=None) as h:
+            outs.append(h.load(FIXTURES / "clock-random").call("run")["random"])
+    assert outs[0] == outs[1]
+
+
+def test_panics(host: Host) -> None:
+    ext = load(host, "panics")
+    err = fails(ext)
+    assert err.failure is FailureClass.PANIC
+    assert "deliberate panic" in err.message
+    assert any("deliberate panic" in r.message for r in ext.logs())
+
+
+@pytest.mark.parametrize(
+    ("kind", "failure"),
+    [
+        ("unreachable", FailureClass.PANIC),
+        ("div_zero", FailureClass.TRAP),
+        ("oob_load", FailureClass.TRAP),
+    ],
+)
+def test_traps(host: Host, kind: str, failure: FailureClass) -> None:
+    err = fails(load(host, "traps"), {"kind": kind})
+    assert err.failure is failure
+
+
+def test_spin_runs_out_of_fuel_or_deadline(host: Host) -> None:
+    assert fails(load(host, "spin")).failure is FailureClass.OUT_OF_FUEL
+    ext = load(host, "spin", fuel=10_000_000_000, timeout_ms=50)
+    assert fails(ext).failure is FailureClass.DEADLINE
+
+
+def test_memhog_is_refused_more_memory(host: Host) -> None:
+    out = load(host, "memhog").call("run")
+    assert out["pages"] * 65536 <= 8 * 1024 * 1024
+
+
+def test_recurse_overflows_the_stack(host: Host) -> None:
+    assert fails(load(host, "recurse")).failure is FailureClass.STACK_OVERFLOW
+
+
+def test_hostflood_pays_for_host_calls(host: Host) -> None:
+    ext = load(host, "hostflood")
+    assert ext.call("run", {"calls": 100}) == {"calls": 100}
+    assert fails(ext, {"calls": 1_000_000}).failure is FailureClass.OUT_OF_FUEL
+
+
+@pytest.mark.parametrize(("mode", "status"), [("request", -3), ("response", -4)])
+def test_oversize_payloads_get_status_codes(host: Host, mode: str, status: int) -> None:
+    assert load(host, "oversize").call("run", {"mode": mode}) == {"status": status}
+
+
+def test_oversize_output_is_a_protocol_error(host: Host) -> None:
+    err = fails(load(host, "oversize"), {"mode": "output"})
+    assert err.failure is FailureClass.PROTOCOL
+    assert "output limit" in err.message
+
+
+def test_ungranted_is_refused_before_running(host: Host) -> None:
+    with pytest.raises(AdmissionError) as info:
+        load(host, "ungranted")
+    assert "random_bytes: needs capability 'random', which is not granted" in str(info.value)
+
+
+@pytest.mark.parametrize("mode", ["out_of_range", "overflow", "resp_out_of_range"])
+def test_badptr_is_a_protocol_violation(host: Host, mode: str) -> None:
+    err = fails(load(host, "badptr"), {"mode": mode})
+    assert err.failure is FailureClass.PROTOCOL
+
+
+def test_host_keeps_serving_after_every_hostile_fixture(host: Host) -> None:
+    ext = load(host, "echo")
+    assert ext.call("echo", "still here") == "still here"
+
+
+def _toolchain_present() -> bool:
+    if not (Path("/usr/bin/cargo").exists() and shutil.which("bash")):
+        return False
+    probe = subprocess.run(
+        ["/usr/bin/rustc", "--print", "target-libdir", "--target", "wasm32-unknown-unknown"],
+        capture_output=True, text=True, check=False,
+    )
+    return probe.returncode == 0 and Path(probe.stdout.strip()).is_dir()
+
+
+@pytest.mark.toolchain
+@pytest.mark.skipif(not _toolchain_present(), reason="Debian Rust wasm toolchain not installed")
+def test_committed_wasm_matches_a_fresh_build() -> None:
+    proc = subprocess.run(
+        [str(FIXTURES / "build"), "--check"], capture_output=True, text=True, timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
