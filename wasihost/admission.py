@@ -11,7 +11,7 @@ import attrs
 
 from .errors import AdmissionError
 from .policy import Grant
-from .registry import AbiVersion, HostFunction, Registry, RegistryView
+from .registry import AbiVersion, HostFunction, Profile, Registry, RegistryView
 from .wasmbin import PAGE_BYTES, ModuleHeader
 
 MARKER_SECTION = "wasihost_abi"
@@ -24,11 +24,31 @@ WASI_MODULE = "wasi_snapshot_preview1"
 
 @attrs.frozen
 class AdmissionPlan:
-    """An admitted module: its ABI view and, in import order, the entry each import binds to."""
+    """An admitted module: its view and, in import order, the entry each import binds to.
 
-    version: AbiVersion
+    ``version`` is None for a plain profile command (e.g. a WASI program exporting ``_start``).
+    """
+
+    version: AbiVersion | None
     view: RegistryView
     imports: tuple[HostFunction, ...]
+
+    @property
+    def is_command(self) -> bool:
+        return self.version is None
+
+
+def command_profile(header: ModuleHeader, registry: Registry) -> Profile | None:
+    """The profile a module without an ABI marker runs under, if it is a plain command of one:
+    every import from the profile's module, and the profile's command entry point exported."""
+    if header.custom(MARKER_SECTION):
+        return None
+    modules = {i.module for i in header.imports}
+    exports = {e.name for e in header.exports}
+    for profile in registry.profiles.values():
+        if modules <= {profile.module} and profile.command_export in exports:
+            return profile
+    return None
 
 
 def declared_version(header: ModuleHeader) -> AbiVersion:
@@ -92,7 +112,7 @@ def _check_imports(
     problems: list[str] = []
     bound: list[HostFunction] = []
     version = view.version
-    spec_all = registry.majors[version.major].functions
+    spec_all = registry.majors[version.major].functions if version is not None else ()
     for imp in header.imports:
         if imp.kind != "func" or imp.func_type is None:
             continue  # reported by _check_limits
@@ -107,10 +127,10 @@ def _check_imports(
             elif imp.module not in view.modules:
                 served = ", ".join(sorted(view.modules))
                 problems.append(
-                    f"{where}: unknown import module {imp.module!r} (ABI {version} serves {served})"
+                    f"{where}: unknown import module {imp.module!r} ({view.label} serves {served})"
                 )
             else:
-                problems.append(f"{where}: not an entry of the ABI {version} registry")
+                problems.append(f"{where}: not an entry of {view.label}")
             continue
         if (tuple(imp.func_type.params), tuple(imp.func_type.results)) != (
             entry.params,
@@ -118,7 +138,7 @@ def _check_imports(
         ):
             problems.append(f"{where}: signature {imp.func_type} differs from {entry.signature}")
             continue
-        if not grant.allows(entry.capability):
+        if not grant.allows(entry.capability) and entry.refused_when_ungranted:
             problems.append(f"{where}: needs capability {entry.capability!r}, which is not granted")
             continue
         bound.append(entry)
@@ -128,7 +148,7 @@ def _check_imports(
 def _check_exports(header: ModuleHeader, view: RegistryView) -> list[str]:
     problems = []
     exports = {e.name: e for e in header.exports}
-    for spec in view.spec.exports:
+    for spec in view.required_exports:
         found = exports.get(spec.name)
         if found is None:
             problems.append(f"export {spec.name!r} ({spec.kind}) is missing")
@@ -154,6 +174,16 @@ def admit(
     manifest_abi: AbiVersion | None = None,
 ) -> AdmissionPlan:
     """Admit the module or raise :class:`AdmissionError` listing every problem found."""
+    profile = command_profile(header, registry)
+    if profile is not None and manifest_abi is None:
+        return _admit_with(
+            header,
+            registry,
+            registry.profile_view(profile),
+            grant,
+            max_memory_bytes,
+            max_table_elements,
+        )
     version = declared_version(header)
     if manifest_abi is not None and manifest_abi != version:
         raise AdmissionError(
@@ -162,11 +192,23 @@ def admit(
     if not registry.supports(version):
         served = ", ".join(str(v) for v in registry.versions)
         raise AdmissionError([f"module declares ABI {version}; this host serves {served}"])
-    view = registry.view(version)
+    return _admit_with(
+        header, registry, registry.view(version), grant, max_memory_bytes, max_table_elements
+    )
+
+
+def _admit_with(
+    header: ModuleHeader,
+    registry: Registry,
+    view: RegistryView,
+    grant: Grant,
+    max_memory_bytes: int,
+    max_table_elements: int,
+) -> AdmissionPlan:
     problems = _check_limits(header, max_memory_bytes, max_table_elements)
     import_problems, bound = _check_imports(header, view, registry, grant)
     problems += import_problems
     problems += _check_exports(header, view)
     if problems:
         raise AdmissionError(problems)
-    return AdmissionPlan(version=version, view=view, imports=tuple(bound))
+    return AdmissionPlan(version=view.version, view=view, imports=tuple(bound))

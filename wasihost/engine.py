@@ -24,6 +24,7 @@ import os
 import secrets
 import stat
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from ctypes import POINTER, byref
@@ -39,7 +40,7 @@ from .codec import CodecLimits, decode, encode
 from .errors import CallError, CodecError, ConfigError, FailureClass
 from .registry import HostFunction
 from .settings import EngineSettings
-from .status import GuestAbort, HostStatus, Status
+from .status import GuestAbort, GuestExit, GuestFault, HostStatus, Status
 
 _U32 = 0xFFFF_FFFF
 _U64 = 0xFFFF_FFFF_FFFF_FFFF
@@ -156,6 +157,55 @@ def _new_trap(message: str) -> int:
 # Host-function trampoline
 # ---------------------------------------------------------------------------------------------
 
+
+class NativeCall:
+    """What a native-convention broker gets besides its arguments: bounds-checked access to the
+    calling guest's memory, and the call's deadline.
+
+    Every access checks ``ptr + len`` against the current memory size (Python integers, so no
+    overflow) and raises :class:`GuestFault` outside it; ``moved`` counts the bytes copied, which
+    the engine charges at the entry's per-byte fuel price.
+    """
+
+    __slots__ = ("_ctx", "_mem", "deadline", "moved")
+
+    def __init__(self) -> None:
+        self._ctx = 0
+        self._mem = 0
+        self.moved = 0
+        self.deadline = 0.0
+
+    def size(self) -> int:
+        return int(_memory_data_size(self._ctx, self._mem))
+
+    def _base(self, ptr: int, length: int) -> int:
+        if ptr < 0 or length < 0 or ptr + length > _memory_data_size(self._ctx, self._mem):
+            raise GuestFault(f"[{ptr}, +{length}) outside guest memory")
+        self.moved += length
+        return int(_memory_data(self._ctx, self._mem)) + ptr
+
+    def read(self, ptr: int, length: int) -> bytes:
+        return ctypes.string_at(self._base(ptr, length), length) if length else b""
+
+    def write(self, ptr: int, data: bytes) -> None:
+        if data:
+            ctypes.memmove(self._base(ptr, len(data)), data, len(data))
+        else:
+            self._base(ptr, 0)
+
+    def read_u32(self, ptr: int) -> int:
+        return int.from_bytes(self.read(ptr, 4), "little")
+
+    def read_u64(self, ptr: int) -> int:
+        return int.from_bytes(self.read(ptr, 8), "little")
+
+    def write_u32(self, ptr: int, value: int) -> None:
+        self.write(ptr, (value & _U32).to_bytes(4, "little"))
+
+    def write_u64(self, ptr: int, value: int) -> None:
+        self.write(ptr, (value & _U64).to_bytes(8, "little"))
+
+
 # env pointer -> (instance context, import index). ctypes callbacks receive the env as an int;
 # the finalizer removes the entry when the Store that owns the function is dropped.
 _TARGETS: dict[int, tuple[_HostContext, int]] = {}
@@ -190,6 +240,8 @@ class _HostContext:
         # wasm function on the same thread, under the instance lock. Never global.
         self.failure: CallError | None = None
         self.reraise: BaseException | None = None
+        self.exit_code: int | None = None
+        self.native = NativeCall()
 
     def take_failure(self) -> CallError | None:
         failure, self.failure = self.failure, None
@@ -237,6 +289,8 @@ class _HostContext:
             if not raw._wasmtime_caller_export_get(caller, b"memory", 6, byref(item)):
                 return self._fail(FailureClass.PROTOCOL, f"{name}: guest exports no memory")
             memory = item.of.memory
+        if entry.convention == "native":
+            return self._native_call(bound, context, memory, args)
         size = raw._wasmtime_memory_data_size(context, byref(memory))
         # Python ints do not overflow, so these sums are exact; a u32 ptr+len past 2**32 is
         # simply larger than any memory.
@@ -296,6 +350,45 @@ class _HostContext:
         ctypes.memmove((base.value or 0) + resp_ptr, body, len(body))
         args[0].i32 = len(body)
         return 0
+
+    def _native_call(self, bound: BoundImport, context: Any, memory: Any, args: Any) -> int:
+        entry = bound.entry
+        if not self._charge(context, entry.fuel_base, entry.qualified_name):
+            return _new_trap("wasihost: out of fuel")
+        if not self.gate(entry):
+            if entry.denied_result is None:
+                return self._fail(FailureClass.DENIED, f"{entry.qualified_name}: not granted")
+            _store_result(entry, args, entry.denied_result)
+            return 0
+        values = [
+            args[i].i64 & _U64 if t == "i64" else args[i].i32 & _U32
+            for i, t in enumerate(entry.params)
+        ]
+        call = self.native
+        call._ctx = ctypes.cast(context, ctypes.c_void_p).value or 0
+        call._mem = ctypes.addressof(memory)
+        call.moved = 0
+        try:
+            result = bound.handler(call, *values)
+        except GuestFault as fault:
+            return self._fail(FailureClass.PROTOCOL, f"{entry.qualified_name}: {fault}")
+        except GuestExit as exit_:
+            self.exit_code = exit_.code
+            return _new_trap("wasihost: exit")
+        if not self._charge(context, entry.fuel_per_byte * call.moved, entry.qualified_name):
+            return _new_trap("wasihost: out of fuel")
+        if entry.results:
+            _store_result(entry, args, result)
+        return 0
+
+
+def _store_result(entry: HostFunction, args: Any, value: Any) -> None:
+    if entry.results[0] == "i64":
+        v64 = int(value) & _U64
+        args[0].i64 = v64 - (1 << 64) if v64 >= 1 << 63 else v64
+    else:
+        v32 = int(value) & _U32
+        args[0].i32 = v32 - (1 << 32) if v32 >= 1 << 31 else v32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -539,9 +632,12 @@ class WasmEngine:
         imports: Sequence[BoundImport],
         gate: Gate,
         limits: StoreLimits,
+        command_export: str | None = None,
     ) -> Instance:
+        """Instantiate under ``limits``; ``command_export`` names the entry point of a plain
+        profile command (``_start``) instead of the wasihost ABI exports."""
         self._watchdog.ensure_running()
-        return Instance(self, module, imports, gate, limits)
+        return Instance(self, module, imports, gate, limits, command_export)
 
     def close(self) -> None:
         self._watchdog.stop()
@@ -577,6 +673,7 @@ class Instance:
         imports: Sequence[BoundImport],
         gate: Gate,
         limits: StoreLimits,
+        command_export: str | None = None,
     ) -> None:
         self.lock = threading.Lock()
         self._engine = engine
@@ -618,6 +715,7 @@ class Instance:
         instance = ffi.wasmtime_instance_t()
         with self.lock:
             self._arm(limits.fuel)
+            self._ctx.native.deadline = time.monotonic() + limits.timeout_ms / 1000
             trap = POINTER(ffi.wasm_trap_t)()
             err = raw._wasmtime_instance_new(
                 self._context,
@@ -634,10 +732,11 @@ class Instance:
         self._instance = instance
         self._memory = self._export(b"memory").of.memory
         self._ctx.memory = self._memory
-        self._alloc = self._export(b"wasihost_alloc").of.func
-        self._call = self._export(b"wasihost_call").of.func
-        self._alloc_ref = byref(self._alloc)
-        self._call_ref = byref(self._call)
+        if command_export is not None:
+            self._alloc = self._call = self._export(command_export.encode()).of.func
+        else:
+            self._alloc = self._export(b"wasihost_alloc").of.func
+            self._call = self._export(b"wasihost_call").of.func
         self._args1 = (ffi.wasmtime_val_raw_t * 1)()
         self._args3 = (ffi.wasmtime_val_raw_t * 3)()
         # Raw addresses for the fast path; every object they point into is kept alive by self.
@@ -652,6 +751,35 @@ class Instance:
         self._fuel_left = ctypes.c_uint64(0)
         self._fuel_left_addr = ctypes.addressof(self._fuel_left)
         self._deadline_ticks = engine.ticks_for(limits.timeout_ms)
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._ctx.exit_code
+
+    def run_command(self) -> int:
+        """Run a profile command's entry point to its end; return its exit code.
+
+        A normal return is exit code 0; ``proc_exit(n)`` ends it with ``n``. Caller holds
+        ``lock``; the instance cannot run again afterwards.
+        """
+        if self.closed:
+            raise CallError(FailureClass.HOST_ERROR, "instance is closed")
+        fuel = self._limits.fuel
+        ctx = self._ctx_addr
+        _set_fuel(ctx, fuel)
+        _set_epoch_deadline(ctx, self._deadline_ticks)
+        self._ctx.native.deadline = time.monotonic() + self._limits.timeout_ms / 1000
+        try:
+            self._invoke(self._call_addr, self._args1_addr, 0)
+        except CallError:
+            if self._ctx.exit_code is None:
+                raise
+        finally:
+            _get_fuel(ctx, self._fuel_left_addr)
+            used = fuel - self._fuel_left.value
+            self.fuel_used += used
+            self.last_call_fuel = used
+        return self._ctx.exit_code if self._ctx.exit_code is not None else 0
 
     def _export(self, name: bytes) -> Any:
         item = ffi.wasmtime_extern_t()
@@ -677,6 +805,8 @@ class Instance:
         if reraise is not None:
             raise reraise
         failure = self._ctx.take_failure()
+        if failure is None and self._ctx.exit_code is not None:
+            failure = CallError(FailureClass.TRAP, f"guest exited with {self._ctx.exit_code}")
         if failure is not None:
             if trap:
                 raw.wasm_trap_delete(trap)
@@ -708,6 +838,7 @@ class Instance:
         ctx = self._ctx_addr
         _set_fuel(ctx, fuel)
         _set_epoch_deadline(ctx, self._deadline_ticks)
+        self._ctx.native.deadline = time.monotonic() + self._limits.timeout_ms / 1000
         try:
             total = len(command) + len(payload)
             args1 = self._args1
@@ -765,6 +896,7 @@ class Instance:
 
 __all__ = [
     "BoundImport",
+    "NativeCall",
     "CallResult",
     "CompiledModule",
     "Instance",

@@ -85,12 +85,12 @@ def inspect_package(
         return report
     report["admission"] = {
         "admitted": True,
-        "abi": str(plan.version),
+        "abi": str(plan.version) if plan.version is not None else plan.view.label,
         "granted": sorted(grant.capabilities),
     }
     report["enforced"] = [
         "wasm isolation: the guest reaches the host only through the imports listed above",
-        f"imports limited to the ABI {plan.version} registry view and the granted capabilities",
+        f"imports limited to the registry view of {plan.view.label} and the granted capabilities",
         "capability checked again on every host call; payload limits per registry entry",
         "guest pointers and lengths bounds-checked before every host read or write",
         f"fuel: {resources.fuel_per_call} per call, host calls charged",

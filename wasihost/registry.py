@@ -67,6 +67,18 @@ class HostFunction:
     doc: str = ""
     request: str = ""
     response: str = ""
+    # "cbor": the ABI's uniform (req_ptr, req_len, resp_ptr, resp_cap) -> i32 convention, decoded
+    # and bounded by the engine. "native": typed arguments, and the broker reads and writes
+    # guest memory itself through a bounds-checked accessor (WASI preview1 functions).
+    convention: str = "cbor"
+    # For native entries that must stay linkable when not granted (a WASI program imports
+    # fd_write whether or not it gets stdio): the gate answers this value instead, and
+    # admission does not refuse the import. None: an ungranted import refuses the module.
+    denied_result: int | None = None
+
+    @property
+    def refused_when_ungranted(self) -> bool:
+        return self.denied_result is None
 
     @property
     def qualified_name(self) -> str:
@@ -95,7 +107,11 @@ class HostFunction:
             "request": self.request,
             "response": self.response,
             "doc": self.doc,
-        }
+        } | (
+            {"convention": self.convention, "denied_result": self.denied_result}
+            if self.convention != "cbor"
+            else {}
+        )
 
 
 @attrs.frozen
@@ -127,12 +143,50 @@ class MajorSpec:
 
 
 @attrs.frozen
-class RegistryView:
-    """The entries one guest may link against, keyed by (import module, name)."""
+class Profile:
+    """Entries under a foreign import module (e.g. WASI preview1) that the host implements.
 
-    version: AbiVersion
-    spec: MajorSpec
+    A profile's entries are visible to every ABI view (a wasihost guest may import them), and a
+    module with no ABI marker whose imports all come from the profile's module and which exports
+    ``command_export`` runs as a plain command of that profile.
+    """
+
+    name: str
+    module: str
+    functions: tuple[HostFunction, ...]
+    command_export: str = "_start"
+
+    @property
+    def exports(self) -> tuple[ExportSpec, ...]:
+        return (ExportSpec("memory", "memory"), ExportSpec(self.command_export, "func"))
+
+
+@attrs.frozen
+class RegistryView:
+    """The entries one guest may link against, keyed by (import module, name).
+
+    ``version`` is None for a plain profile command (no wasihost ABI): then ``profile`` names
+    the profile whose command convention applies.
+    """
+
+    version: AbiVersion | None
+    spec: MajorSpec | None
     entries: Mapping[tuple[str, str], HostFunction]
+    profile: Profile | None = None
+
+    @property
+    def required_exports(self) -> tuple[ExportSpec, ...]:
+        if self.spec is not None:
+            return self.spec.exports
+        assert self.profile is not None
+        return self.profile.exports
+
+    @property
+    def label(self) -> str:
+        if self.version is not None:
+            return f"ABI {self.version}"
+        assert self.profile is not None
+        return f"the {self.profile.name} profile"
 
     def lookup(self, module: str, name: str) -> HostFunction | None:
         return self.entries.get((module, name))
@@ -147,6 +201,21 @@ class Registry:
     """All ABI majors this host serves, plus entries added by later profiles (e.g. WASI)."""
 
     majors: dict[int, MajorSpec] = attrs.field(factory=dict)
+    profiles: dict[str, Profile] = attrs.field(factory=dict)
+
+    def add_profile(self, profile: Profile) -> None:
+        if profile.module in {p.module for p in self.profiles.values()} or any(
+            profile.module == spec.import_module for spec in self.majors.values()
+        ):
+            raise ConfigError(f"import module {profile.module} is registered twice")
+        self.profiles[profile.name] = profile
+
+    def profile_for_module(self, module: str) -> Profile | None:
+        return next((p for p in self.profiles.values() if p.module == module), None)
+
+    def profile_view(self, profile: Profile) -> RegistryView:
+        entries = {(f.module, f.name): f for f in profile.functions}
+        return RegistryView(version=None, spec=None, entries=entries, profile=profile)
 
     def add_major(self, spec: MajorSpec) -> None:
         if spec.major in self.majors:
@@ -175,16 +244,13 @@ class Registry:
             for f in spec.functions
             if f.since.major == version.major and f.since.minor <= version.minor
         }
+        for profile in self.profiles.values():
+            entries.update({(f.module, f.name): f for f in profile.functions})
         return RegistryView(version=version, spec=spec, entries=entries)
 
     def capabilities(self) -> frozenset[str]:
         """Capability names a manifest may request (``core`` is implicit, never requested)."""
-        return frozenset(
-            f.capability
-            for spec in self.majors.values()
-            for f in spec.functions
-            if f.capability != CORE_CAPABILITY
-        )
+        return frozenset(f.capability for f in self.functions() if f.capability != CORE_CAPABILITY)
 
     def functions(self, version: AbiVersion | None = None) -> Iterable[HostFunction]:
         if version is not None:
@@ -192,6 +258,8 @@ class Registry:
             return
         for major in sorted(self.majors):
             yield from self.majors[major].functions
+        for name in sorted(self.profiles):
+            yield from self.profiles[name].functions
 
 
 def _require(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:

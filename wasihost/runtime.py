@@ -12,7 +12,7 @@ import secrets
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -28,7 +28,7 @@ from .errors import AdmissionError, CallError, CodecError, ConfigError, FailureC
 from .manifest import Manifest, Resources
 from .package import Package, load_package
 from .policy import Grant, Policy, effective_grant
-from .registry import HostFunction, Registry, default_registry
+from .registry import HostFunction, Profile, Registry, default_registry
 from .settings import EngineSettings
 from .wasmbin import WasmFormatError, read_header
 
@@ -54,6 +54,21 @@ def default_cache_dir() -> Path:
 _DEFAULT = object()
 
 
+class ProfileBinding(Protocol):
+    """The brokers of one profile (e.g. WASI) for one instance of one extension.
+
+    Made fresh for every instance, because profile state (open file descriptors, for WASI)
+    belongs to the instance and must not survive a discarded one.
+    """
+
+    def handler(self, entry: HostFunction) -> Callable[..., Any]: ...
+
+    def close(self) -> None: ...
+
+
+ProfileFactory = Callable[["Extension"], ProfileBinding]
+
+
 class Host:
     """The plugin engine of an application: one wasm engine, one registry, one policy."""
 
@@ -65,9 +80,14 @@ class Host:
         cache_dir: Path | object | None = _DEFAULT,
         registry: Registry | None = None,
         clock: Clock | None = None,
+        profiles: Iterable[tuple[Profile, ProfileFactory]] = (),
     ) -> None:
         self.policy = policy if policy is not None else Policy()
         self.registry = registry if registry is not None else default_registry()
+        self.profile_factories: dict[str, ProfileFactory] = {}
+        for profile, factory in profiles:
+            self.registry.add_profile(profile)
+            self.profile_factories[profile.module] = factory
         directory = default_cache_dir() if cache_dir is _DEFAULT else cache_dir
         if directory is not None and not isinstance(directory, Path):
             directory = Path(str(directory))
@@ -223,6 +243,7 @@ class Extension:
         self.handshake: Handshake | None = None
         self.last_fuel_used = 0
         self.starts = 0
+        self._bindings: dict[str, ProfileBinding] = {}
         policy = host.policy
         self._random = SeededRandom(policy.random_seed) if policy.random_seed is not None else None
 
@@ -237,7 +258,10 @@ class Extension:
     def _gate(self, entry: HostFunction) -> bool:
         return self.grant.allows(entry.capability)
 
-    def _handler(self, entry: HostFunction) -> Callable[[Any], Any]:
+    def _handler(self, entry: HostFunction) -> Callable[..., Any]:
+        binding = self._bindings.get(entry.module)
+        if binding is not None:
+            return binding.handler(entry)
         factories: Mapping[str, Callable[[], Callable[[Any], Any]]] = {
             "abort": lambda: abort_handler(self.log),
             "log": lambda: log_handler(self.log),
@@ -269,13 +293,49 @@ class Extension:
             assert self.handshake is not None
             return self.handshake
 
+    def _instantiate(self) -> Instance:
+        self._close_bindings()
+        for module in {e.module for e in self.plan.imports}:
+            factory = self.host.profile_factories.get(module)
+            if factory is not None:
+                self._bindings[module] = factory(self)
+        bound = [BoundImport(entry, self._handler(entry)) for entry in self.plan.imports]
+        profile = self.plan.view.profile
+        return self.host.engine.instantiate(
+            self._compiled,
+            bound,
+            self._gate,
+            self._store_limits(),
+            command_export=profile.command_export if self.plan.is_command and profile else None,
+        )
+
+    def _close_bindings(self) -> None:
+        bindings, self._bindings = self._bindings, {}
+        for binding in bindings.values():
+            binding.close()
+
+    def run_command(self) -> int:
+        """Run a plain profile command (a WASI ``_start``) once; return its exit code."""
+        if not self.plan.is_command:
+            raise ConfigError(f"{self.id} is a wasihost ABI guest: call its commands instead")
+        with self._lock:
+            self._discard()
+            instance = self._instantiate()
+            self.starts += 1
+            try:
+                with instance.lock:
+                    return instance.run_command()
+            finally:
+                self.last_fuel_used = instance.last_call_fuel
+                instance.close()
+                self._close_bindings()
+
     def _ensure_started(self) -> Instance:
         if self._instance is not None:
             return self._instance
-        bound = [BoundImport(entry, self._handler(entry)) for entry in self.plan.imports]
-        instance = self.host.engine.instantiate(
-            self._compiled, bound, self._gate, self._store_limits()
-        )
+        if self.plan.is_command:
+            raise ConfigError(f"{self.id} is a plain command module: use run_command()")
+        instance = self._instantiate()
         self.starts += 1
         try:
             self.handshake = self._run_handshake(instance)
@@ -400,6 +460,7 @@ class Extension:
         if self._instance is not None:
             self._instance.close()
             self._instance = None
+        self._close_bindings()
 
     def logs(self) -> tuple[LogRecord, ...]:
         return self.log.records

@@ -34,3 +34,15 @@ class GuestAbort(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class GuestFault(Exception):  # noqa: N818 - a guest's bad pointer, not a host error
+    """A native broker touched guest memory outside its bounds on the guest's say-so."""
+
+
+class GuestExit(Exception):  # noqa: N818 - a guest's request to end the run
+    """Raised by ``proc_exit``: the guest ends its run with ``code``."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"exit {code}")
+        self.code = code

@@ -1,0 +1,144 @@
+"""The profile seam: native-convention entries, plain command modules, exit codes.
+
+A toy profile stands in for WASI so the engine's native path is tested on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from conftest import bare
+from guests import build
+
+from wasihost.errors import AdmissionError, CallError, FailureClass
+from wasihost.guestmem import GuestMemory
+from wasihost.policy import Policy
+from wasihost.registry import AbiVersion, HostFunction, Profile
+from wasihost.runtime import Extension, Host
+from wasihost.status import GuestExit
+
+MODULE = "toy_preview1"
+
+
+def entry(
+    name: str, params: tuple[str, ...], results: tuple[str, ...], cap: str, denied: int | None = 76
+) -> HostFunction:
+    return HostFunction(
+        module=MODULE,
+        name=name,
+        capability=cap,
+        since=AbiVersion(1, 0),
+        params=params,
+        results=results,
+        max_request_bytes=0,
+        max_response_bytes=0,
+        fuel_base=100,
+        fuel_per_byte=1,
+        blocking=False,
+        convention="native",
+        denied_result=denied,
+    )
+
+
+PROFILE = Profile(
+    name="toy",
+    module=MODULE,
+    functions=(
+        entry("store_sum", ("i32", "i32", "i32"), ("i32",), "toy.math"),
+        entry("peek", ("i32",), ("i64",), "toy.math"),
+        entry("exit", ("i32",), (), "toy.core", denied=None),
+    ),
+)
+
+
+class ToyBinding:
+    instances = 0
+    closed = 0
+
+    def __init__(self, ext: Extension) -> None:
+        ToyBinding.instances += 1
+
+    def handler(self, e: HostFunction) -> Callable[..., Any]:
+        def store_sum(mem: GuestMemory, a: int, b: int, out: int) -> int:
+            mem.write_u32(out, a + b)
+            return 0
+
+        def peek(mem: GuestMemory, ptr: int) -> int:
+            return mem.read_u64(ptr)
+
+        def exit_(mem: GuestMemory, code: int) -> None:
+            raise GuestExit(code)
+
+        return {"store_sum": store_sum, "peek": peek, "exit": exit_}[e.name]
+
+    def close(self) -> None:
+        ToyBinding.closed += 1
+
+
+def command(body: str) -> bytes:
+    return build(f"""(module
+      (import "{MODULE}" "store_sum" (func $sum (param i32 i32 i32) (result i32)))
+      (import "{MODULE}" "peek" (func $peek (param i32) (result i64)))
+      (import "{MODULE}" "exit" (func $exit (param i32)))
+      (memory (export "memory") 1)
+      (func (export "_start") {body}))""")
+
+
+@pytest.fixture
+def host() -> Iterator[Host]:
+    with Host(
+        Policy(allow={"toy.math", "toy.core"}), cache_dir=None, profiles=[(PROFILE, ToyBinding)]
+    ) as h:
+        yield h
+
+
+def test_command_runs_and_exits_with_its_code(host: Host) -> None:
+    body = """(if (i32.ne (call $sum (i32.const 40) (i32.const 2) (i32.const 64)) (i32.const 0))
+                (then unreachable))
+              (call $exit (i32.load (i32.const 64)))"""
+    ext = host.admit(bare(command(body)), grants=["toy.math", "toy.core"])
+    assert ext.plan.is_command
+    before = ToyBinding.closed
+    assert ext.run_command() == 42
+    assert ToyBinding.closed == before + 1  # profile state does not outlive the run
+    assert ext.last_fuel_used > 0
+
+
+def test_returning_from_start_is_exit_zero(host: Host) -> None:
+    ext = host.admit(bare(command("")), grants=["toy.core"])
+    assert ext.run_command() == 0
+
+
+def test_ungranted_native_entry_answers_its_denied_value(host: Host) -> None:
+    body = "(call $exit (call $sum (i32.const 1) (i32.const 2) (i32.const 64)))"
+    ext = host.admit(bare(command(body)), grants=["toy.core"])
+    assert ext.run_command() == 76
+
+
+def test_ungranted_entry_without_denied_value_refuses_the_module(host: Host) -> None:
+    with pytest.raises(AdmissionError, match="needs capability 'toy.core'"):
+        host.admit(bare(command("")), grants=["toy.math"])
+
+
+def test_native_out_of_bounds_is_a_protocol_trap(host: Host) -> None:
+    body = "(drop (call $peek (i32.const 65530)))"
+    ext = host.admit(bare(command(body)), grants=["toy.math", "toy.core"])
+    with pytest.raises(CallError) as info:
+        ext.run_command()
+    assert info.value.failure is FailureClass.PROTOCOL
+    assert "outside guest memory" in info.value.message
+
+
+def test_i64_results_keep_all_bits(host: Host) -> None:
+    body = """(i64.store (i32.const 8) (i64.const -2))
+              (call $exit (i32.wrap_i64 (i64.shr_u (call $peek (i32.const 8)) (i64.const 60))))"""
+    ext = host.admit(bare(command(body)), grants=["toy.math", "toy.core"])
+    assert ext.run_command() == 15
+
+
+def test_command_modules_have_no_commands(host: Host) -> None:
+    ext = host.admit(bare(command("")), grants=["toy.core"])
+    with pytest.raises(Exception, match="plain command module"):
+        ext.call("run")

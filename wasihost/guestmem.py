@@ -1,0 +1,69 @@
+"""The view of guest memory that native-convention brokers (WASI) get: a Protocol, so brokers
+stay free of the engine and their tests can use :class:`BytearrayMemory`."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .status import GuestFault
+
+
+class GuestMemory(Protocol):
+    """Bounds-checked access to the calling guest's linear memory during one host call.
+
+    Every method raises :class:`~wasihost.status.GuestFault` for a range outside memory;
+    ``deadline`` is the ``time.monotonic()`` value by which the call must return.
+    """
+
+    deadline: float
+
+    def size(self) -> int: ...
+
+    def read(self, ptr: int, length: int) -> bytes: ...
+
+    def write(self, ptr: int, data: bytes) -> None: ...
+
+    def read_u32(self, ptr: int) -> int: ...
+
+    def read_u64(self, ptr: int) -> int: ...
+
+    def write_u32(self, ptr: int, value: int) -> None: ...
+
+    def write_u64(self, ptr: int, value: int) -> None: ...
+
+
+class BytearrayMemory:
+    """A :class:`GuestMemory` over a bytearray, for broker tests without an engine."""
+
+    def __init__(self, size: int, deadline: float = float("inf")) -> None:
+        self.data = bytearray(size)
+        self.deadline = deadline
+        self.moved = 0
+
+    def size(self) -> int:
+        return len(self.data)
+
+    def _check(self, ptr: int, length: int) -> None:
+        if ptr < 0 or length < 0 or ptr + length > len(self.data):
+            raise GuestFault(f"[{ptr}, +{length}) outside guest memory")
+        self.moved += length
+
+    def read(self, ptr: int, length: int) -> bytes:
+        self._check(ptr, length)
+        return bytes(self.data[ptr : ptr + length])
+
+    def write(self, ptr: int, data: bytes) -> None:
+        self._check(ptr, len(data))
+        self.data[ptr : ptr + len(data)] = data
+
+    def read_u32(self, ptr: int) -> int:
+        return int.from_bytes(self.read(ptr, 4), "little")
+
+    def read_u64(self, ptr: int) -> int:
+        return int.from_bytes(self.read(ptr, 8), "little")
+
+    def write_u32(self, ptr: int, value: int) -> None:
+        self.write(ptr, (value & 0xFFFF_FFFF).to_bytes(4, "little"))
+
+    def write_u64(self, ptr: int, value: int) -> None:
+        self.write(ptr, (value & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "little"))
