@@ -80,7 +80,7 @@ def test_echo_agrees_on_both_paths(paths: Any, value: Any) -> None:
 
 
 def test_unknown_command_agrees(paths: Any) -> None:
-    ext, public = paths
+    _, public = paths
     status, body = public.call("nosuch", None)
     assert status != 0
     assert cbor2.loads(body)["class"] == "unknown_command"

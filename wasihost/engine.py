@@ -896,11 +896,11 @@ class Instance:
 
 __all__ = [
     "BoundImport",
-    "NativeCall",
     "CallResult",
     "CompiledModule",
     "Instance",
     "ModuleCache",
+    "NativeCall",
     "StoreLimits",
     "WasmEngine",
 ]

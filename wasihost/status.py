@@ -36,11 +36,11 @@ class GuestAbort(Exception):
         self.message = message
 
 
-class GuestFault(Exception):  # noqa: N818 - a guest's bad pointer, not a host error
+class GuestFault(Exception):
     """A native broker touched guest memory outside its bounds on the guest's say-so."""
 
 
-class GuestExit(Exception):  # noqa: N818 - a guest's request to end the run
+class GuestExit(Exception):
     """Raised by ``proc_exit``: the guest ends its run with ``code``."""
 
     def __init__(self, code: int) -> None:
