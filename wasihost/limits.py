@@ -1,0 +1,96 @@
+"""Default resource limits of an extension and the range a manifest may move each one within.
+
+Pure constants: the manifest parser, the policy and the engine all read them from here, so one
+number is never spelled twice. Each ``DEFAULT_*`` is what an extension gets when its manifest is
+silent; ``MIN_*``/``MAX_*`` bound what a manifest may ask for.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from typing import Final
+
+import attrs
+
+# Instructions a call may burn. Shopify Functions allow 11M instructions per run: 10M is the same
+# order and a round number.
+DEFAULT_FUEL_PER_CALL: Final = 10_000_000
+# Zero fuel could not even enter the guest.
+MIN_FUEL_PER_CALL: Final = 1
+# About ten seconds of wasm at full speed; longer jobs belong behind a deadline, not more fuel.
+MAX_FUEL_PER_CALL: Final = 10_000_000_000
+
+# 16 MiB of linear memory: Shopify allows 10 MB, and wasm grows in 64 KiB pages.
+DEFAULT_MAX_MEMORY_BYTES: Final = 16 * 1024 * 1024
+# One wasm page: a module that declares a memory needs at least that.
+MIN_MAX_MEMORY_BYTES: Final = 64 * 1024
+# 1 GiB caps the host's resident memory per instance well below wasm32's 4 GiB address space.
+MAX_MAX_MEMORY_BYTES: Final = 1024 * 1024 * 1024
+
+# One second of wall clock per call: interactive callers wait on it.
+DEFAULT_TIMEOUT_MS: Final = 1000
+# The deadline is checked per epoch tick, so anything below 1 ms cannot be honoured anyway.
+MIN_TIMEOUT_MS: Final = 1
+# Ten minutes: longer work is a batch job, not an extension call.
+MAX_TIMEOUT_MS: Final = 600_000
+
+# 128 KiB of command input, Shopify Functions' input limit.
+DEFAULT_MAX_INPUT_BYTES: Final = 128 * 1024
+# A CBOR item is at least one byte.
+MIN_MAX_INPUT_BYTES: Final = 1
+# 16 MiB: input is copied into guest memory per call, so it must fit with room to spare.
+MAX_MAX_INPUT_BYTES: Final = 16 * 1024 * 1024
+
+# 64 KiB of command output: answers are meant to be small, and the host copies them out.
+DEFAULT_MAX_OUTPUT_BYTES: Final = 64 * 1024
+# A CBOR item is at least one byte.
+MIN_MAX_OUTPUT_BYTES: Final = 1
+# 16 MiB, the same bound as input: the host holds the copy in its own memory.
+MAX_MAX_OUTPUT_BYTES: Final = 16 * 1024 * 1024
+
+# 64 KiB of log ring per extension: enough for diagnostics, too little to exhaust the host.
+DEFAULT_MAX_LOG_BYTES: Final = 64 * 1024
+# Zero turns logging off (records are dropped with QUOTA_EXCEEDED).
+MIN_MAX_LOG_BYTES: Final = 0
+# 16 MiB: the ring lives in host memory for the extension's whole lifetime.
+MAX_MAX_LOG_BYTES: Final = 16 * 1024 * 1024
+
+# 10,000 table elements covers the indirect-call tables of ordinary Rust and C guests.
+DEFAULT_MAX_TABLE_ELEMENTS: Final = 10_000
+# Zero: a guest without indirect calls needs no table.
+MIN_MAX_TABLE_ELEMENTS: Final = 0
+# One million elements is several MiB of host memory per instance; more is an attack, not code.
+MAX_MAX_TABLE_ELEMENTS: Final = 1_000_000
+
+
+@attrs.frozen
+class ResourceBound:
+    """The default and the inclusive range of one ``[resources]`` field."""
+
+    minimum: int
+    default: int
+    maximum: int
+
+
+# Keyed by the manifest field name, in the order the manifest documents them; read-only, since
+# every module shares this one table.
+RESOURCE_BOUNDS: Final[Mapping[str, ResourceBound]] = types.MappingProxyType(
+    {
+        "fuel_per_call": ResourceBound(MIN_FUEL_PER_CALL, DEFAULT_FUEL_PER_CALL, MAX_FUEL_PER_CALL),
+        "max_memory_bytes": ResourceBound(
+            MIN_MAX_MEMORY_BYTES, DEFAULT_MAX_MEMORY_BYTES, MAX_MAX_MEMORY_BYTES
+        ),
+        "timeout_ms": ResourceBound(MIN_TIMEOUT_MS, DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS),
+        "max_input_bytes": ResourceBound(
+            MIN_MAX_INPUT_BYTES, DEFAULT_MAX_INPUT_BYTES, MAX_MAX_INPUT_BYTES
+        ),
+        "max_output_bytes": ResourceBound(
+            MIN_MAX_OUTPUT_BYTES, DEFAULT_MAX_OUTPUT_BYTES, MAX_MAX_OUTPUT_BYTES
+        ),
+        "max_log_bytes": ResourceBound(MIN_MAX_LOG_BYTES, DEFAULT_MAX_LOG_BYTES, MAX_MAX_LOG_BYTES),
+        "max_table_elements": ResourceBound(
+            MIN_MAX_TABLE_ELEMENTS, DEFAULT_MAX_TABLE_ELEMENTS, MAX_MAX_TABLE_ELEMENTS
+        ),
+    }
+)

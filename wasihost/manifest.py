@@ -1,0 +1,490 @@
+"""The ``extension.toml`` model and its validation.
+
+Pure: :func:`parse_manifest` takes the manifest's text, never a path. A manifest is written by a
+package author the host does not trust, so validation fails closed: an unknown table or key, a
+wrong type or an out-of-range value is an error, never ignored. Every error is a
+:class:`ManifestError` whose ``key`` is the dotted path of the offending field.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import attrs
+
+from wasihost import limits
+from wasihost.errors import ConfigError, ManifestError
+
+# The one schema this parser understands; a new one gets a new parser branch, not a guess.
+SCHEMA: Final = "wasihost-manifest/1"
+# The runtimes a manifest may name: in-process wasm, or wasm in a separate worker process.
+RUNTIMES: Final = frozenset({"wasm", "wasm-process"})
+# In-process is the cheapest runtime and the one every host has.
+DEFAULT_RUNTIME: Final = "wasm"
+
+# Real manifests are a few hundred bytes; 64 Ki characters bounds what a hostile one makes us
+# parse (the package loader bounds the file at 64 KiB before decoding it).
+MAX_MANIFEST_CHARS: Final = 65536
+# Reverse-DNS names longer than this are not names people type or read.
+MAX_ID_CHARS: Final = 128
+# SemVer sets no bound; this one keeps the pattern's work and our messages small.
+MAX_VERSION_CHARS: Final = 128
+# A display name, shown on one line.
+MAX_PUBLISHER_CHARS: Final = 128
+# The same bound as the module's ``wasihost_abi`` marker section.
+MAX_ABI_CHARS: Final = 16
+# The common file-name limit of POSIX file systems, applied to the whole relative path.
+MAX_MODULE_CHARS: Final = 255
+# Command names are typed on command lines and sent on every call.
+MAX_COMMAND_NAME_CHARS: Final = 64
+# A description is help text, a paragraph at most.
+MAX_DESCRIPTION_CHARS: Final = 1024
+# Far more commands than any extension needs; bounds what a hostile manifest makes us build.
+MAX_COMMANDS: Final = 256
+# Error messages quote at most this many characters of an author's value.
+_QUOTE_CHARS: Final = 40
+# A key path shows at most this many characters of one key: enough to find it, never a flood.
+_KEY_CHARS: Final = 80
+
+_TABLES: Final = ("extension", "capabilities", "resources", "commands")
+_EXTENSION_KEYS: Final = (
+    "schema",
+    "id",
+    "version",
+    "publisher",
+    "abi",
+    "module",
+    "sha256",
+    "runtime",
+)
+_CAPABILITY_KEYS: Final = ("required", "optional")
+_COMMAND_KEYS: Final = ("description",)
+
+_ID = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z0-9-]+)+")
+# SemVer 2.0.0, built from the grammar of semver.org: numeric identifiers without leading
+# zeros, alphanumeric pre-release identifiers, build identifiers of any [0-9A-Za-z-]+.
+_NUMBER = r"(?:0|[1-9][0-9]*)"
+_PRE_ID = rf"(?:{_NUMBER}|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
+_BUILD_ID = r"[0-9A-Za-z-]+"
+_SEMVER = re.compile(
+    rf"{_NUMBER}\.{_NUMBER}\.{_NUMBER}"
+    rf"(?:-{_PRE_ID}(?:\.{_PRE_ID})*)?"
+    rf"(?:\+{_BUILD_ID}(?:\.{_BUILD_ID})*)?"
+)
+_ABI = re.compile(rf"{_NUMBER}\.{_NUMBER}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_COMMAND_NAME = re.compile(r"[a-z][a-z0-9_-]*")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+# Control characters (C0, DEL, C1) would let a description rewrite the terminal it is shown on;
+# tab and newline are ordinary help-text layout.
+_DESCRIPTION_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# In a path, NUL cuts the name short in C APIs and the other controls garble logs and terminals.
+_MODULE_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _in_range(name: str) -> Callable[[object, attrs.Attribute[int], int], None]:
+    bound = limits.RESOURCE_BOUNDS[name]
+
+    def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+        if type(value) is not int or not bound.minimum <= value <= bound.maximum:
+            raise ConfigError(
+                f"{attribute.name} must be an int in {bound.minimum}..{bound.maximum}, "
+                f"got {value!r}"
+            )
+
+    return check
+
+
+@attrs.frozen
+class Resources:
+    """What one extension may consume; every field has a default (see :mod:`wasihost.limits`)."""
+
+    fuel_per_call: int = attrs.field(
+        default=limits.DEFAULT_FUEL_PER_CALL, validator=_in_range("fuel_per_call")
+    )
+    max_memory_bytes: int = attrs.field(
+        default=limits.DEFAULT_MAX_MEMORY_BYTES, validator=_in_range("max_memory_bytes")
+    )
+    timeout_ms: int = attrs.field(
+        default=limits.DEFAULT_TIMEOUT_MS, validator=_in_range("timeout_ms")
+    )
+    max_input_bytes: int = attrs.field(
+        default=limits.DEFAULT_MAX_INPUT_BYTES, validator=_in_range("max_input_bytes")
+    )
+    max_output_bytes: int = attrs.field(
+        default=limits.DEFAULT_MAX_OUTPUT_BYTES, validator=_in_range("max_output_bytes")
+    )
+    max_log_bytes: int = attrs.field(
+        default=limits.DEFAULT_MAX_LOG_BYTES, validator=_in_range("max_log_bytes")
+    )
+    max_table_elements: int = attrs.field(
+        default=limits.DEFAULT_MAX_TABLE_ELEMENTS, validator=_in_range("max_table_elements")
+    )
+
+    @classmethod
+    def default(cls) -> Resources:
+        """The resources of an extension whose manifest has no ``[resources]`` table."""
+        return cls()
+
+
+@attrs.frozen
+class CommandSpec:
+    """One command the extension declares; ``description`` is empty when the manifest has none."""
+
+    name: str
+    description: str = ""
+
+
+@attrs.frozen
+class Manifest:
+    """A validated ``extension.toml``."""
+
+    schema: str
+    id: str
+    version: str
+    publisher: str | None
+    abi: str
+    module: str
+    sha256: str | None
+    runtime: str
+    required: frozenset[str]
+    optional: frozenset[str]
+    resources: Resources
+    commands: tuple[CommandSpec, ...]
+
+    def command(self, name: str) -> CommandSpec | None:
+        """The declared command called ``name``, or None."""
+        for spec in self.commands:
+            if spec.name == name:
+                return spec
+        return None
+
+
+@attrs.frozen
+class _Extension:
+    """The validated ``[extension]`` table, on its way into a :class:`Manifest`."""
+
+    schema: str
+    id: str
+    version: str
+    publisher: str | None
+    abi: str
+    module: str
+    sha256: str | None
+    runtime: str
+
+
+def _key_path(parent: str, key: str) -> str:
+    # TOML's own spelling, so the path can be searched for in the file.
+    if len(key) <= _KEY_CHARS and _BARE_KEY.fullmatch(key):
+        part = key
+    else:
+        escaped = "".join(_escape(ch) for ch in key[:_KEY_CHARS])
+        part = f'"{escaped}"' if len(key) <= _KEY_CHARS else f'"{escaped}..."'
+    return f"{parent}.{part}" if parent else part
+
+
+def _escape(ch: str) -> str:
+    if ch in '"\\':
+        return "\\" + ch
+    if ord(ch) < 0x20 or ord(ch) == 0x7F:
+        return f"\\u{ord(ch):04x}"
+    return ch
+
+
+def _show(value: object) -> str:
+    """A short rendering of an author's value for a message."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return "a huge integer"
+    text = repr(value)
+    return text if len(text) <= _QUOTE_CHARS else text[: _QUOTE_CHARS - 3] + "..."
+
+
+def _type_name(value: object) -> str:
+    # TOML's names for its types, since that is the language the author wrote.
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, datetime.datetime):
+        return "datetime"
+    if isinstance(value, datetime.date):
+        return "date"
+    if isinstance(value, datetime.time):
+        return "time"
+    return type(value).__name__
+
+
+def _check_keys(table: Mapping[str, object], parent: str, allowed: tuple[str, ...]) -> None:
+    for key, value in table.items():
+        if key not in allowed:
+            what = "table" if isinstance(value, dict) else "key"
+            raise ManifestError(_key_path(parent, key), f"unknown {what}")
+
+
+def _optional_table(parent: Mapping[str, object], key: str) -> dict[str, object] | None:
+    value = parent.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ManifestError(key, f"expected a table, got {_type_name(value)}")
+    return value
+
+
+def _required_table(parent: Mapping[str, object], key: str) -> dict[str, object]:
+    value = _optional_table(parent, key)
+    if value is None:
+        raise ManifestError(key, "missing required table")
+    return value
+
+
+def _optional_string(table: Mapping[str, object], key: str, parent: str) -> str | None:
+    value = table.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ManifestError(_key_path(parent, key), f"expected a string, got {_type_name(value)}")
+    return value
+
+
+def _required_string(table: Mapping[str, object], key: str, parent: str) -> str:
+    value = _optional_string(table, key, parent)
+    if value is None:
+        raise ManifestError(_key_path(parent, key), "missing required key")
+    return value
+
+
+def _check_length(value: str, maximum: int, path: str) -> None:
+    if len(value) > maximum:
+        raise ManifestError(path, f"{len(value)} characters, at most {maximum} allowed")
+
+
+def _parse_extension(table: Mapping[str, object]) -> _Extension:
+    _check_keys(table, "extension", _EXTENSION_KEYS)
+
+    schema = _required_string(table, "schema", "extension")
+    if schema != SCHEMA:
+        raise ManifestError(
+            "extension.schema", f"unsupported schema {_show(schema)}, expected {SCHEMA!r}"
+        )
+
+    ext_id = _required_string(table, "id", "extension")
+    _check_length(ext_id, MAX_ID_CHARS, "extension.id")
+    if not _ID.fullmatch(ext_id):
+        raise ManifestError(
+            "extension.id",
+            f"{_show(ext_id)} is not a reverse-DNS name (lowercase labels of a-z, 0-9 and '-', "
+            "the first starting with a letter, at least two labels)",
+        )
+
+    version = _required_string(table, "version", "extension")
+    _check_length(version, MAX_VERSION_CHARS, "extension.version")
+    if not _SEMVER.fullmatch(version):
+        raise ManifestError("extension.version", f"{_show(version)} is not a SemVer 2.0.0 version")
+
+    publisher = _optional_string(table, "publisher", "extension")
+    if publisher is not None:
+        _check_length(publisher, MAX_PUBLISHER_CHARS, "extension.publisher")
+        if not publisher or not publisher.isprintable():
+            raise ManifestError(
+                "extension.publisher", "must be 1 or more printable characters on one line"
+            )
+
+    abi = _required_string(table, "abi", "extension")
+    _check_length(abi, MAX_ABI_CHARS, "extension.abi")
+    if not _ABI.fullmatch(abi):
+        raise ManifestError(
+            "extension.abi", f"{_show(abi)} is not MAJOR.MINOR (decimal, no leading zeros)"
+        )
+
+    module = _required_string(table, "module", "extension")
+    problem = _module_problem(module)
+    if problem is not None:
+        raise ManifestError("extension.module", problem)
+
+    sha256 = _optional_string(table, "sha256", "extension")
+    if sha256 is not None and not _SHA256.fullmatch(sha256):
+        raise ManifestError("extension.sha256", "must be 64 lowercase hexadecimal characters")
+
+    runtime = _optional_string(table, "runtime", "extension")
+    if runtime is None:
+        runtime = DEFAULT_RUNTIME
+    elif runtime not in RUNTIMES:
+        raise ManifestError(
+            "extension.runtime",
+            f"unknown runtime {_show(runtime)}, expected one of {', '.join(sorted(RUNTIMES))}",
+        )
+
+    return _Extension(schema, ext_id, version, publisher, abi, module, sha256, runtime)
+
+
+def _module_problem(module: str) -> str | None:
+    # The loader joins this path to the package directory: anything that could climb out of it
+    # or mean different files on different systems is refused here, before any file is opened.
+    if not module:
+        return "must not be empty"
+    if len(module) > MAX_MODULE_CHARS:
+        return f"{len(module)} characters, at most {MAX_MODULE_CHARS} allowed"
+    if _MODULE_CONTROL.search(module):
+        return "must not contain control characters"
+    if "\\" in module:
+        return "must use '/' as separator, not '\\'"
+    if module.startswith("/"):
+        return "must be a relative path inside the package"
+    segments = module.split("/")
+    if any(segment == ".." for segment in segments):
+        return "must not contain '..'"
+    if any(segment in ("", ".") for segment in segments):
+        return "must not contain empty or '.' path segments"
+    if not module.endswith(".wasm"):
+        return "must name a .wasm file"
+    return None
+
+
+def _parse_capabilities(
+    table: Mapping[str, object] | None, known: frozenset[str]
+) -> tuple[frozenset[str], frozenset[str]]:
+    if table is None:
+        return frozenset(), frozenset()
+    _check_keys(table, "capabilities", _CAPABILITY_KEYS)
+    required = _capability_list(table, "required", known)
+    optional = _capability_list(table, "optional", known)
+    for index, name in enumerate(optional):
+        if name in required:
+            raise ManifestError(
+                f"capabilities.optional[{index}]", f"capability {_show(name)} is also required"
+            )
+    return frozenset(required), frozenset(optional)
+
+
+def _capability_list(table: Mapping[str, object], key: str, known: frozenset[str]) -> list[str]:
+    value = table.get(key)
+    path = f"capabilities.{key}"
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ManifestError(path, f"expected an array of strings, got {_type_name(value)}")
+    seen: list[str] = []
+    for index, name in enumerate(value):
+        item_path = f"{path}[{index}]"
+        if not isinstance(name, str):
+            raise ManifestError(item_path, f"expected a string, got {_type_name(name)}")
+        if name not in known:
+            raise ManifestError(item_path, f"unknown capability {_show(name)}")
+        if name in seen:
+            raise ManifestError(item_path, f"duplicate capability {_show(name)}")
+        seen.append(name)
+    return seen
+
+
+def _parse_resources(table: Mapping[str, object] | None) -> Resources:
+    if table is None:
+        return Resources.default()
+    _check_keys(table, "resources", tuple(limits.RESOURCE_BOUNDS))
+    values: dict[str, int] = {}
+    for name, bound in limits.RESOURCE_BOUNDS.items():
+        value = table.get(name)
+        if value is None:
+            continue
+        path = f"resources.{name}"
+        # bool is an int in Python, but ``timeout_ms = true`` is a mistake, not 1 ms.
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ManifestError(path, f"expected an integer, got {_type_name(value)}")
+        if not bound.minimum <= value <= bound.maximum:
+            raise ManifestError(path, f"{_show(value)} is outside {bound.minimum}..{bound.maximum}")
+        values[name] = value
+    return Resources(**values)
+
+
+def _parse_commands(table: Mapping[str, object]) -> tuple[CommandSpec, ...]:
+    if not table:
+        raise ManifestError("commands", "at least one command is required")
+    if len(table) > MAX_COMMANDS:
+        raise ManifestError("commands", f"{len(table)} commands, at most {MAX_COMMANDS} allowed")
+    specs: list[CommandSpec] = []
+    for name, value in table.items():
+        path = _key_path("commands", name)
+        if len(name) > MAX_COMMAND_NAME_CHARS:
+            raise ManifestError(
+                path, f"command name of {len(name)} characters, at most {MAX_COMMAND_NAME_CHARS}"
+            )
+        if not _COMMAND_NAME.fullmatch(name):
+            raise ManifestError(
+                path,
+                "command names start with a lowercase letter and use only a-z, 0-9, '_' and '-'",
+            )
+        if not isinstance(value, dict):
+            raise ManifestError(path, f"expected a table, got {_type_name(value)}")
+        _check_keys(value, path, _COMMAND_KEYS)
+        description = _optional_string(value, "description", path)
+        if description is None:
+            description = ""
+        else:
+            description_path = _key_path(path, "description")
+            _check_length(description, MAX_DESCRIPTION_CHARS, description_path)
+            if _DESCRIPTION_CONTROL.search(description):
+                raise ManifestError(
+                    description_path, "must not contain control characters (tab and newline aside)"
+                )
+        specs.append(CommandSpec(name, description))
+    return tuple(specs)
+
+
+def _load_toml(text: str) -> dict[str, Any]:
+    if len(text) > MAX_MANIFEST_CHARS:
+        raise ManifestError("", f"manifest of {len(text)} characters exceeds {MAX_MANIFEST_CHARS}")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        # The message ends with "(at line L, column C)", which is what the author needs.
+        raise ManifestError("", f"invalid TOML: {exc}") from None
+    except ValueError:
+        # tomllib lets int() refuse literals of thousands of digits without wrapping the error.
+        raise ManifestError("", "invalid TOML: a number literal is too long") from None
+    except RecursionError:
+        raise ManifestError("", "invalid TOML: arrays or tables nested too deeply") from None
+
+
+def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
+    """Parse and validate the text of an ``extension.toml``.
+
+    ``known_capabilities`` are the names a manifest may request. Raises :class:`ManifestError`,
+    and nothing else, for any ``text``; its ``key`` is the dotted path of the offending field, or
+    ``""`` when the text is not TOML at all.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"parse_manifest() takes the manifest's text, not {type(text).__name__}")
+    document = _load_toml(text)
+    _check_keys(document, "", _TABLES)
+    extension = _parse_extension(_required_table(document, "extension"))
+    required, optional = _parse_capabilities(
+        _optional_table(document, "capabilities"), known_capabilities
+    )
+    resources = _parse_resources(_optional_table(document, "resources"))
+    commands = _parse_commands(_required_table(document, "commands"))
+    return Manifest(
+        schema=extension.schema,
+        id=extension.id,
+        version=extension.version,
+        publisher=extension.publisher,
+        abi=extension.abi,
+        module=extension.module,
+        sha256=extension.sha256,
+        runtime=extension.runtime,
+        required=required,
+        optional=optional,
+        resources=resources,
+        commands=commands,
+    )
