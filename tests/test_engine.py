@@ -14,7 +14,7 @@ from conftest import ALL_CAPS, bare
 from guests import build, escape, guest_wat, host_import
 
 from wasihost.errors import CallError, ConfigError, FailureClass
-from wasihost.policy import Grant, Policy
+from wasihost.policy import Policy
 from wasihost.runtime import Extension, Host
 from wasihost.settings import EngineSettings
 
@@ -135,7 +135,7 @@ def test_wild_pointers_trap_as_protocol(host: Host, call: str, fragment: str) ->
 def test_gate_is_checked_at_call_time(host: Host) -> None:
     ext = load(host, log_guest(cbor2.dumps([2, "x"]), expect=-1))
     ext.start()
-    ext.grant = Grant(frozenset())
+    host.revoke(ext.id, "log")
     assert ext.call("run") is None
     assert ext.logs() == ()
 

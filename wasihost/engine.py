@@ -676,6 +676,10 @@ class Instance:
         command_export: str | None = None,
     ) -> None:
         self.lock = threading.Lock()
+        # Guards close() against interrupt() from another thread (a freed Store must not be
+        # written to); never held while wasm runs.
+        self._interrupt_lock = threading.Lock()
+        self.interrupted = False
         self._engine = engine
         self._limits = limits
         self._store = wasmtime.Store(engine.wasmtime_engine)
@@ -687,6 +691,7 @@ class Instance:
             memories=1,
         )
         self._context = self._store._context()
+        self._ctx_addr = ctypes.cast(self._context, ctypes.c_void_p).value
         self._ctx = _HostContext(imports, gate)
         self.closed = False
         self.fuel_used = 0
@@ -740,7 +745,6 @@ class Instance:
         self._args1 = (ffi.wasmtime_val_raw_t * 1)()
         self._args3 = (ffi.wasmtime_val_raw_t * 3)()
         # Raw addresses for the fast path; every object they point into is kept alive by self.
-        self._ctx_addr = ctypes.cast(self._context, ctypes.c_void_p).value
         self._mem_addr = ctypes.addressof(self._memory)
         self._alloc_addr = ctypes.addressof(self._alloc)
         self._call_addr = ctypes.addressof(self._call)
@@ -888,10 +892,23 @@ class Instance:
             self.last_call_fuel = used
         return CallResult(int.from_bytes(data[:4], "little"), data[4:], used)
 
+    def interrupt(self) -> None:
+        """From any thread: make the running call, if any, trap at its next epoch check.
+
+        It writes the Store's epoch deadline (one aligned 64-bit field that compiled code polls)
+        without the instance lock, which the calling thread holds; that write is the one
+        cross-thread touch of a Store the adapter allows. The next call re-arms the deadline.
+        """
+        with self._interrupt_lock:
+            if not self.closed:
+                self.interrupted = True
+                _set_epoch_deadline(self._ctx_addr, 0)
+
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._store.close()
+        with self._interrupt_lock:
+            if not self.closed:
+                self.closed = True
+                self._store.close()
 
 
 __all__ = [

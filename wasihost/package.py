@@ -47,6 +47,11 @@ def _read_bounded(path: Path, limit: int, what: str) -> bytes:
     return data
 
 
+def manifest_text(root: Path) -> bytes:
+    """The raw bytes of a package's manifest, bounded as when loading."""
+    return _read_bounded(root / MANIFEST_NAME, MAX_MANIFEST_BYTES, "manifest")
+
+
 def load_package(source: str | os.PathLike[str], known_capabilities: frozenset[str]) -> Package:
     """Load a package directory or a bare module; raise a specific error for anything wrong."""
     path = Path(source)

@@ -8,6 +8,7 @@ corrupted the guest; the next call starts a fresh one.
 
 from __future__ import annotations
 
+import collections
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -24,12 +25,15 @@ from .brokers.log import ExtensionLog, LogRecord, log_handler
 from .brokers.random import SeededRandom, random_handler
 from .codec import CodecLimits, decode, encode
 from .engine import BoundImport, CompiledModule, Instance, StoreLimits, WasmEngine
-from .errors import AdmissionError, CallError, CodecError, ConfigError, FailureClass
+from .errors import AdmissionError, CallError, CodecError, ConfigError, FailureClass, PackageError
+from .grants import GrantTable
+from .lifecycle import Event, ExtensionRevoked, ExtensionUnavailable, Lifecycle, State
 from .manifest import Manifest, Resources
-from .package import Package, load_package
+from .package import MANIFEST_NAME, Package, load_package, manifest_text
 from .policy import Grant, Policy, effective_grant
 from .registry import HostFunction, Profile, Registry, default_registry
 from .settings import EngineSettings
+from .state import InstalledPackage, StateStore
 from .wasmbin import WasmFormatError, read_header
 
 RESERVED_PREFIX = "wasihost."
@@ -41,6 +45,8 @@ MAX_HANDSHAKE_BYTES = 4096
 MAX_GUEST_ERROR_BYTES = 2048
 MAX_GUEST_ERROR_TEXT = 512
 RUNTIME_ID_BYTES = 16
+# Start-up and admission steps kept per extension for inspection; older ones fall off.
+MAX_STEPS = 100
 READINESS = ("ready", "degraded", "failed")
 
 
@@ -70,7 +76,8 @@ ProfileFactory = Callable[["Extension"], ProfileBinding]
 
 
 class Host:
-    """The plugin engine of an application: one wasm engine, one registry, one policy."""
+    """The plugin engine of an application: one wasm engine, one registry, one policy, one
+    grant table (durable when ``state_dir`` is given)."""
 
     def __init__(
         self,
@@ -81,6 +88,7 @@ class Host:
         registry: Registry | None = None,
         clock: Clock | None = None,
         profiles: Iterable[tuple[Profile, ProfileFactory]] = (),
+        state_dir: Path | None = None,
     ) -> None:
         self.policy = policy if policy is not None else Policy()
         self.registry = registry if registry is not None else default_registry()
@@ -91,17 +99,33 @@ class Host:
         directory = default_cache_dir() if cache_dir is _DEFAULT else cache_dir
         if directory is not None and not isinstance(directory, Path):
             directory = Path(str(directory))
+        self.state = StateStore(state_dir) if state_dir is not None else None
+        self.grants = GrantTable(self.state)
         self.engine = WasmEngine(settings or EngineSettings(), directory)
         self.clock: Clock = clock if clock is not None else SystemClock()
+        self._extensions: dict[str, Extension] = {}
+        self._lock = threading.Lock()
 
     def close(self) -> None:
+        with self._lock:
+            extensions = list(self._extensions.values())
+        for ext in extensions:
+            ext.close()
         self.engine.close()
+        if self.state is not None:
+            self.state.close()
 
     def __enter__(self) -> Host:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def journal(self, extension: str, kind: str, detail: str) -> None:
+        if self.state is not None:
+            self.state.record_event(extension, kind, detail)
+
+    # -- packages -------------------------------------------------------------------------
 
     def load(
         self,
@@ -115,6 +139,41 @@ class Host:
         package = load_package(source, self.registry.capabilities())
         return self.admit(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
 
+    def install(self, source: str | Path) -> InstalledPackage:
+        """Copy a package into the state directory. Installing grants nothing."""
+        store = self._require_state()
+        package = load_package(source, self.registry.capabilities())
+        manifest = package.manifest
+        if manifest is None:
+            raise PackageError("only packages with an extension.toml can be installed")
+        self.plan(package, granted=frozenset(manifest.required))  # refuse what cannot run
+        files = {MANIFEST_NAME: manifest_text(Path(source)), manifest.module: package.wasm}
+        store.install(manifest.id, manifest.version, package.sha256, files)
+        installed = store.package(manifest.id)
+        assert installed is not None
+        return installed
+
+    def load_installed(
+        self, extension: str, *, fuel: int | None = None, timeout_ms: int | None = None
+    ) -> Extension:
+        """Rebuild an installed extension from durable state, under its stored grants."""
+        store = self._require_state()
+        installed = store.package(extension)
+        if installed is None:
+            raise PackageError(f"{extension} is not installed")
+        package = load_package(installed.path, self.registry.capabilities())
+        if package.sha256 != installed.sha256:
+            raise PackageError(
+                f"{extension}: installed module changed on disk (sha256 {package.sha256[:16]}, "
+                f"recorded {installed.sha256[:16]})"
+            )
+        return self.admit(package, fuel=fuel, timeout_ms=timeout_ms)
+
+    def _require_state(self) -> StateStore:
+        if self.state is None:
+            raise ConfigError("this host has no state directory (Host(state_dir=...))")
+        return self.state
+
     def plan(
         self,
         package: Package,
@@ -122,10 +181,25 @@ class Host:
         grants: Iterable[str] | None = None,
         fuel: int | None = None,
         timeout_ms: int | None = None,
+        granted: frozenset[str] | None = None,
     ) -> tuple[AdmissionPlan, Grant, Resources]:
         """Static admission only: no compile, no instantiation, nothing of the guest runs."""
+        epoch = 0
+        if granted is None and self.state is not None:
+            table = self.grants.state(package.name)
+            if table.revoked is not None:
+                raise ExtensionRevoked(f"{package.name} is revoked: {table.revoked}")
+            granted = frozenset(table.entries)
+            epoch = table.epoch
         return plan_package(
-            package, self.registry, self.policy, grants=grants, fuel=fuel, timeout_ms=timeout_ms
+            package,
+            self.registry,
+            self.policy,
+            grants=grants,
+            fuel=fuel,
+            timeout_ms=timeout_ms,
+            granted=granted,
+            epoch=epoch,
         )
 
     def admit(
@@ -136,12 +210,72 @@ class Host:
         fuel: int | None = None,
         timeout_ms: int | None = None,
     ) -> Extension:
+        """Verify, admit statically and compile a package; the extension starts on first use."""
+        steps = [("verify package", f"sha256 {package.sha256[:16]}")]
         plan, grant, resources = self.plan(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
+        if self.state is None:
+            # A stateless host's grant is the policy's answer at admission, recorded so that
+            # revocations and the commit-time check work the same way as with durable state.
+            epoch = self.grants.reset(package.name, grant.capabilities)
+            grant = Grant(grant.capabilities, epoch)
+        steps += [
+            ("check revocation state", "not revoked"),
+            ("load manifest", package.manifest.id if package.manifest else "bare module"),
+            ("resolve ABI compatibility", plan.view.label),
+            ("load active grants", ", ".join(sorted(grant.capabilities)) or "none"),
+            ("apply resource policy", f"fuel {resources.fuel_per_call}, "
+             f"{resources.timeout_ms} ms, {resources.max_memory_bytes} B"),
+        ]
         try:
             compiled = self.engine.compile(package.wasm, package.sha256)
         except CallError as exc:
             raise AdmissionError([exc.message]) from None
-        return Extension(self, package, plan, grant, resources, compiled)
+        ext = Extension(self, package, plan, grant, resources, compiled)
+        for step, detail in steps:
+            ext.record_step(step, detail)
+        with self._lock:
+            self._extensions[ext.id] = ext
+        return ext
+
+    def extension(self, extension: str) -> Extension | None:
+        with self._lock:
+            return self._extensions.get(extension)
+
+    # -- grants ---------------------------------------------------------------------------
+
+    def grant(self, extension: str, capability: str, scope: Mapping[str, Any] | None = None) -> int:
+        if capability not in self.registry.capabilities():
+            raise ConfigError(f"unknown capability {capability!r}")
+        epoch = self.grants.grant(extension, capability, scope)
+        self.journal(extension, "grant", f"{capability} scope {scope or {}} epoch {epoch}")
+        return epoch
+
+    def revoke(self, extension: str, capability: str | None = None, reason: str = "") -> int:
+        """Withdraw a capability (the extension's next host call using it fails), or with
+        ``capability=None`` revoke the extension as a whole: its running call is interrupted
+        and it runs nothing more until reinstated. Its data is kept."""
+        epoch = self.grants.revoke(extension, capability, reason)
+        self.journal(
+            extension, "revoke", f"{capability or 'everything'} epoch {epoch} {reason}".strip()
+        )
+        if capability is None:
+            ext = self.extension(extension)
+            if ext is not None:
+                ext.on_revoked(reason or "revoked by the operator")
+            elif self.state is not None:
+                self.state.record_state(extension, State.REVOKED.value, reason or None)
+        return epoch
+
+    def disable(self, extension: str, reason: str = "emergency disable") -> int:
+        """Emergency stop: revoke everything and interrupt the call in flight."""
+        return self.revoke(extension, None, reason)
+
+    def reinstate(self, extension: str) -> int:
+        epoch = self.grants.reinstate(extension)
+        self.journal(extension, "reinstate", f"epoch {epoch}")
+        if self.state is not None:
+            self.state.record_state(extension, State.STOPPED.value, "reinstated")
+        return epoch
 
 
 def plan_package(
@@ -152,8 +286,14 @@ def plan_package(
     grants: Iterable[str] | None = None,
     fuel: int | None = None,
     timeout_ms: int | None = None,
+    granted: frozenset[str] | None = None,
+    epoch: int = 0,
 ) -> tuple[AdmissionPlan, Grant, Resources]:
-    """Resources, effective grant and static admission of a package; pure, nothing runs."""
+    """Resources, effective grant and static admission of a package; pure, nothing runs.
+
+    ``granted`` is what the operator's grant table holds for the extension (a stateful host);
+    the policy then only caps it. Without it, the policy alone decides (a stateless host).
+    """
     manifest = package.manifest
     resources = _with_overrides(
         manifest.resources if manifest is not None else Resources.default(), fuel, timeout_ms
@@ -162,7 +302,20 @@ def plan_package(
         header = read_header(package.wasm)
     except WasmFormatError as exc:
         raise AdmissionError([f"not a valid module: {exc}"]) from None
-    if manifest is not None:
+    if granted is not None:
+        required = manifest.required if manifest is not None else frozenset()
+        requested = (manifest.required | manifest.optional) if manifest is not None else granted
+        missing = sorted(required - granted)
+        if missing:
+            raise AdmissionError(
+                [
+                    f"required capability {c!r} is not granted "
+                    f"(wasihost grants grant {package.name} {c})"
+                    for c in missing
+                ]
+            )
+        grant = effective_grant(required, requested & granted, policy, epoch=epoch)
+    elif manifest is not None:
         grant = effective_grant(manifest.required, manifest.optional, policy)
         extra = sorted(set(grants or ()) - grant.capabilities)
         if extra:
@@ -244,6 +397,10 @@ class Extension:
         self.last_fuel_used = 0
         self.starts = 0
         self._bindings: dict[str, ProfileBinding] = {}
+        # The epoch the call in flight was authorised under; host calls and commits check it.
+        self._call_epoch = grant.epoch
+        self.steps: collections.deque[tuple[str, str]] = collections.deque(maxlen=MAX_STEPS)
+        self.lifecycle = Lifecycle(self.id, on_change=self._on_transition)
         policy = host.policy
         self._random = SeededRandom(policy.random_seed) if policy.random_seed is not None else None
 
@@ -256,7 +413,28 @@ class Extension:
         return self.package.manifest
 
     def _gate(self, entry: HostFunction) -> bool:
-        return self.grant.allows(entry.capability)
+        return self.host.grants.authorizes(self.id, self._call_epoch, entry.capability)
+
+    def _commit(self, capability: str) -> Callable[[Callable[[], bool]], tuple[bool, bool | None]]:
+        def commit(action: Callable[[], bool]) -> tuple[bool, bool | None]:
+            return self.host.grants.commit(self.id, self._call_epoch, capability, action)
+
+        return commit
+
+    def record_step(self, step: str, detail: str) -> None:
+        """One observable step of admission or start-up (also journaled when durable)."""
+        self.steps.append((step, detail))
+        self.host.journal(self.id, "step", f"{step}: {detail}")
+
+    def _on_transition(self, before: State, event: Event, after: State) -> None:
+        if self.host.state is not None:
+            self.host.state.record_state(self.id, after.value, self.lifecycle.reason)
+            self.host.journal(
+                self.id,
+                "lifecycle",
+                f"{before.value} --{event.value}--> {after.value}"
+                + (f" ({self.lifecycle.reason})" if self.lifecycle.reason else ""),
+            )
 
     def _handler(self, entry: HostFunction) -> Callable[..., Any]:
         binding = self._bindings.get(entry.module)
@@ -264,7 +442,7 @@ class Extension:
             return binding.handler(entry)
         factories: Mapping[str, Callable[[], Callable[[Any], Any]]] = {
             "abort": lambda: abort_handler(self.log),
-            "log": lambda: log_handler(self.log),
+            "log": lambda: log_handler(self.log, self._commit("log")),
             "clock_now": lambda: clock_handler(
                 self.host.clock, self.host.policy.clock_resolution_ns
             ),
@@ -319,6 +497,8 @@ class Extension:
         if not self.plan.is_command:
             raise ConfigError(f"{self.id} is a wasihost ABI guest: call its commands instead")
         with self._lock:
+            self._check_available()
+            self._call_epoch = self.grant.epoch
             self._discard()
             instance = self._instantiate()
             self.starts += 1
@@ -335,15 +515,98 @@ class Extension:
             return self._instance
         if self.plan.is_command:
             raise ConfigError(f"{self.id} is a plain command module: use run_command()")
-        instance = self._instantiate()
+        if self.lifecycle.state is State.PROVISIONING:
+            self.lifecycle.fire(Event.START)
+        elif self.lifecycle.state in (State.FAILED, State.STOPPED):
+            self.lifecycle.fire(Event.RESTART)
+        self.record_step("build sandbox", f"{len(self.plan.imports)} imports bound")
+        try:
+            instance = self._instantiate()
+        except CallError as exc:
+            self.lifecycle.try_fire(Event.START_FAILED, f"instantiate: {exc.message}")
+            raise
         self.starts += 1
+        self.record_step("instantiate", f"start #{self.starts}")
+        self._call_epoch = self.grant.epoch
         try:
             self.handshake = self._run_handshake(instance)
-        except BaseException:
+        except BaseException as exc:
             instance.close()
+            self.lifecycle.try_fire(Event.START_FAILED, f"handshake: {exc}")
             raise
+        hs = self.handshake
+        self.record_step(
+            "handshake", f"{hs.readiness}, runtime {hs.runtime_id.hex()[:8]}, epoch {hs.epoch}"
+        )
         self._instance = instance
+        self.lifecycle.fire(Event.READY, hs.reason)
         return instance
+
+    def _check_available(self) -> None:
+        """Before each call: honour revocations and grant changes, refuse outside Running."""
+        table = self.host.grants.state(self.id)
+        if table.revoked is not None or self.lifecycle.state is State.REVOKED:
+            self.lifecycle.try_fire(Event.REVOKE, table.revoked)
+            self._discard()
+            raise ExtensionRevoked(
+                f"{self.id} is revoked: {table.revoked or 'reinstated since; load it again'}"
+            )
+        if table.epoch != self.grant.epoch:
+            self._regrant(frozenset(table.entries), table.epoch)
+        state = self.lifecycle.state
+        if state in (State.PAUSED, State.QUARANTINED, State.STOPPING, State.THROTTLED):
+            raise ExtensionUnavailable(self.id, state, self.lifecycle.reason)
+
+    def _regrant(self, granted: frozenset[str], epoch: int) -> None:
+        """The grant changed. A downgrade applies in place: imports stay linked and the gate
+        answers DENIED for what was withdrawn. Anything new needs static admission again, so
+        an upgrade re-admits and restarts the instance."""
+        manifest = self.manifest
+        requested = (manifest.required | manifest.optional) if manifest is not None else granted
+        capabilities = granted & requested & self.host.policy.allow
+        if capabilities <= self.grant.capabilities:
+            self.grant = Grant(capabilities, epoch)
+            self.record_step("load active grants", f"downgraded in place, epoch {epoch}")
+            return
+        plan, grant, _ = plan_package(
+            self.package,
+            self.host.registry,
+            self.host.policy,
+            fuel=self.resources.fuel_per_call,
+            timeout_ms=self.resources.timeout_ms,
+            granted=granted,
+            epoch=epoch,
+        )
+        self.grant = grant
+        self.plan = plan
+        self.record_step("load active grants", f"changed, epoch {epoch}: restarting")
+        self._discard()
+        self.lifecycle.try_fire(Event.STOP)
+        self.lifecycle.try_fire(Event.STOPPED)
+
+    def on_revoked(self, reason: str) -> None:
+        """Called by the host from any thread: stop the call in flight, refuse the next."""
+        self.lifecycle.try_fire(Event.REVOKE, reason)
+        instance = self._instance
+        if instance is not None:
+            instance.interrupt()
+
+    def pause(self, reason: str = "") -> None:
+        self.lifecycle.fire(Event.PAUSE, reason or None)
+
+    def resume(self) -> None:
+        self.lifecycle.fire(Event.RESUME)
+
+    def quarantine(self, reason: str) -> None:
+        with self._lock:
+            self.lifecycle.fire(Event.QUARANTINE, reason)
+            self._discard()
+
+    def stop(self) -> None:
+        with self._lock:
+            if self.lifecycle.try_fire(Event.STOP) is not None:
+                self._discard()
+                self.lifecycle.fire(Event.STOPPED)
 
     def _reserved(self, instance: Instance, command: str, value: Any) -> Any:
         try:
@@ -437,14 +700,22 @@ class Extension:
         r = self.resources
         payload = encode(value, self._input_limits)
         with self._lock:
+            self._check_available()
             instance = self._ensure_started()
+            self._call_epoch = self.grant.epoch
             try:
                 with instance.lock:
                     result = instance.call(name, payload, r.max_output_bytes)
             except CallError as exc:
                 self.last_fuel_used = instance.last_call_fuel
+                if instance.interrupted and self.lifecycle.state is State.REVOKED:
+                    self._discard()
+                    raise ExtensionRevoked(
+                        f"{self.id} was revoked during the call: {self.lifecycle.reason}"
+                    ) from None
                 if exc.failure.discards_instance:
                     self._discard()
+                    self.lifecycle.try_fire(Event.CRASH, f"{exc.failure.value}: {exc.message}")
                 raise
             self.last_fuel_used = result.fuel_used
         if result.status != 0:

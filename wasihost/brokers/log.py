@@ -72,12 +72,15 @@ class ExtensionLog:
             return out
 
 
-def log_handler(
-    log: ExtensionLog, commit: Callable[[Callable[[], bool]], bool] | None = None
-) -> Callable[[Any], Any]:
+Commit = Callable[[Callable[[], bool]], tuple[bool, bool | None]]
+"""Runs an append if the caller's grant epoch still authorises it: (authorised, result)."""
+
+
+def log_handler(log: ExtensionLog, commit: Commit | None = None) -> Callable[[Any], Any]:
     """The ``log`` entry: ``[level, message]`` -> null.
 
-    ``commit`` wraps the append so the grant epoch can be checked at commit time.
+    ``commit`` wraps the append so the grant epoch is checked at commit time: a record
+    authorised before a revocation is never appended after it.
     """
 
     def handle(request: Any) -> None:
@@ -98,7 +101,12 @@ def log_handler(
         def append() -> bool:
             return log.append(level, message)
 
-        ok = commit(append) if commit is not None else append()
+        if commit is None:
+            ok: bool | None = append()
+        else:
+            authorised, ok = commit(append)
+            if not authorised:
+                raise HostStatus(Status.DENIED)
         if not ok:
             raise HostStatus(Status.QUOTA_EXCEEDED)
 

@@ -1,0 +1,203 @@
+"""Grants with epochs: who may do what, and the one commit-time check every broker uses.
+
+An extension's authority is the set of its active grants, each a capability with a scope. Its
+**grant epoch** only ever grows: every grant, scope change, revocation or policy update bumps
+it. A call captures the epoch when it starts; a broker that *commits* something (a log append
+now; storage transactions and network sends later) does it through :meth:`GrantTable.commit`,
+which re-checks the epoch and the capability under the same lock a revocation takes. So once
+``revoke`` has returned, nothing authorised before it can commit.
+
+Pure apart from the optional write-through store (a :class:`GrantStore`), which is asked to
+persist a change before the change becomes visible in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
+
+import attrs
+
+from .errors import ConfigError
+from .policy import Grant
+from .registry import CORE_CAPABILITY
+
+T = TypeVar("T")
+
+# A scope is a small JSON object (origins, quota, mounts...); 4 KiB is far more than any needs.
+MAX_SCOPE_BYTES = 4096
+
+
+def canonical_scope(scope: Mapping[str, Any] | None) -> str:
+    """Scopes are stored as canonical JSON, so equal scopes compare equal."""
+    if scope is None:
+        return "{}"
+    if not isinstance(scope, Mapping):
+        raise ConfigError("a grant scope must be a JSON object")
+    try:
+        text = json.dumps(dict(scope), sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"grant scope is not JSON-serialisable: {exc}") from None
+    if len(text.encode()) > MAX_SCOPE_BYTES:
+        raise ConfigError(f"grant scope exceeds {MAX_SCOPE_BYTES} bytes")
+    return text
+
+
+@attrs.frozen
+class GrantEntry:
+    """One active grant: a capability, its scope (canonical JSON), the epoch that made it."""
+
+    capability: str
+    scope: str = "{}"
+    since_epoch: int = 0
+
+    @property
+    def scope_value(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.scope)
+        return value
+
+
+@attrs.frozen
+class GrantState:
+    """Everything durable about one extension's grants."""
+
+    entries: Mapping[str, GrantEntry] = attrs.field(factory=dict)
+    epoch: int = 0
+    revoked: str | None = None  # why the whole extension was revoked (disabled), if it was
+
+    def snapshot(self) -> Grant:
+        if self.revoked is not None:
+            return Grant(frozenset(), self.epoch)
+        return Grant(frozenset(self.entries), self.epoch)
+
+
+class GrantStore(Protocol):
+    """Durable home of grant states; ``save`` must be atomic and raise on failure."""
+
+    def save_grants(self, extension: str, state: GrantState) -> None: ...
+
+    def load_grants(self, extension: str) -> GrantState | None: ...
+
+
+class GrantTable:
+    """The host's grants, per extension; the single owner of grant state in memory."""
+
+    def __init__(self, store: GrantStore | None = None) -> None:
+        self._store = store
+        self._states: dict[str, GrantState] = {}
+        self._lock = threading.Lock()
+
+    def _get(self, extension: str) -> GrantState:
+        state = self._states.get(extension)
+        if state is None:
+            loaded = self._store.load_grants(extension) if self._store is not None else None
+            state = loaded if loaded is not None else GrantState()
+            self._states[extension] = state
+        return state
+
+    def _put(self, extension: str, state: GrantState) -> int:
+        if self._store is not None:
+            self._store.save_grants(extension, state)  # durable first, then visible
+        self._states[extension] = state
+        return state.epoch
+
+    def state(self, extension: str) -> GrantState:
+        with self._lock:
+            return self._get(extension)
+
+    def snapshot(self, extension: str) -> Grant:
+        with self._lock:
+            return self._get(extension).snapshot()
+
+    def epoch(self, extension: str) -> int:
+        with self._lock:
+            return self._get(extension).epoch
+
+    def grant(
+        self, extension: str, capability: str, scope: Mapping[str, Any] | None = None
+    ) -> int:
+        """Grant (or re-scope) ``capability``; returns the new epoch."""
+        if capability == CORE_CAPABILITY:
+            raise ConfigError("'core' is implicit and cannot be granted or revoked")
+        text = canonical_scope(scope)
+        with self._lock:
+            old = self._get(extension)
+            current = old.entries.get(capability)
+            if current is not None and current.scope == text and old.revoked is None:
+                return old.epoch
+            epoch = old.epoch + 1
+            entries = dict(old.entries)
+            entries[capability] = GrantEntry(capability, text, epoch)
+            return self._put(extension, GrantState(entries, epoch, old.revoked))
+
+    def set_initial(self, extension: str, capabilities: frozenset[str]) -> int:
+        """Seed an extension that has no grant history (a stateless host's effective grant)."""
+        with self._lock:
+            old = self._get(extension)
+            if old.epoch != 0 or old.entries:
+                return old.epoch
+            entries = {c: GrantEntry(c, "{}", 1) for c in capabilities}
+            return self._put(extension, GrantState(entries, 1, None))
+
+    def reset(self, extension: str, capabilities: frozenset[str]) -> int:
+        """Make ``capabilities`` the extension's whole grant (a stateless host's admission).
+        Bumps the epoch only if something changes; a revoked extension stays revoked."""
+        with self._lock:
+            old = self._get(extension)
+            if old.revoked is None and frozenset(old.entries) == capabilities and old.epoch:
+                return old.epoch
+            epoch = old.epoch + 1
+            entries = {
+                c: old.entries.get(c, GrantEntry(c, "{}", epoch)) for c in sorted(capabilities)
+            }
+            return self._put(extension, GrantState(entries, epoch, old.revoked))
+
+    def revoke(self, extension: str, capability: str | None = None, reason: str = "") -> int:
+        """Withdraw one capability, or (``capability=None``) all of them: the extension is
+        then revoked as a whole until :meth:`reinstate`. Returns the new epoch."""
+        with self._lock:
+            old = self._get(extension)
+            entries = dict(old.entries)
+            if capability is None:
+                entries.clear()
+                revoked: str | None = reason or "revoked by the operator"
+            else:
+                if capability not in entries:
+                    raise ConfigError(f"{extension} holds no grant for {capability!r}")
+                del entries[capability]
+                revoked = old.revoked
+            return self._put(extension, GrantState(entries, old.epoch + 1, revoked))
+
+    def reinstate(self, extension: str) -> int:
+        """Lift a whole-extension revocation; grants must be given again one by one."""
+        with self._lock:
+            old = self._get(extension)
+            return self._put(extension, GrantState(old.entries, old.epoch + 1, None))
+
+    def bump(self, extension: str) -> int:
+        """A security-policy update: every authorisation made so far is void."""
+        with self._lock:
+            old = self._get(extension)
+            return self._put(extension, attrs.evolve(old, epoch=old.epoch + 1))
+
+    def authorizes(self, extension: str, epoch: int, capability: str) -> bool:
+        with self._lock:
+            return self._authorizes(self._get(extension), epoch, capability)
+
+    @staticmethod
+    def _authorizes(state: GrantState, epoch: int, capability: str) -> bool:
+        if state.revoked is not None or state.epoch != epoch:
+            return False
+        return capability == CORE_CAPABILITY or capability in state.entries
+
+    def commit(
+        self, extension: str, epoch: int, capability: str, action: Callable[[], T]
+    ) -> tuple[bool, T | None]:
+        """Run ``action`` only if ``epoch`` still authorises ``capability``, atomically with
+        respect to every grant change. ``action`` must be short: it holds the table's lock."""
+        with self._lock:
+            if not self._authorizes(self._get(extension), epoch, capability):
+                return False, None
+            return True, action()

@@ -1,0 +1,272 @@
+"""Durable host state in one SQLite file under the state directory.
+
+Installed packages, grants and their epochs, lifecycle states with their reasons, and a bounded
+journal of runtime events (starts, crashes, revocations). A host restarted on the same
+directory rebuilds from here; a grant revoked before the restart stays revoked.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .errors import ConfigError, PackageError
+from .grants import GrantEntry, GrantState
+
+DB_NAME = "state.sqlite3"
+SCHEMA_VERSION = 1
+# Events are for "what happened lately"; the journal keeps the last 1000 per extension so a
+# crash-looping guest cannot fill the disk.
+MAX_EVENTS_PER_EXTENSION = 1000
+# An event's detail is one line for a human.
+MAX_EVENT_DETAIL_CHARS = 500
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS packages (
+    id TEXT PRIMARY KEY, version TEXT NOT NULL, sha256 TEXT NOT NULL,
+    path TEXT NOT NULL, installed_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS grant_epochs (
+    extension TEXT PRIMARY KEY, epoch INTEGER NOT NULL, revoked TEXT
+);
+CREATE TABLE IF NOT EXISTS grants (
+    extension TEXT NOT NULL, capability TEXT NOT NULL, scope TEXT NOT NULL,
+    since_epoch INTEGER NOT NULL, PRIMARY KEY (extension, capability)
+);
+CREATE TABLE IF NOT EXISTS lifecycle (
+    extension TEXT PRIMARY KEY, state TEXT NOT NULL, reason TEXT, updated_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, extension TEXT NOT NULL, kind TEXT NOT NULL,
+    detail TEXT NOT NULL, at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_extension ON events (extension, id);
+"""
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "wasihost"
+
+
+@attrs.frozen
+class InstalledPackage:
+    id: str
+    version: str
+    sha256: str
+    path: Path
+    installed_at: int
+
+
+@attrs.frozen
+class EventRecord:
+    kind: str
+    detail: str
+    at: int
+
+
+class StateStore:
+    """The SQLite state file; one connection, serialised by a lock (calls are short)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"state directory {directory}: {exc.strerror}") from None
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(
+                directory / DB_NAME, check_same_thread=False, isolation_level=None
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            elif row[0] != str(SCHEMA_VERSION):
+                raise ConfigError(
+                    f"state directory {directory} has schema {row[0]}; "
+                    f"this host reads {SCHEMA_VERSION}"
+                )
+        except sqlite3.Error as exc:
+            raise ConfigError(f"state database in {directory}: {exc}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # -- packages ---------------------------------------------------------------------------
+
+    @property
+    def packages_dir(self) -> Path:
+        return self.directory / "packages"
+
+    def data_dir(self, extension: str) -> Path:
+        return self.directory / "data" / extension
+
+    def install(self, extension: str, version: str, sha256: str, files: dict[str, bytes]) -> Path:
+        """Copy a package's files into the state directory and record it."""
+        target = self.packages_dir / extension / version
+        tmp = target.with_name(f".{version}.installing")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True, mode=0o700)
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO packages VALUES (?, ?, ?, ?, ?)",
+                (extension, version, sha256, str(target), time.time_ns()),
+            )
+        self.record_event(extension, "installed", f"{version} sha256 {sha256[:16]}")
+        return target
+
+    def package(self, extension: str) -> InstalledPackage | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id, version, sha256, path, installed_at FROM packages WHERE id=?",
+                (extension,),
+            ).fetchone()
+        return InstalledPackage(row[0], row[1], row[2], Path(row[3]), row[4]) if row else None
+
+    def packages(self) -> list[InstalledPackage]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, version, sha256, path, installed_at FROM packages ORDER BY id"
+            ).fetchall()
+        return [InstalledPackage(r[0], r[1], r[2], Path(r[3]), r[4]) for r in rows]
+
+    def remove(self, extension: str, *, purge: bool) -> None:
+        """Forget a package; with ``purge`` also its data, grants history and journal."""
+        pkg = self.package(extension)
+        if pkg is None:
+            raise PackageError(f"{extension} is not installed")
+        shutil.rmtree(self.packages_dir / extension, ignore_errors=True)
+        with self._tx() as db:
+            db.execute("DELETE FROM packages WHERE id=?", (extension,))
+            if purge:
+                for table in ("grants", "grant_epochs", "lifecycle", "events"):
+                    db.execute(f"DELETE FROM {table} WHERE extension=?", (extension,))  # noqa: S608
+        if purge:
+            shutil.rmtree(self.data_dir(extension), ignore_errors=True)
+
+    # -- grants (the GrantStore protocol) ----------------------------------------------------
+
+    def save_grants(self, extension: str, state: GrantState) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO grant_epochs VALUES (?, ?, ?)",
+                (extension, state.epoch, state.revoked),
+            )
+            db.execute("DELETE FROM grants WHERE extension=?", (extension,))
+            db.executemany(
+                "INSERT INTO grants VALUES (?, ?, ?, ?)",
+                [(extension, e.capability, e.scope, e.since_epoch) for e in state.entries.values()],
+            )
+
+    def load_grants(self, extension: str) -> GrantState | None:
+        with self._lock:
+            head = self._db.execute(
+                "SELECT epoch, revoked FROM grant_epochs WHERE extension=?", (extension,)
+            ).fetchone()
+            if head is None:
+                return None
+            rows = self._db.execute(
+                "SELECT capability, scope, since_epoch FROM grants WHERE extension=?",
+                (extension,),
+            ).fetchall()
+        entries = {r[0]: GrantEntry(r[0], r[1], r[2]) for r in rows}
+        return GrantState(entries, head[0], head[1])
+
+    # -- lifecycle and journal ---------------------------------------------------------------
+
+    def record_state(self, extension: str, state: str, reason: str | None) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO lifecycle VALUES (?, ?, ?, ?)",
+                (extension, state, reason, time.time_ns()),
+            )
+
+    def lifecycle(self, extension: str) -> tuple[str, str | None] | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT state, reason FROM lifecycle WHERE extension=?", (extension,)
+            ).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def record_event(self, extension: str, kind: str, detail: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO events (extension, kind, detail, at) VALUES (?, ?, ?, ?)",
+                (extension, kind, detail[:MAX_EVENT_DETAIL_CHARS], time.time_ns()),
+            )
+            db.execute(
+                "DELETE FROM events WHERE extension=? AND id NOT IN "
+                "(SELECT id FROM events WHERE extension=? ORDER BY id DESC LIMIT ?)",
+                (extension, extension, MAX_EVENTS_PER_EXTENSION),
+            )
+
+    def events(self, extension: str, limit: int = 20) -> list[EventRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT kind, detail, at FROM events WHERE extension=? ORDER BY id DESC LIMIT ?",
+                (extension, limit),
+            ).fetchall()
+        return [EventRecord(r[0], r[1], r[2]) for r in reversed(rows)]
+
+    def extensions(self) -> list[str]:
+        """Every extension the state knows of, installed or not (revoked ones keep records)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id FROM packages UNION SELECT extension FROM grant_epochs "
+                "UNION SELECT extension FROM lifecycle ORDER BY 1"
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def remaining_data(self, extension: str) -> dict[str, Any]:
+        """What the host still keeps for ``extension`` (shown by ``wasihost status``)."""
+        pkg = self.package(extension)
+        data = self.data_dir(extension)
+        data_bytes = (
+            sum(p.stat().st_size for p in data.rglob("*") if p.is_file()) if data.exists() else 0
+        )
+        with self._lock:
+            n_events = self._db.execute(
+                "SELECT COUNT(*) FROM events WHERE extension=?", (extension,)
+            ).fetchone()[0]
+            n_grants = self._db.execute(
+                "SELECT COUNT(*) FROM grants WHERE extension=?", (extension,)
+            ).fetchone()[0]
+        return {
+            "package": str(pkg.path) if pkg else None,
+            "data_dir": str(data) if data.exists() else None,
+            "data_bytes": data_bytes,
+            "journal_events": n_events,
+            "active_grants": n_grants,
+        }
+
+
