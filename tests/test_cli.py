@@ -156,3 +156,35 @@ def test_console_entry_point_never_prints_a_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: package: module")
     assert "Traceback" not in proc.stderr
+
+
+def test_state_commands_end_to_end(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    state = ["--state-dir", str(tmp_path / "state")]
+    ext = "org.wasihost.fixtures.hello"
+    code, out, _ = run_cli(capsys, "install", str(FIXTURES / "hello"), *state)
+    assert code == 0 and "holds no grants" in out
+    code, _, err = run_cli(capsys, "run", ext, "greet", "--input", '{"name":"a"}', *state)
+    assert code == 1 and "required capability 'log' is not granted" in err
+    assert run_cli(capsys, "grants", "grant", ext, "log", *state)[0] == 0
+    code, out, _ = run_cli(capsys, "run", ext, "greet", "--input", '{"name":"a"}', *state)
+    assert (code, out) == (0, '{"greeting": "hello, a"}\n')
+    code, out, _ = run_cli(capsys, "grants", "list", ext, "--json", *state)
+    doc = json.loads(out)
+    assert doc["epoch"] == 1 and [g["capability"] for g in doc["grants"]] == ["log"]
+    code, _, err = run_cli(capsys, "grants", "grant", ext, "log", "--scope", "[1]", *state)
+    assert code == 1 and "scope must be a JSON object" in err
+    assert run_cli(capsys, "grants", "revoke", ext, "--reason", "key leak", *state)[0] == 0
+    code, _, err = run_cli(capsys, "run", ext, "greet", "--input", '{"name":"a"}', *state)
+    assert code == 1 and err.strip().endswith("is revoked: key leak")
+    code, out, _ = run_cli(capsys, "status", ext, "--json", *state)
+    (report,) = json.loads(out)
+    assert report["state"] == "revoked" and report["why"] == "key leak"
+    assert report["remaining"]["package"] is not None
+    assert report["remove"].startswith(f"wasihost remove {ext} --purge")
+    code, out, _ = run_cli(capsys, "status", *state)
+    assert "revoked (key leak)" in out and "to remove everything" in out
+    assert run_cli(capsys, "remove", ext, "--purge", *state)[0] == 0
+    code, out, _ = run_cli(capsys, "status", *state)
+    assert "no extensions" in out
+    code, _, err = run_cli(capsys, "grants", "grant", ext, "teleport", *state)
+    assert code == 1 and "unknown capability 'teleport'" in err

@@ -11,12 +11,15 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import WasihostError
 from .package import Package, load_package
 from .policy import Policy
 from .registry import AbiVersion, default_registry
+
+if TYPE_CHECKING:
+    from .runtime import Host
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -74,6 +77,45 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--grant", action="append", default=[], metavar="CAP")
     inspect.add_argument("--json", action="store_true")
 
+    def state_opt(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--state-dir", type=Path, help="durable state directory (default: per-user data dir)"
+        )
+
+    state_opt(run)
+    install = sub.add_parser("install", help="copy a package into the state directory")
+    install.add_argument("source", help="package directory")
+    state_opt(install)
+    remove = sub.add_parser("remove", help="forget an installed package")
+    remove.add_argument("extension")
+    remove.add_argument(
+        "--purge", action="store_true", help="also delete its data, grants history and journal"
+    )
+    state_opt(remove)
+    grants = sub.add_parser("grants", help="list, grant or revoke capabilities")
+    gsub = grants.add_subparsers(dest="grants_cmd", required=True, parser_class=_Parser)
+    glist = gsub.add_parser("list", help="active grants and the grant epoch")
+    glist.add_argument("extension")
+    glist.add_argument("--json", action="store_true")
+    state_opt(glist)
+    ggrant = gsub.add_parser("grant", help="grant a capability (bumps the epoch)")
+    ggrant.add_argument("extension")
+    ggrant.add_argument("capability")
+    ggrant.add_argument("--scope", default=None, help="scope as a JSON object")
+    state_opt(ggrant)
+    grevoke = gsub.add_parser("revoke", help="revoke a capability, or everything")
+    grevoke.add_argument("extension")
+    grevoke.add_argument("capability", nargs="?", help="omit to revoke everything (disable)")
+    grevoke.add_argument("--reason", default="", help="why (shown by status)")
+    state_opt(grevoke)
+    greinstate = gsub.add_parser("reinstate", help="lift a whole-extension revocation")
+    greinstate.add_argument("extension")
+    state_opt(greinstate)
+    status = sub.add_parser("status", help="state, grants and remaining data of extensions")
+    status.add_argument("extension", nargs="?")
+    status.add_argument("--json", action="store_true")
+    state_opt(status)
+
     abi = sub.add_parser("abi", help="list the host-function registry")
     abi.add_argument("--version", help="an ABI version such as 1.0 (default: every version)")
     abi.add_argument("--json", action="store_true")
@@ -86,7 +128,7 @@ def _cli_policy(package: Package, grants: Sequence[str]) -> Policy:
     return Policy(allow=frozenset(required) | frozenset(grants))
 
 
-def _host(policy: Policy, args: argparse.Namespace) -> Any:
+def _host(policy: Policy, args: argparse.Namespace) -> Host:
     from .runtime import Host, default_cache_dir
 
     if getattr(args, "no_cache", False):
@@ -96,21 +138,42 @@ def _host(policy: Policy, args: argparse.Namespace) -> Any:
     return Host(policy, cache_dir=cache)
 
 
+def _state_dir(args: argparse.Namespace) -> Path:
+    from .state import default_state_dir
+
+    return args.state_dir if args.state_dir is not None else default_state_dir()
+
+
+def _state_host(args: argparse.Namespace) -> Host:
+    """A host on the durable state: the grant table decides; the policy allows every
+    capability the registry knows, so that it caps nothing the operator granted."""
+    from .runtime import Host
+
+    registry = default_registry()
+    return Host(Policy(allow=registry.capabilities()), cache_dir=None, state_dir=_state_dir(args))
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     try:
         value = json.loads(args.input)
     except json.JSONDecodeError as exc:
         raise UsageError(f"--input is not valid JSON: {exc.msg} at column {exc.colno}") from None
-    registry = default_registry()
-    package = load_package(args.source, registry.capabilities())
-    host = _host(_cli_policy(package, args.grant), args)
+    installed = not Path(args.source).exists() and (
+        args.state_dir is not None or _state_dir(args).exists()
+    )
+    package = None
+    if installed:
+        if args.grant:
+            raise UsageError("--grant does not apply to installed extensions: use wasihost grants")
+        host = _state_host(args)
+    else:
+        package = load_package(args.source, default_registry().capabilities())
+        host = _host(_cli_policy(package, args.grant), args)
     try:
-        ext = host.admit(
-            package,
-            grants=args.grant,
-            fuel=args.fuel,
-            timeout_ms=args.timeout_ms,
-        )
+        if package is None:
+            ext = host.load_installed(args.source, fuel=args.fuel, timeout_ms=args.timeout_ms)
+        else:
+            ext = host.admit(package, grants=args.grant, fuel=args.fuel, timeout_ms=args.timeout_ms)
         try:
             output = ext.call(args.command, value)
         finally:
@@ -144,6 +207,126 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     else:
         print(render_text(report))
     return 0 if report["admission"]["admitted"] else EXIT_FAILURE
+
+
+def _cmd_install(args: argparse.Namespace) -> int:
+    with _state_host(args) as host:
+        pkg = host.install(args.source)
+        print(f"installed {pkg.id} {pkg.version} (sha256 {pkg.sha256[:16]}) into {pkg.path}")
+        print(f"it holds no grants yet: wasihost grants grant {pkg.id} CAP")
+    return 0
+
+
+def _cmd_remove(args: argparse.Namespace) -> int:
+    with _state_host(args) as host:
+        host.require_state().remove(args.extension, purge=args.purge)
+        print(f"removed {args.extension}" + (" and its data" if args.purge else ""))
+    return 0
+
+
+def _cmd_grants(args: argparse.Namespace) -> int:
+    with _state_host(args) as host:
+        ext = args.extension
+        if args.grants_cmd == "grant":
+            scope = None
+            if args.scope is not None:
+                try:
+                    scope = json.loads(args.scope)
+                except json.JSONDecodeError as exc:
+                    raise UsageError(f"--scope is not valid JSON: {exc.msg}") from None
+            epoch = host.grant(ext, args.capability, scope)
+            print(f"granted {args.capability} to {ext} (epoch {epoch})")
+        elif args.grants_cmd == "revoke":
+            epoch = host.revoke(ext, args.capability, args.reason)
+            what = args.capability or "everything (the extension is revoked)"
+            print(f"revoked {what} from {ext} (epoch {epoch})")
+        elif args.grants_cmd == "reinstate":
+            epoch = host.reinstate(ext)
+            print(f"reinstated {ext} (epoch {epoch}); it holds the grants it had before")
+        else:
+            state = host.grants.state(ext)
+            rows = [
+                {"capability": e.capability, "scope": e.scope_value, "since_epoch": e.since_epoch}
+                for e in state.entries.values()
+            ]
+            if args.json:
+                print(
+                    json.dumps(
+                        {
+                            "extension": ext,
+                            "epoch": state.epoch,
+                            "revoked": state.revoked,
+                            "grants": rows,
+                        }
+                    )
+                )
+            else:
+                print(
+                    f"{ext}: epoch {state.epoch}"
+                    + (f", REVOKED: {state.revoked}" if state.revoked else "")
+                )
+                for row in rows:
+                    print(
+                        f"  {row['capability']}  scope={json.dumps(row['scope'])}  "
+                        f"since epoch {row['since_epoch']}"
+                    )
+                if not rows:
+                    print("  (no grants)")
+    return 0
+
+
+def _status_of(host: Host, ext: str) -> dict[str, Any]:
+    store = host.require_state()
+    pkg = store.package(ext)
+    grants = host.grants.state(ext)
+    recorded = store.lifecycle(ext)
+    why: str | None
+    if grants.revoked is not None:
+        state, why = "revoked", grants.revoked
+    elif recorded is not None:
+        state, why = recorded
+    else:
+        state, why = ("installed" if pkg else "unknown"), None
+    return {
+        "extension": ext,
+        "version": pkg.version if pkg else None,
+        "state": state,
+        "why": why,
+        "epoch": grants.epoch,
+        "grants": sorted(grants.entries),
+        "remaining": store.remaining_data(ext),
+        "recent": [f"{e.kind}: {e.detail}" for e in store.events(ext, 5)],
+        "remove": f"wasihost remove {ext} --purge"
+        + (f" --state-dir {store.directory}" if store.directory else ""),
+    }
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    with _state_host(args) as host:
+        store = host.require_state()
+        names = [args.extension] if args.extension else store.extensions()
+        reports = [_status_of(host, n) for n in names]
+        if args.json:
+            print(json.dumps(reports, indent=2))
+            return 0
+        if not reports:
+            print(f"no extensions in {store.directory}")
+        for r in reports:
+            print(
+                f"{r['extension']} {r['version'] or ''}".rstrip()
+                + f": {r['state']}"
+                + (f" ({r['why']})" if r["why"] else "")
+            )
+            print(f"  grants (epoch {r['epoch']}): {', '.join(r['grants']) or 'none'}")
+            rem = r["remaining"]
+            print(
+                f"  kept: package {rem['package'] or '-'}; data {rem['data_bytes']} bytes; "
+                f"{rem['journal_events']} journal events"
+            )
+            for line in r["recent"]:
+                print(f"  recent: {line}")
+            print(f"  to remove everything: {r['remove']}")
+    return 0
 
 
 def _cmd_abi(args: argparse.Namespace) -> int:
@@ -180,7 +363,15 @@ def _cmd_abi(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
-        handler = {"run": _cmd_run, "inspect": _cmd_inspect, "abi": _cmd_abi}[args.cmd]
+        handler = {
+            "run": _cmd_run,
+            "inspect": _cmd_inspect,
+            "abi": _cmd_abi,
+            "install": _cmd_install,
+            "remove": _cmd_remove,
+            "grants": _cmd_grants,
+            "status": _cmd_status,
+        }[args.cmd]
         return handler(args)
     except UsageError as exc:
         print(f"error: usage: {exc}", file=sys.stderr)

@@ -141,7 +141,7 @@ class Host:
 
     def install(self, source: str | Path) -> InstalledPackage:
         """Copy a package into the state directory. Installing grants nothing."""
-        store = self._require_state()
+        store = self.require_state()
         package = load_package(source, self.registry.capabilities())
         manifest = package.manifest
         if manifest is None:
@@ -157,7 +157,7 @@ class Host:
         self, extension: str, *, fuel: int | None = None, timeout_ms: int | None = None
     ) -> Extension:
         """Rebuild an installed extension from durable state, under its stored grants."""
-        store = self._require_state()
+        store = self.require_state()
         installed = store.package(extension)
         if installed is None:
             raise PackageError(f"{extension} is not installed")
@@ -169,7 +169,7 @@ class Host:
             )
         return self.admit(package, fuel=fuel, timeout_ms=timeout_ms)
 
-    def _require_state(self) -> StateStore:
+    def require_state(self) -> StateStore:
         if self.state is None:
             raise ConfigError("this host has no state directory (Host(state_dir=...))")
         return self.state
@@ -551,11 +551,11 @@ class Extension:
             raise ExtensionRevoked(
                 f"{self.id} is revoked: {table.revoked or 'reinstated since; load it again'}"
             )
-        if table.epoch != self.grant.epoch:
-            self._regrant(frozenset(table.entries), table.epoch)
         state = self.lifecycle.state
         if state in (State.PAUSED, State.QUARANTINED, State.STOPPING, State.THROTTLED):
             raise ExtensionUnavailable(self.id, state, self.lifecycle.reason)
+        if table.epoch != self.grant.epoch:
+            self._regrant(frozenset(table.entries), table.epoch)
 
     def _regrant(self, granted: frozenset[str], epoch: int) -> None:
         """The grant changed. A downgrade applies in place: imports stay linked and the gate

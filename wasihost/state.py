@@ -79,6 +79,7 @@ class StateStore:
     """The SQLite state file; one connection, serialised by a lock (calls are short)."""
 
     def __init__(self, directory: Path) -> None:
+        directory = directory.absolute()
         self.directory = directory
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
