@@ -34,6 +34,7 @@ from .policy import Grant, Policy, effective_grant
 from .registry import HostFunction, Profile, Registry, default_registry
 from .settings import EngineSettings
 from .state import InstalledPackage, StateStore
+from .tokens import TokenIssuer
 from .wasmbin import WasmFormatError, read_header
 
 RESERVED_PREFIX = "wasihost."
@@ -103,6 +104,7 @@ class Host:
         self.grants = GrantTable(self.state)
         self.engine = WasmEngine(settings or EngineSettings(), directory)
         self.clock: Clock = clock if clock is not None else SystemClock()
+        self.tokens = TokenIssuer()
         self._extensions: dict[str, Extension] = {}
         self._lock = threading.Lock()
 
@@ -657,7 +659,12 @@ class Extension:
         welcome = self._reserved(
             instance,
             "wasihost.welcome",
-            {"runtime_id": runtime_id, "granted": granted, "epoch": self.grant.epoch},
+            {
+                "runtime_id": runtime_id,
+                "granted": granted,
+                "epoch": self.grant.epoch,
+                "token": self.host.tokens.issue(self.id, runtime_id, self.grant.epoch),
+            },
         )
         answer = _require_fields(welcome, "wasihost.welcome", {"status": str})
         readiness = answer["status"]
