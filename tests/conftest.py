@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,3 +33,16 @@ def host() -> Iterator[Host]:
 
 def bare(wasm: bytes, name: str = "guest.wasm") -> Package:
     return Package(name, None, wasm, hashlib.sha256(wasm).hexdigest())
+
+
+def toolchain_present() -> bool:
+    """Debian's Rust with the wasm32 standard library (the fixture and SDK toolchain)."""
+    if not (Path("/usr/bin/cargo").exists() and shutil.which("bash")):
+        return False
+    probe = subprocess.run(
+        ["/usr/bin/rustc", "--print", "target-libdir", "--target", "wasm32-unknown-unknown"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return probe.returncode == 0 and Path(probe.stdout.strip()).is_dir()

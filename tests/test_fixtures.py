@@ -3,13 +3,12 @@ and the host carries on afterwards."""
 
 from __future__ import annotations
 
-import shutil
+import os
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ALL_CAPS, FIXTURES
+from conftest import ALL_CAPS, FIXTURES, ROOT, toolchain_present
 
 from wasihost.admission import declared_version
 from wasihost.errors import AdmissionError, CallError, FailureClass
@@ -184,21 +183,30 @@ def test_host_keeps_serving_after_every_hostile_fixture(host: Host) -> None:
     assert ext.call("echo", "still here") == "still here"
 
 
-def _toolchain_present() -> bool:
-    if not (Path("/usr/bin/cargo").exists() and shutil.which("bash")):
-        return False
-    probe = subprocess.run(
-        ["/usr/bin/rustc", "--print", "target-libdir", "--target", "wasm32-unknown-unknown"],
-        capture_output=True, text=True, check=False,
-    )
-    return probe.returncode == 0 and Path(probe.stdout.strip()).is_dir()
-
-
 @pytest.mark.toolchain
-@pytest.mark.skipif(not _toolchain_present(), reason="Debian Rust wasm toolchain not installed")
+@pytest.mark.skipif(not toolchain_present(), reason="Debian Rust wasm toolchain not installed")
 def test_committed_wasm_matches_a_fresh_build() -> None:
     proc = subprocess.run(
-        [str(FIXTURES / "build"), "--check"], capture_output=True, text=True, timeout=900,
+        [str(FIXTURES / "build"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=900,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.toolchain
+@pytest.mark.skipif(not toolchain_present(), reason="Debian Rust wasm toolchain not installed")
+def test_guest_sdk_unit_tests_and_vectors_pass() -> None:
+    """The SDK's own tests: its CBOR against abi/vectors, its constants against the registry."""
+    proc = subprocess.run(
+        ["/usr/bin/cargo", "test", "--offline", "--locked"],
+        cwd=ROOT / "guest-sdk",
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env={**os.environ, "RUST_BACKTRACE": "0"},
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

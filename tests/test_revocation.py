@@ -93,6 +93,12 @@ def test_revocation_survives_a_host_restart(tmp_path: Path) -> None:
         host.grant(installed.id, "log")
         host.disable(installed.id, "compromised publisher key")
     with Host(Policy(allow=CAPS), cache_dir=None, state_dir=state) as host:
+        host.install(FIXTURES / "echo")
+        host.grant("org.wasihost.fixtures.echo", "log")
+        restored = host.restore()
+        assert isinstance(restored[installed.id], ExtensionRevoked)
+        echo = restored["org.wasihost.fixtures.echo"]
+        assert not isinstance(echo, Exception) and echo.call("echo", 5) == 5
         with pytest.raises(ExtensionRevoked, match="compromised publisher key"):
             host.load_installed(installed.id)
         assert host.grants.snapshot(installed.id).capabilities == frozenset()

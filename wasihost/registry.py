@@ -155,6 +155,9 @@ class Profile:
     module: str
     functions: tuple[HostFunction, ...]
     command_export: str = "_start"
+    # Capabilities the profile's bindings check themselves rather than any one entry (WASI's
+    # ``wasi.stdio`` decides where fd 1 and 2 go): grantable like the entries' capabilities.
+    capabilities: tuple[str, ...] = ()
 
     @property
     def exports(self) -> tuple[ExportSpec, ...]:
@@ -250,7 +253,9 @@ class Registry:
 
     def capabilities(self) -> frozenset[str]:
         """Capability names a manifest may request (``core`` is implicit, never requested)."""
-        return frozenset(f.capability for f in self.functions() if f.capability != CORE_CAPABILITY)
+        names = {f.capability for f in self.functions()}
+        names.update(c for p in self.profiles.values() for c in p.capabilities)
+        return frozenset(names - {CORE_CAPABILITY})
 
     def functions(self, version: AbiVersion | None = None) -> Iterable[HostFunction]:
         if version is not None:

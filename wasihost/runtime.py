@@ -25,7 +25,15 @@ from .brokers.log import ExtensionLog, LogRecord, log_handler
 from .brokers.random import SeededRandom, random_handler
 from .codec import CodecLimits, decode, encode
 from .engine import BoundImport, CompiledModule, Instance, StoreLimits, WasmEngine
-from .errors import AdmissionError, CallError, CodecError, ConfigError, FailureClass, PackageError
+from .errors import (
+    AdmissionError,
+    CallError,
+    CodecError,
+    ConfigError,
+    FailureClass,
+    PackageError,
+    WasihostError,
+)
 from .grants import GrantTable
 from .lifecycle import Event, ExtensionRevoked, ExtensionUnavailable, Lifecycle, State
 from .manifest import Manifest, Resources
@@ -170,6 +178,19 @@ class Host:
                 f"recorded {installed.sha256[:16]})"
             )
         return self.admit(package, fuel=fuel, timeout_ms=timeout_ms)
+
+    def restore(self) -> dict[str, Extension | WasihostError]:
+        """After a host restart: rebuild every installed extension from durable state.
+
+        Each maps to its Extension (admitted under its stored grants, started on first use),
+        or to the error that keeps it down: revoked, missing a required grant, tampered."""
+        restored: dict[str, Extension | WasihostError] = {}
+        for installed in self.require_state().packages():
+            try:
+                restored[installed.id] = self.load_installed(installed.id)
+            except WasihostError as exc:
+                restored[installed.id] = exc
+        return restored
 
     def require_state(self) -> StateStore:
         if self.state is None:

@@ -1,0 +1,59 @@
+"""Every bound the WASI profile enforces, one named constant each, with the reason for it.
+
+Per-call limits keep one host call's memory and time bounded: the engine charges fuel for the
+bytes a call moved only after the call returns, so a call must not be able to do unbounded work
+first.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+KiB: Final = 1024
+MiB: Final = 1024 * KiB
+GiB: Final = 1024 * MiB
+
+# Linux's IOV_MAX; POSIX readv/writev refuse more with EINVAL, and so do we.
+MAX_IOVECS: Final = 1024
+# One fd_read/fd_write/fd_pread/fd_pwrite moves at most this much; POSIX allows short reads and
+# writes and every libc loops, so a bigger request just takes more calls.
+MAX_IO_BYTES_PER_CALL: Final = 1 * MiB
+# random_get has no short-read semantics; keys and seeds are bytes, 1 MiB is far beyond them.
+MAX_RANDOM_BYTES_PER_CALL: Final = 1 * MiB
+# Linux's PATH_MAX: no real program needs a longer path, and we copy paths into the host.
+MAX_PATH_BYTES: Final = 4096
+# Linux's NAME_MAX for one path component.
+MAX_NAME_BYTES: Final = 255
+# Linux's MAXSYMLINKS: chained symlinks beyond this answer LOOP, as on the host.
+MAX_SYMLINK_FOLLOWS: Final = 40
+# Subscriptions per poll_oneoff; each is 48 bytes read from the guest and one entry to wait on.
+MAX_POLL_SUBSCRIPTIONS: Final = 1024
+# Entries fd_readdir snapshots from one directory: bounds the host memory of one listing.
+MAX_DIR_ENTRIES: Final = 100_000
+# A file in a read-write mount cannot grow past this through the guest (writes, set_size,
+# allocate answer FBIG): a guest must not fill the host's disk within its time budget.
+MAX_FILE_BYTES: Final = 1 * GiB
+
+# Descriptors of one instance (stdio and preopens included): every open file or directory is a
+# host file descriptor, and a process has about a thousand of those for all its instances.
+DEFAULT_MAX_FDS: Final = 64
+# Stdio (3) plus at least one preopen and one open file.
+MIN_MAX_FDS: Final = 5
+# A quarter of a usual RLIMIT_NOFILE soft limit (1024), for one instance.
+MAX_MAX_FDS: Final = 256
+# Mounts of one config: each is a preopen descriptor counted against the budget above.
+MAX_MOUNTS: Final = 32
+
+# argv and the environment are copied into the guest at every start; Linux's ARG_MAX-ish
+# budget for both together would be 2 MiB, a sandboxed guest needs far less.
+MAX_ARGS_BYTES: Final = 64 * KiB
+MAX_ENV_BYTES: Final = 64 * KiB
+# Stdin is served from a host buffer held for the instance's lifetime.
+MAX_STDIN_BYTES: Final = 16 * MiB
+# A stdout/stderr line longer than this is split into several log records, so one record never
+# holds more than a screenful and a newline-free flood is still bounded per record.
+MAX_LOG_LINE_BYTES: Final = 4 * KiB
+
+# Resolution of the "anonymous" clock profile: one second says what time it is and is useless
+# for timing side channels.
+ANONYMOUS_CLOCK_RESOLUTION_NS: Final = 1_000_000_000
