@@ -107,6 +107,12 @@ class GrantTable:
         with self._lock:
             return self._get(extension)
 
+    def current(self, extension: str) -> GrantState | None:
+        """The extension's state without taking the lock, for hot paths that only compare it
+        with one seen before: states are immutable and replaced whole, and one dict read is
+        atomic under the GIL. None if the table has not loaded the extension yet."""
+        return self._states.get(extension)
+
     def snapshot(self, extension: str) -> Grant:
         with self._lock:
             return self._get(extension).snapshot()

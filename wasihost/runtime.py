@@ -34,7 +34,7 @@ from .errors import (
     PackageError,
     WasihostError,
 )
-from .grants import GrantTable
+from .grants import GrantState, GrantTable
 from .lifecycle import Event, ExtensionRevoked, ExtensionUnavailable, Lifecycle, State
 from .manifest import Manifest, Resources
 from .package import MANIFEST_NAME, Package, load_package, manifest_text
@@ -54,6 +54,9 @@ MAX_HANDSHAKE_BYTES = 4096
 MAX_GUEST_ERROR_BYTES = 2048
 MAX_GUEST_ERROR_TEXT = 512
 RUNTIME_ID_BYTES = 16
+# Validated command names are cached; a bound keeps an embedder looping over made-up names
+# from growing the cache.
+MAX_CACHED_COMMAND_NAMES = 256
 # Start-up and admission steps kept per extension for inspection; older ones fall off.
 MAX_STEPS = 100
 READINESS = ("ready", "degraded", "failed")
@@ -422,6 +425,8 @@ class Extension:
         self._bindings: dict[str, ProfileBinding] = {}
         # The epoch the call in flight was authorised under; host calls and commits check it.
         self._call_epoch = grant.epoch
+        self._seen_grants: GrantState | None = None
+        self._command_names: dict[str, bytes] = {}
         self.steps: collections.deque[tuple[str, str]] = collections.deque(maxlen=MAX_STEPS)
         self.lifecycle = Lifecycle(self.id, on_change=self._on_transition)
         policy = host.policy
@@ -567,6 +572,13 @@ class Extension:
 
     def _check_available(self) -> None:
         """Before each call: honour revocations and grant changes, refuse outside Running."""
+        seen = self.host.grants.current(self.id)
+        if (
+            seen is not None
+            and seen is self._seen_grants
+            and self.lifecycle.state in (State.RUNNING, State.PROVISIONING)
+        ):
+            return  # nothing changed since the last call: the common case, kept cheap
         table = self.host.grants.state(self.id)
         if table.revoked is not None or self.lifecycle.state is State.REVOKED:
             self.lifecycle.try_fire(Event.REVOKE, table.revoked)
@@ -579,6 +591,7 @@ class Extension:
             raise ExtensionUnavailable(self.id, state, self.lifecycle.reason)
         if table.epoch != self.grant.epoch:
             self._regrant(frozenset(table.entries), table.epoch)
+        self._seen_grants = table  # only once fully applied: the fast path trusts it
 
     def _regrant(self, granted: frozenset[str], epoch: int) -> None:
         """The grant changed. A downgrade applies in place: imports stay linked and the gate
@@ -709,6 +722,9 @@ class Extension:
         )
 
     def _check_command(self, command: str) -> bytes:
+        name = self._command_names.get(command) if isinstance(command, str) else None
+        if name is not None:
+            return name
         if not isinstance(command, str) or not command:
             raise ConfigError("command name must be a non-empty string")
         if command.startswith(RESERVED_PREFIX):
@@ -720,6 +736,8 @@ class Extension:
         if manifest is not None and manifest.command(command) is None:
             declared = ", ".join(c.name for c in manifest.commands)
             raise ConfigError(f"command {command!r} is not declared (declared: {declared})")
+        if len(self._command_names) < MAX_CACHED_COMMAND_NAMES:
+            self._command_names[command] = name
         return name
 
     def call(self, command: str, value: Any = None) -> Any:
