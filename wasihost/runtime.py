@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 import attrs
 
-from . import limits
 from .admission import AdmissionPlan, admit
 from .brokers.clock import Clock, SystemClock, clock_handler
 from .brokers.core import abort_handler
@@ -370,14 +369,12 @@ def _manifest_abi(manifest: Manifest | None) -> Any:
 
 
 def _with_overrides(resources: Resources, fuel: int | None, timeout_ms: int | None) -> Resources:
-    changes: dict[str, int] = {}
-    for name, value in (("fuel_per_call", fuel), ("timeout_ms", timeout_ms)):
-        if value is None:
-            continue
-        bound = limits.RESOURCE_BOUNDS[name]
-        if isinstance(value, bool) or not bound.minimum <= value <= bound.maximum:
-            raise ConfigError(f"{name}={value!r} outside {bound.minimum}..{bound.maximum}")
-        changes[name] = value
+    """The caller's overrides; Resources' own validators refuse out-of-range values."""
+    changes = {
+        name: value
+        for name, value in (("fuel_per_call", fuel), ("timeout_ms", timeout_ms))
+        if value is not None
+    }
     return attrs.evolve(resources, **changes) if changes else resources
 
 
