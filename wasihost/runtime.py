@@ -9,6 +9,7 @@ corrupted the guest; the next call starts a fresh one.
 from __future__ import annotations
 
 import collections
+import os
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -38,7 +39,7 @@ from .lifecycle import Event, ExtensionRevoked, ExtensionUnavailable, Lifecycle,
 from .manifest import Manifest, Resources
 from .package import MANIFEST_NAME, Package, load_package, manifest_text
 from .policy import Grant, Policy, effective_grant
-from .registry import HostFunction, Profile, Registry, default_registry
+from .registry import AbiVersion, HostFunction, Profile, Registry, default_registry
 from .settings import EngineSettings
 from .state import InstalledPackage, StateStore
 from .tokens import TokenIssuer
@@ -62,8 +63,6 @@ READINESS = ("ready", "degraded", "failed")
 
 
 def default_cache_dir() -> Path:
-    import os
-
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "wasihost" / "modules"
 
@@ -362,9 +361,7 @@ def plan_package(
     return plan, grant, resources
 
 
-def _manifest_abi(manifest: Manifest | None) -> Any:
-    from .registry import AbiVersion
-
+def _manifest_abi(manifest: Manifest | None) -> AbiVersion | None:
     return AbiVersion.parse(manifest.abi) if manifest is not None else None
 
 

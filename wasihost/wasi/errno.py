@@ -91,6 +91,11 @@ class Errno(enum.IntEnum):
     XDEV = 75
     NOTCAPABLE = 76
 
+    @property
+    def spec_name(self) -> str:
+        """The witx name (``2big`` cannot be a Python identifier)."""
+        return "2big" if self is Errno.TOOBIG else self.name.lower()
+
 
 class WasiError(Exception):
     """Raised inside a handler to answer the guest with ``errno``; never leaves the profile."""
