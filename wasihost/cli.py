@@ -17,6 +17,7 @@ from .errors import WasihostError
 from .package import Package, load_package
 from .policy import Policy
 from .registry import AbiVersion, default_registry
+from .wasi import cli as wasi_cli
 
 if TYPE_CHECKING:
     from .runtime import Host
@@ -115,6 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("extension", nargs="?")
     status.add_argument("--json", action="store_true")
     state_opt(status)
+
+    wasi_cli.add_parser(sub)
 
     abi = sub.add_parser("abi", help="list the host-function registry")
     abi.add_argument("--version", help="an ABI version such as 1.0 (default: every version)")
@@ -371,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "remove": _cmd_remove,
             "grants": _cmd_grants,
             "status": _cmd_status,
+            "wasi": wasi_cli.run,
         }[args.cmd]
         return handler(args)
     except UsageError as exc:

@@ -40,7 +40,7 @@ from .codec import CodecLimits, decode, encode
 from .errors import CallError, CodecError, ConfigError, FailureClass
 from .registry import HostFunction
 from .settings import EngineSettings
-from .status import GuestAbort, GuestExit, GuestFault, HostStatus, Status
+from .status import GuestAbort, GuestDeadline, GuestExit, GuestFault, HostStatus, Status
 
 _U32 = 0xFFFF_FFFF
 _U64 = 0xFFFF_FFFF_FFFF_FFFF
@@ -372,6 +372,8 @@ class _HostContext:
             result = bound.handler(call, *values)
         except GuestFault as fault:
             return self._fail(FailureClass.PROTOCOL, f"{entry.qualified_name}: {fault}")
+        except GuestDeadline:
+            return self._fail(FailureClass.DEADLINE, f"{entry.qualified_name}: deadline reached")
         except GuestExit as exit_:
             self.exit_code = exit_.code
             return _new_trap("wasihost: exit")

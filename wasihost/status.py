@@ -40,6 +40,11 @@ class GuestFault(Exception):
     """A native broker touched guest memory outside its bounds on the guest's say-so."""
 
 
+class GuestDeadline(Exception):
+    """Raised by a native broker that would have to wait past the call's deadline (WASI's
+    ``poll_oneoff``): the call ends with class ``deadline``, as the epoch interrupt would."""
+
+
 class GuestExit(Exception):
     """Raised by ``proc_exit``: the guest ends its run with ``code``."""
 

@@ -83,6 +83,8 @@ R_FD_WRITE: Final = int(Right.FD_WRITE)
 # What a descriptor of each kind can ever do; a descriptor's rights are always within these.
 FILE_READ_RIGHTS: Final = int(
     Right.FD_READ
+    | Right.FD_SYNC
+    | Right.FD_DATASYNC
     | Right.FD_SEEK
     | Right.FD_TELL
     | Right.FD_FDSTAT_SET_FLAGS
@@ -91,12 +93,7 @@ FILE_READ_RIGHTS: Final = int(
     | Right.POLL_FD_READWRITE
 )
 FILE_WRITE_RIGHTS: Final = int(
-    Right.FD_WRITE
-    | Right.FD_DATASYNC
-    | Right.FD_SYNC
-    | Right.FD_ALLOCATE
-    | Right.FD_FILESTAT_SET_SIZE
-    | Right.FD_FILESTAT_SET_TIMES
+    Right.FD_WRITE | Right.FD_ALLOCATE | Right.FD_FILESTAT_SET_SIZE | Right.FD_FILESTAT_SET_TIMES
 )
 DIR_READ_RIGHTS: Final = int(
     Right.PATH_OPEN
@@ -105,6 +102,8 @@ DIR_READ_RIGHTS: Final = int(
     | Right.PATH_FILESTAT_GET
     | Right.FD_FILESTAT_GET
     | Right.FD_FDSTAT_SET_FLAGS
+    | Right.FD_SYNC
+    | Right.FD_DATASYNC
 )
 DIR_WRITE_RIGHTS: Final = int(
     Right.PATH_CREATE_DIRECTORY
@@ -119,13 +118,14 @@ DIR_WRITE_RIGHTS: Final = int(
     | Right.PATH_SYMLINK
     | Right.PATH_REMOVE_DIRECTORY
     | Right.PATH_UNLINK_FILE
-    | Right.FD_SYNC
-    | Right.FD_DATASYNC
 )
-# Rights whose presence in path_open's request means "open for writing".
+# Rights whose presence in path_open's request means "open for writing" (wasi-libc and Rust's
+# std both ask for exactly these when, and only when, they open for writing).
 WRITE_ACCESS_RIGHTS: Final = int(
     Right.FD_WRITE | Right.FD_DATASYNC | Right.FD_ALLOCATE | Right.FD_FILESTAT_SET_SIZE
 )
+# Rights a descriptor opened without write access cannot have: the host descriptor refuses them.
+NEEDS_WRITE_ACCESS: Final = int(Right.FD_WRITE | Right.FD_ALLOCATE | Right.FD_FILESTAT_SET_SIZE)
 STDIN_RIGHTS: Final = int(
     Right.FD_READ | Right.POLL_FD_READWRITE | Right.FD_FILESTAT_GET | Right.FD_FDSTAT_SET_FLAGS
 )

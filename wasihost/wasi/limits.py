@@ -26,6 +26,9 @@ MAX_PATH_BYTES: Final = 4096
 MAX_NAME_BYTES: Final = 255
 # Linux's MAXSYMLINKS: chained symlinks beyond this answer LOOP, as on the host.
 MAX_SYMLINK_FOLLOWS: Final = 40
+# Components one resolution may walk, symlink targets included (LOOP beyond): without it 40 long
+# targets could make one cheap call walk ~80,000 components.
+MAX_WALK_STEPS: Final = 4096
 # Subscriptions per poll_oneoff; each is 48 bytes read from the guest and one entry to wait on.
 MAX_POLL_SUBSCRIPTIONS: Final = 1024
 # Entries fd_readdir snapshots from one directory: bounds the host memory of one listing.

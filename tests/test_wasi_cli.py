@@ -1,0 +1,105 @@
+"""``wasihost wasi``: flags to config and grants, stdio forwarding, exit status, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from wasi_support import CACHE_DIR, LIBC, PROBE, STD
+
+from wasihost.errors import AdmissionError, CallError, ConfigError, FailureClass, WasihostError
+from wasihost.wasi.cli import config_from_args, exit_status, parse_args, run
+from wasihost.wasi.config import capabilities_for
+
+
+def wasi(*argv: str) -> int:
+    return run(parse_args(["--cache-dir", str(CACHE_DIR), *argv]))
+
+
+def test_argv0_is_the_module_name_and_exit_code_is_the_status(
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    assert wasi(str(PROBE), "args", "exit:3") == 3
+    out = capsysbinary.readouterr().out
+    assert out.startswith(b"args 0 3 ") and b"[wasi-probe.wasm] [args] [exit:3]" in out
+
+
+def test_with_no_flags_only_stdio_and_argv_are_granted(
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    args = parse_args([str(PROBE), "env", "clock:0", "random:4", "prestat:3", "write:2:oops"])
+    assert capabilities_for(config_from_args(args)) == {"wasi.stdio", "wasi.args"}
+    assert run(args) == 0
+    out, err = capsysbinary.readouterr()
+    assert out.splitlines() == [b"env 0 0 0 0", b"clock 76 0 76 0", b"random 76 0", b"prestat 8",
+                                b"write 0 4"]  # fmt: skip
+    assert err == b"oops"
+
+
+def test_flags_grant_mounts_env_clocks_random_and_stdin(
+    tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "rw").mkdir()
+    (tmp_path / "ro" / "in.txt").write_text("from the host\n")
+    (tmp_path / "stdin.bin").write_bytes(b"12345")
+    status = wasi(
+        "--dir-ro", f"{tmp_path / 'ro'}::/in", "--dir", f"{tmp_path / 'rw'}::/out",
+        "--env", "GREETING=hi", "--profile", "anonymous", "--random-seed", "00" * 16,
+        "--stdin", str(tmp_path / "stdin.bin"),
+        str(STD), "read:/in/in.txt", "write:/out/o.txt:done", "write:/in/x:no", "env", "time",
+        "hashmap", "stdin",
+    )  # fmt: skip
+    assert status == 0
+    lines = capsysbinary.readouterr().out.decode().splitlines()
+    assert lines == [
+        'read:/in/in.txt: 14 bytes, first line "from the host"',
+        "write:/out/o.txt:done: wrote 4 bytes",
+        "write:/in/x:no: error Uncategorized (errno 69)",  # ROFS
+        'env: [("GREETING", "hi")]',
+        "time: after-2020=true monotonic-ok=true",
+        lines[5],
+        "stdin: stdin 5 bytes",
+    ]
+    assert lines[5].startswith("hashmap: [")
+    assert (tmp_path / "rw" / "o.txt").read_text() == "done"
+    assert sorted(p.name for p in (tmp_path / "ro").iterdir()) == ["in.txt"]
+
+
+def test_options_after_the_module_belong_to_the_guest(
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    assert wasi(str(LIBC), "args", "--dir", "/") == 0
+    assert b"argc=4 [wasi-libc.wasm] [args] [--dir] [/]" in capsysbinary.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "error", "match"),
+    [
+        (["--dir", "/no/such/dir", str(PROBE)], ConfigError, "not a directory"),
+        (["--env", "NOEQUALS", str(PROBE)], ConfigError, "not K=V"),
+        (["--random-seed", "zz", str(PROBE)], ConfigError, "not hex"),
+        (["--random-seed", "00", str(PROBE)], ConfigError, "random_seed"),
+        (["/no/such/module.wasm"], WasihostError, "does not exist"),
+    ],
+)
+def test_bad_input_is_a_wasihost_error(argv: list[str], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        wasi(*argv)
+
+
+def test_guest_failures_surface_with_their_class(tmp_path: Path) -> None:
+    with pytest.raises(CallError) as info:
+        wasi("--profile", "standard", "--timeout-ms", "300", str(PROBE), "sleep:10000000000")
+    assert info.value.failure is FailureClass.DEADLINE
+    with pytest.raises(CallError) as info:
+        wasi("--fuel", "1000", str(STD), "hello")
+    assert info.value.failure is FailureClass.OUT_OF_FUEL
+    not_wasm = tmp_path / "x.wasm"
+    not_wasm.write_bytes(b"not wasm")
+    with pytest.raises(AdmissionError):
+        wasi(str(not_wasm))
+
+
+def test_exit_status_mapping() -> None:
+    assert [exit_status(c) for c in (0, 3, 255, 256, 257, 0xFFFF_FFFF)] == [0, 3, 255, 1, 1, 255]

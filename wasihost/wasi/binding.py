@@ -1,0 +1,109 @@
+"""The WASI profile's binding: the handlers of one instance, over one :class:`WasiState`.
+
+The engine calls a handler as ``handler(mem, *args)`` with i32 arguments as unsigned ints and
+stores the returned errno as the i32 result. Each handler is wrapped once, here, so that a
+:class:`WasiError` or a host ``OSError`` becomes the guest's errno; a host exception text never
+crosses. ``GuestFault`` (a wild pointer) and ``GuestExit`` pass through to the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+from ..registry import HostFunction, Profile
+from .clock_calls import HANDLERS as CLOCK_HANDLERS
+from .config import WasiConfig
+from .errno import WasiError, from_oserror
+from .fd_attrs import HANDLERS as FD_ATTR_HANDLERS
+from .fd_dirs import HANDLERS as FD_DIR_HANDLERS
+from .fd_io import FAST_HANDLERS
+from .fd_io import HANDLERS as FD_IO_HANDLERS
+from .path_calls import HANDLERS as PATH_HANDLERS
+from .proc_calls import HANDLERS as PROC_HANDLERS
+from .registry import MODULE, PROFILE
+from .sock_calls import HANDLERS as SOCK_HANDLERS
+from .state import WasiState
+
+if TYPE_CHECKING:
+    from ..runtime import Extension, ProfileBinding
+
+Handler = Callable[..., Any]
+
+HANDLERS: dict[str, Handler] = {
+    **PROC_HANDLERS,
+    **CLOCK_HANDLERS,
+    **FD_IO_HANDLERS,
+    **FD_ATTR_HANDLERS,
+    **FD_DIR_HANDLERS,
+    **PATH_HANDLERS,
+    **SOCK_HANDLERS,
+}
+
+
+def guarded(fn: Handler, st: WasiState) -> Handler:
+    """``fn`` bound to ``st``, answering errors as errnos."""
+
+    def call(mem: Any, *args: int) -> Any:
+        try:
+            return fn(st, mem, *args)
+        except WasiError as exc:
+            return exc.errno
+        except OSError as exc:
+            return from_oserror(exc)
+
+    call.__name__ = fn.__name__
+    call.__qualname__ = f"wasi.{fn.__name__}"
+    return call
+
+
+class WasiBinding:
+    """The :class:`~wasihost.runtime.ProfileBinding` of one instance."""
+
+    def __init__(self, state: WasiState) -> None:
+        self.state = state
+        self._handlers: dict[str, Handler] = {}
+
+    @classmethod
+    def for_extension(cls, config: WasiConfig, ext: Extension) -> WasiBinding:
+        host = ext.host
+        state = WasiState(
+            config,
+            ext.grant.allows,
+            ext.log,
+            host.clock,
+            host.policy.clock_resolution_ns,
+            policy_seed=host.policy.random_seed,
+        )
+        return cls(state)
+
+    def handler(self, entry: HostFunction) -> Handler:
+        if entry.module != MODULE or entry.name not in HANDLERS:
+            raise ConfigError(f"{entry.qualified_name} is not a WASI preview1 function")
+        bound = self._handlers.get(entry.name)
+        if bound is None:
+            fast = FAST_HANDLERS.get(entry.name)
+            bound = fast(self.state) if fast else guarded(HANDLERS[entry.name], self.state)
+            self._handlers[entry.name] = bound
+        return bound
+
+    def close(self) -> None:
+        self.state.close()
+
+
+ProfileFactory = Callable[["Extension"], "ProfileBinding"]
+
+
+def wasi_profile(config: WasiConfig | None = None) -> tuple[Profile, ProfileFactory]:
+    """The WASI profile and a binding factory serving ``config``, for ``Host(profiles=[...])``.
+
+    Grant the extension :func:`~wasihost.wasi.config.capabilities_for` of the same config to
+    give it exactly what the config provides.
+    """
+    cfg = config if config is not None else WasiConfig()
+
+    def factory(ext: Extension) -> ProfileBinding:
+        return WasiBinding.for_extension(cfg, ext)
+
+    return PROFILE, factory

@@ -1,0 +1,156 @@
+"""``wasihost wasi``: run a WASI command module's ``_start`` through the WASI profile.
+
+    wasihost wasi [--dir HOST[::GUEST]]... [--dir-ro HOST[::GUEST]]... [--env K=V]...
+                  [--profile standard|anonymous] [--random | --random-seed HEX]
+                  [--stdin FILE] [--fuel N] [--timeout-ms N] MODULE.wasm [ARGS...]
+
+As in wasmtime's CLI, the guest's argv[0] is the module's file name and ARGS follow it
+(everything after MODULE goes to the guest, options included). stdout and stderr go to the
+process's; the process exit status is the guest's exit code. With no flags the guest gets stdio
+and its argv, nothing else. Errors are raised as :class:`~wasihost.errors.WasihostError` for the
+main CLI to print as ``error: <class>: <message>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ..errors import ConfigError
+from . import limits
+from .config import ClockProfile, Mount, WasiConfig, capabilities_for
+
+# A POSIX exit status is one byte; a guest code that would wrap to 0 must not read as success.
+EXIT_STATUS_MASK = 0xFF
+EXIT_STATUS_WRAPPED = 1
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``wasi`` subcommand to the main CLI's subparsers."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "wasi",
+        help="run a WASI command module (_start) through the restricted WASI profile",
+        description="Run a WASI preview1 command module. Nothing is granted but stdio and argv "
+        "unless a flag grants it.",
+    )
+    p.add_argument(
+        "--dir",
+        action="append",
+        default=[],
+        metavar="HOST[::GUEST]",
+        help="mount a host directory read-write (repeatable)",
+    )
+    p.add_argument(
+        "--dir-ro",
+        action="append",
+        default=[],
+        metavar="HOST[::GUEST]",
+        help="mount a host directory read-only (repeatable)",
+    )
+    p.add_argument("--env", action="append", default=[], metavar="K=V", help="set a guest env var")
+    p.add_argument(
+        "--profile",
+        choices=[c.value for c in ClockProfile],
+        help="grant clocks with this profile (default: no clocks)",
+    )
+    rand = p.add_mutually_exclusive_group()
+    rand.add_argument("--random", action="store_true", help="grant random bytes (OS CSPRNG)")
+    rand.add_argument("--random-seed", metavar="HEX", help="grant a seeded, reproducible stream")
+    p.add_argument("--stdin", metavar="FILE", help="serve FILE ('-': this process's stdin) on fd 0")
+    p.add_argument("--fuel", type=int, help="fuel budget for the run")
+    p.add_argument("--timeout-ms", type=int, help="wall-clock deadline for the run")
+    p.add_argument("--cache-dir", type=Path, help="compiled-module cache directory")
+    p.add_argument("--no-cache", action="store_true", help="do not use the on-disk cache")
+    p.add_argument("module", help="the WASI command module (.wasm)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the guest")
+    return p
+
+
+def _read_stdin(source: str) -> bytes:
+    limit = limits.MAX_STDIN_BYTES
+    try:
+        if source == "-":
+            data = sys.stdin.buffer.read(limit + 1)
+        else:
+            with open(source, "rb") as f:
+                data = f.read(limit + 1)
+    except OSError as exc:
+        raise ConfigError(f"--stdin {source}: {exc.strerror}") from None
+    if len(data) > limit:
+        raise ConfigError(f"--stdin {source} is larger than {limit} bytes")
+    return data
+
+
+def _seed(text: str) -> bytes:
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise ConfigError(f"--random-seed {text!r} is not hex") from None
+
+
+def _stream(name: str) -> BinaryIO:
+    stream = getattr(sys, name)
+    buffer: BinaryIO | None = getattr(stream, "buffer", None)
+    return buffer if buffer is not None else stream
+
+
+def config_from_args(args: argparse.Namespace) -> WasiConfig:
+    """The :class:`WasiConfig` the flags ask for; stdio goes to this process's streams."""
+    mounts = [Mount.parse(spec, writable=True) for spec in args.dir]
+    mounts += [Mount.parse(spec, writable=False) for spec in args.dir_ro]
+    stdout = _stream("stdout")
+    stderr = _stream("stderr")
+
+    def to_stderr(data: bytes) -> None:
+        stderr.write(data)
+        stderr.flush()  # unbuffered, as a terminal's stderr is
+
+    return WasiConfig(
+        argv=[Path(args.module).name, *args.args],
+        env=list(args.env),
+        stdin=_read_stdin(args.stdin) if args.stdin is not None else b"",
+        stdout=stdout.write,
+        stderr=to_stderr,
+        clock=args.profile,
+        random=bool(args.random),
+        random_seed=_seed(args.random_seed) if args.random_seed is not None else None,
+        mounts=mounts,
+    )
+
+
+def exit_status(code: int) -> int:
+    """The process exit status for a guest exit code (a u32)."""
+    status = code & EXIT_STATUS_MASK
+    return status if status or not code else EXIT_STATUS_WRAPPED
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the module; return the process exit status (the guest's exit code)."""
+    from ..package import load_package
+    from ..policy import Policy
+    from ..runtime import Host, default_cache_dir
+    from .binding import wasi_profile
+
+    config = config_from_args(args)
+    caps = capabilities_for(config)
+    cache = None if args.no_cache else (args.cache_dir or default_cache_dir())
+    host = Host(Policy(allow=caps), cache_dir=cache, profiles=[wasi_profile(config)])
+    try:
+        package = load_package(args.module, host.registry.capabilities())
+        ext = host.admit(package, grants=caps, fuel=args.fuel, timeout_ms=args.timeout_ms)
+        try:
+            code = ext.run_command()
+        finally:
+            _stream("stdout").flush()
+        return exit_status(code)
+    finally:
+        host.close()
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse ``wasi`` arguments without the main CLI (tests; embedders' own front ends)."""
+    parser = argparse.ArgumentParser(prog="wasihost")
+    add_parser(parser.add_subparsers(dest="cmd", required=True))
+    return parser.parse_args(["wasi", *argv])

@@ -1,0 +1,80 @@
+"""The clocks a guest sees under its clock profile: which exist, how coarse, from what origin."""
+
+from __future__ import annotations
+
+import time
+
+from ..brokers.clock import Clock
+from . import limits
+from .abi import Clock as ClockId
+from .config import ClockProfile
+from .errno import Errno, WasiError
+
+# Where the guest's monotonic clock starts: one second, so even the first coarse reading is > 0.
+MONOTONIC_START_NS = 1_000_000_000
+
+
+class GuestClocks:
+    """Clock readings for one instance, or none at all (``profile`` None: not provided/granted).
+
+    Monotonic and cputime clocks count from the instance's start, so they say nothing about the
+    host's uptime or its other work; every reading is rounded down to the profile's resolution.
+    Monotonic readings start at ``MONOTONIC_START_NS`` rather than zero: code that treats a zero
+    timestamp as "unset" keeps working even under the one-second anonymous resolution.
+    """
+
+    def __init__(self, profile: ClockProfile | None, source: Clock, resolution_ns: int) -> None:
+        self.profile = profile
+        self.source = source
+        self.resolution_ns = (
+            limits.ANONYMOUS_CLOCK_RESOLUTION_NS
+            if profile is ClockProfile.ANONYMOUS
+            else resolution_ns
+        )
+        self._mono_origin = source.monotonic_ns() - MONOTONIC_START_NS
+        self._process_origin = time.process_time_ns()
+        self._thread_origin = time.thread_time_ns()
+
+    @property
+    def available(self) -> bool:
+        return self.profile is not None
+
+    def _check(self, clock_id: int) -> None:
+        if self.profile is None:
+            raise WasiError(Errno.NOTCAPABLE)
+        if clock_id > ClockId.THREAD_CPUTIME:
+            raise WasiError(Errno.INVAL)
+        if self.profile is ClockProfile.ANONYMOUS and clock_id >= ClockId.PROCESS_CPUTIME:
+            raise WasiError(Errno.INVAL)  # no cputime clocks: they time the host's work
+
+    def resolution(self, clock_id: int) -> int:
+        self._check(clock_id)
+        return self.resolution_ns
+
+    def raw(self, clock_id: int) -> int:
+        """Uncoarsened reading of an existing clock, in the guest's origin."""
+        if clock_id == ClockId.REALTIME:
+            return self.source.realtime_ns()
+        if clock_id == ClockId.MONOTONIC:
+            return self.source.monotonic_ns() - self._mono_origin
+        if clock_id == ClockId.PROCESS_CPUTIME:
+            return time.process_time_ns() - self._process_origin
+        return time.thread_time_ns() - self._thread_origin
+
+    def now(self, clock_id: int) -> int:
+        self._check(clock_id)
+        value = self.raw(clock_id)
+        return value - value % self.resolution_ns
+
+    def due_in_ns(self, clock_id: int, timeout: int, absolute: bool) -> int:
+        """Nanoseconds from now until a poll subscription on ``clock_id`` is due (<= 0: due).
+
+        Only realtime and monotonic can be waited on: a cputime deadline has no wall-clock
+        meaning (INVAL, as for an unknown clock).
+        """
+        self._check(clock_id)
+        if clock_id not in (ClockId.REALTIME, ClockId.MONOTONIC):
+            raise WasiError(Errno.INVAL)
+        if not absolute:
+            return timeout
+        return timeout - self.raw(clock_id)

@@ -1,0 +1,203 @@
+"""Reading and writing entries: fd_read, fd_write, fd_pread, fd_pwrite, fd_seek, fd_tell, and
+the hot paths of fd_write and fd_read."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ..guestmem import GuestMemory
+from . import limits
+from .abi import (
+    FDFLAG_APPEND,
+    IOVEC,
+    R_FD_READ,
+    R_FD_WRITE,
+    Filetype,
+    Right,
+    Whence,
+)
+from .errno import Errno, WasiError, from_oserror
+from .fd_checks import I64_LIMIT, filesize, need, regular_file, room_under_limit, writable
+from .fds import HostDescriptor, OutputDescriptor, StdinDescriptor
+from .memio import gather, iovecs, scatter, total_length
+from .state import WasiState
+
+_MAX_IO = limits.MAX_IO_BYTES_PER_CALL
+_WHENCE = {Whence.SET: os.SEEK_SET, Whence.CUR: os.SEEK_CUR, Whence.END: os.SEEK_END}
+
+
+def fd_write(
+    st: WasiState, mem: GuestMemory, fd: int, iovs: int, iovs_len: int, nwritten_ptr: int
+) -> int:
+    desc = st.fds.get(fd)
+    if desc is None or not desc.rights_base & R_FD_WRITE:
+        return Errno.BADF
+    data = gather(mem, iovecs(mem, iovs, iovs_len), _MAX_IO)
+    if type(desc) is OutputDescriptor:
+        desc.sink(data)
+        written = len(data)
+    elif isinstance(desc, HostDescriptor) and not desc.is_dir:
+        if desc.fdflags & FDFLAG_APPEND:
+            start = os.fstat(desc.fd).st_size
+        else:
+            start = os.lseek(desc.fd, 0, os.SEEK_CUR)
+        room = room_under_limit(start, len(data))
+        written = os.write(desc.fd, data[:room] if room < len(data) else data)
+    else:
+        return Errno.BADF
+    mem.write_u32(nwritten_ptr, written)
+    return Errno.SUCCESS
+
+
+def fd_read(
+    st: WasiState, mem: GuestMemory, fd: int, iovs: int, iovs_len: int, nread_ptr: int
+) -> int:
+    desc = st.fds.get(fd)
+    if desc is None or not desc.rights_base & R_FD_READ:
+        return Errno.BADF
+    vecs = iovecs(mem, iovs, iovs_len)
+    want = total_length(vecs, _MAX_IO)
+    if isinstance(desc, HostDescriptor) and not desc.is_dir:
+        data = os.read(desc.fd, want)
+    elif isinstance(desc, StdinDescriptor):
+        data = desc.data[desc.pos : desc.pos + want]
+        desc.pos += len(data)
+    else:
+        return Errno.BADF
+    mem.write_u32(nread_ptr, scatter(mem, vecs, data) if data else 0)
+    return Errno.SUCCESS
+
+
+def fd_pread(
+    st: WasiState,
+    mem: GuestMemory,
+    fd: int,
+    iovs: int,
+    iovs_len: int,
+    offset: int,
+    nread_ptr: int,
+) -> int:
+    desc = regular_file(st, fd)
+    if not desc.rights_base & R_FD_READ:
+        return Errno.BADF
+    need(desc, Right.FD_SEEK)
+    offset = filesize(offset)
+    vecs = iovecs(mem, iovs, iovs_len)
+    data = os.pread(desc.fd, total_length(vecs, _MAX_IO), offset)
+    mem.write_u32(nread_ptr, scatter(mem, vecs, data) if data else 0)
+    return Errno.SUCCESS
+
+
+def fd_pwrite(
+    st: WasiState,
+    mem: GuestMemory,
+    fd: int,
+    iovs: int,
+    iovs_len: int,
+    offset: int,
+    nwritten_ptr: int,
+) -> int:
+    desc = regular_file(st, fd)
+    writable(desc)
+    if not desc.rights_base & R_FD_WRITE:
+        return Errno.BADF
+    need(desc, Right.FD_SEEK)
+    offset = filesize(offset)
+    data = gather(mem, iovecs(mem, iovs, iovs_len), _MAX_IO)
+    room = room_under_limit(offset, len(data))
+    written = os.pwrite(desc.fd, data[:room], offset)
+    mem.write_u32(nwritten_ptr, written)
+    return Errno.SUCCESS
+
+
+def fd_seek(
+    st: WasiState, mem: GuestMemory, fd: int, offset: int, whence: int, newoffset_ptr: int
+) -> int:
+    desc = regular_file(st, fd)
+    need(desc, Right.FD_TELL if offset == 0 and whence == Whence.CUR else Right.FD_SEEK)
+    if whence not in _WHENCE:
+        return Errno.INVAL
+    delta = offset - (1 << 64) if offset >= I64_LIMIT else offset
+    mem.write_u64(newoffset_ptr, os.lseek(desc.fd, delta, _WHENCE[Whence(whence)]))
+    return Errno.SUCCESS
+
+
+def fd_tell(st: WasiState, mem: GuestMemory, fd: int, offset_ptr: int) -> int:
+    desc = regular_file(st, fd)
+    need(desc, Right.FD_TELL)
+    mem.write_u64(offset_ptr, os.lseek(desc.fd, 0, os.SEEK_CUR))
+    return Errno.SUCCESS
+
+
+# --- hot paths ---------------------------------------------------------------------------------
+# Line-buffered stdio writes one iovec per line, and file reads come one buffer at a time; these
+# cases skip the general path's helpers (each guest-memory access is two C calls). Everything
+# else falls through to the general handler, so behaviour is the same either way.
+
+_unpack_iovec = IOVEC.unpack
+
+
+def fast_fd_write(st: WasiState) -> Callable[..., int]:
+    get = st.fds.get
+
+    def handler(mem: GuestMemory, fd: int, iovs: int, iovs_len: int, nwritten_ptr: int) -> int:
+        try:
+            desc = get(fd)
+            if iovs_len == 1 and type(desc) is OutputDescriptor and desc.rights_base & R_FD_WRITE:
+                buf, length = _unpack_iovec(mem.read(iovs, 8))
+                data = mem.read(buf, length if length <= _MAX_IO else _MAX_IO)
+                desc.sink(data)
+                mem.write_u32(nwritten_ptr, len(data))
+                return Errno.SUCCESS
+            return fd_write(st, mem, fd, iovs, iovs_len, nwritten_ptr)
+        except WasiError as exc:
+            return exc.errno
+        except OSError as exc:
+            return from_oserror(exc)
+
+    return handler
+
+
+def fast_fd_read(st: WasiState) -> Callable[..., int]:
+    get = st.fds.get
+
+    def handler(mem: GuestMemory, fd: int, iovs: int, iovs_len: int, nread_ptr: int) -> int:
+        try:
+            desc = get(fd)
+            if (
+                iovs_len == 1
+                and type(desc) is HostDescriptor
+                and desc.rights_base & R_FD_READ
+                and desc.filetype == Filetype.REGULAR_FILE
+            ):
+                buf, length = _unpack_iovec(mem.read(iovs, 8))
+                data = os.read(desc.fd, length if length <= _MAX_IO else _MAX_IO)
+                if data:
+                    mem.write(buf, data)
+                mem.write_u32(nread_ptr, len(data))
+                return Errno.SUCCESS
+            return fd_read(st, mem, fd, iovs, iovs_len, nread_ptr)
+        except WasiError as exc:
+            return exc.errno
+        except OSError as exc:
+            return from_oserror(exc)
+
+    return handler
+
+
+FAST_HANDLERS: dict[str, Callable[[WasiState], Callable[..., int]]] = {
+    "fd_write": fast_fd_write,
+    "fd_read": fast_fd_read,
+}
+
+
+HANDLERS: dict[str, Callable[..., Any]] = {
+    "fd_read": fd_read,
+    "fd_write": fd_write,
+    "fd_pread": fd_pread,
+    "fd_pwrite": fd_pwrite,
+    "fd_seek": fd_seek,
+    "fd_tell": fd_tell,
+}

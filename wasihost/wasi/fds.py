@@ -1,0 +1,123 @@
+"""The descriptor table of one WASI instance: what each guest fd number stands for.
+
+A descriptor is the guest's capability: the only way to reach a file is through a descriptor
+of a mount the grant made visible, and its rights only ever shrink. Every descriptor counts
+against the handle budget; host descriptors are closed when the instance ends.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import attrs
+
+from .abi import Filetype
+from .errno import Errno, WasiError
+from .fs import Ident
+
+
+@attrs.define(eq=False)
+class MountState:
+    """A mount as this instance sees it: writable only if the config and the grant both say so."""
+
+    guest: bytes
+    writable: bool
+
+
+@attrs.define(eq=False, slots=True, kw_only=True)
+class Descriptor:
+    filetype: int
+    rights_base: int
+    rights_inheriting: int
+    fdflags: int = 0
+
+    def close(self) -> None:
+        """Release whatever the descriptor holds on the host."""
+
+
+@attrs.define(eq=False, slots=True, kw_only=True)
+class StdinDescriptor(Descriptor):
+    """fd 0: the configured stdin bytes, then end of file."""
+
+    data: bytes = b""
+    pos: int = 0
+
+
+@attrs.define(eq=False, slots=True, kw_only=True)
+class OutputDescriptor(Descriptor):
+    """fd 1 and 2: bytes go to ``sink`` (the log splitter, or the caller's callable)."""
+
+    sink: Callable[[bytes], object]
+
+
+@attrs.define(eq=False, slots=True, kw_only=True)
+class HostDescriptor(Descriptor):
+    """A file or directory inside a mount, backed by a host descriptor we own."""
+
+    fd: int
+    mount: MountState
+    ident: Ident
+    preopen: bytes | None = None
+    # fd_readdir's snapshot: names and types, made at cookie 0 so later cookies stay stable.
+    listing: list[tuple[bytes, int, int]] | None = None
+
+    @property
+    def is_dir(self) -> bool:
+        return self.filetype == Filetype.DIRECTORY
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+
+class FdTable:
+    """Guest fd numbers to descriptors, at most ``max_fds`` of them at once."""
+
+    def __init__(self, max_fds: int) -> None:
+        self.max_fds = max_fds
+        self._fds: dict[int, Descriptor] = {}
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def __iter__(self) -> Iterator[tuple[int, Descriptor]]:
+        return iter(list(self._fds.items()))
+
+    def get(self, fd: int) -> Descriptor | None:
+        return self._fds.get(fd)
+
+    def require_room(self) -> None:
+        """Raise MFILE before anything is opened on the host if the budget is spent."""
+        if len(self._fds) >= self.max_fds:
+            raise WasiError(Errno.MFILE)
+
+    def insert(self, desc: Descriptor) -> int:
+        """The lowest free number, as POSIX open() would give."""
+        self.require_room()
+        fd = 0
+        while fd in self._fds:
+            fd += 1
+        self._fds[fd] = desc
+        return fd
+
+    def close(self, fd: int) -> None:
+        desc = self._fds.pop(fd, None)
+        if desc is None:
+            raise WasiError(Errno.BADF)
+        desc.close()
+
+    def renumber(self, src: int, dst: int) -> None:
+        """Move ``src`` onto ``dst``, closing what ``dst`` held; both must be open."""
+        if src not in self._fds or dst not in self._fds:
+            raise WasiError(Errno.BADF)
+        if src == dst:
+            return
+        self._fds[dst].close()
+        self._fds[dst] = self._fds.pop(src)
+
+    def close_all(self) -> None:
+        fds, self._fds = self._fds, {}
+        for desc in fds.values():
+            desc.close()

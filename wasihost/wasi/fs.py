@@ -1,0 +1,223 @@
+"""Path resolution inside a mount: the security core of the WASI profile.
+
+The kernel is never handed a guest path. A path is split into components and walked one
+component at a time with ``openat(dir_fd, name, O_NOFOLLOW | O_DIRECTORY)``, so the kernel only
+ever resolves a single name inside a directory we already hold, and never follows a symlink by
+itself. Then:
+
+- ``..`` is ours to interpret: it may not climb above the directory the guest named the path
+  from (the WASI capability rule), and it is resolved by opening the kernel's ``..`` and checking
+  that it is the very directory we descended from (same device and inode), so a directory moved
+  underneath us fails closed instead of leading outside;
+- a symlink is read (``readlinkat``) and its target spliced into the remaining components, under
+  the same rules; an absolute target is refused, and at most ``MAX_SYMLINK_FOLLOWS`` are followed;
+- the last component is handed back as ``(dir_fd, name)`` for the caller's final ``*at`` call,
+  which again never follows a symlink (``O_NOFOLLOW``, ``AT_SYMLINK_NOFOLLOW``): a symlink
+  swapped in after resolution is acted on as a link, never followed (the CVE-2024-38358 class).
+
+Only one walk descriptor is open at a time, whatever the depth.
+"""
+
+from __future__ import annotations
+
+import errno as host_errno
+import os
+from types import TracebackType
+from typing import Final
+
+from . import limits
+from .errno import Errno, WasiError
+
+# Walk descriptors only name a directory for the next *at call: O_PATH needs no read permission
+# and reads nothing. Without O_PATH (non-Linux), a read-only open serves the same purpose.
+O_PATH: Final = getattr(os, "O_PATH", 0)
+WALK_FLAGS: Final = (
+    (O_PATH or os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+)  # fmt: skip
+DIR_OPEN_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+Ident = tuple[int, int]
+"""(st_dev, st_ino): what a directory is, independent of the names it has."""
+
+
+def ident_of(fd: int) -> Ident:
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino)
+
+
+def check_path(raw: bytes) -> bytes:
+    """A guest path, validated before anything touches the host."""
+    if len(raw) > limits.MAX_PATH_BYTES:
+        raise WasiError(Errno.NAMETOOLONG)
+    if b"\0" in raw:
+        raise WasiError(Errno.INVAL)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise WasiError(Errno.ILSEQ) from None
+    return raw
+
+
+def readlink_at(dir_fd: int, name: bytes) -> bytes | None:
+    """The target of ``name`` if it is a symlink, else None (errors other than "not a link"
+    propagate)."""
+    try:
+        return os.readlink(name, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (host_errno.EINVAL, host_errno.ENOENT):
+            return None
+        raise
+
+
+def _components(path: bytes) -> list[bytes]:
+    parts = [c for c in path.split(b"/") if c and c != b"."]
+    for c in parts:
+        if len(c) > limits.MAX_NAME_BYTES:
+            raise WasiError(Errno.NAMETOOLONG)
+    return parts
+
+
+def _names_a_directory(path: bytes) -> bool:
+    """A trailing ``/``, ``/.`` or ``/..`` says the path must name a directory."""
+    last = path.rstrip(b"/").rsplit(b"/", 1)[-1]
+    return path.endswith(b"/") or last in (b".", b"..")
+
+
+class PathWalk:
+    """One resolution of ``path`` relative to the directory ``base_fd`` (identity ``base_id``).
+
+    Use as a context manager; :meth:`walk` gives ``(dir_fd, name, must_be_dir)`` where ``name``
+    is one component (or ``b"."`` for the directory itself) and ``dir_fd`` stays valid until the
+    walk is closed. :meth:`follow` continues through a symlink found at ``name``.
+    """
+
+    def __init__(self, base_fd: int, base_id: Ident, path: bytes) -> None:
+        check_path(path)
+        if not path:
+            raise WasiError(Errno.NOENT)
+        if path.startswith(b"/"):
+            # Preview1 paths are relative to a directory descriptor; an absolute one would
+            # escape it.
+            raise WasiError(Errno.PERM)
+        self._base_fd = base_fd
+        self._fd = base_fd
+        self._owned = False
+        self._ids: list[Ident] = [base_id]
+        self._pending = list(reversed(_components(path)))
+        self._must_dir = _names_a_directory(path)
+        self._follows = 0
+        self._steps = 0
+
+    def __enter__(self) -> PathWalk:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._owned:
+            self._owned = False
+            os.close(self._fd)
+        self._fd = self._base_fd
+
+    @property
+    def must_dir(self) -> bool:
+        """The path ends in ``/`` (or ``.``/``..``): it names a directory, so a symlink in its
+        last component is followed, as POSIX resolves ``link/``."""
+        return self._must_dir
+
+    @property
+    def depth(self) -> int:
+        """Directories below the base that the walk currently stands in."""
+        return len(self._ids) - 1
+
+    def _enter(self, fd: int, owned: bool) -> None:
+        if self._owned:
+            os.close(self._fd)
+        self._fd = fd
+        self._owned = owned
+
+    def _up(self) -> None:
+        if len(self._ids) == 1:
+            raise WasiError(Errno.PERM)  # above the base directory: an escape
+        if len(self._ids) == 2:
+            self._ids.pop()
+            self._enter(self._base_fd, owned=False)
+            return
+        fd = os.open(b"..", WALK_FLAGS, dir_fd=self._fd)
+        try:
+            if ident_of(fd) != self._ids[-2]:
+                raise WasiError(Errno.NOENT)  # moved underneath us: fail closed
+        except BaseException:
+            os.close(fd)
+            raise
+        self._ids.pop()
+        self._enter(fd, owned=True)
+
+    def _down(self, name: bytes) -> None:
+        try:
+            fd = os.open(name, WALK_FLAGS, dir_fd=self._fd)
+        except OSError as exc:
+            if exc.errno in (host_errno.ELOOP, host_errno.ENOTDIR):
+                target = readlink_at(self._fd, name)
+                if target is not None:
+                    self._splice(target)
+                    return
+            raise
+        try:
+            ident = ident_of(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._ids.append(ident)
+        self._enter(fd, owned=True)
+
+    def _splice(self, target: bytes) -> None:
+        self._follows += 1
+        if self._follows > limits.MAX_SYMLINK_FOLLOWS:
+            raise WasiError(Errno.LOOP)
+        if not target:
+            raise WasiError(Errno.NOENT)
+        if target.startswith(b"/"):
+            raise WasiError(Errno.PERM)  # an absolute target points outside the mount's tree
+        self._pending.extend(reversed(_components(target)))
+
+    def walk(self) -> tuple[int, bytes, bool]:
+        """Resolve every component but the last; the last is not looked at."""
+        pending = self._pending
+        while pending:
+            name = pending.pop()
+            self._steps += 1
+            if self._steps > limits.MAX_WALK_STEPS:
+                raise WasiError(Errno.LOOP)
+            if name == b"..":
+                self._up()
+                continue
+            if not pending:
+                return self._fd, name, self._must_dir
+            self._down(name)
+        return self._fd, b".", True
+
+    def follow(self, target: bytes) -> tuple[int, bytes, bool]:
+        """The last component was a symlink with ``target``: continue through it."""
+        self._must_dir = self._must_dir or _names_a_directory(target)
+        self._splice(target)
+        return self.walk()
+
+    def walk_following(self) -> tuple[int, bytes, bool]:
+        """Resolve the whole path, following a symlink in the last component too."""
+        dir_fd, name, must_dir = self.walk()
+        while name != b".":
+            target = readlink_at(dir_fd, name)
+            if target is None:
+                break
+            dir_fd, name, must_dir = self.follow(target)
+        return dir_fd, name, must_dir
+
+
+__all__ = ["DIR_OPEN_FLAGS", "WALK_FLAGS", "Ident", "PathWalk", "check_path", "ident_of"]

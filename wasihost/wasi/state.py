@@ -1,0 +1,140 @@
+"""The state of one WASI instance: what its grant unlocked, its descriptors, clocks and sinks.
+
+Made fresh for every instance by the binding, and closed with it; nothing here outlives a
+discarded instance.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+
+from ..brokers.clock import Clock
+from ..brokers.log import ExtensionLog, Level
+from ..brokers.random import SeededRandom
+from ..errors import ConfigError
+from .abi import (
+    DIR_READ_RIGHTS,
+    DIR_WRITE_RIGHTS,
+    FILE_READ_RIGHTS,
+    FILE_WRITE_RIGHTS,
+    STDIN_RIGHTS,
+    STDOUT_RIGHTS,
+    Filetype,
+)
+from .clocks import GuestClocks
+from .config import WasiConfig
+from .fds import FdTable, HostDescriptor, MountState, OutputDescriptor, StdinDescriptor
+from .fs import DIR_OPEN_FLAGS, ident_of
+from .registry import (
+    CAP_ARGS,
+    CAP_CLOCK,
+    CAP_ENV,
+    CAP_FS_READ,
+    CAP_FS_WRITE,
+    CAP_RANDOM,
+    CAP_STDIO,
+)
+from .stdio import LogLines
+
+# What descriptors opened below a preopen may inherit: everything a file or directory can do.
+# A read-only mount still lists write rights here so that libc passes a write request through
+# and gets ROFS from path_open, instead of a descriptor that silently cannot write.
+INHERITABLE_RIGHTS = DIR_READ_RIGHTS | DIR_WRITE_RIGHTS | FILE_READ_RIGHTS | FILE_WRITE_RIGHTS
+
+
+class WasiState:
+    """Everything the handlers of one instance share."""
+
+    def __init__(
+        self,
+        config: WasiConfig,
+        allows: Callable[[str], bool],
+        log: ExtensionLog,
+        clock: Clock,
+        clock_resolution_ns: int,
+        policy_seed: bytes | None = None,
+    ) -> None:
+        self.config = config
+        self.args = [a.encode() for a in config.argv] if allows(CAP_ARGS) else []
+        self.env = [e.encode() for e in config.env_strings] if allows(CAP_ENV) else []
+        self.clocks = GuestClocks(
+            config.clock if allows(CAP_CLOCK) else None, clock, clock_resolution_ns
+        )
+        self.random: Callable[[int], bytes] | None = None
+        if config.provides_random and allows(CAP_RANDOM):
+            seed = config.random_seed if config.random_seed is not None else policy_seed
+            self.random = SeededRandom(seed) if seed is not None else os.urandom
+        self.fds = FdTable(config.max_fds)
+        self._log_lines: list[LogLines] = []
+        self._setup_stdio(allows(CAP_STDIO), log)
+        if allows(CAP_FS_READ):
+            try:
+                self._setup_mounts(allows(CAP_FS_WRITE))
+            except BaseException:
+                self.fds.close_all()
+                raise
+
+    def _setup_stdio(self, stdio: bool, log: ExtensionLog) -> None:
+        stdin = self.config.stdin if stdio else b""
+        self.fds.insert(
+            StdinDescriptor(
+                filetype=Filetype.CHARACTER_DEVICE,
+                rights_base=STDIN_RIGHTS,
+                rights_inheriting=0,
+                data=stdin,
+            )
+        )
+        for given, level, source in (
+            (self.config.stdout, Level.INFO, "stdout"),
+            (self.config.stderr, Level.WARN, "stderr"),
+        ):
+            sink = given
+            if sink is None or not stdio:
+                lines = LogLines(log, level, source)
+                self._log_lines.append(lines)
+                sink = lines
+            self.fds.insert(
+                OutputDescriptor(
+                    filetype=Filetype.CHARACTER_DEVICE,
+                    rights_base=STDOUT_RIGHTS,
+                    rights_inheriting=0,
+                    sink=sink,
+                )
+            )
+
+    def _setup_mounts(self, fs_write: bool) -> None:
+        for mount in self.config.mounts:
+            try:
+                fd = os.open(mount.host, DIR_OPEN_FLAGS)
+            except OSError as exc:
+                raise ConfigError(f"mount {mount.host}: {exc.strerror}") from None
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISDIR(st.st_mode):
+                    raise ConfigError(f"mount {mount.host} is not a directory")
+                state = MountState(mount.guest.encode(), mount.writable and fs_write)
+                rights = DIR_READ_RIGHTS | (DIR_WRITE_RIGHTS if state.writable else 0)
+                self.fds.insert(
+                    HostDescriptor(
+                        filetype=Filetype.DIRECTORY,
+                        rights_base=rights,
+                        rights_inheriting=INHERITABLE_RIGHTS,
+                        fd=fd,
+                        mount=state,
+                        ident=ident_of(fd),
+                        preopen=state.guest,
+                    )
+                )
+            except BaseException:
+                os.close(fd)
+                raise
+
+    def close(self) -> None:
+        """Flush partial log lines and close every host descriptor."""
+        try:
+            for lines in self._log_lines:
+                lines.flush()
+        finally:
+            self.fds.close_all()
