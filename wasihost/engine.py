@@ -63,7 +63,12 @@ def _private_fn(name: str, restype: Any, *argtypes: Any) -> Any:
     does not disturb wasmtime-py's own typed prototypes. Passing raw addresses skips ctypes'
     per-argument type checks and ``cast`` calls, which dominate a no-op call otherwise.
     """
-    fn = ffi.dll[name]
+    try:
+        fn = ffi.dll[name]
+    except AttributeError:
+        raise ConfigError(
+            f"wasmtime {WASMTIME_VERSION} lacks {name}; wasihost needs the pinned wasmtime major"
+        ) from None
     fn.restype = restype
     fn.argtypes = list(argtypes)
     return fn
@@ -212,8 +217,23 @@ _TARGETS: dict[int, tuple[_HostContext, int]] = {}
 _TARGET_IDS = itertools.count(1)
 
 
-@raw.wasmtime_func_unchecked_callback_t  # type: ignore[untyped-decorator]
-def _trampoline(env: int, caller: Any, args: Any, nargs: int) -> int:
+# Our own callback type: the caller arrives as a plain address (int), so the hot path never
+# builds a ctypes pointer object for it.
+_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_size_t, _vp, _vp, POINTER(ffi.wasmtime_val_raw_t), ctypes.c_size_t
+)
+_FINALIZER = ctypes.CFUNCTYPE(None, _vp)
+_func_new_unchecked = _private_fn(
+    "wasmtime_func_new_unchecked", None, _vp, _vp, _CALLBACK, _vp, _FINALIZER, _vp
+)
+_caller_context = _private_fn("wasmtime_caller_context", _vp, _vp)
+_caller_export_get = _private_fn(
+    "wasmtime_caller_export_get", ctypes.c_bool, _vp, ctypes.c_char_p, ctypes.c_size_t, _vp
+)
+
+
+@_CALLBACK  # type: ignore[untyped-decorator]
+def _trampoline(env: int, caller: int, args: Any, nargs: int) -> int:
     try:
         ctx, index = _TARGETS[env]
     except BaseException:
@@ -221,7 +241,7 @@ def _trampoline(env: int, caller: Any, args: Any, nargs: int) -> int:
     return ctx.host_call(index, caller, args)
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # type: ignore[untyped-decorator]
+@_FINALIZER  # type: ignore[untyped-decorator]
 def _finalize(env: int | None) -> None:
     _TARGETS.pop(env or 0, None)
 
@@ -231,17 +251,26 @@ class _HostContext:
 
     def __init__(self, imports: Sequence[BoundImport], gate: Gate) -> None:
         self.imports = tuple(imports)
+        self.native_flags = tuple(b.entry.convention == "native" for b in imports)
         self.codec_limits = tuple(
             CodecLimits(max_bytes=max(1, b.entry.max_request_bytes)) for b in imports
         )
         self.gate = gate
-        self.memory: Any = None
+        self.memory: Any = None  # the exported memory's wasmtime_memory_t, once resolved
+        self.mem_addr = 0
         # The error slot: set by a host function that ends the call, read by the caller of the
         # wasm function on the same thread, under the instance lock. Never global.
         self.failure: CallError | None = None
         self.reraise: BaseException | None = None
         self.exit_code: int | None = None
         self.native = NativeCall()
+        self._fuel = ctypes.c_uint64(0)
+        self._fuel_addr = ctypes.addressof(self._fuel)
+        self._extern = ffi.wasmtime_extern_t()
+
+    def set_memory(self, memory: Any) -> None:
+        self.memory = memory
+        self.mem_addr = ctypes.addressof(memory)
 
     def take_failure(self) -> CallError | None:
         failure, self.failure = self.failure, None
@@ -251,22 +280,36 @@ class _HostContext:
         self.failure = CallError(failure, message)
         return _new_trap(f"wasihost: {failure.value}")
 
-    def _charge(self, context: Any, amount: int, name: str) -> bool:
-        left = ctypes.c_uint64(0)
-        if raw._wasmtime_context_get_fuel(context, byref(left)):
-            return True  # fuel not enabled on this store: nothing to charge
-        if left.value < amount:
-            raw._wasmtime_context_set_fuel(context, 0)
+    def _fuel_left(self, ctx: int) -> int:
+        _get_fuel(ctx, self._fuel_addr)  # fuel is always on in this adapter's engines
+        return int(self._fuel.value)
+
+    def _pay(self, ctx: int, left: int, amount: int, name: str) -> bool:
+        """Take ``amount`` from ``left`` (the store's fuel, read by the caller)."""
+        if left < amount:
+            _set_fuel(ctx, 0)
             self.failure = CallError(
                 FailureClass.OUT_OF_FUEL, f"fuel ran out paying for host call {name}"
             )
             return False
-        raw._wasmtime_context_set_fuel(context, left.value - amount)
+        _set_fuel(ctx, left - amount)
         return True
 
-    def host_call(self, index: int, caller: Any, args: Any) -> int:
+    def _memory_of(self, caller: int) -> int:
+        """The caller's memory; during a start function, before exports are resolved, it is
+        looked up by name (and its address is valid for this host call only)."""
+        if self.mem_addr:
+            return self.mem_addr
+        item = self._extern
+        if not _caller_export_get(caller, b"memory", 6, ctypes.addressof(item)):
+            return 0
+        return ctypes.addressof(item.of.memory)
+
+    def host_call(self, index: int, caller: int, args: Any) -> int:
         try:
-            return self._host_call(index, caller, args)
+            if self.native_flags[index]:
+                return self._native_call(index, caller, args)
+            return self._cbor_call(index, caller, args)
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 self.reraise = exc  # KeyboardInterrupt/SystemExit: re-raised after the call
@@ -274,7 +317,7 @@ class _HostContext:
                 FailureClass.HOST_ERROR, f"host function failed: {type(exc).__name__}"
             )
 
-    def _host_call(self, index: int, caller: Any, args: Any) -> int:
+    def _cbor_call(self, index: int, caller: int, args: Any) -> int:
         bound = self.imports[index]
         entry = bound.entry
         name = entry.qualified_name
@@ -282,16 +325,11 @@ class _HostContext:
         req_len = args[1].i32 & _U32
         resp_ptr = args[2].i32 & _U32
         resp_cap = args[3].i32 & _U32
-        context = raw._wasmtime_caller_context(caller)
-        memory = self.memory
-        if memory is None:  # during the start function, before exports are resolved
-            item = ffi.wasmtime_extern_t()
-            if not raw._wasmtime_caller_export_get(caller, b"memory", 6, byref(item)):
-                return self._fail(FailureClass.PROTOCOL, f"{name}: guest exports no memory")
-            memory = item.of.memory
-        if entry.convention == "native":
-            return self._native_call(bound, context, memory, args)
-        size = raw._wasmtime_memory_data_size(context, byref(memory))
+        ctx = _caller_context(caller)
+        mem = self._memory_of(caller)
+        if not mem:
+            return self._fail(FailureClass.PROTOCOL, f"{name}: guest exports no memory")
+        size = _memory_data_size(ctx, mem)
         # Python ints do not overflow, so these sums are exact; a u32 ptr+len past 2**32 is
         # simply larger than any memory.
         if req_ptr + req_len > size:
@@ -306,21 +344,23 @@ class _HostContext:
             )
         if req_len and resp_cap and req_ptr < resp_ptr + resp_cap and resp_ptr < req_ptr + req_len:
             return self._fail(FailureClass.PROTOCOL, f"{name}: request and response overlap")
-        if not self._charge(context, entry.fuel_price(req_len), name):
+        left = self._fuel_left(ctx)
+        price = entry.fuel_price(req_len)
+        if not self._pay(ctx, left, price, name):
             return _new_trap("wasihost: out of fuel")
+        left -= price
         if not self.gate(entry):
             args[0].i32 = -Status.DENIED
             return 0
         if req_len > entry.max_request_bytes:
             args[0].i32 = -Status.PAYLOAD_TOO_LARGE
             return 0
-        base = ctypes.cast(raw._wasmtime_memory_data(context, byref(memory)), ctypes.c_void_p)
-        addr = base.value or 0
         request: Any = None
         if req_len:
             try:
                 request = decode(
-                    ctypes.string_at(addr + req_ptr, req_len), self.codec_limits[index]
+                    ctypes.string_at(_memory_data(ctx, mem) + req_ptr, req_len),
+                    self.codec_limits[index],
                 )
             except CodecError:
                 args[0].i32 = -Status.INVALID_ARGUMENT
@@ -342,34 +382,43 @@ class _HostContext:
         if len(body) > resp_cap:
             args[0].i32 = -Status.BUFFER_TOO_SMALL
             return 0
-        if not self._charge(context, entry.fuel_per_byte * len(body), name):
+        # No wasm ran during the handler, so the fuel left is what we set above.
+        if not self._pay(ctx, left, entry.fuel_per_byte * len(body), name):
             return _new_trap("wasihost: out of fuel")
         # The handler cannot grow guest memory, but re-read the base anyway: it is one C call
         # and makes the write independent of what the handler did.
-        base = ctypes.cast(raw._wasmtime_memory_data(context, byref(memory)), ctypes.c_void_p)
-        ctypes.memmove((base.value or 0) + resp_ptr, body, len(body))
+        ctypes.memmove(_memory_data(ctx, mem) + resp_ptr, body, len(body))
         args[0].i32 = len(body)
         return 0
 
-    def _native_call(self, bound: BoundImport, context: Any, memory: Any, args: Any) -> int:
+    def _native_call(self, index: int, caller: int, args: Any) -> int:
+        bound = self.imports[index]
         entry = bound.entry
-        if not self._charge(context, entry.fuel_base, entry.qualified_name):
+        ctx = _caller_context(caller)
+        left = self._fuel_left(ctx)
+        if not self._pay(ctx, left, entry.fuel_base, entry.qualified_name):
             return _new_trap("wasihost: out of fuel")
+        left -= entry.fuel_base
         if not self.gate(entry):
             if entry.denied_result is None:
                 return self._fail(FailureClass.DENIED, f"{entry.qualified_name}: not granted")
             _store_result(entry, args, entry.denied_result)
             return 0
-        values = [
-            args[i].i64 & _U64 if t == "i64" else args[i].i32 & _U32
-            for i, t in enumerate(entry.params)
-        ]
+        mem = self._memory_of(caller)
+        if not mem:
+            return self._fail(FailureClass.PROTOCOL, f"{entry.qualified_name}: no memory")
         call = self.native
-        call._ctx = ctypes.cast(context, ctypes.c_void_p).value or 0
-        call._mem = ctypes.addressof(memory)
+        call._ctx = ctx
+        call._mem = mem
         call.moved = 0
         try:
-            result = bound.handler(call, *values)
+            result = bound.handler(
+                call,
+                *[
+                    args[i].i64 & _U64 if t == "i64" else args[i].i32 & _U32
+                    for i, t in enumerate(entry.params)
+                ],
+            )
         except GuestFault as fault:
             return self._fail(FailureClass.PROTOCOL, f"{entry.qualified_name}: {fault}")
         except GuestDeadline:
@@ -377,7 +426,9 @@ class _HostContext:
         except GuestExit as exit_:
             self.exit_code = exit_.code
             return _new_trap("wasihost: exit")
-        if not self._charge(context, entry.fuel_per_byte * call.moved, entry.qualified_name):
+        if call.moved and not self._pay(
+            ctx, left, entry.fuel_per_byte * call.moved, entry.qualified_name
+        ):
             return _new_trap("wasihost: out of fuel")
         if entry.results:
             _store_result(entry, args, result)
@@ -709,13 +760,13 @@ class Instance:
             env = next(_TARGET_IDS)
             _TARGETS[env] = (self._ctx, i)
             func = ffi.wasmtime_func_t()
-            raw._wasmtime_func_new_unchecked(
-                self._context,
-                engine.func_type(bound.entry).ptr(),
+            _func_new_unchecked(
+                self._ctx_addr,
+                ctypes.cast(engine.func_type(bound.entry).ptr(), ctypes.c_void_p),
                 _trampoline,
                 env,
                 _finalize,
-                byref(func),
+                ctypes.addressof(func),
             )
             externs[i] = ffi.wasmtime_extern_t(
                 ffi.WASMTIME_EXTERN_FUNC, ffi.wasmtime_extern_union(func=func)
@@ -739,7 +790,7 @@ class Instance:
                 raise self._failure(err, trap, instantiating=True)
         self._instance = instance
         self._memory = self._export(b"memory").of.memory
-        self._ctx.memory = self._memory
+        self._ctx.set_memory(self._memory)
         if command_export is not None:
             self._alloc = self._call = self._export(command_export.encode()).of.func
         else:

@@ -189,8 +189,14 @@ class GrantTable:
             return self._put(extension, attrs.evolve(old, epoch=old.epoch + 1))
 
     def authorizes(self, extension: str, epoch: int, capability: str) -> bool:
-        with self._lock:
-            return self._authorizes(self._get(extension), epoch, capability)
+        """The gate of every host call. Lock-free once the extension is loaded (states are
+        immutable and swapped whole); what must not race a revocation goes through
+        :meth:`commit`, which holds the lock."""
+        state = self._states.get(extension)
+        if state is None:
+            with self._lock:
+                state = self._get(extension)
+        return self._authorizes(state, epoch, capability)
 
     @staticmethod
     def _authorizes(state: GrantState, epoch: int, capability: str) -> bool:

@@ -404,6 +404,7 @@ class Extension:
     ) -> None:
         self.host = host
         self.package = package
+        self._id = package.name
         self.plan = plan
         self.grant = grant
         self.resources = resources
@@ -428,14 +429,14 @@ class Extension:
 
     @property
     def id(self) -> str:
-        return self.package.name
+        return self._id
 
     @property
     def manifest(self) -> Manifest | None:
         return self.package.manifest
 
     def _gate(self, entry: HostFunction) -> bool:
-        return self.host.grants.authorizes(self.id, self._call_epoch, entry.capability)
+        return self.host.grants.authorizes(self._id, self._call_epoch, entry.capability)
 
     def _commit(self, capability: str) -> Callable[[Callable[[], bool]], tuple[bool, bool | None]]:
         def commit(action: Callable[[], bool]) -> tuple[bool, bool | None]:
