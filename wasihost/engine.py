@@ -38,7 +38,7 @@ from wasmtime import _ffi as ffi
 
 from .codec import CodecLimits, decode, encode
 from .errors import CallError, CodecError, ConfigError, FailureClass
-from .registry import HostFunction
+from .registry import CORE_CAPABILITY, HostFunction
 from .settings import EngineSettings
 from .status import GuestAbort, GuestDeadline, GuestExit, GuestFault, HostStatus, Status
 
@@ -172,22 +172,36 @@ class NativeCall:
     the engine charges at the entry's per-byte fuel price.
     """
 
-    __slots__ = ("_ctx", "_mem", "deadline", "moved")
+    __slots__ = ("_ctx", "_data", "_mem", "_size", "deadline", "moved")
 
     def __init__(self) -> None:
         self._ctx = 0
         self._mem = 0
+        self._data = 0
+        self._size = -1
         self.moved = 0
         self.deadline = 0.0
 
+    def begin(self, ctx: int, mem: int) -> None:
+        """A new host call. Memory base and size are read lazily, once: no wasm runs during a
+        host call, so the guest cannot grow (move) its memory until the call returns."""
+        self._ctx = ctx
+        self._mem = mem
+        self._size = -1
+        self.moved = 0
+
     def size(self) -> int:
-        return int(_memory_data_size(self._ctx, self._mem))
+        if self._size < 0:
+            self._size = int(_memory_data_size(self._ctx, self._mem))
+            self._data = int(_memory_data(self._ctx, self._mem))
+        return self._size
 
     def _base(self, ptr: int, length: int) -> int:
-        if ptr < 0 or length < 0 or ptr + length > _memory_data_size(self._ctx, self._mem):
+        size = self._size if self._size >= 0 else self.size()
+        if ptr < 0 or length < 0 or ptr + length > size:
             raise GuestFault(f"[{ptr}, +{length}) outside guest memory")
         self.moved += length
-        return int(_memory_data(self._ctx, self._mem)) + ptr
+        return self._data + ptr
 
     def read(self, ptr: int, length: int) -> bytes:
         return ctypes.string_at(self._base(ptr, length), length) if length else b""
@@ -251,7 +265,6 @@ class _HostContext:
 
     def __init__(self, imports: Sequence[BoundImport], gate: Gate) -> None:
         self.imports = tuple(imports)
-        self.native_flags = tuple(b.entry.convention == "native" for b in imports)
         self.codec_limits = tuple(
             CodecLimits(max_bytes=max(1, b.entry.max_request_bytes)) for b in imports
         )
@@ -267,6 +280,10 @@ class _HostContext:
         self._fuel = ctypes.c_uint64(0)
         self._fuel_addr = ctypes.addressof(self._fuel)
         self._extern = ffi.wasmtime_extern_t()
+        self.native_dispatch = tuple(
+            self._native_dispatch(i) if b.entry.convention == "native" else None
+            for i, b in enumerate(self.imports)
+        )
 
     def set_memory(self, memory: Any) -> None:
         self.memory = memory
@@ -284,12 +301,13 @@ class _HostContext:
         _get_fuel(ctx, self._fuel_addr)  # fuel is always on in this adapter's engines
         return int(self._fuel.value)
 
-    def _pay(self, ctx: int, left: int, amount: int, name: str) -> bool:
+    def _pay(self, ctx: int, left: int, amount: int, entry: HostFunction) -> bool:
         """Take ``amount`` from ``left`` (the store's fuel, read by the caller)."""
         if left < amount:
             _set_fuel(ctx, 0)
             self.failure = CallError(
-                FailureClass.OUT_OF_FUEL, f"fuel ran out paying for host call {name}"
+                FailureClass.OUT_OF_FUEL,
+                f"fuel ran out paying for host call {entry.qualified_name}",
             )
             return False
         _set_fuel(ctx, left - amount)
@@ -307,8 +325,9 @@ class _HostContext:
 
     def host_call(self, index: int, caller: int, args: Any) -> int:
         try:
-            if self.native_flags[index]:
-                return self._native_call(index, caller, args)
+            native = self.native_dispatch[index]
+            if native is not None:
+                return native(caller, args)
             return self._cbor_call(index, caller, args)
         except BaseException as exc:
             if not isinstance(exc, Exception):
@@ -346,7 +365,7 @@ class _HostContext:
             return self._fail(FailureClass.PROTOCOL, f"{name}: request and response overlap")
         left = self._fuel_left(ctx)
         price = entry.fuel_price(req_len)
-        if not self._pay(ctx, left, price, name):
+        if not self._pay(ctx, left, price, entry):
             return _new_trap("wasihost: out of fuel")
         left -= price
         if not self.gate(entry):
@@ -383,7 +402,7 @@ class _HostContext:
             args[0].i32 = -Status.BUFFER_TOO_SMALL
             return 0
         # No wasm ran during the handler, so the fuel left is what we set above.
-        if not self._pay(ctx, left, entry.fuel_per_byte * len(body), name):
+        if not self._pay(ctx, left, entry.fuel_per_byte * len(body), entry):
             return _new_trap("wasihost: out of fuel")
         # The handler cannot grow guest memory, but re-read the base anyway: it is one C call
         # and makes the write independent of what the handler did.
@@ -391,48 +410,83 @@ class _HostContext:
         args[0].i32 = len(body)
         return 0
 
-    def _native_call(self, index: int, caller: int, args: Any) -> int:
+    def _native_dispatch(self, index: int) -> Callable[[int, Any], int]:
+        """One closure per native import with everything it needs bound in advance: this is
+        the path a WASI program takes for every line it prints, so each lookup counts."""
         bound = self.imports[index]
         entry = bound.entry
-        ctx = _caller_context(caller)
-        left = self._fuel_left(ctx)
-        if not self._pay(ctx, left, entry.fuel_base, entry.qualified_name):
-            return _new_trap("wasihost: out of fuel")
-        left -= entry.fuel_base
-        if not self.gate(entry):
-            if entry.denied_result is None:
-                return self._fail(FailureClass.DENIED, f"{entry.qualified_name}: not granted")
-            _store_result(entry, args, entry.denied_result)
-            return 0
-        mem = self._memory_of(caller)
-        if not mem:
-            return self._fail(FailureClass.PROTOCOL, f"{entry.qualified_name}: no memory")
+        handler = bound.handler
+        base_price = entry.fuel_base
+        per_byte = entry.fuel_per_byte
+        # `core` is granted to everyone, always: no need to ask the gate.
+        gated = entry.capability != CORE_CAPABILITY
+        gate = self.gate
         call = self.native
-        call._ctx = ctx
-        call._mem = mem
-        call.moved = 0
-        try:
-            result = bound.handler(
-                call,
-                *[
-                    args[i].i64 & _U64 if t == "i64" else args[i].i32 & _U32
-                    for i, t in enumerate(entry.params)
-                ],
-            )
-        except GuestFault as fault:
-            return self._fail(FailureClass.PROTOCOL, f"{entry.qualified_name}: {fault}")
-        except GuestDeadline:
-            return self._fail(FailureClass.DEADLINE, f"{entry.qualified_name}: deadline reached")
-        except GuestExit as exit_:
-            self.exit_code = exit_.code
-            return _new_trap("wasihost: exit")
-        if call.moved and not self._pay(
-            ctx, left, entry.fuel_per_byte * call.moved, entry.qualified_name
-        ):
-            return _new_trap("wasihost: out of fuel")
-        if entry.results:
-            _store_result(entry, args, result)
-        return 0
+        fuel = self._fuel
+        fuel_addr = self._fuel_addr
+        nparams = len(entry.params)
+        wide = tuple(t == "i64" for t in entry.params)
+        all_narrow = not any(wide)
+        result_kind = entry.results[0] if entry.results else None
+
+        def dispatch(caller: int, args: Any) -> int:
+            ctx = _caller_context(caller)
+            _get_fuel(ctx, fuel_addr)
+            left = fuel.value
+            if left < base_price:
+                return self._out_of_fuel(ctx, entry)
+            left -= base_price
+            _set_fuel(ctx, left)
+            if gated and not gate(entry):
+                if entry.denied_result is None:
+                    return self._fail(FailureClass.DENIED, f"{entry.qualified_name}: not granted")
+                _store_result(entry, args, entry.denied_result)
+                return 0
+            mem = self.mem_addr or self._memory_of(caller)
+            if not mem:
+                return self._fail(FailureClass.PROTOCOL, f"{entry.qualified_name}: no memory")
+            call.begin(ctx, mem)
+            try:
+                if all_narrow:
+                    result = handler(call, *[args[i].i32 & _U32 for i in range(nparams)])
+                else:
+                    result = handler(
+                        call,
+                        *[
+                            args[i].i64 & _U64 if w else args[i].i32 & _U32
+                            for i, w in enumerate(wide)
+                        ],
+                    )
+            except GuestFault as fault:
+                return self._fail(FailureClass.PROTOCOL, f"{entry.qualified_name}: {fault}")
+            except GuestDeadline:
+                return self._fail(
+                    FailureClass.DEADLINE, f"{entry.qualified_name}: deadline reached"
+                )
+            except GuestExit as exit_:
+                self.exit_code = exit_.code
+                return _new_trap("wasihost: exit")
+            moved = call.moved
+            if moved:
+                # No wasm ran during the handler: the fuel left is what was set above.
+                if left < per_byte * moved:
+                    return self._out_of_fuel(ctx, entry)
+                _set_fuel(ctx, left - per_byte * moved)
+            if result_kind == "i32":
+                v32 = int(result) & _U32
+                args[0].i32 = v32 - (1 << 32) if v32 >= 1 << 31 else v32
+            elif result_kind is not None:
+                _store_result(entry, args, result)
+            return 0
+
+        return dispatch
+
+    def _out_of_fuel(self, ctx: int, entry: HostFunction) -> int:
+        _set_fuel(ctx, 0)
+        self.failure = CallError(
+            FailureClass.OUT_OF_FUEL, f"fuel ran out paying for host call {entry.qualified_name}"
+        )
+        return _new_trap("wasihost: out of fuel")
 
 
 def _store_result(entry: HostFunction, args: Any, value: Any) -> None:

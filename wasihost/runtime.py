@@ -595,7 +595,10 @@ class Extension:
         manifest = self.manifest
         requested = (manifest.required | manifest.optional) if manifest is not None else granted
         capabilities = granted & requested & self.host.policy.allow
-        if capabilities <= self.grant.capabilities:
+        # Profile brokers (WASI) shape per-instance state from the grant at start (preopened
+        # mounts, stdio routing), so for them any change means a fresh instance.
+        stateful_brokers = any(e.convention == "native" for e in self.plan.imports)
+        if capabilities <= self.grant.capabilities and not stateful_brokers:
             self.grant = Grant(capabilities, epoch)
             self.record_step("load active grants", f"downgraded in place, epoch {epoch}")
             return
