@@ -80,10 +80,17 @@ def test_missing_marker_and_bad_markers() -> None:
     assert "2 'wasihost_abi' sections" in _problems(build(twice))
 
 
-def test_plain_wasi_module_gets_a_hint() -> None:
+def test_plain_wasi_command_is_admitted_under_the_profile() -> None:
     wat = """(module (import "wasi_snapshot_preview1" "proc_exit" (func (param i32)))
       (memory (export "memory") 1) (func (export "_start")))"""
-    assert "WASI profile" in _problems(build(wat))
+    plan = _admit(build(wat))
+    assert plan.is_command and plan.view.label == "the wasi profile"  # type: ignore[attr-defined]
+
+
+def test_wasi_module_without_start_gets_a_hint() -> None:
+    wat = """(module (import "wasi_snapshot_preview1" "proc_exit" (func (param i32)))
+      (memory (export "memory") 1) (func (export "main")))"""
+    assert "not a plain WASI command" in _problems(build(wat))
 
 
 def test_huge_declared_memory_and_table_are_refused_before_compile() -> None:

@@ -57,7 +57,8 @@ def declared_version(header: ModuleHeader) -> AbiVersion:
     if not markers:
         wasi_only = header.imports and all(i.module == WASI_MODULE for i in header.imports)
         hint = (
-            " (a plain WASI command module needs the WASI profile, which this host does not serve)"
+            " and is not a plain WASI command (those import only wasi_snapshot_preview1 and "
+            "export _start, and need a host serving the WASI profile)"
             if wasi_only
             else ""
         )

@@ -340,8 +340,11 @@ SHIPPED_MAJORS = (1,)
 
 
 def default_registry() -> Registry:
-    """A registry serving every ABI major this release ships."""
+    """A registry serving every ABI major this release ships, and the WASI preview1 profile."""
+    from .wasi.registry import PROFILE as WASI_PROFILE  # the profile builds on this module
+
     registry = Registry()
     for major in SHIPPED_MAJORS:
         registry.add_major(major_from_json(load_major_json(major)))
+    registry.add_profile(WASI_PROFILE)
     return registry

@@ -43,6 +43,8 @@ from .registry import AbiVersion, HostFunction, Profile, Registry, default_regis
 from .settings import EngineSettings
 from .state import InstalledPackage, StateStore
 from .tokens import TokenIssuer
+from .wasi.binding import wasi_profile
+from .wasi.registry import MODULE as WASI_MODULE
 from .wasmbin import WasmFormatError, read_header
 
 RESERVED_PREFIX = "wasihost."
@@ -104,8 +106,16 @@ class Host:
         self.registry = registry if registry is not None else default_registry()
         self.profile_factories: dict[str, ProfileFactory] = {}
         for profile, factory in profiles:
-            self.registry.add_profile(profile)
+            if self.registry.profile_for_module(profile.module) is None:
+                self.registry.add_profile(profile)
             self.profile_factories[profile.module] = factory
+        if (
+            self.registry.profile_for_module(WASI_MODULE)
+            and WASI_MODULE not in self.profile_factories
+        ):
+            # WASI is served by default with nothing configured: no mounts, no args or env,
+            # stdio to the extension log; what a guest may use still depends on its grant.
+            self.profile_factories[WASI_MODULE] = wasi_profile()[1]
         directory = default_cache_dir() if cache_dir is _DEFAULT else cache_dir
         if directory is not None and not isinstance(directory, Path):
             directory = Path(str(directory))
@@ -247,8 +257,11 @@ class Host:
             ("load manifest", package.manifest.id if package.manifest else "bare module"),
             ("resolve ABI compatibility", plan.view.label),
             ("load active grants", ", ".join(sorted(grant.capabilities)) or "none"),
-            ("apply resource policy", f"fuel {resources.fuel_per_call}, "
-             f"{resources.timeout_ms} ms, {resources.max_memory_bytes} B"),
+            (
+                "apply resource policy",
+                f"fuel {resources.fuel_per_call}, "
+                f"{resources.timeout_ms} ms, {resources.max_memory_bytes} B",
+            ),
         ]
         try:
             compiled = self.engine.compile(package.wasm, package.sha256)
