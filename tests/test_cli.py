@@ -190,3 +190,13 @@ def test_state_commands_end_to_end(capsys: pytest.CaptureFixture[str], tmp_path:
     assert "no extensions" in out
     code, _, err = run_cli(capsys, "grants", "grant", ext, "teleport", *state)
     assert code == 1 and "unknown capability 'teleport'" in err
+
+
+def test_run_points_plain_wasi_commands_to_the_wasi_subcommand(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    module = FIXTURES / "wasi-std" / "wasi-std.wasm"
+    code, _, err = run_cli(capsys, "run", str(module), "main", "--no-cache")
+    assert code == 2 and "run it with `wasihost wasi" in err
+    code, out, _ = run_cli(capsys, "wasi", "--no-cache", str(module))
+    assert code == 0 and "hello from rust std" in out

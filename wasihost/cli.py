@@ -177,6 +177,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
             ext = host.load_installed(args.source, fuel=args.fuel, timeout_ms=args.timeout_ms)
         else:
             ext = host.admit(package, grants=args.grant, fuel=args.fuel, timeout_ms=args.timeout_ms)
+        if ext.plan.is_command:
+            raise UsageError(
+                f"{args.source} is a plain WASI command with no commands to call: "
+                f"run it with `wasihost wasi {args.source}`"
+            )
         try:
             output = ext.call(args.command, value)
         finally:
