@@ -142,3 +142,21 @@ def test_command_modules_have_no_commands(host: Host) -> None:
     ext = host.admit(bare(command("")), grants=["toy.core"])
     with pytest.raises(Exception, match="plain command module"):
         ext.call("run")
+
+
+def test_native_calls_are_charged_base_plus_bytes(host: Host) -> None:
+    call = "(drop (call $sum (i32.const 1) (i32.const 2) (i32.const 64)))"
+    with_call = host.admit(bare(command(call * 10)), grants=["toy.math", "toy.core"])
+    without = host.admit(bare(command("(nop)" * 10)), grants=["toy.math", "toy.core"])
+    with_call.run_command()
+    without.run_command()
+    # 10 calls x (100 base + 4 bytes written x 1 per byte), beyond the wasm instructions
+    assert with_call.last_fuel_used - without.last_fuel_used >= 10 * 104
+
+
+def test_native_calls_run_out_of_fuel(host: Host) -> None:
+    loop = "(loop $l (drop (call $sum (i32.const 1) (i32.const 2) (i32.const 64))) (br $l))"
+    ext = host.admit(bare(command(loop)), grants=["toy.math", "toy.core"], fuel=50_000)
+    with pytest.raises(CallError) as info:
+        ext.run_command()
+    assert info.value.failure is FailureClass.OUT_OF_FUEL

@@ -204,13 +204,21 @@ class NativeCall:
         return self._data + ptr
 
     def read(self, ptr: int, length: int) -> bytes:
-        return ctypes.string_at(self._base(ptr, length), length) if length else b""
+        # _base inlined: reads and writes are the bulk of a WASI call's own work.
+        size = self._size if self._size >= 0 else self.size()
+        if ptr < 0 or length < 0 or ptr + length > size:
+            raise GuestFault(f"[{ptr}, +{length}) outside guest memory")
+        self.moved += length
+        return ctypes.string_at(self._data + ptr, length) if length else b""
 
     def write(self, ptr: int, data: bytes) -> None:
-        if data:
-            ctypes.memmove(self._base(ptr, len(data)), data, len(data))
-        else:
-            self._base(ptr, 0)
+        size = self._size if self._size >= 0 else self.size()
+        length = len(data)
+        if ptr < 0 or ptr + length > size:
+            raise GuestFault(f"[{ptr}, +{length}) outside guest memory")
+        self.moved += length
+        if length:
+            ctypes.memmove(self._data + ptr, data, length)
 
     def read_u32(self, ptr: int) -> int:
         return int.from_bytes(self.read(ptr, 4), "little")
@@ -280,10 +288,24 @@ class _HostContext:
         self._fuel = ctypes.c_uint64(0)
         self._fuel_addr = ctypes.addressof(self._fuel)
         self._extern = ffi.wasmtime_extern_t()
+        self.expected_ctx = 0  # the owning store's context address, set by the Instance
+        self.store_ctx = 0  # nonzero once the caller's context was seen to equal it
+        self._context_checked = False
         self.native_dispatch = tuple(
             self._native_dispatch(i) if b.entry.convention == "native" else None
             for i, b in enumerate(self.imports)
         )
+
+    def _verified_context(self, caller: int) -> int:
+        """The caller's store context. wasmtime hands out the store's own context pointer,
+        so after checking that once the hot path reuses the store's address instead of asking
+        again on every call; if they ever differ, the shortcut stays off."""
+        ctx = int(_caller_context(caller))
+        if not self._context_checked:
+            self._context_checked = True
+            if ctx == self.expected_ctx:
+                self.store_ctx = ctx
+        return ctx
 
     def set_memory(self, memory: Any) -> None:
         self.memory = memory
@@ -430,20 +452,23 @@ class _HostContext:
         result_kind = entry.results[0] if entry.results else None
 
         def dispatch(caller: int, args: Any) -> int:
-            ctx = _caller_context(caller)
+            ctx = self.store_ctx or self._verified_context(caller)
             _get_fuel(ctx, fuel_addr)
             left = fuel.value
             if left < base_price:
                 return self._out_of_fuel(ctx, entry)
+            # The price is set once, after the handler: no wasm runs in between, so nothing
+            # else can spend this fuel, and the base price was checked before any work.
             left -= base_price
-            _set_fuel(ctx, left)
             if gated and not gate(entry):
+                _set_fuel(ctx, left)
                 if entry.denied_result is None:
                     return self._fail(FailureClass.DENIED, f"{entry.qualified_name}: not granted")
                 _store_result(entry, args, entry.denied_result)
                 return 0
             mem = self.mem_addr or self._memory_of(caller)
             if not mem:
+                _set_fuel(ctx, left)
                 return self._fail(FailureClass.PROTOCOL, f"{entry.qualified_name}: no memory")
             call.begin(ctx, mem)
             try:
@@ -458,20 +483,24 @@ class _HostContext:
                         ],
                     )
             except GuestFault as fault:
+                _set_fuel(ctx, left)
                 return self._fail(FailureClass.PROTOCOL, f"{entry.qualified_name}: {fault}")
             except GuestDeadline:
+                _set_fuel(ctx, left)
                 return self._fail(
                     FailureClass.DEADLINE, f"{entry.qualified_name}: deadline reached"
                 )
             except GuestExit as exit_:
+                _set_fuel(ctx, left)
                 self.exit_code = exit_.code
                 return _new_trap("wasihost: exit")
-            moved = call.moved
-            if moved:
-                # No wasm ran during the handler: the fuel left is what was set above.
-                if left < per_byte * moved:
-                    return self._out_of_fuel(ctx, entry)
-                _set_fuel(ctx, left - per_byte * moved)
+            except BaseException:
+                _set_fuel(ctx, left)
+                raise
+            cost = per_byte * call.moved
+            if left < cost:
+                return self._out_of_fuel(ctx, entry)
+            _set_fuel(ctx, left - cost)
             if result_kind == "i32":
                 v32 = int(result) & _U32
                 args[0].i32 = v32 - (1 << 32) if v32 >= 1 << 31 else v32
@@ -800,6 +829,7 @@ class Instance:
         self._context = self._store._context()
         self._ctx_addr = ctypes.cast(self._context, ctypes.c_void_p).value
         self._ctx = _HostContext(imports, gate)
+        self._ctx.expected_ctx = self._ctx_addr or 0
         self._has_native = any(b.entry.convention == "native" for b in imports)
         self.closed = False
         self.fuel_used = 0
