@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cbor2
 import pytest
 from conftest import FIXTURES
-from guests import build, guest_wat
+from guests import build, escape, guest_wat
 
 from wasihost.cli import main
 
@@ -52,7 +53,10 @@ def test_json_envelope_reports_fuel_and_logs(capsys: pytest.CaptureFixture[str])
             ["run", "FIX/hello", "greet", "--input", "{nope"],
             "error: usage: --input is not valid JSON",
         ),
-        (["run", "FIX/hello", "greet", "--fuel", "0"], "error: config: fuel_per_call must be an int in 1..10000000000, got 0"),
+        (
+            ["run", "FIX/hello", "greet", "--fuel", "0"],
+            "error: config: fuel_per_call must be an int in 1..10000000000, got 0",
+        ),
         (["run", "FIX/hello", "greet", "--timeout-ms", "abc"], "error: usage:"),
         (
             ["run", "FIX/hello", "wasihost.hello"],
@@ -200,3 +204,22 @@ def test_run_points_plain_wasi_commands_to_the_wasi_subcommand(
     assert code == 2 and "run it with `wasihost wasi" in err
     code, out, _ = run_cli(capsys, "wasi", "--no-cache", str(module))
     assert code == 0 and "hello from rust std" in out
+
+
+def test_guest_text_cannot_drive_the_terminal(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A guest's error text with escape sequences is printed inert, on one line."""
+    body = b"\x01\x00\x00\x00" + cbor2.dumps(
+        {"class": "evil", "message": "\x1b[2J\x1b]0;pwned\x07\nfake: line"}
+    )
+    wat = guest_wat(
+        f"(call $packed (i32.const 9000) (i32.const {len(body)}))",
+        extra=f'(data (i32.const 9000) "{escape(body)}")',
+    )
+    path = tmp_path / "evil.wasm"
+    path.write_bytes(build(wat))
+    code, _, err = run_cli(capsys, "run", str(path), "run", "--no-cache")
+    assert code == 1
+    assert "\x1b" not in err and "\x07" not in err
+    assert err.count("\n") == 1 and "\\x1b[2J" in err

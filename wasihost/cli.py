@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,16 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+
+# C0 and C1 controls and DEL: a guest's log line, trap message (wasm function names come from
+# the module) or error text could otherwise move the cursor or rewrite the operator's terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on one terminal line: controls shown as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def to_json_value(value: Any) -> Any:
@@ -188,7 +199,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             records = ext.log.drain()
             if not args.json:
                 for r in records:
-                    print(f"[{ext.id}] {r.level.name.lower()}: {r.message}", file=sys.stderr)
+                    print(
+                        f"[{ext.id}] {r.level.name.lower()}: {printable(r.message)}",
+                        file=sys.stderr,
+                    )
         if args.json:
             doc = {
                 "output": to_json_value(output),
@@ -213,7 +227,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(render_text(report))
+        print("\n".join(printable(line) for line in render_text(report).splitlines()))
     return 0 if report["admission"]["admitted"] else EXIT_FAILURE
 
 
@@ -332,7 +346,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 f"{rem['journal_events']} journal events"
             )
             for line in r["recent"]:
-                print(f"  recent: {line}")
+                print(f"  recent: {printable(line)}")
             print(f"  to remove everything: {r['remove']}")
     return 0
 
@@ -383,16 +397,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         }[args.cmd]
         return handler(args)
     except UsageError as exc:
-        print(f"error: usage: {exc}", file=sys.stderr)
+        print(f"error: usage: {printable(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except WasihostError as exc:
-        print(f"error: {exc.error_class}: {exc.message}", file=sys.stderr)
+        print(f"error: {exc.error_class}: {printable(exc.message)}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:
-        print(f"error: internal: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"error: internal: {type(exc).__name__}: {printable(str(exc))}", file=sys.stderr)
         return EXIT_INTERNAL
 
 

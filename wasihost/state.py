@@ -135,6 +135,7 @@ class StateStore:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True, mode=0o700)
         for name, data in files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)  # a module in a subfolder
             (tmp / name).write_bytes(data)
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
