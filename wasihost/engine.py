@@ -196,15 +196,8 @@ class NativeCall:
             self._data = int(_memory_data(self._ctx, self._mem))
         return self._size
 
-    def _base(self, ptr: int, length: int) -> int:
-        size = self._size if self._size >= 0 else self.size()
-        if ptr < 0 or length < 0 or ptr + length > size:
-            raise GuestFault(f"[{ptr}, +{length}) outside guest memory")
-        self.moved += length
-        return self._data + ptr
-
     def read(self, ptr: int, length: int) -> bytes:
-        # _base inlined: reads and writes are the bulk of a WASI call's own work.
+        # Bounds check inlined: reads and writes are the bulk of a WASI call's own work.
         size = self._size if self._size >= 0 else self.size()
         if ptr < 0 or length < 0 or ptr + length > size:
             raise GuestFault(f"[{ptr}, +{length}) outside guest memory")
