@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import shutil
@@ -35,14 +36,27 @@ def bare(wasm: bytes, name: str = "guest.wasm") -> Package:
     return Package(name, None, wasm, hashlib.sha256(wasm).hexdigest())
 
 
-def toolchain_present() -> bool:
-    """Debian's Rust with the wasm32 standard library (the fixture and SDK toolchain)."""
+def rust_toolchain_present() -> bool:
+    """Debian's Rust with the wasm32 standard libraries (the SDK and its fixtures)."""
     if not (Path("/usr/bin/cargo").exists() and shutil.which("bash")):
         return False
-    probe = subprocess.run(
-        ["/usr/bin/rustc", "--print", "target-libdir", "--target", "wasm32-unknown-unknown"],
-        capture_output=True,
-        text=True,
-        check=False,
+    for target in ("wasm32-unknown-unknown", "wasm32-wasi"):
+        probe = subprocess.run(
+            ["/usr/bin/rustc", "--print", "target-libdir", "--target", target],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if probe.returncode != 0 or not Path(probe.stdout.strip()).is_dir():
+            return False
+    return True
+
+
+def toolchain_present() -> bool:
+    """Everything fixtures/build needs: Rust as above, and clang with wasi-libc."""
+    return (
+        rust_toolchain_present()
+        and Path("/usr/bin/clang").exists()
+        and Path("/usr/include/wasm32-wasi/stdio.h").exists()  # wasi-libc
+        and bool(glob.glob("/usr/lib/llvm-*/lib/clang/*/lib/wasi/libclang_rt.builtins-wasm32.a"))
     )
-    return probe.returncode == 0 and Path(probe.stdout.strip()).is_dir()

@@ -8,7 +8,7 @@ import subprocess
 from typing import Any
 
 import pytest
-from conftest import ALL_CAPS, FIXTURES, ROOT, toolchain_present
+from conftest import ALL_CAPS, FIXTURES, ROOT, rust_toolchain_present, toolchain_present
 
 from wasihost.admission import declared_version
 from wasihost.errors import AdmissionError, CallError, FailureClass
@@ -184,8 +184,11 @@ def test_host_keeps_serving_after_every_hostile_fixture(host: Host) -> None:
 
 
 @pytest.mark.toolchain
-@pytest.mark.skipif(not toolchain_present(), reason="Debian Rust wasm toolchain not installed")
+@pytest.mark.skipif(
+    not toolchain_present(), reason="fixture toolchains (Rust, clang, wasi-libc) absent"
+)
 def test_committed_wasm_matches_a_fresh_build() -> None:
+    """fixtures/build --check rebuilds every fixture (SDK guests and WASI commands)."""
     proc = subprocess.run(
         [str(FIXTURES / "build"), "--check"],
         capture_output=True,
@@ -197,7 +200,7 @@ def test_committed_wasm_matches_a_fresh_build() -> None:
 
 
 @pytest.mark.toolchain
-@pytest.mark.skipif(not toolchain_present(), reason="Debian Rust wasm toolchain not installed")
+@pytest.mark.skipif(not rust_toolchain_present(), reason="Debian Rust wasm toolchain absent")
 def test_guest_sdk_unit_tests_and_vectors_pass() -> None:
     """The SDK's own tests: its CBOR against abi/vectors, its constants against the registry."""
     proc = subprocess.run(
