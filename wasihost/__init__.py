@@ -24,7 +24,7 @@ __all__ = [
 
 _LAZY = {
     "Host": "wasihost.runtime",
-    "Extension": "wasihost.runtime",
+    "Extension": "wasihost.extension",
     "Policy": "wasihost.policy",
     "EngineSettings": "wasihost.settings",
     "WasihostError": "wasihost.errors",
@@ -35,8 +35,9 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from .errors import AdmissionError, CallError, FailureClass, WasihostError
+    from .extension import Extension
     from .policy import Policy
-    from .runtime import Extension, Host
+    from .runtime import Host
     from .settings import EngineSettings
 
 

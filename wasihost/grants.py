@@ -121,9 +121,7 @@ class GrantTable:
         with self._lock:
             return self._get(extension).epoch
 
-    def grant(
-        self, extension: str, capability: str, scope: Mapping[str, Any] | None = None
-    ) -> int:
+    def grant(self, extension: str, capability: str, scope: Mapping[str, Any] | None = None) -> int:
         """Grant (or re-scope) ``capability``; returns the new epoch."""
         if capability == CORE_CAPABILITY:
             raise ConfigError("'core' is implicit and cannot be granted or revoked")

@@ -13,9 +13,9 @@ from typing import Any
 from .admission import declared_version
 from .errors import AdmissionError, WasihostError
 from .package import Package
+from .planning import plan_package
 from .policy import Policy
 from .registry import Registry
-from .runtime import plan_package
 from .wasmbin import WasmFormatError, read_header
 
 

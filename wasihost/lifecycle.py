@@ -115,9 +115,7 @@ class ExtensionUnavailable(WasihostError):
     ask the operator."""
 
     def __init__(self, extension: str, state: State, reason: str | None) -> None:
-        super().__init__(
-            f"{extension} is {state.value}" + (f": {reason}" if reason else "")
-        )
+        super().__init__(f"{extension} is {state.value}" + (f": {reason}" if reason else ""))
         self.state = state
 
     @property

@@ -1,67 +1,43 @@
-"""The embedding API: a :class:`Host` admits packages into :class:`Extension` objects, which
-start (instantiate + handshake) on first use and run commands.
+"""The embedding API: a :class:`Host` admits packages into
+:class:`~wasihost.extension.Extension` objects, which start (instantiate + handshake) on first
+use and run commands.
 
-Data flows one way: package -> admission (pure) -> compile (cached) -> instance -> call ->
-broker. An extension keeps one live instance and discards it after any failure that may have
-corrupted the guest; the next call starts a fresh one.
+Data flows one way: package -> admission (pure, :mod:`wasihost.planning`) -> compile (cached)
+-> instance -> call -> broker. The host owns the engine, the registry, the policy, the grant
+table and (with a state directory) the durable state.
 """
 
 from __future__ import annotations
 
-import collections
 import os
-import secrets
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import attrs
-
-from .admission import AdmissionPlan, admit
-from .brokers.clock import Clock, SystemClock, clock_handler
-from .brokers.core import abort_handler
-from .brokers.log import ExtensionLog, LogRecord, log_handler
-from .brokers.random import SeededRandom, random_handler
-from .codec import CodecLimits, decode, encode
-from .engine import BoundImport, CompiledModule, Instance, StoreLimits, WasmEngine
+from .admission import AdmissionPlan
+from .brokers.clock import Clock, SystemClock
+from .engine import WasmEngine
 from .errors import (
     AdmissionError,
     CallError,
-    CodecError,
     ConfigError,
-    FailureClass,
     PackageError,
     WasihostError,
 )
-from .grants import GrantState, GrantTable
-from .lifecycle import Event, ExtensionRevoked, ExtensionUnavailable, Lifecycle, State
-from .manifest import Manifest, Resources
+from .extension import Extension, ProfileBinding, ProfileFactory
+from .grants import GrantTable
+from .lifecycle import ExtensionRevoked, State
+from .manifest import Resources
 from .package import MANIFEST_NAME, Package, load_package, manifest_text
-from .policy import Grant, Policy, effective_grant
-from .registry import AbiVersion, HostFunction, Profile, Registry, default_registry
+from .planning import plan_package
+from .policy import Grant, Policy
+from .registry import Profile, Registry, default_registry
 from .settings import EngineSettings
 from .state import InstalledPackage, StateStore
 from .tokens import TokenIssuer
 from .wasi.binding import wasi_profile
 from .wasi.registry import MODULE as WASI_MODULE
-from .wasmbin import WasmFormatError, read_header
-
-RESERVED_PREFIX = "wasihost."
-# A command name crosses into the guest on every call; the ABI bounds it at 255 bytes.
-MAX_COMMAND_NAME_BYTES = 255
-# Handshake answers are a few short fields; anything bigger is a confused or hostile guest.
-MAX_HANDSHAKE_BYTES = 4096
-# A guest's error map is for a human: class and message, bounded.
-MAX_GUEST_ERROR_BYTES = 2048
-MAX_GUEST_ERROR_TEXT = 512
-RUNTIME_ID_BYTES = 16
-# Validated command names are cached; a bound keeps an embedder looping over made-up names
-# from growing the cache.
-MAX_CACHED_COMMAND_NAMES = 256
-# Start-up and admission steps kept per extension for inspection; older ones fall off.
-MAX_STEPS = 100
-READINESS = ("ready", "degraded", "failed")
 
 
 def default_cache_dir() -> Path:
@@ -70,21 +46,6 @@ def default_cache_dir() -> Path:
 
 
 _DEFAULT = object()
-
-
-class ProfileBinding(Protocol):
-    """The brokers of one profile (e.g. WASI) for one instance of one extension.
-
-    Made fresh for every instance, because profile state (open file descriptors, for WASI)
-    belongs to the instance and must not survive a discarded one.
-    """
-
-    def handler(self, entry: HostFunction) -> Callable[..., Any]: ...
-
-    def close(self) -> None: ...
-
-
-ProfileFactory = Callable[["Extension"], ProfileBinding]
 
 
 class Host:
@@ -315,508 +276,11 @@ class Host:
         return epoch
 
 
-def plan_package(
-    package: Package,
-    registry: Registry,
-    policy: Policy,
-    *,
-    grants: Iterable[str] | None = None,
-    fuel: int | None = None,
-    timeout_ms: int | None = None,
-    granted: frozenset[str] | None = None,
-    epoch: int = 0,
-) -> tuple[AdmissionPlan, Grant, Resources]:
-    """Resources, effective grant and static admission of a package; pure, nothing runs.
-
-    ``granted`` is what the operator's grant table holds for the extension (a stateful host);
-    the policy then only caps it. Without it, the policy alone decides (a stateless host).
-    """
-    manifest = package.manifest
-    resources = _with_overrides(
-        manifest.resources if manifest is not None else Resources.default(), fuel, timeout_ms
-    )
-    try:
-        header = read_header(package.wasm)
-    except WasmFormatError as exc:
-        raise AdmissionError([f"not a valid module: {exc}"]) from None
-    if granted is not None:
-        required = manifest.required if manifest is not None else frozenset()
-        requested = (manifest.required | manifest.optional) if manifest is not None else granted
-        missing = sorted(required - granted)
-        if missing:
-            raise AdmissionError(
-                [
-                    f"required capability {c!r} is not granted "
-                    f"(wasihost grants grant {package.name} {c})"
-                    for c in missing
-                ]
-            )
-        grant = effective_grant(required, requested & granted, policy, epoch=epoch)
-    elif manifest is not None:
-        grant = effective_grant(manifest.required, manifest.optional, policy)
-        extra = sorted(set(grants or ()) - grant.capabilities)
-        if extra:
-            raise AdmissionError([f"grant {c!r} was not requested by the manifest" for c in extra])
-    else:
-        requested = frozenset(grants or ())
-        unknown = sorted(requested - registry.capabilities())
-        if unknown:
-            raise AdmissionError([f"unknown capability {c!r}" for c in unknown])
-        grant = effective_grant(requested, (), policy)
-    plan = admit(
-        header,
-        registry,
-        grant,
-        max_memory_bytes=resources.max_memory_bytes,
-        max_table_elements=resources.max_table_elements,
-        manifest_abi=_manifest_abi(manifest),
-    )
-    return plan, grant, resources
-
-
-def _manifest_abi(manifest: Manifest | None) -> AbiVersion | None:
-    return AbiVersion.parse(manifest.abi) if manifest is not None else None
-
-
-def _with_overrides(resources: Resources, fuel: int | None, timeout_ms: int | None) -> Resources:
-    """The caller's overrides; Resources' own validators refuse out-of-range values."""
-    changes = {
-        name: value
-        for name, value in (("fuel_per_call", fuel), ("timeout_ms", timeout_ms))
-        if value is not None
-    }
-    return attrs.evolve(resources, **changes) if changes else resources
-
-
-@attrs.frozen
-class Handshake:
-    """What the guest said at start-up and what the host answered."""
-
-    runtime_id: bytes
-    guest_id: str
-    guest_version: str
-    abi: str
-    requested: tuple[str, ...]
-    granted: tuple[str, ...]
-    epoch: int
-    readiness: str
-    reason: str | None
-
-
-class Extension:
-    """An admitted extension: its grant, its log, and (once started) one live instance."""
-
-    def __init__(
-        self,
-        host: Host,
-        package: Package,
-        plan: AdmissionPlan,
-        grant: Grant,
-        resources: Resources,
-        compiled: CompiledModule,
-    ) -> None:
-        self.host = host
-        self.package = package
-        self._id = package.name
-        self.plan = plan
-        self.grant = grant
-        self.resources = resources
-        self._compiled = compiled
-        self.log = ExtensionLog(resources.max_log_bytes)
-        self._input_limits = CodecLimits(max_bytes=resources.max_input_bytes)
-        self._output_limits = CodecLimits(max_bytes=resources.max_output_bytes)
-        self._lock = threading.Lock()
-        self._instance: Instance | None = None
-        self.handshake: Handshake | None = None
-        self.last_fuel_used = 0
-        self.starts = 0
-        self._bindings: dict[str, ProfileBinding] = {}
-        # The epoch the call in flight was authorised under; host calls and commits check it.
-        self._call_epoch = grant.epoch
-        self._seen_grants: GrantState | None = None
-        self._command_names: dict[str, bytes] = {}
-        self.steps: collections.deque[tuple[str, str]] = collections.deque(maxlen=MAX_STEPS)
-        self.lifecycle = Lifecycle(self.id, on_change=self._on_transition)
-        policy = host.policy
-        self._random = SeededRandom(policy.random_seed) if policy.random_seed is not None else None
-
-    @property
-    def id(self) -> str:
-        return self._id
-
-    @property
-    def manifest(self) -> Manifest | None:
-        return self.package.manifest
-
-    def _gate(self, entry: HostFunction) -> bool:
-        return self.host.grants.authorizes(self._id, self._call_epoch, entry.capability)
-
-    def _commit(self, capability: str) -> Callable[[Callable[[], bool]], tuple[bool, bool | None]]:
-        def commit(action: Callable[[], bool]) -> tuple[bool, bool | None]:
-            return self.host.grants.commit(self.id, self._call_epoch, capability, action)
-
-        return commit
-
-    def record_step(self, step: str, detail: str) -> None:
-        """One observable step of admission or start-up (also journaled when durable)."""
-        self.steps.append((step, detail))
-        self.host.journal(self.id, "step", f"{step}: {detail}")
-
-    def _on_transition(self, before: State, event: Event, after: State) -> None:
-        if self.host.state is not None:
-            self.host.state.record_state(self.id, after.value, self.lifecycle.reason)
-            self.host.journal(
-                self.id,
-                "lifecycle",
-                f"{before.value} --{event.value}--> {after.value}"
-                + (f" ({self.lifecycle.reason})" if self.lifecycle.reason else ""),
-            )
-
-    def _handler(self, entry: HostFunction) -> Callable[..., Any]:
-        binding = self._bindings.get(entry.module)
-        if binding is not None:
-            return binding.handler(entry)
-        factories: Mapping[str, Callable[[], Callable[[Any], Any]]] = {
-            "abort": lambda: abort_handler(self.log),
-            "log": lambda: log_handler(self.log, self._commit("log")),
-            "clock_now": lambda: clock_handler(
-                self.host.clock, self.host.policy.clock_resolution_ns
-            ),
-            "random_bytes": lambda: (
-                random_handler(self._random) if self._random is not None else random_handler()
-            ),
-        }
-        factory = factories.get(entry.name) if entry.module.startswith("wasihost_v") else None
-        if factory is None:
-            raise ConfigError(f"registry entry {entry.qualified_name} has no broker in this host")
-        return factory()
-
-    def _store_limits(self) -> StoreLimits:
-        r = self.resources
-        return StoreLimits(
-            max_memory_bytes=r.max_memory_bytes,
-            max_table_elements=r.max_table_elements,
-            fuel=r.fuel_per_call,
-            timeout_ms=r.timeout_ms,
-        )
-
-    def start(self) -> Handshake:
-        """Instantiate and run the handshake now (calls do it lazily)."""
-        with self._lock:
-            self._ensure_started()
-            assert self.handshake is not None
-            return self.handshake
-
-    def _instantiate(self) -> Instance:
-        self._close_bindings()
-        for module in {e.module for e in self.plan.imports}:
-            factory = self.host.profile_factories.get(module)
-            if factory is not None:
-                self._bindings[module] = factory(self)
-        bound = [BoundImport(entry, self._handler(entry)) for entry in self.plan.imports]
-        profile = self.plan.view.profile
-        return self.host.engine.instantiate(
-            self._compiled,
-            bound,
-            self._gate,
-            self._store_limits(),
-            command_export=profile.command_export if self.plan.is_command and profile else None,
-        )
-
-    def _close_bindings(self) -> None:
-        bindings, self._bindings = self._bindings, {}
-        for binding in bindings.values():
-            binding.close()
-
-    def run_command(self) -> int:
-        """Run a plain profile command (a WASI ``_start``) once; return its exit code."""
-        if not self.plan.is_command:
-            raise ConfigError(f"{self.id} is a wasihost ABI guest: call its commands instead")
-        with self._lock:
-            self._check_available()
-            self._call_epoch = self.grant.epoch
-            self._discard()
-            instance = self._instantiate()
-            self.starts += 1
-            try:
-                with instance.lock:
-                    return instance.run_command()
-            finally:
-                self.last_fuel_used = instance.last_call_fuel
-                instance.close()
-                self._close_bindings()
-
-    def _ensure_started(self) -> Instance:
-        if self._instance is not None:
-            return self._instance
-        if self.plan.is_command:
-            raise ConfigError(f"{self.id} is a plain command module: use run_command()")
-        if self.lifecycle.state is State.PROVISIONING:
-            self.lifecycle.fire(Event.START)
-        elif self.lifecycle.state in (State.FAILED, State.STOPPED):
-            self.lifecycle.fire(Event.RESTART)
-        self.record_step("build sandbox", f"{len(self.plan.imports)} imports bound")
-        try:
-            instance = self._instantiate()
-        except CallError as exc:
-            self.lifecycle.try_fire(Event.START_FAILED, f"instantiate: {exc.message}")
-            raise
-        self.starts += 1
-        self.record_step("instantiate", f"start #{self.starts}")
-        self._call_epoch = self.grant.epoch
-        try:
-            self.handshake = self._run_handshake(instance)
-        except BaseException as exc:
-            instance.close()
-            self.lifecycle.try_fire(Event.START_FAILED, f"handshake: {exc}")
-            raise
-        hs = self.handshake
-        self.record_step(
-            "handshake", f"{hs.readiness}, runtime {hs.runtime_id.hex()[:8]}, epoch {hs.epoch}"
-        )
-        self._instance = instance
-        self.lifecycle.fire(Event.READY, hs.reason)
-        return instance
-
-    def _check_available(self) -> None:
-        """Before each call: honour revocations and grant changes, refuse outside Running."""
-        seen = self.host.grants.current(self.id)
-        if (
-            seen is not None
-            and seen is self._seen_grants
-            and self.lifecycle.state in (State.RUNNING, State.PROVISIONING)
-        ):
-            return  # nothing changed since the last call: the common case, kept cheap
-        table = self.host.grants.state(self.id)
-        if table.revoked is not None or self.lifecycle.state is State.REVOKED:
-            self.lifecycle.try_fire(Event.REVOKE, table.revoked)
-            self._discard()
-            raise ExtensionRevoked(
-                f"{self.id} is revoked: {table.revoked or 'reinstated since; load it again'}"
-            )
-        state = self.lifecycle.state
-        if state in (State.PAUSED, State.QUARANTINED, State.STOPPING, State.THROTTLED):
-            raise ExtensionUnavailable(self.id, state, self.lifecycle.reason)
-        if table.epoch != self.grant.epoch:
-            self._regrant(frozenset(table.entries), table.epoch)
-        self._seen_grants = table  # only once fully applied: the fast path trusts it
-
-    def _regrant(self, granted: frozenset[str], epoch: int) -> None:
-        """The grant changed. A downgrade applies in place: imports stay linked and the gate
-        answers DENIED for what was withdrawn. Anything new needs static admission again, so
-        an upgrade re-admits and restarts the instance."""
-        manifest = self.manifest
-        requested = (manifest.required | manifest.optional) if manifest is not None else granted
-        capabilities = granted & requested & self.host.policy.allow
-        # Profile brokers (WASI) shape per-instance state from the grant at start (preopened
-        # mounts, stdio routing), so for them any change means a fresh instance.
-        stateful_brokers = any(e.convention == "native" for e in self.plan.imports)
-        if capabilities <= self.grant.capabilities and not stateful_brokers:
-            self.grant = Grant(capabilities, epoch)
-            self.record_step("load active grants", f"downgraded in place, epoch {epoch}")
-            return
-        plan, grant, _ = plan_package(
-            self.package,
-            self.host.registry,
-            self.host.policy,
-            fuel=self.resources.fuel_per_call,
-            timeout_ms=self.resources.timeout_ms,
-            granted=granted,
-            epoch=epoch,
-        )
-        self.grant = grant
-        self.plan = plan
-        self.record_step("load active grants", f"changed, epoch {epoch}: restarting")
-        self._discard()
-        self.lifecycle.try_fire(Event.STOP)
-        self.lifecycle.try_fire(Event.STOPPED)
-
-    def on_revoked(self, reason: str) -> None:
-        """Called by the host from any thread: stop the call in flight, refuse the next."""
-        self.lifecycle.try_fire(Event.REVOKE, reason)
-        instance = self._instance
-        if instance is not None:
-            instance.interrupt()
-
-    def pause(self, reason: str = "") -> None:
-        self.lifecycle.fire(Event.PAUSE, reason or None)
-
-    def resume(self) -> None:
-        self.lifecycle.fire(Event.RESUME)
-
-    def quarantine(self, reason: str) -> None:
-        with self._lock:
-            self.lifecycle.fire(Event.QUARANTINE, reason)
-            self._discard()
-
-    def stop(self) -> None:
-        with self._lock:
-            if self.lifecycle.try_fire(Event.STOP) is not None:
-                self._discard()
-                self.lifecycle.fire(Event.STOPPED)
-
-    def _reserved(self, instance: Instance, command: str, value: Any) -> Any:
-        try:
-            with instance.lock:
-                result = instance.call(command.encode(), encode(value), MAX_HANDSHAKE_BYTES)
-        except CallError as exc:
-            if exc.failure in (FailureClass.PROTOCOL, FailureClass.GUEST_ERROR):
-                raise CallError(FailureClass.HANDSHAKE, f"{command}: {exc.message}") from None
-            raise
-        if result.status != 0:
-            raise CallError(
-                FailureClass.HANDSHAKE,
-                f"{command}: guest answered status {result.status} "
-                f"({_guest_error_text(result.body)})",
-            )
-        try:
-            return decode(result.body, CodecLimits(max_bytes=MAX_HANDSHAKE_BYTES))
-        except CodecError as exc:
-            raise CallError(FailureClass.HANDSHAKE, f"{command}: {exc.message}") from None
-
-    def _run_handshake(self, instance: Instance) -> Handshake:
-        versions = [str(v) for v in self.host.registry.versions]
-        hello = self._reserved(instance, "wasihost.hello", {"host": "wasihost", "abi": versions})
-        fields = _require_fields(
-            hello, "wasihost.hello", {"id": str, "version": str, "abi": str, "features": list}
-        )
-        features = fields["features"]
-        if not all(isinstance(f, str) for f in features):
-            raise CallError(FailureClass.HANDSHAKE, "wasihost.hello: features must be text")
-        if fields["abi"] != str(self.plan.version):
-            raise CallError(
-                FailureClass.HANDSHAKE,
-                f"wasihost.hello: guest says ABI {fields['abi']!r}, its marker says "
-                f"{self.plan.version}",
-            )
-        manifest = self.manifest
-        if manifest is not None and (fields["id"], fields["version"]) != (
-            manifest.id,
-            manifest.version,
-        ):
-            raise CallError(
-                FailureClass.HANDSHAKE,
-                f"wasihost.hello: guest says {fields['id']} {fields['version']}, the manifest "
-                f"says {manifest.id} {manifest.version}",
-            )
-        runtime_id = secrets.token_bytes(RUNTIME_ID_BYTES)
-        granted = sorted(self.grant.capabilities)
-        welcome = self._reserved(
-            instance,
-            "wasihost.welcome",
-            {
-                "runtime_id": runtime_id,
-                "granted": granted,
-                "epoch": self.grant.epoch,
-                "token": self.host.tokens.issue(self.id, runtime_id, self.grant.epoch),
-            },
-        )
-        answer = _require_fields(welcome, "wasihost.welcome", {"status": str})
-        readiness = answer["status"]
-        reason = welcome.get("reason")
-        if readiness not in READINESS or (reason is not None and not isinstance(reason, str)):
-            raise CallError(FailureClass.HANDSHAKE, f"wasihost.welcome: bad answer {welcome!r}")
-        if readiness == "failed":
-            raise CallError(
-                FailureClass.HANDSHAKE, f"guest reported failed start-up: {reason or 'no reason'}"
-            )
-        return Handshake(
-            runtime_id=runtime_id,
-            guest_id=fields["id"],
-            guest_version=fields["version"],
-            abi=fields["abi"],
-            requested=tuple(features),
-            granted=tuple(granted),
-            epoch=self.grant.epoch,
-            readiness=readiness,
-            reason=reason,
-        )
-
-    def _check_command(self, command: str) -> bytes:
-        name = self._command_names.get(command) if isinstance(command, str) else None
-        if name is not None:
-            return name
-        if not isinstance(command, str) or not command:
-            raise ConfigError("command name must be a non-empty string")
-        if command.startswith(RESERVED_PREFIX):
-            raise ConfigError(f"command {command!r} is reserved for the host")
-        name = command.encode()
-        if len(name) > MAX_COMMAND_NAME_BYTES:
-            raise ConfigError(f"command name of {len(name)} bytes exceeds {MAX_COMMAND_NAME_BYTES}")
-        manifest = self.manifest
-        if manifest is not None and manifest.command(command) is None:
-            declared = ", ".join(c.name for c in manifest.commands)
-            raise ConfigError(f"command {command!r} is not declared (declared: {declared})")
-        if len(self._command_names) < MAX_CACHED_COMMAND_NAMES:
-            self._command_names[command] = name
-        return name
-
-    def call(self, command: str, value: Any = None) -> Any:
-        """Run ``command`` with ``value`` (any CBOR-encodable value) and return its output."""
-        name = self._check_command(command)
-        r = self.resources
-        payload = encode(value, self._input_limits)
-        with self._lock:
-            self._check_available()
-            instance = self._ensure_started()
-            self._call_epoch = self.grant.epoch
-            try:
-                with instance.lock:
-                    result = instance.call(name, payload, r.max_output_bytes)
-            except CallError as exc:
-                self.last_fuel_used = instance.last_call_fuel
-                if instance.interrupted and self.lifecycle.state is State.REVOKED:
-                    self._discard()
-                    raise ExtensionRevoked(
-                        f"{self.id} was revoked during the call: {self.lifecycle.reason}"
-                    ) from None
-                if exc.failure.discards_instance:
-                    self._discard()
-                    self.lifecycle.try_fire(Event.CRASH, f"{exc.failure.value}: {exc.message}")
-                raise
-            self.last_fuel_used = result.fuel_used
-        if result.status != 0:
-            raise CallError(FailureClass.GUEST_ERROR, _guest_error_text(result.body))
-        try:
-            return decode(result.body, self._output_limits)
-        except CodecError as exc:
-            with self._lock:
-                self._discard()
-            raise CallError(FailureClass.PROTOCOL, f"command output: {exc.message}") from None
-
-    def _discard(self) -> None:
-        if self._instance is not None:
-            self._instance.close()
-            self._instance = None
-        self._close_bindings()
-
-    def logs(self) -> tuple[LogRecord, ...]:
-        return self.log.records
-
-    def close(self) -> None:
-        with self._lock:
-            self._discard()
-
-
-def _require_fields(value: Any, where: str, fields: Mapping[str, type]) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise CallError(FailureClass.HANDSHAKE, f"{where}: answer is not a map")
-    for key, kind in fields.items():
-        if not isinstance(value.get(key), kind):
-            raise CallError(FailureClass.HANDSHAKE, f"{where}: field {key!r} missing or mistyped")
-    return value
-
-
-def _guest_error_text(body: bytes) -> str:
-    """The guest's ``{"class", "message"}``, bounded; never trusted to be well-formed."""
-    try:
-        value = decode(body, CodecLimits(max_bytes=MAX_GUEST_ERROR_BYTES))
-    except CodecError:
-        return "guest error (malformed error body)"
-    if not isinstance(value, dict):
-        return "guest error (malformed error body)"
-    cls = value.get("class")
-    msg = value.get("message")
-    cls = cls[:64] if isinstance(cls, str) else "error"
-    msg = msg[:MAX_GUEST_ERROR_TEXT] if isinstance(msg, str) else ""
-    return f"{cls}: {msg}" if msg else cls
+__all__ = [
+    "Extension",
+    "Host",
+    "ProfileBinding",
+    "ProfileFactory",
+    "default_cache_dir",
+    "plan_package",
+]

@@ -270,5 +270,3 @@ class StateStore:
             "journal_events": n_events,
             "active_grants": n_grants,
         }
-
-

@@ -27,7 +27,7 @@ from .sock_calls import HANDLERS as SOCK_HANDLERS
 from .state import WasiState
 
 if TYPE_CHECKING:
-    from ..runtime import Extension, ProfileBinding
+    from ..extension import Extension, ProfileBinding
 
 Handler = Callable[..., Any]
 
@@ -59,7 +59,7 @@ def guarded(fn: Handler, st: WasiState) -> Handler:
 
 
 class WasiBinding:
-    """The :class:`~wasihost.runtime.ProfileBinding` of one instance."""
+    """The :class:`~wasihost.extension.ProfileBinding` of one instance."""
 
     def __init__(self, state: WasiState) -> None:
         self.state = state

@@ -1,0 +1,92 @@
+"""Planning a package's admission: resources, effective grant and the static check.
+
+Pure: no engine, no I/O beyond what the package already holds. The host runs this before it
+compiles anything, and again when an extension's grant changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from .admission import AdmissionPlan, admit
+from .errors import AdmissionError
+from .manifest import Manifest, Resources
+from .package import Package
+from .policy import Grant, Policy, effective_grant
+from .registry import AbiVersion, Registry
+from .wasmbin import WasmFormatError, read_header
+
+
+def plan_package(
+    package: Package,
+    registry: Registry,
+    policy: Policy,
+    *,
+    grants: Iterable[str] | None = None,
+    fuel: int | None = None,
+    timeout_ms: int | None = None,
+    granted: frozenset[str] | None = None,
+    epoch: int = 0,
+) -> tuple[AdmissionPlan, Grant, Resources]:
+    """Resources, effective grant and static admission of a package; pure, nothing runs.
+
+    ``granted`` is what the operator's grant table holds for the extension (a stateful host);
+    the policy then only caps it. Without it, the policy alone decides (a stateless host).
+    """
+    manifest = package.manifest
+    resources = _with_overrides(
+        manifest.resources if manifest is not None else Resources.default(), fuel, timeout_ms
+    )
+    try:
+        header = read_header(package.wasm)
+    except WasmFormatError as exc:
+        raise AdmissionError([f"not a valid module: {exc}"]) from None
+    if granted is not None:
+        required = manifest.required if manifest is not None else frozenset()
+        requested = (manifest.required | manifest.optional) if manifest is not None else granted
+        missing = sorted(required - granted)
+        if missing:
+            raise AdmissionError(
+                [
+                    f"required capability {c!r} is not granted "
+                    f"(wasihost grants grant {package.name} {c})"
+                    for c in missing
+                ]
+            )
+        grant = effective_grant(required, requested & granted, policy, epoch=epoch)
+    elif manifest is not None:
+        grant = effective_grant(manifest.required, manifest.optional, policy)
+        extra = sorted(set(grants or ()) - grant.capabilities)
+        if extra:
+            raise AdmissionError([f"grant {c!r} was not requested by the manifest" for c in extra])
+    else:
+        requested = frozenset(grants or ())
+        unknown = sorted(requested - registry.capabilities())
+        if unknown:
+            raise AdmissionError([f"unknown capability {c!r}" for c in unknown])
+        grant = effective_grant(requested, (), policy)
+    plan = admit(
+        header,
+        registry,
+        grant,
+        max_memory_bytes=resources.max_memory_bytes,
+        max_table_elements=resources.max_table_elements,
+        manifest_abi=_manifest_abi(manifest),
+    )
+    return plan, grant, resources
+
+
+def _manifest_abi(manifest: Manifest | None) -> AbiVersion | None:
+    return AbiVersion.parse(manifest.abi) if manifest is not None else None
+
+
+def _with_overrides(resources: Resources, fuel: int | None, timeout_ms: int | None) -> Resources:
+    """The caller's overrides; Resources' own validators refuse out-of-range values."""
+    changes = {
+        name: value
+        for name, value in (("fuel_per_call", fuel), ("timeout_ms", timeout_ms))
+        if value is not None
+    }
+    return attrs.evolve(resources, **changes) if changes else resources
