@@ -49,6 +49,7 @@ MAX_CACHED_COMMAND_NAMES = 256
 # Start-up and admission steps kept per extension for inspection; older ones fall off.
 MAX_STEPS = 100
 READINESS = ("ready", "degraded", "failed")
+CBOR_NULL = b"\xf6"
 
 
 class ProfileBinding(Protocol):
@@ -433,7 +434,8 @@ class Extension:
         """Run ``command`` with ``value`` (any CBOR-encodable value) and return its output."""
         name = self._check_command(command)
         r = self.resources
-        payload = encode(value, self._input_limits)
+        # null in or out is the commonest payload of all: skip the codec for it.
+        payload = CBOR_NULL if value is None else encode(value, self._input_limits)
         with self._lock:
             self._check_available()
             instance = self._ensure_started()
@@ -456,6 +458,8 @@ class Extension:
         if result.status != 0:
             raise CallError(FailureClass.GUEST_ERROR, _guest_error_text(result.body))
         try:
+            if result.body == CBOR_NULL:
+                return None
             return decode(result.body, self._output_limits)
         except CodecError as exc:
             with self._lock:
