@@ -8,10 +8,11 @@ its instance after any failure that may have corrupted the guest.
 from __future__ import annotations
 
 import collections
+import functools
 import secrets
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
 
@@ -33,6 +34,8 @@ from .registry import HostFunction
 
 if TYPE_CHECKING:
     from .runtime import Host
+
+T = TypeVar("T")
 
 RESERVED_PREFIX = "wasihost."
 # A command name crosses into the guest on every call; the ABI bounds it at 255 bytes.
@@ -130,11 +133,15 @@ class Extension:
     def _gate(self, entry: HostFunction) -> bool:
         return self.host.grants.authorizes(self._id, self._call_epoch, entry.capability)
 
-    def _commit(self, capability: str) -> Callable[[Callable[[], bool]], tuple[bool, bool | None]]:
-        def commit(action: Callable[[], bool]) -> tuple[bool, bool | None]:
-            return self.host.grants.commit(self.id, self._call_epoch, capability, action)
+    @property
+    def call_epoch(self) -> int:
+        """The grant epoch the call in flight was authorised under (brokers commit with it)."""
+        return self._call_epoch
 
-        return commit
+    def commit(self, capability: str, action: Callable[[], T]) -> tuple[bool, T | None]:
+        """Run a broker's committing ``action`` only if the call's epoch still authorises
+        ``capability``, atomically with respect to every grant change."""
+        return self.host.grants.commit(self._id, self._call_epoch, capability, action)
 
     def record_step(self, step: str, detail: str) -> None:
         """One observable step of admission or start-up (also journaled when durable)."""
@@ -157,7 +164,7 @@ class Extension:
             return binding.handler(entry)
         factories: Mapping[str, Callable[[], Callable[[Any], Any]]] = {
             "abort": lambda: abort_handler(self.log),
-            "log": lambda: log_handler(self.log, self._commit("log")),
+            "log": lambda: log_handler(self.log, functools.partial(self.commit, "log")),
             "clock_now": lambda: clock_handler(
                 self.host.clock, self.host.policy.clock_resolution_ns
             ),
@@ -217,13 +224,22 @@ class Extension:
             self._discard()
             instance = self._instantiate()
             self.starts += 1
+            self._instance = instance  # so that a revocation can interrupt the run
             try:
                 with instance.lock:
-                    return instance.run_command()
+                    code = instance.run_command()
+            except CallError:
+                if instance.interrupted and self.lifecycle.state is State.REVOKED:
+                    raise ExtensionRevoked(
+                        f"{self.id} was revoked during the run: {self.lifecycle.reason}"
+                    ) from None
+                raise
             finally:
                 self.last_fuel_used = instance.last_call_fuel
+                self._instance = None
                 instance.close()
                 self._close_bindings()
+            return code
 
     def _ensure_started(self) -> Instance:
         if self._instance is not None:

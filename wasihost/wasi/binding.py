@@ -8,14 +8,15 @@ crosses. ``GuestFault`` (a wild pointer) and ``GuestExit`` pass through to the e
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..registry import HostFunction, Profile
+from ..registry import CORE_CAPABILITY, HostFunction, Profile
 from .clock_calls import HANDLERS as CLOCK_HANDLERS
 from .config import WasiConfig
-from .errno import WasiError, from_oserror
+from .errno import Errno, WasiError, from_oserror
 from .fd_attrs import HANDLERS as FD_ATTR_HANDLERS
 from .fd_dirs import HANDLERS as FD_DIR_HANDLERS
 from .fd_io import FAST_HANDLERS
@@ -58,6 +59,38 @@ def guarded(fn: Handler, st: WasiState) -> Handler:
     return call
 
 
+# Calls that change the host's file system. Each commits through the grant table with the
+# epoch its call started under (any grant change voids it), under the lock revocations take.
+MUTATING = frozenset(
+    {
+        "fd_allocate",
+        "fd_filestat_set_size",
+        "fd_filestat_set_times",
+        "fd_pwrite",
+        "path_create_directory",
+        "path_filestat_set_times",
+        "path_link",
+        "path_open",
+        "path_remove_directory",
+        "path_rename",
+        "path_symlink",
+        "path_unlink_file",
+    }
+)
+
+
+def committed(fn: Handler, st: WasiState) -> Handler:
+    """``fn`` run through the state's commit: refused with NOTCAPABLE once its epoch is stale."""
+
+    def call(mem: Any, *args: int) -> Any:
+        authorised, result = st.commit(lambda: fn(mem, *args))
+        return result if authorised else Errno.NOTCAPABLE
+
+    call.__name__ = fn.__name__
+    call.__qualname__ = fn.__qualname__
+    return call
+
+
 class WasiBinding:
     """The :class:`~wasihost.extension.ProfileBinding` of one instance."""
 
@@ -75,6 +108,7 @@ class WasiBinding:
             host.clock,
             host.policy.clock_resolution_ns,
             policy_seed=host.policy.random_seed,
+            commit=functools.partial(ext.commit, CORE_CAPABILITY),
         )
         return cls(state)
 
@@ -84,7 +118,12 @@ class WasiBinding:
         bound = self._handlers.get(entry.name)
         if bound is None:
             fast = FAST_HANDLERS.get(entry.name)
-            bound = fast(self.state) if fast else guarded(HANDLERS[entry.name], self.state)
+            if fast is not None:
+                bound = fast(self.state)
+            elif entry.name in MUTATING:
+                bound = committed(guarded(HANDLERS[entry.name], self.state), self.state)
+            else:
+                bound = guarded(HANDLERS[entry.name], self.state)
             self._handlers[entry.name] = bound
         return bound
 

@@ -139,6 +139,15 @@ def fd_tell(st: WasiState, mem: GuestMemory, fd: int, offset_ptr: int) -> int:
 _unpack_iovec = IOVEC.unpack
 
 
+def _errno_of(fn: Callable[..., int], *args: Any) -> int:
+    try:
+        return fn(*args)
+    except WasiError as exc:
+        return exc.errno
+    except OSError as exc:
+        return from_oserror(exc)
+
+
 def fast_fd_write(st: WasiState) -> Callable[..., int]:
     get = st.fds.get
 
@@ -151,7 +160,11 @@ def fast_fd_write(st: WasiState) -> Callable[..., int]:
                 desc.sink(data)
                 mem.write_u32(nwritten_ptr, len(data))
                 return Errno.SUCCESS
-            return fd_write(st, mem, fd, iovs, iovs_len, nwritten_ptr)
+            # Anything but stdio may write a host file: commit it (see binding.MUTATING).
+            authorised, result = st.commit(
+                lambda: _errno_of(fd_write, st, mem, fd, iovs, iovs_len, nwritten_ptr)
+            )
+            return result if authorised and result is not None else Errno.NOTCAPABLE
         except WasiError as exc:
             return exc.errno
         except OSError as exc:

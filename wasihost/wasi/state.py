@@ -44,6 +44,14 @@ from .stdio import LogLines
 INHERITABLE_RIGHTS = DIR_READ_RIGHTS | DIR_WRITE_RIGHTS | FILE_READ_RIGHTS | FILE_WRITE_RIGHTS
 
 
+Committer = Callable[[Callable[[], int]], tuple[bool, "int | None"]]
+"""Runs a mutation if the call's grant epoch is still current: (authorised, its errno)."""
+
+
+def _commit_directly(action: Callable[[], int]) -> tuple[bool, int | None]:
+    return True, action()
+
+
 class WasiState:
     """Everything the handlers of one instance share."""
 
@@ -55,8 +63,12 @@ class WasiState:
         clock: Clock,
         clock_resolution_ns: int,
         policy_seed: bytes | None = None,
+        commit: Committer | None = None,
     ) -> None:
         self.config = config
+        # Host-visible mutations (file writes, creating, renaming, removing) run through this,
+        # so one authorised before a grant change never lands after it.
+        self.commit: Committer = commit if commit is not None else _commit_directly
         self.args = [a.encode() for a in config.argv] if allows(CAP_ARGS) else []
         self.env = [e.encode() for e in config.env_strings] if allows(CAP_ENV) else []
         self.clocks = GuestClocks(

@@ -1,0 +1,74 @@
+"""WASI file writes commit through the grant table: a revocation stops them mid-run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from conftest import bare
+from guests import build
+
+from wasihost.errors import CallError, FailureClass
+from wasihost.lifecycle import ExtensionRevoked
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+from wasihost.wasi import Mount, WasiConfig, capabilities_for, wasi_profile
+
+WRITER = """(module
+  (import "wasi_snapshot_preview1" "path_open"
+    (func $open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 100) "out.txt")
+  (data (i32.const 200) "x")
+  (data (i32.const 300) "\\c8\\00\\00\\00\\01\\00\\00\\00")
+  (func (export "_start")
+    ;; open /data/out.txt (preopen fd 3) with CREAT|TRUNC and the FD_WRITE right
+    (if (i32.ne (call $open (i32.const 3) (i32.const 0) (i32.const 100) (i32.const 7)
+                  (i32.const 9) (i64.const 64) (i64.const 0) (i32.const 0) (i32.const 400))
+                (i32.const 0))
+      (then unreachable))
+    (loop $l
+      (drop (call $write (i32.load (i32.const 400)) (i32.const 300) (i32.const 1) (i32.const 500)))
+      (br $l))))"""
+
+
+def _run_and_revoke(tmp_path: Path, capability: str | None) -> tuple[int, int, BaseException]:
+    config = WasiConfig(mounts=[Mount(tmp_path, "/data", writable=True)])
+    caps = capabilities_for(config)
+    outcome: list[BaseException] = []
+    with Host(Policy(allow=caps), cache_dir=None, profiles=[wasi_profile(config)]) as host:
+        ext = host.admit(bare(build(WRITER)), grants=caps, fuel=10_000_000_000, timeout_ms=1500)
+
+        def run() -> None:
+            try:
+                ext.run_command()
+            except BaseException as exc:  # the test inspects it
+                outcome.append(exc)
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        target = tmp_path / "out.txt"
+        deadline = time.monotonic() + 5
+        while (not target.exists() or target.stat().st_size < 100) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        host.revoke(ext.id, capability, "test")
+        size_at_revoke = target.stat().st_size
+        worker.join(timeout=10)
+        assert not worker.is_alive()
+        return size_at_revoke, target.stat().st_size, outcome[0]
+
+
+def test_no_write_lands_after_revoking_fs_write(tmp_path: Path) -> None:
+    before, after, outcome = _run_and_revoke(tmp_path, "wasi.fs.write")
+    assert before >= 100
+    assert after == before, "a file write committed after revoke returned"
+    # the guest kept looping on refused writes until its deadline ended the run
+    assert isinstance(outcome, CallError) and outcome.failure is FailureClass.DEADLINE
+
+
+def test_disable_interrupts_a_running_wasi_command(tmp_path: Path) -> None:
+    before, after, outcome = _run_and_revoke(tmp_path, None)
+    assert after == before
+    assert isinstance(outcome, ExtensionRevoked)
