@@ -223,3 +223,12 @@ def test_guest_text_cannot_drive_the_terminal(
     assert code == 1
     assert "\x1b" not in err and "\x07" not in err
     assert err.count("\n") == 1 and "\\x1b[2J" in err
+
+
+def test_inspect_a_plain_wasi_command(capsys: pytest.CaptureFixture[str]) -> None:
+    module = FIXTURES / "wasi-std" / "wasi-std.wasm"
+    code, out, _ = run_cli(capsys, "inspect", str(module), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["abi"] == "none: a plain wasi command"
+    assert all(i["entry"] is not None for i in doc["imports"])
+    assert doc["admission"]["abi"] == "the wasi profile"

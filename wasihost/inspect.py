@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .admission import declared_version
+from .admission import command_profile, declared_version
 from .errors import AdmissionError, WasihostError
 from .package import Package
 from .planning import plan_package
@@ -44,13 +44,18 @@ def inspect_package(
     except WasmFormatError as exc:
         report["admission"] = {"admitted": False, "problems": [f"not a valid module: {exc}"]}
         return report
-    try:
-        version = declared_version(header)
-        report["abi"] = str(version)
-        view = registry.view(version) if registry.supports(version) else None
-    except AdmissionError:
-        report["abi"] = None
-        view = None
+    profile = command_profile(header, registry)
+    view = None
+    if profile is not None:
+        report["abi"] = f"none: a plain {profile.name} command"
+        view = registry.profile_view(profile)
+    else:
+        try:
+            version = declared_version(header)
+            report["abi"] = str(version)
+            view = registry.view(version) if registry.supports(version) else None
+        except AdmissionError:
+            report["abi"] = None
     imports = []
     for imp in header.imports:
         row: dict[str, Any] = {
