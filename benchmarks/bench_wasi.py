@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from wasihost.package import Package
 from wasihost.policy import Policy
 from wasihost.runtime import Host
-from wasihost.wasi import Mount, WasiConfig, capabilities_for, wasi_profile
+from wasihost.wasi import Mount, WasiOptions, capabilities_for, wasi_profile
 
 MODULE = ROOT / "fixtures" / "wasi-bench" / "wasi-bench.wasm"
 LINES = 10_000
@@ -69,7 +69,7 @@ def _reference_engine() -> wasmtime.Engine:
 
 
 class Reference:
-    """wasmtime's built-in WASI: a fresh Store, WasiConfig and instance per run."""
+    """wasmtime's built-in WASI: a fresh Store, WasiOptions and instance per run."""
 
     def __init__(self, wasm: bytes) -> None:
         self.engine = _reference_engine()
@@ -101,7 +101,7 @@ class Wasihost:
     def __init__(
         self, wasm: bytes, argv: list[str], mount: Path | None, sink: Callable[[bytes], object]
     ) -> None:
-        config = WasiConfig(
+        config = WasiOptions(
             argv=argv,
             stdout=sink,
             mounts=[Mount(mount, "/data")] if mount is not None else [],

@@ -64,8 +64,9 @@ values = st.recursive(
     | st.integers(min_value=-(2**63), max_value=2**63 - 1)
     | st.text(max_size=40)
     | st.binary(max_size=64),
-    lambda children: st.lists(children, max_size=5)
-    | st.dictionaries(st.text(max_size=8), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children, max_size=5)
+    ),
     max_leaves=20,
 )
 

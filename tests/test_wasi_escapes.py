@@ -13,7 +13,7 @@ from wasi_support import PROBE, DirectGuest, package, run_wasihost
 
 from wasihost.policy import Policy
 from wasihost.runtime import Host
-from wasihost.wasi import Errno, Mount, WasiConfig, capabilities_for, wasi_profile
+from wasihost.wasi import Errno, Mount, WasiOptions, capabilities_for, wasi_profile
 from wasihost.wasi import fs as wasi_fs
 from wasihost.wasi.abi import ALL_RIGHTS, OFLAG_CREAT
 
@@ -155,7 +155,7 @@ def test_a_directory_swapped_for_a_symlink_after_open(world: Path) -> None:
     outside. The descriptor still means the original directory, and new paths through sub are
     refused."""
     mount = world / "mount"
-    guest = DirectGuest(WasiConfig(mounts=[Mount(mount, "/m", writable=True)]))
+    guest = DirectGuest(WasiOptions(mounts=[Mount(mount, "/m", writable=True)]))
     try:
         err, sub_fd = guest.open(3, "sub")
         assert err == 0
@@ -182,7 +182,7 @@ def test_a_symlink_swapped_in_during_resolution_is_not_followed(
     link is seen as a link, and resolving it is refused."""
     mount = world / "mount"
     (mount / "target").write_text("inside")
-    guest = DirectGuest(WasiConfig(mounts=[Mount(mount, "/m", writable=True)]))
+    guest = DirectGuest(WasiOptions(mounts=[Mount(mount, "/m", writable=True)]))
     real_walk = wasi_fs.PathWalk.walk
 
     def walk_then_swap(self: wasi_fs.PathWalk) -> tuple[int, bytes, bool]:
@@ -207,7 +207,7 @@ def test_a_directory_moved_out_during_resolution_fails_closed(world: Path) -> No
     the guest's directory elsewhere, `..` from it no longer leads back and is refused."""
     mount = world / "mount"
     (mount / "sub" / "deeper").mkdir()
-    guest = DirectGuest(WasiConfig(mounts=[Mount(mount, "/m", writable=True)]))
+    guest = DirectGuest(WasiOptions(mounts=[Mount(mount, "/m", writable=True)]))
     try:
         err, deeper = guest.open(3, "sub/deeper")
         assert err == 0
@@ -243,7 +243,7 @@ def test_deep_paths_hold_one_walk_descriptor(world: Path) -> None:
         deep = deep / "d"
     deep.mkdir(parents=True)
     (deep / "leaf").write_text("deep")
-    guest = DirectGuest(WasiConfig(mounts=[Mount(mount, "/m")]))
+    guest = DirectGuest(WasiOptions(mounts=[Mount(mount, "/m")]))
     try:
         before = len(os.listdir("/proc/self/fd"))
         path = "/".join(["d"] * 200) + "/leaf"
@@ -258,7 +258,7 @@ def test_deep_paths_hold_one_walk_descriptor(world: Path) -> None:
 
 
 def test_nul_in_a_path_is_invalid(world: Path) -> None:
-    guest = DirectGuest(WasiConfig(mounts=[Mount(world / "mount", "/m")]))
+    guest = DirectGuest(WasiOptions(mounts=[Mount(world / "mount", "/m")]))
     try:
         assert guest.open(3, b"f.txt\0../../outside/secret")[0] == Errno.INVAL
     finally:
@@ -267,7 +267,7 @@ def test_nul_in_a_path_is_invalid(world: Path) -> None:
 
 def test_no_host_descriptor_outlives_a_run(world: Path) -> None:
     steps = ["open:3:f.txt::r:n", "open:3:sub:d:r:n", "open:3:sub/x:c:rw:n", "exit:0"]
-    config = WasiConfig(argv=["probe", *steps], mounts=[Mount(world / "mount", "/m", True)])
+    config = WasiOptions(argv=["probe", *steps], mounts=[Mount(world / "mount", "/m", True)])
     with Host(Policy(allow=capabilities_for(config)), cache_dir=None,
               profiles=[wasi_profile(config)]) as host:  # fmt: skip
         ext = host.admit(package(PROBE), grants=capabilities_for(config))

@@ -13,7 +13,7 @@ from wasi_support import DirectGuest
 
 from wasihost.brokers.log import ExtensionLog, Level
 from wasihost.status import GuestDeadline, GuestExit, GuestFault
-from wasihost.wasi import Errno, Mount, WasiConfig
+from wasihost.wasi import Errno, Mount, WasiOptions
 from wasihost.wasi import limits as wasi_limits
 from wasihost.wasi.abi import ALL_RIGHTS, DIRENT, EVENT, FDSTAT, PRESTAT, Filetype, Right
 from wasihost.wasi.stdio import LogLines
@@ -32,7 +32,7 @@ class FakeClock:
 
 
 def test_args_and_environ_layout() -> None:
-    g = DirectGuest(WasiConfig(argv=["prog", "été"], env={"A": "1", "LONG": "x" * 10}))
+    g = DirectGuest(WasiOptions(argv=["prog", "été"], env={"A": "1", "LONG": "x" * 10}))
     count, size = g.alloc(4), g.alloc(4)
     assert g.call("args_sizes_get", count, size) == 0
     assert (g.u32(count), g.u32(size)) == (2, len("prog\0été\0".encode()))
@@ -43,7 +43,7 @@ def test_args_and_environ_layout() -> None:
     assert g.call("environ_sizes_get", count, size) == 0
     assert (g.u32(count), g.u32(size)) == (2, 4 + 16)
     # not granted: sizes 0/0 and args_get writes nothing (engine-denied args_get answers 0 too)
-    bare = DirectGuest(WasiConfig(argv=["prog"], env={"A": "1"}), grants=())
+    bare = DirectGuest(WasiOptions(argv=["prog"], env={"A": "1"}), grants=())
     assert bare.call("args_sizes_get", count, size) == 0
     assert (bare.u32(count), bare.u32(size)) == (0, 0)
     assert bare.call("environ_sizes_get", count, size) == 0
@@ -52,7 +52,7 @@ def test_args_and_environ_layout() -> None:
 
 def test_host_environment_is_never_exposed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WASIHOST_SECRET", "do-not-leak")
-    g = DirectGuest(WasiConfig())
+    g = DirectGuest(WasiOptions())
     count, size = g.alloc(4), g.alloc(4)
     g.call("environ_sizes_get", count, size)
     assert g.u32(count) == 0
@@ -60,20 +60,20 @@ def test_host_environment_is_never_exposed(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_clock_resolution_and_origins() -> None:
     clock = FakeClock()
-    g = DirectGuest(WasiConfig(clock="standard"), clock=clock, resolution_ns=1_000_000)
+    g = DirectGuest(WasiOptions(clock="standard"), clock=clock, resolution_ns=1_000_000)
     out = g.alloc(8)
     assert g.call("clock_time_get", 0, 0, out) == 0
     assert g.u64(out) == clock.real - clock.real % 1_000_000
     assert g.call("clock_res_get", 1, out) == 0 and g.u64(out) == 1_000_000
     clock.mono += 2_500_000  # 2.5 ms after start: the guest's monotonic clock starts at 1 s
     assert g.call("clock_time_get", 1, 0, out) == 0 and g.u64(out) == 1_002_000_000
-    anon = DirectGuest(WasiConfig(clock="anonymous"), clock=clock)
+    anon = DirectGuest(WasiOptions(clock="anonymous"), clock=clock)
     assert anon.call("clock_time_get", 0, 0, out) == 0
     assert anon.u64(out) == clock.real // 10**9 * 10**9
     assert anon.call("clock_res_get", 0, out) == 0 and anon.u64(out) == 1_000_000_000
     assert anon.call("clock_time_get", 2, 0, out) == Errno.INVAL
     assert anon.call("clock_res_get", 3, out) == Errno.INVAL
-    none = DirectGuest(WasiConfig(clock="standard"), grants=())
+    none = DirectGuest(WasiOptions(clock="standard"), grants=())
     assert none.call("clock_time_get", 0, 0, out) == Errno.NOTCAPABLE
 
 
@@ -97,7 +97,7 @@ def fd_sub(userdata: int, kind: int, fd: int) -> bytes:
 
 
 def test_poll_oneoff_waits_for_the_earliest_clock_and_reports_what_is_due() -> None:
-    g = DirectGuest(WasiConfig(clock="standard"))
+    g = DirectGuest(WasiOptions(clock="standard"))
     start = time.monotonic()
     err, events = poll_subs(g, [clock_sub(1, 1, 30_000_000), clock_sub(2, 1, 10**15),
                                 clock_sub(3, 0, 30_000_000)])  # fmt: skip
@@ -114,7 +114,7 @@ def test_poll_oneoff_waits_for_the_earliest_clock_and_reports_what_is_due() -> N
 
 
 def test_poll_oneoff_never_waits_past_the_call_deadline() -> None:
-    g = DirectGuest(WasiConfig(clock="standard"), deadline=time.monotonic() + 0.2)
+    g = DirectGuest(WasiOptions(clock="standard"), deadline=time.monotonic() + 0.2)
     start = time.monotonic()
     with pytest.raises(GuestDeadline):
         poll_subs(g, [clock_sub(1, 1, 3600 * 10**9)])
@@ -123,27 +123,27 @@ def test_poll_oneoff_never_waits_past_the_call_deadline() -> None:
 
 def test_random_is_seeded_or_from_the_os() -> None:
     seed = b"0123456789abcdef"
-    a = DirectGuest(WasiConfig(random_seed=seed))
-    b = DirectGuest(WasiConfig(random_seed=seed))
+    a = DirectGuest(WasiOptions(random_seed=seed))
+    b = DirectGuest(WasiOptions(random_seed=seed))
     buf = a.alloc(64)
     assert a.call("random_get", buf, 64) == 0 and b.call("random_get", buf, 64) == 0
     assert a.mem.read(buf, 64) == b.mem.read(buf, 64) != bytes(64)
-    policy = DirectGuest(WasiConfig(random=True), policy_seed=seed)
+    policy = DirectGuest(WasiOptions(random=True), policy_seed=seed)
     assert policy.call("random_get", buf, 64) == 0 and policy.mem.read(buf, 64) == a.mem.read(
         buf, 64
     )
-    os_random = DirectGuest(WasiConfig(random=True))
+    os_random = DirectGuest(WasiOptions(random=True))
     assert os_random.call("random_get", buf, 64) == 0 and os_random.mem.read(buf, 64) != a.mem.read(
         buf, 64
     )
     assert (
         os_random.call("random_get", buf, wasi_limits.MAX_RANDOM_BYTES_PER_CALL + 1) == Errno.INVAL
     )
-    assert DirectGuest(WasiConfig()).call("random_get", buf, 8) == Errno.NOTCAPABLE
+    assert DirectGuest(WasiOptions()).call("random_get", buf, 8) == Errno.NOTCAPABLE
 
 
 def test_proc_calls() -> None:
-    g = DirectGuest(WasiConfig())
+    g = DirectGuest(WasiOptions())
     with pytest.raises(GuestExit) as info:
         g.call("proc_exit", 0xFFFF_FFFF)
     assert info.value.code == 0xFFFF_FFFF
@@ -170,7 +170,7 @@ def test_log_lines_split_bound_and_flush() -> None:
 
 
 def test_stdio_descriptors() -> None:
-    g = DirectGuest(WasiConfig(stdin=b"input"), grants=["wasi.stdio"])
+    g = DirectGuest(WasiOptions(stdin=b"input"), grants=["wasi.stdio"])
     out = g.alloc(24)
     for fd in (0, 1, 2):
         assert g.call("fd_fdstat_get", fd, out) == 0
@@ -195,7 +195,7 @@ def test_stdio_descriptors() -> None:
 
 def test_iovec_limits_and_scatter(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"0123456789")
-    g = DirectGuest(WasiConfig(mounts=[Mount(tmp_path, "/m")]))
+    g = DirectGuest(WasiOptions(mounts=[Mount(tmp_path, "/m")]))
     err, fd = g.open(3, "f")
     assert err == 0
     a, b = g.alloc(3), g.alloc(16)
@@ -213,7 +213,7 @@ def test_fd_readdir_cookies_and_truncation(tmp_path: Path) -> None:
     for name in ("alpha", "beta", "gamma"):
         (tmp_path / name).write_text(name)
     (tmp_path / "dir").mkdir()
-    g = DirectGuest(WasiConfig(mounts=[Mount(tmp_path, "/m")]))
+    g = DirectGuest(WasiOptions(mounts=[Mount(tmp_path, "/m")]))
     buf, used = g.alloc(4096), g.alloc(4)
 
     def entries(cookie: int, size: int) -> list[tuple[int, bytes, int]]:
@@ -243,7 +243,7 @@ def test_fd_readdir_cookies_and_truncation(tmp_path: Path) -> None:
 
 
 def test_prestat_and_dir_name(tmp_path: Path) -> None:
-    g = DirectGuest(WasiConfig(mounts=[Mount(tmp_path, "/data")]))
+    g = DirectGuest(WasiOptions(mounts=[Mount(tmp_path, "/data")]))
     out = g.alloc(8)
     assert g.call("fd_prestat_get", 3, out) == 0
     assert PRESTAT.unpack(g.mem.read(out, 8)) == (0, 5)
@@ -252,12 +252,12 @@ def test_prestat_and_dir_name(tmp_path: Path) -> None:
     assert g.call("fd_prestat_dir_name", 3, name, 5) == 0 and g.mem.read(name, 5) == b"/data"
     assert g.call("fd_prestat_get", 4, out) == Errno.BADF
     # without wasi.fs.read the mount is not there at all
-    hidden = DirectGuest(WasiConfig(mounts=[Mount(tmp_path, "/data")]), grants=())
+    hidden = DirectGuest(WasiOptions(mounts=[Mount(tmp_path, "/data")]), grants=())
     assert hidden.call("fd_prestat_get", 3, out) == Errno.BADF
 
 
 def test_writable_mount_needs_the_write_grant(tmp_path: Path) -> None:
-    config = WasiConfig(mounts=[Mount(tmp_path, "/data", writable=True)])
+    config = WasiOptions(mounts=[Mount(tmp_path, "/data", writable=True)])
     read_only = DirectGuest(config, grants=["wasi.fs.read"])
     assert read_only.open(3, "new", oflags=1, rights=ALL_RIGHTS)[0] == Errno.ROFS
     assert read_only.path_call("path_create_directory", 3, "d") == Errno.ROFS
@@ -271,7 +271,7 @@ def test_files_cannot_grow_past_the_size_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(wasi_limits, "MAX_FILE_BYTES", 10)
-    g = DirectGuest(WasiConfig(mounts=[Mount(tmp_path, "/m", writable=True)]))
+    g = DirectGuest(WasiOptions(mounts=[Mount(tmp_path, "/m", writable=True)]))
     err, fd = g.open(3, "f", oflags=1, rights=ALL_RIGHTS)
     assert err == 0
     assert g.write(fd, b"0123456789abc") == (0, 10)  # a short write up to the limit
@@ -283,14 +283,14 @@ def test_files_cannot_grow_past_the_size_limit(
 
 def test_special_files_in_a_mount_are_refused_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo")
-    g = DirectGuest(WasiConfig(mounts=[Mount(tmp_path, "/m")]))
+    g = DirectGuest(WasiOptions(mounts=[Mount(tmp_path, "/m")]))
     start = time.monotonic()
     assert g.open(3, "fifo")[0] == Errno.ACCES
     assert time.monotonic() - start < 1
 
 
 def test_sockets_when_granted_say_not_a_socket() -> None:
-    g = DirectGuest(WasiConfig())
+    g = DirectGuest(WasiOptions())
     out = g.alloc(8)
     assert g.call("sock_accept", 1, 0, out) == Errno.NOTSOCK
     assert g.call("sock_shutdown", 77, 3) == Errno.BADF
@@ -301,7 +301,7 @@ def test_sockets_when_granted_say_not_a_socket() -> None:
 def test_closing_the_binding_closes_every_host_descriptor(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     before = len(os.listdir("/proc/self/fd"))
-    g = DirectGuest(WasiConfig(mounts=[Mount(tmp_path, "/m")]))
+    g = DirectGuest(WasiOptions(mounts=[Mount(tmp_path, "/m")]))
     assert g.open(3, "f")[0] == 0 and g.open(3, ".")[0] == 0
     assert len(os.listdir("/proc/self/fd")) == before + 3
     g.close()
@@ -322,7 +322,7 @@ def test_symlink_chains_are_bounded(tmp_path: Path) -> None:
     (tmp_path / "long3").symlink_to(deep + "/long4")
     (tmp_path / "long4").symlink_to(deep + "/long5")
     (tmp_path / "long5").symlink_to("f")
-    g = DirectGuest(WasiConfig(mounts=[Mount(tmp_path, "/m")]))
+    g = DirectGuest(WasiOptions(mounts=[Mount(tmp_path, "/m")]))
     assert g.open(3, "l39")[0] == 0
     assert g.open(3, "l40")[0] == Errno.LOOP
     assert g.open(3, "long")[0] == Errno.LOOP  # 5 links, but over 4096 components walked

@@ -19,7 +19,7 @@ from wasihost.errors import CallError, ConfigError, FailureClass
 from wasihost.policy import Policy
 from wasihost.registry import CORE_CAPABILITY
 from wasihost.runtime import Host
-from wasihost.wasi import FUNCTIONS, MODULE, Errno, Mount, WasiConfig, wasi_profile
+from wasihost.wasi import FUNCTIONS, MODULE, Errno, Mount, WasiOptions, wasi_profile
 
 Setup = Callable[[Path], None]
 
@@ -78,7 +78,7 @@ def test_with_nothing_granted_real_toolchains_start_and_print_to_the_log(
 ) -> None:
     """wasi-libc and Rust std start with no grant at all: the preopen scan ends at BADF, argv
     and environ are empty (so the steps below are never seen), stdout goes to the log."""
-    run = run_wasihost(module, config=WasiConfig(argv=["x", "args", "env"]), grants=())
+    run = run_wasihost(module, config=WasiOptions(argv=["x", "args", "env"]), grants=())
     assert run.code == 0
     assert records(run) == [("INFO", "stdout", greeting)]
 
@@ -90,7 +90,7 @@ def test_with_nothing_granted_each_group_answers_its_documented_errno(tmp_path: 
     steps = ["prestat:3", "env", "clock:0", "clock:1", "random:8", "sleep:1000", "open:3:x:c:rw:n",
              "mkdir:3:x", "sock:1", "raise:1", "yield", "fdstat:1", "read:0:5", "write:1:to-log",
              "write:2:err"]  # fmt: skip
-    config = WasiConfig(argv=["probe", *steps], mounts=[Mount(tmp_path / "m", "/m", True)])
+    config = WasiOptions(argv=["probe", *steps], mounts=[Mount(tmp_path / "m", "/m", True)])
     run = run_wasihost(PROBE, config=config, grants=["wasi.args"])
     lines = [m for lvl, src, m in records(run) if src == "stdout"]
     assert lines == [
@@ -116,7 +116,7 @@ def test_with_nothing_granted_each_group_answers_its_documented_errno(tmp_path: 
 
 def test_stdio_grant_routes_output_to_the_caller_and_serves_stdin() -> None:
     got = bytearray()
-    config = WasiConfig(argv=["x", "stdin", "stderr:e"], stdin=b"abc", stdout=got.extend)
+    config = WasiOptions(argv=["x", "stdin", "stderr:e"], stdin=b"abc", stdout=got.extend)
     run = run_wasihost(STD, config=config, grants=["wasi.args", "wasi.stdio"])
     assert bytes(got) == b"stdin: stdin 3 bytes\nstderr:e: to stderr\n"
     assert records(run) == [("WARN", "stderr", "e")]  # stderr has no sink: still the log
@@ -129,7 +129,7 @@ def test_rust_hashmap_needs_random() -> None:
     """std's HashMap seeds SipHash from random_get and panics without it: grant wasi.random
     (seeded, for reproducible runs)."""
     with pytest.raises(CallError) as info:
-        run_wasihost(STD, config=WasiConfig(argv=["x", "hashmap"]), grants=["wasi.args"])
+        run_wasihost(STD, config=WasiOptions(argv=["x", "hashmap"]), grants=["wasi.args"])
     assert info.value.failure is FailureClass.PANIC
     run = run_wasihost(STD, ["x", "hashmap"], random_seed=b"0123456789abcdef")
     assert run.lines[0].startswith('hashmap: [("brown", 1)')
@@ -309,7 +309,7 @@ def test_clock_profiles(tmp_path: Path) -> None:
     assert anonymous.lines == ["clock 0 1 0 1"] * 2 + ["clock 28 0 28 0"] * 3
     # granted but not provided by the config: NOTCAPABLE
     out = bytearray()
-    config = WasiConfig(argv=["x", "clock:0"], stdout=out.extend)
+    config = WasiOptions(argv=["x", "clock:0"], stdout=out.extend)
     run_wasihost(PROBE, config=config, grants=["wasi.args", "wasi.stdio", "wasi.clock"])
     assert bytes(out) == b"clock 76 0 76 0\n"
 
@@ -386,7 +386,7 @@ def test_every_entry_answers_its_documented_errno_when_nothing_is_granted(tmp_pa
     wasm, expected = every_entry_module()
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "f").write_text("x")
-    config = WasiConfig(mounts=[Mount(tmp_path / "m", "/m", writable=True)])
+    config = WasiOptions(mounts=[Mount(tmp_path / "m", "/m", writable=True)])
     run = run_wasihost(wasm, config=config, grants=())
     failed = expected[run.code - 100][0] if run.code >= 100 else None
     assert run.code == 0, f"{failed} answered something else"
@@ -418,7 +418,7 @@ def test_wasihost_abi_guests_may_import_wasi_entries() -> None:
 def test_a_mount_that_disappeared_is_a_config_error(tmp_path: Path) -> None:
     gone = tmp_path / "gone"
     gone.mkdir()
-    config = WasiConfig(argv=["x"], mounts=[Mount(gone, "/g")])
+    config = WasiOptions(argv=["x"], mounts=[Mount(gone, "/g")])
     gone.rmdir()
     with pytest.raises(ConfigError, match="mount"):
         run_wasihost(PROBE, config=config)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from test_wasi_escapes import snapshot
 from wasi_support import READ_RIGHTS, DirectGuest
 
-from wasihost.wasi import Mount, WasiConfig
+from wasihost.wasi import Mount, WasiOptions
 from wasihost.wasi.abi import ALL_RIGHTS
 from wasihost.wasi.fds import HostDescriptor
 
@@ -176,7 +176,7 @@ def test_no_call_sequence_reaches_outside_the_mount(sequence: list[tuple[Any, ..
         mount, sentinel = build_world(root)
         real_mount = os.path.realpath(mount)
         before = snapshot(root, mount)
-        guest = DirectGuest(WasiConfig(mounts=[Mount(mount, "/m", writable=True)], max_fds=12))
+        guest = DirectGuest(WasiOptions(mounts=[Mount(mount, "/m", writable=True)], max_fds=12))
         try:
             with guarded_syscalls(mount) as violations:
                 for call in sequence:

@@ -22,7 +22,7 @@ from wasihost.wasi import (
     ClockProfile,
     Errno,
     Mount,
-    WasiConfig,
+    WasiOptions,
     capabilities_for,
     wasi_profile,
 )
@@ -164,8 +164,8 @@ def test_host_serves_the_profile_and_its_capabilities() -> None:
 def test_capabilities_for_gives_exactly_what_the_config_provides(tmp_path: Path) -> None:
     (tmp_path / "ro").mkdir()
     (tmp_path / "rw").mkdir()
-    assert capabilities_for(WasiConfig()) == frozenset()
-    full = WasiConfig(
+    assert capabilities_for(WasiOptions()) == frozenset()
+    full = WasiOptions(
         argv=["a"],
         env={"K": "V"},
         stdout=lambda b: None,
@@ -177,8 +177,8 @@ def test_capabilities_for_gives_exactly_what_the_config_provides(tmp_path: Path)
         "wasi.args", "wasi.env", "wasi.stdio", "wasi.clock", "wasi.random",
         "wasi.fs.read", "wasi.fs.write",
     }  # fmt: skip
-    assert capabilities_for(WasiConfig(mounts=[Mount(tmp_path, "/d")])) == {"wasi.fs.read"}
-    assert capabilities_for(WasiConfig(stdin=b"x")) == {"wasi.stdio"}
+    assert capabilities_for(WasiOptions(mounts=[Mount(tmp_path, "/d")])) == {"wasi.fs.read"}
+    assert capabilities_for(WasiOptions(stdin=b"x")) == {"wasi.stdio"}
     assert full.clock is ClockProfile.ANONYMOUS
 
 
@@ -201,7 +201,7 @@ def test_capabilities_for_gives_exactly_what_the_config_provides(tmp_path: Path)
 )
 def test_config_refuses_bad_values(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        WasiConfig(**kwargs)  # type: ignore[arg-type]
+        WasiOptions(**kwargs)  # type: ignore[arg-type]
 
 
 def test_mount_parsing_and_nesting(tmp_path: Path) -> None:
@@ -216,6 +216,6 @@ def test_mount_parsing_and_nesting(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="absolute"):
         Mount(Path("relative"), "/x")
     with pytest.raises(ConfigError, match="through which it would be writable"):
-        WasiConfig(mounts=[Mount(tmp_path, "/rw", True), Mount(tmp_path / "sub", "/ro")])
+        WasiOptions(mounts=[Mount(tmp_path, "/rw", True), Mount(tmp_path / "sub", "/ro")])
     with pytest.raises(ConfigError, match="share a guest path"):
-        WasiConfig(mounts=[Mount(tmp_path, "/a"), Mount(tmp_path / "sub", "/a")])
+        WasiOptions(mounts=[Mount(tmp_path, "/a"), Mount(tmp_path / "sub", "/a")])

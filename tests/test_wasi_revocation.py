@@ -13,7 +13,7 @@ from wasihost.errors import CallError, FailureClass
 from wasihost.lifecycle import ExtensionRevoked
 from wasihost.policy import Policy
 from wasihost.runtime import Host
-from wasihost.wasi import Mount, WasiConfig, capabilities_for, wasi_profile
+from wasihost.wasi import Mount, WasiOptions, capabilities_for, wasi_profile
 
 WRITER = """(module
   (import "wasi_snapshot_preview1" "path_open"
@@ -35,7 +35,7 @@ WRITER = """(module
 
 
 def _run_and_revoke(tmp_path: Path, capability: str | None) -> tuple[int, int, BaseException]:
-    config = WasiConfig(mounts=[Mount(tmp_path, "/data", writable=True)])
+    config = WasiOptions(mounts=[Mount(tmp_path, "/data", writable=True)])
     caps = capabilities_for(config)
     outcome: list[BaseException] = []
     with Host(Policy(allow=caps), cache_dir=None, profiles=[wasi_profile(config)]) as host:

@@ -21,7 +21,7 @@ from wasihost.guestmem import BytearrayMemory
 from wasihost.package import Package
 from wasihost.policy import Policy
 from wasihost.runtime import Extension, Host
-from wasihost.wasi import Mount, WasiBinding, WasiConfig, capabilities_for, wasi_profile
+from wasihost.wasi import Mount, WasiBinding, WasiOptions, capabilities_for, wasi_profile
 from wasihost.wasi.abi import ALL_RIGHTS, WRITE_ACCESS_RIGHTS
 from wasihost.wasi.registry import CAPABILITIES, FUNCTIONS_BY_NAME
 from wasihost.wasi.state import WasiState
@@ -66,7 +66,7 @@ def run_wasihost(
     mounts: Iterable[Mount] = (),
     env: Sequence[tuple[str, str]] = (),
     grants: Iterable[str] | None = None,
-    config: WasiConfig | None = None,
+    config: WasiOptions | None = None,
     fuel: int = 2_000_000_000,
     timeout_ms: int = 20_000,
     host: Host | None = None,
@@ -76,7 +76,7 @@ def run_wasihost(
     out = bytearray()
     err = bytearray()
     if config is None:
-        config = WasiConfig(
+        config = WasiOptions(
             argv=list(argv),
             env=list(env),
             mounts=list(mounts),
@@ -147,7 +147,7 @@ class DirectGuest:
 
     def __init__(
         self,
-        config: WasiConfig,
+        config: WasiOptions,
         grants: Iterable[str] = CAPABILITIES,
         *,
         clock: Clock | None = None,

@@ -3,7 +3,7 @@
 Every ``wasi_snapshot_preview1`` function is a registry entry with a capability, denied unless
 granted (ungranted imports still link and answer their documented errno). Typical use::
 
-    config = WasiConfig(argv=["tool", "-v"], mounts=[Mount(Path("/srv/data"), "/data")])
+    config = WasiOptions(argv=["tool", "-v"], mounts=[Mount(Path("/srv/data"), "/data")])
     profile, factory = wasi_profile(config)
     host = Host(Policy(allow=capabilities_for(config)), profiles=[(profile, factory)])
     ext = host.load("tool.wasm", grants=capabilities_for(config))
@@ -15,7 +15,7 @@ See docs/wasi.md.
 from __future__ import annotations
 
 from .binding import WasiBinding, wasi_profile
-from .config import ClockProfile, Mount, OutputSink, WasiConfig, capabilities_for
+from .config import ClockProfile, Mount, OutputSink, WasiOptions, capabilities_for
 from .errno import Errno
 from .registry import CAPABILITIES, FUNCTIONS, MODULE, PROFILE
 
@@ -29,7 +29,7 @@ __all__ = [
     "Mount",
     "OutputSink",
     "WasiBinding",
-    "WasiConfig",
+    "WasiOptions",
     "capabilities_for",
     "wasi_profile",
 ]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError
 from ..registry import CORE_CAPABILITY, HostFunction, Profile
 from .clock_calls import HANDLERS as CLOCK_HANDLERS
-from .config import WasiConfig
+from .config import WasiOptions
 from .errno import Errno, WasiError, from_oserror
 from .fd_attrs import HANDLERS as FD_ATTR_HANDLERS
 from .fd_dirs import HANDLERS as FD_DIR_HANDLERS
@@ -99,7 +99,7 @@ class WasiBinding:
         self._handlers: dict[str, Handler] = {}
 
     @classmethod
-    def for_extension(cls, config: WasiConfig, ext: Extension) -> WasiBinding:
+    def for_extension(cls, config: WasiOptions, ext: Extension) -> WasiBinding:
         host = ext.host
         state = WasiState(
             config,
@@ -134,13 +134,13 @@ class WasiBinding:
 ProfileFactory = Callable[["Extension"], "ProfileBinding"]
 
 
-def wasi_profile(config: WasiConfig | None = None) -> tuple[Profile, ProfileFactory]:
+def wasi_profile(config: WasiOptions | None = None) -> tuple[Profile, ProfileFactory]:
     """The WASI profile and a binding factory serving ``config``, for ``Host(profiles=[...])``.
 
     Grant the extension :func:`~wasihost.wasi.config.capabilities_for` of the same config to
     give it exactly what the config provides.
     """
-    cfg = config if config is not None else WasiConfig()
+    cfg = config if config is not None else WasiOptions()
 
     def factory(ext: Extension) -> ProfileBinding:
         return WasiBinding.for_extension(cfg, ext)

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 from ..errors import ConfigError
 from . import limits
-from .config import ClockProfile, Mount, WasiConfig, capabilities_for
+from .config import ClockProfile, Mount, WasiOptions, capabilities_for
 
 # A POSIX exit status is one byte; a guest code that would wrap to 0 must not read as success.
 EXIT_STATUS_MASK = 0xFF
@@ -96,8 +96,8 @@ def _stream(name: str) -> BinaryIO:
     return buffer if buffer is not None else stream
 
 
-def config_from_args(args: argparse.Namespace) -> WasiConfig:
-    """The :class:`WasiConfig` the flags ask for; stdio goes to this process's streams."""
+def config_from_args(args: argparse.Namespace) -> WasiOptions:
+    """The :class:`WasiOptions` the flags ask for; stdio goes to this process's streams."""
     mounts = [Mount.parse(spec, writable=True) for spec in args.dir]
     mounts += [Mount.parse(spec, writable=False) for spec in args.dir_ro]
     stdout = _stream("stdout")
@@ -107,7 +107,7 @@ def config_from_args(args: argparse.Namespace) -> WasiConfig:
         stderr.write(data)
         stderr.flush()  # unbuffered, as a terminal's stderr is
 
-    return WasiConfig(
+    return WasiOptions(
         argv=[Path(args.module).name, *args.args],
         env=list(args.env),
         stdin=_read_stdin(args.stdin) if args.stdin is not None else b"",

@@ -1,4 +1,4 @@
-"""What the embedder provides to WASI guests: :class:`WasiConfig`, and the grant it implies.
+"""What the embedder provides to WASI guests: :class:`WasiOptions`, and the grant it implies.
 
 A guest gets the intersection of what the config provides and what its grant allows: a mount in
 the config is invisible without ``wasi.fs.read``, and a granted ``wasi.clock`` is useless without
@@ -127,7 +127,7 @@ def _clock(value: Any) -> ClockProfile | None:
 
 
 @attrs.frozen
-class WasiConfig:
+class WasiOptions:
     """Everything the WASI profile provides to one extension; nothing by default.
 
     - ``argv``: the guest's arguments, argv[0] included (needs ``wasi.args``);
@@ -212,7 +212,7 @@ class WasiConfig:
         return tuple(f"{k}={v}" for k, v in self.env)
 
 
-def capabilities_for(config: WasiConfig) -> frozenset[str]:
+def capabilities_for(config: WasiOptions) -> frozenset[str]:
     """The capabilities that give a guest exactly what ``config`` provides, and nothing else."""
     caps: set[str] = set()
     if config.stdout is not None or config.stderr is not None or config.stdin:
@@ -232,4 +232,4 @@ def capabilities_for(config: WasiConfig) -> frozenset[str]:
     return frozenset(caps)
 
 
-__all__ = ["ClockProfile", "Mount", "OutputSink", "WasiConfig", "capabilities_for"]
+__all__ = ["ClockProfile", "Mount", "OutputSink", "WasiOptions", "capabilities_for"]

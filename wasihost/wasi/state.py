@@ -24,7 +24,7 @@ from .abi import (
     Filetype,
 )
 from .clocks import GuestClocks
-from .config import WasiConfig
+from .config import WasiOptions
 from .fds import FdTable, HostDescriptor, MountState, OutputDescriptor, StdinDescriptor
 from .fs import DIR_OPEN_FLAGS, ident_of
 from .registry import (
@@ -57,7 +57,7 @@ class WasiState:
 
     def __init__(
         self,
-        config: WasiConfig,
+        config: WasiOptions,
         allows: Callable[[str], bool],
         log: ExtensionLog,
         clock: Clock,
