@@ -10,6 +10,7 @@ import argparse
 import json
 import re
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -382,7 +383,26 @@ def _cmd_abi(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    # Host warnings (a disabled module cache, a rejected cache entry) are for the operator:
+    # one plain line, no source location.
+    print(f"warning: {printable(str(message))}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    with warnings.catch_warnings():  # scoped: an embedding caller keeps its own handler
+        warnings.showwarning = _show_warning
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         args = _parser().parse_args(argv)
         handler = {
