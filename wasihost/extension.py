@@ -133,6 +133,11 @@ class Extension:
     def _gate(self, entry: HostFunction) -> bool:
         return self.host.grants.authorizes(self._id, self._call_epoch, entry.capability)
 
+    def grant_scopes(self) -> dict[str, dict[str, Any]]:
+        """The scopes of the capabilities this extension holds now (brokers shape from them)."""
+        entries = self.host.grants.state(self._id).entries
+        return {cap: entries[cap].scope_value for cap in self.grant.capabilities if cap in entries}
+
     @property
     def call_epoch(self) -> int:
         """The grant epoch the call in flight was authorised under (brokers commit with it)."""

@@ -38,6 +38,7 @@ from .state import InstalledPackage, StateStore
 from .tokens import TokenIssuer
 from .wasi.binding import wasi_profile
 from .wasi.registry import MODULE as WASI_MODULE
+from .wasi.scopes import check_scope as check_wasi_scope
 
 
 def default_cache_dir() -> Path:
@@ -244,6 +245,8 @@ class Host:
     def grant(self, extension: str, capability: str, scope: Mapping[str, Any] | None = None) -> int:
         if capability not in self.registry.capabilities():
             raise ConfigError(f"unknown capability {capability!r}")
+        if capability.startswith("wasi."):
+            check_wasi_scope(capability, scope or {})
         epoch = self.grants.grant(extension, capability, scope)
         self.journal(extension, "grant", f"{capability} scope {scope or {}} epoch {epoch}")
         return epoch

@@ -24,6 +24,7 @@ from .fd_io import HANDLERS as FD_IO_HANDLERS
 from .path_calls import HANDLERS as PATH_HANDLERS
 from .proc_calls import HANDLERS as PROC_HANDLERS
 from .registry import MODULE, PROFILE
+from .scopes import apply_scopes
 from .sock_calls import HANDLERS as SOCK_HANDLERS
 from .state import WasiState
 
@@ -101,6 +102,7 @@ class WasiBinding:
     @classmethod
     def for_extension(cls, config: WasiOptions, ext: Extension) -> WasiBinding:
         host = ext.host
+        config = apply_scopes(config, ext.grant_scopes())
         state = WasiState(
             config,
             ext.grant.allows,
