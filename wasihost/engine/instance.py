@@ -1,0 +1,336 @@
+"""One guest instance in its own Store: limits, linking, the fast call path, failures."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Sequence
+from ctypes import POINTER, byref
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import attrs
+import wasmtime
+from wasmtime import _bindings as raw
+from wasmtime import _ffi as ffi
+
+from ..errors import CallError, FailureClass
+from .hostcalls import (
+    TARGET_IDS,
+    TARGETS,
+    BoundImport,
+    Gate,
+    HostContext,
+    finalize,
+    func_new_unchecked,
+    trampoline,
+)
+from .lowlevel import (
+    U32,
+    U64,
+    call_unchecked,
+    get_fuel,
+    memory_data,
+    memory_data_size,
+    set_epoch_deadline,
+    set_fuel,
+    short_message,
+    trap_failure,
+)
+
+if TYPE_CHECKING:
+    from .wasm_engine import WasmEngine
+
+
+@attrs.frozen
+class StoreLimits:
+    """Per-instance limits applied to the Store before instantiation."""
+
+    max_memory_bytes: int
+    max_table_elements: int
+    fuel: int
+    timeout_ms: int
+
+
+@attrs.define
+class CallResult:
+    """A raw command response: the status word, the body bytes, and what the call cost."""
+
+    status: int
+    body: bytes
+    fuel_used: int
+
+
+@attrs.frozen
+class CompiledModule:
+    """A compiled module and the digest of its bytes."""
+
+    module: wasmtime.Module = attrs.field(eq=False)
+    sha256: str
+
+    def import_names(self) -> list[tuple[str, str]]:
+        return [(i.module, i.name or "") for i in self.module.imports]
+
+
+class Instance:
+    """One guest instance in its own Store. Not thread-safe by itself: callers hold ``lock``.
+
+    A Store used from two threads at once crashes the process, so every entry into the guest
+    takes the lock. After a failure that may have corrupted the guest, the owner discards the
+    instance (``close``) and instantiates anew.
+    """
+
+    def __init__(
+        self,
+        engine: WasmEngine,
+        module: CompiledModule,
+        imports: Sequence[BoundImport],
+        gate: Gate,
+        limits: StoreLimits,
+        command_export: str | None = None,
+    ) -> None:
+        self.lock = threading.Lock()
+        # Guards close() against interrupt() from another thread (a freed Store must not be
+        # written to); never held while wasm runs.
+        self._interrupt_lock = threading.Lock()
+        self.interrupted = False
+        self._engine = engine
+        self._limits = limits
+        self._store = wasmtime.Store(engine.wasmtime_engine)
+        self._store.set_limits(
+            memory_size=limits.max_memory_bytes,
+            table_elements=limits.max_table_elements,
+            instances=1,
+            tables=1,
+            memories=1,
+        )
+        self._context = self._store._context()
+        self._ctx_addr = ctypes.cast(self._context, ctypes.c_void_p).value
+        self._ctx = HostContext(imports, gate)
+        self._ctx.expected_ctx = self._ctx_addr or 0
+        self._has_native = any(b.entry.convention == "native" for b in imports)
+        self.closed = False
+        self.fuel_used = 0
+        self.last_call_fuel = 0
+        names = module.import_names()
+        expected = [(b.entry.module, b.entry.name) for b in imports]
+        if names != expected:
+            # Admission read the imports from the bytes; the engine must agree exactly.
+            raise CallError(FailureClass.ADMISSION, "engine and admission disagree on imports")
+        externs = (ffi.wasmtime_extern_t * max(1, len(imports)))()
+        for i, bound in enumerate(imports):
+            env = next(TARGET_IDS)
+            TARGETS[env] = (self._ctx, i)
+            func = ffi.wasmtime_func_t()
+            func_new_unchecked(
+                self._ctx_addr,
+                ctypes.cast(engine.func_type(bound.entry).ptr(), ctypes.c_void_p),
+                trampoline,
+                env,
+                finalize,
+                ctypes.addressof(func),
+            )
+            externs[i] = ffi.wasmtime_extern_t(
+                ffi.WASMTIME_EXTERN_FUNC, ffi.wasmtime_extern_union(func=func)
+            )
+        instance = ffi.wasmtime_instance_t()
+        with self.lock:
+            self._arm(limits.fuel)
+            self._ctx.native.deadline = time.monotonic() + limits.timeout_ms / 1000
+            trap = POINTER(ffi.wasm_trap_t)()
+            err = raw._wasmtime_instance_new(
+                self._context,
+                module.module.ptr(),
+                externs,
+                len(imports),
+                byref(instance),
+                byref(trap),
+            )
+            self._account(limits.fuel)
+            if err or trap:
+                self.close()
+                raise self._failure(err, trap, instantiating=True)
+        self._instance = instance
+        self._memory = self._export(b"memory").of.memory
+        self._ctx.set_memory(self._memory)
+        if command_export is not None:
+            self._alloc = self._call = self._export(command_export.encode()).of.func
+        else:
+            self._alloc = self._export(b"wasihost_alloc").of.func
+            self._call = self._export(b"wasihost_call").of.func
+        self._args1 = (ffi.wasmtime_val_raw_t * 1)()
+        self._args3 = (ffi.wasmtime_val_raw_t * 3)()
+        # Raw addresses for the fast path; every object they point into is kept alive by self.
+        self._mem_addr = ctypes.addressof(self._memory)
+        self._alloc_addr = ctypes.addressof(self._alloc)
+        self._call_addr = ctypes.addressof(self._call)
+        self._args1_addr = ctypes.addressof(self._args1)
+        self._args3_addr = ctypes.addressof(self._args3)
+        self._trap_slot = ctypes.c_void_p(0)
+        self._trap_slot_addr = ctypes.addressof(self._trap_slot)
+        self._fuel_left = ctypes.c_uint64(0)
+        self._fuel_left_addr = ctypes.addressof(self._fuel_left)
+        self._deadline_ticks = engine.ticks_for(limits.timeout_ms)
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._ctx.exit_code
+
+    def run_command(self) -> int:
+        """Run a profile command's entry point to its end; return its exit code.
+
+        A normal return is exit code 0; ``proc_exit(n)`` ends it with ``n``. Caller holds
+        ``lock``; the instance cannot run again afterwards.
+        """
+        if self.closed:
+            raise CallError(FailureClass.HOST_ERROR, "instance is closed")
+        fuel = self._limits.fuel
+        ctx = self._ctx_addr
+        set_fuel(ctx, fuel)
+        set_epoch_deadline(ctx, self._deadline_ticks)
+        self._ctx.native.deadline = time.monotonic() + self._limits.timeout_ms / 1000
+        try:
+            self._invoke(self._call_addr, self._args1_addr, 0)
+        except CallError:
+            if self._ctx.exit_code is None:
+                raise
+        finally:
+            get_fuel(ctx, self._fuel_left_addr)
+            used = fuel - self._fuel_left.value
+            self.fuel_used += used
+            self.last_call_fuel = used
+        return self._ctx.exit_code if self._ctx.exit_code is not None else 0
+
+    def _export(self, name: bytes) -> Any:
+        item = ffi.wasmtime_extern_t()
+        if not raw._wasmtime_instance_export_get(
+            self._context, byref(self._instance), name, len(name), byref(item)
+        ):
+            raise CallError(FailureClass.PROTOCOL, f"export {name.decode()} missing")
+        return item
+
+    def _arm(self, fuel: int) -> None:
+        raw._wasmtime_context_set_fuel(self._context, fuel)
+        raw._wasmtime_context_set_epoch_deadline(
+            self._context, self._engine.ticks_for(self._limits.timeout_ms)
+        )
+
+    def _account(self, fuel: int) -> None:
+        left = ctypes.c_uint64(0)
+        raw._wasmtime_context_get_fuel(self._context, byref(left))
+        self.fuel_used += fuel - left.value
+
+    def _failure(self, err: Any, trap: Any, *, instantiating: bool = False) -> CallError:
+        reraise, self._ctx.reraise = self._ctx.reraise, None
+        if reraise is not None:
+            raise reraise
+        failure = self._ctx.take_failure()
+        if failure is None and self._ctx.exit_code is not None:
+            failure = CallError(FailureClass.TRAP, f"guest exited with {self._ctx.exit_code}")
+        if failure is not None:
+            if trap:
+                raw.wasm_trap_delete(trap)
+            if err:
+                raw.wasmtime_error_delete(err)
+            return failure
+        if trap:
+            return trap_failure(trap)
+        message = short_message(str(wasmtime.WasmtimeError._from_ptr(err)))
+        if instantiating and ("limit" in message or "minimum" in message):
+            return CallError(FailureClass.MEMORY_LIMIT, message)
+        return CallError(FailureClass.TRAP, message)
+
+    def _invoke(self, func_addr: int, args_addr: int, n: int) -> None:
+        err = call_unchecked(self._ctx_addr, func_addr, args_addr, n, self._trap_slot_addr)
+        if err or self._trap_slot.value:
+            self._raise_failure(err)
+
+    def _raise_failure(self, err: int | None) -> NoReturn:
+        trap = self._trap_slot.value
+        self._trap_slot.value = 0
+        raise self._failure(
+            ctypes.cast(err, POINTER(ffi.wasmtime_error_t)) if err else None,
+            ctypes.cast(trap, POINTER(ffi.wasm_trap_t)) if trap else None,
+        )
+
+    def call(self, command: bytes, payload: bytes, max_output_bytes: int) -> CallResult:
+        """Run one command per the ABI calling convention. Caller holds ``lock``."""
+        if self.closed:
+            raise CallError(FailureClass.HOST_ERROR, "instance is closed")
+        fuel = self._limits.fuel
+        ctx = self._ctx_addr
+        mem = self._mem_addr
+        set_fuel(ctx, fuel)
+        set_epoch_deadline(ctx, self._deadline_ticks)
+        if self._has_native:
+            self._ctx.native.deadline = time.monotonic() + self._limits.timeout_ms / 1000
+        try:
+            block = command + payload
+            total = len(block)
+            args1 = self._args1
+            args1[0].i32 = total
+            # _invoke inlined: two method calls are a measurable share of a no-op call.
+            err = call_unchecked(ctx, self._alloc_addr, self._args1_addr, 1, self._trap_slot_addr)
+            if err or self._trap_slot.value:
+                self._raise_failure(err)
+            ptr = args1[0].i32 & U32
+            size = memory_data_size(ctx, mem)
+            if ptr == 0 or ptr + total > size:
+                raise CallError(
+                    FailureClass.PROTOCOL,
+                    f"wasihost_alloc({total}) returned {ptr}, not a block inside memory of "
+                    f"{size} bytes",
+                )
+            ctypes.memmove(memory_data(ctx, mem) + ptr, block, total)
+            args3 = self._args3
+            args3[0].i32 = ptr
+            args3[1].i32 = len(command)
+            args3[2].i32 = len(payload)
+            err = call_unchecked(ctx, self._call_addr, self._args3_addr, 3, self._trap_slot_addr)
+            if err or self._trap_slot.value:
+                self._raise_failure(err)
+            packed = args3[0].i64 & U64
+            resp_ptr = packed >> 32
+            resp_len = packed & U32
+            # The guest may have grown (moved) its memory during the call: read both afresh.
+            size = memory_data_size(ctx, mem)
+            if resp_ptr + resp_len > size:
+                raise CallError(
+                    FailureClass.PROTOCOL,
+                    f"response [{resp_ptr}, +{resp_len}) outside memory of {size} bytes",
+                )
+            if resp_len < 4:
+                raise CallError(
+                    FailureClass.PROTOCOL, f"response of {resp_len} bytes has no status"
+                )
+            if resp_len - 4 > max_output_bytes:
+                raise CallError(
+                    FailureClass.PROTOCOL,
+                    f"response body of {resp_len - 4} bytes over the output limit of "
+                    f"{max_output_bytes}",
+                )
+            data = ctypes.string_at(memory_data(ctx, mem) + resp_ptr, resp_len)
+        finally:
+            get_fuel(ctx, self._fuel_left_addr)
+            used = fuel - self._fuel_left.value
+            self.fuel_used += used
+            self.last_call_fuel = used
+        return CallResult(int.from_bytes(data[:4], "little"), data[4:], used)
+
+    def interrupt(self) -> None:
+        """From any thread: make the running call, if any, trap at its next epoch check.
+
+        It writes the Store's epoch deadline (one aligned 64-bit field that compiled code polls)
+        without the instance lock, which the calling thread holds; that write is the one
+        cross-thread touch of a Store the adapter allows. The next call re-arms the deadline.
+        """
+        with self._interrupt_lock:
+            if not self.closed:
+                self.interrupted = True
+                set_epoch_deadline(self._ctx_addr, 0)
+
+    def close(self) -> None:
+        with self._interrupt_lock:
+            if not self.closed:
+                self.closed = True
+                self._store.close()

@@ -1,0 +1,121 @@
+"""The private libwasmtime entry points the adapter uses, and trap decoding.
+
+Every private binding of wasmtime-py is taken here: prototypes of our own over ``ffi.dll``
+(plain addresses in, plain addresses out) for the hot paths, and a check at import that the
+pinned wasmtime has each symbol, failing with a ConfigError that names what is missing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+from typing import Any
+
+import wasmtime
+from wasmtime import _bindings as raw
+from wasmtime import _ffi as ffi
+
+from ..errors import CallError, ConfigError, FailureClass
+
+U32 = 0xFFFF_FFFF
+U64 = 0xFFFF_FFFF_FFFF_FFFF
+
+# A trap message is for the embedder's eyes; the first lines say what and where.
+MAX_TRAP_MESSAGE_CHARS = 400
+
+WASMTIME_VERSION = importlib.metadata.version("wasmtime")
+
+
+def private_fn(name: str, restype: Any, *argtypes: Any) -> Any:
+    """Our own ctypes prototype for a libwasmtime symbol.
+
+    ``dll[name]`` makes a new function object, so its plain ``c_void_p``/integer signature
+    does not disturb wasmtime-py's own typed prototypes. Passing raw addresses skips ctypes'
+    per-argument type checks and ``cast`` calls, which dominate a no-op call otherwise.
+    """
+    try:
+        fn = ffi.dll[name]
+    except AttributeError:
+        raise ConfigError(
+            f"wasmtime {WASMTIME_VERSION} lacks {name}; wasihost needs the pinned wasmtime major"
+        ) from None
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+    return fn
+
+
+VP = ctypes.c_void_p
+call_unchecked = private_fn("wasmtime_func_call_unchecked", VP, VP, VP, VP, ctypes.c_size_t, VP)
+memory_data = private_fn("wasmtime_memory_data", VP, VP, VP)
+memory_data_size = private_fn("wasmtime_memory_data_size", ctypes.c_size_t, VP, VP)
+set_fuel = private_fn("wasmtime_context_set_fuel", VP, VP, ctypes.c_uint64)
+get_fuel = private_fn("wasmtime_context_get_fuel", VP, VP, VP)
+set_epoch_deadline = private_fn("wasmtime_context_set_epoch_deadline", None, VP, ctypes.c_uint64)
+
+TRAP_CLASSES = {
+    wasmtime.TrapCode.OUT_OF_FUEL: FailureClass.OUT_OF_FUEL,
+    wasmtime.TrapCode.INTERRUPT: FailureClass.DEADLINE,
+    wasmtime.TrapCode.STACK_OVERFLOW: FailureClass.STACK_OVERFLOW,
+    # Rust's panic=abort and most language runtimes' abort() compile to `unreachable`.
+    wasmtime.TrapCode.UNREACHABLE: FailureClass.PANIC,
+}
+
+
+def trap_failure(trap_ptr: Any) -> CallError:
+    trap = wasmtime.Trap._from_ptr(trap_ptr)
+    code = trap.trap_code
+    message = short_message(trap.message)
+    return CallError(
+        TRAP_CLASSES.get(code, FailureClass.TRAP) if code else FailureClass.TRAP, message
+    )
+
+
+def short_message(message: str) -> str:
+    """The cause and the innermost wasm frame of an engine message, on one bounded line.
+
+    wasmtime formats traps as "error while executing at wasm backtrace: <frames> Caused by:
+    <cause>"; the cause says what, the first frame says where.
+    """
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return "no message"
+    cause = lines[-1]
+    if "Caused by:" in lines:
+        cause = " ".join(lines[lines.index("Caused by:") + 1 :])
+    frame = next((line for line in lines if line[:1].isdigit() and ":" in line), None)
+    text = f"{cause} (at {frame.split(':', 1)[1].strip()})" if frame else cause
+    return text[:MAX_TRAP_MESSAGE_CHARS]
+
+
+def new_trap(message: str) -> int:
+    data = message.encode()
+    trap = raw._wasmtime_trap_new(data, len(data))
+    return ctypes.cast(trap, ctypes.c_void_p).value or 0
+
+
+def check_private_bindings() -> None:
+    """Fail at import, by name, if the pinned wasmtime lacks a private symbol we rely on."""
+    needed = [
+        "_wasmtime_func_call_unchecked",
+        "_wasmtime_func_new_unchecked",
+        "_wasmtime_caller_context",
+        "_wasmtime_caller_export_get",
+        "_wasmtime_memory_data",
+        "_wasmtime_memory_data_size",
+        "_wasmtime_context_get_fuel",
+        "_wasmtime_context_set_fuel",
+        "_wasmtime_context_set_epoch_deadline",
+        "_wasmtime_instance_new",
+        "_wasmtime_instance_export_get",
+        "_wasmtime_trap_new",
+        "wasmtime_func_unchecked_callback_t",
+    ]
+    missing = [name for name in needed if not hasattr(raw, name)]
+    if missing:
+        raise ConfigError(
+            f"wasmtime {WASMTIME_VERSION} lacks {', '.join(missing)}; "
+            "wasihost needs the pinned wasmtime major"
+        )
+
+
+check_private_bindings()

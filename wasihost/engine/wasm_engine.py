@@ -1,0 +1,120 @@
+"""One wasmtime Engine with fuel and epoch interruption, its watchdog and module cache."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import wasmtime
+
+from ..registry import HostFunction
+from ..settings import EngineSettings
+from .cache import ModuleCache
+from .hostcalls import BoundImport, Gate
+from .instance import CompiledModule, Instance, StoreLimits
+
+# ---------------------------------------------------------------------------------------------
+# Engine and instances
+# ---------------------------------------------------------------------------------------------
+
+_VALTYPES = {
+    "i32": wasmtime.ValType.i32,
+    "i64": wasmtime.ValType.i64,
+    "f32": wasmtime.ValType.f32,
+    "f64": wasmtime.ValType.f64,
+}
+
+
+class _Watchdog:
+    """Ticks the engine epoch so that per-call deadlines fire while wasm runs.
+
+    Python signal handlers do not run while wasm executes, so a timer thread is the only way
+    to interrupt a guest; the GIL is released during wasm, so this thread does get to run.
+    """
+
+    def __init__(self, engine: wasmtime.Engine, tick_ms: int) -> None:
+        self._engine = engine
+        self._tick = tick_ms / 1000
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def ensure_running(self) -> None:
+        if self._thread is not None:
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="wasihost-epoch", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._tick):
+            self._engine.increment_epoch()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class WasmEngine:
+    """One wasmtime Engine with fuel and epoch interruption, its watchdog and module cache."""
+
+    def __init__(self, settings: EngineSettings, cache_dir: Path | None = None) -> None:
+        self.settings = settings
+        config = wasmtime.Config()
+        config.consume_fuel = True
+        config.epoch_interruption = True
+        config.max_wasm_stack = settings.max_wasm_stack
+        config.memory_reservation = settings.memory_reservation
+        config.memory_guard_size = settings.memory_guard_size
+        config.cranelift_opt_level = settings.opt_level
+        config.parallel_compilation = settings.parallel_compilation
+        config.wasm_threads = False
+        config.shared_memory = False
+        self._engine = wasmtime.Engine(config)
+        self._watchdog = _Watchdog(self._engine, settings.epoch_tick_ms)
+        self.cache = ModuleCache(self._engine, settings.fingerprint(), cache_dir)
+        # A FuncType is registered with the first engine that uses it and must never meet
+        # another one (wasmtime asserts, aborting the process): one cache per engine.
+        self._func_types: dict[tuple[tuple[str, ...], tuple[str, ...]], wasmtime.FuncType] = {}
+        self._func_types_lock = threading.Lock()
+
+    def func_type(self, entry: HostFunction) -> wasmtime.FuncType:
+        key = (entry.params, entry.results)
+        with self._func_types_lock:
+            ft = self._func_types.get(key)
+            if ft is None:
+                ft = wasmtime.FuncType(
+                    [_VALTYPES[p]() for p in entry.params], [_VALTYPES[r]() for r in entry.results]
+                )
+                self._func_types[key] = ft
+            return ft
+
+    def ticks_for(self, timeout_ms: int) -> int:
+        # +1: the current tick may be about to end; a deadline is never shorter than asked.
+        return -(-timeout_ms // self.settings.epoch_tick_ms) + 1
+
+    def compile(self, wasm: bytes, sha256: str) -> CompiledModule:
+        return CompiledModule(self.cache.get(wasm, sha256), sha256)
+
+    def instantiate(
+        self,
+        module: CompiledModule,
+        imports: Sequence[BoundImport],
+        gate: Gate,
+        limits: StoreLimits,
+        command_export: str | None = None,
+    ) -> Instance:
+        """Instantiate under ``limits``; ``command_export`` names the entry point of a plain
+        profile command (``_start``) instead of the wasihost ABI exports."""
+        self._watchdog.ensure_running()
+        return Instance(self, module, imports, gate, limits, command_export)
+
+    def close(self) -> None:
+        self._watchdog.stop()
+
+    @property
+    def wasmtime_engine(self) -> wasmtime.Engine:
+        return self._engine
