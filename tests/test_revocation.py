@@ -131,3 +131,16 @@ def test_upgrade_restarts_and_downgrade_does_not() -> None:
         ext.call("greet", {"name": "c"})
         assert ext.starts == 2  # upgrade: re-admitted and restarted
         assert ext.handshake is not None and "clock" in ext.handshake.granted
+
+
+def test_a_policy_update_voids_old_epochs_and_caps_grants() -> None:
+    with Host(Policy(allow=CAPS), cache_dir=None) as host:
+        ext = host.load(FIXTURES / "hello")
+        ext.call("greet", {"name": "a"})
+        old = host.grants.epoch(ext.id)
+        assert "clock" in ext.grant.capabilities
+        host.update_policy(Policy(allow={"log"}))
+        assert host.grants.commit(ext.id, old, "log", lambda: True) == (False, None)
+        assert ext.call("greet", {"name": "b"}) == {"greeting": "hello, b"}
+        assert ext.grant.capabilities == {"log"}
+        assert ext.grant.epoch > old

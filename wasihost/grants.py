@@ -4,7 +4,8 @@ An extension's authority is the set of its active grants, each a capability with
 **grant epoch** only ever grows: every grant, scope change, revocation or policy update bumps
 it. A call captures the epoch when it starts; a broker that *commits* something (a log append
 now; storage transactions and network sends later) does it through :meth:`GrantTable.commit`,
-which re-checks the epoch and the capability under the same lock a revocation takes. So once
+which re-checks the epoch and the capability under the same (per-extension) lock a
+revocation takes. So once
 ``revoke`` has returned, nothing authorised before it can commit.
 
 Pure apart from the optional write-through store (a :class:`GrantStore`), which is asked to
@@ -87,7 +88,17 @@ class GrantTable:
     def __init__(self, store: GrantStore | None = None) -> None:
         self._store = store
         self._states: dict[str, GrantState] = {}
-        self._lock = threading.Lock()
+        # One lock per extension: a commit (which may be a file write) holds it while it runs,
+        # and must not hold up other extensions' calls or grant changes.
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+
+    def _lock_for(self, extension: str) -> threading.Lock:
+        lock = self._locks.get(extension)
+        if lock is None:
+            with self._locks_lock:
+                lock = self._locks.setdefault(extension, threading.Lock())
+        return lock
 
     def _get(self, extension: str) -> GrantState:
         state = self._states.get(extension)
@@ -104,7 +115,7 @@ class GrantTable:
         return state.epoch
 
     def state(self, extension: str) -> GrantState:
-        with self._lock:
+        with self._lock_for(extension):
             return self._get(extension)
 
     def current(self, extension: str) -> GrantState | None:
@@ -114,11 +125,11 @@ class GrantTable:
         return self._states.get(extension)
 
     def snapshot(self, extension: str) -> Grant:
-        with self._lock:
+        with self._lock_for(extension):
             return self._get(extension).snapshot()
 
     def epoch(self, extension: str) -> int:
-        with self._lock:
+        with self._lock_for(extension):
             return self._get(extension).epoch
 
     def grant(self, extension: str, capability: str, scope: Mapping[str, Any] | None = None) -> int:
@@ -126,7 +137,7 @@ class GrantTable:
         if capability == CORE_CAPABILITY:
             raise ConfigError("'core' is implicit and cannot be granted or revoked")
         text = canonical_scope(scope)
-        with self._lock:
+        with self._lock_for(extension):
             old = self._get(extension)
             current = old.entries.get(capability)
             if current is not None and current.scope == text and old.revoked is None:
@@ -136,19 +147,10 @@ class GrantTable:
             entries[capability] = GrantEntry(capability, text, epoch)
             return self._put(extension, GrantState(entries, epoch, old.revoked))
 
-    def set_initial(self, extension: str, capabilities: frozenset[str]) -> int:
-        """Seed an extension that has no grant history (a stateless host's effective grant)."""
-        with self._lock:
-            old = self._get(extension)
-            if old.epoch != 0 or old.entries:
-                return old.epoch
-            entries = {c: GrantEntry(c, "{}", 1) for c in capabilities}
-            return self._put(extension, GrantState(entries, 1, None))
-
     def reset(self, extension: str, capabilities: frozenset[str]) -> int:
         """Make ``capabilities`` the extension's whole grant (a stateless host's admission).
         Bumps the epoch only if something changes; a revoked extension stays revoked."""
-        with self._lock:
+        with self._lock_for(extension):
             old = self._get(extension)
             if old.revoked is None and frozenset(old.entries) == capabilities and old.epoch:
                 return old.epoch
@@ -161,7 +163,7 @@ class GrantTable:
     def revoke(self, extension: str, capability: str | None = None, reason: str = "") -> int:
         """Withdraw one capability, or (``capability=None``) all of them: the extension is
         then revoked as a whole until :meth:`reinstate`. Returns the new epoch."""
-        with self._lock:
+        with self._lock_for(extension):
             old = self._get(extension)
             entries = dict(old.entries)
             if capability is None:
@@ -176,13 +178,17 @@ class GrantTable:
 
     def reinstate(self, extension: str) -> int:
         """Lift a whole-extension revocation; grants must be given again one by one."""
-        with self._lock:
+        with self._lock_for(extension):
             old = self._get(extension)
             return self._put(extension, GrantState(old.entries, old.epoch + 1, None))
 
+    def known(self) -> list[str]:
+        """Extensions whose grants this table has loaded."""
+        return list(self._states)
+
     def bump(self, extension: str) -> int:
         """A security-policy update: every authorisation made so far is void."""
-        with self._lock:
+        with self._lock_for(extension):
             old = self._get(extension)
             return self._put(extension, attrs.evolve(old, epoch=old.epoch + 1))
 
@@ -192,7 +198,7 @@ class GrantTable:
         :meth:`commit`, which holds the lock."""
         state = self._states.get(extension)
         if state is None:
-            with self._lock:
+            with self._lock_for(extension):
                 state = self._get(extension)
         return self._authorizes(state, epoch, capability)
 
@@ -207,7 +213,7 @@ class GrantTable:
     ) -> tuple[bool, T | None]:
         """Run ``action`` only if ``epoch`` still authorises ``capability``, atomically with
         respect to every grant change. ``action`` must be short: it holds the table's lock."""
-        with self._lock:
+        with self._lock_for(extension):
             if not self._authorizes(self._get(extension), epoch, capability):
                 return False, None
             return True, action()

@@ -267,6 +267,18 @@ class Host:
                 self.state.record_state(extension, State.REVOKED.value, reason or None)
         return epoch
 
+    def update_policy(self, policy: Policy) -> None:
+        """A security-policy change: every grant epoch is bumped, so nothing authorised under
+        the old policy commits under the new one, and each extension re-evaluates its grant
+        (requested ∩ granted ∩ the new policy) before its next call."""
+        self.policy = policy
+        names = set(self.grants.known())
+        if self.state is not None:
+            names.update(self.state.extensions())
+        for name in sorted(names):
+            epoch = self.grants.bump(name)
+            self.journal(name, "policy", f"security policy updated, epoch {epoch}")
+
     def disable(self, extension: str, reason: str = "emergency disable") -> int:
         """Emergency stop: revoke everything and interrupt the call in flight."""
         return self.revoke(extension, None, reason)
