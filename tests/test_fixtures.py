@@ -11,7 +11,7 @@ import pytest
 from conftest import ALL_CAPS, FIXTURES, ROOT, rust_toolchain_present, toolchain_present
 
 from wasihost.admission import declared_version
-from wasihost.errors import AdmissionError, CallError, FailureClass
+from wasihost.errors import AdmissionError, CallError, ConfigError, FailureClass
 from wasihost.policy import Policy
 from wasihost.registry import default_registry
 from wasihost.runtime import Extension, Host
@@ -213,3 +213,26 @@ def test_guest_sdk_unit_tests_and_vectors_pass() -> None:
         env={**os.environ, "RUST_BACKTRACE": "0"},
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def test_strict_policy_caps_resources_to_its_ceilings() -> None:
+    with Host(Policy.strict(allow={"log"}), cache_dir=None) as strict:
+        ext = load(strict, "logger")
+        r = ext.resources
+        assert (r.max_memory_bytes, r.max_output_bytes, r.max_log_bytes) == (
+            10 * 1024 * 1024,
+            20 * 1024,
+            1024,
+        )
+        out = ext.call("run", {"lines": 100})
+        assert out["dropped"] > 0  # 1 KiB of log holds far fewer than 100 lines
+        assert any("policy ceilings" in detail for _, detail in ext.steps)
+        # a caller cannot ask past a ceiling either
+        assert load(strict, "compute", fuel=50_000_000).resources.fuel_per_call == 11_000_000
+
+
+def test_malformed_ceilings_are_refused() -> None:
+    with pytest.raises(ConfigError, match="unknown resource ceilings: fuel"):
+        Policy(ceilings={"fuel": 5})
+    with pytest.raises(ConfigError, match="max_log_bytes=-1 outside"):
+        Policy(ceilings={"max_log_bytes": -1})

@@ -144,3 +144,13 @@ def test_a_policy_update_voids_old_epochs_and_caps_grants() -> None:
         assert ext.call("greet", {"name": "b"}) == {"greeting": "hello, b"}
         assert ext.grant.capabilities == {"log"}
         assert ext.grant.epoch > old
+
+
+def test_a_policy_update_lowers_resource_ceilings_with_a_restart() -> None:
+    with Host(Policy(allow=CAPS), cache_dir=None) as host:
+        ext = host.load(FIXTURES / "compute")
+        ext.call("run", {"n": 10})
+        host.update_policy(Policy(allow=CAPS, ceilings={"fuel_per_call": 100_000}))
+        ext.call("run", {"n": 10})
+        assert ext.resources.fuel_per_call == 100_000
+        assert ext.starts == 2

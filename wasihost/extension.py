@@ -311,7 +311,13 @@ class Extension:
         # Profile brokers (WASI) shape per-instance state from the grant at start (preopened
         # mounts, stdio routing), so for them any change means a fresh instance.
         stateful_brokers = any(e.convention == "native" for e in self.plan.imports)
-        if capabilities <= self.grant.capabilities and not stateful_brokers:
+        # A policy update may lower resource ceilings; store limits are fixed per instance.
+        resources = self.host.policy.cap(self.resources)
+        if (
+            capabilities <= self.grant.capabilities
+            and not stateful_brokers
+            and resources == self.resources
+        ):
             self.grant = Grant(capabilities, epoch)
             self.record_step("load active grants", f"downgraded in place, epoch {epoch}")
             return
@@ -319,17 +325,25 @@ class Extension:
             self.package,
             self.host.registry,
             self.host.policy,
-            fuel=self.resources.fuel_per_call,
-            timeout_ms=self.resources.timeout_ms,
+            fuel=resources.fuel_per_call,
+            timeout_ms=resources.timeout_ms,
             granted=granted,
             epoch=epoch,
         )
         self.grant = grant
         self.plan = plan
+        self._set_resources(resources)
         self.record_step("load active grants", f"changed, epoch {epoch}: restarting")
         self._discard()
         self.lifecycle.try_fire(Event.STOP)
         self.lifecycle.try_fire(Event.STOPPED)
+
+    def _set_resources(self, resources: Resources) -> None:
+        if resources != self.resources:
+            self.resources = resources
+            self.log.max_bytes = resources.max_log_bytes
+            self._input_limits = CodecLimits(max_bytes=resources.max_input_bytes)
+            self._output_limits = CodecLimits(max_bytes=resources.max_output_bytes)
 
     def on_revoked(self, reason: str) -> None:
         """Called by the host from any thread: stop the call in flight, refuse the next."""

@@ -36,8 +36,10 @@ def plan_package(
     the policy then only caps it. Without it, the policy alone decides (a stateless host).
     """
     manifest = package.manifest
-    resources = _with_overrides(
-        manifest.resources if manifest is not None else Resources.default(), fuel, timeout_ms
+    resources = policy.cap(
+        _with_overrides(
+            manifest.resources if manifest is not None else Resources.default(), fuel, timeout_ms
+        )
     )
     try:
         header = read_header(package.wasm)

@@ -7,11 +7,14 @@ admission when a required capability is not allowed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 import attrs
 
+from . import limits
 from .errors import AdmissionError, ConfigError
+from .manifest import Resources
 from .registry import CORE_CAPABILITY
 
 # Coarse by default: 1 ms is enough for timestamps in logs and too coarse for most cache
@@ -29,13 +32,62 @@ def _capabilities(values: Iterable[str]) -> frozenset[str]:
     return frozenset(values)
 
 
+def _ceilings(value: Mapping[str, int]) -> Mapping[str, int]:
+    unknown = sorted(set(value) - set(limits.RESOURCE_BOUNDS))
+    if unknown:
+        raise ConfigError(f"unknown resource ceilings: {', '.join(unknown)}")
+    for name, ceiling in value.items():
+        bound = limits.RESOURCE_BOUNDS[name]
+        if type(ceiling) is not int or not bound.minimum <= ceiling <= bound.maximum:
+            raise ConfigError(
+                f"resource ceiling {name}={ceiling!r} outside {bound.minimum}..{bound.maximum}"
+            )
+    return MappingProxyType(dict(value))
+
+
+# Shopify Functions run untrusted merchant code in production with these limits: 11M
+# instructions, 10 MB of memory, 128 kB of input, 20 kB of output, 1 kB of logs, no clocks and
+# no randomness. A good starting point for a host that trusts its extensions least.
+STRICT_CEILINGS: Mapping[str, int] = MappingProxyType(
+    {
+        "fuel_per_call": 11_000_000,
+        "max_memory_bytes": 10 * 1024 * 1024,
+        "max_input_bytes": 128 * 1024,
+        "max_output_bytes": 20 * 1024,
+        "max_log_bytes": 1024,
+        "timeout_ms": 1000,
+    }
+)
+
+
 @attrs.frozen
 class Policy:
-    """What the host is willing to grant, and how it shapes granted capabilities."""
+    """What the host is willing to grant, and how it shapes granted capabilities.
+
+    ``ceilings`` caps an extension's resources field by field (a manifest or a caller may ask
+    for less, never for more): the resource counterpart of requested ∩ allowed.
+    """
 
     allow: frozenset[str] = attrs.field(converter=_capabilities, factory=frozenset)
     clock_resolution_ns: int = DEFAULT_CLOCK_RESOLUTION_NS
     random_seed: bytes | None = None
+    ceilings: Mapping[str, int] = attrs.field(
+        converter=_ceilings, factory=dict, eq=False, hash=False
+    )
+
+    @classmethod
+    def strict(cls, allow: Iterable[str] = ("log",)) -> Policy:
+        """Least trust: Shopify Functions' production limits, logging only by default."""
+        return cls(allow=frozenset(allow), ceilings=STRICT_CEILINGS)
+
+    def cap(self, resources: Resources) -> Resources:
+        """``resources`` with every field lowered to its ceiling."""
+        changes = {
+            name: ceiling
+            for name, ceiling in self.ceilings.items()
+            if getattr(resources, name) > ceiling
+        }
+        return attrs.evolve(resources, **changes) if changes else resources
 
     def __attrs_post_init__(self) -> None:
         if not MIN_CLOCK_RESOLUTION_NS <= self.clock_resolution_ns <= MAX_CLOCK_RESOLUTION_NS:

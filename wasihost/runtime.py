@@ -222,7 +222,12 @@ class Host:
             (
                 "apply resource policy",
                 f"fuel {resources.fuel_per_call}, "
-                f"{resources.timeout_ms} ms, {resources.max_memory_bytes} B",
+                f"{resources.timeout_ms} ms, {resources.max_memory_bytes} B"
+                + (
+                    f" (policy ceilings: {', '.join(sorted(self.policy.ceilings))})"
+                    if self.policy.ceilings
+                    else ""
+                ),
             ),
         ]
         try:
