@@ -156,8 +156,7 @@ class HostContext:
             CodecLimits(max_bytes=max(1, b.entry.max_request_bytes)) for b in imports
         )
         self.gate = gate
-        self.memory: Any = None  # the exported memory's wasmtime_memory_t, once resolved
-        self.mem_addr = 0
+        self.mem_addr = 0  # the exported memory (kept alive by the Instance), once resolved
         # The error slot: set by a host function that ends the call, read by the caller of the
         # wasm function on the same thread, under the instance lock. Never global.
         self.failure: CallError | None = None
@@ -187,7 +186,6 @@ class HostContext:
         return ctx
 
     def set_memory(self, memory: Any) -> None:
-        self.memory = memory
         self.mem_addr = ctypes.addressof(memory)
 
     def take_failure(self) -> CallError | None:
@@ -201,18 +199,6 @@ class HostContext:
     def _fuel_left(self, ctx: int) -> int:
         get_fuel(ctx, self._fuel_addr)  # fuel is always on in this adapter's engines
         return int(self._fuel.value)
-
-    def _pay(self, ctx: int, left: int, amount: int, entry: HostFunction) -> bool:
-        """Take ``amount`` from ``left`` (the store's fuel, read by the caller)."""
-        if left < amount:
-            set_fuel(ctx, 0)
-            self.failure = CallError(
-                FailureClass.OUT_OF_FUEL,
-                f"fuel ran out paying for host call {entry.qualified_name}",
-            )
-            return False
-        set_fuel(ctx, left - amount)
-        return True
 
     def _memory_of(self, caller: int) -> int:
         """The caller's memory; during a start function, before exports are resolved, it is
@@ -245,7 +231,7 @@ class HostContext:
         req_len = args[1].i32 & U32
         resp_ptr = args[2].i32 & U32
         resp_cap = args[3].i32 & U32
-        ctx = _caller_context(caller)
+        ctx = self.store_ctx or self._verified_context(caller)
         mem = self._memory_of(caller)
         if not mem:
             return self._fail(FailureClass.PROTOCOL, f"{name}: guest exports no memory")
@@ -266,9 +252,10 @@ class HostContext:
             return self._fail(FailureClass.PROTOCOL, f"{name}: request and response overlap")
         left = self._fuel_left(ctx)
         price = entry.fuel_price(req_len)
-        if not self._pay(ctx, left, price, entry):
-            return new_trap("wasihost: out of fuel")
+        if left < price:
+            return self._out_of_fuel(ctx, entry)
         left -= price
+        set_fuel(ctx, left)
         if not self.gate(entry):
             args[0].i32 = -Status.DENIED
             return 0
@@ -303,8 +290,10 @@ class HostContext:
             args[0].i32 = -Status.BUFFER_TOO_SMALL
             return 0
         # No wasm ran during the handler, so the fuel left is what we set above.
-        if not self._pay(ctx, left, entry.fuel_per_byte * len(body), entry):
-            return new_trap("wasihost: out of fuel")
+        cost = entry.fuel_per_byte * len(body)
+        if left < cost:
+            return self._out_of_fuel(ctx, entry)
+        set_fuel(ctx, left - cost)
         # The handler cannot grow guest memory, but re-read the base anyway: it is one C call
         # and makes the write independent of what the handler did.
         ctypes.memmove(memory_data(ctx, mem) + resp_ptr, body, len(body))

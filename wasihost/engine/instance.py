@@ -109,6 +109,9 @@ class Instance:
         self._ctx = HostContext(imports, gate)
         self._ctx.expected_ctx = self._ctx_addr or 0
         self._has_native = any(b.entry.convention == "native" for b in imports)
+        self._deadline_ticks = engine.ticks_for(limits.timeout_ms)
+        self._fuel_left = ctypes.c_uint64(0)
+        self._fuel_left_addr = ctypes.addressof(self._fuel_left)
         self.closed = False
         self.fuel_used = 0
         self.last_call_fuel = 0
@@ -135,8 +138,7 @@ class Instance:
             )
         instance = ffi.wasmtime_instance_t()
         with self.lock:
-            self._arm(limits.fuel)
-            self._ctx.native.deadline = time.monotonic() + limits.timeout_ms / 1000
+            self._arm()
             trap = POINTER(ffi.wasm_trap_t)()
             err = raw._wasmtime_instance_new(
                 self._context,
@@ -146,7 +148,7 @@ class Instance:
                 byref(instance),
                 byref(trap),
             )
-            self._account(limits.fuel)
+            self._account()
             if err or trap:
                 self.close()
                 raise self._failure(err, trap, instantiating=True)
@@ -168,9 +170,6 @@ class Instance:
         self._args3_addr = ctypes.addressof(self._args3)
         self._trap_slot = ctypes.c_void_p(0)
         self._trap_slot_addr = ctypes.addressof(self._trap_slot)
-        self._fuel_left = ctypes.c_uint64(0)
-        self._fuel_left_addr = ctypes.addressof(self._fuel_left)
-        self._deadline_ticks = engine.ticks_for(limits.timeout_ms)
 
     @property
     def exit_code(self) -> int | None:
@@ -184,21 +183,14 @@ class Instance:
         """
         if self.closed:
             raise CallError(FailureClass.HOST_ERROR, "instance is closed")
-        fuel = self._limits.fuel
-        ctx = self._ctx_addr
-        set_fuel(ctx, fuel)
-        set_epoch_deadline(ctx, self._deadline_ticks)
-        self._ctx.native.deadline = time.monotonic() + self._limits.timeout_ms / 1000
+        self._arm()
         try:
             self._invoke(self._call_addr, self._args1_addr, 0)
         except CallError:
             if self._ctx.exit_code is None:
                 raise
         finally:
-            get_fuel(ctx, self._fuel_left_addr)
-            used = fuel - self._fuel_left.value
-            self.fuel_used += used
-            self.last_call_fuel = used
+            self._account()
         return self._ctx.exit_code if self._ctx.exit_code is not None else 0
 
     def _export(self, name: bytes) -> Any:
@@ -209,16 +201,20 @@ class Instance:
             raise CallError(FailureClass.PROTOCOL, f"export {name.decode()} missing")
         return item
 
-    def _arm(self, fuel: int) -> None:
-        raw._wasmtime_context_set_fuel(self._context, fuel)
-        raw._wasmtime_context_set_epoch_deadline(
-            self._context, self._engine.ticks_for(self._limits.timeout_ms)
-        )
+    def _arm(self) -> None:
+        """Before every entry into the guest: a full fuel budget and a fresh deadline."""
+        set_fuel(self._ctx_addr, self._limits.fuel)
+        set_epoch_deadline(self._ctx_addr, self._deadline_ticks)
+        if self._has_native:
+            self._ctx.native.deadline = time.monotonic() + self._limits.timeout_ms / 1000
 
-    def _account(self, fuel: int) -> None:
-        left = ctypes.c_uint64(0)
-        raw._wasmtime_context_get_fuel(self._context, byref(left))
-        self.fuel_used += fuel - left.value
+    def _account(self) -> int:
+        """After every entry: what it burnt, added to the instance's total."""
+        get_fuel(self._ctx_addr, self._fuel_left_addr)
+        used = self._limits.fuel - self._fuel_left.value
+        self.fuel_used += used
+        self.last_call_fuel = used
+        return used
 
     def _failure(self, err: Any, trap: Any, *, instantiating: bool = False) -> CallError:
         reraise, self._ctx.reraise = self._ctx.reraise, None
@@ -257,6 +253,7 @@ class Instance:
         """Run one command per the ABI calling convention. Caller holds ``lock``."""
         if self.closed:
             raise CallError(FailureClass.HOST_ERROR, "instance is closed")
+        # _arm and _account inlined: method calls are a measurable share of a no-op call.
         fuel = self._limits.fuel
         ctx = self._ctx_addr
         mem = self._mem_addr
