@@ -234,10 +234,7 @@ class Extension:
                 with instance.lock:
                     code = instance.run_command()
             except CallError:
-                if instance.interrupted and self.lifecycle.state is State.REVOKED:
-                    raise ExtensionRevoked(
-                        f"{self.id} was revoked during the run: {self.lifecycle.reason}"
-                    ) from None
+                self._raise_if_revoked_during(instance, "run")
                 raise
             finally:
                 self.last_fuel_used = instance.last_call_fuel
@@ -344,6 +341,15 @@ class Extension:
             self.log.max_bytes = resources.max_log_bytes
             self._input_limits = CodecLimits(max_bytes=resources.max_input_bytes)
             self._output_limits = CodecLimits(max_bytes=resources.max_output_bytes)
+
+    def _raise_if_revoked_during(self, instance: Instance, what: str) -> None:
+        """A failure caused by an operator's revocation interrupting the guest is reported as
+        the revocation (the instance is dropped), not as the deadline it used."""
+        if instance.interrupted and self.lifecycle.state is State.REVOKED:
+            self._discard()
+            raise ExtensionRevoked(
+                f"{self.id} was revoked during the {what}: {self.lifecycle.reason}"
+            ) from None
 
     def on_revoked(self, reason: str) -> None:
         """Called by the host from any thread: stop the call in flight, refuse the next."""
@@ -480,11 +486,7 @@ class Extension:
                     result = instance.call(name, payload, r.max_output_bytes)
             except CallError as exc:
                 self.last_fuel_used = instance.last_call_fuel
-                if instance.interrupted and self.lifecycle.state is State.REVOKED:
-                    self._discard()
-                    raise ExtensionRevoked(
-                        f"{self.id} was revoked during the call: {self.lifecycle.reason}"
-                    ) from None
+                self._raise_if_revoked_during(instance, "call")
                 if exc.failure.discards_instance:
                     self._discard()
                     self.lifecycle.try_fire(Event.CRASH, f"{exc.failure.value}: {exc.message}")
