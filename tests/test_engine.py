@@ -368,3 +368,22 @@ def test_insecure_cache_dir_is_not_used(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert list(cache.iterdir()) == []
+
+
+def test_an_interrupt_before_the_call_is_armed_is_not_lost(host: Host) -> None:
+    """Disable can land after the revocation check and before the call re-arms its deadline;
+    the interrupt must still stop the call."""
+    ext = load(
+        host,
+        build(guest_wat("(loop $l (br $l)) (call $ok_null)")),
+        grants=(),
+        fuel=10_000_000_000,
+        timeout_ms=30_000,
+    )
+    ext.start()
+    assert ext._instance is not None
+    ext._instance.interrupt()
+    started = time.monotonic()
+    err = failure_of(ext)
+    assert err.failure is FailureClass.DEADLINE
+    assert time.monotonic() - started < 2

@@ -205,6 +205,8 @@ class Instance:
         """Before every entry into the guest: a full fuel budget and a fresh deadline."""
         set_fuel(self._ctx_addr, self._limits.fuel)
         set_epoch_deadline(self._ctx_addr, self._deadline_ticks)
+        if self.interrupted:  # an interrupt that landed before this arming must not be lost
+            set_epoch_deadline(self._ctx_addr, 0)
         if self._has_native:
             self._ctx.native.deadline = time.monotonic() + self._limits.timeout_ms / 1000
 
@@ -259,6 +261,8 @@ class Instance:
         mem = self._mem_addr
         set_fuel(ctx, fuel)
         set_epoch_deadline(ctx, self._deadline_ticks)
+        if self.interrupted:  # an interrupt that landed before this arming must not be lost
+            set_epoch_deadline(ctx, 0)
         if self._has_native:
             self._ctx.native.deadline = time.monotonic() + self._limits.timeout_ms / 1000
         try:
@@ -319,7 +323,8 @@ class Instance:
 
         It writes the Store's epoch deadline (one aligned 64-bit field that compiled code polls)
         without the instance lock, which the calling thread holds; that write is the one
-        cross-thread touch of a Store the adapter allows. The next call re-arms the deadline.
+        cross-thread touch of a Store the adapter allows. The flag is set first, so an arming
+        that races with this sees it and keeps the deadline at zero.
         """
         with self._interrupt_lock:
             if not self.closed:
