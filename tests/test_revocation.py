@@ -67,8 +67,11 @@ def test_disable_interrupts_the_call_in_flight() -> None:
         worker.start()
         time.sleep(0.1)
         host.disable(ext.id, "incident 42")
+        disabled = time.monotonic()
         worker.join(timeout=5)
         assert not worker.is_alive()
+        # within a few epoch ticks, long before the fuel (~2 s of spinning) or the 30 s deadline
+        assert time.monotonic() - disabled < 1.0
         assert time.monotonic() - started < 3
         assert isinstance(outcome[0], ExtensionRevoked)
         assert "incident 42" in str(outcome[0])

@@ -162,6 +162,9 @@ class HostContext:
         self.failure: CallError | None = None
         self.reraise: BaseException | None = None
         self.exit_code: int | None = None
+        # Read by the epoch callback on every tick of a running call: set from any thread to
+        # stop the guest at its next tick (emergency disable).
+        self.interrupted = False
         self.native = NativeCall()
         self._fuel = ctypes.c_uint64(0)
         self._fuel_addr = ctypes.addressof(self._fuel)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -26,15 +27,20 @@ from .hostcalls import (
     trampoline,
 )
 from .lowlevel import (
+    DATA_FINALIZER,
+    EPOCH_CALLBACK,
     U32,
     U64,
+    UPDATE_DEADLINE_CONTINUE,
     call_unchecked,
+    error_new,
     get_fuel,
     memory_data,
     memory_data_size,
     set_epoch_deadline,
     set_fuel,
     short_message,
+    store_epoch_deadline_callback,
     trap_failure,
 )
 
@@ -59,6 +65,41 @@ class CallResult:
     status: int
     body: bytes
     fuel_used: int
+
+
+# env -> the HostContext of a Store, for the epoch callback; dropped with the Store.
+EPOCH_TARGETS: dict[int, HostContext] = {}
+EPOCH_TARGET_IDS = itertools.count(1)
+
+
+@EPOCH_CALLBACK  # type: ignore[untyped-decorator]
+def on_epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
+    """Runs on the guest's thread at every epoch tick of a call.
+
+    Deadlines are one tick long and renewed here, so that the wall-clock deadline and a host's
+    interrupt are both honoured within a tick. A longer deadline cannot be shortened from
+    another thread: compiled code caches the deadline and rereads it only when it has passed.
+    """
+    try:
+        host = EPOCH_TARGETS.get(env or 0)
+        if host is None:
+            return int(error_new(b"wasihost: instance is gone") or 0)
+        if host.interrupted:
+            host.failure = CallError(FailureClass.DEADLINE, "interrupted by the host")
+            return int(error_new(b"wasihost: interrupted") or 0)
+        if time.monotonic() >= host.native.deadline:
+            host.failure = CallError(FailureClass.DEADLINE, "wall-clock deadline passed")
+            return int(error_new(b"wasihost: deadline") or 0)
+        delta[0] = 1
+        kind[0] = UPDATE_DEADLINE_CONTINUE
+        return 0
+    except BaseException:
+        return int(error_new(b"wasihost: deadline check failed") or 0)
+
+
+@DATA_FINALIZER  # type: ignore[untyped-decorator]
+def drop_epoch_target(env: int | None) -> None:
+    EPOCH_TARGETS.pop(env or 0, None)
 
 
 @attrs.frozen
@@ -90,10 +131,6 @@ class Instance:
         command_export: str | None = None,
     ) -> None:
         self.lock = threading.Lock()
-        # Guards close() against interrupt() from another thread (a freed Store must not be
-        # written to); never held while wasm runs.
-        self._interrupt_lock = threading.Lock()
-        self.interrupted = False
         self._engine = engine
         self._limits = limits
         self._store = wasmtime.Store(engine.wasmtime_engine)
@@ -108,8 +145,16 @@ class Instance:
         self._ctx_addr = ctypes.cast(self._context, ctypes.c_void_p).value
         self._ctx = HostContext(imports, gate)
         self._ctx.expected_ctx = self._ctx_addr or 0
+        epoch_env = next(EPOCH_TARGET_IDS)
+        EPOCH_TARGETS[epoch_env] = self._ctx
+        store_epoch_deadline_callback(
+            ctypes.cast(self._store.ptr(), ctypes.c_void_p).value,
+            on_epoch_tick,
+            epoch_env,
+            drop_epoch_target,
+        )
+        self._timeout_s = limits.timeout_ms / 1000
         self._has_native = any(b.entry.convention == "native" for b in imports)
-        self._deadline_ticks = engine.ticks_for(limits.timeout_ms)
         self._fuel_left = ctypes.c_uint64(0)
         self._fuel_left_addr = ctypes.addressof(self._fuel_left)
         self.closed = False
@@ -204,11 +249,9 @@ class Instance:
     def _arm(self) -> None:
         """Before every entry into the guest: a full fuel budget and a fresh deadline."""
         set_fuel(self._ctx_addr, self._limits.fuel)
-        set_epoch_deadline(self._ctx_addr, self._deadline_ticks)
-        if self.interrupted:  # an interrupt that landed before this arming must not be lost
-            set_epoch_deadline(self._ctx_addr, 0)
-        if self._has_native:
-            self._ctx.native.deadline = time.monotonic() + self._limits.timeout_ms / 1000
+        # One tick, renewed by on_epoch_tick until the wall-clock deadline or an interrupt.
+        set_epoch_deadline(self._ctx_addr, 1)
+        self._ctx.native.deadline = time.monotonic() + self._timeout_s
 
     def _account(self) -> int:
         """After every entry: what it burnt, added to the instance's total."""
@@ -260,11 +303,8 @@ class Instance:
         ctx = self._ctx_addr
         mem = self._mem_addr
         set_fuel(ctx, fuel)
-        set_epoch_deadline(ctx, self._deadline_ticks)
-        if self.interrupted:  # an interrupt that landed before this arming must not be lost
-            set_epoch_deadline(ctx, 0)
-        if self._has_native:
-            self._ctx.native.deadline = time.monotonic() + self._limits.timeout_ms / 1000
+        set_epoch_deadline(ctx, 1)
+        self._ctx.native.deadline = time.monotonic() + self._timeout_s
         try:
             block = command + payload
             total = len(block)
@@ -318,21 +358,16 @@ class Instance:
             self.last_call_fuel = used
         return CallResult(int.from_bytes(data[:4], "little"), data[4:], used)
 
-    def interrupt(self) -> None:
-        """From any thread: make the running call, if any, trap at its next epoch check.
+    @property
+    def interrupted(self) -> bool:
+        return self._ctx.interrupted
 
-        It writes the Store's epoch deadline (one aligned 64-bit field that compiled code polls)
-        without the instance lock, which the calling thread holds; that write is the one
-        cross-thread touch of a Store the adapter allows. The flag is set first, so an arming
-        that races with this sees it and keeps the deadline at zero.
-        """
-        with self._interrupt_lock:
-            if not self.closed:
-                self.interrupted = True
-                set_epoch_deadline(self._ctx_addr, 0)
+    def interrupt(self) -> None:
+        """From any thread: the running call, if any, traps at its next epoch tick, and so does
+        every later one. Only a Python flag is written; the Store is not touched."""
+        self._ctx.interrupted = True
 
     def close(self) -> None:
-        with self._interrupt_lock:
-            if not self.closed:
-                self.closed = True
-                self._store.close()
+        if not self.closed:
+            self.closed = True
+            self._store.close()

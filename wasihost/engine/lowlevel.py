@@ -51,6 +51,16 @@ memory_data_size = private_fn("wasmtime_memory_data_size", ctypes.c_size_t, VP, 
 set_fuel = private_fn("wasmtime_context_set_fuel", VP, VP, ctypes.c_uint64)
 get_fuel = private_fn("wasmtime_context_get_fuel", VP, VP, VP)
 set_epoch_deadline = private_fn("wasmtime_context_set_epoch_deadline", None, VP, ctypes.c_uint64)
+error_new = private_fn("wasmtime_error_new", VP, ctypes.c_char_p)
+# wasmtime_error_t* (*)(wasmtime_context_t*, void* env, uint64_t* delta, uint8_t* update_kind)
+EPOCH_CALLBACK = ctypes.CFUNCTYPE(
+    VP, VP, VP, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint8)
+)
+DATA_FINALIZER = ctypes.CFUNCTYPE(None, VP)
+store_epoch_deadline_callback = private_fn(
+    "wasmtime_store_epoch_deadline_callback", None, VP, EPOCH_CALLBACK, VP, DATA_FINALIZER
+)
+UPDATE_DEADLINE_CONTINUE = 0
 
 TRAP_CLASSES = {
     wasmtime.TrapCode.OUT_OF_FUEL: FailureClass.OUT_OF_FUEL,

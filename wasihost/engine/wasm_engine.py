@@ -92,10 +92,6 @@ class WasmEngine:
                 self._func_types[key] = ft
             return ft
 
-    def ticks_for(self, timeout_ms: int) -> int:
-        # +1: the current tick may be about to end; a deadline is never shorter than asked.
-        return -(-timeout_ms // self.settings.epoch_tick_ms) + 1
-
     def compile(self, wasm: bytes, sha256: str) -> CompiledModule:
         return CompiledModule(self.cache.get(wasm, sha256), sha256)
 
