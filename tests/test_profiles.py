@@ -12,6 +12,7 @@ import pytest
 from conftest import bare
 from guests import build
 
+from wasihost.engine.native import SETTLE_FUEL
 from wasihost.errors import AdmissionError, CallError, FailureClass
 from wasihost.guestmem import GuestMemory
 from wasihost.policy import Policy
@@ -160,3 +161,84 @@ def test_native_calls_run_out_of_fuel(host: Host) -> None:
     with pytest.raises(CallError) as info:
         ext.run_command()
     assert info.value.failure is FailureClass.OUT_OF_FUEL
+
+
+def test_host_call_fuel_is_exact_at_the_boundary(host: Host) -> None:
+    # Native calls charge a Python-side debt settled at the end of the run: the run must still
+    # fail with exactly one unit less than it uses, and pass with exactly what it uses.
+    body = "(drop (call $sum (i32.const 1) (i32.const 2) (i32.const 64)))" * 5
+    probe = host.admit(bare(command(body)), grants=["toy.math", "toy.core"], fuel=1_000_000)
+    probe.run_command()
+    used = probe.last_fuel_used
+    enough = host.admit(bare(command(body)), grants=["toy.math", "toy.core"], fuel=used)
+    assert enough.run_command() == 0
+    assert enough.last_fuel_used == used
+    short = host.admit(bare(command(body)), grants=["toy.math", "toy.core"], fuel=used - 1)
+    with pytest.raises(CallError) as info:
+        short.run_command()
+    assert info.value.failure is FailureClass.OUT_OF_FUEL
+
+
+def test_work_done_on_unpaid_fuel_is_bounded(host: Host) -> None:
+    calls: list[int] = []
+    original = ToyBinding.handler
+
+    def counting(self: ToyBinding, e: HostFunction) -> Callable[..., Any]:
+        inner = original(self, e)
+
+        def counted(mem: GuestMemory, *args: int) -> Any:
+            calls.append(1)
+            return inner(mem, *args)
+
+        return counted
+
+    loop = "(loop $l (drop (call $sum (i32.const 1) (i32.const 2) (i32.const 64))) (br $l))"
+    fuel = 50_000
+    ToyBinding.handler = counting  # type: ignore[method-assign]
+    try:
+        ext = host.admit(bare(command(loop)), grants=["toy.math", "toy.core"], fuel=fuel)
+        with pytest.raises(CallError) as info:
+            ext.run_command()
+    finally:
+        ToyBinding.handler = original  # type: ignore[method-assign]
+    assert info.value.failure is FailureClass.OUT_OF_FUEL
+    price = 100 + 4  # base + 4 bytes written
+    assert len(calls) >= fuel // (price + 20)  # the loop's own instructions cost a few units
+    assert len(calls) <= (fuel + SETTLE_FUEL) // price + 1
+
+
+def test_native_calls_see_memory_the_guest_grew_after_an_earlier_call(host: Host) -> None:
+    # The first call builds the memory view at one page; the guest then grows to two and asks
+    # for an address in the new page, which the view must pick up rather than fault on.
+    body = """(drop (call $sum (i32.const 1) (i32.const 2) (i32.const 64)))
+              (drop (memory.grow (i32.const 1)))
+              (i64.store (i32.const 70000) (i64.const 0x1122334455667788))
+              (if (i64.ne (call $peek (i32.const 70000)) (i64.const 0x1122334455667788))
+                (then unreachable))
+              (call $exit (i32.const 7))"""
+    ext = host.admit(bare(command(body)), grants=["toy.math", "toy.core"])
+    assert ext.run_command() == 7
+
+
+def test_native_calls_fault_past_the_end_of_grown_memory(host: Host) -> None:
+    body = """(drop (call $sum (i32.const 1) (i32.const 2) (i32.const 64)))
+              (drop (memory.grow (i32.const 1)))
+              (drop (call $peek (i32.const 131070)))"""
+    ext = host.admit(bare(command(body)), grants=["toy.math", "toy.core"])
+    with pytest.raises(CallError) as info:
+        ext.run_command()
+    assert info.value.failure is FailureClass.PROTOCOL
+    assert "[131070, +8) outside guest memory" in info.value.message
+
+
+def test_native_calls_work_from_a_start_function(host: Host) -> None:
+    # Before instantiation returns the memory export is unresolved: the call looks it up.
+    wasm = build(f"""(module
+      (import "{MODULE}" "store_sum" (func $sum (param i32 i32 i32) (result i32)))
+      (import "{MODULE}" "exit" (func $exit (param i32)))
+      (memory (export "memory") 1)
+      (func $init (drop (call $sum (i32.const 30) (i32.const 12) (i32.const 128))))
+      (start $init)
+      (func (export "_start") (call $exit (i32.load (i32.const 128)))))""")
+    ext = host.admit(bare(wasm), grants=["toy.math", "toy.core"])
+    assert ext.run_command() == 42

@@ -16,6 +16,12 @@ class GuestMemory(Protocol):
     """
 
     deadline: float
+    view: memoryview
+    """Memory as bytes, as of the last checked access: never longer than memory, but shorter
+    once the guest has grown it. A hot path may read and write within ``len(view)`` directly
+    (adding what it copies to ``moved``) and take the checked methods for anything else."""
+    moved: int
+    """Bytes copied in or out during this host call; the engine charges them."""
 
     def size(self) -> int: ...
 
@@ -24,6 +30,14 @@ class GuestMemory(Protocol):
     def write(self, ptr: int, data: bytes) -> None: ...
 
     def read_u32(self, ptr: int) -> int: ...
+
+    def read_iovec(self, ptr: int, cap: int) -> bytes:
+        """The bytes the iovec at ``ptr`` points to, at most ``cap`` of them."""
+        ...
+
+    def read_u32_pair(self, ptr: int) -> tuple[int, int]:
+        """Two consecutive little-endian u32s (an iovec): one access instead of two."""
+        ...
 
     def read_u64(self, ptr: int) -> int: ...
 
@@ -37,6 +51,7 @@ class BytearrayMemory:
 
     def __init__(self, size: int, deadline: float = float("inf")) -> None:
         self.data = bytearray(size)
+        self.view = memoryview(self.data)
         self.deadline = deadline
         self.moved = 0
 
@@ -58,6 +73,14 @@ class BytearrayMemory:
 
     def read_u32(self, ptr: int) -> int:
         return int.from_bytes(self.read(ptr, 4), "little")
+
+    def read_iovec(self, ptr: int, cap: int) -> bytes:
+        buf, length = self.read_u32_pair(ptr)
+        return self.read(buf, min(length, cap))
+
+    def read_u32_pair(self, ptr: int) -> tuple[int, int]:
+        data = self.read(ptr, 8)
+        return int.from_bytes(data[:4], "little"), int.from_bytes(data[4:], "little")
 
     def read_u64(self, ptr: int) -> int:
         return int.from_bytes(self.read(ptr, 8), "little")

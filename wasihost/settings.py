@@ -75,6 +75,6 @@ class EngineSettings:
         """What compiled code depends on (the tick does not)."""
         text = (
             f"stack={self.max_wasm_stack};res={self.memory_reservation};"
-            f"guard={self.memory_guard_size};opt={self.opt_level};fuel=1;epoch=1"
+            f"guard={self.memory_guard_size};opt={self.opt_level};fuel=1;epoch=1;move=0"
         )
         return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -15,8 +15,9 @@ instance lock). Every private binding used is imported here and nowhere else.
 from __future__ import annotations
 
 from .cache import ModuleCache
-from .hostcalls import BoundImport, NativeCall
+from .hostcalls import BoundImport
 from .instance import CallResult, CompiledModule, Instance, StoreLimits
+from .native import NativeCall
 from .wasm_engine import WasmEngine
 
 __all__ = [

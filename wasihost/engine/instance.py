@@ -17,14 +17,12 @@ from wasmtime import _ffi as ffi
 
 from ..errors import CallError, FailureClass
 from .hostcalls import (
-    TARGET_IDS,
-    TARGETS,
     BoundImport,
     Gate,
     HostContext,
     finalize,
     func_new_unchecked,
-    trampoline,
+    host_callback,
 )
 from .lowlevel import (
     DATA_FINALIZER,
@@ -167,13 +165,12 @@ class Instance:
             raise CallError(FailureClass.ADMISSION, "engine and admission disagree on imports")
         externs = (ffi.wasmtime_extern_t * max(1, len(imports)))()
         for i, bound in enumerate(imports):
-            env = next(TARGET_IDS)
-            TARGETS[env] = (self._ctx, i)
+            env, callback = host_callback(self._ctx.dispatch[i])
             func = ffi.wasmtime_func_t()
             func_new_unchecked(
                 self._ctx_addr,
                 ctypes.cast(engine.func_type(bound.entry).ptr(), ctypes.c_void_p),
-                trampoline,
+                callback,
                 env,
                 finalize,
                 ctypes.addressof(func),
@@ -193,10 +190,13 @@ class Instance:
                 byref(instance),
                 byref(trap),
             )
-            self._account()
+            overran = self._account()
             if err or trap:
                 self.close()
                 raise self._failure(err, trap, instantiating=True)
+            if overran:
+                self.close()
+                raise _overrun()
         self._instance = instance
         self._memory = self._export(b"memory").of.memory
         self._ctx.set_memory(self._memory)
@@ -229,13 +229,16 @@ class Instance:
         if self.closed:
             raise CallError(FailureClass.HOST_ERROR, "instance is closed")
         self._arm()
+        overran = False
         try:
             self._invoke(self._call_addr, self._args1_addr, 0)
         except CallError:
             if self._ctx.exit_code is None:
                 raise
         finally:
-            self._account()
+            overran = self._account()
+        if overran:
+            raise _overrun()
         return self._ctx.exit_code if self._ctx.exit_code is not None else 0
 
     def _export(self, name: bytes) -> Any:
@@ -249,17 +252,21 @@ class Instance:
     def _arm(self) -> None:
         """Before every entry into the guest: a full fuel budget and a fresh deadline."""
         set_fuel(self._ctx_addr, self._limits.fuel)
+        self._ctx.fuel_debt = 0
         # One tick, renewed by on_epoch_tick until the wall-clock deadline or an interrupt.
         set_epoch_deadline(self._ctx_addr, 1)
         self._ctx.native.deadline = time.monotonic() + self._timeout_s
 
-    def _account(self) -> int:
-        """After every entry: what it burnt, added to the instance's total."""
+    def _account(self) -> bool:
+        """After every entry: what it burnt, host calls' debt included, added to the
+        instance's total. True if the debt was more than the fuel left (see SETTLE_FUEL)."""
         get_fuel(self._ctx_addr, self._fuel_left_addr)
-        used = self._limits.fuel - self._fuel_left.value
+        left = self._fuel_left.value
+        debt, self._ctx.fuel_debt = self._ctx.fuel_debt, 0
+        used = self._limits.fuel - left + debt
         self.fuel_used += used
         self.last_call_fuel = used
-        return used
+        return debt > left
 
     def _failure(self, err: Any, trap: Any, *, instantiating: bool = False) -> CallError:
         reraise, self._ctx.reraise = self._ctx.reraise, None
@@ -304,7 +311,9 @@ class Instance:
         mem = self._mem_addr
         set_fuel(ctx, fuel)
         set_epoch_deadline(ctx, 1)
-        self._ctx.native.deadline = time.monotonic() + self._timeout_s
+        host = self._ctx
+        host.fuel_debt = 0
+        host.native.deadline = time.monotonic() + self._timeout_s
         try:
             block = command + payload
             total = len(block)
@@ -353,9 +362,13 @@ class Instance:
             data = ctypes.string_at(memory_data(ctx, mem) + resp_ptr, resp_len)
         finally:
             get_fuel(ctx, self._fuel_left_addr)
-            used = fuel - self._fuel_left.value
+            left = self._fuel_left.value
+            debt, host.fuel_debt = host.fuel_debt, 0
+            used = fuel - left + debt
             self.fuel_used += used
             self.last_call_fuel = used
+        if debt > left:
+            raise _overrun()
         return CallResult(int.from_bytes(data[:4], "little"), data[4:], used)
 
     @property
@@ -370,4 +383,11 @@ class Instance:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._ctx.native.forget()
             self._store.close()
+
+
+def _overrun() -> CallError:
+    return CallError(
+        FailureClass.OUT_OF_FUEL, "fuel ran out paying for host calls (settled at the end)"
+    )

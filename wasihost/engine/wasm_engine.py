@@ -69,6 +69,9 @@ class WasmEngine:
         config.max_wasm_stack = settings.max_wasm_stack
         config.memory_reservation = settings.memory_reservation
         config.memory_guard_size = settings.memory_guard_size
+        # Host calls keep a view of guest memory across calls (hostcalls.NativeCall), which is
+        # only sound if a memory's base never changes: growth past the reservation fails.
+        config.memory_may_move = False
         config.cranelift_opt_level = settings.opt_level
         config.parallel_compilation = settings.parallel_compilation
         config.wasm_threads = False

@@ -1,0 +1,279 @@
+"""The native calling convention (the WASI profile's): the guest-memory view its brokers get,
+the host-call fuel debt, and the dispatch closure generated for each import.
+
+A WASI program crosses into Python once per line it prints, so this path is written for
+speed: arguments are unpacked in place with struct, guest memory is a memoryview kept across
+calls, fuel is charged to a Python-side debt settled in batches, and each import's dispatch is
+generated with its exact arity (a ``handler(call, *args)`` call costs about a tenth of a line).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import FailureClass
+from ..registry import CORE_CAPABILITY, HostFunction
+from ..status import GuestDeadline, GuestExit, GuestFault
+from .lowlevel import PROCESS_MEMORY, U32, U64, memory_data, memory_data_size, new_trap
+
+if TYPE_CHECKING:
+    from .hostcalls import Dispatch, HostContext
+
+SETTLE_FUEL = 10_000
+"""Host-call fuel a Store may owe before it is taken from the Store's own counter.
+
+Reading and writing a Store's fuel is two C calls, about half a microsecond: more than the rest
+of a small host call. Native calls therefore add their price to a debt that is settled when it
+reaches this much, before any command call or WASI run reports its result, and whenever a cbor
+call reads the fuel. A guest can overrun its budget by at most this much plus one host call's
+price before it stops with ``out_of_fuel``; the point where it stops depends only on the guest's
+own call sequence, so runs stay reproducible. 10,000 units is about ten microseconds of guest
+code.
+"""
+
+_EMPTY_VIEW = memoryview(bytearray())
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_U32X2 = struct.Struct("<II")
+
+
+class NativeCall:
+    """What a native-convention broker gets besides its arguments: bounds-checked access to the
+    calling guest's memory, and the call's deadline.
+
+    Memory is reached through a memoryview over the guest's linear memory, which the engine
+    never moves (``memory_may_move`` is off), so the view stays valid as long as the Store; it
+    only grows stale in length when the guest grows its memory, which no access can miss: a
+    range past the view's end makes it re-read the memory's size (and check the base is
+    unchanged) before it decides. Every access checks ``ptr + len`` with Python integers (no
+    overflow) and raises :class:`GuestFault` outside memory; ``moved`` counts the bytes copied,
+    which the engine charges at the entry's per-byte fuel price.
+    """
+
+    __slots__ = ("_base", "_ctx", "_mem", "_size", "bound", "deadline", "moved", "view")
+
+    def __init__(self) -> None:
+        self._ctx = 0
+        self._mem = 0
+        self._base = 0
+        self._size = 0
+        self.view = _EMPTY_VIEW
+        self.bound = False
+        self.moved = 0
+        self.deadline = 0.0
+
+    def bind(self, ctx: int, mem: int) -> None:
+        """Serve the memory at address ``mem`` of the Store context ``ctx`` from now on."""
+        self._ctx = ctx
+        if mem != self._mem:
+            self._mem = mem
+            self._size = 0
+            self.view = _EMPTY_VIEW
+        self.bound = True
+
+    def forget(self) -> None:
+        """Unbind: the memory's address was good for one call only, or the Store is going
+        away. Dropping the view means nothing can reach freed memory through it."""
+        self.bound = False
+        self._mem = 0
+        self._size = 0
+        self.view = _EMPTY_VIEW
+
+    def size(self) -> int:
+        self._refresh()
+        return self._size
+
+    def _refresh(self) -> None:
+        size = int(memory_data_size(self._ctx, self._mem))
+        base = int(memory_data(self._ctx, self._mem) or 0)
+        if self._base and base != self._base:
+            # Cannot happen with memory_may_move off; if it ever did, every earlier view would
+            # have pointed at freed memory, so refuse to go on rather than guess.
+            raise MemoryMoved(f"guest memory moved from {self._base:#x} to {base:#x}")
+        self._base = base
+        self._size = size
+        self.view = (
+            memoryview((ctypes.c_ubyte * size).from_address(base)).cast("B")
+            if size
+            else _EMPTY_VIEW
+        )
+
+    def _check(self, ptr: int, length: int) -> None:
+        """Slow path of a bounds check: the memory may have grown since the view was made."""
+        self._refresh()
+        if ptr < 0 or length < 0 or ptr + length > self._size:
+            raise GuestFault(f"[{ptr}, +{length}) outside guest memory")
+
+    def read(self, ptr: int, length: int) -> bytes:
+        end = ptr + length
+        if end > self._size or ptr < 0 or length < 0:
+            self._check(ptr, length)
+        self.moved += length
+        return self.view[ptr:end].tobytes()
+
+    def write(self, ptr: int, data: bytes) -> None:
+        end = ptr + len(data)
+        if end > self._size or ptr < 0:
+            self._check(ptr, len(data))
+        self.moved += len(data)
+        self.view[ptr:end] = data
+
+    def read_u32(self, ptr: int) -> int:
+        if ptr + 4 > self._size or ptr < 0:
+            self._check(ptr, 4)
+        self.moved += 4
+        return int(_U32.unpack_from(self.view, ptr)[0])
+
+    def read_iovec(self, ptr: int, cap: int) -> bytes:
+        """The bytes an iovec at ``ptr`` points to, at most ``cap`` of them (a short write)."""
+        if ptr + 8 > self._size or ptr < 0:
+            self._check(ptr, 8)
+        buf, length = _U32X2.unpack_from(self.view, ptr)
+        length = min(length, cap)
+        end = buf + length
+        if end > self._size:
+            self._check(buf, length)
+        self.moved += 8 + length
+        return self.view[buf:end].tobytes()
+
+    def read_u32_pair(self, ptr: int) -> tuple[int, int]:
+        if ptr + 8 > self._size or ptr < 0:
+            self._check(ptr, 8)
+        self.moved += 8
+        first, second = _U32X2.unpack_from(self.view, ptr)
+        return first, second
+
+    def read_u64(self, ptr: int) -> int:
+        if ptr + 8 > self._size or ptr < 0:
+            self._check(ptr, 8)
+        self.moved += 8
+        return int(_U64.unpack_from(self.view, ptr)[0])
+
+    def write_u32(self, ptr: int, value: int) -> None:
+        if ptr + 4 > self._size or ptr < 0:
+            self._check(ptr, 4)
+        self.moved += 4
+        _U32.pack_into(self.view, ptr, value & U32)
+
+    def write_u64(self, ptr: int, value: int) -> None:
+        if ptr + 8 > self._size or ptr < 0:
+            self._check(ptr, 8)
+        self.moved += 8
+        _U64.pack_into(self.view, ptr, value & U64)
+
+
+class MemoryMoved(Exception):
+    """The guest's memory base changed, which the engine configuration rules out."""
+
+
+# A wasmtime_val_raw_t is 16 bytes; scalars sit little-endian at its start.
+_ARG_CODES = {"i32": "I12x", "i64": "Q8x", "f32": "f12x", "f64": "d8x"}
+_RESULT_CODES = {"i32": ("<I", U32), "i64": ("<Q", U64), "f32": ("<f", None), "f64": ("<d", None)}
+_put_u32 = struct.Struct("<I").pack_into
+
+# The most parameters a registry entry may have (path_open has 9); bounds the generated code.
+MAX_NATIVE_PARAMS = 16
+
+
+def result_writer(kind: str) -> Callable[[int, Any], None]:
+    """Writes a host function's single result of ``kind`` into slot 0 of the raw value array
+    at address ``args``."""
+    code, mask = _RESULT_CODES[kind]
+    pack = struct.Struct(code).pack_into
+    if mask is None:
+        return lambda args, value: pack(PROCESS_MEMORY, args, float(value))
+    return lambda args, value: pack(PROCESS_MEMORY, args, int(value) & mask)
+
+
+# The dispatch of one native import, generated per arity so that the handler is called with
+# plain positional arguments. Only the parameter count is substituted (ARGS below), never a name
+# or any text from a registry or a guest.
+_DISPATCH_SOURCE = """
+def make(host, entry, handler, unpack, write_result):
+    call = host.native
+    gate = host.gate
+    settle = host.settle
+    name = entry.qualified_name
+    gated = entry.capability != CORE_CAPABILITY  # core is granted to everyone, always
+    base_price = entry.fuel_base
+    per_byte = entry.fuel_per_byte
+    i32_result = entry.results == ("i32",)
+
+    def dispatch(env, caller, args, nargs):
+        try:
+            if gated and not gate(entry):
+                return host.denied(entry, caller, args)
+            if not call.bound:
+                return host.call_unbound(dispatch, env, caller, args, nargs)
+            call.moved = 0
+            try:
+                ARGS = unpack(PROCESS_MEMORY, args)
+                result = handler(call, ARGS)
+            except GuestFault as fault:
+                return host.fail(FailureClass.PROTOCOL, f"{name}: {fault}")
+            except GuestDeadline:
+                return host.fail(FailureClass.DEADLINE, f"{name}: deadline reached")
+            except GuestExit as exit_:
+                host.exit_code = exit_.code
+                return new_trap("wasihost: exit")
+            except MemoryMoved as moved:
+                return host.fail(FailureClass.HOST_ERROR, f"{name}: {moved}")
+            # The price is paid after the handler, once the bytes moved are known; work done
+            # without the fuel to pay for it is bounded by SETTLE_FUEL.
+            debt = host.fuel_debt + base_price + per_byte * call.moved
+            host.fuel_debt = debt
+            if debt >= SETTLE_FUEL and not settle(host.context_of(caller), debt):
+                return host.out_of_fuel(host.context_of(caller), entry)
+            if i32_result:
+                put_u32(PROCESS_MEMORY, args, result & U32)
+            elif write_result is not None:
+                write_result(args, result)
+            return 0
+        except BaseException as exc:
+            return host.crashed(exc)
+
+    return dispatch
+"""
+_MAKERS: dict[int, Callable[..., Dispatch]] = {}
+
+
+def _maker(arity: int) -> Callable[..., Dispatch]:
+    maker = _MAKERS.get(arity)
+    if maker is None:
+        if not 0 <= arity <= MAX_NATIVE_PARAMS:
+            raise ValueError(f"a native host function takes at most {MAX_NATIVE_PARAMS} params")
+        names = [f"a{i}" for i in range(arity)]
+        source = _DISPATCH_SOURCE.replace(
+            "ARGS = unpack(",
+            f"{', '.join(names)}{',' if arity == 1 else ''} = unpack(" if arity else "unpack(",
+        ).replace("handler(call, ARGS)", f"handler({', '.join(['call', *names])})")
+        namespace: dict[str, Any] = {
+            "CORE_CAPABILITY": CORE_CAPABILITY,
+            "FailureClass": FailureClass,
+            "GuestDeadline": GuestDeadline,
+            "GuestExit": GuestExit,
+            "GuestFault": GuestFault,
+            "MemoryMoved": MemoryMoved,
+            "PROCESS_MEMORY": PROCESS_MEMORY,
+            "SETTLE_FUEL": SETTLE_FUEL,
+            "U32": U32,
+            "new_trap": new_trap,
+            "put_u32": _put_u32,
+        }
+        exec(compile(source, f"<wasihost native dispatch/{arity}>", "exec"), namespace)  # noqa: S102
+        maker = _MAKERS[arity] = namespace["make"]
+    return maker
+
+
+def native_dispatch(host: HostContext, entry: HostFunction, handler: Any) -> Dispatch:
+    """The dispatch closure of one native import of ``host``'s instance."""
+    unpack: Callable[[Any, int], tuple[Any, ...]] = (
+        struct.Struct("<" + "".join(_ARG_CODES[t] for t in entry.params)).unpack_from
+        if entry.params
+        else lambda memory, args: ()  # the array may be empty: do not touch it
+    )
+    write_result = result_writer(entry.results[0]) if entry.results else None
+    return _maker(len(entry.params))(host, entry, handler, unpack, write_result)
