@@ -422,3 +422,46 @@ def test_a_mount_that_disappeared_is_a_config_error(tmp_path: Path) -> None:
     gone.rmdir()
     with pytest.raises(ConfigError, match="mount"):
         run_wasihost(PROBE, config=config)
+
+
+def stdout_writer(body: str) -> bytes:
+    """A command with one page of memory, "hi\\n" at 16, and ``body`` run by ``_start``; $w
+    writes the iovec at its first argument to stdout, with nwritten at its second."""
+    return build(f"""(module
+      (import "{MODULE}" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+      (memory (export "memory") 1)
+      (data (i32.const 16) "hi\\n")
+      (func $w (param $iov i32) (param $nw i32)
+        (if (call $fd_write (i32.const 1) (local.get $iov) (i32.const 1) (local.get $nw))
+          (then unreachable)))
+      (func (export "_start") {body}))""")
+
+
+def test_stdout_writes_from_memory_grown_after_the_first_write() -> None:
+    # The first write builds the host's view of one page; the second comes from a second page.
+    body = """(i32.store (i32.const 0) (i32.const 16)) (i32.store (i32.const 4) (i32.const 3))
+              (call $w (i32.const 0) (i32.const 8))
+              (drop (memory.grow (i32.const 1)))
+              (i32.store (i32.const 70000) (i32.const 0x0a6b6f))
+              (i32.store (i32.const 70008) (i32.const 70000))
+              (i32.store (i32.const 70012) (i32.const 3))
+              (call $w (i32.const 70008) (i32.const 70016))
+              (if (i32.ne (i32.load (i32.const 70016)) (i32.const 3)) (then unreachable))"""
+    assert run_wasihost(stdout_writer(body)).stdout == b"hi\nok\n"
+
+
+@pytest.mark.parametrize(
+    ("buffer", "iovec", "nwritten"),
+    [(16, 65532, 8), (16, 0, 65534), (65534, 0, 8)],
+    ids=["iovec-straddles-the-end", "nwritten-straddles-the-end", "buffer-past-the-end"],
+)
+def test_wild_stdout_writes_trap_before_any_output(buffer: int, iovec: int, nwritten: int) -> None:
+    body = f"""(i32.store (i32.const 0) (i32.const {buffer})) (i32.store (i32.const 4) (i32.const 3))
+               (call $w (i32.const {iovec}) (i32.const {nwritten}))"""
+    out = bytearray()
+    config = WasiOptions(stdout=out.extend)
+    with pytest.raises(CallError) as info:
+        run_wasihost(stdout_writer(body), config=config, grants=["wasi.stdio"])
+    assert info.value.failure is FailureClass.PROTOCOL
+    assert "outside guest memory" in info.value.message
+    assert out == b""

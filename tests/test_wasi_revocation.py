@@ -34,7 +34,9 @@ WRITER = """(module
       (br $l))))"""
 
 
-def _run_and_revoke(tmp_path: Path, capability: str | None) -> tuple[int, int, BaseException, float]:
+def _run_and_revoke(
+    tmp_path: Path, capability: str | None
+) -> tuple[int, int, BaseException, float]:
     config = WasiOptions(mounts=[Mount(tmp_path, "/data", writable=True)])
     caps = capabilities_for(config)
     outcome: list[BaseException] = []

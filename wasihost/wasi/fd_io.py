@@ -4,6 +4,7 @@ the hot paths of fd_write and fd_read."""
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -136,7 +137,10 @@ def fd_tell(st: WasiState, mem: GuestMemory, fd: int, offset_ptr: int) -> int:
 # cases skip the general path's helpers (each guest-memory access is two C calls). Everything
 # else falls through to the general handler, so behaviour is the same either way.
 
-_unpack_iovec = IOVEC.unpack
+_iovec_at = IOVEC.unpack_from
+_put_u32 = struct.Struct("<I").pack_into
+# Errno members are enum attributes, slower to look up than a plain int on the hot path.
+_SUCCESS = int(Errno.SUCCESS)
 
 
 def _errno_of(fn: Callable[..., int], *args: Any) -> int:
@@ -148,23 +152,43 @@ def _errno_of(fn: Callable[..., int], *args: Any) -> int:
         return from_oserror(exc)
 
 
+def _committed_fd_write(
+    st: WasiState, mem: GuestMemory, fd: int, iovs: int, iovs_len: int, nwritten_ptr: int
+) -> int:
+    """Anything but stdio may write a host file: commit it (see binding.MUTATING). Kept out of
+    the fast handler, whose arguments would otherwise become closure cells on every call."""
+    authorised, result = st.commit(
+        lambda: _errno_of(fd_write, st, mem, fd, iovs, iovs_len, nwritten_ptr)
+    )
+    return result if authorised and result is not None else Errno.NOTCAPABLE
+
+
 def fast_fd_write(st: WasiState) -> Callable[..., int]:
-    get = st.fds.get
+    get = st.fds.lookup
 
     def handler(mem: GuestMemory, fd: int, iovs: int, iovs_len: int, nwritten_ptr: int) -> int:
         try:
             desc = get(fd)
             if iovs_len == 1 and type(desc) is OutputDescriptor and desc.rights_base & R_FD_WRITE:
-                buf, length = _unpack_iovec(mem.read(iovs, 8))
-                data = mem.read(buf, length if length <= _MAX_IO else _MAX_IO)
+                # Straight through the view when everything lies inside it; otherwise the
+                # checked accessors (the guest may have grown its memory, or a pointer is wild).
+                view = mem.view
+                limit = len(view)
+                if iovs + 8 <= limit and nwritten_ptr + 4 <= limit:
+                    buf, length = _iovec_at(view, iovs)
+                    if length > _MAX_IO:  # noqa: PLR1730 (a min() call is measurable here)
+                        length = _MAX_IO
+                    end = buf + length
+                    if end <= limit:
+                        desc.sink(view[buf:end].tobytes())
+                        _put_u32(view, nwritten_ptr, length)
+                        mem.moved += 12 + length
+                        return _SUCCESS
+                data = mem.read_iovec(iovs, _MAX_IO)
+                mem.write_u32(nwritten_ptr, len(data))  # a wild pointer faults before output
                 desc.sink(data)
-                mem.write_u32(nwritten_ptr, len(data))
-                return Errno.SUCCESS
-            # Anything but stdio may write a host file: commit it (see binding.MUTATING).
-            authorised, result = st.commit(
-                lambda: _errno_of(fd_write, st, mem, fd, iovs, iovs_len, nwritten_ptr)
-            )
-            return result if authorised and result is not None else Errno.NOTCAPABLE
+                return _SUCCESS
+            return _committed_fd_write(st, mem, fd, iovs, iovs_len, nwritten_ptr)
         except WasiError as exc:
             return exc.errno
         except OSError as exc:
@@ -174,7 +198,7 @@ def fast_fd_write(st: WasiState) -> Callable[..., int]:
 
 
 def fast_fd_read(st: WasiState) -> Callable[..., int]:
-    get = st.fds.get
+    get = st.fds.lookup
 
     def handler(mem: GuestMemory, fd: int, iovs: int, iovs_len: int, nread_ptr: int) -> int:
         try:
@@ -185,12 +209,12 @@ def fast_fd_read(st: WasiState) -> Callable[..., int]:
                 and desc.rights_base & R_FD_READ
                 and desc.filetype == Filetype.REGULAR_FILE
             ):
-                buf, length = _unpack_iovec(mem.read(iovs, 8))
+                buf, length = mem.read_u32_pair(iovs)
                 data = os.read(desc.fd, length if length <= _MAX_IO else _MAX_IO)
                 if data:
                     mem.write(buf, data)
                 mem.write_u32(nread_ptr, len(data))
-                return Errno.SUCCESS
+                return _SUCCESS
             return fd_read(st, mem, fd, iovs, iovs_len, nread_ptr)
         except WasiError as exc:
             return exc.errno

@@ -78,6 +78,8 @@ class FdTable:
     def __init__(self, max_fds: int) -> None:
         self.max_fds = max_fds
         self._fds: dict[int, Descriptor] = {}
+        # get() without a Python frame, for the per-line hot paths.
+        self.lookup = self._fds.get
 
     def __len__(self) -> int:
         return len(self._fds)
