@@ -11,7 +11,8 @@ Two workloads (fixtures/wasi-bench, Rust 1.63 std, wasm32-wasi):
 
 A "whole run" is instantiate + ``_start`` to its end; compiling is done once, outside the timing,
 for both (wasihost's module cache, the reference's ``Module``). The reference engine has fuel and
-epoch interruption enabled like wasihost's, so the difference measured is the WASI layer.
+epoch interruption enabled like wasihost's, so the difference measured is the WASI layer. Runs of
+the two alternate, so that drift on a shared machine falls on both alike.
 wasmtime's built-in WASI is used here as the reference only; wasihost itself never uses it.
 
 Usage: ``python benchmarks/bench_wasi.py [--repeats R] [--json]``. Target (issue 4): each
@@ -118,21 +119,33 @@ class Wasihost:
         self.host.close()
 
 
-def _median_ms(fn: Callable[[], int], repeats: int) -> float:
-    fn()  # warm-up: caches, first-touch page faults
-    times = []
+def _timed(fn: Callable[[], int]) -> float:
+    start = time.perf_counter()
+    code = fn()
+    elapsed = time.perf_counter() - start
+    if code != 0:
+        raise SystemExit(f"benchmark guest exited with {code}")
+    return elapsed
+
+
+def _paired_medians_ms(
+    ours: Callable[[], int], reference: Callable[[], int], repeats: int
+) -> tuple[float, float]:
+    """Median run time of each, in ms, with the two runs alternating so that drift on a shared
+    machine (frequency, other load) falls on both alike."""
+    ours()  # warm-up: caches, first-touch page faults
+    reference()
+    mine: list[float] = []
+    theirs: list[float] = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        code = fn()
-        times.append(time.perf_counter() - start)
-        if code != 0:
-            raise SystemExit(f"benchmark guest exited with {code}")
-    return statistics.median(times) * 1000
+        mine.append(_timed(ours))
+        theirs.append(_timed(reference))
+    return statistics.median(mine) * 1000, statistics.median(theirs) * 1000
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -152,14 +165,15 @@ def main() -> int:
         ]  # fmt: skip
         for name, wasm, argv, mount, what in workloads:
             ours = Wasihost(wasm, argv, mount, devnull.write)
+            reference = Reference(wasm)
             try:
-                wasihost_ms = _median_ms(ours.run, args.repeats)
+                wasihost_ms, builtin_ms = _paired_medians_ms(
+                    ours.run,
+                    lambda a=argv, m=mount, r=reference: r.run(a, m, os.devnull),
+                    args.repeats,
+                )
             finally:
                 ours.close()
-            reference = Reference(wasm)
-            builtin_ms = _median_ms(
-                lambda a=argv, m=mount, r=reference: r.run(a, m, os.devnull), args.repeats
-            )
             ratio = wasihost_ms / builtin_ms
             results.append(
                 {

@@ -7,7 +7,7 @@ the fast call path, and the mapping of every engine failure to a :class:`Failure
 Two wasmtime-py behaviours shape it (see DESIGN.md): the generic ``Func.__call__`` converts
 every value on every call (tens of µs), and its host-call trampoline keeps the last exception
 in a module global shared by all threads. So calls go through ``wasmtime_func_call_unchecked``
-on arrays built once per instance, and host functions through our own unchecked trampoline
+on arrays built once per instance, and host functions through our own unchecked callbacks
 whose failures land in a slot owned by the instance (used by one thread at a time, under the
 instance lock). Every private binding used is imported here and nowhere else.
 """
