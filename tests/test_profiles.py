@@ -12,6 +12,7 @@ import pytest
 from conftest import bare
 from guests import build
 
+from wasihost.engine.hostcalls import CALLBACKS
 from wasihost.engine.native import SETTLE_FUEL
 from wasihost.errors import AdmissionError, CallError, FailureClass
 from wasihost.guestmem import GuestMemory
@@ -76,6 +77,9 @@ class ToyBinding:
 
     def close(self) -> None:
         ToyBinding.closed += 1
+
+
+CALL_SUM = "(drop (call $sum (i32.const 1) (i32.const 2) (i32.const 64)))"
 
 
 def command(body: str) -> bytes:
@@ -244,3 +248,25 @@ def test_native_calls_work_from_a_start_function(host: Host) -> None:
       (func (export "_start") (call $exit (i32.load (i32.const 128)))))""")
     ext = host.admit(bare(wasm), grants=["toy.math", "toy.core"])
     assert ext.run_command() == 42
+
+
+def test_host_function_callbacks_go_with_their_store(host: Host) -> None:
+    # Each import of each instance has its own C callback; wasmtime's finalizer must drop it
+    # when the Store goes, or every run would leak one per import.
+    seen: list[int] = []
+
+    def sized(mem: GuestMemory, a: int, b: int, out: int) -> int:
+        seen.append(len(CALLBACKS))
+        return 0
+
+    before = len(CALLBACKS)  # other tests' live instances, if any
+    original = ToyBinding.handler
+    ToyBinding.handler = lambda self, e: sized if e.name == "store_sum" else original(self, e)  # type: ignore[method-assign]
+    try:
+        ext = host.admit(bare(command(CALL_SUM)), grants=["toy.math", "toy.core"])
+        for _ in range(20):
+            ext.run_command()
+    finally:
+        ToyBinding.handler = original  # type: ignore[method-assign]
+    assert seen and min(seen) >= before + 3  # the running instance's three imports
+    assert len(CALLBACKS) == before
