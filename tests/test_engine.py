@@ -178,6 +178,30 @@ def test_host_calls_cannot_buy_free_work(host: Host) -> None:
     assert ext.log.dropped + len(ext.logs()) < 400
 
 
+def test_cbor_host_call_fuel_is_exact_at_the_boundary(host: Host) -> None:
+    # Host calls charge a debt settled at the end of the call: the command must fail with one
+    # unit less than it uses, and pass with exactly what it uses, every call included.
+    req = cbor2.dumps([0, "x"])
+    call = f"(drop (call $log (i32.const {REQ_AT}) (i32.const {len(req)}) (i32.const {RESP_AT}) (i32.const 16)))"
+    wasm = build(
+        guest_wat(
+            f"{call * 5} (call $ok_null)", imports=host_import("log"), extra=_data(REQ_AT, req)
+        )
+    )
+    probe = load(host, wasm, fuel=1_000_000)
+    probe.start()
+    probe.call("run")
+    used = probe.last_fuel_used
+    assert used > 5 * len(req)  # the five calls' prices are in it
+    exact = load(host, wasm, fuel=used)
+    exact.start()
+    exact.call("run")
+    assert exact.last_fuel_used == used
+    short = load(host, wasm, fuel=used - 1)
+    short.start()
+    assert failure_of(short).failure is FailureClass.OUT_OF_FUEL
+
+
 def test_start_function_runs_under_fuel_and_deadline(host: Host) -> None:
     wat = guest_wat(extra="(func $spin (loop $l (br $l))) (start $spin)")
     ext = load(host, build(wat), grants=(), fuel=1_000_000)

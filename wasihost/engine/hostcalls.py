@@ -22,8 +22,6 @@ from .lowlevel import (
     U32,
     VP,
     get_fuel,
-    memory_data,
-    memory_data_size,
     new_trap,
     private_fn,
     set_fuel,
@@ -157,11 +155,6 @@ class HostContext:
             self.reraise = exc  # KeyboardInterrupt/SystemExit: re-raised after the call
         return self.fail(FailureClass.HOST_ERROR, f"host function failed: {type(exc).__name__}")
 
-    def fuel_left(self, ctx: int) -> int:
-        """The Store's fuel minus what host calls owe (may be negative after an overrun)."""
-        get_fuel(ctx, self._fuel_addr)  # fuel is always on in this adapter's engines
-        return int(self._fuel.value) - self.fuel_debt
-
     def settle(self, ctx: int, debt: int) -> bool:
         """Take ``debt`` from the Store's fuel; False (and the Store emptied) if it cannot pay."""
         self.fuel_debt = 0
@@ -186,6 +179,8 @@ class HostContext:
     def _cbor_dispatch(self, index: int) -> Dispatch:
         def dispatch(env: int, caller: int, args: int, nargs: int) -> int:
             try:
+                if not self.native.bound:
+                    return self.call_unbound(dispatch, env, caller, args, nargs)
                 return self._cbor_call(index, caller, args)
             except BaseException as exc:
                 return self.crashed(exc)
@@ -197,33 +192,26 @@ class HostContext:
         entry = bound.entry
         name = entry.qualified_name
         req_ptr, req_len, resp_ptr, resp_cap = _CBOR_ARGS(PROCESS_MEMORY, args)
-        ctx = self.store_ctx or self._verified_context(caller)
-        mem = self._memory_of(caller)
-        if not mem:
-            return self.fail(FailureClass.PROTOCOL, f"{name}: guest exports no memory")
-        size = memory_data_size(ctx, mem)
+        mem = self.native
         # Python ints do not overflow, so these sums are exact; a u32 ptr+len past 2**32 is
         # simply larger than any memory.
-        if req_ptr + req_len > size:
+        req_end = req_ptr + req_len
+        resp_end = resp_ptr + resp_cap
+        size = mem.size_for(req_end if req_end > resp_end else resp_end)
+        if req_end > size:
             return self.fail(
                 FailureClass.PROTOCOL,
                 f"{name}: request [{req_ptr}, +{req_len}) outside memory of {size} bytes",
             )
-        if resp_ptr + resp_cap > size:
+        if resp_end > size:
             return self.fail(
                 FailureClass.PROTOCOL,
                 f"{name}: response buffer [{resp_ptr}, +{resp_cap}) outside memory of {size} bytes",
             )
-        if req_len and resp_cap and req_ptr < resp_ptr + resp_cap and resp_ptr < req_ptr + req_len:
+        if req_len and resp_cap and req_ptr < resp_end and resp_ptr < req_end:
             return self.fail(FailureClass.PROTOCOL, f"{name}: request and response overlap")
-        # This call pays exactly, and settles whatever native calls owe on the way.
-        left = self.fuel_left(ctx)
-        self.fuel_debt = 0
-        price = entry.fuel_price(req_len)
-        if left < price:
-            return self.out_of_fuel(ctx, entry)
-        left -= price
-        set_fuel(ctx, left)
+        if not self.charge(caller, entry.fuel_price(req_len)):
+            return self.out_of_fuel(self.context_of(caller), entry)
         if not self.gate(entry):
             _put_i32(args, -Status.DENIED)
             return 0
@@ -233,10 +221,7 @@ class HostContext:
         request: Any = None
         if req_len:
             try:
-                request = decode(
-                    ctypes.string_at(memory_data(ctx, mem) + req_ptr, req_len),
-                    self.codec_limits[index],
-                )
+                request = decode(mem.view[req_ptr:req_end].tobytes(), self.codec_limits[index])
             except CodecError:
                 _put_i32(args, -Status.INVALID_ARGUMENT)
                 return 0
@@ -257,23 +242,24 @@ class HostContext:
         if len(body) > resp_cap:
             _put_i32(args, -Status.BUFFER_TOO_SMALL)
             return 0
-        # No wasm ran during the handler, so the fuel left is what we set above.
-        cost = entry.fuel_per_byte * len(body)
-        if left < cost:
-            return self.out_of_fuel(ctx, entry)
-        set_fuel(ctx, left - cost)
-        # The handler cannot grow guest memory, but re-read the base anyway: it is one C call
-        # and makes the write independent of what the handler did.
-        ctypes.memmove(memory_data(ctx, mem) + resp_ptr, body, len(body))
+        if not self.charge(caller, entry.fuel_per_byte * len(body)):
+            return self.out_of_fuel(self.context_of(caller), entry)
+        # No wasm ran during the handler, so the memory the view shows is what was checked.
+        mem.view[resp_ptr : resp_ptr + len(body)] = body
         _put_i32(args, len(body))
         return 0
+
+    def charge(self, caller: int, cost: int) -> bool:
+        """Add ``cost`` to the fuel debt, settling it once it reaches SETTLE_FUEL; False if the
+        Store cannot pay (the native dispatch inlines the same steps)."""
+        debt = self.fuel_debt + cost
+        self.fuel_debt = debt
+        return debt < SETTLE_FUEL or self.settle(self.context_of(caller), debt)
 
     def denied(self, entry: HostFunction, caller: int, args: int) -> int:
         """An ungranted native call: it pays its base price and answers the entry's
         ``denied_result``, or ends the call if the entry has none."""
-        debt = self.fuel_debt + entry.fuel_base
-        self.fuel_debt = debt
-        if debt >= SETTLE_FUEL and not self.settle(self.context_of(caller), debt):
+        if not self.charge(caller, entry.fuel_base):
             return self.out_of_fuel(self.context_of(caller), entry)
         if entry.denied_result is None or not entry.results:
             return self.fail(FailureClass.DENIED, f"{entry.qualified_name}: not granted")
@@ -281,7 +267,7 @@ class HostContext:
         return 0
 
     def call_unbound(self, dispatch: Dispatch, env: int, caller: int, args: int, n: int) -> int:
-        """A native call from a start function, before the Instance has resolved the memory
+        """A host call from a start function, before the Instance has resolved the memory
         export: the memory is looked up by name and served for this one call."""
         mem = self._memory_of(caller)
         if not mem:

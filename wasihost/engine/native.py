@@ -26,12 +26,11 @@ SETTLE_FUEL = 10_000
 """Host-call fuel a Store may owe before it is taken from the Store's own counter.
 
 Reading and writing a Store's fuel is two C calls, about half a microsecond: more than the rest
-of a small host call. Native calls therefore add their price to a debt that is settled when it
-reaches this much, before any command call or WASI run reports its result, and whenever a cbor
-call reads the fuel. A guest can overrun its budget by at most this much plus one host call's
-price before it stops with ``out_of_fuel``; the point where it stops depends only on the guest's
-own call sequence, so runs stay reproducible. 10,000 units is about ten microseconds of guest
-code.
+of a small host call. Host calls therefore add their price to a debt that is settled when it
+reaches this much, and before any command call or WASI run reports its result. A guest can
+overrun its budget by at most this much plus one host call's price before it stops with
+``out_of_fuel``; the point where it stops depends only on the guest's own call sequence, so runs
+stay reproducible. 10,000 units is about ten microseconds of guest code.
 """
 
 _EMPTY_VIEW = memoryview(bytearray())
@@ -42,7 +41,8 @@ _U32X2 = struct.Struct("<II")
 
 class NativeCall:
     """What a native-convention broker gets besides its arguments: bounds-checked access to the
-    calling guest's memory, and the call's deadline.
+    calling guest's memory, and the call's deadline. The cbor convention reads requests and
+    writes responses through it too.
 
     Memory is reached through a memoryview over the guest's linear memory, which the engine
     never moves (``memory_may_move`` is off), so the view stays valid as long as the Store; it
@@ -84,6 +84,13 @@ class NativeCall:
 
     def size(self) -> int:
         self._refresh()
+        return self._size
+
+    def size_for(self, end: int) -> int:
+        """The memory's size, re-read only if ``end`` lies past the view (the guest may have
+        grown its memory since)."""
+        if end > self._size:
+            self._refresh()
         return self._size
 
     def _refresh(self) -> None:
