@@ -411,3 +411,16 @@ def test_an_interrupt_before_the_call_is_armed_is_not_lost(host: Host) -> None:
     err = failure_of(ext)
     assert err.failure is FailureClass.DEADLINE
     assert time.monotonic() - started < 2
+
+
+def test_response_from_memory_grown_during_the_call(host: Host) -> None:
+    # The host's view of memory was made before the call; the response lies in a page the
+    # guest grew during it, which the host must read rather than refuse.
+    body = """(drop (memory.grow (i32.const 1)))
+              (i32.store (i32.const 131072) (i32.const 0))
+              (i32.store8 (i32.const 131076) (i32.const 7))
+              (call $packed (i32.const 131072) (i32.const 5))"""
+    ext = load(host, build(guest_wat(body)), grants=())
+    ext.start()
+    assert ext.call("run") == 7
+    assert ext.call("run") == 7  # and again, from the same (now larger) memory

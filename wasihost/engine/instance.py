@@ -33,8 +33,6 @@ from .lowlevel import (
     call_unchecked,
     error_new,
     get_fuel,
-    memory_data,
-    memory_data_size,
     set_epoch_deadline,
     set_fuel,
     short_message,
@@ -208,7 +206,6 @@ class Instance:
         self._args1 = (ffi.wasmtime_val_raw_t * 1)()
         self._args3 = (ffi.wasmtime_val_raw_t * 3)()
         # Raw addresses for the fast path; every object they point into is kept alive by self.
-        self._mem_addr = ctypes.addressof(self._memory)
         self._alloc_addr = ctypes.addressof(self._alloc)
         self._call_addr = ctypes.addressof(self._call)
         self._args1_addr = ctypes.addressof(self._args1)
@@ -308,7 +305,6 @@ class Instance:
         # _arm and _account inlined: method calls are a measurable share of a no-op call.
         fuel = self._limits.fuel
         ctx = self._ctx_addr
-        mem = self._mem_addr
         set_fuel(ctx, fuel)
         set_epoch_deadline(ctx, 1)
         host = self._ctx
@@ -324,14 +320,15 @@ class Instance:
             if err or self._trap_slot.value:
                 self._raise_failure(err)
             ptr = args1[0].i32 & U32
-            size = memory_data_size(ctx, mem)
+            view = host.native
+            size = view.size_for(ptr + total)
             if ptr == 0 or ptr + total > size:
                 raise CallError(
                     FailureClass.PROTOCOL,
                     f"wasihost_alloc({total}) returned {ptr}, not a block inside memory of "
                     f"{size} bytes",
                 )
-            ctypes.memmove(memory_data(ctx, mem) + ptr, block, total)
+            view.view[ptr : ptr + total] = block
             args3 = self._args3
             args3[0].i32 = ptr
             args3[1].i32 = len(command)
@@ -342,8 +339,8 @@ class Instance:
             packed = args3[0].i64 & U64
             resp_ptr = packed >> 32
             resp_len = packed & U32
-            # The guest may have grown (moved) its memory during the call: read both afresh.
-            size = memory_data_size(ctx, mem)
+            # The guest may have grown its memory during the call: size_for sees that.
+            size = view.size_for(resp_ptr + resp_len)
             if resp_ptr + resp_len > size:
                 raise CallError(
                     FailureClass.PROTOCOL,
@@ -359,7 +356,7 @@ class Instance:
                     f"response body of {resp_len - 4} bytes over the output limit of "
                     f"{max_output_bytes}",
                 )
-            data = ctypes.string_at(memory_data(ctx, mem) + resp_ptr, resp_len)
+            data = view.view[resp_ptr : resp_ptr + resp_len].tobytes()
         finally:
             get_fuel(ctx, self._fuel_left_addr)
             left = self._fuel_left.value
