@@ -9,7 +9,6 @@ generated with its exact arity (a ``handler(call, *args)`` call costs about a te
 
 from __future__ import annotations
 
-import ctypes
 import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -102,11 +101,9 @@ class NativeCall:
             raise MemoryMoved(f"guest memory moved from {self._base:#x} to {base:#x}")
         self._base = base
         self._size = size
-        self.view = (
-            memoryview((ctypes.c_ubyte * size).from_address(base)).cast("B")
-            if size
-            else _EMPTY_VIEW
-        )
+        # A slice of the process view: no new ctypes array type per size (ctypes caches every
+        # one it makes, so a memory growing page by page would leave one behind per page).
+        self.view = PROCESS_MEMORY[base : base + size] if size else _EMPTY_VIEW
 
     def _check(self, ptr: int, length: int) -> None:
         """Slow path of a bounds check: the memory may have grown since the view was made."""
