@@ -1,8 +1,15 @@
 """Per-call cost: wasihost against wasmtime-py's generic path and a raw-call floor, one run.
 
-All three run the same guest (fixtures/echo, built on the guest SDK) through the same ABI
-sequence: set fuel and deadline, ``wasihost_alloc``, write command + CBOR input, ``wasihost_call``,
-read the response.
+Into the guest (``noop``, ``echo64``): all three run the same guest (fixtures/echo, built on the
+guest SDK) through the same ABI sequence: set fuel and deadline, ``wasihost_alloc``, write
+command + CBOR input, ``wasihost_call``, read the response.
+
+Out of the guest (``hostcall``): fixtures/hostflood calls its ``log`` import in a loop; the cost
+of one host call is the time of a command making 1,000 of them less one making none, over 1,000.
+The floor answers with a bare unchecked ctypes callback, generic with a wasmtime-py ``Func`` on
+a Python function; both only return a status. wasihost does the whole host call: bounds and
+overlap checks, fuel, the grant gate, CBOR decode with limits, and the log broker (answering
+``QUOTA_EXCEEDED`` once the extension's log budget is full, as it soon is).
 
 - ``floor``: that sequence with ``wasmtime_func_call_unchecked`` on pre-built raw arrays and no
   checks at all: the least any host on wasmtime-py can spend.
@@ -40,6 +47,9 @@ from wasihost.policy import Policy
 from wasihost.runtime import Host
 
 ECHO = ROOT / "fixtures" / "echo"
+HOSTFLOOD = ROOT / "fixtures" / "hostflood"
+HOST_CALLS = 1000  # log calls per timed command
+UNSUPPORTED = -9
 FUEL = 10_000_000
 PAYLOAD = bytes(range(64))
 
@@ -51,10 +61,29 @@ def _engine() -> wasmtime.Engine:
     return wasmtime.Engine(config)
 
 
-class PublicGuest:
-    """The echo guest driven through wasmtime-py's public, generic API."""
+# The floor's host function: a bare unchecked callback that stores a status and returns.
+_RAW_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t
+)
+_RAW_FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
-    def __init__(self, wasm: bytes) -> None:
+
+@_RAW_CALLBACK  # type: ignore[untyped-decorator]
+def _answer_unsupported(env: int, caller: int, args: int, nargs: int) -> int:
+    ctypes.c_int32.from_address(args).value = UNSUPPORTED
+    return 0
+
+
+@_RAW_FINALIZER  # type: ignore[untyped-decorator]
+def _no_finalizer(env: int) -> None:
+    pass
+
+
+class PublicGuest:
+    """A guest driven through wasmtime-py's public, generic API; its imports answer
+    UNSUPPORTED, through generic ``Func`` objects or (``raw_imports``) bare unchecked ones."""
+
+    def __init__(self, wasm: bytes, *, raw_imports: bool = False) -> None:
         self.engine = _engine()
         self.store = wasmtime.Store(self.engine)
         module = wasmtime.Module(self.engine, wasm)
@@ -62,7 +91,10 @@ class PublicGuest:
         for imp in module.imports:
             ty = imp.type
             assert isinstance(ty, wasmtime.FuncType)
-            imports.append(wasmtime.Func(self.store, ty, lambda *a: -9))  # UNSUPPORTED to all
+            if raw_imports:
+                imports.append(self._raw_func(ty))
+            else:
+                imports.append(wasmtime.Func(self.store, ty, lambda *a: UNSUPPORTED))
         self.store.set_fuel(FUEL)
         self.store.set_epoch_deadline(1_000_000)
         instance = wasmtime.Instance(self.store, module, imports)
@@ -71,6 +103,17 @@ class PublicGuest:
         self.alloc = exports["wasihost_alloc"]
         self.call_fn = exports["wasihost_call"]
         self.instance = instance
+
+    def _raw_func(self, ty: wasmtime.FuncType) -> wasmtime.Func:
+        new = raw.dll["wasmtime_func_new_unchecked"]
+        new.restype = None
+        vp = ctypes.c_void_p
+        new.argtypes = [vp, vp, _RAW_CALLBACK, vp, _RAW_FINALIZER, vp]
+        func = raw.wasmtime_func_t()
+        ctx = ctypes.cast(self.store._context(), vp)
+        new(ctx, ctypes.cast(ty.ptr(), vp), _answer_unsupported, None, _no_finalizer,
+            ctypes.addressof(func))  # fmt: skip
+        return wasmtime.Func._from_raw(func)
 
     def call(self, command: bytes, payload: bytes) -> bytes:
         store = self.store
@@ -165,6 +208,40 @@ def handshake(guest: PublicGuest | RawFloor) -> None:
     guest.call(b"wasihost.welcome", cbor2.dumps(welcome))
 
 
+def host_calls(host: Host, calls: int, repeats: int) -> dict[str, float]:
+    """Per host call µs: (a command making HOST_CALLS calls - one making none) / HOST_CALLS."""
+    wasm = (HOSTFLOOD / "hostflood.wasm").read_bytes()
+    public = PublicGuest(wasm)
+    floor_guest = PublicGuest(wasm, raw_imports=True)
+    handshake(public)
+    handshake(floor_guest)
+    floor = RawFloor(floor_guest)
+    ext = host.load(HOSTFLOOD)
+    many, none = cbor2.dumps({"calls": HOST_CALLS}), cbor2.dumps({"calls": 0})
+    assert ext.call("run", {"calls": HOST_CALLS}) == {"calls": HOST_CALLS}
+    rounds = max(1, calls // HOST_CALLS)
+    timed = _time(
+        {
+            "floor_many": lambda: floor.call(b"run", many),
+            "floor_none": lambda: floor.call(b"run", none),
+            "generic_many": lambda: public.call(b"run", many),
+            "generic_none": lambda: public.call(b"run", none),
+            "wasihost_many": lambda: ext.call("run", {"calls": HOST_CALLS}),
+            "wasihost_none": lambda: ext.call("run", {"calls": 0}),
+        },
+        rounds,
+        repeats,
+    )
+    row = {
+        kind: (timed[f"{kind}_many"] - timed[f"{kind}_none"]) / HOST_CALLS
+        for kind in ("floor", "generic", "wasihost")
+    }
+    row = {f"{kind}_us": value for kind, value in row.items()}
+    row["wasihost_vs_floor"] = row["wasihost_us"] / row["floor_us"]
+    row["generic_vs_wasihost"] = row["generic_us"] / row["wasihost_us"]
+    return row
+
+
 def run(calls: int, repeats: int) -> dict[str, object]:
     wasm = (ECHO / "echo.wasm").read_bytes()
     public = PublicGuest(wasm)
@@ -184,6 +261,7 @@ def run(calls: int, repeats: int) -> dict[str, object]:
     assert ext.call("echo", PAYLOAD) == PAYLOAD
 
     results: dict[str, dict[str, float]] = {}
+    results["hostcall"] = host_calls(host, calls, repeats)
     for name, cmd, value, encoded in (
         ("noop", "noop", None, null),
         ("echo64", "echo", PAYLOAD, echo_in),
