@@ -13,6 +13,7 @@ from hypothesis import settings
 
 from wasihost.package import Package
 from wasihost.policy import Policy
+from wasihost.registry import AbiVersion, HostFunction
 from wasihost.runtime import Host
 
 # Trap paths of wasmtime are much slower with Rust backtraces on; tests trap a lot.
@@ -34,6 +35,35 @@ def host() -> Iterator[Host]:
 
 def bare(wasm: bytes, name: str = "guest.wasm") -> Package:
     return Package(name, None, wasm, hashlib.sha256(wasm).hexdigest())
+
+
+def native_entry(
+    module: str,
+    name: str,
+    params: tuple[str, ...],
+    results: tuple[str, ...],
+    capability: str,
+    *,
+    denied: int | None = None,
+    fuel_base: int = 100,
+    fuel_per_byte: int = 1,
+) -> HostFunction:
+    """A native-convention entry of a test profile (the engine's path for WASI, without WASI)."""
+    return HostFunction(
+        module=module,
+        name=name,
+        capability=capability,
+        since=AbiVersion(1, 0),
+        params=params,
+        results=results,
+        max_request_bytes=0,
+        max_response_bytes=0,
+        fuel_base=fuel_base,
+        fuel_per_byte=fuel_per_byte,
+        blocking=False,
+        convention="native",
+        denied_result=denied,
+    )
 
 
 def rust_toolchain_present() -> bool:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import bare
+from conftest import bare, native_entry
 from guests import build
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from wasihost.errors import CallError, FailureClass
 from wasihost.guestmem import GuestMemory
 from wasihost.policy import Policy
-from wasihost.registry import AbiVersion, HostFunction, Profile
+from wasihost.registry import HostFunction, Profile
 from wasihost.runtime import Extension, Host
 
 MODULE = "probe_preview1"
@@ -31,21 +31,7 @@ READ, READ_U32, READ_U64, READ_IOVEC, WRITE = range(5)
 
 
 def _entry(name: str, params: tuple[str, ...], results: tuple[str, ...]) -> HostFunction:
-    return HostFunction(
-        module=MODULE,
-        name=name,
-        capability="probe",
-        since=AbiVersion(1, 0),
-        params=params,
-        results=results,
-        max_request_bytes=0,
-        max_response_bytes=0,
-        fuel_base=1,
-        fuel_per_byte=0,
-        blocking=False,
-        convention="native",
-        denied_result=None,
-    )
+    return native_entry(MODULE, name, params, results, "probe", fuel_base=1, fuel_per_byte=0)
 
 
 PROFILE = Profile(

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import bare
+from conftest import bare, native_entry
 from guests import build
 
 from wasihost.engine.hostcalls import CALLBACKS
@@ -17,7 +17,7 @@ from wasihost.engine.native import SETTLE_FUEL
 from wasihost.errors import AdmissionError, CallError, FailureClass
 from wasihost.guestmem import GuestMemory
 from wasihost.policy import Policy
-from wasihost.registry import AbiVersion, HostFunction, Profile
+from wasihost.registry import HostFunction, Profile
 from wasihost.runtime import Extension, Host
 from wasihost.status import GuestExit
 
@@ -27,21 +27,7 @@ MODULE = "toy_preview1"
 def entry(
     name: str, params: tuple[str, ...], results: tuple[str, ...], cap: str, denied: int | None = 76
 ) -> HostFunction:
-    return HostFunction(
-        module=MODULE,
-        name=name,
-        capability=cap,
-        since=AbiVersion(1, 0),
-        params=params,
-        results=results,
-        max_request_bytes=0,
-        max_response_bytes=0,
-        fuel_base=100,
-        fuel_per_byte=1,
-        blocking=False,
-        convention="native",
-        denied_result=denied,
-    )
+    return native_entry(MODULE, name, params, results, cap, denied=denied)
 
 
 PROFILE = Profile(

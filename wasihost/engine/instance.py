@@ -320,15 +320,15 @@ class Instance:
             if err or self._trap_slot.value:
                 self._raise_failure(err)
             ptr = args1[0].i32 & U32
-            view = host.native
-            size = view.size_for(ptr + total)
+            mem = host.native
+            size = mem.size_for(ptr + total)
             if ptr == 0 or ptr + total > size:
                 raise CallError(
                     FailureClass.PROTOCOL,
                     f"wasihost_alloc({total}) returned {ptr}, not a block inside memory of "
                     f"{size} bytes",
                 )
-            view.view[ptr : ptr + total] = block
+            mem.view[ptr : ptr + total] = block
             args3 = self._args3
             args3[0].i32 = ptr
             args3[1].i32 = len(command)
@@ -340,7 +340,7 @@ class Instance:
             resp_ptr = packed >> 32
             resp_len = packed & U32
             # The guest may have grown its memory during the call: size_for sees that.
-            size = view.size_for(resp_ptr + resp_len)
+            size = mem.size_for(resp_ptr + resp_len)
             if resp_ptr + resp_len > size:
                 raise CallError(
                     FailureClass.PROTOCOL,
@@ -356,7 +356,7 @@ class Instance:
                     f"response body of {resp_len - 4} bytes over the output limit of "
                     f"{max_output_bytes}",
                 )
-            data = view.view[resp_ptr : resp_ptr + resp_len].tobytes()
+            data = mem.view[resp_ptr : resp_ptr + resp_len].tobytes()
         finally:
             get_fuel(ctx, self._fuel_left_addr)
             left = self._fuel_left.value

@@ -134,8 +134,9 @@ def fd_tell(st: WasiState, mem: GuestMemory, fd: int, offset_ptr: int) -> int:
 
 # --- hot paths ---------------------------------------------------------------------------------
 # Line-buffered stdio writes one iovec per line, and file reads come one buffer at a time; these
-# cases skip the general path's helpers (each guest-memory access is two C calls). Everything
-# else falls through to the general handler, so behaviour is the same either way.
+# cases skip the general path's helpers (a function call per iovec and per access, a tenth of a
+# microsecond each). Everything else falls through to the general handler, so behaviour is the
+# same either way.
 
 _iovec_at = IOVEC.unpack_from
 _put_u32 = struct.Struct("<I").pack_into
