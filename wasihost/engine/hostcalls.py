@@ -19,7 +19,6 @@ from ..registry import HostFunction
 from ..status import GuestAbort, HostStatus, Status
 from .lowlevel import (
     PROCESS_MEMORY,
-    U32,
     VP,
     get_fuel,
     new_trap,
@@ -67,11 +66,7 @@ _caller_export_get = private_fn(
 )
 
 _CBOR_ARGS = struct.Struct("<I12xI12xI12xI12x").unpack_from
-_put_u32 = struct.Struct("<I").pack_into
-
-
-def _put_i32(args: int, value: int) -> None:
-    _put_u32(PROCESS_MEMORY, args, value & U32)
+_put_i32 = result_writer("i32")
 
 
 def host_callback(dispatch: Dispatch) -> tuple[int, Any]:
@@ -97,7 +92,6 @@ class HostContext:
             CodecLimits(max_bytes=max(1, b.entry.max_request_bytes)) for b in imports
         )
         self.gate = gate
-        self.mem_addr = 0  # the exported memory (kept alive by the Instance), once resolved
         # The error slot: set by a host function that ends the call, read by the caller of the
         # wasm function on the same thread, under the instance lock. Never global.
         self.failure: CallError | None = None
@@ -137,8 +131,8 @@ class HostContext:
         return ctx
 
     def set_memory(self, memory: Any) -> None:
-        self.mem_addr = ctypes.addressof(memory)
-        self.native.bind(self.expected_ctx, self.mem_addr)
+        """Serve the exported memory (kept alive by the Instance) to every later host call."""
+        self.native.bind(self.expected_ctx, ctypes.addressof(memory))
 
     def take_failure(self) -> CallError | None:
         failure, self.failure = self.failure, None
@@ -166,11 +160,9 @@ class HostContext:
         set_fuel(ctx, left - debt)
         return True
 
-    def _memory_of(self, caller: int) -> int:
-        """The caller's memory; during a start function, before exports are resolved, it is
-        looked up by name (and its address is valid for this host call only)."""
-        if self.mem_addr:
-            return self.mem_addr
+    def _memory_by_name(self, caller: int) -> int:
+        """The caller's exported memory, looked up by name: its address is valid for this host
+        call only."""
         item = self._extern
         if not _caller_export_get(caller, b"memory", 6, ctypes.addressof(item)):
             return 0
@@ -256,20 +248,26 @@ class HostContext:
         self.fuel_debt = debt
         return debt < SETTLE_FUEL or self.settle(self.context_of(caller), debt)
 
-    def denied(self, entry: HostFunction, caller: int, args: int) -> int:
+    def denied(
+        self,
+        entry: HostFunction,
+        write_result: Callable[[int, Any], None] | None,
+        caller: int,
+        args: int,
+    ) -> int:
         """An ungranted native call: it pays its base price and answers the entry's
-        ``denied_result``, or ends the call if the entry has none."""
+        ``denied_result`` through its ``write_result``, or ends the call if it has none."""
         if not self.charge(caller, entry.fuel_base):
             return self.out_of_fuel(self.context_of(caller), entry)
-        if entry.denied_result is None or not entry.results:
+        if entry.denied_result is None or write_result is None:
             return self.fail(FailureClass.DENIED, f"{entry.qualified_name}: not granted")
-        result_writer(entry.results[0])(args, entry.denied_result)
+        write_result(args, entry.denied_result)
         return 0
 
     def call_unbound(self, dispatch: Dispatch, env: int, caller: int, args: int, n: int) -> int:
         """A host call from a start function, before the Instance has resolved the memory
         export: the memory is looked up by name and served for this one call."""
-        mem = self._memory_of(caller)
+        mem = self._memory_by_name(caller)
         if not mem:
             return self.fail(FailureClass.PROTOCOL, "host call from a guest with no memory")
         self.native.bind(self.context_of(caller), mem)

@@ -209,7 +209,7 @@ def make(host, entry, handler, unpack, write_result):
     def dispatch(env, caller, args, nargs):
         try:
             if gated and not gate(entry):
-                return host.denied(entry, caller, args)
+                return host.denied(entry, write_result, caller, args)
             if not call.bound:
                 return host.call_unbound(dispatch, env, caller, args, nargs)
             call.moved = 0
