@@ -75,6 +75,10 @@ class HostFunction:
     # fd_write whether or not it gets stdio): the gate answers this value instead, and
     # admission does not refuse the import. None: an ungranted import refuses the module.
     denied_result: int | None = None
+    # The entry ends the call and never answers the guest (``abort``): the convention runs its
+    # handler whatever the request (outside memory, oversized, malformed) and never returns a
+    # status, so a guest cannot carry on past it.
+    never_returns: bool = False
 
     @property
     def refused_when_ungranted(self) -> bool:
@@ -92,7 +96,7 @@ class HostFunction:
         return self.fuel_base + self.fuel_per_byte * payload_bytes
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "module": self.module,
             "name": self.name,
             "capability": self.capability,
@@ -107,11 +111,12 @@ class HostFunction:
             "request": self.request,
             "response": self.response,
             "doc": self.doc,
-        } | (
-            {"convention": self.convention, "denied_result": self.denied_result}
-            if self.convention != "cbor"
-            else {}
-        )
+        }
+        if self.convention != "cbor":
+            doc |= {"convention": self.convention, "denied_result": self.denied_result}
+        if self.never_returns:
+            doc["never_returns"] = True
+        return doc
 
 
 @attrs.frozen
@@ -274,6 +279,13 @@ def _require(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) ->
     return value
 
 
+def _optional_flag(doc: Mapping[str, Any], key: str) -> bool:
+    value = doc.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"registry: {key!r} must be true or false")
+    return value
+
+
 def _types(values: Any, where: str) -> tuple[str, ...]:
     if not isinstance(values, list) or not all(v in WASM_VALUE_TYPES for v in values):
         raise ConfigError(f"registry: {where} must list wasm value types")
@@ -306,6 +318,7 @@ def major_from_json(doc: Mapping[str, Any]) -> MajorSpec:
                 doc=raw.get("doc", ""),
                 request=raw.get("request", ""),
                 response=raw.get("response", ""),
+                never_returns=_optional_flag(raw, "never_returns"),
             )
         )
     exports = tuple(

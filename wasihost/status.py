@@ -36,6 +36,17 @@ class GuestAbort(Exception):
         self.message = message
 
 
+class UnreadableRequest:
+    """Handed to an entry that never returns (``abort``) in place of a request the host could
+    not read: outside memory, over the entry's limit, or not well-formed CBOR."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"UnreadableRequest({self.reason!r})"
+
+
 class GuestFault(Exception):
     """A native broker touched guest memory outside its bounds on the guest's say-so."""
 

@@ -5,19 +5,35 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..status import GuestAbort
+from ..status import GuestAbort, UnreadableRequest
 from .log import ExtensionLog, Level
 
 # A panic message is for a human reading the log; the first 512 characters say it.
 MAX_PANIC_MESSAGE_CHARS = 512
 
+# What the panic says when the guest's message is not text: the guest still ends its call
+# (abort never returns), and the host never echoes bytes it could not decode.
+MALFORMED_MESSAGE = "(malformed abort message)"
+NO_MESSAGE = "guest aborted"
+
+
+def panic_message(request: Any) -> str:
+    """The message an ``abort`` request carries, truncated, or a placeholder saying why not."""
+    if isinstance(request, str):
+        return request[:MAX_PANIC_MESSAGE_CHARS]
+    if request is None:
+        return NO_MESSAGE
+    if isinstance(request, UnreadableRequest):
+        return f"(unreadable abort message: {request.reason})"
+    return MALFORMED_MESSAGE
+
 
 def abort_handler(log: ExtensionLog) -> Callable[[Any], Any]:
-    """The ``abort`` entry: record the message and end the call as a panic."""
+    """The ``abort`` entry: record the message and end the call as a panic, whatever the
+    request (the registry marks it ``never_returns``)."""
 
     def handle(request: Any) -> None:
-        message = request if isinstance(request, str) else "guest aborted"
-        message = message[:MAX_PANIC_MESSAGE_CHARS]
+        message = panic_message(request)
         log.append(Level.ERROR, f"panic: {message}", source="host")
         raise GuestAbort(message)
 

@@ -16,7 +16,7 @@ from wasmtime import _ffi as ffi
 from ..codec import CodecLimits, decode, encode
 from ..errors import CallError, CodecError, FailureClass
 from ..registry import HostFunction
-from ..status import GuestAbort, HostStatus, Status
+from ..status import GuestAbort, HostStatus, Status, UnreadableRequest
 from .lowlevel import (
     PROCESS_MEMORY,
     VP,
@@ -184,6 +184,8 @@ class HostContext:
         entry = bound.entry
         name = entry.qualified_name
         req_ptr, req_len, resp_ptr, resp_cap = _CBOR_ARGS(PROCESS_MEMORY, args)
+        if entry.never_returns:
+            return self._final_call(bound, caller, req_ptr, req_len)
         mem = self.native
         # Python ints do not overflow, so these sums are exact; a u32 ptr+len past 2**32 is
         # simply larger than any memory.
@@ -240,6 +242,34 @@ class HostContext:
         mem.view[resp_ptr : resp_ptr + len(body)] = body
         _put_i32(args, len(body))
         return 0
+
+    def _final_call(self, bound: BoundImport, caller: int, req_ptr: int, req_len: int) -> int:
+        """An entry that never returns (``abort``): the call ends whatever the request, so no
+        check below may answer the guest with a status and let it carry on. A request the host
+        cannot read reaches the handler as :class:`UnreadableRequest`."""
+        entry = bound.entry
+        mem = self.native
+        req_end = req_ptr + req_len
+        request: Any = None
+        if req_end > mem.size_for(req_end):
+            request = UnreadableRequest("outside memory")
+        elif req_len > entry.max_request_bytes:
+            request = UnreadableRequest(f"{req_len} bytes, over {entry.max_request_bytes}")
+        elif req_len:
+            limits = CodecLimits(max_bytes=entry.max_request_bytes)
+            try:
+                request = decode(mem.view[req_ptr:req_end].tobytes(), limits)
+            except CodecError:
+                request = UnreadableRequest("not well-formed CBOR")
+        read = 0 if isinstance(request, UnreadableRequest) else req_len
+        # Priced like any call for what was read; a guest that cannot pay still ends here (its
+        # fuel emptied), as the entry promises.
+        self.charge(caller, entry.fuel_price(read))
+        try:
+            bound.handler(request)
+        except GuestAbort as abort:
+            return self.fail(FailureClass.PANIC, abort.message)
+        return self.fail(FailureClass.HOST_ERROR, f"{entry.qualified_name} returned")
 
     def charge(self, caller: int, cost: int) -> bool:
         """Add ``cost`` to the fuel debt, settling it once it reaches SETTLE_FUEL; False if the
