@@ -73,6 +73,8 @@ def test_non_function_imports_are_refused() -> None:
 def test_missing_marker_and_bad_markers() -> None:
     assert "no 'wasihost_abi' custom section" in _problems(build(guest_wat(marker=None)))
     assert "not MAJOR.MINOR" in _problems(build(guest_wat(marker="one")))
+    for trailing in ("1.0\\n", "1.0\\0d", "1.0\\00", " 1.0"):
+        assert "not MAJOR.MINOR" in _problems(build(guest_wat(marker=trailing)))
     assert "this host serves 1.0" in _problems(build(guest_wat(marker="2.0")))
     twice = guest_wat().replace(
         '(@custom "wasihost_abi" "1.0")', '(@custom "wasihost_abi" "1.0")' * 2

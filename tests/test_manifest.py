@@ -354,6 +354,9 @@ def test_resources_out_of_range(name: str) -> None:
         ("abi", "1.0.0"),
         ("abi", "one.zero"),
         ("abi", "1" * 20 + ".0"),
+        ("abi", "1.0\n"),
+        ("abi", "10000.0"),  # valid shape, but over the 4 digits a module's marker may carry
+        ("abi", "1.99999"),
         ("module", ""),
         ("module", "/abs/hello.wasm"),
         ("module", "../hello.wasm"),

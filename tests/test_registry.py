@@ -43,7 +43,7 @@ def test_status_enum_matches_registry_codes() -> None:
 def test_abi_version_parse_and_order() -> None:
     assert AbiVersion.parse("1.0") < AbiVersion.parse("1.2") < AbiVersion.parse("2.0")
     assert str(AbiVersion.parse("10.3")) == "10.3"
-    for bad in ["1", "1.0.0", "01.0", "1.01", "a.b", "", " 1.0"]:
+    for bad in ["1", "1.0.0", "01.0", "1.01", "a.b", "", " 1.0", "1.0\n", "1.0\r\n", "10000.0"]:
         with pytest.raises(ValueError, match="MAJOR.MINOR"):
             AbiVersion.parse(bad)
 

@@ -18,6 +18,7 @@ import attrs
 
 from wasihost import limits
 from wasihost.errors import ConfigError, ManifestError
+from wasihost.registry import AbiVersion
 
 # The one schema this parser understands; a new one gets a new parser branch, not a guess.
 SCHEMA: Final = "wasihost-manifest/1"
@@ -75,7 +76,6 @@ _SEMVER = re.compile(
     rf"(?:-{_PRE_ID}(?:\.{_PRE_ID})*)?"
     rf"(?:\+{_BUILD_ID}(?:\.{_BUILD_ID})*)?"
 )
-_ABI = re.compile(rf"{_NUMBER}\.{_NUMBER}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _COMMAND_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -304,10 +304,14 @@ def _parse_extension(table: Mapping[str, object]) -> _Extension:
 
     abi = _required_string(table, "abi", "extension")
     _check_length(abi, MAX_ABI_CHARS, "extension.abi")
-    if not _ABI.fullmatch(abi):
+    # The same parser as the module's marker, so every manifest that validates also loads.
+    try:
+        AbiVersion.parse(abi)
+    except ValueError:
         raise ManifestError(
-            "extension.abi", f"{_show(abi)} is not MAJOR.MINOR (decimal, no leading zeros)"
-        )
+            "extension.abi",
+            f"{_show(abi)} is not MAJOR.MINOR (decimal, no leading zeros, at most 4 digits each)",
+        ) from None
 
     module = _required_string(table, "module", "extension")
     problem = _module_problem(module)

@@ -20,8 +20,10 @@ from .errors import ConfigError
 
 WASM_VALUE_TYPES = frozenset({"i32", "i64", "f32", "f64"})
 
-# Registry files are ours, but a broken one must fail loudly at start-up, not at first call.
-_VERSION_RE = re.compile(r"^(0|[1-9][0-9]{0,3})\.(0|[1-9][0-9]{0,3})$")
+# Versions come from guests (the marker section) and manifests as well as our registry files.
+# Each number is at most 4 digits (a marker is at most 16 bytes) without leading zeros, and
+# the pattern must match the whole text: ``$`` alone would admit a trailing newline.
+_VERSION_RE = re.compile(r"(0|[1-9][0-9]{0,3})\.(0|[1-9][0-9]{0,3})")
 
 CORE_CAPABILITY = "core"
 """Always granted: the ABI's own plumbing (``abort``) that every guest needs."""
@@ -36,7 +38,7 @@ class AbiVersion:
 
     @classmethod
     def parse(cls, text: str) -> AbiVersion:
-        m = _VERSION_RE.match(text)
+        m = _VERSION_RE.fullmatch(text)
         if m is None:
             raise ValueError(f"ABI version {text!r} is not MAJOR.MINOR")
         return cls(int(m.group(1)), int(m.group(2)))
