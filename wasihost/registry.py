@@ -81,6 +81,10 @@ class HostFunction:
     # handler whatever the request (outside memory, oversized, malformed) and never returns a
     # status, so a guest cannot carry on past it.
     never_returns: bool = False
+    # The entry commits an effect a later call can observe (``log`` appends a record): the
+    # convention answers BUFFER_TOO_SMALL before running it unless ``resp_cap`` can hold any
+    # response, so a guest that retries with a bigger buffer does not commit twice.
+    commits: bool = False
 
     @property
     def refused_when_ungranted(self) -> bool:
@@ -118,6 +122,8 @@ class HostFunction:
             doc |= {"convention": self.convention, "denied_result": self.denied_result}
         if self.never_returns:
             doc["never_returns"] = True
+        if self.commits:
+            doc["commits"] = True
         return doc
 
 
@@ -321,6 +327,7 @@ def major_from_json(doc: Mapping[str, Any]) -> MajorSpec:
                 request=raw.get("request", ""),
                 response=raw.get("response", ""),
                 never_returns=_optional_flag(raw, "never_returns"),
+                commits=_optional_flag(raw, "commits"),
             )
         )
     exports = tuple(

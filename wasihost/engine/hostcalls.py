@@ -212,6 +212,10 @@ class HostContext:
         if req_len > entry.max_request_bytes:
             _put_i32(args, -Status.PAYLOAD_TOO_LARGE)
             return 0
+        if entry.commits and resp_cap < entry.max_response_bytes:
+            # Before the effect, so a retry with a bigger buffer (ABI section 7) commits once.
+            _put_i32(args, -Status.BUFFER_TOO_SMALL)
+            return 0
         request: Any = None
         if req_len:
             try:
