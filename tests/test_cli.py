@@ -51,7 +51,7 @@ def test_json_envelope_reports_fuel_and_logs(capsys: pytest.CaptureFixture[str])
     [
         (
             ["run", "FIX/hello", "greet", "--input", "{nope"],
-            "error: usage: --input is not valid JSON",
+            "error: usage: --input: not valid JSON",
         ),
         (
             ["run", "FIX/hello", "greet", "--fuel", "0"],

@@ -7,7 +7,6 @@ status; a traceback is a bug.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import warnings
@@ -15,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from . import cbor_json
 from .errors import WasihostError
 from .package import Package, load_package
 from .policy import Policy
@@ -47,17 +47,6 @@ _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 def printable(text: str) -> str:
     """``text`` safe to print on one terminal line: controls shown as ``\\xNN``."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-
-
-def to_json_value(value: Any) -> Any:
-    """CBOR values to JSON: byte strings become ``{"$bytes": hex}`` (as in abi/vectors)."""
-    if isinstance(value, bytes | bytearray):
-        return {"$bytes": bytes(value).hex()}
-    if isinstance(value, list):
-        return [to_json_value(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): to_json_value(v) for k, v in value.items()}
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -170,9 +159,9 @@ def _state_host(args: argparse.Namespace) -> Host:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     try:
-        value = json.loads(args.input)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"--input is not valid JSON: {exc.msg} at column {exc.colno}") from None
+        value = cbor_json.from_json(cbor_json.loads(args.input))
+    except cbor_json.JsonFormError as exc:
+        raise UsageError(f"--input: {exc}") from None
     installed = not Path(args.source).exists() and (
         args.state_dir is not None or _state_dir(args).exists()
     )
@@ -206,13 +195,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     )
         if args.json:
             doc = {
-                "output": to_json_value(output),
+                "output": cbor_json.to_json(output),
                 "fuel_used": ext.last_fuel_used,
                 "logs": [r.to_json() for r in records],
             }
-            print(json.dumps(doc))
+            print(cbor_json.dumps(doc))
         else:
-            print(json.dumps(to_json_value(output)))
+            print(cbor_json.dumps(cbor_json.to_json(output)))
         ext.close()
     finally:
         host.close()
@@ -226,7 +215,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     package = load_package(args.source, registry.capabilities())
     report = inspect_package(package, registry, _cli_policy(package, args.grant), args.grant)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(cbor_json.dumps(report, indent=2))
     else:
         print("\n".join(printable(line) for line in render_text(report).splitlines()))
     return 0 if report["admission"]["admitted"] else EXIT_FAILURE
@@ -254,9 +243,9 @@ def _cmd_grants(args: argparse.Namespace) -> int:
             scope = None
             if args.scope is not None:
                 try:
-                    scope = json.loads(args.scope)
-                except json.JSONDecodeError as exc:
-                    raise UsageError(f"--scope is not valid JSON: {exc.msg}") from None
+                    scope = cbor_json.loads(args.scope)
+                except cbor_json.JsonFormError as exc:
+                    raise UsageError(f"--scope: {exc}") from None
             epoch = host.grant(ext, args.capability, scope)
             print(f"granted {args.capability} to {ext} (epoch {epoch})")
         elif args.grants_cmd == "revoke":
@@ -274,7 +263,7 @@ def _cmd_grants(args: argparse.Namespace) -> int:
             ]
             if args.json:
                 print(
-                    json.dumps(
+                    cbor_json.dumps(
                         {
                             "extension": ext,
                             "epoch": state.epoch,
@@ -290,7 +279,7 @@ def _cmd_grants(args: argparse.Namespace) -> int:
                 )
                 for row in rows:
                     print(
-                        f"  {row['capability']}  scope={json.dumps(row['scope'])}  "
+                        f"  {row['capability']}  scope={cbor_json.dumps(row['scope'])}  "
                         f"since epoch {row['since_epoch']}"
                     )
                 if not rows:
@@ -330,7 +319,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         names = [args.extension] if args.extension else store.extensions()
         reports = [_status_of(host, n) for n in names]
         if args.json:
-            print(json.dumps(reports, indent=2))
+            print(cbor_json.dumps(reports, indent=2))
             return 0
         if not reports:
             print(f"no extensions in {store.directory}")
@@ -366,7 +355,7 @@ def _cmd_abi(args: argparse.Namespace) -> int:
         versions = [str(v) for v in registry.versions]
     if args.json:
         print(
-            json.dumps(
+            cbor_json.dumps(
                 {"versions": versions, "functions": [e.to_json() for e in entries]}, indent=2
             )
         )
