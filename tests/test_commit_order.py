@@ -7,7 +7,6 @@ import cbor2
 from conftest import bare
 from guests import build, escape, guest_wat, host_import
 
-from wasihost.registry import default_registry
 from wasihost.runtime import Host
 from wasihost.status import Status
 
@@ -45,9 +44,3 @@ def test_log_with_room_logs_at_the_first_try(host: Host) -> None:
         assert [r.message for r in ext.logs()] == ["once"]
     finally:
         ext.close()
-
-
-def test_every_committing_entry_is_marked() -> None:
-    """The entries whose handlers change host state are the ones the registry marks."""
-    marked = {f.name for f in default_registry().functions() if f.commits}
-    assert marked == {"log"}

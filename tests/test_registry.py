@@ -83,6 +83,18 @@ def test_malformed_registry_fails_loudly() -> None:
     doc["functions"].append(doc["functions"][0])
     with pytest.raises(ConfigError, match="duplicate"):
         Registry().add_major(major_from_json(doc))
+    for flag in ("never_returns", "commits"):
+        doc = json.loads(NORMATIVE.read_text())
+        doc["functions"][0][flag] = "yes"
+        with pytest.raises(ConfigError, match=flag):
+            major_from_json(doc)
+
+
+def test_abort_never_returns_and_log_commits() -> None:
+    """The entries' flags come from the normative JSON, which the conventions honour."""
+    entries = {f.name: f for f in default_registry().functions(AbiVersion(1, 0))}
+    assert [n for n, f in entries.items() if f.never_returns] == ["abort"]
+    assert [n for n, f in entries.items() if f.commits] == ["log"]
 
 
 def test_capabilities_exclude_core() -> None:
