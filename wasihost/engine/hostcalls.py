@@ -273,7 +273,7 @@ class HostContext:
             bound.handler(request)
         except GuestAbort as abort:
             return self.fail(FailureClass.PANIC, abort.message)
-        return self.fail(FailureClass.HOST_ERROR, f"{entry.qualified_name} returned")
+        return self.fail(FailureClass.HOST_ERROR, f"{entry.qualified_name} returned; it must not")
 
     def charge(self, caller: int, cost: int) -> bool:
         """Add ``cost`` to the fuel debt, settling it once it reaches SETTLE_FUEL; False if the
