@@ -98,7 +98,7 @@ class WasmEngine:
     def compile(self, wasm: bytes, sha256: str) -> CompiledModule:
         return CompiledModule(self.cache.get(wasm, sha256), sha256)
 
-    def instantiate(
+    def new_instance(
         self,
         module: CompiledModule,
         imports: Sequence[BoundImport],
@@ -106,8 +106,10 @@ class WasmEngine:
         limits: StoreLimits,
         command_export: str | None = None,
     ) -> Instance:
-        """Instantiate under ``limits``; ``command_export`` names the entry point of a plain
-        profile command (``_start``) instead of the wasihost ABI exports."""
+        """A Store under ``limits`` with ``imports`` linked, ready for
+        :meth:`Instance.instantiate`; no guest code has run yet. ``command_export`` names the
+        entry point of a plain profile command (``_start``) instead of the wasihost ABI
+        exports."""
         self._watchdog.ensure_running()
         return Instance(self, module, imports, gate, limits, command_export)
 
