@@ -45,6 +45,7 @@ MAX_HANDSHAKE_BYTES = 4096
 # A guest's error map is for a human: class and message, bounded.
 MAX_GUEST_ERROR_BYTES = 2048
 MAX_GUEST_ERROR_TEXT = 512
+MAX_GUEST_ERROR_CLASS = 64
 RUNTIME_ID_BYTES = 16
 # Validated command names are cached; a bound keeps an embedder looping over made-up names
 # from growing the cache.
@@ -104,7 +105,11 @@ class Extension:
         self.grant = grant
         self.resources = resources
         self._compiled = compiled
-        self.log = ExtensionLog(resources.max_log_bytes)
+        sink = host.log_sink
+        self.log = ExtensionLog(
+            resources.max_log_bytes,
+            sink=functools.partial(sink, package.name) if sink is not None else None,
+        )
         self._input_limits = CodecLimits(max_bytes=resources.max_input_bytes)
         self._output_limits = CodecLimits(max_bytes=resources.max_output_bytes)
         self._lock = threading.Lock()
@@ -523,21 +528,39 @@ class Extension:
             self._command_names[command] = name
         return name
 
-    def call(self, command: str, value: Any = None) -> Any:
+    def call(
+        self,
+        command: str,
+        value: Any = None,
+        *,
+        fuel: int | None = None,
+        timeout_ms: int | None = None,
+    ) -> Any:
         """Run ``command`` with ``value`` (any CBOR-encodable value) and return its output.
 
-        One budget (``fuel_per_call``, ``timeout_ms``) covers everything the call runs: on a
-        first call, or after a crash, that includes the start function and the handshake."""
+        One budget covers everything the call runs: on a first call, or after a crash, that
+        includes the start function and the handshake. It is the extension's
+        ``fuel_per_call`` and ``timeout_ms``, or ``fuel``/``timeout_ms`` for this call alone,
+        which may lower them but never raise them."""
         name = self._check_command(command)
         r = self.resources
         # null in or out is the commonest payload of all: skip the codec for it.
         payload = CBOR_NULL if value is None else encode(value, self._input_limits)
+        overridden = fuel is not None or timeout_ms is not None
+        if overridden:
+            fuel = _override("fuel", fuel, r.fuel_per_call, "fuel_per_call")
+            timeout_ms = _override("timeout_ms", timeout_ms, r.timeout_ms, "timeout_ms")
         with self._lock:
             self._check_available()
             instance = self._instance
-            budget = None
+            # The deadline starts once the call holds the extension, not while it queues.
+            budget = (
+                Budget(fuel or r.fuel_per_call, timeout_ms or r.timeout_ms)
+                if overridden or instance is None
+                else None
+            )
             if instance is None:
-                budget = Budget(r.fuel_per_call, r.timeout_ms)
+                assert budget is not None
                 instance = self._start(budget)
             self._call_epoch = self.grant.epoch
             try:
@@ -554,7 +577,13 @@ class Extension:
                 raise
             self.last_fuel_used = budget.used if budget is not None else result.fuel_used
             if result.status != 0:
-                raise CallError(FailureClass.GUEST_ERROR, _guest_error_text(result.body))
+                cls, msg = _guest_error(result.body)
+                raise CallError(
+                    FailureClass.GUEST_ERROR,
+                    f"{cls}: {msg}" if msg else cls,
+                    guest_class=cls,
+                    guest_message=msg,
+                )
             if result.body == CBOR_NULL:
                 return None
             try:
@@ -589,6 +618,18 @@ class Extension:
         self.host.forget(self)
 
 
+def _override(name: str, value: int | None, ceiling: int, key: str) -> int:
+    """A per-call budget: at most what the extension was admitted with."""
+    if value is None:
+        return ceiling
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= ceiling:
+        raise ConfigError(
+            f"{name}={value!r}: a per-call {name} must be an int in 1..{ceiling}, this "
+            f"extension's {key} (raise it in the manifest, Host.load({name}=...) or the policy)"
+        )
+    return value
+
+
 def _require_fields(value: Any, where: str, fields: Mapping[str, type]) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise CallError(FailureClass.HANDSHAKE, f"{where}: answer is not a map")
@@ -598,16 +639,21 @@ def _require_fields(value: Any, where: str, fields: Mapping[str, type]) -> dict[
     return value
 
 
-def _guest_error_text(body: bytes) -> str:
+def _guest_error(body: bytes) -> tuple[str, str]:
     """The guest's ``{"class", "message"}``, bounded; never trusted to be well-formed."""
     try:
         value = decode(body, CodecLimits(max_bytes=MAX_GUEST_ERROR_BYTES))
     except CodecError:
-        return "guest error (malformed error body)"
+        return "error", "guest error (malformed error body)"
     if not isinstance(value, dict):
-        return "guest error (malformed error body)"
+        return "error", "guest error (malformed error body)"
     cls = value.get("class")
     msg = value.get("message")
-    cls = cls[:64] if isinstance(cls, str) else "error"
+    cls = cls[:MAX_GUEST_ERROR_CLASS] if isinstance(cls, str) and cls else "error"
     msg = msg[:MAX_GUEST_ERROR_TEXT] if isinstance(msg, str) else ""
+    return cls, msg
+
+
+def _guest_error_text(body: bytes) -> str:
+    cls, msg = _guest_error(body)
     return f"{cls}: {msg}" if msg else cls

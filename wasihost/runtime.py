@@ -18,6 +18,7 @@ from typing import Any
 
 from .admission import AdmissionPlan
 from .brokers.clock import Clock, SystemClock
+from .brokers.log import LogSink
 from .engine import WasmEngine
 from .errors import (
     AdmissionError,
@@ -65,6 +66,7 @@ class Host:
         cache_dir: Path | object | None = _DEFAULT,
         registry: Registry | None = None,
         clock: Clock | None = None,
+        log_sink: LogSink | None = None,
         profiles: Iterable[tuple[Profile, ProfileFactory]] = (),
         state_dir: Path | None = None,
     ) -> None:
@@ -90,6 +92,8 @@ class Host:
         self.engine = WasmEngine(settings or EngineSettings(), directory)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.tokens = TokenIssuer()
+        # Where extension logs go instead of each extension's bounded buffer (see ExtensionLog).
+        self.log_sink = log_sink
         self._extensions: dict[str, Extension] = {}
         self._admitting: set[str] = set()
         self._lock = threading.Lock()
