@@ -74,10 +74,11 @@ def runner(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SuiteRunner]:
     cache = request.config.cache
+    # A folder the module cache creates itself (0700): it refuses one others could write.
     cache_dir = (
-        cache.mkdir("wasihost-wasi-testsuite-modules")
+        cache.mkdir("wasihost-wasi-testsuite") / "modules"
         if cache is not None
-        else tmp_path_factory.mktemp("modules")
+        else tmp_path_factory.mktemp("wasi-testsuite") / "modules"
     )
     suite = SuiteRunner(cache_dir)
     yield suite

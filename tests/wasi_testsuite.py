@@ -25,7 +25,7 @@ from wasihost.extension import Extension, ProfileBinding
 from wasihost.package import Package
 from wasihost.policy import Policy
 from wasihost.runtime import Host
-from wasihost.wasi import WasiBinding, WasiOptions, capabilities_for
+from wasihost.wasi import WasiBinding, WasiOptions
 from wasihost.wasi.config import Mount
 from wasihost.wasi.registry import CAPABILITIES, PROFILE
 
@@ -156,33 +156,36 @@ NO_DIRECTORY = ALL_GRANTS - {"wasi.fs.read", "wasi.fs.write"}
 
 
 class SuiteRunner:
-    """One Host for the whole suite: one engine and one compiled-module cache, with each
-    extension's WASI options looked up by its id (one id per test run)."""
+    """One Host for the whole suite: one engine and one compiled-module cache. Each test is
+    admitted once per set of grants, and each run gives its extension that run's WASI options
+    (looked up by extension id when the run's instance is made)."""
 
     def __init__(self, cache_dir: Path | None) -> None:
         self._configs: dict[str, WasiOptions] = {}
         self.host = Host(
             Policy(allow=ALL_GRANTS), cache_dir=cache_dir, profiles=[(PROFILE, self._binding)]
         )
-        self._packages: dict[Path, Package] = {}
-        self._runs = itertools.count(1)
+        self._extensions: dict[tuple[str, frozenset[str], int], Extension] = {}
+        self._ids = itertools.count(1)
 
     def _binding(self, ext: Extension) -> ProfileBinding:
         return WasiBinding.for_extension(self._configs[ext.id], ext)
 
-    def package(self, test: SuiteTest, run_id: str) -> Package:
-        cached = self._packages.get(test.wasm)
-        if cached is None:
+    def admit(
+        self, test: SuiteTest, grants: frozenset[str] = ALL_GRANTS, timeout_ms: int = TIMEOUT_MS
+    ) -> Extension:
+        """The test's extension under ``grants`` and ``timeout_ms``: admitted (compiled, or
+        loaded from the cache) on first use."""
+        key = (test.name, grants, timeout_ms)
+        ext = self._extensions.get(key)
+        if ext is None:
             wasm = test.wasm.read_bytes()
-            cached = self._packages[test.wasm] = Package(
-                test.name, None, wasm, hashlib.sha256(wasm).hexdigest()
-            )
-        return attrs.evolve(cached, source=run_id)
-
-    def compile(self, test: SuiteTest) -> None:
-        """Compile (or load from the cache) ahead of a timed run."""
-        pkg = self.package(test, test.name)
-        self.host.engine.compile(pkg.wasm, pkg.sha256)
+            # One extension id per key: an id names one admitted extension.
+            source = f"{test.name.replace('/', '-')}-{next(self._ids)}"
+            package = Package(source, None, wasm, hashlib.sha256(wasm).hexdigest())
+            ext = self.host.admit(package, grants=grants, fuel=FUEL, timeout_ms=timeout_ms)
+            self._extensions[key] = ext
+        return ext
 
     def run(
         self,
@@ -203,25 +206,14 @@ class SuiteRunner:
             random=True,
             mounts=[Mount(root, ROOT_GUEST_PATH, writable=True)] if root is not None else [],
         )
-        # One extension id per run: an id names one admitted extension.
-        run_id = f"{test.name.replace('/', '-')}-{next(self._runs)}"
-        self._configs[run_id] = config
-        ext = None
+        code: int | None = None
+        error = None
         try:
-            ext = self.host.admit(
-                self.package(test, run_id),
-                grants=grants & capabilities_for(config),
-                fuel=FUEL,
-                timeout_ms=timeout_ms,
-            )
-            code: int | None = ext.run_command()
-            error = None
+            ext = self.admit(test, grants, timeout_ms)
+            self._configs[ext.id] = config
+            code = ext.run_command()
         except Exception as exc:  # the verdict is the exit code; keep the reason for the report
-            code, error = None, f"{type(exc).__name__}: {exc}"
-        finally:
-            if ext is not None:
-                ext.close()
-            del self._configs[run_id]
+            error = f"{type(exc).__name__}: {exc}"
         return Outcome(code, bytes(out), bytes(err), error)
 
     def close(self) -> None:
