@@ -12,10 +12,11 @@ import pytest
 from wasi_support import DirectGuest
 
 from wasihost.brokers.log import ExtensionLog, Level
-from wasihost.status import GuestDeadline, GuestExit, GuestFault
+from wasihost.status import GuestDeadline, GuestExit, GuestFault, GuestOutOfFuel
 from wasihost.wasi import Errno, Mount, WasiOptions
 from wasihost.wasi import limits as wasi_limits
 from wasihost.wasi.abi import ALL_RIGHTS, DIRENT, EVENT, FDSTAT, PRESTAT, Filetype, Right
+from wasihost.wasi.fds import HostDescriptor
 from wasihost.wasi.stdio import LogLines
 
 
@@ -240,6 +241,47 @@ def test_fd_readdir_cookies_and_truncation(tmp_path: Path) -> None:
     (tmp_path / "aaa-new").write_text("")
     assert [e[1] for e in entries(2, 4096)] == [b"alpha", b"beta", b"dir", b"gamma"]
     assert b"aaa-new" in [e[1] for e in entries(0, 4096)]
+
+
+def test_bulk_calls_check_destination_and_price_before_the_work(tmp_path: Path) -> None:
+    """fd_readdir does not list, fd_read does not read (the offset stays), random_get makes
+    nothing, when the destination is wild or the budget cannot pay the declared length."""
+    (tmp_path / "f").write_bytes(b"x" * 100_000)
+    g = DirectGuest(WasiOptions(mounts=[Mount(tmp_path, "/m")], random=True))
+    err, fd = g.open(3, "f")
+    assert err == 0
+    desc = g.state.fds.get(3)
+    assert isinstance(desc, HostDescriptor)
+    file_desc = g.state.fds.get(fd)
+    assert isinstance(file_desc, HostDescriptor)
+    buf, used = g.alloc(60_000), g.alloc(4)
+    iov, _ = g.put(buf.to_bytes(4, "little") + (60_000).to_bytes(4, "little"))
+    wild_iov, _ = g.put(
+        (g.MEMORY_BYTES - 10).to_bytes(4, "little") + (60_000).to_bytes(4, "little")
+    )
+    # A wild destination faults before anything happens.
+    with pytest.raises(GuestFault):
+        g.call("fd_readdir", 3, g.MEMORY_BYTES - 10, 60_000, 0, used)
+    with pytest.raises(GuestFault):
+        g.call("fd_read", fd, wild_iov, 1, used)
+    with pytest.raises(GuestFault):
+        g.call("random_get", g.MEMORY_BYTES - 10, 60_000)
+    assert desc.listing is None and os.lseek(file_desc.fd, 0, os.SEEK_CUR) == 0
+    # So does a budget that cannot pay for the declared length.
+    g.mem.fuel = 50_000
+    before = bytes(g.mem.data)
+    for name, args in (
+        ("fd_readdir", (3, buf, 60_000, 0, used)),
+        ("fd_read", (fd, iov, 1, used)),
+        ("fd_pread", (fd, iov, 1, 0, used)),
+        ("random_get", (buf, 60_000)),
+    ):
+        with pytest.raises(GuestOutOfFuel):
+            g.call(name, *args)
+    assert desc.listing is None and os.lseek(file_desc.fd, 0, os.SEEK_CUR) == 0
+    assert bytes(g.mem.data) == before
+    g.mem.fuel = None
+    assert g.call("fd_read", fd, iov, 1, used) == 0 and g.u32(used) == 60_000
 
 
 def test_prestat_and_dir_name(tmp_path: Path) -> None:

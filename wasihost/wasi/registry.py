@@ -31,10 +31,11 @@ CAP_RANDOM: Final = "wasi.random"
 CAP_FS_READ: Final = "wasi.fs.read"
 CAP_FS_WRITE: Final = "wasi.fs.write"
 CAP_SOCKETS: Final = "wasi.sockets"
-# Checked by the binding, not carried by any one entry: stdio reaches the caller instead of the
-# extension's log, and stdin is readable. wasi.sockets is reserved for socket descriptors (which
-# this profile never creates): the sock_* entries are core, because what they answer depends
-# only on the descriptor named (BADF for none, NOTSOCK for a file), which reveals nothing.
+# Capabilities the profile declares that no entry carries: wasi.stdio is checked by the binding
+# (stdio reaches the caller instead of the extension's log, and stdin is readable); wasi.sockets
+# is reserved for socket descriptors, which this profile never creates. The sock_* entries are
+# core, because what they answer depends only on the descriptor named (BADF for none, NOTSOCK
+# for a file), which reveals nothing.
 BINDING_CAPABILITIES: Final = (CAP_STDIO, CAP_SOCKETS)
 
 # Fuel prices. A host call costs the host microseconds (thousands of wasm instructions), so even
