@@ -58,12 +58,18 @@ RANDOM = f"""(module
   (func (export "_start")
     (drop (call $random (i32.const 1024) (i32.const {MIB})))))"""
 
-# One relative monotonic clock subscription of 60 s (userdata 7) at 0; its event at 64.
+# Says "z" on stdout (the test's cue), then waits in poll_oneoff on one relative monotonic clock
+# subscription of 60 s (userdata 7) at 0; its event at 64.
 SLEEP_60S = """(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
   (import "wasi_snapshot_preview1" "poll_oneoff"
     (func $poll (param i32 i32 i32 i32) (result i32)))
   (memory (export "memory") 1)
+  (data (i32.const 200) "z")
   (func (export "_start")
+    (i32.store (i32.const 300) (i32.const 200))
+    (i32.store (i32.const 304) (i32.const 1))
+    (drop (call $write (i32.const 1) (i32.const 300) (i32.const 1) (i32.const 310)))
     (i64.store (i32.const 0) (i64.const 7))
     (i32.store8 (i32.const 8) (i32.const 0))
     (i32.store (i32.const 16) (i32.const 1))
@@ -160,7 +166,8 @@ def test_a_big_random_get_without_the_fuel_makes_no_bytes() -> None:
 def test_disable_wakes_a_guest_sleeping_in_poll_oneoff() -> None:
     """A guest asleep in poll_oneoff(60 s) under a 4 s deadline, disabled after 0.2 s, ends at
     once (before: at its 4 s deadline), reported as revoked."""
-    config = WasiOptions(clock="standard")
+    about_to_sleep = threading.Event()
+    config = WasiOptions(clock="standard", stdout=lambda data: about_to_sleep.set())
     outcome: list[BaseException] = []
     with _host(config) as host:
         ext = host.admit(
@@ -176,6 +183,7 @@ def test_disable_wakes_a_guest_sleeping_in_poll_oneoff() -> None:
 
         worker = threading.Thread(target=run)
         worker.start()
+        assert about_to_sleep.wait(10)
         time.sleep(0.2)  # the guest is asleep in poll_oneoff by now
         disabled = time.monotonic()
         host.disable(ext.id, "test")
