@@ -3,8 +3,9 @@ AssemblyScript) through wasihost's WASI profile, as upstream's runner runs it: a
 the test's root preopened as ``/``, its args and env, clocks and random granted; the exit code
 and stdout must be the expected ones. Every test passes; none is refused by design.
 
-Deny mode runs the same suite with the directory configured but not granted, on a canary copy:
-no host file may be created, changed or removed, and no test that needs the directory passes.
+Deny mode runs the same suite with the directory configured but not granted (with everything
+else granted, and with nothing granted), on a canary copy: no host file may be created, changed
+or removed, and no test that needs the directory passes.
 
 The suite lives beside the repository (``<repo>/../shared/wasi-testsuite``); without it these
 tests are skipped. One Host (one engine, one module cache kept in pytest's cache directory)
@@ -110,14 +111,15 @@ def test_conformance(
     assert outcome.passes(test), outcome.describe(test)
 
 
+@pytest.mark.parametrize("grants", [NO_DIRECTORY, frozenset()], ids=["no-dir", "nothing"])
 @pytest.mark.parametrize("test", _params())
 def test_with_no_directory_granted_no_host_file_is_touched(
-    test: SuiteTest, runner: SuiteRunner, tmp_path: Path
+    test: SuiteTest, grants: frozenset[str], runner: SuiteRunner, tmp_path: Path
 ) -> None:
-    """The directory is in the configuration but not granted (everything else is): the test
-    runs against a canary copy of its root, which must come out identical (every entry's type,
-    mode, size, mtime and content; the folder around it too), and a test that needs the
-    directory must fail."""
+    """The directory is in the configuration but not granted (everything else is, or nothing
+    is): the test runs against a canary copy of its root, which must come out identical (every
+    entry's type, mode, size, mtime and content; the folder around it too), and a test that
+    needs the directory must fail."""
     canary = tmp_path / "canary"
     if test.needs_directory:
         copy_root(test, canary)
@@ -125,7 +127,7 @@ def test_with_no_directory_granted_no_host_file_is_touched(
         canary.mkdir()
         (canary / "canary.txt").write_text("must stay as it is\n")
     before = snapshot(tmp_path)
-    outcome = runner.run(test, canary, grants=NO_DIRECTORY, timeout_ms=DENY_TIMEOUT_MS)
+    outcome = runner.run(test, canary, grants=grants, timeout_ms=DENY_TIMEOUT_MS)
     assert snapshot(tmp_path) == before
     if test.needs_directory:
         assert not outcome.passes(test), f"{test.name} passed without its directory"
