@@ -74,7 +74,7 @@ class Timings:
 def runner(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SuiteRunner]:
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
     # A folder the module cache creates itself (0700): it refuses one others could write.
     cache_dir = (
         cache.mkdir("wasihost-wasi-testsuite") / "modules"
