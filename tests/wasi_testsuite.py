@@ -36,8 +36,8 @@ TEST_DIRS = ("assemblyscript", "c", "rust")
 TEST_SUBDIR = Path("testsuite") / "wasm32-wasip1"
 # The guest path a test's root is preopened at, as the upstream runner does.
 ROOT_GUEST_PATH = "/"
-# Generous: the slowest test (big_random_buf, readdir of a few hundred entries) needs a few
-# million units; the budget only has to stop a runaway test, not to measure one.
+# Generous: the costliest test (rust/fd_readdir) burns about a million units; the budget only
+# has to stop a runaway test, not to measure one.
 FUEL = 10_000_000_000
 TIMEOUT_MS = 30_000
 # Without its directory, path_open_preopen scans every fd from 3 to 2**31 for the preopen it
