@@ -426,8 +426,10 @@ class Instance:
 
     def interrupt(self) -> None:
         """From any thread: the running call, if any, traps at its next epoch tick, and so does
-        every later one. Only a Python flag is written; the Store is not touched."""
+        every later one; a host call waiting in ``NativeCall.sleep`` wakes and ends the call at
+        once. Only Python state is written; the Store is not touched."""
         self._ctx.interrupted = True
+        self._ctx.native.wakeup.set()
 
     def close(self) -> None:
         if not self.closed:
