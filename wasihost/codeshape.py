@@ -27,24 +27,33 @@ SECTION_CODE = 10
 # empty, and the count is what a many-tiny-functions bomb scales.
 MAX_FUNCTIONS = 50_000
 # wasmparser's own limit is 7.6 MB per body; real functions stay under 100 KB (the largest
-# body in the fixtures and testsuite is ~15 KB). A body's size bounds its compile work.
+# body in the fixtures and testsuite is 20 KB). A body's size bounds its compile work.
 MAX_FUNCTION_BODY_BYTES = 1024 * 1024
 # All bodies together: 16 MiB of code is a very large program (a 4 MB Rust build has ~3 MB),
 # and at ~1 ms/KB for ordinary code it is already ~16 s of compiling.
 MAX_CODE_BYTES = 16 * 1024 * 1024
-# wasmparser refuses more than 50,000 locals per function; locals are SSA variables for the
-# compiler, and each block and loop can carry every one of them. The fixtures use < 200.
-MAX_LOCALS = 10_000
+# wasmparser refuses more than 50,000 locals per function. Locals are SSA values for the
+# compiler, and with many of them live at once register allocation costs ~ locals^2 x blocks
+# (measured: 5,000 locals live across 50 loops, 2.4 s; 2,000 across 125, 1.3 s). The fixtures
+# and WASI testsuite programs declare at most 355.
+MAX_LOCALS = 2_000
+# Every block, loop and `if` where a local's definitions meet gets a parameter for it, so the
+# product of locals and blocks drives compile cost (10,000 locals live across 100 nested loops
+# took 16 s of CPU for 59 KB). The fixtures and WASI testsuite programs peak at ~20,000; the
+# limit leaves 12x of headroom and, with MAX_LOCALS, bounds one function's share to ~1.5 s.
+MAX_LOCALS_X_BLOCKS = 250_000
 # Nested control costs the compiler superlinear time (nested `if`s: 5,000 took 0.5 s and
-# 20,000 took 5 s). Compilers keep nesting shallow; the deepest fixture function is < 50 deep
-# and a `match` of N arms nests N blocks, so 1,000 leaves room for generated dispatch code.
+# 20,000 took 5 s). Compilers keep nesting shallow: the deepest function in the fixtures and
+# the WASI testsuite is 80 deep, and a `match` of N arms nests N blocks, so 1,000 leaves room
+# for generated dispatch code (12x the deepest seen).
 MAX_CONTROL_DEPTH = 1_000
 # Every loop header gets fuel and epoch checks: ~20 KB of compiler memory and ~0.1 ms each,
-# whether nested or one after another. The fixtures have < 600 loops in a whole module.
+# whether nested or one after another. The fixtures and the WASI testsuite have at most 226
+# loops in a module and 55 in one function.
 MAX_LOOPS_PER_FUNCTION = 2_000
 MAX_LOOPS = 50_000
-# A br_table's targets are edges of the control graph; wasmparser allows millions.
-MAX_BR_TABLE_TARGETS = 65_536
+# A br_table's targets are edges of the control graph; Cranelift refuses more than 65,520.
+MAX_BR_TABLE_TARGETS = 65_520
 
 
 class CodeShapeError(AdmissionError):
@@ -62,6 +71,7 @@ class CodeShape:
     max_locals: int
     max_depth: int
     max_loops_per_function: int
+    max_locals_x_blocks: int
 
 
 # Immediate kinds of one-byte opcodes.
@@ -147,8 +157,9 @@ def _refuse(index: int, problem: str) -> CodeShapeError:
     return CodeShapeError([f"function {index}: {problem}"])
 
 
-def _scan_body(data: bytes, i: int, end: int, index: int) -> tuple[int, int, int]:
-    """Check one body; return (locals, max depth, loops). ``IndexError`` means truncated."""
+def _scan_body(data: bytes, i: int, end: int, index: int) -> tuple[int, int, int, int]:
+    """Check one body; return (locals, max depth, loops, locals x blocks). ``IndexError``
+    means it is truncated."""
     groups, i = _read_uleb(data, i, end)
     n_locals = 0
     for _ in range(groups):
@@ -158,7 +169,9 @@ def _scan_body(data: bytes, i: int, end: int, index: int) -> tuple[int, int, int
             raise _refuse(index, f"declares more than {MAX_LOCALS} locals (MAX_LOCALS)")
         i = _skip_valtype(data, i, end)
     depth = max_depth = 1  # the body itself is a block ended by the final `end`
-    loops = 0
+    loops = blocks = 0
+    # Past this many blocks the locals-times-blocks product crosses its limit.
+    blocks_allowed = MAX_LOCALS_X_BLOCKS // n_locals if n_locals else MAX_FUNCTION_BODY_BYTES
     ops = _OPS
     while i < end:
         op = data[i]
@@ -174,6 +187,13 @@ def _scan_body(data: bytes, i: int, end: int, index: int) -> tuple[int, int, int
             i = _skip_memarg(data, i, end)
         elif kind in (_BLOCK, _TRY_TABLE):
             depth += 1
+            blocks += 1
+            if blocks > blocks_allowed:
+                raise _refuse(
+                    index,
+                    f"{n_locals} locals across {blocks} blocks, over {MAX_LOCALS_X_BLOCKS} "
+                    "(MAX_LOCALS_X_BLOCKS)",
+                )
             if depth > max_depth:
                 max_depth = depth
                 if depth > MAX_CONTROL_DEPTH:
@@ -207,7 +227,7 @@ def _scan_body(data: bytes, i: int, end: int, index: int) -> tuple[int, int, int
             if depth == 0:
                 if i != end:
                     raise _refuse(index, "code continues after the body's final `end`")
-                return n_locals, max_depth, loops
+                return n_locals, max_depth, loops, n_locals * blocks
         elif kind == _LEB2:
             i = _skip_leb(data, _skip_leb(data, i, end), end)
         elif kind == _BR_TABLE:
@@ -258,7 +278,7 @@ def scan_code(data: bytes, imported_functions: int = 0) -> CodeShape:
     named by their index in the module's function index space (imports come first)."""
     pos = 8
     functions = code_bytes = loops = 0
-    worst = [0, 0, 0, 0]  # body bytes, locals, depth, loops of the worst function by each
+    worst = [0, 0, 0, 0, 0]  # the worst function's body bytes, locals, depth, loops, product
     while pos < len(data):
         section_id = data[pos]
         size, start = _read_uleb(data, pos + 1, len(data))
@@ -293,15 +313,13 @@ def scan_code(data: bytes, imported_functions: int = 0) -> CodeShape:
                     )
                 if body > pos - i:
                     raise IndexError
-                n_locals, depth, n_loops = _scan_body(data, i, i + body, index)
+                n_locals, depth, n_loops, product = _scan_body(data, i, i + body, index)
             except IndexError:
                 raise _refuse(index, "body is truncated or malformed") from None
             i += body
             loops += n_loops
             if loops > MAX_LOOPS:
-                raise CodeShapeError(
-                    [f"module has more than {MAX_LOOPS} loops in all (MAX_LOOPS)"]
-                )
-            for k, value in enumerate((body, n_locals, depth, n_loops)):
+                raise CodeShapeError([f"module has more than {MAX_LOOPS} loops in all (MAX_LOOPS)"])
+            for k, value in enumerate((body, n_locals, depth, n_loops, product)):
                 worst[k] = max(worst[k], value)
     return CodeShape(functions, code_bytes, loops, *worst)

@@ -48,9 +48,11 @@ MAX_COMPILE_CPU_SECONDS = 3600
 DEFAULT_COMPILE_TIMEOUT_SECONDS = 60
 MAX_COMPILE_TIMEOUT_SECONDS = 3600
 # RLIMIT_AS of the worker: address space, not RSS. A worker that imported wasmtime and built
-# its engine has ~0.5 GiB mapped before it compiles anything, hence the floor.
-DEFAULT_COMPILE_MEMORY_BYTES = 3 * GiB
-MIN_COMPILE_MEMORY_BYTES = 768 * MiB
+# its engine has ~185 MB mapped before it compiles anything (with MALLOC_ARENA_MAX=2), hence
+# the floor; ordinary modules peak at ~200-400 MB, the worst admitted shapes measured at
+# ~1 GB (docs/engine.md).
+DEFAULT_COMPILE_MEMORY_BYTES = 2 * GiB
+MIN_COMPILE_MEMORY_BYTES = 256 * MiB
 MAX_COMPILE_MEMORY_BYTES = 64 * GiB
 # Modules up to this size compile in-process: a worker costs ~0.15 s to start, more than the
 # compile of a small module, and the worst admitted shapes of this size compile in-process in
