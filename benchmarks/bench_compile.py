@@ -78,6 +78,8 @@ def shapes(quick: bool) -> dict[str, bytes]:
     body_cap = cs.MAX_FUNCTION_BODY_BYTES // scale
     nested_ifs = IF * DEPTH + END * DEPTH
     nested_blocks = BLOCK * DEPTH + END * DEPTH
+    in_process_depth = comp.IN_PROCESS_MAX_DEPTH - 1
+    in_process_ifs = IF * in_process_depth + END * in_process_depth
     targets = cs.MAX_BR_TABLE_TARGETS
     br_tables = BLOCK + b"\x41\x00\x0e" + uleb(targets) + b"\x00" * (targets + 1) + END
 
@@ -107,7 +109,12 @@ def shapes(quick: bool) -> dict[str, bytes]:
         ),
         "MAX_LOCALS_X_BLOCKS as 1,000 locals across 250 nested loops": live_locals(1000, 250),
         "br_tables of MAX_BR_TABLE_TARGETS targets": module([br_tables * (8 // scale)]),
-        "in-process worst: 64 KB of functions at the IN_PROCESS_ limits": in_process_worst(),
+        "in-process worst: functions at the IN_PROCESS_ locals and loops limits": (
+            in_process_worst()
+        ),
+        "in-process worst: 64 KB of ifs nested IN_PROCESS_MAX_DEPTH deep": module(
+            [in_process_ifs * (63 * 1024 // len(in_process_ifs))]
+        ),
         "reference: fixtures/wasi-std (ordinary Rust)": (
             ROOT / "fixtures" / "wasi-std" / "wasi-std.wasm"
         ).read_bytes(),
@@ -131,34 +138,45 @@ print(json.dumps({"wall": wall, "cpu": cpu, "artifact": len(artifact),
 """
 
 
+def compile_in_child(wasm: bytes, options: str) -> dict[str, float]:
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(ROOT), options],
+        input=wasm,
+        capture_output=True,
+        check=True,
+        env={**os.environ, "MALLOC_ARENA_MAX": "2"},
+    )
+    result: dict[str, float] = json.loads(proc.stdout)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a quarter of each shape")
+    parser.add_argument("--only", default="", help="only the shapes whose name contains this")
     args = parser.parse_args()
     options = json.dumps(engine_options(EngineSettings()))
     print(f"load: {os.getloadavg()}  cpus: {os.cpu_count()}")
-    print(f"{'shape':<72} {'KB':>7} {'scan ms':>8} {'wall s':>7} {'cpu s':>6} {'RSS MB':>7}"
+    base = compile_in_child(module([b""]), options)
+    print(
+        f"a worker compiling an empty function peaks at {base['rss_kb'] / 1024:.0f} MB RSS, "
+        f"{base['vm_kb'] / 1024:.0f} MB of address space; +RSS below is over that"
+    )
+    print(f"{'shape':<72} {'KB':>7} {'scan ms':>8} {'wall s':>7} {'cpu s':>6} {'+RSS MB':>7}"
           f" {'VM MB':>6} {'ms/KB':>6} {'MB/KB':>6}")  # fmt: skip
     for name, wasm in shapes(args.quick).items():
+        if args.only not in name:
+            continue
         t0 = time.perf_counter()
         scan_code(wasm)  # raises if the pre-check would refuse it
         scan_ms = (time.perf_counter() - t0) * 1000
-        proc = subprocess.run(
-            [sys.executable, "-c", CHILD, str(ROOT), options],
-            input=wasm,
-            capture_output=True,
-            check=False,
-            env={**os.environ, "MALLOC_ARENA_MAX": "2"},
-        )
-        if proc.returncode:
-            print(f"{name:<72} failed: {proc.stderr.decode()[-300:]}")
-            continue
-        r = json.loads(proc.stdout)
+        r = compile_in_child(wasm, options)
         kb = len(wasm) / 1024
+        grown = (r["rss_kb"] - base["rss_kb"]) / 1024
         print(
             f"{name:<72} {kb:7.0f} {scan_ms:8.0f} {r['wall']:7.2f} {r['cpu']:6.2f} "
-            f"{r['rss_kb'] / 1024:7.0f} {r['vm_kb'] / 1024:6.0f} {r['cpu'] * 1000 / kb:6.1f} "
-            f"{r['rss_kb'] / 1024 / kb:6.2f}"
+            f"{grown:7.0f} {r['vm_kb'] / 1024:6.0f} {r['cpu'] * 1000 / kb:6.1f} "
+            f"{grown / kb:6.2f}"
         )
 
 
