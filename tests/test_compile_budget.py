@@ -3,6 +3,7 @@ it admits compiles under a budget, in a worker process the budget kills, never i
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import struct
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import ALL_CAPS, FIXTURES, bare
 from guests import build, guest_wat
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from wasihost import codeshape as cs
 from wasihost.cli import main
@@ -25,6 +28,7 @@ from wasihost.settings import EngineSettings, MiB
 from wasihost.wasmbin import read_header
 
 TESTSUITE = Path("/work/shared/wasi-testsuite/tests")
+HELLO = (FIXTURES / "hello" / "hello.wasm").read_bytes()
 LOOP, BLOCK, END, NOP = b"\x03\x40", b"\x02\x40", b"\x0b", b"\x01"
 # A fresh worker's interpreter, wasmtime and engine already map ~185 MB; this leaves too little
 # for a compile of any size, so a test of the memory budget is quick.
@@ -194,6 +198,92 @@ def test_the_pre_check_admits_every_fixture_and_testsuite_program() -> None:
         imported = sum(1 for i in read_header(wasm).imports if i.kind == "func")
         shape = scan_code(wasm, imported)
         assert shape.functions > 0, path
+
+
+# One of every instruction family wasmtime 50 accepts with wasihost's configuration: every
+# immediate shape (LEBs, memargs with offsets, lanes, shuffles, br_table, select t,
+# try_table's catch clauses) must be skipped exactly, or the depth and counts below drift.
+FAMILIES = """(module
+  (type $t (func (param i32) (result i32)))
+  (type $v (func))
+  (memory 1)
+  (table 4 funcref)
+  (data $d "abc")
+  (elem $e func $f)
+  (tag $x (param i32))
+  (global $g (mut i64) (i64.const -1))
+  (func $f (type $t) (local i64 f32 f64 v128 funcref externref)
+    local.get 0
+    return_call $f)
+  (func $g2 (param i32) (result i32)
+    local.get 0 i32.const 0 return_call_indirect (type $t))
+  (func $all (result i32) (local $r i32) (local v128)
+    i32.const -12345 drop  i64.const -9999999999 drop  f32.const 1.5 drop  f64.const -2.25 drop
+    i32.const 0 i32.load offset=4 align=2 drop  i32.const 0 i64.const 1 i64.store8 offset=70000
+    memory.size drop  i32.const 1 memory.grow drop
+    i32.const 0 i32.const 0 i32.const 1 memory.copy  i32.const 0 i32.const 0 i32.const 1 memory.fill
+    i32.const 0 i32.const 0 i32.const 1 memory.init $d  data.drop $d
+    i32.const 0 table.get 0 drop  i32.const 0 ref.null func table.set 0  table.size 0 drop
+    ref.null func i32.const 1 table.grow 0 drop  i32.const 0 ref.null func i32.const 0 table.fill 0
+    i32.const 0 i32.const 0 i32.const 0 table.copy 0 0  i32.const 0 i32.const 0 i32.const 0 table.init 0 $e  elem.drop $e
+    ref.func $f ref.is_null drop
+    i32.const 1 i32.const 2 i32.const 0 select (result i32) drop
+    i32.const 0 call_indirect (type $v)
+    f32.const 1 i32.trunc_sat_f32_s drop  i32.const 1 i32.extend8_s drop
+    v128.const i32x4 1 2 3 4  v128.const i32x4 5 6 7 8  i8x16.shuffle 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 local.set 1
+    local.get 1 i32x4.extract_lane 3 drop  local.get 1 i32.const 7 i32x4.replace_lane 1 local.set 1
+    i32.const 0 local.get 1 v128.load32_lane offset=8 2 local.set 1  i32.const 0 v128.load32_zero local.set 1
+    i32.const 0 v128.load offset=16 local.set 1  i32.const 0 local.get 1 v128.store
+    local.get 1 local.get 1 local.get 1 f32x4.relaxed_madd drop
+    block $out (result i32)
+      loop $l
+        i32.const 0
+        if
+          i32.const 1 br_if $l
+        else
+          block $b1 block $b2 i32.const 0 br_table $b1 $b2 $b2 end end
+        end
+      end
+      block $h
+        try_table (catch_all $h)
+          i32.const 5 throw $x
+        end
+      end
+      block $hx (result i32)
+        try_table (result i32) (catch $x $hx)
+          i32.const 5 throw $x
+        end
+        drop
+        i32.const 3
+      end
+    end
+    drop
+    i32.const 0)
+)
+"""
+
+
+def test_the_scan_decodes_every_instruction_family() -> None:
+    wasm = build(FAMILIES)
+    with Host(Policy(), cache_dir=None) as host:
+        host.engine.compile(wasm)  # wasmtime accepts it
+    shape = scan_code(wasm)
+    # $all: the body, block $out, loop, if, two blocks: depth 6; nine blocks, two locals.
+    assert (shape.functions, shape.max_depth, shape.loops) == (3, 6, 1)
+    assert (shape.max_locals, shape.max_locals_x_blocks) == (6, 18)
+
+
+@settings(max_examples=100)
+@given(st.data())
+def test_the_scan_of_any_bytes_returns_a_shape_or_refuses(data: st.DataObject) -> None:
+    """Like the codec's invariant: measure, or raise CodeShapeError, never anything else."""
+    wasm = bytearray(HELLO)
+    for _ in range(data.draw(st.integers(1, 8))):
+        at = data.draw(st.integers(8, len(wasm) - 1))
+        wasm[at] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(8, len(wasm)))
+    with contextlib.suppress(CodeShapeError):
+        scan_code(bytes(wasm[:cut]))
 
 
 def test_truncated_or_unknown_code_is_refused_by_name() -> None:

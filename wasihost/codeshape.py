@@ -275,7 +275,19 @@ def _scan_body(data: bytes, i: int, end: int, index: int) -> tuple[int, int, int
 def scan_code(data: bytes, imported_functions: int = 0) -> CodeShape:
     """Measure every function body of ``data`` (a module that ``wasmbin.read_header`` has
     accepted) and raise :class:`CodeShapeError` at the first limit crossed. Functions are
-    named by their index in the module's function index space (imports come first)."""
+    named by their index in the module's function index space (imports come first).
+
+    Whatever the bytes, it returns a :class:`CodeShape` or raises :class:`CodeShapeError`.
+    """
+    try:
+        return _scan_sections(data, imported_functions)
+    except IndexError:
+        raise CodeShapeError(["the module's sections are truncated or malformed"]) from None
+
+
+def _scan_sections(data: bytes, imported_functions: int) -> CodeShape:
+    if data[:4] != b"\x00asm":
+        raise IndexError
     pos = 8
     functions = code_bytes = loops = 0
     worst = [0, 0, 0, 0, 0]  # the worst function's body bytes, locals, depth, loops, product
