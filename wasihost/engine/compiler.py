@@ -28,6 +28,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -49,6 +50,9 @@ MAX_ARTIFACT_BYTES = 512 * 1024 * 1024
 # The worker's stderr is one line of explanation; more is not read.
 MAX_WORKER_STDERR = 16 * 1024
 _CHUNK = 1 << 16
+# Compile workers of one engine running at once. Each already uses every core (parallel
+# compilation) and may use its whole memory budget; more at once would only multiply that.
+MAX_CONCURRENT_WORKERS = 2
 # glibc gives every thread its own malloc arena, each reserving 64 MiB of address space; the
 # compile threads would spend RLIMIT_AS on reservations instead of memory.
 _WORKER_ENV = {"MALLOC_ARENA_MAX": "2", "RUST_BACKTRACE": "0"}
@@ -135,6 +139,7 @@ class ModuleCompiler:
         self._engine = engine
         self._settings = settings
         self._options = dict(options)
+        self._workers = threading.BoundedSemaphore(MAX_CONCURRENT_WORKERS)
         self.worker_compiles = 0
 
     def compile(self, wasm: bytes) -> tuple[wasmtime.Module, bytes | None]:
@@ -153,7 +158,8 @@ class ModuleCompiler:
                 return wasmtime.Module(self._engine, wasm), None
             except wasmtime.WasmtimeError as exc:
                 raise _refuse(f"module does not validate: {short_message(str(exc))}") from None
-        artifact = self._compile_in_worker(wasm)
+        with self._workers:
+            artifact = self._compile_in_worker(wasm)
         try:
             return wasmtime.Module.deserialize(self._engine, artifact), artifact
         except wasmtime.WasmtimeError as exc:
