@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -33,7 +34,12 @@ def host() -> Iterator[Host]:
         yield h
 
 
-def bare(wasm: bytes, name: str = "guest.wasm") -> Package:
+_BARE_IDS = itertools.count(1)
+
+
+def bare(wasm: bytes, name: str | None = None) -> Package:
+    """A bare module; each gets its own id (a host admits an id once) unless one is named."""
+    name = name or f"guest-{next(_BARE_IDS)}.wasm"
     return Package(name, None, wasm, hashlib.sha256(wasm).hexdigest())
 
 

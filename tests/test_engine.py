@@ -385,7 +385,7 @@ def test_insecure_cache_dir_is_not_used(tmp_path: Path) -> None:
     cache = tmp_path / "shared"
     cache.mkdir(mode=0o777)
     cache.chmod(0o777)
-    with pytest.warns(UserWarning, match="not a private directory"):
+    with pytest.warns(UserWarning, match="it must be 0700"):
         h = Host(Policy(), cache_dir=cache)
     with h:
         assert h.engine.cache.directory is None

@@ -12,6 +12,7 @@ from conftest import ALL_CAPS, FIXTURES, ROOT, rust_toolchain_present, toolchain
 
 from wasihost.admission import declared_version
 from wasihost.errors import AdmissionError, CallError, ConfigError, FailureClass
+from wasihost.package import load_package
 from wasihost.policy import Policy
 from wasihost.registry import default_registry
 from wasihost.runtime import Extension, Host
@@ -27,7 +28,12 @@ def host() -> Any:
 
 
 def load(host: Host, name: str, **kw: Any) -> Extension:
-    return host.load(FIXTURES / name, **kw)
+    """A fresh extension of fixture ``name`` (a host admits an id once: the last one goes)."""
+    package = load_package(FIXTURES / name, host.registry.capabilities())
+    previous = host.extension(package.name)
+    if previous is not None:
+        previous.close()
+    return host.admit(package, **kw)
 
 
 def fails(ext: Extension, value: Any = None, command: str = "run") -> CallError:

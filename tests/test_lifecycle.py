@@ -49,11 +49,14 @@ def test_illegal_transition_names_state_and_event() -> None:
     assert lc.state is State.PROVISIONING
 
 
-def test_revoked_is_a_sink() -> None:
-    assert not [e for (s, e) in TRANSITIONS if s is State.REVOKED]
+def test_revoked_leaves_only_by_close_and_closed_is_final() -> None:
+    assert [e for (s, e) in TRANSITIONS if s is State.REVOKED] == [Event.CLOSE]
+    assert not [e for (s, e) in TRANSITIONS if s is State.CLOSED]
     for state in State:
-        if state is not State.REVOKED:
+        if state not in (State.REVOKED, State.CLOSED):
             assert TRANSITIONS[(state, Event.REVOKE)] is State.REVOKED
+        if state is not State.CLOSED:
+            assert TRANSITIONS[(state, Event.CLOSE)] is State.CLOSED
 
 
 def test_docs_diagram_is_generated_from_the_table() -> None:

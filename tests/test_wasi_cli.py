@@ -24,16 +24,37 @@ def test_argv0_is_the_module_name_and_exit_code_is_the_status(
     assert out.startswith(b"args 0 3 ") and b"[wasi-probe.wasm] [args] [exit:3]" in out
 
 
-def test_with_no_flags_only_stdio_and_argv_are_granted(
+def test_with_no_flags_an_ordinary_program_runs(
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    """Rust std reads a clock for ``Instant::now`` and random bytes to seed ``HashMap``: a bare
+    run grants coarse standard clocks and the OS CSPRNG, as peer runtimes do (before, it
+    panicked)."""
+    assert wasi(str(STD), "time", "hashmap") == 0
+    lines = capsysbinary.readouterr().out.decode().splitlines()
+    assert lines[0] == "time: after-2020=true monotonic-ok=true"
+    assert lines[1].startswith("hashmap: [")
+
+
+def test_with_no_flags_files_env_and_sockets_stay_denied(
     capsysbinary: pytest.CaptureFixture[bytes],
 ) -> None:
     args = parse_args([str(PROBE), "env", "clock:0", "random:4", "prestat:3", "write:2:oops"])
-    assert capabilities_for(config_from_args(args)) == {"wasi.stdio", "wasi.args"}
+    config = config_from_args(args)
+    assert capabilities_for(config) == {"wasi.stdio", "wasi.args", "wasi.clock", "wasi.random"}
+    assert config.clock is not None and config.clock.value == "standard"
     assert run(args) == 0
     out, err = capsysbinary.readouterr()
-    assert out.splitlines() == [b"env 0 0 0 0", b"clock 76 0 76 0", b"random 76 0", b"prestat 8",
+    assert out.splitlines() == [b"env 0 0 0 0", b"clock 0 1 0 1", b"random 0 1", b"prestat 8",
                                 b"write 0 4"]  # fmt: skip
     assert err == b"oops"
+
+
+def test_clocks_and_random_can_be_withheld(capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    args = parse_args(["--profile", "none", "--no-random", str(PROBE), "clock:0", "random:4"])
+    assert capabilities_for(config_from_args(args)) == {"wasi.stdio", "wasi.args"}
+    assert run(args) == 0
+    assert capsysbinary.readouterr().out.splitlines() == [b"clock 76 0 76 0", b"random 76 0"]
 
 
 def test_flags_grant_mounts_env_clocks_random_and_stdin(

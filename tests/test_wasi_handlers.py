@@ -12,10 +12,11 @@ import pytest
 from wasi_support import DirectGuest
 
 from wasihost.brokers.log import ExtensionLog, Level
-from wasihost.status import GuestDeadline, GuestExit, GuestFault
+from wasihost.status import GuestDeadline, GuestExit, GuestFault, GuestOutOfFuel
 from wasihost.wasi import Errno, Mount, WasiOptions
 from wasihost.wasi import limits as wasi_limits
 from wasihost.wasi.abi import ALL_RIGHTS, DIRENT, EVENT, FDSTAT, PRESTAT, Filetype, Right
+from wasihost.wasi.fds import HostDescriptor
 from wasihost.wasi.stdio import LogLines
 
 
@@ -242,6 +243,47 @@ def test_fd_readdir_cookies_and_truncation(tmp_path: Path) -> None:
     assert b"aaa-new" in [e[1] for e in entries(0, 4096)]
 
 
+def test_bulk_calls_check_destination_and_price_before_the_work(tmp_path: Path) -> None:
+    """fd_readdir does not list, fd_read does not read (the offset stays), random_get makes
+    nothing, when the destination is wild or the budget cannot pay the declared length."""
+    (tmp_path / "f").write_bytes(b"x" * 100_000)
+    g = DirectGuest(WasiOptions(mounts=[Mount(tmp_path, "/m")], random=True))
+    err, fd = g.open(3, "f")
+    assert err == 0
+    desc = g.state.fds.get(3)
+    assert isinstance(desc, HostDescriptor)
+    file_desc = g.state.fds.get(fd)
+    assert isinstance(file_desc, HostDescriptor)
+    buf, used = g.alloc(60_000), g.alloc(4)
+    iov, _ = g.put(buf.to_bytes(4, "little") + (60_000).to_bytes(4, "little"))
+    wild_iov, _ = g.put(
+        (g.MEMORY_BYTES - 10).to_bytes(4, "little") + (60_000).to_bytes(4, "little")
+    )
+    # A wild destination faults before anything happens.
+    with pytest.raises(GuestFault):
+        g.call("fd_readdir", 3, g.MEMORY_BYTES - 10, 60_000, 0, used)
+    with pytest.raises(GuestFault):
+        g.call("fd_read", fd, wild_iov, 1, used)
+    with pytest.raises(GuestFault):
+        g.call("random_get", g.MEMORY_BYTES - 10, 60_000)
+    assert desc.listing is None and os.lseek(file_desc.fd, 0, os.SEEK_CUR) == 0
+    # So does a budget that cannot pay for the declared length.
+    g.mem.fuel = 50_000
+    before = bytes(g.mem.data)
+    for name, args in (
+        ("fd_readdir", (3, buf, 60_000, 0, used)),
+        ("fd_read", (fd, iov, 1, used)),
+        ("fd_pread", (fd, iov, 1, 0, used)),
+        ("random_get", (buf, 60_000)),
+    ):
+        with pytest.raises(GuestOutOfFuel):
+            g.call(name, *args)
+    assert desc.listing is None and os.lseek(file_desc.fd, 0, os.SEEK_CUR) == 0
+    assert bytes(g.mem.data) == before
+    g.mem.fuel = None
+    assert g.call("fd_read", fd, iov, 1, used) == 0 and g.u32(used) == 60_000
+
+
 def test_prestat_and_dir_name(tmp_path: Path) -> None:
     g = DirectGuest(WasiOptions(mounts=[Mount(tmp_path, "/data")]))
     out = g.alloc(8)
@@ -267,6 +309,53 @@ def test_writable_mount_needs_the_write_grant(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == ["new"]
 
 
+# wasmtime's directory rights (what its preopens report), which wasi-testsuite's
+# path_open_preopen requires at least; ours add PATH_FILESTAT_SET_SIZE, the gate of O_TRUNC.
+WASMTIME_DIR_RIGHTS = 129498624
+
+
+def _fdstat(g: DirectGuest, fd: int) -> tuple[int, int, int, int]:
+    out = g.alloc(FDSTAT.size)
+    assert g.call("fd_fdstat_get", fd, out) == 0
+    return FDSTAT.unpack(g.mem.read(out, FDSTAT.size))
+
+
+@pytest.mark.parametrize("writable", [True, False])
+def test_a_directory_reopens_with_the_rights_it_reports(tmp_path: Path, writable: bool) -> None:
+    """What Rust's wasi-testsuite does first: re-open the preopen "." with its own rights.
+    Those rights must not read as a request to write (the directory would open O_RDWR: ISDIR,
+    or ROFS on a read-only mount)."""
+    g = DirectGuest(WasiOptions(mounts=[Mount(tmp_path, "/m", writable=writable)]))
+    _, _, base, inheriting = _fdstat(g, 3)
+    if writable:
+        assert base == WASMTIME_DIR_RIGHTS | Right.PATH_FILESTAT_SET_SIZE
+    else:
+        assert base & ~WASMTIME_DIR_RIGHTS == 0 and base & Right.PATH_OPEN
+    assert not base & (Right.FD_DATASYNC | Right.FD_SYNC | Right.FD_FDSTAT_SET_FLAGS)
+    p, n = g.put(b".")
+    out = g.alloc(4)
+    oflags = 2  # OFLAGS_DIRECTORY
+    assert g.call("path_open", 3, 0, p, n, oflags, base, inheriting, 0, out) == 0
+    assert _fdstat(g, g.u32(out))[2] == base
+    # A directory asked for with the write right is refused as POSIX does.
+    rw = int(Right.FD_READ | Right.FD_WRITE)
+    assert g.call("path_open", 3, 0, p, n, oflags, rw, 0, 0, out) == (
+        Errno.ISDIR if writable else Errno.ROFS
+    )
+
+
+def test_truncating_on_open_needs_path_filestat_set_size(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"keep me")
+    g = DirectGuest(WasiOptions(mounts=[Mount(tmp_path, "/m", writable=True)]))
+    _, _, base, inheriting = _fdstat(g, 3)
+    assert g.call("fd_fdstat_set_rights", 3, base & ~Right.PATH_FILESTAT_SET_SIZE, inheriting) == 0
+    assert g.open(3, "f", oflags=8, rights=0)[0] == Errno.NOTCAPABLE  # OFLAGS_TRUNC
+    assert (tmp_path / "f").read_bytes() == b"keep me"
+    fresh = DirectGuest(WasiOptions(mounts=[Mount(tmp_path, "/m", writable=True)]))
+    assert fresh.open(3, "f", oflags=8, rights=0)[0] == 0
+    assert (tmp_path / "f").read_bytes() == b""
+
+
 def test_files_cannot_grow_past_the_size_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -289,8 +378,9 @@ def test_special_files_in_a_mount_are_refused_without_blocking(tmp_path: Path) -
     assert time.monotonic() - start < 1
 
 
-def test_sockets_when_granted_say_not_a_socket() -> None:
-    g = DirectGuest(WasiOptions())
+@pytest.mark.parametrize("grants", [("wasi.sockets",), ()])
+def test_sockets_say_not_a_socket_granted_or_not(grants: tuple[str, ...]) -> None:
+    g = DirectGuest(WasiOptions(), grants=grants)
     out = g.alloc(8)
     assert g.call("sock_accept", 1, 0, out) == Errno.NOTSOCK
     assert g.call("sock_shutdown", 77, 3) == Errno.BADF

@@ -102,7 +102,7 @@ def test_with_nothing_granted_each_group_answers_its_documented_errno(tmp_path: 
         "sleep 0 1 1 76 0",  # the clock subscription's event carries NOTCAPABLE
         "open 8",
         "mkdir 69",
-        "sock 8 8 8 8",
+        "sock 57 57 57 57",  # fd 1 is not a socket: NOTSOCK, granted or not
         "raise 52",
         "yield 0",
         "fdstat 0 2 0",  # stdio is a character device

@@ -16,10 +16,14 @@ __all__ = [
     "CallError",
     "EngineSettings",
     "Extension",
+    "ExtensionRevoked",
+    "ExtensionUnavailable",
     "FailureClass",
     "Host",
+    "LogRecord",
     "Policy",
     "WasihostError",
+    "to_logging",
 ]
 
 _LAZY = {
@@ -31,11 +35,17 @@ _LAZY = {
     "AdmissionError": "wasihost.errors",
     "CallError": "wasihost.errors",
     "FailureClass": "wasihost.errors",
+    "ExtensionRevoked": "wasihost.lifecycle",
+    "ExtensionUnavailable": "wasihost.lifecycle",
+    "LogRecord": "wasihost.brokers.log",
+    "to_logging": "wasihost.brokers.log",
 }
 
 if TYPE_CHECKING:
+    from .brokers.log import LogRecord, to_logging
     from .errors import AdmissionError, CallError, FailureClass, WasihostError
     from .extension import Extension
+    from .lifecycle import ExtensionRevoked, ExtensionUnavailable
     from .policy import Policy
     from .runtime import Host
     from .settings import EngineSettings

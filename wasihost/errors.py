@@ -100,11 +100,23 @@ class AdmissionError(WasihostError):
 
 
 class CallError(WasihostError):
-    """A guest call or start-up failed; ``failure`` says why."""
+    """A guest call or start-up failed; ``failure`` says why.
 
-    def __init__(self, failure: FailureClass, message: str) -> None:
+    For ``guest_error`` (the guest answered with an error of its own), ``guest_class`` and
+    ``guest_message`` carry its ``{"class", "message"}``, bounded; None otherwise."""
+
+    def __init__(
+        self,
+        failure: FailureClass,
+        message: str,
+        *,
+        guest_class: str | None = None,
+        guest_message: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.failure = failure
+        self.guest_class = guest_class
+        self.guest_message = guest_message
 
     @property
     def error_class(self) -> str:

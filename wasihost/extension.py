@@ -22,7 +22,7 @@ from .brokers.core import abort_handler
 from .brokers.log import ExtensionLog, LogRecord, log_handler
 from .brokers.random import SeededRandom, random_handler
 from .codec import CodecLimits, decode, encode
-from .engine import BoundImport, CompiledModule, Instance, StoreLimits
+from .engine import BoundImport, Budget, CompiledModule, Instance, StoreLimits
 from .errors import CallError, CodecError, ConfigError, FailureClass
 from .grants import GrantState
 from .lifecycle import Event, ExtensionRevoked, ExtensionUnavailable, Lifecycle, State
@@ -45,6 +45,7 @@ MAX_HANDSHAKE_BYTES = 4096
 # A guest's error map is for a human: class and message, bounded.
 MAX_GUEST_ERROR_BYTES = 2048
 MAX_GUEST_ERROR_TEXT = 512
+MAX_GUEST_ERROR_CLASS = 64
 RUNTIME_ID_BYTES = 16
 # Validated command names are cached; a bound keeps an embedder looping over made-up names
 # from growing the cache.
@@ -104,11 +105,18 @@ class Extension:
         self.grant = grant
         self.resources = resources
         self._compiled = compiled
-        self.log = ExtensionLog(resources.max_log_bytes)
+        sink = host.log_sink
+        self.log = ExtensionLog(
+            resources.max_log_bytes,
+            sink=functools.partial(sink, package.name) if sink is not None else None,
+        )
         self._input_limits = CodecLimits(max_bytes=resources.max_input_bytes)
         self._output_limits = CodecLimits(max_bytes=resources.max_output_bytes)
         self._lock = threading.Lock()
+        # The live instance between calls, and the one being started or running a plain
+        # command: an interrupt (revocation, close) must reach both, in every phase.
         self._instance: Instance | None = None
+        self._starting: Instance | None = None
         self.handshake: Handshake | None = None
         self.last_fuel_used = 0
         self.starts = 0
@@ -192,13 +200,17 @@ class Extension:
         )
 
     def start(self) -> Handshake:
-        """Instantiate and run the handshake now (calls do it lazily)."""
+        """Instantiate and run the handshake now, under one call's budget (calls do it
+        lazily, under their own)."""
         with self._lock:
-            self._ensure_started()
+            self._check_available()
+            if self._instance is None:
+                r = self.resources
+                self._start(Budget(r.fuel_per_call, r.timeout_ms))
             assert self.handshake is not None
             return self.handshake
 
-    def _instantiate(self) -> Instance:
+    def _new_instance(self) -> Instance:
         self._close_bindings()
         for module in {e.module for e in self.plan.imports}:
             factory = self.host.profile_factories.get(module)
@@ -206,7 +218,7 @@ class Extension:
                 self._bindings[module] = factory(self)
         bound = [BoundImport(entry, self._handler(entry)) for entry in self.plan.imports]
         profile = self.plan.view.profile
-        return self.host.engine.instantiate(
+        return self.host.engine.new_instance(
             self._compiled,
             bound,
             self._gate,
@@ -220,60 +232,97 @@ class Extension:
             binding.close()
 
     def run_command(self) -> int:
-        """Run a plain profile command (a WASI ``_start``) once; return its exit code."""
+        """Run a plain profile command (a WASI ``_start``) once; return its exit code.
+
+        Its start function and its entry point share one budget: ``fuel_per_call`` and
+        ``timeout_ms`` bound the run as a whole."""
         if not self.plan.is_command:
             raise ConfigError(f"{self.id} is a wasihost ABI guest: call its commands instead")
         with self._lock:
             self._check_available()
             self._call_epoch = self.grant.epoch
             self._discard()
-            instance = self._instantiate()
-            self.starts += 1
-            self._instance = instance  # so that a revocation can interrupt the run
+            r = self.resources
+            budget = Budget(r.fuel_per_call, r.timeout_ms)
+            instance = self._new_instance()
+            self._starting = instance  # so that a revocation or close can interrupt the run
+            self._interrupt_if_halted(instance)
             try:
                 with instance.lock:
-                    code = instance.run_command()
-            except CallError:
-                self._raise_if_revoked_during(instance, "run")
+                    instance.instantiate(budget)
+                    self.starts += 1
+                    code = instance.run_command(budget)
+            except BaseException:
+                self._raise_if_halted_during(instance, "run")
                 raise
             finally:
-                self.last_fuel_used = instance.last_call_fuel
-                self._instance = None
+                self.last_fuel_used = budget.used
+                self._starting = None
                 instance.close()
                 self._close_bindings()
             return code
 
-    def _ensure_started(self) -> Instance:
-        if self._instance is not None:
-            return self._instance
+    def _start(self, budget: Budget) -> Instance:
+        """Instantiate and handshake under ``budget``: the start function, ``hello`` and
+        ``welcome`` draw from the same fuel and deadline as the command that follows.
+        Caller holds ``_lock``."""
         if self.plan.is_command:
             raise ConfigError(f"{self.id} is a plain command module: use run_command()")
-        if self.lifecycle.state is State.PROVISIONING:
-            self.lifecycle.fire(Event.START)
-        elif self.lifecycle.state in (State.FAILED, State.STOPPED):
-            self.lifecycle.fire(Event.RESTART)
+        event = Event.START if self.lifecycle.state is State.PROVISIONING else Event.RESTART
+        if self.lifecycle.try_fire(event) is None:
+            raise self._unavailable()
         self.record_step("build sandbox", f"{len(self.plan.imports)} imports bound")
         try:
-            instance = self._instantiate()
+            instance = self._new_instance()
         except CallError as exc:
             self.lifecycle.try_fire(Event.START_FAILED, f"instantiate: {exc.message}")
             raise
-        self.starts += 1
-        self.record_step("instantiate", f"start #{self.starts}")
+        self._starting = instance
+        self._interrupt_if_halted(instance)
         self._call_epoch = self.grant.epoch
         try:
-            self.handshake = self._run_handshake(instance)
+            with instance.lock:
+                instance.instantiate(budget)
+            self.starts += 1
+            self.record_step("instantiate", f"start #{self.starts}")
+            self.handshake = self._run_handshake(instance, budget)
         except BaseException as exc:
+            self.last_fuel_used = budget.used
+            self._starting = None
             instance.close()
-            self.lifecycle.try_fire(Event.START_FAILED, f"handshake: {exc}")
+            self._close_bindings()
+            self._raise_if_halted_during(instance, "start-up")
+            what = "handshake" if instance.started else "instantiate"
+            self.lifecycle.try_fire(Event.START_FAILED, f"{what}: {exc}")
             raise
         hs = self.handshake
         self.record_step(
             "handshake", f"{hs.readiness}, runtime {hs.runtime_id.hex()[:8]}, epoch {hs.epoch}"
         )
+        self._starting = None
+        if self.lifecycle.try_fire(Event.READY, hs.reason) is None:
+            # Revoked or closed while the handshake ran: the instance never serves a call.
+            instance.close()
+            self._close_bindings()
+            raise self._unavailable()
         self._instance = instance
-        self.lifecycle.fire(Event.READY, hs.reason)
         return instance
+
+    def _unavailable(self, during: str | None = None) -> ExtensionRevoked | ExtensionUnavailable:
+        """Why this extension refuses work now, said as the error its caller gets."""
+        state = self.lifecycle.state
+        reason = self.lifecycle.reason
+        if state is State.REVOKED:
+            when = f"was revoked during the {during}" if during else "is revoked"
+            return ExtensionRevoked(f"{self.id} {when}: {reason}")
+        if during:
+            reason = f"{reason or state.value} during the {during}"
+        return ExtensionUnavailable(self.id, state, reason)
+
+    def _interrupt_if_halted(self, instance: Instance) -> None:
+        """A revocation or close that landed before ``instance`` was visible to it."""
+        if self.lifecycle.state in (State.REVOKED, State.CLOSED):
+            instance.interrupt()
 
     def _check_available(self) -> None:
         """Before each call: honour revocations and grant changes, refuse outside Running."""
@@ -284,6 +333,8 @@ class Extension:
             and self.lifecycle.state in (State.RUNNING, State.PROVISIONING)
         ):
             return  # nothing changed since the last call: the common case, kept cheap
+        if self.lifecycle.state is State.CLOSED:
+            raise self._unavailable()
         table = self.host.grants.state(self.id)
         if table.revoked is not None or self.lifecycle.state is State.REVOKED:
             self.lifecycle.try_fire(Event.REVOKE, table.revoked)
@@ -342,21 +393,22 @@ class Extension:
             self._input_limits = CodecLimits(max_bytes=resources.max_input_bytes)
             self._output_limits = CodecLimits(max_bytes=resources.max_output_bytes)
 
-    def _raise_if_revoked_during(self, instance: Instance, what: str) -> None:
-        """A failure caused by an operator's revocation interrupting the guest is reported as
-        the revocation (the instance is dropped), not as the deadline it used."""
-        if instance.interrupted and self.lifecycle.state is State.REVOKED:
+    def _raise_if_halted_during(self, instance: Instance, what: str) -> None:
+        """A failure caused by an operator's revocation, or by a close, interrupting the guest
+        is reported as that (the instance is dropped), not as the deadline it used."""
+        if instance.interrupted and self.lifecycle.state in (State.REVOKED, State.CLOSED):
             self._discard()
-            raise ExtensionRevoked(
-                f"{self.id} was revoked during the {what}: {self.lifecycle.reason}"
-            ) from None
+            raise self._unavailable(during=what) from None
 
     def on_revoked(self, reason: str) -> None:
         """Called by the host from any thread: stop the call in flight, refuse the next."""
         self.lifecycle.try_fire(Event.REVOKE, reason)
-        instance = self._instance
-        if instance is not None:
-            instance.interrupt()
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        for instance in (self._instance, self._starting):
+            if instance is not None:
+                instance.interrupt()
 
     def pause(self, reason: str = "") -> None:
         self.lifecycle.fire(Event.PAUSE, reason or None)
@@ -375,10 +427,12 @@ class Extension:
                 self._discard()
                 self.lifecycle.fire(Event.STOPPED)
 
-    def _reserved(self, instance: Instance, command: str, value: Any) -> Any:
+    def _reserved(self, instance: Instance, command: str, value: Any, budget: Budget) -> Any:
         try:
             with instance.lock:
-                result = instance.call(command.encode(), encode(value), MAX_HANDSHAKE_BYTES)
+                result = instance.call(
+                    command.encode(), encode(value), MAX_HANDSHAKE_BYTES, budget
+                )
         except CallError as exc:
             if exc.failure in (FailureClass.PROTOCOL, FailureClass.GUEST_ERROR):
                 raise CallError(FailureClass.HANDSHAKE, f"{command}: {exc.message}") from None
@@ -394,9 +448,11 @@ class Extension:
         except CodecError as exc:
             raise CallError(FailureClass.HANDSHAKE, f"{command}: {exc.message}") from None
 
-    def _run_handshake(self, instance: Instance) -> Handshake:
+    def _run_handshake(self, instance: Instance, budget: Budget) -> Handshake:
         versions = [str(v) for v in self.host.registry.versions]
-        hello = self._reserved(instance, "wasihost.hello", {"host": "wasihost", "abi": versions})
+        hello = self._reserved(
+            instance, "wasihost.hello", {"host": "wasihost", "abi": versions}, budget
+        )
         fields = _require_fields(
             hello, "wasihost.hello", {"id": str, "version": str, "abi": str, "features": list}
         )
@@ -430,6 +486,7 @@ class Extension:
                 "epoch": self.grant.epoch,
                 "token": self.host.tokens.issue(self.id, runtime_id, self.grant.epoch),
             },
+            budget,
         )
         answer = _require_fields(welcome, "wasihost.welcome", {"status": str})
         readiness = answer["status"]
@@ -471,37 +528,76 @@ class Extension:
             self._command_names[command] = name
         return name
 
-    def call(self, command: str, value: Any = None) -> Any:
-        """Run ``command`` with ``value`` (any CBOR-encodable value) and return its output."""
+    def call(
+        self,
+        command: str,
+        value: Any = None,
+        *,
+        fuel: int | None = None,
+        timeout_ms: int | None = None,
+    ) -> Any:
+        """Run ``command`` with ``value`` (any CBOR-encodable value) and return its output.
+
+        One budget covers everything the call runs: on a first call, or after a crash, that
+        includes the start function and the handshake. It is the extension's
+        ``fuel_per_call`` and ``timeout_ms``, or ``fuel``/``timeout_ms`` for this call alone,
+        which may lower them but never raise them."""
         name = self._check_command(command)
         r = self.resources
         # null in or out is the commonest payload of all: skip the codec for it.
         payload = CBOR_NULL if value is None else encode(value, self._input_limits)
+        overridden = fuel is not None or timeout_ms is not None
+        if overridden:
+            fuel = _override("fuel", fuel, r.fuel_per_call, "fuel_per_call")
+            timeout_ms = _override("timeout_ms", timeout_ms, r.timeout_ms, "timeout_ms")
         with self._lock:
             self._check_available()
-            instance = self._ensure_started()
+            instance = self._instance
+            # The deadline starts once the call holds the extension, not while it queues.
+            budget = (
+                Budget(fuel or r.fuel_per_call, timeout_ms or r.timeout_ms)
+                if overridden or instance is None
+                else None
+            )
+            if instance is None:
+                assert budget is not None
+                instance = self._start(budget)
             self._call_epoch = self.grant.epoch
             try:
                 with instance.lock:
-                    result = instance.call(name, payload, r.max_output_bytes)
-            except CallError as exc:
-                self.last_fuel_used = instance.last_call_fuel
-                self._raise_if_revoked_during(instance, "call")
-                if exc.failure.discards_instance:
-                    self._discard()
-                    self.lifecycle.try_fire(Event.CRASH, f"{exc.failure.value}: {exc.message}")
+                    result = instance.call(name, payload, r.max_output_bytes, budget)
+            except BaseException as exc:
+                self.last_fuel_used = budget.used if budget is not None else instance.last_call_fuel
+                self._raise_if_halted_during(instance, "call")
+                # Anything but a clean guest-level refusal may have left the guest half-way
+                # (a KeyboardInterrupt in a host function included): the instance goes.
+                if not isinstance(exc, CallError) or exc.failure.discards_instance:
+                    failure = exc.failure.value if isinstance(exc, CallError) else "host_error"
+                    self._crash(f"{failure}: {exc}")
                 raise
-            self.last_fuel_used = result.fuel_used
-        if result.status != 0:
-            raise CallError(FailureClass.GUEST_ERROR, _guest_error_text(result.body))
-        try:
+            self.last_fuel_used = budget.used if budget is not None else result.fuel_used
+            if result.status != 0:
+                cls, msg = _guest_error(result.body)
+                raise CallError(
+                    FailureClass.GUEST_ERROR,
+                    f"{cls}: {msg}" if msg else cls,
+                    guest_class=cls,
+                    guest_message=msg,
+                )
             if result.body == CBOR_NULL:
                 return None
-            return decode(result.body, self._output_limits)
-        except CodecError as exc:
-            with self._lock:
-                self._discard()
-            raise CallError(FailureClass.PROTOCOL, f"command output: {exc.message}") from None
+            try:
+                return decode(result.body, self._output_limits)
+            except CodecError as exc:
+                # The guest broke the protocol: its state is not to be trusted any more.
+                self._crash(f"protocol: command output: {exc.message}")
+                raise CallError(FailureClass.PROTOCOL, f"command output: {exc.message}") from None
+
+    def _crash(self, reason: str) -> None:
+        """The instance failed in a way that may have corrupted it: drop it, and say so in the
+        lifecycle (the next call restarts). Caller holds ``_lock``."""
+        self._discard()
+        self.lifecycle.try_fire(Event.CRASH, reason)
 
     def _discard(self) -> None:
         if self._instance is not None:
@@ -512,9 +608,26 @@ class Extension:
     def logs(self) -> tuple[LogRecord, ...]:
         return self.log.records
 
-    def close(self) -> None:
+    def close(self, reason: str = "closed") -> None:
+        """Close for good: the call in flight is interrupted (not waited out), the instance
+        freed, and every later call answers ``unavailable``. Idempotent."""
+        self.lifecycle.try_fire(Event.CLOSE, reason)
+        self._interrupt()
         with self._lock:
             self._discard()
+        self.host.forget(self)
+
+
+def _override(name: str, value: int | None, ceiling: int, key: str) -> int:
+    """A per-call budget: at most what the extension was admitted with."""
+    if value is None:
+        return ceiling
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= ceiling:
+        raise ConfigError(
+            f"{name}={value!r}: a per-call {name} must be an int in 1..{ceiling}, this "
+            f"extension's {key} (raise it in the manifest, Host.load({name}=...) or the policy)"
+        )
+    return value
 
 
 def _require_fields(value: Any, where: str, fields: Mapping[str, type]) -> dict[str, Any]:
@@ -526,16 +639,21 @@ def _require_fields(value: Any, where: str, fields: Mapping[str, type]) -> dict[
     return value
 
 
-def _guest_error_text(body: bytes) -> str:
+def _guest_error(body: bytes) -> tuple[str, str]:
     """The guest's ``{"class", "message"}``, bounded; never trusted to be well-formed."""
     try:
         value = decode(body, CodecLimits(max_bytes=MAX_GUEST_ERROR_BYTES))
     except CodecError:
-        return "guest error (malformed error body)"
+        return "error", "guest error (malformed error body)"
     if not isinstance(value, dict):
-        return "guest error (malformed error body)"
+        return "error", "guest error (malformed error body)"
     cls = value.get("class")
     msg = value.get("message")
-    cls = cls[:64] if isinstance(cls, str) else "error"
+    cls = cls[:MAX_GUEST_ERROR_CLASS] if isinstance(cls, str) and cls else "error"
     msg = msg[:MAX_GUEST_ERROR_TEXT] if isinstance(msg, str) else ""
+    return cls, msg
+
+
+def _guest_error_text(body: bytes) -> str:
+    cls, msg = _guest_error(body)
     return f"{cls}: {msg}" if msg else cls

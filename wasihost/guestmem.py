@@ -3,9 +3,10 @@ stay free of the engine and their tests can use :class:`BytearrayMemory`."""
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol
 
-from .status import GuestFault
+from .status import GuestFault, GuestInterrupted, GuestOutOfFuel
 
 
 class GuestMemory(Protocol):
@@ -45,15 +46,32 @@ class GuestMemory(Protocol):
 
     def write_u64(self, ptr: int, value: int) -> None: ...
 
+    def require_range(self, ptr: int, length: int) -> None:
+        """Fault unless the range lies inside memory; nothing is copied or counted. A broker
+        checks a destination with it before the work that fills it."""
+        ...
+
+    def require_fuel(self, units: int) -> None:
+        """Raise :class:`~wasihost.status.GuestOutOfFuel` if the call's budget cannot pay
+        ``units`` more: asked before work proportional to a guest-declared length."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Wait, or raise :class:`~wasihost.status.GuestInterrupted` as soon as the host
+        interrupts the instance. Blocking brokers wait here, never in ``time.sleep``."""
+        ...
+
 
 class BytearrayMemory:
     """A :class:`GuestMemory` over a bytearray, for broker tests without an engine."""
 
-    def __init__(self, size: int, deadline: float = float("inf")) -> None:
+    def __init__(self, size: int, deadline: float = float("inf"), fuel: int | None = None) -> None:
         self.data = bytearray(size)
         self.view = memoryview(self.data)
         self.deadline = deadline
         self.moved = 0
+        self.fuel = fuel  # None: an unlimited budget
+        self.wakeup = threading.Event()
 
     def size(self) -> int:
         return len(self.data)
@@ -90,3 +108,15 @@ class BytearrayMemory:
 
     def write_u64(self, ptr: int, value: int) -> None:
         self.write(ptr, (value & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "little"))
+
+    def require_range(self, ptr: int, length: int) -> None:
+        if ptr < 0 or length < 0 or ptr + length > len(self.data):
+            raise GuestFault(f"[{ptr}, +{length}) outside guest memory")
+
+    def require_fuel(self, units: int) -> None:
+        if self.fuel is not None and units > self.fuel:
+            raise GuestOutOfFuel(f"{units} fuel units for the work asked")
+
+    def sleep(self, seconds: float) -> None:
+        if self.wakeup.wait(max(seconds, 0.0)):
+            raise GuestInterrupted

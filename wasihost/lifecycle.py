@@ -26,6 +26,7 @@ class State(enum.Enum):
     STOPPED = "stopped"
     FAILED = "failed"
     REVOKED = "revoked"
+    CLOSED = "closed"
 
 
 class Event(enum.Enum):
@@ -42,6 +43,7 @@ class Event(enum.Enum):
     STOP = "stop"
     STOPPED = "stopped"
     REVOKE = "revoke"  # every grant withdrawn, or an emergency disable
+    CLOSE = "close"  # the embedder closed it (or its host, or replaced it by an update)
 
 
 S, E = State, Event
@@ -71,14 +73,16 @@ TRANSITIONS: Mapping[tuple[State, Event], State] = {
     (S.THROTTLED, E.STOP): S.STOPPING,
     (S.FAILED, E.STOP): S.STOPPED,
     (S.STOPPING, E.STOPPED): S.STOPPED,
-    **{(state, E.REVOKE): S.REVOKED for state in State if state is not S.REVOKED},
+    **{(state, E.REVOKE): S.REVOKED for state in State if state not in (S.REVOKED, S.CLOSED)},
+    # Closed is final: the extension object is done, whatever it was doing.
+    **{(state, E.CLOSE): S.CLOSED for state in State if state is not S.CLOSED},
 }
 
 # Commands run only in RUNNING: not while starting (no handshake yet), not while paused,
 # throttled or quarantined, never after a revocation.
 COMMAND_STATES = frozenset({S.RUNNING})
 # States an operator must act on; the supervisor never leaves them by itself.
-TERMINAL_FOR_SUPERVISOR = frozenset({S.QUARANTINED, S.REVOKED})
+TERMINAL_FOR_SUPERVISOR = frozenset({S.QUARANTINED, S.REVOKED, S.CLOSED})
 
 
 class LifecycleError(WasihostError):
@@ -191,12 +195,15 @@ def mermaid() -> str:
     """The state diagram, generated from :data:`TRANSITIONS` (Mermaid syntax)."""
     lines = ["stateDiagram-v2", f"    [*] --> {S.PROVISIONING.name}"]
     revoke_sources = sorted(s.name for (s, e) in TRANSITIONS if e is E.REVOKE)
+    close_sources = sorted(s.name for (s, e) in TRANSITIONS if e is E.CLOSE)
     for (state, event), target in TRANSITIONS.items():
-        if event is E.REVOKE:
+        if event in (E.REVOKE, E.CLOSE):
             continue
         lines.append(f"    {state.name} --> {target.name}: {event.value}")
-    lines.append(f"    note right of {S.REVOKED.name}: revoke, from every other state")
+    lines.append(f"    note right of {S.REVOKED.name}: revoke, from every state but closed")
+    lines.append(f"    note right of {S.CLOSED.name}: close, from every other state")
     lines.append(f"    %% revoke sources: {', '.join(revoke_sources)}")
+    lines.append(f"    %% close sources: {', '.join(close_sources)}")
     return "\n".join(lines)
 
 

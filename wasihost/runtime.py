@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from .admission import AdmissionPlan
 from .brokers.clock import Clock, SystemClock
+from .brokers.log import LogSink
 from .engine import WasmEngine
 from .errors import (
     AdmissionError,
@@ -47,6 +49,9 @@ def default_cache_dir() -> Path:
 
 
 _DEFAULT = object()
+# Host.close closes its extensions in parallel: each is interrupted first, so a close waits at
+# most about one epoch tick per call in flight; a few threads are enough for that.
+MAX_CLOSING_THREADS = 8
 
 
 class Host:
@@ -61,6 +66,7 @@ class Host:
         cache_dir: Path | object | None = _DEFAULT,
         registry: Registry | None = None,
         clock: Clock | None = None,
+        log_sink: LogSink | None = None,
         profiles: Iterable[tuple[Profile, ProfileFactory]] = (),
         state_dir: Path | None = None,
     ) -> None:
@@ -86,17 +92,35 @@ class Host:
         self.engine = WasmEngine(settings or EngineSettings(), directory)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.tokens = TokenIssuer()
+        # Where extension logs go instead of each extension's bounded buffer (see ExtensionLog).
+        self.log_sink = log_sink
         self._extensions: dict[str, Extension] = {}
+        self._admitting: set[str] = set()
         self._lock = threading.Lock()
+        self.closed = False
 
     def close(self) -> None:
+        """Close every extension (their calls in flight are interrupted, later calls answer
+        ``unavailable``), then the engine and the state. Idempotent."""
         with self._lock:
+            if self.closed:
+                return
+            self.closed = True
             extensions = list(self._extensions.values())
-        for ext in extensions:
-            ext.close()
+        if len(extensions) > 1:
+            with ThreadPoolExecutor(min(MAX_CLOSING_THREADS, len(extensions))) as pool:
+                list(pool.map(Extension.close, extensions))
+        elif extensions:
+            extensions[0].close()
         self.engine.close()
         if self.state is not None:
             self.state.close()
+
+    def forget(self, ext: Extension) -> None:
+        """A closed extension leaves the host: its id may be admitted again."""
+        with self._lock:
+            if self._extensions.get(ext.id) is ext:
+                del self._extensions[ext.id]
 
     def __enter__(self) -> Host:
         return self
@@ -206,9 +230,97 @@ class Host:
         fuel: int | None = None,
         timeout_ms: int | None = None,
     ) -> Extension:
-        """Verify, admit statically and compile a package; the extension starts on first use."""
+        """Verify, admit statically and compile a package; the extension starts on first use.
+
+        An extension id is admitted once: while one is admitted under that id, another
+        package claiming it is refused (replacing it is :meth:`update`)."""
+        self._refuse_taken(package.name)
+        return self._admit(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
+
+    def update(
+        self,
+        source: str | Path | Package,
+        *,
+        grants: Iterable[str] | None = None,
+        fuel: int | None = None,
+        timeout_ms: int | None = None,
+    ) -> Extension:
+        """Replace the admitted extension of the same id by ``source``, explicitly.
+
+        The new package is admitted and compiled first, so a refused update leaves the old
+        extension running; then the old one is closed (its call in flight interrupted) and
+        the new one takes its place. Grants are the new package's admission answer."""
+        package = (
+            source
+            if isinstance(source, Package)
+            else load_package(source, self.registry.capabilities())
+        )
+        old = self.extension(package.name)
+        if old is None:
+            raise ConfigError(f"{package.name} is not admitted: load it instead of updating")
+        return self._admit(
+            package, grants=grants, fuel=fuel, timeout_ms=timeout_ms, replacing=old
+        )
+
+    def _refuse_taken(self, extension: str) -> None:
+        if self.closed:
+            raise ConfigError("this host is closed")
+        if self.extension(extension) is not None:
+            raise AdmissionError(
+                [
+                    f"extension id {extension!r} is already admitted; close it first or "
+                    "replace it with Host.update()"
+                ]
+            )
+
+    def _admit(
+        self,
+        package: Package,
+        *,
+        grants: Iterable[str] | None,
+        fuel: int | None,
+        timeout_ms: int | None,
+        replacing: Extension | None = None,
+    ) -> Extension:
+        name = package.name
+        with self._lock:
+            if self.closed:
+                raise ConfigError("this host is closed")
+            if name in self._admitting or self._extensions.get(name) is not replacing:
+                raise AdmissionError(
+                    [f"extension id {name!r} is being admitted or was replaced meanwhile"]
+                )
+            # Reserved until this admission ends, so that one id is never admitted twice.
+            self._admitting.add(name)
+        try:
+            ext = self._build(package, grants, fuel, timeout_ms, replacing)
+            with self._lock:
+                if self.closed:
+                    raise ConfigError("this host is closed")
+                self._extensions[name] = ext
+        finally:
+            with self._lock:
+                self._admitting.discard(name)
+        return ext
+
+    def _build(
+        self,
+        package: Package,
+        grants: Iterable[str] | None,
+        fuel: int | None,
+        timeout_ms: int | None,
+        replacing: Extension | None,
+    ) -> Extension:
         steps = [("verify package", f"sha256 {package.sha256[:16]}")]
         plan, grant, resources = self.plan(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
+        try:
+            compiled = self.engine.compile(package.wasm, package.sha256)
+        except CallError as exc:
+            raise AdmissionError([exc.message]) from None
+        if replacing is not None:
+            # Everything that can refuse the update has passed: the old extension goes.
+            version = package.manifest.version if package.manifest else "a bare module"
+            replacing.close(f"replaced by {version}")
         if self.state is None:
             # A stateless host's grant is the policy's answer at admission, recorded so that
             # revocations and the commit-time check work the same way as with durable state.
@@ -230,15 +342,9 @@ class Host:
                 ),
             ),
         ]
-        try:
-            compiled = self.engine.compile(package.wasm, package.sha256)
-        except CallError as exc:
-            raise AdmissionError([exc.message]) from None
         ext = Extension(self, package, plan, grant, resources, compiled)
         for step, detail in steps:
             ext.record_step(step, detail)
-        with self._lock:
-            self._extensions[ext.id] = ext
         return ext
 
     def extension(self, extension: str) -> Extension | None:

@@ -42,6 +42,27 @@ MAX_EPOCH_TICK_MS = 1000
 
 OPT_LEVELS = ("none", "speed", "speed_and_size")
 
+# The compile budget of one module (engine/compiler.py). The biggest honest modules we know
+# (a few MB of Rust) compile in a few seconds of CPU and a few hundred MB; the shape limits
+# bound the worst admitted module at ~16 MiB of code (docs/engine.md has the measurements).
+DEFAULT_COMPILE_CPU_SECONDS = 30
+MAX_COMPILE_CPU_SECONDS = 3600
+# Wall clock covers the worker's start-up (~0.1-0.2 s) and a loaded machine.
+DEFAULT_COMPILE_TIMEOUT_SECONDS = 60
+MAX_COMPILE_TIMEOUT_SECONDS = 3600
+# RLIMIT_AS of the worker: address space, not RSS. A worker that imported wasmtime and built
+# its engine has ~185 MB mapped before it compiles anything (with MALLOC_ARENA_MAX=2), hence
+# the floor; ordinary modules peak at ~200-400 MB, the worst admitted shapes measured at
+# ~1 GB (docs/engine.md).
+DEFAULT_COMPILE_MEMORY_BYTES = 2 * GiB
+MIN_COMPILE_MEMORY_BYTES = 256 * MiB
+MAX_COMPILE_MEMORY_BYTES = 64 * GiB
+# Modules up to this size compile in-process: a worker costs ~0.15 s to start, more than the
+# compile of a small module, and the worst admitted shapes of this size compile in-process in
+# well under a second and ~100 MB (docs/engine.md). 0 sends every compile to a worker.
+DEFAULT_COMPILE_IN_PROCESS_MAX_BYTES = 64 * KiB
+MAX_COMPILE_IN_PROCESS_MAX_BYTES = 1 * MiB
+
 
 def _in_range(name: str, value: int, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -58,6 +79,10 @@ class EngineSettings:
     epoch_tick_ms: int = DEFAULT_EPOCH_TICK_MS
     opt_level: str = "speed"
     parallel_compilation: bool = True
+    compile_cpu_seconds: int = DEFAULT_COMPILE_CPU_SECONDS
+    compile_timeout_seconds: int = DEFAULT_COMPILE_TIMEOUT_SECONDS
+    compile_memory_bytes: int = DEFAULT_COMPILE_MEMORY_BYTES
+    compile_in_process_max_bytes: int = DEFAULT_COMPILE_IN_PROCESS_MAX_BYTES
 
     def __attrs_post_init__(self) -> None:
         _in_range("max_wasm_stack", self.max_wasm_stack, MIN_MAX_WASM_STACK, MAX_MAX_WASM_STACK)
@@ -69,13 +94,32 @@ class EngineSettings:
         )
         _in_range("memory_guard_size", self.memory_guard_size, 0, MAX_MEMORY_GUARD_SIZE)
         _in_range("epoch_tick_ms", self.epoch_tick_ms, MIN_EPOCH_TICK_MS, MAX_EPOCH_TICK_MS)
+        _in_range("compile_cpu_seconds", self.compile_cpu_seconds, 1, MAX_COMPILE_CPU_SECONDS)
+        _in_range(
+            "compile_timeout_seconds",
+            self.compile_timeout_seconds,
+            1,
+            MAX_COMPILE_TIMEOUT_SECONDS,
+        )
+        _in_range(
+            "compile_memory_bytes",
+            self.compile_memory_bytes,
+            MIN_COMPILE_MEMORY_BYTES,
+            MAX_COMPILE_MEMORY_BYTES,
+        )
+        _in_range(
+            "compile_in_process_max_bytes",
+            self.compile_in_process_max_bytes,
+            0,
+            MAX_COMPILE_IN_PROCESS_MAX_BYTES,
+        )
         if self.opt_level not in OPT_LEVELS:
             raise ConfigError(f"engine setting opt_level={self.opt_level!r} not in {OPT_LEVELS}")
         if not isinstance(self.parallel_compilation, bool):
             raise ConfigError("engine setting parallel_compilation must be a bool")
 
     def fingerprint(self) -> str:
-        """What compiled code depends on (the tick does not)."""
+        """What compiled code depends on (the tick and the compile budget do not)."""
         text = (
             f"stack={self.max_wasm_stack};res={self.memory_reservation};"
             f"guard={self.memory_guard_size};opt={self.opt_level};fuel=1;epoch=1;move=0"

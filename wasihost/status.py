@@ -56,6 +56,16 @@ class GuestDeadline(Exception):
     ``poll_oneoff``): the call ends with class ``deadline``, as the epoch interrupt would."""
 
 
+class GuestInterrupted(Exception):
+    """Raised by a native broker whose wait was woken by the host's interrupt (an emergency
+    disable or a revocation): the call ends as the epoch interrupt would end it."""
+
+
+class GuestOutOfFuel(Exception):
+    """Raised by a native broker before work proportional to a guest-declared length, when the
+    call's budget cannot pay for it: the call ends with class ``out_of_fuel``, nothing done."""
+
+
 class GuestExit(Exception):
     """Raised by ``proc_exit``: the guest ends its run with ``code``."""
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from .cache import ModuleCache
 from .hostcalls import BoundImport
-from .instance import CallResult, CompiledModule, Instance, StoreLimits
+from .instance import Budget, CallResult, CompiledModule, Instance, StoreLimits
 from .native import NativeCall
 from .wasm_engine import WasmEngine
 
 __all__ = [
     "BoundImport",
+    "Budget",
     "CallResult",
     "CompiledModule",
     "Instance",

@@ -103,6 +103,7 @@ class HostContext:
         # Host-call fuel charged but not yet taken from the Store (see SETTLE_FUEL).
         self.fuel_debt = 0
         self.native = NativeCall()
+        self.native.can_pay = self.can_pay
         self._fuel = ctypes.c_uint64(0)
         self._fuel_addr = ctypes.addressof(self._fuel)
         self._extern = ffi.wasmtime_extern_t()
@@ -159,6 +160,12 @@ class HostContext:
             return False
         set_fuel(ctx, left - debt)
         return True
+
+    def can_pay(self, units: int) -> bool:
+        """Whether the Store's fuel covers what host calls owe plus ``units`` more (read from
+        the Store of the memory being served: the caller's)."""
+        get_fuel(self.native.context, self._fuel_addr)
+        return int(self._fuel.value) >= self.fuel_debt + units
 
     def _memory_by_name(self, caller: int) -> int:
         """The caller's exported memory, looked up by name: its address is valid for this host

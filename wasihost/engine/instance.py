@@ -63,6 +63,26 @@ class CallResult:
     fuel_used: int
 
 
+class Budget:
+    """What one embedder call may still spend, across every phase it runs.
+
+    A first call runs the start function, the handshake's two reserved calls and the command;
+    each phase draws from the same fuel and the same wall-clock deadline, and none refills
+    them, so ``fuel_per_call`` and ``timeout_ms`` bound the embedder's call as a whole.
+    """
+
+    __slots__ = ("deadline", "fuel", "used")
+
+    def __init__(self, fuel: int, timeout_ms: int) -> None:
+        self.fuel = fuel
+        self.deadline = time.monotonic() + timeout_ms / 1000
+        self.used = 0
+
+    def spend(self, used: int) -> None:
+        self.used += used
+        self.fuel = max(0, self.fuel - used)
+
+
 # env -> the HostContext of a Store, for the epoch callback; dropped with the Store.
 EPOCH_TARGETS: dict[int, HostContext] = {}
 EPOCH_TARGET_IDS = itertools.count(1)
@@ -176,25 +196,41 @@ class Instance:
             externs[i] = ffi.wasmtime_extern_t(
                 ffi.WASMTIME_EXTERN_FUNC, ffi.wasmtime_extern_union(func=func)
             )
+        # Kept alive until instantiation has linked them into the Store.
+        self._externs: Any = externs
+        self._command_export = command_export
+        self._module = module
+        self.started = False
+
+    def instantiate(self, budget: Budget) -> None:
+        """Run instantiation (the guest's start function, if any) under ``budget``.
+
+        Separate from construction so that an owner holds the instance, and can interrupt
+        it, before any guest code runs. Caller holds ``lock``.
+        """
+        if self.closed or self.started:
+            raise CallError(FailureClass.HOST_ERROR, "instance is closed or already started")
+        self.started = True
         instance = ffi.wasmtime_instance_t()
-        with self.lock:
-            self._arm()
-            trap = POINTER(ffi.wasm_trap_t)()
-            err = raw._wasmtime_instance_new(
-                self._context,
-                module.module.ptr(),
-                externs,
-                len(imports),
-                byref(instance),
-                byref(trap),
-            )
-            overran = self._account()
-            if err or trap:
-                self.close()
-                raise self._failure(err, trap, instantiating=True)
-            if overran:
-                self.close()
-                raise _overrun()
+        externs, module, command_export = self._externs, self._module, self._command_export
+        self._arm(budget)
+        trap = POINTER(ffi.wasm_trap_t)()
+        err = raw._wasmtime_instance_new(
+            self._context,
+            module.module.ptr(),
+            externs,
+            len(self._ctx.imports),
+            byref(instance),
+            byref(trap),
+        )
+        overran = self._account(budget)
+        if err or trap:
+            self.close()
+            raise self._failure(err, trap, instantiating=True)
+        if overran:
+            self.close()
+            raise _overrun()
+        self._externs = None
         self._instance = instance
         self._memory = self._export(b"memory").of.memory
         self._ctx.set_memory(self._memory)
@@ -217,15 +253,16 @@ class Instance:
     def exit_code(self) -> int | None:
         return self._ctx.exit_code
 
-    def run_command(self) -> int:
-        """Run a profile command's entry point to its end; return its exit code.
+    def run_command(self, budget: Budget) -> int:
+        """Run a profile command's entry point to its end under what is left of ``budget``;
+        return its exit code.
 
         A normal return is exit code 0; ``proc_exit(n)`` ends it with ``n``. Caller holds
         ``lock``; the instance cannot run again afterwards.
         """
         if self.closed:
             raise CallError(FailureClass.HOST_ERROR, "instance is closed")
-        self._arm()
+        self._arm(budget)
         overran = False
         try:
             self._invoke(self._call_addr, self._args1_addr, 0)
@@ -233,7 +270,7 @@ class Instance:
             if self._ctx.exit_code is None:
                 raise
         finally:
-            overran = self._account()
+            overran = self._account(budget)
         if overran:
             raise _overrun()
         return self._ctx.exit_code if self._ctx.exit_code is not None else 0
@@ -246,23 +283,26 @@ class Instance:
             raise CallError(FailureClass.PROTOCOL, f"export {name.decode()} missing")
         return item
 
-    def _arm(self) -> None:
-        """Before every entry into the guest: a full fuel budget and a fresh deadline."""
-        set_fuel(self._ctx_addr, self._limits.fuel)
+    def _arm(self, budget: Budget) -> None:
+        """Before a phase: what is left of the call's fuel and its deadline."""
+        if self._ctx.interrupted:
+            raise CallError(FailureClass.DEADLINE, "interrupted by the host")
+        set_fuel(self._ctx_addr, budget.fuel)
         self._ctx.fuel_debt = 0
         # One tick, renewed by on_epoch_tick until the wall-clock deadline or an interrupt.
         set_epoch_deadline(self._ctx_addr, 1)
-        self._ctx.native.deadline = time.monotonic() + self._timeout_s
+        self._ctx.native.deadline = budget.deadline
 
-    def _account(self) -> bool:
-        """After every entry: what it burnt, host calls' debt included, added to the
-        instance's total. True if the debt was more than the fuel left (see SETTLE_FUEL)."""
+    def _account(self, budget: Budget) -> bool:
+        """After a phase: what it burnt, host calls' debt included, charged to ``budget`` and
+        the instance's total. True if the debt was more than the fuel left (see SETTLE_FUEL)."""
         get_fuel(self._ctx_addr, self._fuel_left_addr)
         left = self._fuel_left.value
         debt, self._ctx.fuel_debt = self._ctx.fuel_debt, 0
-        used = self._limits.fuel - left + debt
+        used = budget.fuel - left + debt
         self.fuel_used += used
         self.last_call_fuel = used
+        budget.spend(used)
         return debt > left
 
     def _failure(self, err: Any, trap: Any, *, instantiating: bool = False) -> CallError:
@@ -298,18 +338,28 @@ class Instance:
             ctypes.cast(trap, POINTER(ffi.wasm_trap_t)) if trap else None,
         )
 
-    def call(self, command: bytes, payload: bytes, max_output_bytes: int) -> CallResult:
-        """Run one command per the ABI calling convention. Caller holds ``lock``."""
-        if self.closed:
-            raise CallError(FailureClass.HOST_ERROR, "instance is closed")
+    def call(
+        self, command: bytes, payload: bytes, max_output_bytes: int, budget: Budget | None = None
+    ) -> CallResult:
+        """Run one command per the ABI calling convention, under what is left of ``budget``
+        (a fresh per-call budget when None). Caller holds ``lock``."""
+        host = self._ctx
+        if self.closed or host.interrupted:
+            raise CallError(
+                FailureClass.HOST_ERROR if self.closed else FailureClass.DEADLINE,
+                "instance is closed" if self.closed else "interrupted by the host",
+            )
         # _arm and _account inlined: method calls are a measurable share of a no-op call.
-        fuel = self._limits.fuel
+        if budget is None:
+            fuel = self._limits.fuel
+            host.native.deadline = time.monotonic() + self._timeout_s
+        else:
+            fuel = budget.fuel
+            host.native.deadline = budget.deadline
         ctx = self._ctx_addr
         set_fuel(ctx, fuel)
         set_epoch_deadline(ctx, 1)
-        host = self._ctx
         host.fuel_debt = 0
-        host.native.deadline = time.monotonic() + self._timeout_s
         try:
             block = command + payload
             total = len(block)
@@ -364,6 +414,8 @@ class Instance:
             used = fuel - left + debt
             self.fuel_used += used
             self.last_call_fuel = used
+            if budget is not None:
+                budget.spend(used)
         if debt > left:
             raise _overrun()
         return CallResult(int.from_bytes(data[:4], "little"), data[4:], used)
@@ -374,8 +426,10 @@ class Instance:
 
     def interrupt(self) -> None:
         """From any thread: the running call, if any, traps at its next epoch tick, and so does
-        every later one. Only a Python flag is written; the Store is not touched."""
+        every later one; a host call waiting in ``NativeCall.sleep`` wakes and ends the call at
+        once. Only Python state is written; the Store is not touched."""
         self._ctx.interrupted = True
+        self._ctx.native.wakeup.set()
 
     def close(self) -> None:
         if not self.closed:

@@ -10,12 +10,13 @@ generated with its exact arity (a ``handler(call, *args)`` call costs about a te
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FailureClass
 from ..registry import CORE_CAPABILITY, HostFunction
-from ..status import GuestDeadline, GuestExit, GuestFault
+from ..status import GuestDeadline, GuestExit, GuestFault, GuestInterrupted, GuestOutOfFuel
 from .lowlevel import PROCESS_MEMORY, U32, U64, memory_data, memory_data_size, new_trap
 
 if TYPE_CHECKING:
@@ -30,6 +31,14 @@ reaches this much, and before any command call or WASI run reports its result. A
 overrun its budget by at most this much plus one host call's price before it stops with
 ``out_of_fuel``; the point where it stops depends only on the guest's own call sequence, so runs
 stay reproducible. 10,000 units is about ten microseconds of guest code.
+"""
+
+PREPAY_FUEL = SETTLE_FUEL
+"""Work a host call may do before checking that the budget can pay for it.
+
+Below this, doing the work and charging it afterwards stays within the overrun SETTLE_FUEL
+already allows. Above it (a 1 MiB read, a large random buffer), a native broker asks
+:meth:`NativeCall.require_fuel` first, so a guest without the fuel never gets the work done.
 """
 
 _EMPTY_VIEW = memoryview(bytearray())
@@ -52,7 +61,18 @@ class NativeCall:
     which the engine charges at the entry's per-byte fuel price.
     """
 
-    __slots__ = ("_base", "_ctx", "_mem", "_size", "bound", "deadline", "moved", "view")
+    __slots__ = (
+        "_base",
+        "_ctx",
+        "_mem",
+        "_size",
+        "bound",
+        "can_pay",
+        "deadline",
+        "moved",
+        "view",
+        "wakeup",
+    )
 
     def __init__(self) -> None:
         self._ctx = 0
@@ -63,6 +83,31 @@ class NativeCall:
         self.bound = False
         self.moved = 0
         self.deadline = 0.0
+        # Whether the Store can pay this many more fuel units on top of what host calls owe;
+        # the HostContext serving this memory sets it.
+        self.can_pay: Callable[[int], bool] = _always
+        # Set by the instance's interrupt (from any thread): a broker waiting in sleep() wakes
+        # at once instead of at its deadline.
+        self.wakeup = threading.Event()
+
+    def require_fuel(self, units: int) -> None:
+        """Before work costing ``units`` fuel: raise :class:`GuestOutOfFuel` if the call's
+        budget cannot pay for it (checked above PREPAY_FUEL; below, charging afterwards is
+        within the settle bound)."""
+        if units > PREPAY_FUEL and not self.can_pay(units):
+            raise GuestOutOfFuel(f"{units} fuel units for the work asked")
+
+    def require_range(self, ptr: int, length: int) -> None:
+        """Raise :class:`GuestFault` unless ``[ptr, ptr+length)`` lies inside memory; nothing
+        is copied (a broker checks its destination before doing the work that fills it)."""
+        if ptr + length > self._size or ptr < 0 or length < 0:
+            self._check(ptr, length)
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``, or raise :class:`GuestInterrupted` as soon as the host interrupts
+        the instance (every blocking broker waits here, never in ``time.sleep``)."""
+        if self.wakeup.wait(seconds if seconds > 0 else 0):
+            raise GuestInterrupted
 
     def bind(self, ctx: int, mem: int) -> None:
         """Serve the memory at address ``mem`` of the Store context ``ctx`` from now on."""
@@ -72,6 +117,11 @@ class NativeCall:
             self._size = 0
             self.view = _EMPTY_VIEW
         self.bound = True
+
+    @property
+    def context(self) -> int:
+        """The Store context whose memory is served (valid while ``bound``)."""
+        return self._ctx
 
     def forget(self) -> None:
         """Unbind: the memory's address was good for one call only, or the Store is going
@@ -169,6 +219,10 @@ class NativeCall:
         _U64.pack_into(self.view, ptr, value & U64)
 
 
+def _always(units: int) -> bool:
+    return True
+
+
 class MemoryMoved(Exception):
     """The guest's memory base changed, which the engine configuration rules out."""
 
@@ -220,6 +274,10 @@ def make(host, entry, handler, unpack, write_result):
                 return host.fail(FailureClass.PROTOCOL, f"{name}: {fault}")
             except GuestDeadline:
                 return host.fail(FailureClass.DEADLINE, f"{name}: deadline reached")
+            except GuestInterrupted:
+                return host.fail(FailureClass.DEADLINE, f"{name}: interrupted by the host")
+            except GuestOutOfFuel:
+                return host.out_of_fuel(host.context_of(caller), entry)
             except GuestExit as exit_:
                 host.exit_code = exit_.code
                 return new_trap("wasihost: exit")
@@ -260,6 +318,8 @@ def _maker(arity: int) -> Callable[..., Dispatch]:
             "GuestDeadline": GuestDeadline,
             "GuestExit": GuestExit,
             "GuestFault": GuestFault,
+            "GuestInterrupted": GuestInterrupted,
+            "GuestOutOfFuel": GuestOutOfFuel,
             "MemoryMoved": MemoryMoved,
             "PROCESS_MEMORY": PROCESS_MEMORY,
             "SETTLE_FUEL": SETTLE_FUEL,

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import wasmtime
 
+from ..errors import CallError, FailureClass
 from ..registry import HostFunction
 from ..settings import EngineSettings
 from .cache import ModuleCache
+from .compile_worker import build_config
+from .compiler import ModuleCompiler
 from .hostcalls import BoundImport, Gate
 from .instance import CompiledModule, Instance, StoreLimits
 
@@ -58,27 +61,34 @@ class _Watchdog:
         self._stop.set()
 
 
+def engine_options(settings: EngineSettings) -> dict[str, object]:
+    """The wasmtime Config of ``settings``, as data: the compile worker builds the same one."""
+    return {
+        "consume_fuel": True,
+        "epoch_interruption": True,
+        "max_wasm_stack": settings.max_wasm_stack,
+        "memory_reservation": settings.memory_reservation,
+        "memory_guard_size": settings.memory_guard_size,
+        # Host calls keep a view of guest memory across calls (hostcalls.NativeCall), which is
+        # only sound if a memory's base never changes: growth past the reservation fails.
+        "memory_may_move": False,
+        "cranelift_opt_level": settings.opt_level,
+        "parallel_compilation": settings.parallel_compilation,
+        "wasm_threads": False,
+        "shared_memory": False,
+    }
+
+
 class WasmEngine:
     """One wasmtime Engine with fuel and epoch interruption, its watchdog and module cache."""
 
     def __init__(self, settings: EngineSettings, cache_dir: Path | None = None) -> None:
         self.settings = settings
-        config = wasmtime.Config()
-        config.consume_fuel = True
-        config.epoch_interruption = True
-        config.max_wasm_stack = settings.max_wasm_stack
-        config.memory_reservation = settings.memory_reservation
-        config.memory_guard_size = settings.memory_guard_size
-        # Host calls keep a view of guest memory across calls (hostcalls.NativeCall), which is
-        # only sound if a memory's base never changes: growth past the reservation fails.
-        config.memory_may_move = False
-        config.cranelift_opt_level = settings.opt_level
-        config.parallel_compilation = settings.parallel_compilation
-        config.wasm_threads = False
-        config.shared_memory = False
-        self._engine = wasmtime.Engine(config)
+        options = engine_options(settings)
+        self._engine = wasmtime.Engine(build_config(options))
         self._watchdog = _Watchdog(self._engine, settings.epoch_tick_ms)
-        self.cache = ModuleCache(self._engine, settings.fingerprint(), cache_dir)
+        self.compiler = ModuleCompiler(self._engine, options, settings)
+        self.cache = ModuleCache(self._engine, settings.fingerprint(), cache_dir, self.compiler)
         # A FuncType is registered with the first engine that uses it and must never meet
         # another one (wasmtime asserts, aborting the process): one cache per engine.
         self._func_types: dict[tuple[tuple[str, ...], tuple[str, ...]], wasmtime.FuncType] = {}
@@ -95,10 +105,17 @@ class WasmEngine:
                 self._func_types[key] = ft
             return ft
 
-    def compile(self, wasm: bytes, sha256: str) -> CompiledModule:
-        return CompiledModule(self.cache.get(wasm, sha256), sha256)
+    def compile(self, wasm: bytes, sha256: str | None = None) -> CompiledModule:
+        """Compile (or fetch from the cache) under the compile budget. ``sha256``, when given,
+        is the digest the caller believes ``wasm`` has; a mismatch is refused, never cached."""
+        module, digest = self.cache.get(wasm)  # keyed by the digest it computes itself
+        if sha256 is not None and digest != sha256:
+            raise CallError(
+                FailureClass.ADMISSION, "the package's sha256 does not match its module bytes"
+            )
+        return CompiledModule(module, digest)
 
-    def instantiate(
+    def new_instance(
         self,
         module: CompiledModule,
         imports: Sequence[BoundImport],
@@ -106,13 +123,16 @@ class WasmEngine:
         limits: StoreLimits,
         command_export: str | None = None,
     ) -> Instance:
-        """Instantiate under ``limits``; ``command_export`` names the entry point of a plain
-        profile command (``_start``) instead of the wasihost ABI exports."""
+        """A Store under ``limits`` with ``imports`` linked, ready for
+        :meth:`Instance.instantiate`; no guest code has run yet. ``command_export`` names the
+        entry point of a plain profile command (``_start``) instead of the wasihost ABI
+        exports."""
         self._watchdog.ensure_running()
         return Instance(self, module, imports, gate, limits, command_export)
 
     def close(self) -> None:
         self._watchdog.stop()
+        self.cache.close()
 
     @property
     def wasmtime_engine(self) -> wasmtime.Engine:

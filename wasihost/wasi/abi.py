@@ -95,15 +95,15 @@ FILE_READ_RIGHTS: Final = int(
 FILE_WRITE_RIGHTS: Final = int(
     Right.FD_WRITE | Right.FD_ALLOCATE | Right.FD_FILESTAT_SET_SIZE | Right.FD_FILESTAT_SET_TIMES
 )
+# What a directory can do. The read half and the write half together are wasmtime's directory
+# rights (129498624) plus PATH_FILESTAT_SET_SIZE, the right the spec names as the gate of
+# path_open's O_TRUNC. Sync and flag rights are file rights: a directory only passes them on.
 DIR_READ_RIGHTS: Final = int(
     Right.PATH_OPEN
     | Right.FD_READDIR
     | Right.PATH_READLINK
     | Right.PATH_FILESTAT_GET
     | Right.FD_FILESTAT_GET
-    | Right.FD_FDSTAT_SET_FLAGS
-    | Right.FD_SYNC
-    | Right.FD_DATASYNC
 )
 DIR_WRITE_RIGHTS: Final = int(
     Right.PATH_CREATE_DIRECTORY
@@ -119,13 +119,13 @@ DIR_WRITE_RIGHTS: Final = int(
     | Right.PATH_REMOVE_DIRECTORY
     | Right.PATH_UNLINK_FILE
 )
-# Rights whose presence in path_open's request means "open for writing" (wasi-libc and Rust's
-# std both ask for exactly these when, and only when, they open for writing).
-WRITE_ACCESS_RIGHTS: Final = int(
-    Right.FD_WRITE | Right.FD_DATASYNC | Right.FD_ALLOCATE | Right.FD_FILESTAT_SET_SIZE
-)
+# Rights whose presence in path_open's request means "open for writing": each gates a call that
+# needs a host descriptor open for writing (write, ftruncate, fallocate). FD_DATASYNC is not
+# one: fdatasync works on a read-only descriptor, and a directory (whose rights a guest may pass
+# back to path_open unchanged) can never be opened for writing.
+WRITE_ACCESS_RIGHTS: Final = int(Right.FD_WRITE | Right.FD_ALLOCATE | Right.FD_FILESTAT_SET_SIZE)
 # Rights a descriptor opened without write access cannot have: the host descriptor refuses them.
-NEEDS_WRITE_ACCESS: Final = int(Right.FD_WRITE | Right.FD_ALLOCATE | Right.FD_FILESTAT_SET_SIZE)
+NEEDS_WRITE_ACCESS: Final = WRITE_ACCESS_RIGHTS
 STDIN_RIGHTS: Final = int(
     Right.FD_READ | Right.POLL_FD_READWRITE | Right.FD_FILESTAT_GET | Right.FD_FDSTAT_SET_FLAGS
 )

@@ -1,14 +1,17 @@
 """``wasihost wasi``: run a WASI command module's ``_start`` through the WASI profile.
 
     wasihost wasi [--dir HOST[::GUEST]]... [--dir-ro HOST[::GUEST]]... [--env K=V]...
-                  [--profile standard|anonymous] [--random | --random-seed HEX]
+                  [--profile standard|anonymous|none] [--random-seed HEX | --no-random]
                   [--stdin FILE] [--fuel N] [--timeout-ms N] MODULE.wasm [ARGS...]
 
 As in wasmtime's CLI, the guest's argv[0] is the module's file name and ARGS follow it
 (everything after MODULE goes to the guest, options included). stdout and stderr go to the
-process's; the process exit status is the guest's exit code. With no flags the guest gets stdio
-and its argv, nothing else. Errors are raised as :class:`~wasihost.errors.WasihostError` for the
-main CLI to print as ``error: <class>: <message>``.
+process's; the process exit status is the guest's exit code. With no flags the guest gets stdio,
+its argv, the ``standard`` clocks (at the policy's coarse resolution) and the OS CSPRNG, as every
+peer runtime grants: an ordinary program (Rust's ``HashMap``, ``Instant::now``) needs both.
+Files, env and sockets stay denied unless a flag grants them. Errors are raised as
+:class:`~wasihost.errors.WasihostError` for the main CLI to print as ``error: <class>:
+<message>``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from ..errors import ConfigError
 from . import limits
 from .config import ClockProfile, Mount, WasiOptions, capabilities_for
 
+# What a bare `wasihost wasi prog.wasm` grants besides stdio and argv (see docs/wasi.md).
+DEFAULT_CLOCK_PROFILE = ClockProfile.STANDARD.value
+NO_CLOCKS = "none"
+
 # A POSIX exit status is one byte; a guest code that would wrap to 0 must not read as success.
 EXIT_STATUS_MASK = 0xFF
 EXIT_STATUS_WRAPPED = 1
@@ -32,8 +39,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "wasi",
         help="run a WASI command module (_start) through the restricted WASI profile",
-        description="Run a WASI preview1 command module. Nothing is granted but stdio and argv "
-        "unless a flag grants it.",
+        description="Run a WASI preview1 command module. Granted by default: stdio, argv, "
+        "coarse clocks and random bytes; files and env only when a flag grants them.",
     )
     p.add_argument(
         "--dir",
@@ -52,12 +59,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="set a guest env var")
     p.add_argument(
         "--profile",
-        choices=[c.value for c in ClockProfile],
-        help="grant clocks with this profile (default: no clocks)",
+        choices=[*(c.value for c in ClockProfile), NO_CLOCKS],
+        default=DEFAULT_CLOCK_PROFILE,
+        help=f"clock profile (default: {DEFAULT_CLOCK_PROFILE}; {NO_CLOCKS}: no clocks)",
     )
     rand = p.add_mutually_exclusive_group()
-    rand.add_argument("--random", action="store_true", help="grant random bytes (OS CSPRNG)")
-    rand.add_argument("--random-seed", metavar="HEX", help="grant a seeded, reproducible stream")
+    rand.add_argument(
+        "--random", action="store_true", help="random bytes from the OS CSPRNG (the default)"
+    )
+    rand.add_argument("--random-seed", metavar="HEX", help="a seeded, reproducible stream instead")
+    rand.add_argument("--no-random", action="store_true", help="no random bytes")
     p.add_argument("--stdin", metavar="FILE", help="serve FILE ('-': this process's stdin) on fd 0")
     p.add_argument("--fuel", type=int, help="fuel budget for the run")
     p.add_argument("--timeout-ms", type=int, help="wall-clock deadline for the run")
@@ -113,8 +124,8 @@ def config_from_args(args: argparse.Namespace) -> WasiOptions:
         stdin=_read_stdin(args.stdin) if args.stdin is not None else b"",
         stdout=stdout.write,
         stderr=to_stderr,
-        clock=args.profile,
-        random=bool(args.random),
+        clock=None if args.profile == NO_CLOCKS else args.profile,
+        random=not args.no_random and args.random_seed is None,
         random_seed=_seed(args.random_seed) if args.random_seed is not None else None,
         mounts=mounts,
     )

@@ -1,6 +1,7 @@
 """Clock entries and poll_oneoff.
 
-poll_oneoff never keeps the host thread past the call's deadline (``mem.deadline``). When the
+poll_oneoff never keeps the host thread past the call's deadline (``mem.deadline``), and waits
+in ``mem.sleep``, which the host's interrupt wakes. When the
 earliest subscription is due later than that, it waits until the deadline and then ends the
 call with class ``deadline`` (:class:`~wasihost.status.GuestDeadline`), exactly as the engine's
 epoch interrupt ends a guest that computes past it. It never claims a clock fired early.
@@ -29,6 +30,7 @@ from .abi import (
 )
 from .errno import Errno, WasiError
 from .fds import Descriptor, HostDescriptor, StdinDescriptor
+from .registry import FUEL_PER_BYTE
 from .state import WasiState
 
 _EVENT_RW_HANGUP = 1
@@ -70,6 +72,8 @@ def poll_oneoff(
 ) -> int:
     if nsubs == 0 or nsubs > limits.MAX_POLL_SUBSCRIPTIONS:
         return Errno.INVAL
+    mem.require_range(out_ptr, nsubs * EVENT.size)
+    mem.require_fuel(nsubs * (SUBSCRIPTION_SIZE + EVENT.size) * FUEL_PER_BYTE)
     raw = mem.read(in_ptr, nsubs * SUBSCRIPTION_SIZE)
     ready: list[tuple[int, int, int, int, int]] = []  # userdata, errno, type, nbytes, flags
     clocks: list[tuple[int, int]] = []  # due in ns from now, userdata
@@ -94,11 +98,13 @@ def poll_oneoff(
         # Only clocks: wait for the earliest, but never past the call's deadline.
         wait_ns = min(due for due, _ in clocks)
         if wait_ns > 0:
+            # mem.sleep, not time.sleep: the host's interrupt (a disable, a revocation) wakes
+            # it and ends the call at once instead of at its deadline.
             left = mem.deadline - time.monotonic()
             if wait_ns / 1e9 > left:
-                time.sleep(max(0.0, left))
+                mem.sleep(left)
                 raise GuestDeadline
-            time.sleep(wait_ns / 1e9)
+            mem.sleep(wait_ns / 1e9)
         ready = [(u, Errno.SUCCESS, EventType.CLOCK, 0, 0) for due, u in clocks if due <= wait_ns]
     else:
         ready += [(u, Errno.SUCCESS, EventType.CLOCK, 0, 0) for due, u in clocks if due <= 0]

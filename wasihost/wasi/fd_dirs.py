@@ -19,6 +19,7 @@ from .errno import Errno, WasiError
 from .fd_attrs import filetype_of
 from .fd_checks import descriptor, need
 from .fds import HostDescriptor
+from .registry import FUEL_PER_BYTE
 from .state import WasiState
 
 
@@ -75,6 +76,9 @@ def fd_readdir(
     if not isinstance(desc, HostDescriptor) or not desc.is_dir:
         return Errno.BADF  # not a directory descriptor (wasmtime answers the same)
     need(desc, Right.FD_READDIR)
+    # The destination and the price of filling it before the directory is read.
+    mem.require_range(buf, buf_len)
+    mem.require_fuel(buf_len * FUEL_PER_BYTE)
     if cookie == 0 or desc.listing is None:
         desc.listing = _listing(desc)
     entries = desc.listing

@@ -12,6 +12,7 @@ from . import limits
 from .abi import IOVEC
 from .errno import Errno, WasiError
 from .fs import check_path
+from .registry import FUEL_PER_BYTE
 
 _iter_iovecs = IOVEC.iter_unpack
 _unpack_iovec = IOVEC.unpack
@@ -49,6 +50,22 @@ def total_length(vecs: list[tuple[int, int]], cap: int) -> int:
     return total if total <= cap else cap
 
 
+def prepare_read(mem: GuestMemory, vecs: list[tuple[int, int]], cap: int) -> int:
+    """How much a read into ``vecs`` may fetch (their total, at most ``cap``), once every
+    buffer it may fill lies inside memory and the budget can pay for the bytes: a guest that
+    cannot pay, or names a wild buffer, gets nothing read (no file offset moved)."""
+    want = total_length(vecs, cap)
+    left = want
+    for buf, length in vecs:
+        if left <= 0:
+            break
+        take = length if length <= left else left
+        mem.require_range(buf, take)
+        left -= take
+    mem.require_fuel(want * FUEL_PER_BYTE)
+    return want
+
+
 def scatter(mem: GuestMemory, vecs: list[tuple[int, int]], data: bytes) -> int:
     """Spread ``data`` over the buffers in order; returns the bytes placed (all of them)."""
     if len(vecs) == 1:
@@ -74,6 +91,7 @@ def read_path(mem: GuestMemory, ptr: int, length: int) -> bytes:
 
 def write_strings(mem: GuestMemory, ptrs: int, buf: int, items: list[bytes]) -> None:
     """argv/environ layout: a pointer per item at ``ptrs``, the NUL-terminated items at ``buf``."""
+    mem.require_fuel(sum(len(item) + 5 for item in items) * FUEL_PER_BYTE)
     pointers = bytearray()
     blob = bytearray()
     for item in items:

@@ -129,6 +129,9 @@ def path_open(
             return Errno.ROFS
         if oflags & OFLAG_CREAT and not parent.rights_base & Right.PATH_CREATE_FILE:
             return Errno.NOTCAPABLE
+        # The spec's gate of O_TRUNC: truncating by path is changing a file's size by path.
+        if oflags & OFLAG_TRUNC and not parent.rights_base & Right.PATH_FILESTAT_SET_SIZE:
+            return Errno.NOTCAPABLE
     flags = _open_flags(oflags, fdflags, read, write)
     st.fds.require_room()
     follow = bool(dirflags & LOOKUP_SYMLINK_FOLLOW)

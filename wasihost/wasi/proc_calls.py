@@ -10,6 +10,7 @@ from ..status import GuestExit
 from . import limits
 from .errno import Errno
 from .memio import write_strings
+from .registry import FUEL_PER_BYTE
 from .state import WasiState
 
 
@@ -54,6 +55,8 @@ def random_get(st: WasiState, mem: GuestMemory, buf: int, length: int) -> int:
         return Errno.NOTCAPABLE
     if length > limits.MAX_RANDOM_BYTES_PER_CALL:
         return Errno.INVAL
+    mem.require_range(buf, length)  # the destination and the price before the bytes are made
+    mem.require_fuel(length * FUEL_PER_BYTE)
     mem.write(buf, st.random(length))
     return Errno.SUCCESS
 

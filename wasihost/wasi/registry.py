@@ -21,7 +21,7 @@ from .errno import Errno
 MODULE: Final = "wasi_snapshot_preview1"
 PROFILE_NAME: Final = "wasi"
 # The profile's own revision: bumped when an entry's capability, limits or price change.
-PROFILE_VERSION: Final = AbiVersion(1, 0)
+PROFILE_VERSION: Final = AbiVersion(1, 1)  # 1.1: sock_* became core (NOTSOCK, not BADF)
 
 CAP_STDIO: Final = "wasi.stdio"
 CAP_ARGS: Final = "wasi.args"
@@ -31,9 +31,12 @@ CAP_RANDOM: Final = "wasi.random"
 CAP_FS_READ: Final = "wasi.fs.read"
 CAP_FS_WRITE: Final = "wasi.fs.write"
 CAP_SOCKETS: Final = "wasi.sockets"
-# Checked by the binding, not carried by any one entry: stdio reaches the caller instead of the
-# extension's log, and stdin is readable.
-BINDING_CAPABILITIES: Final = (CAP_STDIO,)
+# Capabilities the profile declares that no entry carries: wasi.stdio is checked by the binding
+# (stdio reaches the caller instead of the extension's log, and stdin is readable); wasi.sockets
+# is reserved for socket descriptors, which this profile never creates. The sock_* entries are
+# core, because what they answer depends only on the descriptor named (BADF for none, NOTSOCK
+# for a file), which reveals nothing.
+BINDING_CAPABILITIES: Final = (CAP_STDIO, CAP_SOCKETS)
 
 # Fuel prices. A host call costs the host microseconds (thousands of wasm instructions), so even
 # the cheapest entry is priced well above one instruction; bytes moved cost one unit each, as a
@@ -55,7 +58,7 @@ _EVENTS: Final = limits.MAX_POLL_SUBSCRIPTIONS * EVENT.size + _PTR
 
 # name, params, capability, denied errno, fuel base, max bytes read, max bytes written, doc.
 # Denied errnos: without wasi.fs.write every mount is read-only to the guest, so writes answer
-# ROFS; without wasi.fs.read (or sockets) the guest holds no descriptor that could serve the
+# ROFS; without wasi.fs.read the guest holds no descriptor that could serve the
 # call, so BADF; clocks and random have no descriptor and answer NOTCAPABLE.
 # Every function returns an errno (i32) except proc_exit, which does not return.
 _TABLE: Final[tuple[tuple[str, str, str, Errno | None, int, int, int, str], ...]] = (
@@ -139,14 +142,14 @@ _TABLE: Final[tuple[tuple[str, str, str, Errno | None, int, int, int, str], ...]
     ("sched_yield", "", CORE_CAPABILITY, Errno.SUCCESS, FUEL_TRIVIAL, 0, 0, "a no-op"),
     ("random_get", "i32 i32", CAP_RANDOM, Errno.NOTCAPABLE, FUEL_FD, 0,
      limits.MAX_RANDOM_BYTES_PER_CALL, "random bytes: OS CSPRNG, or a seeded stream"),
-    ("sock_accept", "i32 i32 i32", CAP_SOCKETS, Errno.BADF, FUEL_FD, 0, _PTR,
-     "no socket descriptors exist in this profile: BADF or NOTSOCK"),
-    ("sock_recv", "i32 i32 i32 i32 i32 i32", CAP_SOCKETS, Errno.BADF, FUEL_FD, 0, 0,
-     "no socket descriptors exist in this profile: BADF or NOTSOCK"),
-    ("sock_send", "i32 i32 i32 i32 i32", CAP_SOCKETS, Errno.BADF, FUEL_FD, 0, 0,
-     "no socket descriptors exist in this profile: BADF or NOTSOCK"),
-    ("sock_shutdown", "i32 i32", CAP_SOCKETS, Errno.BADF, FUEL_FD, 0, 0,
-     "no socket descriptors exist in this profile: BADF or NOTSOCK"),
+    ("sock_accept", "i32 i32 i32", CORE_CAPABILITY, Errno.NOTSOCK, FUEL_FD, 0, _PTR,
+     "no socket descriptors exist here: BADF (none) or NOTSOCK"),
+    ("sock_recv", "i32 i32 i32 i32 i32 i32", CORE_CAPABILITY, Errno.NOTSOCK, FUEL_FD, 0, 0,
+     "no socket descriptors exist here: BADF (none) or NOTSOCK"),
+    ("sock_send", "i32 i32 i32 i32 i32", CORE_CAPABILITY, Errno.NOTSOCK, FUEL_FD, 0, 0,
+     "no socket descriptors exist here: BADF (none) or NOTSOCK"),
+    ("sock_shutdown", "i32 i32", CORE_CAPABILITY, Errno.NOTSOCK, FUEL_FD, 0, 0,
+     "no socket descriptors exist here: BADF (none) or NOTSOCK"),
 )  # fmt: skip
 
 # poll_oneoff and random_get can take a while (waiting; large buffers); everything else is one

@@ -1,6 +1,8 @@
 """Socket entries. This profile never creates a socket descriptor (no preopened sockets), so
-even with ``wasi.sockets`` granted each call answers as preview1 does for a descriptor that is
-not a socket: BADF for an unknown one, NOTSOCK for any other."""
+each call answers as preview1 does for a descriptor that is not a socket: BADF for an unknown
+one, NOTSOCK for any other. Both are true whatever the grant and reveal nothing beyond what
+``fd_fdstat_get`` tells anyone, so the entries are core (``wasi.sockets`` is reserved for the
+socket descriptors a later revision may grant)."""
 
 from __future__ import annotations
 

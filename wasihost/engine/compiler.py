@@ -1,0 +1,252 @@
+"""Compiling a module under a budget: a static shape pre-check, then a worker process.
+
+Compile cost is the one cost a module imposes before any limit of a Store applies, and it is
+superlinear in some shapes (see :mod:`wasihost.codeshape`). So:
+
+1. the pure shape scan refuses, as ``admission``, a module over any of its named limits;
+2. a module bigger than ``compile_in_process_max_bytes`` is compiled in a fresh interpreter
+   (``compile_worker.py``, exec'd: a fork()ed child of a threaded host hangs when wasmtime
+   compiles) under RLIMIT_CPU, RLIMIT_AS and a wall-clock timeout. Its artifact comes back
+   through a pipe only this process holds, framed with the digests of the request and of the
+   module and its own length and SHA-256; all are checked before ``Module.deserialize``,
+   which also checks that the artifact was compiled for this engine's configuration;
+3. a small module (the default threshold is where the worker's start-up would dominate) is
+   compiled in-process: its worst admitted compile cost is bounded by its size (measured in
+   ``docs/engine.md``).
+
+A module that exceeds the budget is refused as ``admission`` with the reason; the worker is
+killed, and nothing in the host grew.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import selectors
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import wasmtime
+
+from ..codeshape import CodeShape, scan_code
+from ..errors import CallError, FailureClass
+from ..settings import EngineSettings
+from ..wasmbin import WasmFormatError, read_header
+from .compile_worker import EXIT_INVALID, EXIT_NO_MEMORY, FRAME_MAGIC, options_digest
+from .lowlevel import short_message
+
+WORKER = Path(__file__).with_name("compile_worker.py")
+_FRAME_HEADER = len(FRAME_MAGIC) + 32 + 32 + 8 + 32
+# A serialized module is a few times its wasm size (the worst admitted shapes: ~40x, see
+# docs/engine.md); the worker's address space bounds it anyway, this bounds what we read.
+MAX_ARTIFACT_BYTES = 512 * 1024 * 1024
+# The worker's stderr is one line of explanation; more is not read.
+MAX_WORKER_STDERR = 16 * 1024
+_CHUNK = 1 << 16
+# Compile workers of one engine running at once. Each already uses every core (parallel
+# compilation) and may use its whole memory budget; more at once would only multiply that.
+MAX_CONCURRENT_WORKERS = 2
+# glibc gives every thread its own malloc arena, each reserving 64 MiB of address space; the
+# compile threads would spend RLIMIT_AS on reservations instead of memory.
+_WORKER_ENV = {"MALLOC_ARENA_MAX": "2", "RUST_BACKTRACE": "0"}
+
+
+# Within compile_in_process_max_bytes, a module compiles in-process only if it has none of the
+# shapes whose compile cost per KB is high (docs/engine.md): each loop costs ~0.1 ms and
+# ~20 KB, each function ~75 us and ~6 KB, nesting is superlinear, and so are many locals live
+# across many blocks. The fixtures and the WASI testsuite programs have at most 226 loops,
+# 481 functions, depth 80, 355 locals and 20,163 locals x blocks in one function.
+IN_PROCESS_MAX_LOOPS = 500
+IN_PROCESS_MAX_FUNCTIONS = 1_000
+IN_PROCESS_MAX_DEPTH = 200
+IN_PROCESS_MAX_LOCALS = 500
+IN_PROCESS_MAX_LOCALS_X_BLOCKS = 50_000
+
+
+def cheap(shape: CodeShape) -> bool:
+    """Whether a module of this shape is cheap enough to compile in-process."""
+    return (
+        shape.loops <= IN_PROCESS_MAX_LOOPS
+        and shape.functions <= IN_PROCESS_MAX_FUNCTIONS
+        and shape.max_depth <= IN_PROCESS_MAX_DEPTH
+        and shape.max_locals <= IN_PROCESS_MAX_LOCALS
+        and shape.max_locals_x_blocks <= IN_PROCESS_MAX_LOCALS_X_BLOCKS
+    )
+
+
+def _refuse(reason: str) -> CallError:
+    return CallError(FailureClass.ADMISSION, reason)
+
+
+def _exchange(
+    proc: subprocess.Popen[bytes], request: bytes, deadline: float
+) -> tuple[bytes, bytes]:
+    """Feed ``request`` to the worker and collect its output, bounded in size and time."""
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    out, err = bytearray(), bytearray()
+    limits = {proc.stdout.fileno(): (out, _FRAME_HEADER + MAX_ARTIFACT_BYTES),
+              proc.stderr.fileno(): (err, MAX_WORKER_STDERR)}  # fmt: skip
+    view = memoryview(request)
+    stdin = proc.stdin.fileno()
+    with selectors.DefaultSelector() as sel:
+        os.set_blocking(stdin, False)
+        sel.register(stdin, selectors.EVENT_WRITE)
+        for fd in limits:
+            sel.register(fd, selectors.EVENT_READ)
+        while len(sel.get_map()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            for key, _ in sel.select(left):
+                fd = key.fd
+                if fd == stdin:
+                    try:
+                        view = view[os.write(fd, view[:_CHUNK]) :]
+                    except BrokenPipeError:
+                        view = view[:0]
+                    if not view:
+                        sel.unregister(fd)
+                        proc.stdin.close()
+                    continue
+                buf, cap = limits[fd]
+                chunk = os.read(fd, _CHUNK)
+                if not chunk:
+                    sel.unregister(fd)
+                elif len(buf) + len(chunk) > cap:
+                    if fd == proc.stdout.fileno():
+                        raise _refuse(f"compiled code is larger than {cap} bytes")
+                    sel.unregister(fd)  # enough explanation
+                else:
+                    buf += chunk
+    return bytes(out), bytes(err)
+
+
+class ModuleCompiler:
+    """Compiles modules for one engine, under the budget of its settings."""
+
+    def __init__(
+        self, engine: wasmtime.Engine, options: Mapping[str, object], settings: EngineSettings
+    ) -> None:
+        self._engine = engine
+        self._settings = settings
+        self._options = dict(options)
+        self._workers = threading.BoundedSemaphore(MAX_CONCURRENT_WORKERS)
+        self.worker_compiles = 0
+
+    def compile(self, wasm: bytes) -> tuple[wasmtime.Module, bytes | None]:
+        """The module, and its serialized form when a worker made it (the cache stores it).
+
+        Raises ``CallError(ADMISSION)`` (or :class:`~wasihost.errors.AdmissionError` from the
+        shape scan) naming the reason: invalid, over a shape limit, over the budget.
+        """
+        try:
+            imported = sum(1 for i in read_header(wasm).imports if i.kind == "func")
+        except WasmFormatError as exc:
+            raise _refuse(f"not a valid module: {exc}") from None
+        shape = scan_code(wasm, imported)
+        if len(wasm) <= self._settings.compile_in_process_max_bytes and cheap(shape):
+            try:
+                return wasmtime.Module(self._engine, wasm), None
+            except wasmtime.WasmtimeError as exc:
+                raise _refuse(f"module does not validate: {short_message(str(exc))}") from None
+        with self._workers:
+            artifact = self._compile_in_worker(wasm)
+        try:
+            return wasmtime.Module.deserialize(self._engine, artifact), artifact
+        except wasmtime.WasmtimeError as exc:
+            raise _refuse(
+                f"the compile worker's output does not fit this engine: {short_message(str(exc))}"
+            ) from None
+
+    def _compile_in_worker(self, wasm: bytes) -> bytes:
+        s = self._settings
+        header = json.dumps(
+            {
+                "options": self._options,
+                "cpu_seconds": s.compile_cpu_seconds,
+                "memory_bytes": s.compile_memory_bytes,
+            },
+            sort_keys=True,
+        ).encode()
+        request = struct.pack(">I", len(header)) + header + wasm
+        env = {**os.environ, **_WORKER_ENV}
+        self.worker_compiles += 1
+        # -P: the worker's own directory (wasihost/engine) must not shadow top-level modules.
+        proc = subprocess.Popen(  # noqa: S603 - our own interpreter and script
+            [sys.executable, "-P", str(WORKER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        deadline = time.monotonic() + s.compile_timeout_seconds
+        try:
+            out, err = _exchange(proc, request, deadline)
+            status = proc.wait(timeout=max(0.01, deadline - time.monotonic()))
+        except (TimeoutError, subprocess.TimeoutExpired):
+            raise _refuse(
+                f"compiling took longer than the budget of {s.compile_timeout_seconds} s "
+                "of wall-clock time"
+            ) from None
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                proc.wait()
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+        return self._check_artifact(status, out, err, header, wasm)
+
+    def _check_artifact(
+        self, status: int, out: bytes, err: bytes, header: bytes, wasm: bytes
+    ) -> bytes:
+        s = self._settings
+        # Rust's own hints ("note: run with RUST_BACKTRACE=1 ...") follow the real message.
+        lines = [
+            line
+            for line in err.decode("utf-8", "replace").strip().splitlines()
+            if line.strip() and not line.startswith("note: ")
+        ]
+        said = short_message(lines[-1]) if lines else ""
+        if status == -signal.SIGXCPU:
+            raise _refuse(f"compiling exceeded the budget of {s.compile_cpu_seconds} s of CPU time")
+        if status == -signal.SIGKILL:
+            raise _refuse(
+                f"the compile worker was killed (over the budget of {s.compile_cpu_seconds} s "
+                "of CPU time, or by the system for memory)"
+            )
+        out_of_memory = any("memory allocation of" in line for line in lines)
+        if status == EXIT_NO_MEMORY or (status == -signal.SIGABRT and out_of_memory):
+            raise _refuse(
+                f"compiling exceeded the budget of {s.compile_memory_bytes // (1024 * 1024)} "
+                "MiB of memory"
+            )
+        if status == EXIT_INVALID:
+            raise _refuse(f"module does not validate: {said}")
+        if status != 0:
+            raise _refuse(f"the compile worker failed (status {status}): {said or 'no message'}")
+        if len(out) < _FRAME_HEADER or not out.startswith(FRAME_MAGIC):
+            raise _refuse("the compile worker's answer is malformed")
+        pos = len(FRAME_MAGIC)
+        got_options, got_module = out[pos : pos + 32], out[pos + 32 : pos + 64]
+        (length,) = struct.unpack(">Q", out[pos + 64 : pos + 72])
+        digest = out[pos + 72 : pos + 104]
+        artifact = out[_FRAME_HEADER:]
+        if (
+            got_options != options_digest(header)
+            or got_module != hashlib.sha256(wasm).digest()
+            or length != len(artifact)
+            or digest != hashlib.sha256(artifact).digest()
+        ):
+            raise _refuse("the compile worker's answer does not match the request")
+        return artifact
