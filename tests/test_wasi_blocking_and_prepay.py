@@ -192,3 +192,58 @@ def test_disable_wakes_a_guest_sleeping_in_poll_oneoff() -> None:
         assert not worker.is_alive()
     assert ended < 0.5, f"the sleeping call ended {ended:.2f} s after the disable"
     assert len(outcome) == 1 and isinstance(outcome[0], ExtensionRevoked), outcome
+
+
+# fd_read(0) of 8 bytes into [1024, +8), with the nread slot far outside memory.
+READ_STDIN_WILD_RESULT = """(module
+  (import "wasi_snapshot_preview1" "fd_read" (func $read (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (i32.store (i32.const 0) (i32.const 1024))
+    (i32.store (i32.const 4) (i32.const 8))
+    (drop (call $read (i32.const 0) (i32.const 0) (i32.const 1) (i32.const 0x7ffffff0)))))"""
+
+# path_open(3, "out") for writing (fd at 400), then fd_write of "hello" with a wild nwritten.
+WRITE_FILE_WILD_RESULT = """(module
+  (import "wasi_snapshot_preview1" "path_open"
+    (func $open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 100) "out")
+  (data (i32.const 200) "hello")
+  (func (export "_start")
+    (if (i32.ne (call $open (i32.const 3) (i32.const 0) (i32.const 100) (i32.const 3)
+                  (i32.const 1) (i64.const 64) (i64.const 0) (i32.const 0) (i32.const 400))
+                (i32.const 0))
+      (then unreachable))
+    (i32.store (i32.const 0) (i32.const 200))
+    (i32.store (i32.const 4) (i32.const 5))
+    (drop (call $write (i32.load (i32.const 400)) (i32.const 0) (i32.const 1)
+                       (i32.const 0x7ffffff0)))))"""
+
+
+def test_a_read_with_a_wild_result_slot_consumes_nothing() -> None:
+    config = WasiOptions(stdin=b"s" * 64, stdout=lambda data: None)
+    stdin: list[StdinDescriptor] = []
+
+    def keep_stdin(binding: WasiBinding) -> None:
+        desc = binding.state.fds.get(0)
+        assert isinstance(desc, StdinDescriptor)
+        stdin.append(desc)
+
+    with _host(config, keep_stdin) as host:
+        ext = host.admit(bare(build(READ_STDIN_WILD_RESULT)), grants=capabilities_for(config))
+        with pytest.raises(CallError) as caught:
+            ext.run_command()
+    assert caught.value.failure is FailureClass.PROTOCOL
+    assert stdin[0].pos == 0  # before: the 8 bytes were consumed, then the call faulted
+
+
+def test_a_write_with_a_wild_result_slot_writes_nothing(tmp_path: Path) -> None:
+    config = WasiOptions(mounts=[Mount(tmp_path, "/data", writable=True)])
+    with _host(config) as host:
+        ext = host.admit(bare(build(WRITE_FILE_WILD_RESULT)), grants=capabilities_for(config))
+        with pytest.raises(CallError) as caught:
+            ext.run_command()
+    assert caught.value.failure is FailureClass.PROTOCOL
+    assert (tmp_path / "out").read_bytes() == b""  # before: "hello" landed, then the fault

@@ -40,6 +40,8 @@ def fd_write(
     if desc is None or not desc.rights_base & R_FD_WRITE:
         return Errno.BADF
     vecs = iovecs(mem, iovs, iovs_len)
+    # The result's slot is checked before the write: a wild pointer faults with nothing written.
+    mem.require_range(nwritten_ptr, 4)
     mem.require_fuel(total_length(vecs, _MAX_IO) * FUEL_PER_BYTE)
     data = gather(mem, vecs, _MAX_IO)
     if type(desc) is OutputDescriptor:
@@ -69,6 +71,7 @@ def fd_read(
         isinstance(desc, HostDescriptor) and desc.is_dir
     ):
         return Errno.BADF
+    mem.require_range(nread_ptr, 4)  # before the read moves the offset or consumes stdin
     want = prepare_read(mem, vecs, _MAX_IO)
     if isinstance(desc, HostDescriptor):
         data = os.read(desc.fd, want)
@@ -94,6 +97,7 @@ def fd_pread(
     need(desc, Right.FD_SEEK)
     offset = filesize(offset)
     vecs = iovecs(mem, iovs, iovs_len)
+    mem.require_range(nread_ptr, 4)
     data = os.pread(desc.fd, prepare_read(mem, vecs, _MAX_IO), offset)
     mem.write_u32(nread_ptr, scatter(mem, vecs, data) if data else 0)
     return Errno.SUCCESS
@@ -115,6 +119,7 @@ def fd_pwrite(
     need(desc, Right.FD_SEEK)
     offset = filesize(offset)
     vecs = iovecs(mem, iovs, iovs_len)
+    mem.require_range(nwritten_ptr, 4)
     mem.require_fuel(total_length(vecs, _MAX_IO) * FUEL_PER_BYTE)
     data = gather(mem, vecs, _MAX_IO)
     room = room_under_limit(offset, len(data))
@@ -131,6 +136,7 @@ def fd_seek(
     if whence not in _WHENCE:
         return Errno.INVAL
     delta = offset - (1 << 64) if offset >= I64_LIMIT else offset
+    mem.require_range(newoffset_ptr, 8)  # before the seek moves the offset
     mem.write_u64(newoffset_ptr, os.lseek(desc.fd, delta, _WHENCE[Whence(whence)]))
     return Errno.SUCCESS
 
