@@ -6,12 +6,13 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
+import shutil
 import struct
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ALL_CAPS, FIXTURES, bare
+from conftest import ALL_CAPS, FIXTURES, ROOT, bare
 from guests import build, guest_wat
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,7 +28,8 @@ from wasihost.runtime import Host
 from wasihost.settings import EngineSettings, MiB
 from wasihost.wasmbin import read_header
 
-TESTSUITE = Path("/work/shared/wasi-testsuite/tests")
+# Beside the checkout, as CI lays it out (tests/test_wasi_conformance.py finds it the same way).
+TESTSUITE = ROOT.parent / "shared" / "wasi-testsuite" / "tests"
 HELLO = (FIXTURES / "hello" / "hello.wasm").read_bytes()
 LOOP, BLOCK, END, NOP = b"\x03\x40", b"\x02\x40", b"\x0b", b"\x01"
 # A fresh worker's interpreter, wasmtime and engine already map ~185 MB; this leaves too little
@@ -401,3 +403,25 @@ def test_the_cli_reports_a_refused_module_on_one_line(
     assert code != 0
     assert err.count("\n") == 1 and "Traceback" not in err
     assert "admission" in err and "MAX_CONTROL_DEPTH" in err
+
+
+def _bomb_package(tmp_path: Path) -> Path:
+    """The hello package with its module swapped for one over a shape limit."""
+    folder = tmp_path / "bomb"
+    shutil.copytree(FIXTURES / "hello", folder, ignore=shutil.ignore_patterns("target", "src"))
+    body, _ = BOMBS["100,000 nested loops"]
+    (folder / "hello.wasm").write_bytes(guest(body))
+    return folder
+
+
+def test_inspect_and_install_refuse_what_load_would_refuse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bomb = _bomb_package(tmp_path)
+    code, out, _ = run_cli(capsys, "inspect", str(bomb))
+    assert code == 1 and "MAX_CONTROL_DEPTH" in out
+    with (
+        Host(Policy(allow=ALL_CAPS), cache_dir=None, state_dir=tmp_path / "state") as host,
+        pytest.raises(AdmissionError, match="MAX_CONTROL_DEPTH"),
+    ):
+        host.install(bomb)

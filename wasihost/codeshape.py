@@ -18,6 +18,7 @@ from __future__ import annotations
 import attrs
 
 from .errors import AdmissionError
+from .wasmbin import ModuleHeader
 
 SECTION_FUNCTION = 3
 SECTION_CODE = 10
@@ -283,6 +284,12 @@ def scan_code(data: bytes, imported_functions: int = 0) -> CodeShape:
         return _scan_sections(data, imported_functions)
     except IndexError:
         raise CodeShapeError(["the module's sections are truncated or malformed"]) from None
+
+
+def scan_module(header: ModuleHeader, data: bytes) -> CodeShape:
+    """:func:`scan_code` of a module whose ``header`` was read: functions numbered after its
+    imported ones."""
+    return scan_code(data, sum(1 for i in header.imports if i.kind == "func"))
 
 
 def _scan_sections(data: bytes, imported_functions: int) -> CodeShape:

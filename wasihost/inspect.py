@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .admission import command_profile, declared_version
+from .codeshape import scan_module
 from .errors import AdmissionError, WasihostError
 from .package import Package
 from .planning import plan_package
@@ -84,6 +85,9 @@ def inspect_package(
         plan, grant, resources = plan_package(
             package, registry, policy, grants=grants if grants else None
         )
+        # The compile budget's static half: a module over a shape limit would be refused at
+        # load, so inspect says so now (nothing is compiled).
+        scan_module(header, package.wasm)
     except WasihostError as exc:
         problems = list(exc.problems) if isinstance(exc, AdmissionError) else [exc.message]
         report["admission"] = {"admitted": False, "problems": problems}

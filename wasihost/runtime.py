@@ -19,6 +19,7 @@ from typing import Any
 from .admission import AdmissionPlan
 from .brokers.clock import Clock, SystemClock
 from .brokers.log import LogSink
+from .codeshape import scan_module
 from .engine import WasmEngine
 from .errors import (
     AdmissionError,
@@ -41,6 +42,7 @@ from .tokens import TokenIssuer
 from .wasi.binding import wasi_profile
 from .wasi.registry import MODULE as WASI_MODULE
 from .wasi.scopes import check_scope as check_wasi_scope
+from .wasmbin import read_header
 
 
 def default_cache_dir() -> Path:
@@ -154,6 +156,7 @@ class Host:
         if manifest is None:
             raise PackageError("only packages with an extension.toml can be installed")
         self.plan(package, granted=frozenset(manifest.required))  # refuse what cannot run
+        scan_module(read_header(package.wasm), package.wasm)
         files = {MANIFEST_NAME: manifest_text(Path(source)), manifest.module: package.wasm}
         store.install(manifest.id, manifest.version, package.sha256, files)
         installed = store.package(manifest.id)
