@@ -140,7 +140,10 @@ def _check_imports(
             problems.append(f"{where}: signature {imp.func_type} differs from {entry.signature}")
             continue
         if not grant.allows(entry.capability) and entry.refused_when_ungranted:
-            problems.append(f"{where}: needs capability {entry.capability!r}, which is not granted")
+            problems.append(
+                f"{where}: needs capability {entry.capability!r}, which is not granted "
+                f"(Host.load(..., grants=[{entry.capability!r}]) within the policy's allow)"
+            )
             continue
         bound.append(entry)
     return problems, bound
@@ -211,5 +214,16 @@ def _admit_with(
     problems += import_problems
     problems += _check_exports(header, view)
     if problems:
-        raise AdmissionError(problems)
+        ungranted = tuple(
+            sorted(
+                {
+                    e.capability
+                    for imp in header.imports
+                    if (e := view.lookup(imp.module, imp.name)) is not None
+                    and e.refused_when_ungranted
+                    and not grant.allows(e.capability)
+                }
+            )
+        )
+        raise AdmissionError(problems, ungranted=ungranted)
     return AdmissionPlan(version=view.version, view=view, imports=tuple(bound))

@@ -7,6 +7,7 @@ status; a traceback is a bug.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import warnings
@@ -14,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import cbor_json
-from .errors import WasihostError
+from . import cbor_json, limits
+from .errors import AdmissionError, CallError, CodecError, FailureClass, WasihostError
 from .package import Package, load_package
 from .policy import Policy
 from .registry import AbiVersion, default_registry
@@ -28,6 +29,10 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # sysexits EX_SOFTWARE: a bug in wasihost, not in the guest or the input
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a Unix tool killed by a closed pipe reports
+# --input-file/--input-bytes: the largest max_input_bytes a manifest may ask for; reading more
+# could only be refused later, so it is refused before it is read.
+MAX_CLI_INPUT_BYTES = 16 * 1024 * 1024
 
 
 class UsageError(Exception):
@@ -56,7 +61,18 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one command of a package or module")
     run.add_argument("source", help="package directory or .wasm module")
     run.add_argument("command", help="command name")
-    run.add_argument("--input", default="null", help="command input as JSON (default: null)")
+    given = run.add_mutually_exclusive_group()
+    given.add_argument(
+        "--input", default=None, help="command input as JSON (default: null; see docs/cli.md)"
+    )
+    given.add_argument(
+        "--input-file", metavar="FILE", help="command input as JSON, read from FILE ('-': stdin)"
+    )
+    given.add_argument(
+        "--input-bytes",
+        metavar="FILE",
+        help="FILE's raw bytes ('-': stdin) as the input, a CBOR byte string",
+    )
     run.add_argument(
         "--grant",
         action="append",
@@ -87,6 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     state_opt(run)
     install = sub.add_parser("install", help="copy a package into the state directory")
     install.add_argument("source", help="package directory")
+    install.add_argument(
+        "--allow-downgrade",
+        action="store_true",
+        help="install even if a higher version is installed",
+    )
     state_opt(install)
     remove = sub.add_parser("remove", help="forget an installed package")
     remove.add_argument("extension")
@@ -157,11 +178,53 @@ def _state_host(args: argparse.Namespace) -> Host:
     return Host(Policy(allow=registry.capabilities()), cache_dir=None, state_dir=_state_dir(args))
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _read_input_file(name: str, flag: str) -> bytes:
+    """At most MAX_CLI_INPUT_BYTES of FILE ('-': stdin); more is a usage error, not a
+    truncation."""
     try:
-        value = cbor_json.from_json(cbor_json.loads(args.input))
+        if name == "-":
+            data = sys.stdin.buffer.read(MAX_CLI_INPUT_BYTES + 1)
+        else:
+            with open(name, "rb") as f:
+                data = f.read(MAX_CLI_INPUT_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"{flag}: cannot read {name}: {exc.strerror}") from None
+    if len(data) > MAX_CLI_INPUT_BYTES:
+        raise UsageError(f"{flag}: {name} is over {MAX_CLI_INPUT_BYTES} bytes")
+    return data
+
+
+def _input_value(args: argparse.Namespace) -> Any:
+    if args.input_bytes is not None:
+        return _read_input_file(args.input_bytes, "--input-bytes")
+    if args.input_file is not None:
+        flag = "--input-file"
+        raw = _read_input_file(args.input_file, flag)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(f"{flag}: {args.input_file} is not UTF-8 text") from None
+    else:
+        flag, text = "--input", args.input if args.input is not None else "null"
+    try:
+        return cbor_json.from_json(cbor_json.loads(text))
     except cbor_json.JsonFormError as exc:
-        raise UsageError(f"--input: {exc}") from None
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def _check_budget_flags(args: argparse.Namespace) -> None:
+    """``--fuel`` and ``--timeout-ms`` are refused in their own words, not the manifest's."""
+    for flag, value, (low, high) in (
+        ("--fuel", args.fuel, (limits.MIN_FUEL_PER_CALL, limits.MAX_FUEL_PER_CALL)),
+        ("--timeout-ms", args.timeout_ms, (limits.MIN_TIMEOUT_MS, limits.MAX_TIMEOUT_MS)),
+    ):
+        if value is not None and not low <= value <= high:
+            raise UsageError(f"{flag} must be in {low}..{high}, got {value}")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    value = _input_value(args)
+    _check_budget_flags(args)
     installed = not Path(args.source).exists() and (
         args.state_dir is not None or _state_dir(args).exists()
     )
@@ -185,6 +248,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
             )
         try:
             output = ext.call(args.command, value)
+        except CallError as exc:
+            if exc.failure is FailureClass.OUT_OF_FUEL:
+                raise _Remedied(
+                    exc,
+                    f"raise the budget with --fuel N (this run had {ext.resources.fuel_per_call})",
+                ) from None
+            if exc.failure is FailureClass.DEADLINE:
+                raise _Remedied(
+                    exc, f"raise --timeout-ms (this run had {ext.resources.timeout_ms} ms)"
+                ) from None
+            raise
+        except CodecError as exc:
+            if "exceeds" not in exc.message:
+                raise
+            raise _Remedied(
+                exc,
+                f"the input may be at most {ext.resources.max_input_bytes} bytes of CBOR: "
+                "raise [resources] max_input_bytes in the package's extension.toml",
+            ) from None
         finally:
             records = ext.log.drain()
             if not args.json:
@@ -223,10 +305,44 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_install(args: argparse.Namespace) -> int:
     with _state_host(args) as host:
-        pkg = host.install(args.source)
+        pkg = host.install(args.source, allow_downgrade=args.allow_downgrade)
         print(f"installed {pkg.id} {pkg.version} (sha256 {pkg.sha256[:16]}) into {pkg.path}")
-        print(f"it holds no grants yet: wasihost grants grant {pkg.id} CAP")
+        held = sorted(host.grants.state(pkg.id).entries)
+        if held:
+            print(f"it holds the grants it had: {', '.join(held)}")
+        else:
+            print(f"it holds no grants yet: wasihost grants grant {pkg.id} CAP{_state_flag(args)}")
     return 0
+
+
+def _state_flag(args: argparse.Namespace) -> str:
+    """The ``--state-dir`` to repeat in a suggested command, when the user gave one."""
+    state_dir = getattr(args, "state_dir", None)
+    return f" --state-dir {state_dir}" if state_dir is not None else ""
+
+
+class _Remedied(Exception):
+    """A failure the user can fix, with the fix in CLI terms."""
+
+    def __init__(self, error: WasihostError, remedy: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.remedy = remedy
+
+
+def _remedy(exc: WasihostError, args: argparse.Namespace | None) -> str | None:
+    """What to type to lift a refusal, when the refusal says which capability was missing."""
+    if not isinstance(exc, AdmissionError) or not exc.ungranted or args is None:
+        return None
+    caps = exc.ungranted
+    if args.cmd == "run" and Path(args.source).exists():
+        return "grant it: " + " ".join(f"--grant {c}" for c in caps)
+    if args.cmd in ("run", "install"):
+        ext = args.source
+        return "grant it: " + "; ".join(
+            f"wasihost grants grant {ext} {c}{_state_flag(args)}" for c in caps
+        )
+    return None
 
 
 def _cmd_remove(args: argparse.Namespace) -> int:
@@ -392,6 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    args: argparse.Namespace | None = None
     try:
         args = _parser().parse_args(argv)
         handler = {
@@ -408,9 +525,23 @@ def _main(argv: Sequence[str] | None) -> int:
     except UsageError as exc:
         print(f"error: usage: {printable(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
+    except _Remedied as exc:
+        print(f"error: {exc.error.error_class}: {printable(exc.error.message)}", file=sys.stderr)
+        print(f"hint: {exc.remedy}", file=sys.stderr)
+        return EXIT_FAILURE
     except WasihostError as exc:
         print(f"error: {exc.error_class}: {printable(exc.message)}", file=sys.stderr)
+        remedy = _remedy(exc, args)
+        if remedy is not None:
+            print(f"hint: {printable(remedy)}", file=sys.stderr)
         return EXIT_FAILURE
+    except BrokenPipeError:
+        # The reader went away (`wasihost abi | head -1`): stop quietly, as Unix tools do.
+        # stdout is pointed at /dev/null so that the interpreter's final flush cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

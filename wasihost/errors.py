@@ -88,10 +88,14 @@ class CodecError(WasihostError, ValueError):
 
 
 class AdmissionError(WasihostError):
-    """The module was refused before any of its code ran; ``problems`` names each offender."""
+    """The module was refused before any of its code ran; ``problems`` names each offender,
+    ``ungranted`` the capabilities whose grant would lift a refusal (the remedy to print)."""
 
-    def __init__(self, problems: list[str] | tuple[str, ...]) -> None:
+    def __init__(
+        self, problems: list[str] | tuple[str, ...], *, ungranted: tuple[str, ...] = ()
+    ) -> None:
         self.problems = tuple(problems)
+        self.ungranted = ungranted
         super().__init__("; ".join(self.problems) if self.problems else "module refused")
 
     @property

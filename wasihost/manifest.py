@@ -77,6 +77,19 @@ _SEMVER = re.compile(
     rf"(?:\+{_BUILD_ID}(?:\.{_BUILD_ID})*)?"
 )
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+VersionOrder = tuple[tuple[int, int, int], int, tuple[tuple[int, int | str], ...]]
+
+
+def version_order(version: str) -> VersionOrder:
+    """A sort key giving SemVer 2.0.0 precedence to a version :func:`parse` accepted:
+    numbers compare numerically, a pre-release sorts before its release, numeric
+    pre-release identifiers before alphanumeric ones, and build metadata is ignored."""
+    core, _, pre = version.split("+", 1)[0].partition("-")
+    major, minor, patch = (int(part) for part in core.split("."))
+    ids = tuple((0, int(i)) if i.isdigit() else (1, i) for i in pre.split(".")) if pre else ()
+    return (major, minor, patch), 0 if pre else 1, ids
 _COMMAND_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 # Control characters (C0, DEL, C1) would let a description rewrite the terminal it is shown on;

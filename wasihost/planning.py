@@ -53,9 +53,10 @@ def plan_package(
             raise AdmissionError(
                 [
                     f"required capability {c!r} is not granted "
-                    f"(wasihost grants grant {package.name} {c})"
+                    f"(Host.grant({package.name!r}, {c!r}))"
                     for c in missing
-                ]
+                ],
+                ungranted=tuple(missing),
             )
         grant = effective_grant(required, requested & granted, policy, epoch=epoch)
     elif manifest is not None:

@@ -31,7 +31,7 @@ from .errors import (
 from .extension import Extension, ProfileBinding, ProfileFactory
 from .grants import GrantTable
 from .lifecycle import ExtensionRevoked, State
-from .manifest import Resources
+from .manifest import Resources, version_order
 from .package import MANIFEST_NAME, Package, load_package, manifest_text
 from .planning import plan_package
 from .policy import Grant, Policy
@@ -148,13 +148,25 @@ class Host:
         package = load_package(source, self.registry.capabilities())
         return self.admit(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
 
-    def install(self, source: str | Path) -> InstalledPackage:
-        """Copy a package into the state directory. Installing grants nothing."""
+    def install(self, source: str | Path, *, allow_downgrade: bool = False) -> InstalledPackage:
+        """Copy a package into the state directory. Installing grants nothing, and keeps the
+        grants an earlier install of the same id holds. A lower version than the installed one
+        is refused unless ``allow_downgrade``."""
         store = self.require_state()
         package = load_package(source, self.registry.capabilities())
         manifest = package.manifest
         if manifest is None:
             raise PackageError("only packages with an extension.toml can be installed")
+        current = store.package(manifest.id)
+        if (
+            current is not None
+            and not allow_downgrade
+            and version_order(manifest.version) < version_order(current.version)
+        ):
+            raise PackageError(
+                f"{manifest.id} {current.version} is installed; installing {manifest.version} "
+                "would downgrade it (allow_downgrade=True, or --allow-downgrade)"
+            )
         self.plan(package, granted=frozenset(manifest.required))  # refuse what cannot run
         scan_module(read_header(package.wasm), package.wasm)
         files = {MANIFEST_NAME: manifest_text(Path(source)), manifest.module: package.wasm}

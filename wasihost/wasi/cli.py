@@ -67,7 +67,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     rand.add_argument(
         "--random", action="store_true", help="random bytes from the OS CSPRNG (the default)"
     )
-    rand.add_argument("--random-seed", metavar="HEX", help="a seeded, reproducible stream instead")
+    rand.add_argument(
+        "--random-seed",
+        metavar="HEX",
+        help="a seeded, reproducible stream instead; the seed is 16 to 64 bytes, as hex "
+        "(32 to 128 hex digits)",
+    )
     rand.add_argument("--no-random", action="store_true", help="no random bytes")
     p.add_argument("--stdin", metavar="FILE", help="serve FILE ('-': this process's stdin) on fd 0")
     p.add_argument("--fuel", type=int, help="fuel budget for the run")
