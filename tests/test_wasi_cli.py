@@ -124,3 +124,20 @@ def test_guest_failures_surface_with_their_class(tmp_path: Path) -> None:
 
 def test_exit_status_mapping() -> None:
     assert [exit_status(c) for c in (0, 3, 255, 256, 257, 0xFFFF_FFFF)] == [0, 3, 255, 1, 1, 255]
+
+
+def test_a_guest_that_died_on_a_withheld_clock_gets_a_hint(
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    """Rust std panics when ``Instant::now`` is refused; the user is told which flag did it."""
+    try:
+        status = wasi("--profile", "none", "--no-random", str(STD), "time")
+    except WasihostError as exc:  # a trap: the CLI's main prints the hint after the error
+        assert exc.hint is not None and "--profile none" in exc.hint
+    else:
+        assert status != 0
+        err = capsysbinary.readouterr().err.decode()
+        assert "hint: the guest asked for a clock, which was withheld" in err
+    # A run that succeeds, or fails without asking for a withheld capability, gets no hint.
+    assert wasi("--profile", "none", "--no-random", str(PROBE), "exit:3") == 3
+    assert b"hint:" not in capsysbinary.readouterr().err

@@ -250,23 +250,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
             output = ext.call(args.command, value)
         except CallError as exc:
             if exc.failure is FailureClass.OUT_OF_FUEL:
-                raise _Remedied(
-                    exc,
-                    f"raise the budget with --fuel N (this run had {ext.resources.fuel_per_call})",
-                ) from None
-            if exc.failure is FailureClass.DEADLINE:
-                raise _Remedied(
-                    exc, f"raise --timeout-ms (this run had {ext.resources.timeout_ms} ms)"
-                ) from None
+                exc.hint = (
+                    f"raise the budget with --fuel N (this run had {ext.resources.fuel_per_call})"
+                )
+            elif exc.failure is FailureClass.DEADLINE:
+                exc.hint = f"raise --timeout-ms (this run had {ext.resources.timeout_ms} ms)"
             raise
         except CodecError as exc:
-            if "exceeds" not in exc.message:
-                raise
-            raise _Remedied(
-                exc,
-                f"the input may be at most {ext.resources.max_input_bytes} bytes of CBOR: "
-                "raise [resources] max_input_bytes in the package's extension.toml",
-            ) from None
+            if "exceeds" in exc.message:
+                exc.hint = (
+                    f"the input may be at most {ext.resources.max_input_bytes} bytes of CBOR: "
+                    "raise [resources] max_input_bytes in the package's extension.toml"
+                )
+            raise
         finally:
             records = ext.log.drain()
             if not args.json:
@@ -319,15 +315,6 @@ def _state_flag(args: argparse.Namespace) -> str:
     """The ``--state-dir`` to repeat in a suggested command, when the user gave one."""
     state_dir = getattr(args, "state_dir", None)
     return f" --state-dir {state_dir}" if state_dir is not None else ""
-
-
-class _Remedied(Exception):
-    """A failure the user can fix, with the fix in CLI terms."""
-
-    def __init__(self, error: WasihostError, remedy: str) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.remedy = remedy
 
 
 def _remedy(exc: WasihostError, args: argparse.Namespace | None) -> str | None:
@@ -525,13 +512,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except UsageError as exc:
         print(f"error: usage: {printable(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
-    except _Remedied as exc:
-        print(f"error: {exc.error.error_class}: {printable(exc.error.message)}", file=sys.stderr)
-        print(f"hint: {exc.remedy}", file=sys.stderr)
-        return EXIT_FAILURE
     except WasihostError as exc:
         print(f"error: {exc.error_class}: {printable(exc.message)}", file=sys.stderr)
-        remedy = _remedy(exc, args)
+        remedy = exc.hint or _remedy(exc, args)
         if remedy is not None:
             print(f"hint: {printable(remedy)}", file=sys.stderr)
         return EXIT_FAILURE

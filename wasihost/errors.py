@@ -44,6 +44,9 @@ class WasihostError(Exception):
             raise TypeError("WasihostError is abstract: raise one of its subclasses")
         super().__init__(message)
         self.message = message
+        # What the user can do about it, in the words of the front end that caught it (the
+        # CLI prints it as a ``hint:`` line); None when there is nothing to suggest.
+        self.hint: str | None = None
 
     @property
     def error_class(self) -> str:

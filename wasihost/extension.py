@@ -124,6 +124,7 @@ class Extension:
         # The epoch the call in flight was authorised under; host calls and commits check it.
         self._call_epoch = grant.epoch
         self._seen_grants: GrantState | None = None
+        self.denied_capabilities: set[str] = set()
         self._command_names: dict[str, bytes] = {}
         self.steps: collections.deque[tuple[str, str]] = collections.deque(maxlen=MAX_STEPS)
         self.lifecycle = Lifecycle(self.id, on_change=self._on_transition)
@@ -139,7 +140,12 @@ class Extension:
         return self.package.manifest
 
     def _gate(self, entry: HostFunction) -> bool:
-        return self.host.grants.authorizes(self._id, self._call_epoch, entry.capability)
+        if self.host.grants.authorizes(self._id, self._call_epoch, entry.capability):
+            return True
+        # Which capabilities the guest asked for and was refused: a front end turns that into
+        # a hint (e.g. "add --profile standard"). Bounded by the registry's capabilities.
+        self.denied_capabilities.add(entry.capability)
+        return False
 
     def grant_scopes(self) -> dict[str, dict[str, Any]]:
         """The scopes of the capabilities this extension holds now (brokers shape from them)."""

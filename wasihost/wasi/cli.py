@@ -21,9 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..errors import ConfigError
+from ..errors import ConfigError, WasihostError
 from . import limits
 from .config import ClockProfile, Mount, WasiOptions, capabilities_for
+from .registry import CAP_CLOCK, CAP_RANDOM
 
 # What a bare `wasihost wasi prog.wasm` grants besides stdio and argv (see docs/wasi.md).
 DEFAULT_CLOCK_PROFILE = ClockProfile.STANDARD.value
@@ -158,11 +159,30 @@ def run(args: argparse.Namespace) -> int:
         ext = host.admit(package, grants=caps, fuel=args.fuel, timeout_ms=args.timeout_ms)
         try:
             code = ext.run_command()
+        except WasihostError as exc:
+            exc.hint = exc.hint or denial_hint(ext.denied_capabilities)
+            raise
         finally:
             _stream("stdout").flush()
+        if code != 0 and (hint := denial_hint(ext.denied_capabilities)) is not None:
+            print(f"hint: {hint}", file=sys.stderr)
         return exit_status(code)
     finally:
         host.close()
+
+
+# What to add when a failed guest had asked for a capability the flags withheld.
+_DENIAL_HINTS = {
+    CAP_CLOCK: "the guest asked for a clock, which was withheld: drop --profile none "
+    "(the default, --profile standard, grants coarse clocks)",
+    CAP_RANDOM: "the guest asked for random bytes, which were withheld: drop --no-random, or "
+    "pass --random-seed HEX",
+}
+
+
+def denial_hint(denied: set[str]) -> str | None:
+    hints = [hint for cap, hint in _DENIAL_HINTS.items() if cap in denied]
+    return "; ".join(hints) if hints else None
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
