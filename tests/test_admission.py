@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
+from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
 from guests import build, guest_wat, host_import
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wasihost.admission import admit, declared_version
 from wasihost.errors import AdmissionError
-from wasihost.policy import Grant
+from wasihost.package import load_package
+from wasihost.planning import plan_package
+from wasihost.policy import Grant, Policy
 from wasihost.registry import AbiVersion, default_registry
 from wasihost.wasmbin import WasmFormatError, read_header
 
@@ -140,3 +145,18 @@ def test_header_reader_never_raises_anything_else(tail: bytes, cut: int) -> None
     for data in (b"\0asm\x01\0\0\0" + tail, wasm[:cut] + tail):
         with contextlib.suppress(WasmFormatError):
             read_header(data)
+
+
+def test_an_out_of_process_package_is_refused_not_run_in_process(tmp_path: Path) -> None:
+    folder = tmp_path / "pkg"
+    shutil.copytree(FIXTURES / "echo", folder, ignore=shutil.ignore_patterns("target", "src"))
+    manifest = folder / "extension.toml"
+    text = manifest.read_text().replace(
+        'module = "echo.wasm"', 'module = "echo.wasm"\nruntime = "wasm-process"'
+    )
+    manifest.write_text(text)
+    registry = default_registry()
+    package = load_package(folder, registry.capabilities())
+    assert package.manifest is not None and package.manifest.runtime == "wasm-process"
+    with pytest.raises(AdmissionError, match="runtime 'wasm-process' is not available"):
+        plan_package(package, registry, Policy(allow={"log"}))

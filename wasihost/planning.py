@@ -18,6 +18,10 @@ from .policy import Grant, Policy, effective_grant
 from .registry import AbiVersion, Registry
 from .wasmbin import WasmFormatError, read_header
 
+# The manifest schema names "wasm-process" (out of process) too; this release runs neither it
+# nor anything else but in-process wasm, and says so at admission.
+SERVED_RUNTIMES = frozenset({"wasm"})
+
 
 def plan_package(
     package: Package,
@@ -36,6 +40,15 @@ def plan_package(
     the policy then only caps it. Without it, the policy alone decides (a stateless host).
     """
     manifest = package.manifest
+    if manifest is not None and manifest.runtime not in SERVED_RUNTIMES:
+        # Running it in-process would quietly give it weaker isolation than it asked for.
+        raise AdmissionError(
+            [
+                f"runtime {manifest.runtime!r} is not available in this host (it serves "
+                f"{', '.join(sorted(SERVED_RUNTIMES))}); the out-of-process runtime is not "
+                "implemented yet"
+            ]
+        )
     resources = policy.cap(
         _with_overrides(
             manifest.resources if manifest is not None else Resources.default(), fuel, timeout_ms
