@@ -491,6 +491,12 @@ class Extension:
                     self._discard()
                     self.lifecycle.try_fire(Event.CRASH, f"{exc.failure.value}: {exc.message}")
                 raise
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    # KeyboardInterrupt/SystemExit stopped the guest at an arbitrary point.
+                    self._discard()
+                    self.lifecycle.try_fire(Event.CRASH, f"interrupted: {type(exc).__name__}")
+                raise
             self.last_fuel_used = result.fuel_used
         if result.status != 0:
             raise CallError(FailureClass.GUEST_ERROR, _guest_error_text(result.body))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .status import GuestFault
+from .status import GuestFault, GuestOutOfFuel
 
 
 class GuestMemory(Protocol):
@@ -16,14 +16,17 @@ class GuestMemory(Protocol):
     """
 
     deadline: float
-    view: memoryview
-    """Memory as bytes, as of the last checked access: never longer than memory, but shorter
-    once the guest has grown it. A hot path may read and write within ``len(view)`` directly
-    (adding what it copies to ``moved``) and take the checked methods for anything else."""
     moved: int
     """Bytes copied in or out during this host call; the engine charges them."""
 
     def size(self) -> int: ...
+
+    def reserve_fuel(self, nbytes: int) -> None:
+        """Before work proportional to a guest-declared length: raise
+        :class:`~wasihost.status.GuestOutOfFuel` unless the call can pay for moving ``nbytes``
+        more bytes. No view of memory is ever handed out: what a broker reads is a copy, so
+        nothing it keeps can reach memory after the instance is gone."""
+        ...
 
     def read(self, ptr: int, length: int) -> bytes: ...
 
@@ -51,12 +54,16 @@ class BytearrayMemory:
 
     def __init__(self, size: int, deadline: float = float("inf")) -> None:
         self.data = bytearray(size)
-        self.view = memoryview(self.data)
         self.deadline = deadline
         self.moved = 0
+        self.fuel = -1  # bytes' worth of fuel left; -1: unlimited
 
     def size(self) -> int:
         return len(self.data)
+
+    def reserve_fuel(self, nbytes: int) -> None:
+        if self.fuel >= 0 and self.moved + nbytes > self.fuel:
+            raise GuestOutOfFuel(f"cannot pay for {nbytes} bytes")
 
     def _check(self, ptr: int, length: int) -> None:
         if ptr < 0 or length < 0 or ptr + length > len(self.data):

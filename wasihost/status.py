@@ -45,6 +45,11 @@ class GuestDeadline(Exception):
     ``poll_oneoff``): the call ends with class ``deadline``, as the epoch interrupt would."""
 
 
+class GuestOutOfFuel(Exception):
+    """Raised by guest-memory access (``GuestMemory.reserve_fuel``) before work the Store
+    cannot pay for: the call ends with class ``out_of_fuel`` before the work is done."""
+
+
 class GuestExit(Exception):
     """Raised by ``proc_exit``: the guest ends its run with ``code``."""
 

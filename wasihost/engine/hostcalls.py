@@ -5,7 +5,6 @@ slot and fuel debt, and the cbor convention (the native one lives in :mod:`.nati
 from __future__ import annotations
 
 import ctypes
-import itertools
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +25,7 @@ from .lowlevel import (
     set_fuel,
 )
 from .native import SETTLE_FUEL, NativeCall, native_dispatch, result_writer
+from .sigint import CALLBACK_CODES
 
 HostHandler = Callable[[Any], Any]
 """A broker entry point: decoded, bounded request value in, response value out."""
@@ -50,16 +50,11 @@ wasmtime_val_raw_t array, its length) -> a trap pointer, or 0. It must not raise
 # the hot path never builds a ctypes pointer object; arguments are unpacked with struct.
 _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_size_t, VP, VP, VP, ctypes.c_size_t)
 
-# env -> the ctypes callback of one import of one Store. Each import gets its own callback, so
-# a host call goes straight to its prepared closure (a shared trampoline and a table lookup
-# were a tenth of a line of WASI output). The callback must live as long as wasmtime's
-# function: the finalizer drops it when the Store drops the function.
-CALLBACKS: dict[int, Any] = {}
-_CALLBACK_IDS = itertools.count(1)
-_FINALIZER = ctypes.CFUNCTYPE(None, VP)
-func_new_unchecked = private_fn(
-    "wasmtime_func_new_unchecked", None, VP, VP, _CALLBACK, VP, _FINALIZER, VP
-)
+# Each import gets its own callback, so a host call goes straight to its prepared closure (a
+# shared trampoline and a table lookup were a tenth of a line of WASI output). The callback
+# must live as long as wasmtime's function, that is as long as the Store: the Instance owning
+# the Store holds it (a module-level table would keep every dropped Store alive).
+func_new_unchecked = private_fn("wasmtime_func_new_unchecked", None, VP, VP, _CALLBACK, VP, VP, VP)
 _caller_context = private_fn("wasmtime_caller_context", VP, VP)
 _caller_export_get = private_fn(
     "wasmtime_caller_export_get", ctypes.c_bool, VP, ctypes.c_char_p, ctypes.c_size_t, VP
@@ -69,17 +64,9 @@ _CBOR_ARGS = struct.Struct("<I12xI12xI12xI12x").unpack_from
 _put_i32 = result_writer("i32")
 
 
-def host_callback(dispatch: Dispatch) -> tuple[int, Any]:
-    """A C callback for ``dispatch`` and the env that keeps it alive until :func:`finalize`."""
-    env = next(_CALLBACK_IDS)
-    callback = _CALLBACK(dispatch)
-    CALLBACKS[env] = callback
-    return env, callback
-
-
-@_FINALIZER  # type: ignore[untyped-decorator]
-def finalize(env: int | None) -> None:
-    CALLBACKS.pop(env or 0, None)
+def host_callback(dispatch: Dispatch) -> Any:
+    """A C callback for ``dispatch``; the caller keeps it alive as long as its Store."""
+    return _CALLBACK(dispatch)
 
 
 class HostContext:
@@ -100,9 +87,13 @@ class HostContext:
         # Read by the epoch callback on every tick of a running call: set from any thread to
         # stop the guest at its next tick (emergency disable).
         self.interrupted = False
+        # Set with ``interrupted`` by Ctrl-C deferred out of a callback (see sigint.py): the
+        # call ends as ``interrupted``, and host calls check it so the guest stops at once.
+        self.sigint = False
         # Host-call fuel charged but not yet taken from the Store (see SETTLE_FUEL).
         self.fuel_debt = 0
         self.native = NativeCall()
+        self.native.can_pay = self.can_pay
         self._fuel = ctypes.c_uint64(0)
         self._fuel_addr = ctypes.addressof(self._fuel)
         self._extern = ffi.wasmtime_extern_t()
@@ -138,6 +129,21 @@ class HostContext:
         failure, self.failure = self.failure, None
         return failure
 
+    def clear_slots(self) -> BaseException | None:
+        """Empty the error slots after a call; returns the exception to re-raise, if any."""
+        reraise, self.reraise = self.reraise, None
+        self.failure = None
+        return reraise
+
+    def interrupt_by_signal(self) -> None:
+        self.sigint = True
+        self.interrupted = True
+
+    def interrupted_failure(self) -> CallError:
+        if self.sigint:
+            return CallError(FailureClass.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)")
+        return CallError(FailureClass.DEADLINE, "interrupted by the host")
+
     def fail(self, failure: FailureClass, message: str) -> int:
         self.failure = CallError(failure, message)
         return new_trap(f"wasihost: {failure.value}")
@@ -148,6 +154,16 @@ class HostContext:
         if not isinstance(exc, Exception):
             self.reraise = exc  # KeyboardInterrupt/SystemExit: re-raised after the call
         return self.fail(FailureClass.HOST_ERROR, f"host function failed: {type(exc).__name__}")
+
+    def can_pay(self, cost: int) -> bool:
+        """Whether the Store's fuel covers ``cost`` more on top of the debt, checked before
+        work proportional to a guest-declared length. Below SETTLE_FUEL in all the bounded
+        overrun applies and the Store's counter is not read."""
+        total = self.fuel_debt + cost
+        if total < SETTLE_FUEL:
+            return True
+        get_fuel(self.expected_ctx, self._fuel_addr)
+        return int(self._fuel.value) >= total
 
     def settle(self, ctx: int, debt: int) -> bool:
         """Take ``debt`` from the Store's fuel; False (and the Store emptied) if it cannot pay."""
@@ -173,10 +189,14 @@ class HostContext:
             try:
                 if not self.native.bound:
                     return self.call_unbound(dispatch, env, caller, args, nargs)
-                return self._cbor_call(index, caller, args)
+                trap = self._cbor_call(index, caller, args)
+                if self.sigint and not trap:
+                    return self.fail(FailureClass.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)")
+                return trap
             except BaseException as exc:
                 return self.crashed(exc)
 
+        CALLBACK_CODES.add(dispatch.__code__)
         return dispatch
 
     def _cbor_call(self, index: int, caller: int, args: int) -> int:
@@ -210,10 +230,16 @@ class HostContext:
         if req_len > entry.max_request_bytes:
             _put_i32(args, -Status.PAYLOAD_TOO_LARGE)
             return 0
+        # The response is paid once its length is known, but the broker's work grows with what
+        # the guest lets it answer: refuse before the work if the most it may answer is more
+        # than the Store can pay.
+        most = entry.fuel_per_byte * min(resp_cap, entry.max_response_bytes)
+        if most and not self.can_pay(most):
+            return self.out_of_fuel(self.context_of(caller), entry)
         request: Any = None
         if req_len:
             try:
-                request = decode(mem.view[req_ptr:req_end].tobytes(), self.codec_limits[index])
+                request = decode(mem._view[req_ptr:req_end].tobytes(), self.codec_limits[index])
             except CodecError:
                 _put_i32(args, -Status.INVALID_ARGUMENT)
                 return 0
@@ -237,7 +263,7 @@ class HostContext:
         if not self.charge(caller, entry.fuel_per_byte * len(body)):
             return self.out_of_fuel(self.context_of(caller), entry)
         # No wasm ran during the handler, so the memory the view shows is what was checked.
-        mem.view[resp_ptr : resp_ptr + len(body)] = body
+        mem._view[resp_ptr : resp_ptr + len(body)] = body
         _put_i32(args, len(body))
         return 0
 

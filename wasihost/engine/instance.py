@@ -6,6 +6,7 @@ import ctypes
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from ctypes import POINTER, byref
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -15,17 +16,16 @@ import wasmtime
 from wasmtime import _bindings as raw
 from wasmtime import _ffi as ffi
 
-from ..errors import CallError, FailureClass
+from ..errors import CallError, ConfigError, FailureClass
+from . import sigint
 from .hostcalls import (
     BoundImport,
     Gate,
     HostContext,
-    finalize,
     func_new_unchecked,
     host_callback,
 )
 from .lowlevel import (
-    DATA_FINALIZER,
     EPOCH_CALLBACK,
     U32,
     U64,
@@ -39,6 +39,7 @@ from .lowlevel import (
     store_epoch_deadline_callback,
     trap_failure,
 )
+from .stack import STACK_MARGIN, THREAD_STACK, check_thread_stack
 
 if TYPE_CHECKING:
     from .wasm_engine import WasmEngine
@@ -63,13 +64,18 @@ class CallResult:
     fuel_used: int
 
 
-# env -> the HostContext of a Store, for the epoch callback; dropped with the Store.
-EPOCH_TARGETS: dict[int, HostContext] = {}
+# env -> the HostContext of a Store, for the epoch callback. Weak: the table must not keep a
+# dropped Instance (and its Store, and whatever its brokers hold) alive; an entry goes with
+# its context.
+EPOCH_TARGETS: weakref.WeakValueDictionary[int, HostContext] = weakref.WeakValueDictionary()
 EPOCH_TARGET_IDS = itertools.count(1)
 
+# How long close() waits for a call in flight on another thread to stop after interrupting it;
+# past that the Store is freed by that call when it returns (see Instance.close).
+CLOSE_WAIT_S = 0.5
 
-@EPOCH_CALLBACK  # type: ignore[untyped-decorator]
-def on_epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
+
+def _epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
     """Runs on the guest's thread at every epoch tick of a call.
 
     Deadlines are one tick long and renewed here, so that the wall-clock deadline and a host's
@@ -81,7 +87,7 @@ def on_epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
         if host is None:
             return int(error_new(b"wasihost: instance is gone") or 0)
         if host.interrupted:
-            host.failure = CallError(FailureClass.DEADLINE, "interrupted by the host")
+            host.failure = host.interrupted_failure()
             return int(error_new(b"wasihost: interrupted") or 0)
         if time.monotonic() >= host.native.deadline:
             host.failure = CallError(FailureClass.DEADLINE, "wall-clock deadline passed")
@@ -93,9 +99,8 @@ def on_epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
         return int(error_new(b"wasihost: deadline check failed") or 0)
 
 
-@DATA_FINALIZER  # type: ignore[untyped-decorator]
-def drop_epoch_target(env: int | None) -> None:
-    EPOCH_TARGETS.pop(env or 0, None)
+on_epoch_tick = EPOCH_CALLBACK(_epoch_tick)
+sigint.CALLBACK_CODES.add(_epoch_tick.__code__)
 
 
 @attrs.frozen
@@ -110,11 +115,12 @@ class CompiledModule:
 
 
 class Instance:
-    """One guest instance in its own Store. Not thread-safe by itself: callers hold ``lock``.
+    """One guest instance in its own Store. Callers hold ``lock`` around each entry.
 
-    A Store used from two threads at once crashes the process, so every entry into the guest
-    takes the lock. After a failure that may have corrupted the guest, the owner discards the
-    instance (``close``) and instantiates anew.
+    A Store used from two threads at once crashes the process, so the lock is also enforced:
+    each entry point takes an internal guard without waiting, and a second thread entering
+    while a call runs gets a ConfigError instead of a crash. After a failure that may have
+    corrupted the guest, the owner discards the instance (``close``) and instantiates anew.
     """
 
     def __init__(
@@ -127,6 +133,12 @@ class Instance:
         command_export: str | None = None,
     ) -> None:
         self.lock = threading.Lock()
+        # Held by whichever thread is inside the guest (see the class docstring).
+        self._busy = threading.Lock()
+        self._close_pending = False
+        self._stack_needed = engine.settings.max_wasm_stack + STACK_MARGIN
+        if THREAD_STACK.size < self._stack_needed:
+            check_thread_stack(self._stack_needed)  # instantiation runs the start function
         self._engine = engine
         self._limits = limits
         self._store = wasmtime.Store(engine.wasmtime_engine)
@@ -144,10 +156,7 @@ class Instance:
         epoch_env = next(EPOCH_TARGET_IDS)
         EPOCH_TARGETS[epoch_env] = self._ctx
         store_epoch_deadline_callback(
-            ctypes.cast(self._store.ptr(), ctypes.c_void_p).value,
-            on_epoch_tick,
-            epoch_env,
-            drop_epoch_target,
+            ctypes.cast(self._store.ptr(), ctypes.c_void_p).value, on_epoch_tick, epoch_env, None
         )
         self._timeout_s = limits.timeout_ms / 1000
         self._has_native = any(b.entry.convention == "native" for b in imports)
@@ -162,15 +171,17 @@ class Instance:
             # Admission read the imports from the bytes; the engine must agree exactly.
             raise CallError(FailureClass.ADMISSION, "engine and admission disagree on imports")
         externs = (ffi.wasmtime_extern_t * max(1, len(imports)))()
+        # The C callbacks live exactly as long as this Instance, which owns the Store calling
+        # them (nothing module-level refers to either: a dropped Instance is collected).
+        self._callbacks = [host_callback(d) for d in self._ctx.dispatch]
         for i, bound in enumerate(imports):
-            env, callback = host_callback(self._ctx.dispatch[i])
             func = ffi.wasmtime_func_t()
             func_new_unchecked(
                 self._ctx_addr,
                 ctypes.cast(engine.func_type(bound.entry).ptr(), ctypes.c_void_p),
-                callback,
-                env,
-                finalize,
+                self._callbacks[i],
+                None,
+                None,
                 ctypes.addressof(func),
             )
             externs[i] = ffi.wasmtime_extern_t(
@@ -195,6 +206,9 @@ class Instance:
             if overran:
                 self.close()
                 raise _overrun()
+            if self._ctx.sigint:
+                self.close()
+                raise self._ctx.interrupted_failure()
         self._instance = instance
         self._memory = self._export(b"memory").of.memory
         self._ctx.set_memory(self._memory)
@@ -225,15 +239,24 @@ class Instance:
         """
         if self.closed:
             raise CallError(FailureClass.HOST_ERROR, "instance is closed")
-        self._arm()
+        if THREAD_STACK.size < self._stack_needed:
+            check_thread_stack(self._stack_needed)
+        if not self._busy.acquire(blocking=False):
+            raise _in_use()
         overran = False
         try:
-            self._invoke(self._call_addr, self._args1_addr, 0)
-        except CallError:
-            if self._ctx.exit_code is None:
-                raise
+            self._arm()
+            try:
+                self._invoke(self._call_addr, self._args1_addr, 0)
+            except CallError as exc:
+                if self._ctx.exit_code is None or exc.failure is FailureClass.INTERRUPTED:
+                    raise
+            finally:
+                overran = self._account()
         finally:
-            overran = self._account()
+            self._leave()
+        if self._ctx.sigint:
+            raise self._ctx.interrupted_failure()
         if overran:
             raise _overrun()
         return self._ctx.exit_code if self._ctx.exit_code is not None else 0
@@ -266,10 +289,17 @@ class Instance:
         return debt > left
 
     def _failure(self, err: Any, trap: Any, *, instantiating: bool = False) -> CallError:
-        reraise, self._ctx.reraise = self._ctx.reraise, None
-        if reraise is not None:
-            raise reraise
         failure = self._ctx.take_failure()
+        reraise = self._ctx.clear_slots()
+        if reraise is not None or self._ctx.sigint:
+            # Nothing of this call may leak into the next: the slots are empty, the trap freed.
+            if trap:
+                raw.wasm_trap_delete(trap)
+            if err:
+                raw.wasmtime_error_delete(err)
+            if reraise is not None:
+                raise reraise  # KeyboardInterrupt/SystemExit from a host function
+            return self._ctx.interrupted_failure()
         if failure is None and self._ctx.exit_code is not None:
             failure = CallError(FailureClass.TRAP, f"guest exited with {self._ctx.exit_code}")
         if failure is not None:
@@ -302,15 +332,20 @@ class Instance:
         """Run one command per the ABI calling convention. Caller holds ``lock``."""
         if self.closed:
             raise CallError(FailureClass.HOST_ERROR, "instance is closed")
+        if THREAD_STACK.size < self._stack_needed:
+            check_thread_stack(self._stack_needed)
+        busy = self._busy
+        if not busy.acquire(blocking=False):
+            raise _in_use()
         # _arm and _account inlined: method calls are a measurable share of a no-op call.
         fuel = self._limits.fuel
         ctx = self._ctx_addr
-        set_fuel(ctx, fuel)
-        set_epoch_deadline(ctx, 1)
         host = self._ctx
-        host.fuel_debt = 0
-        host.native.deadline = time.monotonic() + self._timeout_s
         try:
+            set_fuel(ctx, fuel)
+            set_epoch_deadline(ctx, 1)
+            host.fuel_debt = 0
+            host.native.deadline = time.monotonic() + self._timeout_s
             block = command + payload
             total = len(block)
             args1 = self._args1
@@ -328,7 +363,7 @@ class Instance:
                     f"wasihost_alloc({total}) returned {ptr}, not a block inside memory of "
                     f"{size} bytes",
                 )
-            mem.view[ptr : ptr + total] = block
+            mem._view[ptr : ptr + total] = block
             args3 = self._args3
             args3[0].i32 = ptr
             args3[1].i32 = len(command)
@@ -356,7 +391,7 @@ class Instance:
                     f"response body of {resp_len - 4} bytes over the output limit of "
                     f"{max_output_bytes}",
                 )
-            data = mem.view[resp_ptr : resp_ptr + resp_len].tobytes()
+            data = mem._view[resp_ptr : resp_ptr + resp_len].tobytes()
         finally:
             get_fuel(ctx, self._fuel_left_addr)
             left = self._fuel_left.value
@@ -364,6 +399,11 @@ class Instance:
             used = fuel - left + debt
             self.fuel_used += used
             self.last_call_fuel = used
+            busy.release()
+            if self._close_pending:
+                self.close()
+        if host.sigint:
+            raise host.interrupted_failure()  # Ctrl-C that came after the guest's last check
         if debt > left:
             raise _overrun()
         return CallResult(int.from_bytes(data[:4], "little"), data[4:], used)
@@ -377,11 +417,46 @@ class Instance:
         every later one. Only a Python flag is written; the Store is not touched."""
         self._ctx.interrupted = True
 
+    def interrupt_by_signal(self) -> None:
+        """Ctrl-C deferred out of a host callback (see sigint.py): the call ends at once with
+        class ``interrupted``, and so does every later one."""
+        self._ctx.interrupt_by_signal()
+
+    def _leave(self) -> None:
+        self._busy.release()
+        if self._close_pending:
+            self.close()
+
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
+        """Free the Store. From another thread while a call runs, the call is interrupted
+        first and the Store freed once it has stopped (never under a running guest)."""
+        if self.closed and not self._close_pending:
+            return
+        self.closed = True
+        if not self._busy.acquire(blocking=False):
+            self.interrupt()
+            if not self._busy.acquire(timeout=CLOSE_WAIT_S):
+                # Still running (a blocking host call, or close() from inside the call on
+                # its own thread): that call frees the Store as it leaves.
+                self._close_pending = True
+                return
+        try:
+            self._close_pending = False
             self._ctx.native.forget()
             self._store.close()
+        finally:
+            self._busy.release()
+
+
+sigint.ENTRY_CODES.update(
+    {f.__code__: "self" for f in (Instance.__init__, Instance.call, Instance.run_command)}
+)
+
+
+def _in_use() -> ConfigError:
+    return ConfigError(
+        "Instance entered by a second thread while a call runs: hold Instance.lock around calls"
+    )
 
 
 def _overrun() -> CallError:

@@ -9,14 +9,16 @@ generated with its exact arity (a ``handler(call, *args)`` call costs about a te
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FailureClass
 from ..registry import CORE_CAPABILITY, HostFunction
-from ..status import GuestDeadline, GuestExit, GuestFault
+from ..status import GuestDeadline, GuestExit, GuestFault, GuestOutOfFuel
 from .lowlevel import PROCESS_MEMORY, U32, U64, memory_data, memory_data_size, new_trap
+from .sigint import CALLBACK_CODES
 
 if TYPE_CHECKING:
     from .hostcalls import Dispatch, HostContext
@@ -38,6 +40,12 @@ _U64 = struct.Struct("<Q")
 _U32X2 = struct.Struct("<II")
 
 
+BULK_BYTES = 4096
+"""An access moving more than this many bytes first checks that the Store can pay for it (see
+:meth:`NativeCall.reserve_fuel`); below it the bounded overrun of SETTLE_FUEL applies, and the
+check, which reads the Store's fuel, would cost more than the copy."""
+
+
 class NativeCall:
     """What a native-convention broker gets besides its arguments: bounds-checked access to the
     calling guest's memory, and the call's deadline. The cbor convention reads requests and
@@ -50,19 +58,38 @@ class NativeCall:
     unchanged) before it decides. Every access checks ``ptr + len`` with Python integers (no
     overflow) and raises :class:`GuestFault` outside memory; ``moved`` counts the bytes copied,
     which the engine charges at the entry's per-byte fuel price.
+
+    The view never leaves this object: brokers get copies (``read``) and checked writes, so no
+    slice of guest memory can outlive its Store. Once the Store goes (:meth:`forget`), every
+    access raises :class:`MemoryGone`; nothing reaches freed memory.
     """
 
-    __slots__ = ("_base", "_ctx", "_mem", "_size", "bound", "deadline", "moved", "view")
+    __slots__ = (
+        "_base",
+        "_ctx",
+        "_mem",
+        "_size",
+        "_view",  # the engine's own copies use it too (instance.py, hostcalls.py); no broker
+        "bound",
+        "can_pay",
+        "deadline",
+        "moved",
+        "per_byte",
+    )
 
     def __init__(self) -> None:
         self._ctx = 0
         self._mem = 0
         self._base = 0
         self._size = 0
-        self.view = _EMPTY_VIEW
+        self._view = _EMPTY_VIEW
         self.bound = False
         self.moved = 0
         self.deadline = 0.0
+        # The per-byte price of the entry being served, set by each dispatch.
+        self.per_byte = 0
+        # Set by the host context: can the Store pay this much fuel more, debt included?
+        self.can_pay: Callable[[int], bool] = _always
 
     def bind(self, ctx: int, mem: int) -> None:
         """Serve the memory at address ``mem`` of the Store context ``ctx`` from now on."""
@@ -70,16 +97,25 @@ class NativeCall:
         if mem != self._mem:
             self._mem = mem
             self._size = 0
-            self.view = _EMPTY_VIEW
+            self._drop_view()
         self.bound = True
 
     def forget(self) -> None:
         """Unbind: the memory's address was good for one call only, or the Store is going
-        away. Dropping the view means nothing can reach freed memory through it."""
+        away. Every later access raises :class:`MemoryGone` instead of reaching the Store."""
         self.bound = False
+        self._ctx = 0
         self._mem = 0
         self._size = 0
-        self.view = _EMPTY_VIEW
+        self._drop_view()
+
+    def _drop_view(self) -> None:
+        view, self._view = self._view, _EMPTY_VIEW
+        if view is not _EMPTY_VIEW:
+            # Anything still holding it now fails instead of reading. BufferError: only if the
+            # private view was re-exported, which nothing in the host does.
+            with contextlib.suppress(BufferError):
+                view.release()
 
     def size(self) -> int:
         self._refresh()
@@ -93,6 +129,9 @@ class NativeCall:
         return self._size
 
     def _refresh(self) -> None:
+        if not self.bound:
+            raise MemoryGone("guest memory is gone: its instance was closed")
+        # Both calls keep the GIL, so the Store cannot be closed between the check and them.
         size = int(memory_data_size(self._ctx, self._mem))
         base = int(memory_data(self._ctx, self._mem) or 0)
         if self._base and base != self._base:
@@ -101,72 +140,92 @@ class NativeCall:
             raise MemoryMoved(f"guest memory moved from {self._base:#x} to {base:#x}")
         self._base = base
         self._size = size
+        self._drop_view()
         # A slice of the process view: no new ctypes array type per size (ctypes caches every
         # one it makes, so a memory growing page by page would leave one behind per page).
-        self.view = PROCESS_MEMORY[base : base + size] if size else _EMPTY_VIEW
+        self._view = PROCESS_MEMORY[base : base + size] if size else _EMPTY_VIEW
 
     def _check(self, ptr: int, length: int) -> None:
-        """Slow path of a bounds check: the memory may have grown since the view was made."""
+        """Slow path of an access: the memory may have grown since the view was made, and a
+        bulk copy must be affordable before it is made."""
         self._refresh()
         if ptr < 0 or length < 0 or ptr + length > self._size:
             raise GuestFault(f"[{ptr}, +{length}) outside guest memory")
+        if length > BULK_BYTES:
+            self.reserve_fuel(length)
+
+    def reserve_fuel(self, nbytes: int) -> None:
+        """Before work proportional to a guest-declared length: raise :class:`GuestOutOfFuel`
+        (the call ends ``out_of_fuel``) unless the Store can pay for moving ``nbytes`` more at
+        the entry's per-byte price. Brokers call it before producing bulk data; accesses over
+        BULK_BYTES call it themselves before copying."""
+        if not self.can_pay(self.per_byte * (self.moved + nbytes)):
+            raise GuestOutOfFuel(f"cannot pay for {nbytes} bytes")
 
     def read(self, ptr: int, length: int) -> bytes:
         end = ptr + length
-        if end > self._size or ptr < 0 or length < 0:
+        if end > self._size or ptr < 0 or length < 0 or length > BULK_BYTES:
             self._check(ptr, length)
         self.moved += length
-        return self.view[ptr:end].tobytes()
+        return self._view[ptr:end].tobytes()
 
     def write(self, ptr: int, data: bytes) -> None:
         end = ptr + len(data)
-        if end > self._size or ptr < 0:
+        if end > self._size or ptr < 0 or len(data) > BULK_BYTES:
             self._check(ptr, len(data))
         self.moved += len(data)
-        self.view[ptr:end] = data
+        self._view[ptr:end] = data
 
     def read_u32(self, ptr: int) -> int:
         if ptr + 4 > self._size or ptr < 0:
             self._check(ptr, 4)
         self.moved += 4
-        return int(_U32.unpack_from(self.view, ptr)[0])
+        return int(_U32.unpack_from(self._view, ptr)[0])
 
     def read_iovec(self, ptr: int, cap: int) -> bytes:
         """The bytes an iovec at ``ptr`` points to, at most ``cap`` of them (a short write)."""
         if ptr + 8 > self._size or ptr < 0:
             self._check(ptr, 8)
-        buf, length = _U32X2.unpack_from(self.view, ptr)
+        buf, length = _U32X2.unpack_from(self._view, ptr)
         length = min(length, cap)
         end = buf + length
-        if end > self._size:
+        if end > self._size or length > BULK_BYTES:
             self._check(buf, length)
         self.moved += 8 + length
-        return self.view[buf:end].tobytes()
+        return self._view[buf:end].tobytes()
 
     def read_u32_pair(self, ptr: int) -> tuple[int, int]:
         if ptr + 8 > self._size or ptr < 0:
             self._check(ptr, 8)
         self.moved += 8
-        first, second = _U32X2.unpack_from(self.view, ptr)
+        first, second = _U32X2.unpack_from(self._view, ptr)
         return first, second
 
     def read_u64(self, ptr: int) -> int:
         if ptr + 8 > self._size or ptr < 0:
             self._check(ptr, 8)
         self.moved += 8
-        return int(_U64.unpack_from(self.view, ptr)[0])
+        return int(_U64.unpack_from(self._view, ptr)[0])
 
     def write_u32(self, ptr: int, value: int) -> None:
         if ptr + 4 > self._size or ptr < 0:
             self._check(ptr, 4)
         self.moved += 4
-        _U32.pack_into(self.view, ptr, value & U32)
+        _U32.pack_into(self._view, ptr, value & U32)
 
     def write_u64(self, ptr: int, value: int) -> None:
         if ptr + 8 > self._size or ptr < 0:
             self._check(ptr, 8)
         self.moved += 8
-        _U64.pack_into(self.view, ptr, value & U64)
+        _U64.pack_into(self._view, ptr, value & U64)
+
+
+def _always(cost: int) -> bool:
+    return True
+
+
+class MemoryGone(Exception):
+    """A broker used its guest-memory access after the instance's Store was closed."""
 
 
 class MemoryMoved(Exception):
@@ -213,6 +272,7 @@ def make(host, entry, handler, unpack, write_result):
             if not call.bound:
                 return host.call_unbound(dispatch, env, caller, args, nargs)
             call.moved = 0
+            call.per_byte = per_byte
             try:
                 ARGS = unpack(PROCESS_MEMORY, args)
                 result = handler(call, ARGS)
@@ -223,8 +283,12 @@ def make(host, entry, handler, unpack, write_result):
             except GuestExit as exit_:
                 host.exit_code = exit_.code
                 return new_trap("wasihost: exit")
-            except MemoryMoved as moved:
+            except GuestOutOfFuel:
+                return host.out_of_fuel(host.context_of(caller), entry)
+            except (MemoryMoved, MemoryGone) as moved:
                 return host.fail(FailureClass.HOST_ERROR, f"{name}: {moved}")
+            if host.sigint:  # Ctrl-C arrived during this call (see sigint.py): stop now
+                return host.fail(FailureClass.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)")
             # The price is paid after the handler, once the bytes moved are known; work done
             # without the fuel to pay for it is bounded by SETTLE_FUEL.
             debt = host.fuel_debt + base_price + per_byte * call.moved
@@ -260,6 +324,8 @@ def _maker(arity: int) -> Callable[..., Dispatch]:
             "GuestDeadline": GuestDeadline,
             "GuestExit": GuestExit,
             "GuestFault": GuestFault,
+            "GuestOutOfFuel": GuestOutOfFuel,
+            "MemoryGone": MemoryGone,
             "MemoryMoved": MemoryMoved,
             "PROCESS_MEMORY": PROCESS_MEMORY,
             "SETTLE_FUEL": SETTLE_FUEL,
@@ -280,4 +346,6 @@ def native_dispatch(host: HostContext, entry: HostFunction, handler: Any) -> Dis
         else lambda memory, args: ()  # the array may be empty: do not touch it
     )
     write_result = result_writer(entry.results[0]) if entry.results else None
-    return _maker(len(entry.params))(host, entry, handler, unpack, write_result)
+    dispatch = _maker(len(entry.params))(host, entry, handler, unpack, write_result)
+    CALLBACK_CODES.add(dispatch.__code__)
+    return dispatch

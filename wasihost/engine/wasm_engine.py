@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,6 +15,16 @@ from ..settings import EngineSettings
 from .cache import ModuleCache
 from .hostcalls import BoundImport, Gate
 from .instance import CompiledModule, Instance, StoreLimits
+from .sigint import install as install_sigint_handler
+
+GC_NUDGE_STORES = 64
+"""Instances left open that trigger a cyclic garbage collection at the next instantiation.
+
+An Extension dropped without close() is a reference cycle (its instance's host functions call
+back into it), freed only by Python's cyclic collector, which counts objects, not the 1 GiB of
+address space and the memory maps each Store holds. When the open Stores double past this
+many since the last collection, instantiation collects first, so the Stores of dropped
+extensions stay bounded by twice the live ones plus this."""
 
 # ---------------------------------------------------------------------------------------------
 # Engine and instances
@@ -31,6 +43,8 @@ class _Watchdog:
 
     Python signal handlers do not run while wasm executes, so a timer thread is the only way
     to interrupt a guest; the GIL is released during wasm, so this thread does get to run.
+    The thread refers to the wasmtime Engine only, never to the WasmEngine owning it, so a
+    dropped WasmEngine is collected and its finalizer stops the thread.
     """
 
     def __init__(self, engine: wasmtime.Engine, tick_ms: int) -> None:
@@ -78,6 +92,10 @@ class WasmEngine:
         config.shared_memory = False
         self._engine = wasmtime.Engine(config)
         self._watchdog = _Watchdog(self._engine, settings.epoch_tick_ms)
+        # A WasmEngine dropped without close() (its Host dropped) still stops its thread.
+        weakref.finalize(self, self._watchdog.stop)
+        self._open: weakref.WeakSet[Instance] = weakref.WeakSet()
+        self._nudge_at = GC_NUDGE_STORES
         self.cache = ModuleCache(self._engine, settings.fingerprint(), cache_dir)
         # A FuncType is registered with the first engine that uses it and must never meet
         # another one (wasmtime asserts, aborting the process): one cache per engine.
@@ -109,7 +127,13 @@ class WasmEngine:
         """Instantiate under ``limits``; ``command_export`` names the entry point of a plain
         profile command (``_start``) instead of the wasihost ABI exports."""
         self._watchdog.ensure_running()
-        return Instance(self, module, imports, gate, limits, command_export)
+        install_sigint_handler()
+        if len(self._open) >= self._nudge_at:
+            gc.collect()
+            self._nudge_at = max(GC_NUDGE_STORES, 2 * len(self._open))
+        instance = Instance(self, module, imports, gate, limits, command_export)
+        self._open.add(instance)
+        return instance
 
     def close(self) -> None:
         self._watchdog.stop()

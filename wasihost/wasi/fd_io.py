@@ -4,7 +4,6 @@ the hot paths of fd_write and fd_read."""
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +11,6 @@ from ..guestmem import GuestMemory
 from . import limits
 from .abi import (
     FDFLAG_APPEND,
-    IOVEC,
     R_FD_READ,
     R_FD_WRITE,
     Filetype,
@@ -138,8 +136,6 @@ def fd_tell(st: WasiState, mem: GuestMemory, fd: int, offset_ptr: int) -> int:
 # microsecond each). Everything else falls through to the general handler, so behaviour is the
 # same either way.
 
-_iovec_at = IOVEC.unpack_from
-_put_u32 = struct.Struct("<I").pack_into
 # Errno members are enum attributes, slower to look up than a plain int on the hot path.
 _SUCCESS = int(Errno.SUCCESS)
 
@@ -171,20 +167,6 @@ def fast_fd_write(st: WasiState) -> Callable[..., int]:
         try:
             desc = get(fd)
             if iovs_len == 1 and type(desc) is OutputDescriptor and desc.rights_base & R_FD_WRITE:
-                # Straight through the view when everything lies inside it; otherwise the
-                # checked accessors (the guest may have grown its memory, or a pointer is wild).
-                view = mem.view
-                limit = len(view)
-                if iovs + 8 <= limit and nwritten_ptr + 4 <= limit:
-                    buf, length = _iovec_at(view, iovs)
-                    if length > _MAX_IO:  # noqa: PLR1730 (a min() call is measurable here)
-                        length = _MAX_IO
-                    end = buf + length
-                    if end <= limit:
-                        desc.sink(view[buf:end].tobytes())
-                        _put_u32(view, nwritten_ptr, length)
-                        mem.moved += 12 + length
-                        return _SUCCESS
                 data = mem.read_iovec(iovs, _MAX_IO)
                 mem.write_u32(nwritten_ptr, len(data))  # a wild pointer faults before output
                 desc.sink(data)
