@@ -73,6 +73,8 @@ EPOCH_TARGET_IDS = itertools.count(1)
 # How long close() waits for a call in flight on another thread to stop after interrupting it;
 # past that the Store is freed by that call when it returns (see Instance.close).
 CLOSE_WAIT_S = 0.5
+# How often close() looks whether that call has stopped: a fraction of an epoch tick.
+CLOSE_POLL_S = 0.002
 
 
 def _epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
@@ -133,8 +135,10 @@ class Instance:
         command_export: str | None = None,
     ) -> None:
         self.lock = threading.Lock()
-        # Held by whichever thread is inside the guest (see the class docstring).
-        self._busy = threading.Lock()
+        # The entry token: popped by whichever thread enters the guest, put back as it leaves
+        # (see the class docstring). list.pop and list.append are atomic under the GIL and
+        # cost a tenth of a Lock's acquire and release, which a no-op call would notice.
+        self._token = [True]
         self._close_pending = False
         self._stack_needed = engine.settings.max_wasm_stack + STACK_MARGIN
         if THREAD_STACK.size < self._stack_needed:
@@ -241,8 +245,10 @@ class Instance:
             raise CallError(FailureClass.HOST_ERROR, "instance is closed")
         if THREAD_STACK.size < self._stack_needed:
             check_thread_stack(self._stack_needed)
-        if not self._busy.acquire(blocking=False):
-            raise _in_use()
+        try:
+            self._token.pop()
+        except IndexError:
+            raise _in_use() from None
         overran = False
         try:
             self._arm()
@@ -334,9 +340,11 @@ class Instance:
             raise CallError(FailureClass.HOST_ERROR, "instance is closed")
         if THREAD_STACK.size < self._stack_needed:
             check_thread_stack(self._stack_needed)
-        busy = self._busy
-        if not busy.acquire(blocking=False):
-            raise _in_use()
+        token = self._token
+        try:
+            token.pop()
+        except IndexError:
+            raise _in_use() from None
         # _arm and _account inlined: method calls are a measurable share of a no-op call.
         fuel = self._limits.fuel
         ctx = self._ctx_addr
@@ -399,7 +407,7 @@ class Instance:
             used = fuel - left + debt
             self.fuel_used += used
             self.last_call_fuel = used
-            busy.release()
+            token.append(True)
             if self._close_pending:
                 self.close()
         if host.sigint:
@@ -423,7 +431,7 @@ class Instance:
         self._ctx.interrupt_by_signal()
 
     def _leave(self) -> None:
-        self._busy.release()
+        self._token.append(True)
         if self._close_pending:
             self.close()
 
@@ -433,19 +441,36 @@ class Instance:
         if self.closed and not self._close_pending:
             return
         self.closed = True
-        if not self._busy.acquire(blocking=False):
-            self.interrupt()
-            if not self._busy.acquire(timeout=CLOSE_WAIT_S):
-                # Still running (a blocking host call, or close() from inside the call on
-                # its own thread): that call frees the Store as it leaves.
-                self._close_pending = True
-                return
+        if not self._take_token():
+            # Still running (a blocking host call, or close() from inside the call on its own
+            # thread): that call frees the Store as it leaves.
+            self._close_pending = True
+            return
         try:
             self._close_pending = False
             self._ctx.native.forget()
             self._store.close()
         finally:
-            self._busy.release()
+            self._token.append(True)
+
+    def _take_token(self) -> bool:
+        """The entry token, for close(): at once if no call runs, else after interrupting the
+        call and waiting up to CLOSE_WAIT_S for it to stop."""
+        interrupted = False
+        give_up = time.monotonic() + CLOSE_WAIT_S
+        while True:
+            try:
+                self._token.pop()
+            except IndexError:
+                pass
+            else:
+                return True
+            if not interrupted:
+                self.interrupt()
+                interrupted = True
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(CLOSE_POLL_S)
 
 
 sigint.ENTRY_CODES.update(
