@@ -10,11 +10,15 @@ skipped call would make it panic).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -213,3 +217,52 @@ def test_ctrl_c_outside_a_guest_is_a_keyboard_interrupt(host: Host) -> None:
 
     with pytest.raises(KeyboardInterrupt):
         ctrl_c_then_wait()
+
+
+# Another signal's handler that raises (here SIGUSR1 -> SystemExit) runs at the entry of a
+# callback too. ctypes swallows what escapes there; the engine notices it (sys.unraisablehook),
+# stops the guest and re-raises it after the call. Run in a child process: before the fix the
+# process aborted.
+OTHER_SIGNAL = """
+import collections, json, os, signal, sys, threading
+sys.path.insert(0, "tests")
+from test_interrupts import HAMMER, HAMMER_CBOR, PROFILE, PingBinding, load
+from wasihost.errors import CallError
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+
+def leave(signum, frame):
+    raise SystemExit(7)
+
+signal.signal(signal.SIGUSR1, leave)
+host = Host(Policy(allow={"ping", "log"}), cache_dir=None, profiles=[(PROFILE, PingBinding)])
+outcomes = collections.Counter()
+for i in range(8):
+    ext = load(host, HAMMER if i % 2 else HAMMER_CBOR, f"hammer{i}.wasm")
+    ext.start()
+    timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.start()
+    try:
+        ext.call("run")
+        outcomes["returned"] += 1
+    except SystemExit as exc:
+        outcomes[f"SystemExit {exc.code}"] += 1
+    except CallError as exc:
+        outcomes[exc.failure.value] += 1
+    timer.join()
+print(json.dumps(outcomes))
+"""
+
+
+def test_an_exception_from_another_signal_handler_ends_the_call() -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", OTHER_SIGNAL],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RUST_BACKTRACE": "0"},
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert json.loads(child.stdout.strip().splitlines()[-1]) == {"SystemExit 7": 8}

@@ -87,9 +87,10 @@ class HostContext:
         # Read by the epoch callback on every tick of a running call: set from any thread to
         # stop the guest at its next tick (emergency disable).
         self.interrupted = False
-        # Set with ``interrupted`` by Ctrl-C deferred out of a callback (see sigint.py): the
-        # call ends as ``interrupted``, and host calls check it so the guest stops at once.
-        self.sigint = False
+        # Set (with ``interrupted``) when the call must stop at once and end with this error:
+        # Ctrl-C deferred out of a callback, or an exception that escaped a callback before
+        # its ``try`` (see sigint.py). Host calls check it, so the guest stops at the next.
+        self.halt: CallError | None = None
         # Host-call fuel charged but not yet taken from the Store (see SETTLE_FUEL).
         self.fuel_debt = 0
         self.native = NativeCall()
@@ -135,14 +136,23 @@ class HostContext:
         self.failure = None
         return reraise
 
-    def interrupt_by_signal(self) -> None:
-        self.sigint = True
+    def stop_now(self, failure: CallError, reraise: BaseException | None = None) -> None:
+        """End the running call at its next callback with ``failure`` (the first one stays),
+        re-raising ``reraise`` after it; every later call of this instance ends the same."""
+        if self.halt is None:
+            self.halt = failure
+        if reraise is not None and self.reraise is None:
+            self.reraise = reraise
         self.interrupted = True
 
     def interrupted_failure(self) -> CallError:
-        if self.sigint:
-            return CallError(FailureClass.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)")
+        if self.halt is not None:
+            return self.halt
         return CallError(FailureClass.DEADLINE, "interrupted by the host")
+
+    def halt_trap(self) -> int:
+        halt = self.interrupted_failure()
+        return self.fail(halt.failure, halt.message)
 
     def fail(self, failure: FailureClass, message: str) -> int:
         self.failure = CallError(failure, message)
@@ -190,8 +200,8 @@ class HostContext:
                 if not self.native.bound:
                     return self.call_unbound(dispatch, env, caller, args, nargs)
                 trap = self._cbor_call(index, caller, args)
-                if self.sigint and not trap:
-                    return self.fail(FailureClass.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)")
+                if self.halt is not None and not trap:
+                    return self.halt_trap()
                 return trap
             except BaseException as exc:
                 return self.crashed(exc)

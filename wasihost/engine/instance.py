@@ -210,9 +210,9 @@ class Instance:
             if overran:
                 self.close()
                 raise _overrun()
-            if self._ctx.sigint:
+            if self._ctx.halt is not None:
                 self.close()
-                raise self._ctx.interrupted_failure()
+                raise self._halted()
         self._instance = instance
         self._memory = self._export(b"memory").of.memory
         self._ctx.set_memory(self._memory)
@@ -261,8 +261,8 @@ class Instance:
                 overran = self._account()
         finally:
             self._leave()
-        if self._ctx.sigint:
-            raise self._ctx.interrupted_failure()
+        if self._ctx.halt is not None:
+            raise self._halted()
         if overran:
             raise _overrun()
         return self._ctx.exit_code if self._ctx.exit_code is not None else 0
@@ -297,7 +297,7 @@ class Instance:
     def _failure(self, err: Any, trap: Any, *, instantiating: bool = False) -> CallError:
         failure = self._ctx.take_failure()
         reraise = self._ctx.clear_slots()
-        if reraise is not None or self._ctx.sigint:
+        if reraise is not None or self._ctx.halt is not None:
             # Nothing of this call may leak into the next: the slots are empty, the trap freed.
             if trap:
                 raw.wasm_trap_delete(trap)
@@ -410,8 +410,8 @@ class Instance:
             token.append(True)
             if self._close_pending:
                 self.close()
-        if host.sigint:
-            raise host.interrupted_failure()  # Ctrl-C that came after the guest's last check
+        if host.halt is not None:
+            raise self._halted()  # e.g. Ctrl-C that came after the guest's last host call
         if debt > left:
             raise _overrun()
         return CallResult(int.from_bytes(data[:4], "little"), data[4:], used)
@@ -428,7 +428,23 @@ class Instance:
     def interrupt_by_signal(self) -> None:
         """Ctrl-C deferred out of a host callback (see sigint.py): the call ends at once with
         class ``interrupted``, and so does every later one."""
-        self._ctx.interrupt_by_signal()
+        self._ctx.stop_now(CallError(FailureClass.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)"))
+
+    def stop_by_exception(self, exc: BaseException) -> None:
+        """An exception escaped one of this instance's callbacks before its ``try`` (see
+        sigint.py): ctypes swallowed it, so the call is stopped here, failing ``host_error``,
+        and a KeyboardInterrupt or SystemExit is re-raised after it."""
+        self._ctx.stop_now(
+            CallError(
+                FailureClass.HOST_ERROR,
+                f"a host callback was aborted on entry by {type(exc).__name__}",
+            ),
+            None if isinstance(exc, Exception) else exc,
+        )
+
+    def _halted(self) -> BaseException:
+        reraise = self._ctx.clear_slots()
+        return reraise if reraise is not None else self._ctx.interrupted_failure()
 
     def _leave(self) -> None:
         self._token.append(True)

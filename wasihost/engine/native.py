@@ -287,8 +287,8 @@ def make(host, entry, handler, unpack, write_result):
                 return host.out_of_fuel(host.context_of(caller), entry)
             except (MemoryMoved, MemoryGone) as moved:
                 return host.fail(FailureClass.HOST_ERROR, f"{name}: {moved}")
-            if host.sigint:  # Ctrl-C arrived during this call (see sigint.py): stop now
-                return host.fail(FailureClass.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)")
+            if host.halt is not None:  # e.g. Ctrl-C during this call (see sigint.py): stop now
+                return host.halt_trap()
             # The price is paid after the handler, once the bytes moved are known; work done
             # without the fuel to pay for it is bounded by SETTLE_FUEL.
             debt = host.fuel_debt + base_price + per_byte * call.moved

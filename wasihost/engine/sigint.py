@@ -20,6 +20,7 @@ runs at callback entry as before (see docs/engine.md).
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from types import CodeType, FrameType
 from typing import Any, Protocol
@@ -32,6 +33,8 @@ MAX_FRAMES_SEARCHED = 200
 class Interruptible(Protocol):
     def interrupt_by_signal(self) -> None: ...
 
+    def stop_by_exception(self, exc: BaseException) -> None: ...
+
 
 CALLBACK_CODES: set[CodeType] = set()
 """Code of every Python function libwasmtime calls directly (epoch tick, host-call dispatch):
@@ -41,8 +44,37 @@ ENTRY_CODES: dict[CodeType, str] = {}
 """Code of each Instance method that enters the guest, with the name of its ``self`` local."""
 
 _lock = threading.Lock()
-# The handler found at install (None: not installed yet; False: nothing to chain to).
-_state: dict[str, Any] = {"previous": None}
+# The handler found at install (None: not installed yet; False: nothing to chain to), and the
+# unraisable hook found when ours was chained in front of it.
+_state: dict[str, Any] = {"previous": None, "unraisable": None}
+
+
+def install_unraisable_hook() -> None:
+    """Chain a ``sys.unraisablehook`` that notices exceptions escaping our callbacks; once.
+
+    Another exception can still arrive before a callback's ``try``: a RecursionError when the
+    embedder calls from near the recursion limit, an exception another signal's handler
+    raises, one sent with ``PyThreadState_SetAsyncExc``. ctypes then reports it here, before
+    it returns to libwasmtime with an unset value. The hook stops the Instance whose callback
+    it was, so the call fails instead of carrying on silently (the callback's own return value
+    is beyond reach: see docs/engine.md for what that leaves).
+    """
+    with _lock:
+        if _state["unraisable"] is None:
+            _state["unraisable"] = sys.unraisablehook
+            sys.unraisablehook = _on_unraisable
+
+
+def _on_unraisable(unraisable: Any) -> None:
+    try:
+        code = getattr(unraisable.object, "__code__", None)
+        if code in CALLBACK_CODES and unraisable.exc_value is not None:
+            owner = _entry_owner(sys._getframe())
+            if owner is not None:
+                owner.stop_by_exception(unraisable.exc_value)
+    except BaseException:  # noqa: S110 - e.g. no recursion headroom left at all: report as is
+        pass
+    _state["unraisable"](unraisable)
 
 
 def install() -> None:
@@ -81,16 +113,23 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
 
 def guest_under(frame: FrameType | None) -> Interruptible | None:
     """The Instance whose guest called the callback on this stack, if a callback is on it."""
-    in_callback = False
     for _ in range(MAX_FRAMES_SEARCHED):
         if frame is None:
             break
-        code = frame.f_code
-        if code in CALLBACK_CODES:
-            in_callback = True
-        elif in_callback and code in ENTRY_CODES:
-            owner = frame.f_locals.get(ENTRY_CODES[code])
-            interrupt = getattr(owner, "interrupt_by_signal", None)
-            return owner if callable(interrupt) else None
+        if frame.f_code in CALLBACK_CODES:
+            return _entry_owner(frame)
+        frame = frame.f_back
+    return None
+
+
+def _entry_owner(frame: FrameType | None) -> Interruptible | None:
+    """The Instance of the nearest guest entry point at or above ``frame``."""
+    for _ in range(MAX_FRAMES_SEARCHED):
+        if frame is None:
+            break
+        name = ENTRY_CODES.get(frame.f_code)
+        if name is not None:
+            owner = frame.f_locals.get(name)
+            return owner if callable(getattr(owner, "stop_by_exception", None)) else None
         frame = frame.f_back
     return None

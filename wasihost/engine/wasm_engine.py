@@ -16,6 +16,7 @@ from .cache import ModuleCache
 from .hostcalls import BoundImport, Gate
 from .instance import CompiledModule, Instance, StoreLimits
 from .sigint import install as install_sigint_handler
+from .sigint import install_unraisable_hook
 
 GC_NUDGE_STORES = 64
 """Instances left open that trigger a cyclic garbage collection at the next instantiation.
@@ -128,6 +129,7 @@ class WasmEngine:
         profile command (``_start``) instead of the wasihost ABI exports."""
         self._watchdog.ensure_running()
         install_sigint_handler()
+        install_unraisable_hook()
         if len(self._open) >= self._nudge_at:
             gc.collect()
             self._nudge_at = max(GC_NUDGE_STORES, 2 * len(self._open))
