@@ -59,6 +59,8 @@ def install_unraisable_hook() -> None:
     it was, so the call fails instead of carrying on silently (the callback's own return value
     is beyond reach: see docs/engine.md for what that leaves).
     """
+    if _state["unraisable"] is not None:
+        return
     with _lock:
         if _state["unraisable"] is None:
             _state["unraisable"] = sys.unraisablehook
