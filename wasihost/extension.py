@@ -482,8 +482,9 @@ class Extension:
             instance = self._ensure_started()
             self._call_epoch = self.grant.epoch
             try:
-                with instance.lock:
-                    result = instance.call(name, payload, r.max_output_bytes)
+                # No instance.lock here: self._lock serialises this extension's calls, and the
+                # Instance refuses a second thread by itself (its entry token).
+                result = instance.call(name, payload, r.max_output_bytes)
             except CallError as exc:
                 self.last_fuel_used = instance.last_call_fuel
                 self._raise_if_revoked_during(instance, "call")
