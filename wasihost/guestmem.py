@@ -38,6 +38,11 @@ class GuestMemory(Protocol):
         """The bytes the iovec at ``ptr`` points to, at most ``cap`` of them."""
         ...
 
+    def take_iovec(self, ptr: int, cap: int, count_ptr: int) -> bytes:
+        """``read_iovec(ptr, cap)``, with the number of bytes taken written as a u32 at
+        ``count_ptr``; both checked before it returns (a one-iovec write in one call)."""
+        ...
+
     def read_u32_pair(self, ptr: int) -> tuple[int, int]:
         """Two consecutive little-endian u32s (an iovec): one access instead of two."""
         ...
@@ -84,6 +89,11 @@ class BytearrayMemory:
     def read_iovec(self, ptr: int, cap: int) -> bytes:
         buf, length = self.read_u32_pair(ptr)
         return self.read(buf, min(length, cap))
+
+    def take_iovec(self, ptr: int, cap: int, count_ptr: int) -> bytes:
+        data = self.read_iovec(ptr, cap)
+        self.write_u32(count_ptr, len(data))
+        return data
 
     def read_u32_pair(self, ptr: int) -> tuple[int, int]:
         data = self.read(ptr, 8)

@@ -95,6 +95,10 @@ class HostContext:
         self.fuel_debt = 0
         self.native = NativeCall()
         self.native.can_pay = self.can_pay
+        self.native.per_byte = max(
+            (b.entry.fuel_per_byte for b in self.imports if b.entry.convention == "native"),
+            default=0,
+        )
         self._fuel = ctypes.c_uint64(0)
         self._fuel_addr = ctypes.addressof(self._fuel)
         self._extern = ffi.wasmtime_extern_t()
@@ -244,7 +248,7 @@ class HostContext:
         # the guest lets it answer: refuse before the work if the most it may answer is more
         # than the Store can pay.
         most = entry.fuel_per_byte * min(resp_cap, entry.max_response_bytes)
-        if most and not self.can_pay(most):
+        if self.fuel_debt + most >= SETTLE_FUEL and not self.can_pay(most):
             return self.out_of_fuel(self.context_of(caller), entry)
         request: Any = None
         if req_len:

@@ -86,7 +86,9 @@ class NativeCall:
         self.bound = False
         self.moved = 0
         self.deadline = 0.0
-        # The per-byte price of the entry being served, set by each dispatch.
+        # The per-byte price reserve_fuel charges: the highest among the instance's native
+        # entries (set by the host context), so no dispatch pays to store its own; the WASI
+        # entries all share one price, so for them it is exact.
         self.per_byte = 0
         # Set by the host context: can the Store pay this much fuel more, debt included?
         self.can_pay: Callable[[int], bool] = _always
@@ -157,8 +159,8 @@ class NativeCall:
     def reserve_fuel(self, nbytes: int) -> None:
         """Before work proportional to a guest-declared length: raise :class:`GuestOutOfFuel`
         (the call ends ``out_of_fuel``) unless the Store can pay for moving ``nbytes`` more at
-        the entry's per-byte price. Brokers call it before producing bulk data; accesses over
-        BULK_BYTES call it themselves before copying."""
+        the per-byte price (``per_byte``). Brokers call it before producing bulk data; accesses
+        over BULK_BYTES call it themselves before copying."""
         if not self.can_pay(self.per_byte * (self.moved + nbytes)):
             raise GuestOutOfFuel(f"cannot pay for {nbytes} bytes")
 
@@ -193,6 +195,30 @@ class NativeCall:
             self._check(buf, length)
         self.moved += 8 + length
         return self._view[buf:end].tobytes()
+
+    def take_iovec(self, ptr: int, cap: int, count_ptr: int) -> bytes:
+        """``read_iovec(ptr, cap)``, with the number of bytes taken written as a u32 at
+        ``count_ptr``; both ranges are checked before it returns, so a wild pointer faults
+        before the caller outputs anything. A one-iovec write (stdio's ``fd_write``, once per
+        line) in one call instead of two."""
+        size = self._size
+        if ptr + 8 > size or ptr < 0 or count_ptr + 4 > size or count_ptr < 0:
+            return self._take_iovec_checked(ptr, cap, count_ptr)
+        view = self._view
+        buf, length = _U32X2.unpack_from(view, ptr)
+        if length > cap:  # noqa: PLR1730 (a min() call is measurable here)
+            length = cap
+        end = buf + length
+        if end > size or length > BULK_BYTES:
+            return self._take_iovec_checked(ptr, cap, count_ptr)
+        _U32.pack_into(view, count_ptr, length)
+        self.moved += 12 + length
+        return view[buf:end].tobytes()
+
+    def _take_iovec_checked(self, ptr: int, cap: int, count_ptr: int) -> bytes:
+        data = self.read_iovec(ptr, cap)
+        self.write_u32(count_ptr, len(data))
+        return data
 
     def read_u32_pair(self, ptr: int) -> tuple[int, int]:
         if ptr + 8 > self._size or ptr < 0:
@@ -272,7 +298,6 @@ def make(host, entry, handler, unpack, write_result):
             if not call.bound:
                 return host.call_unbound(dispatch, env, caller, args, nargs)
             call.moved = 0
-            call.per_byte = per_byte
             try:
                 ARGS = unpack(PROCESS_MEMORY, args)
                 result = handler(call, ARGS)
