@@ -211,9 +211,10 @@ class NativeCall:
         end = buf + length
         if end > size or length > BULK_BYTES:
             return self._take_iovec_checked(ptr, cap, count_ptr)
+        data = view[buf:end].tobytes()  # before the count lands, as the checked path does
         _U32.pack_into(view, count_ptr, length)
         self.moved += 12 + length
-        return view[buf:end].tobytes()
+        return data
 
     def _take_iovec_checked(self, ptr: int, cap: int, count_ptr: int) -> bytes:
         data = self.read_iovec(ptr, cap)
