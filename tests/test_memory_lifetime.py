@@ -20,10 +20,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = """
-import json, sys
+import gc, json, sys
 sys.path.insert(0, "tests")
 from conftest import bare, native_entry
-from guests import build
+from guests import build, guest_wat
 from wasihost.policy import Policy
 from wasihost.registry import Profile
 from wasihost.runtime import Host
@@ -82,6 +82,28 @@ report = {"has_view": hasattr(KEPT[0], "view")}
 report["after_a"] = accesses(KEPT[0], VIEWS[0])
 c.run_command()
 report["after_c"] = accesses(KEPT[0], VIEWS[0]) + accesses(KEPT[1], VIEWS[1])
+
+# An ABI guest whose instance stays up between calls, and a host dropped without close():
+# the kept accessor keeps what it reads alive (its Store and memory handle), so it must neither
+# crash nor reach another Store's memory.
+abi = build(guest_wat(
+    "(memory.fill (i32.const 65536) (i32.const 0xDD) (i32.const 65536))"
+    " (drop (call $touch (i32.const 65536))) (call $ok_null)",
+    imports=f'(import "{MODULE}" "touch" (func $touch (param i32) (result i32)))',
+    memory='(memory (export "memory") 2)',
+))
+dropped_host = Host(Policy(allow={"keep"}), cache_dir=None, profiles=[(PROFILE, Keep)])
+d = dropped_host.admit(bare(abi, "d.wasm"), grants=["keep"])
+d.call("run")
+kept_d = KEPT[-1]
+del d, dropped_host
+gc.collect()
+e = host.admit(bare(guest(0xEE), "e.wasm"), grants=["keep"])
+e.run_command()
+try:
+    report["dropped"] = kept_d.read(65536, 4).hex()
+except Exception as exc:
+    report["dropped"] = type(exc).__name__
 print(json.dumps(report))
 """
 
@@ -104,3 +126,5 @@ def test_kept_guest_memory_fails_cleanly_after_its_instance_closes() -> None:
             what, result = outcome.split(": ", 1)
             expected = "ValueError" if what.startswith("private view") else "MemoryGone"
             assert result == expected, (phase, outcome)
+    # Dropped, not closed: its own (kept) memory or a clean error, never another Store's.
+    assert report["dropped"] in ("dddddddd", "MemoryGone"), report["dropped"]

@@ -126,9 +126,10 @@ class HostContext:
                 self.store_ctx = ctx
         return ctx
 
-    def set_memory(self, memory: Any) -> None:
+    def set_memory(self, memory: Any, store: object) -> None:
         """Serve the exported memory (kept alive by the Instance) to every later host call."""
-        self.native.bind(self.expected_ctx, ctypes.addressof(memory))
+        # The memory handle and its Store are held with the binding (see NativeCall.bind).
+        self.native.bind(self.expected_ctx, ctypes.addressof(memory), (store, memory))
 
     def take_failure(self) -> CallError | None:
         failure, self.failure = self.failure, None

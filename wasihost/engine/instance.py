@@ -215,7 +215,7 @@ class Instance:
                 raise self._halted()
         self._instance = instance
         self._memory = self._export(b"memory").of.memory
-        self._ctx.set_memory(self._memory)
+        self._ctx.set_memory(self._memory, self._store)
         if command_export is not None:
             self._alloc = self._call = self._export(command_export.encode()).of.func
         else:

@@ -68,6 +68,7 @@ class NativeCall:
         "_base",
         "_ctx",
         "_mem",
+        "_owner",
         "_size",
         "_view",  # the engine's own copies use it too (instance.py, hostcalls.py); no broker
         "bound",
@@ -80,6 +81,7 @@ class NativeCall:
     def __init__(self) -> None:
         self._ctx = 0
         self._mem = 0
+        self._owner: object = None
         self._base = 0
         self._size = 0
         self._view = _EMPTY_VIEW
@@ -93,9 +95,15 @@ class NativeCall:
         # Set by the host context: can the Store pay this much fuel more, debt included?
         self.can_pay: Callable[[int], bool] = _always
 
-    def bind(self, ctx: int, mem: int) -> None:
-        """Serve the memory at address ``mem`` of the Store context ``ctx`` from now on."""
+    def bind(self, ctx: int, mem: int, owner: object = None) -> None:
+        """Serve the memory at address ``mem`` of the Store context ``ctx`` from now on.
+
+        ``owner`` holds what ``ctx`` and ``mem`` point into (the Store and the memory handle):
+        kept while bound, so that an Instance dropped without close() does not free them under
+        a broker that kept this object (close() frees the Store regardless, after
+        :meth:`forget`)."""
         self._ctx = ctx
+        self._owner = owner
         if mem != self._mem:
             self._mem = mem
             self._size = 0
@@ -108,6 +116,7 @@ class NativeCall:
         self.bound = False
         self._ctx = 0
         self._mem = 0
+        self._owner = None
         self._size = 0
         self._drop_view()
 
