@@ -117,11 +117,12 @@ class CompiledModule:
 
 
 class Instance:
-    """One guest instance in its own Store. Callers hold ``lock`` around each entry.
+    """One guest instance in its own Store, entered by one thread at a time.
 
-    A Store used from two threads at once crashes the process, so the lock is also enforced:
-    each entry point takes an internal guard without waiting, and a second thread entering
-    while a call runs gets a ConfigError instead of a crash. After a failure that may have
+    A Store used from two threads at once crashes the process. Owners serialise their calls
+    (``lock`` is there for that; an Extension uses its own lock), and every entry point also
+    takes an entry token without waiting, so a second thread entering while a call runs gets a
+    ConfigError instead of a crash. After a failure that may have
     corrupted the guest, the owner discards the instance (``close``) and instantiates anew.
     """
 
@@ -335,7 +336,7 @@ class Instance:
         )
 
     def call(self, command: bytes, payload: bytes, max_output_bytes: int) -> CallResult:
-        """Run one command per the ABI calling convention. Caller holds ``lock``."""
+        """Run one command per the ABI calling convention (one thread at a time)."""
         if self.closed:
             raise CallError(FailureClass.HOST_ERROR, "instance is closed")
         if THREAD_STACK.size < self._stack_needed:
