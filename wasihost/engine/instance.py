@@ -122,8 +122,8 @@ class Instance:
     A Store used from two threads at once crashes the process. Owners serialise their calls
     (``lock`` is there for that; an Extension uses its own lock), and every entry point also
     takes an entry token without waiting, so a second thread entering while a call runs gets a
-    ConfigError instead of a crash. After a failure that may have
-    corrupted the guest, the owner discards the instance (``close``) and instantiates anew.
+    ConfigError instead of a crash. After a failure that may have corrupted the guest, the
+    owner discards the instance (``close``) and instantiates anew.
     """
 
     def __init__(
