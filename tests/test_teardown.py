@@ -26,7 +26,7 @@ from wasihost.registry import AbiVersion, HostFunction, default_registry
 from wasihost.runtime import Host
 from wasihost.settings import EngineSettings
 
-CYCLES = 2500
+CYCLES = 2000
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB

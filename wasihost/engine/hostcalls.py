@@ -91,6 +91,8 @@ class HostContext:
         # Ctrl-C deferred out of a callback, or an exception that escaped a callback before
         # its ``try`` (see sigint.py). Host calls check it, so the guest stops at the next.
         self.halt: CallError | None = None
+        # Signal handlers deferred out of a callback (see sigint.py), run after the call.
+        self.deferred: list[tuple[Callable[[int, Any], Any], int]] = []
         # Host-call fuel charged but not yet taken from the Store (see SETTLE_FUEL).
         self.fuel_debt = 0
         self.native = NativeCall()

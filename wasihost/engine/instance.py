@@ -7,7 +7,7 @@ import itertools
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from ctypes import POINTER, byref
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -205,15 +205,19 @@ class Instance:
                 byref(trap),
             )
             overran = self._account()
-            if err or trap:
-                self.close()
-                raise self._failure(err, trap, instantiating=True)
-            if overran:
-                self.close()
-                raise _overrun()
-            if self._ctx.halt is not None:
-                self.close()
-                raise self._halted()
+            try:
+                if err or trap:
+                    self.close()
+                    raise self._failure(err, trap, instantiating=True)
+                if overran:
+                    self.close()
+                    raise _overrun()
+                if self._ctx.halt is not None:
+                    self.close()
+                    raise self._halted()
+            finally:
+                if self._ctx.deferred:
+                    self._run_deferred_handlers()
         self._instance = instance
         self._memory = self._export(b"memory").of.memory
         self._ctx.set_memory(self._memory, self._store)
@@ -411,6 +415,8 @@ class Instance:
             token.append(True)
             if self._close_pending:
                 self.close()
+            if host.deferred:
+                self._run_deferred_handlers()
         if host.halt is not None:
             raise self._halted()  # e.g. Ctrl-C that came after the guest's last host call
         if debt > left:
@@ -430,6 +436,17 @@ class Instance:
         """Ctrl-C deferred out of a host callback (see sigint.py): the call ends at once with
         class ``interrupted``, and so does every later one."""
         self._ctx.stop_now(CallError(FailureClass.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)"))
+
+    def defer_signal(self, handler: Callable[[int, Any], Any], signum: int) -> None:
+        """A signal's Python handler deferred out of a host callback (see sigint.py): it runs
+        as the call returns."""
+        self._ctx.deferred.append((handler, signum))
+
+    def _run_deferred_handlers(self) -> None:
+        """As the call returns, at a safe point: what a deferred handler raises propagates."""
+        deferred, self._ctx.deferred = self._ctx.deferred, []
+        for handler, signum in deferred:
+            handler(signum, None)
 
     def stop_by_exception(self, exc: BaseException) -> None:
         """An exception escaped one of this instance's callbacks before its ``try`` (see
@@ -451,6 +468,8 @@ class Instance:
         self._token.append(True)
         if self._close_pending:
             self.close()
+        if self._ctx.deferred:
+            self._run_deferred_handlers()
 
     def close(self) -> None:
         """Free the Store. From another thread while a call runs, the call is interrupted

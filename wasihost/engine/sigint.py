@@ -1,27 +1,35 @@
-"""Ctrl-C while a guest runs on the main thread: deferred out of host callbacks, never lost.
+"""Signals while a guest runs on the main thread: deferred out of host callbacks, never lost.
 
 Python runs a signal's handler on the main thread at the next bytecode boundary. While a guest
 runs, that boundary is the entry of one of our ctypes callbacks (an epoch tick, a host call),
-before its ``try``: the default handler's ``KeyboardInterrupt`` would escape the callback, ctypes
-would print "Exception ignored" and hand libwasmtime an unset return value, which it reads as
-"no trap". The host call is skipped and the guest carries on with a made-up result, or runs on
-to its deadline.
+before its ``try``: an exception the handler raises (the default SIGINT handler's
+``KeyboardInterrupt``, a SIGTERM handler's ``SystemExit``) would escape the callback, ctypes
+would print "Exception ignored" and hand libwasmtime an unset return value. libwasmtime reads
+it as "no trap" (the host call is skipped, the guest carries on with a made-up result, or runs
+on to its deadline) or as a pointer to free (the process aborts).
 
-So, once, from the main thread, the engine chains its own SIGINT handler in front of the one it
-finds. While one of the callbacks libwasmtime calls is on the main thread's stack, the handler
-raises nothing: it marks the Instance running that guest, whose callbacks then trap the guest
-at once and whose call ends with class ``interrupted``. Anywhere else it hands the signal to the
-previous handler, so Ctrl-C outside a guest behaves as it did (``KeyboardInterrupt``).
+So the engine wraps, from the main thread, every Python-level signal handler it finds. While
+one of the callbacks libwasmtime calls is on the main thread's stack, the wrapper raises
+nothing. Ctrl-C under Python's default handler marks the Instance running that guest, whose
+callbacks then trap the guest at once, and the call ends with class ``interrupted``. Any other
+handler is queued on that Instance and runs as the call returns, where what it raises is safe
+(the guest is not stopped for it: a SIGCHLD handler must not end calls; the call's deadline
+bounds the wait). Anywhere else the wrapper calls the handler at once, as before (Ctrl-C
+outside a guest is the usual ``KeyboardInterrupt``).
 
-An embedder that installs its own SIGINT handler afterwards replaces this one; its handler then
-runs at callback entry as before (see docs/engine.md).
+Handlers are wrapped at the first instantiation on the main thread, and SIGINT, SIGTERM and
+a few other common ones again at each later one; a handler installed in between for another
+signal is not wrapped, and what it raises at a callback's entry is left to the unraisable hook
+below (see docs/engine.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any, Protocol
 
@@ -30,8 +38,13 @@ from typing import Any, Protocol
 MAX_FRAMES_SEARCHED = 200
 
 
+Handler = Callable[[int, FrameType | None], Any]
+
+
 class Interruptible(Protocol):
     def interrupt_by_signal(self) -> None: ...
+
+    def defer_signal(self, handler: Handler, signum: int) -> None: ...
 
     def stop_by_exception(self, exc: BaseException) -> None: ...
 
@@ -43,21 +56,31 @@ an exception escaping one of them would be swallowed by ctypes."""
 ENTRY_CODES: dict[CodeType, str] = {}
 """Code of each Instance method that enters the guest, with the name of its ``self`` local."""
 
+# Signals whose handlers are re-checked (and wrapped if new) at every instantiation on the main
+# thread; all signals are scanned once, at the first. Reading a handler costs about 1 µs.
+RECHECKED_SIGNALS = tuple(
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
+    if hasattr(signal, name)
+)
+
 _lock = threading.Lock()
-# The handler found at install (None: not installed yet; False: nothing to chain to), and the
-# unraisable hook found when ours was chained in front of it.
-_state: dict[str, Any] = {"previous": None, "unraisable": None}
+# Whether all signals were scanned yet, and the unraisable hook found when ours was chained in
+# front of it.
+_state: dict[str, Any] = {"scanned": False, "unraisable": None}
+_WRAPPED = "_wasihost_defers"
 
 
 def install_unraisable_hook() -> None:
     """Chain a ``sys.unraisablehook`` that notices exceptions escaping our callbacks; once.
 
-    Another exception can still arrive before a callback's ``try``: a RecursionError when the
-    embedder calls from near the recursion limit, an exception another signal's handler
-    raises, one sent with ``PyThreadState_SetAsyncExc``. ctypes then reports it here, before
-    it returns to libwasmtime with an unset value. The hook stops the Instance whose callback
-    it was, so the call fails instead of carrying on silently (the callback's own return value
-    is beyond reach: see docs/engine.md for what that leaves).
+    Signal handlers are deferred (above), but an exception can still arrive before a
+    callback's ``try``: from a handler installed after the engine wrapped them, a RecursionError
+    when the embedder calls from near the recursion limit, one sent with
+    ``PyThreadState_SetAsyncExc``. ctypes reports it here, before it returns to libwasmtime
+    with an unset value. The hook stops the Instance whose callback it was, so the call fails
+    instead of carrying on silently; the callback's own return value is beyond reach, and may
+    crash the process (see docs/engine.md).
     """
     if _state["unraisable"] is not None:
         return
@@ -80,37 +103,36 @@ def _on_unraisable(unraisable: Any) -> None:
 
 
 def install() -> None:
-    """Chain the handler in front of the current SIGINT handler; on the main thread, once.
-
-    Nothing is installed if SIGINT is ignored or left to the OS (no Python handler runs then).
-    """
-    if _state["previous"] is not None or threading.current_thread() is not threading.main_thread():
+    """Wrap the Python-level signal handlers (see the module docstring); main thread only."""
+    if threading.current_thread() is not threading.main_thread():
         return
     with _lock:
-        if _state["previous"] is not None:
-            return
-        current = signal.getsignal(signal.SIGINT)
-        if current is _on_sigint or not callable(current):
-            _state["previous"] = False
-            return
-        _state["previous"] = current
-        signal.signal(signal.SIGINT, _on_sigint)
+        signals = RECHECKED_SIGNALS if _state["scanned"] else tuple(signal.valid_signals())
+        _state["scanned"] = True
+        for signum in signals:
+            current = signal.getsignal(signum)
+            if callable(current) and not getattr(current, _WRAPPED, False):
+                with contextlib.suppress(OSError, ValueError):  # not settable: leave it
+                    signal.signal(signum, _deferring(current))
 
 
-def installed() -> bool:
-    return signal.getsignal(signal.SIGINT) is _on_sigint
+def installed(signum: int = signal.SIGINT) -> bool:
+    return bool(getattr(signal.getsignal(signum), _WRAPPED, False))
 
 
-def _on_sigint(signum: int, frame: FrameType | None) -> None:
-    target = guest_under(frame)
-    if target is not None:
-        target.interrupt_by_signal()
-        return
-    previous = _state["previous"]
-    if callable(previous):
-        previous(signum, frame)
-    else:  # pragma: no cover - only if the handler was installed by hand
-        raise KeyboardInterrupt
+def _deferring(handler: Handler) -> Handler:
+    def deferring(signum: int, frame: FrameType | None) -> Any:
+        target = guest_under(frame)
+        if target is None:
+            return handler(signum, frame)
+        if signum == signal.SIGINT and handler is signal.default_int_handler:
+            target.interrupt_by_signal()
+        else:
+            target.defer_signal(handler, signum)
+        return None
+
+    setattr(deferring, _WRAPPED, True)
+    return deferring
 
 
 def guest_under(frame: FrameType | None) -> Interruptible | None:
