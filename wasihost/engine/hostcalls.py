@@ -250,7 +250,9 @@ class HostContext:
         # The response is paid once its length is known, but the broker's work grows with what
         # the guest lets it answer: refuse before the work if the most it may answer is more
         # than the Store can pay.
-        most = entry.fuel_per_byte * min(resp_cap, entry.max_response_bytes)
+        per_byte = entry.fuel_per_byte
+        max_response = entry.max_response_bytes
+        most = per_byte * (resp_cap if resp_cap < max_response else max_response)
         if self.fuel_debt + most >= SETTLE_FUEL and not self.can_pay(most):
             return self.out_of_fuel(self.context_of(caller), entry)
         request: Any = None
@@ -268,16 +270,15 @@ class HostContext:
         except GuestAbort as abort:
             return self.fail(FailureClass.PANIC, abort.message)
         body = encode(response)
-        if len(body) > entry.max_response_bytes:
+        if len(body) > max_response:
             return self.fail(
                 FailureClass.HOST_ERROR,
-                f"{name}: host produced {len(body)} bytes over the entry's "
-                f"{entry.max_response_bytes}",
+                f"{name}: host produced {len(body)} bytes over the entry's {max_response}",
             )
         if len(body) > resp_cap:
             _put_i32(args, -Status.BUFFER_TOO_SMALL)
             return 0
-        if not self.charge(caller, entry.fuel_per_byte * len(body)):
+        if not self.charge(caller, per_byte * len(body)):
             return self.out_of_fuel(self.context_of(caller), entry)
         # No wasm ran during the handler, so the memory the view shows is what was checked.
         mem._view[resp_ptr : resp_ptr + len(body)] = body
