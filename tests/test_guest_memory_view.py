@@ -27,7 +27,9 @@ from wasihost.runtime import Extension, Host
 
 MODULE = "probe_preview1"
 PAGE = 65536
-READ, READ_U32, READ_U64, READ_IOVEC, WRITE = range(5)
+READ, READ_U32, READ_U64, READ_IOVEC, WRITE, TAKE_IOVEC = range(6)
+# Where TAKE_IOVEC writes its count: always inside memory, so only the iovec can fault.
+COUNT_AT = 8
 
 
 def _entry(name: str, params: tuple[str, ...], results: tuple[str, ...]) -> HostFunction:
@@ -53,6 +55,7 @@ class Probe:
 
     args: tuple[int, ...] = ()
     seen: list[Any] = []  # noqa: RUF012 (reset per example)
+    counts: list[int] = []  # noqa: RUF012 (reset per example)
 
 
 class ProbeBinding:
@@ -72,6 +75,10 @@ class ProbeBinding:
                 Probe.seen.append(mem.read_u64(ptr))
             elif kind == READ_IOVEC:
                 Probe.seen.append(mem.read_iovec(ptr, length))
+            elif kind == TAKE_IOVEC:
+                data = mem.take_iovec(ptr, length, COUNT_AT)
+                Probe.seen.append(data)
+                Probe.counts.append(mem.read_u32(COUNT_AT))
             else:
                 mem.write(ptr, bytes(pattern(ptr + i) ^ 0xFF for i in range(length)))
                 Probe.seen.append(None)
@@ -131,7 +138,9 @@ def host() -> Iterator[Host]:
 
 def expected(kind: int, ptr: int, length: int, size: int) -> Any:
     """What the access must give, or None if it must fault."""
-    width = {READ: length, READ_U32: 4, READ_U64: 8, READ_IOVEC: 8, WRITE: length}[kind]
+    width = {READ: length, READ_U32: 4, READ_U64: 8, READ_IOVEC: 8, TAKE_IOVEC: 8, WRITE: length}[
+        kind
+    ]
     if ptr + width > size:
         return None
     if kind in (READ, WRITE):
@@ -163,7 +172,9 @@ def test_every_access_agrees_with_memory_or_faults(host: Host, data: st.DataObje
     pages = data.draw(st.sampled_from([1, 2]), label="pages")
     grow = data.draw(st.integers(0, 2), label="grow")
     size = (pages + grow) * PAGE
-    kind = data.draw(st.sampled_from([READ, READ_U32, READ_U64, READ_IOVEC, WRITE]), label="kind")
+    kind = data.draw(
+        st.sampled_from([READ, READ_U32, READ_U64, READ_IOVEC, TAKE_IOVEC, WRITE]), label="kind"
+    )
     ptr = data.draw(near(size), label="ptr")
     length = data.draw(st.integers(0, 64) | st.integers(0, 2**32 - 1), label="length")
     if kind == WRITE:
@@ -171,6 +182,7 @@ def test_every_access_agrees_with_memory_or_faults(host: Host, data: st.DataObje
     want = expected(kind, ptr, length, size)
     Probe.args = (kind, ptr, length, grow)
     Probe.seen = []
+    Probe.counts = []
     ext = host.admit(bare(GUESTS[pages]), grants=["probe"])
     event("fault" if want is None else "served")
     if want is None:
@@ -182,3 +194,5 @@ def test_every_access_agrees_with_memory_or_faults(host: Host, data: st.DataObje
     else:
         assert ext.run_command() == 0
         assert Probe.seen[1] == (None if kind == WRITE else want)
+        if kind == TAKE_IOVEC:
+            assert Probe.counts == [len(want)]

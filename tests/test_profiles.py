@@ -5,6 +5,8 @@ A toy profile stands in for WASI so the engine's native path is tested on its ow
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,7 +14,6 @@ import pytest
 from conftest import bare, native_entry
 from guests import build
 
-from wasihost.engine.hostcalls import CALLBACKS
 from wasihost.engine.native import SETTLE_FUEL
 from wasihost.errors import AdmissionError, CallError, FailureClass
 from wasihost.guestmem import GuestMemory
@@ -237,15 +238,20 @@ def test_native_calls_work_from_a_start_function(host: Host) -> None:
 
 
 def test_host_function_callbacks_go_with_their_store(host: Host) -> None:
-    # Each import of each instance has its own C callback; wasmtime's finalizer must drop it
-    # when the Store goes, or every run would leak one per import.
-    seen: list[int] = []
+    # Each import of each instance has its own C callback, owned by the Instance with its
+    # Store: once an instance is closed and dropped, nothing (no module-level table) keeps it,
+    # its callbacks or its brokers alive.
+    alive: list[weakref.ref[Any]] = []
+    ext: Extension | None = None
 
     def sized(mem: GuestMemory, a: int, b: int, out: int) -> int:
-        seen.append(len(CALLBACKS))
+        assert ext is not None
+        instance = ext._starting  # a plain command's run: the instance being run
+        assert instance is not None
+        alive.append(weakref.ref(instance))
+        alive.extend(weakref.ref(cb) for cb in instance._callbacks)
         return 0
 
-    before = len(CALLBACKS)  # other tests' live instances, if any
     original = ToyBinding.handler
     ToyBinding.handler = lambda self, e: sized if e.name == "store_sum" else original(self, e)  # type: ignore[method-assign]
     try:
@@ -254,5 +260,6 @@ def test_host_function_callbacks_go_with_their_store(host: Host) -> None:
             ext.run_command()
     finally:
         ToyBinding.handler = original  # type: ignore[method-assign]
-    assert seen and min(seen) >= before + 3  # the running instance's three imports
-    assert len(CALLBACKS) == before
+    assert len(alive) == 20 * 4  # each run's instance and its three imports' callbacks
+    gc.collect()
+    assert [ref for ref in alive if ref() is not None] == []

@@ -26,6 +26,8 @@ class FailureClass(enum.Enum):
     GUEST_ERROR = "guest_error"
     HANDSHAKE = "handshake"
     DENIED = "denied"
+    # Ctrl-C (SIGINT) reached the host while the guest ran on the main thread.
+    INTERRUPTED = "interrupted"
 
     @property
     def discards_instance(self) -> bool:

@@ -23,7 +23,7 @@ from .brokers.log import ExtensionLog, LogRecord, log_handler
 from .brokers.random import SeededRandom, random_handler
 from .codec import CodecLimits, decode, encode
 from .engine import BoundImport, Budget, CompiledModule, Instance, StoreLimits
-from .errors import CallError, CodecError, ConfigError, FailureClass
+from .errors import CallError, CodecError, ConfigError, FailureClass, WasihostError
 from .grants import GrantState
 from .lifecycle import Event, ExtensionRevoked, ExtensionUnavailable, Lifecycle, State
 from .manifest import Manifest, Resources
@@ -570,16 +570,20 @@ class Extension:
                 instance = self._start(budget)
             self._call_epoch = self.grant.epoch
             try:
-                with instance.lock:
-                    result = instance.call(name, payload, r.max_output_bytes, budget)
+                # No instance.lock here: self._lock serialises this extension's calls, and the
+                # Instance refuses a second thread by itself (its entry token).
+                result = instance.call(name, payload, r.max_output_bytes, budget)
             except BaseException as exc:
                 self.last_fuel_used = budget.used if budget is not None else instance.last_call_fuel
                 self._raise_if_halted_during(instance, "call")
-                # Anything but a clean guest-level refusal may have left the guest half-way
-                # (a KeyboardInterrupt in a host function included): the instance goes.
-                if not isinstance(exc, CallError) or exc.failure.discards_instance:
-                    failure = exc.failure.value if isinstance(exc, CallError) else "host_error"
-                    self._crash(f"{failure}: {exc}")
+                # A trap may have left the guest half-way, and so may a KeyboardInterrupt or
+                # SystemExit (or a bug) out of a host function: the instance goes. A refusal
+                # before the guest ran (a ConfigError: the caller's stack is too small) keeps it.
+                if isinstance(exc, CallError):
+                    if exc.failure.discards_instance:
+                        self._crash(f"{exc.failure.value}: {exc.message}")
+                elif not isinstance(exc, WasihostError):
+                    self._crash(f"interrupted: {type(exc).__name__}")
                 raise
             self.last_fuel_used = budget.used if budget is not None else result.fuel_used
             if result.status != 0:

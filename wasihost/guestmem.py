@@ -12,15 +12,14 @@ from .status import GuestFault, GuestInterrupted, GuestOutOfFuel
 class GuestMemory(Protocol):
     """Bounds-checked access to the calling guest's linear memory during one host call.
 
+    No view of memory is ever handed out: what a broker reads is a copy, so nothing it keeps
+    can reach memory after the instance is gone.
+
     Every method raises :class:`~wasihost.status.GuestFault` for a range outside memory;
     ``deadline`` is the ``time.monotonic()`` value by which the call must return.
     """
 
     deadline: float
-    view: memoryview
-    """Memory as bytes, as of the last checked access: never longer than memory, but shorter
-    once the guest has grown it. A hot path may read and write within ``len(view)`` directly
-    (adding what it copies to ``moved``) and take the checked methods for anything else."""
     moved: int
     """Bytes copied in or out during this host call; the engine charges them."""
 
@@ -34,6 +33,11 @@ class GuestMemory(Protocol):
 
     def read_iovec(self, ptr: int, cap: int) -> bytes:
         """The bytes the iovec at ``ptr`` points to, at most ``cap`` of them."""
+        ...
+
+    def take_iovec(self, ptr: int, cap: int, count_ptr: int) -> bytes:
+        """``read_iovec(ptr, cap)``, with the number of bytes taken written as a u32 at
+        ``count_ptr``; both checked before it returns (a one-iovec write in one call)."""
         ...
 
     def read_u32_pair(self, ptr: int) -> tuple[int, int]:
@@ -67,7 +71,6 @@ class BytearrayMemory:
 
     def __init__(self, size: int, deadline: float = float("inf"), fuel: int | None = None) -> None:
         self.data = bytearray(size)
-        self.view = memoryview(self.data)
         self.deadline = deadline
         self.moved = 0
         self.fuel = fuel  # None: an unlimited budget
@@ -95,6 +98,11 @@ class BytearrayMemory:
     def read_iovec(self, ptr: int, cap: int) -> bytes:
         buf, length = self.read_u32_pair(ptr)
         return self.read(buf, min(length, cap))
+
+    def take_iovec(self, ptr: int, cap: int, count_ptr: int) -> bytes:
+        data = self.read_iovec(ptr, cap)
+        self.write_u32(count_ptr, len(data))
+        return data
 
     def read_u32_pair(self, ptr: int) -> tuple[int, int]:
         data = self.read(ptr, 8)

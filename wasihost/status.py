@@ -62,8 +62,9 @@ class GuestInterrupted(Exception):
 
 
 class GuestOutOfFuel(Exception):
-    """Raised by a native broker before work proportional to a guest-declared length, when the
-    call's budget cannot pay for it: the call ends with class ``out_of_fuel``, nothing done."""
+    """Raised before work proportional to a guest-declared length (a broker's
+    ``GuestMemory.require_fuel``, or a bulk copy) when the call's budget cannot pay for it:
+    the call ends with class ``out_of_fuel``, nothing done."""
 
 
 class GuestExit(Exception):

@@ -5,7 +5,6 @@ slot and fuel debt, and the cbor convention (the native one lives in :mod:`.nati
 from __future__ import annotations
 
 import ctypes
-import itertools
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +25,7 @@ from .lowlevel import (
     set_fuel,
 )
 from .native import SETTLE_FUEL, NativeCall, native_dispatch, result_writer
+from .sigint import CALLBACK_CODES
 
 HostHandler = Callable[[Any], Any]
 """A broker entry point: decoded, bounded request value in, response value out."""
@@ -50,16 +50,11 @@ wasmtime_val_raw_t array, its length) -> a trap pointer, or 0. It must not raise
 # the hot path never builds a ctypes pointer object; arguments are unpacked with struct.
 _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_size_t, VP, VP, VP, ctypes.c_size_t)
 
-# env -> the ctypes callback of one import of one Store. Each import gets its own callback, so
-# a host call goes straight to its prepared closure (a shared trampoline and a table lookup
-# were a tenth of a line of WASI output). The callback must live as long as wasmtime's
-# function: the finalizer drops it when the Store drops the function.
-CALLBACKS: dict[int, Any] = {}
-_CALLBACK_IDS = itertools.count(1)
-_FINALIZER = ctypes.CFUNCTYPE(None, VP)
-func_new_unchecked = private_fn(
-    "wasmtime_func_new_unchecked", None, VP, VP, _CALLBACK, VP, _FINALIZER, VP
-)
+# Each import gets its own callback, so a host call goes straight to its prepared closure (a
+# shared trampoline and a table lookup were a tenth of a line of WASI output). The callback
+# must live as long as wasmtime's function, that is as long as the Store: the Instance owning
+# the Store holds it (a module-level table would keep every dropped Store alive).
+func_new_unchecked = private_fn("wasmtime_func_new_unchecked", None, VP, VP, _CALLBACK, VP, VP, VP)
 _caller_context = private_fn("wasmtime_caller_context", VP, VP)
 _caller_export_get = private_fn(
     "wasmtime_caller_export_get", ctypes.c_bool, VP, ctypes.c_char_p, ctypes.c_size_t, VP
@@ -69,17 +64,9 @@ _CBOR_ARGS = struct.Struct("<I12xI12xI12xI12x").unpack_from
 _put_i32 = result_writer("i32")
 
 
-def host_callback(dispatch: Dispatch) -> tuple[int, Any]:
-    """A C callback for ``dispatch`` and the env that keeps it alive until :func:`finalize`."""
-    env = next(_CALLBACK_IDS)
-    callback = _CALLBACK(dispatch)
-    CALLBACKS[env] = callback
-    return env, callback
-
-
-@_FINALIZER  # type: ignore[untyped-decorator]
-def finalize(env: int | None) -> None:
-    CALLBACKS.pop(env or 0, None)
+def host_callback(dispatch: Dispatch) -> Any:
+    """A C callback for ``dispatch``; the caller keeps it alive as long as its Store."""
+    return _CALLBACK(dispatch)
 
 
 class HostContext:
@@ -100,10 +87,20 @@ class HostContext:
         # Read by the epoch callback on every tick of a running call: set from any thread to
         # stop the guest at its next tick (emergency disable).
         self.interrupted = False
+        # Set (with ``interrupted``) when the call must stop at once and end with this error:
+        # Ctrl-C deferred out of a callback, or an exception that escaped a callback before
+        # its ``try`` (see sigint.py). Host calls check it, so the guest stops at the next.
+        self.halt: CallError | None = None
+        # Signal handlers deferred out of a callback (see sigint.py), run after the call.
+        self.deferred: list[tuple[Callable[[int, Any], Any], int]] = []
         # Host-call fuel charged but not yet taken from the Store (see SETTLE_FUEL).
         self.fuel_debt = 0
         self.native = NativeCall()
         self.native.can_pay = self.can_pay
+        self.native.per_byte = max(
+            (b.entry.fuel_per_byte for b in self.imports if b.entry.convention == "native"),
+            default=0,
+        )
         self._fuel = ctypes.c_uint64(0)
         self._fuel_addr = ctypes.addressof(self._fuel)
         self._extern = ffi.wasmtime_extern_t()
@@ -131,13 +128,39 @@ class HostContext:
                 self.store_ctx = ctx
         return ctx
 
-    def set_memory(self, memory: Any) -> None:
+    def set_memory(self, memory: Any, store: object) -> None:
         """Serve the exported memory (kept alive by the Instance) to every later host call."""
-        self.native.bind(self.expected_ctx, ctypes.addressof(memory))
+        # The memory handle and its Store are held with the binding (see NativeCall.bind).
+        self.native.bind(self.expected_ctx, ctypes.addressof(memory), (store, memory))
 
     def take_failure(self) -> CallError | None:
         failure, self.failure = self.failure, None
         return failure
+
+    def clear_slots(self) -> BaseException | None:
+        """Empty the error slots after a call; returns the exception to re-raise, if any."""
+        reraise, self.reraise = self.reraise, None
+        self.failure = None
+        return reraise
+
+    def stop_now(self, failure: CallError, reraise: BaseException | None = None) -> None:
+        """End the running call at its next callback with ``failure`` (the first one stays),
+        re-raising ``reraise`` after it; every later call of this instance ends the same."""
+        if self.halt is None:
+            self.halt = failure
+        if reraise is not None and self.reraise is None:
+            self.reraise = reraise
+        self.interrupted = True
+        self.native.wakeup.set()  # a broker blocked in sleep() stops waiting too
+
+    def interrupted_failure(self) -> CallError:
+        if self.halt is not None:
+            return self.halt
+        return CallError(FailureClass.DEADLINE, "interrupted by the host")
+
+    def halt_trap(self) -> int:
+        halt = self.interrupted_failure()
+        return self.fail(halt.failure, halt.message)
 
     def fail(self, failure: FailureClass, message: str) -> int:
         self.failure = CallError(failure, message)
@@ -150,6 +173,16 @@ class HostContext:
             self.reraise = exc  # KeyboardInterrupt/SystemExit: re-raised after the call
         return self.fail(FailureClass.HOST_ERROR, f"host function failed: {type(exc).__name__}")
 
+    def can_pay(self, cost: int) -> bool:
+        """Whether the Store's fuel covers ``cost`` more on top of the debt, checked before
+        work proportional to a guest-declared length. Below SETTLE_FUEL in all the bounded
+        overrun applies and the Store's counter is not read."""
+        total = self.fuel_debt + cost
+        if total < SETTLE_FUEL:
+            return True
+        get_fuel(self.expected_ctx, self._fuel_addr)
+        return int(self._fuel.value) >= total
+
     def settle(self, ctx: int, debt: int) -> bool:
         """Take ``debt`` from the Store's fuel; False (and the Store emptied) if it cannot pay."""
         self.fuel_debt = 0
@@ -160,12 +193,6 @@ class HostContext:
             return False
         set_fuel(ctx, left - debt)
         return True
-
-    def can_pay(self, units: int) -> bool:
-        """Whether the Store's fuel covers what host calls owe plus ``units`` more (read from
-        the Store of the memory being served: the caller's)."""
-        get_fuel(self.native.context, self._fuel_addr)
-        return int(self._fuel.value) >= self.fuel_debt + units
 
     def _memory_by_name(self, caller: int) -> int:
         """The caller's exported memory, looked up by name: its address is valid for this host
@@ -180,10 +207,14 @@ class HostContext:
             try:
                 if not self.native.bound:
                     return self.call_unbound(dispatch, env, caller, args, nargs)
-                return self._cbor_call(index, caller, args)
+                trap = self._cbor_call(index, caller, args)
+                if self.halt is not None and not trap:
+                    return self.halt_trap()
+                return trap
             except BaseException as exc:
                 return self.crashed(exc)
 
+        CALLBACK_CODES.add(dispatch.__code__)
         return dispatch
 
     def _cbor_call(self, index: int, caller: int, args: int) -> int:
@@ -223,10 +254,18 @@ class HostContext:
             # Before the effect, so a retry with a bigger buffer (ABI section 7) commits once.
             _put_i32(args, -Status.BUFFER_TOO_SMALL)
             return 0
+        # The response is paid once its length is known, but the broker's work grows with what
+        # the guest lets it answer: refuse before the work if the most it may answer is more
+        # than the Store can pay.
+        per_byte = entry.fuel_per_byte
+        max_response = entry.max_response_bytes
+        most = per_byte * (resp_cap if resp_cap < max_response else max_response)
+        if self.fuel_debt + most >= SETTLE_FUEL and not self.can_pay(most):
+            return self.out_of_fuel(self.context_of(caller), entry)
         request: Any = None
         if req_len:
             try:
-                request = decode(mem.view[req_ptr:req_end].tobytes(), self.codec_limits[index])
+                request = decode(mem._view[req_ptr:req_end].tobytes(), self.codec_limits[index])
             except CodecError:
                 _put_i32(args, -Status.INVALID_ARGUMENT)
                 return 0
@@ -238,19 +277,18 @@ class HostContext:
         except GuestAbort as abort:
             return self.fail(FailureClass.PANIC, abort.message)
         body = encode(response)
-        if len(body) > entry.max_response_bytes:
+        if len(body) > max_response:
             return self.fail(
                 FailureClass.HOST_ERROR,
-                f"{name}: host produced {len(body)} bytes over the entry's "
-                f"{entry.max_response_bytes}",
+                f"{name}: host produced {len(body)} bytes over the entry's {max_response}",
             )
         if len(body) > resp_cap:
             _put_i32(args, -Status.BUFFER_TOO_SMALL)
             return 0
-        if not self.charge(caller, entry.fuel_per_byte * len(body)):
+        if not self.charge(caller, per_byte * len(body)):
             return self.out_of_fuel(self.context_of(caller), entry)
         # No wasm ran during the handler, so the memory the view shows is what was checked.
-        mem.view[resp_ptr : resp_ptr + len(body)] = body
+        mem._view[resp_ptr : resp_ptr + len(body)] = body
         _put_i32(args, len(body))
         return 0
 
@@ -269,7 +307,7 @@ class HostContext:
         elif req_len:
             limits = CodecLimits(max_bytes=entry.max_request_bytes)
             try:
-                request = decode(mem.view[req_ptr:req_end].tobytes(), limits)
+                request = decode(mem.read(req_ptr, req_len), limits)
             except CodecError:
                 request = UnreadableRequest("not well-formed CBOR")
         read = 0 if isinstance(request, UnreadableRequest) else req_len

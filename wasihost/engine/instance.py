@@ -6,7 +6,8 @@ import ctypes
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from ctypes import POINTER, byref
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -15,17 +16,16 @@ import wasmtime
 from wasmtime import _bindings as raw
 from wasmtime import _ffi as ffi
 
-from ..errors import CallError, FailureClass
+from ..errors import CallError, ConfigError, FailureClass
+from . import sigint
 from .hostcalls import (
     BoundImport,
     Gate,
     HostContext,
-    finalize,
     func_new_unchecked,
     host_callback,
 )
 from .lowlevel import (
-    DATA_FINALIZER,
     EPOCH_CALLBACK,
     U32,
     U64,
@@ -39,6 +39,7 @@ from .lowlevel import (
     store_epoch_deadline_callback,
     trap_failure,
 )
+from .stack import STACK_MARGIN, THREAD_STACK, check_thread_stack
 
 if TYPE_CHECKING:
     from .wasm_engine import WasmEngine
@@ -83,13 +84,20 @@ class Budget:
         self.fuel = max(0, self.fuel - used)
 
 
-# env -> the HostContext of a Store, for the epoch callback; dropped with the Store.
-EPOCH_TARGETS: dict[int, HostContext] = {}
+# env -> the HostContext of a Store, for the epoch callback. Weak: the table must not keep a
+# dropped Instance (and its Store, and whatever its brokers hold) alive; an entry goes with
+# its context.
+EPOCH_TARGETS: weakref.WeakValueDictionary[int, HostContext] = weakref.WeakValueDictionary()
 EPOCH_TARGET_IDS = itertools.count(1)
 
+# How long close() waits for a call in flight on another thread to stop after interrupting it;
+# past that the Store is freed by that call when it returns (see Instance.close).
+CLOSE_WAIT_S = 0.5
+# How often close() looks whether that call has stopped: a fraction of an epoch tick.
+CLOSE_POLL_S = 0.002
 
-@EPOCH_CALLBACK  # type: ignore[untyped-decorator]
-def on_epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
+
+def _epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
     """Runs on the guest's thread at every epoch tick of a call.
 
     Deadlines are one tick long and renewed here, so that the wall-clock deadline and a host's
@@ -101,7 +109,7 @@ def on_epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
         if host is None:
             return int(error_new(b"wasihost: instance is gone") or 0)
         if host.interrupted:
-            host.failure = CallError(FailureClass.DEADLINE, "interrupted by the host")
+            host.failure = host.interrupted_failure()
             return int(error_new(b"wasihost: interrupted") or 0)
         if time.monotonic() >= host.native.deadline:
             host.failure = CallError(FailureClass.DEADLINE, "wall-clock deadline passed")
@@ -113,9 +121,8 @@ def on_epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
         return int(error_new(b"wasihost: deadline check failed") or 0)
 
 
-@DATA_FINALIZER  # type: ignore[untyped-decorator]
-def drop_epoch_target(env: int | None) -> None:
-    EPOCH_TARGETS.pop(env or 0, None)
+on_epoch_tick = EPOCH_CALLBACK(_epoch_tick)
+sigint.CALLBACK_CODES.add(_epoch_tick.__code__)
 
 
 @attrs.frozen
@@ -130,11 +137,13 @@ class CompiledModule:
 
 
 class Instance:
-    """One guest instance in its own Store. Not thread-safe by itself: callers hold ``lock``.
+    """One guest instance in its own Store, entered by one thread at a time.
 
-    A Store used from two threads at once crashes the process, so every entry into the guest
-    takes the lock. After a failure that may have corrupted the guest, the owner discards the
-    instance (``close``) and instantiates anew.
+    A Store used from two threads at once crashes the process. Owners serialise their calls
+    (``lock`` is there for that; an Extension uses its own lock), and every entry point also
+    takes an entry token without waiting, so a second thread entering while a call runs gets a
+    ConfigError instead of a crash. After a failure that may have corrupted the guest, the
+    owner discards the instance (``close``) and instantiates anew.
     """
 
     def __init__(
@@ -147,6 +156,12 @@ class Instance:
         command_export: str | None = None,
     ) -> None:
         self.lock = threading.Lock()
+        # The entry token: popped by whichever thread enters the guest, put back as it leaves
+        # (see the class docstring). list.pop and list.append are atomic under the GIL and
+        # cost a tenth of a Lock's acquire and release, which a no-op call would notice.
+        self._token = [True]
+        self._close_pending = False
+        self._stack_needed = engine.settings.max_wasm_stack + STACK_MARGIN
         self._engine = engine
         self._limits = limits
         self._store = wasmtime.Store(engine.wasmtime_engine)
@@ -164,10 +179,7 @@ class Instance:
         epoch_env = next(EPOCH_TARGET_IDS)
         EPOCH_TARGETS[epoch_env] = self._ctx
         store_epoch_deadline_callback(
-            ctypes.cast(self._store.ptr(), ctypes.c_void_p).value,
-            on_epoch_tick,
-            epoch_env,
-            drop_epoch_target,
+            ctypes.cast(self._store.ptr(), ctypes.c_void_p).value, on_epoch_tick, epoch_env, None
         )
         self._timeout_s = limits.timeout_ms / 1000
         self._has_native = any(b.entry.convention == "native" for b in imports)
@@ -182,15 +194,17 @@ class Instance:
             # Admission read the imports from the bytes; the engine must agree exactly.
             raise CallError(FailureClass.ADMISSION, "engine and admission disagree on imports")
         externs = (ffi.wasmtime_extern_t * max(1, len(imports)))()
+        # The C callbacks live exactly as long as this Instance, which owns the Store calling
+        # them (nothing module-level refers to either: a dropped Instance is collected).
+        self._callbacks = [host_callback(d) for d in self._ctx.dispatch]
         for i, bound in enumerate(imports):
-            env, callback = host_callback(self._ctx.dispatch[i])
             func = ffi.wasmtime_func_t()
             func_new_unchecked(
                 self._ctx_addr,
                 ctypes.cast(engine.func_type(bound.entry).ptr(), ctypes.c_void_p),
-                callback,
-                env,
-                finalize,
+                self._callbacks[i],
+                None,
+                None,
                 ctypes.addressof(func),
             )
             externs[i] = ffi.wasmtime_extern_t(
@@ -206,34 +220,47 @@ class Instance:
         """Run instantiation (the guest's start function, if any) under ``budget``.
 
         Separate from construction so that an owner holds the instance, and can interrupt
-        it, before any guest code runs. Caller holds ``lock``.
+        it, before any guest code runs. One thread at a time, as every entry point.
         """
         if self.closed or self.started:
             raise CallError(FailureClass.HOST_ERROR, "instance is closed or already started")
+        if THREAD_STACK.size < self._stack_needed:
+            check_thread_stack(self._stack_needed)  # instantiation runs the start function
+        try:
+            self._token.pop()
+        except IndexError:
+            raise _in_use() from None
         self.started = True
         instance = ffi.wasmtime_instance_t()
         externs, module, command_export = self._externs, self._module, self._command_export
-        self._arm(budget)
-        trap = POINTER(ffi.wasm_trap_t)()
-        err = raw._wasmtime_instance_new(
-            self._context,
-            module.module.ptr(),
-            externs,
-            len(self._ctx.imports),
-            byref(instance),
-            byref(trap),
-        )
-        overran = self._account(budget)
-        if err or trap:
+        try:
+            self._arm(budget)
+            trap = POINTER(ffi.wasm_trap_t)()
+            err = raw._wasmtime_instance_new(
+                self._context,
+                module.module.ptr(),
+                externs,
+                len(self._ctx.imports),
+                byref(instance),
+                byref(trap),
+            )
+            overran = self._account(budget)
+            failure: BaseException | None = None
+            if err or trap:
+                failure = self._failure(err, trap, instantiating=True)
+            elif overran:
+                failure = _overrun()
+            elif self._ctx.halt is not None:
+                failure = self._halted()
+        finally:
+            self._leave()
+        if failure is not None:
             self.close()
-            raise self._failure(err, trap, instantiating=True)
-        if overran:
-            self.close()
-            raise _overrun()
+            raise failure
         self._externs = None
         self._instance = instance
         self._memory = self._export(b"memory").of.memory
-        self._ctx.set_memory(self._memory)
+        self._ctx.set_memory(self._memory, self._store)
         if command_export is not None:
             self._alloc = self._call = self._export(command_export.encode()).of.func
         else:
@@ -257,20 +284,31 @@ class Instance:
         """Run a profile command's entry point to its end under what is left of ``budget``;
         return its exit code.
 
-        A normal return is exit code 0; ``proc_exit(n)`` ends it with ``n``. Caller holds
-        ``lock``; the instance cannot run again afterwards.
+        A normal return is exit code 0; ``proc_exit(n)`` ends it with ``n``. One thread at a
+        time; the instance cannot run again afterwards.
         """
         if self.closed:
             raise CallError(FailureClass.HOST_ERROR, "instance is closed")
-        self._arm(budget)
+        if THREAD_STACK.size < self._stack_needed:
+            check_thread_stack(self._stack_needed)
+        try:
+            self._token.pop()
+        except IndexError:
+            raise _in_use() from None
         overran = False
         try:
-            self._invoke(self._call_addr, self._args1_addr, 0)
-        except CallError:
-            if self._ctx.exit_code is None:
-                raise
+            self._arm(budget)
+            try:
+                self._invoke(self._call_addr, self._args1_addr, 0)
+            except CallError as exc:
+                if self._ctx.exit_code is None or exc.failure is FailureClass.INTERRUPTED:
+                    raise
+            finally:
+                overran = self._account(budget)
         finally:
-            overran = self._account(budget)
+            self._leave()
+        if self._ctx.halt is not None:
+            raise self._halted()
         if overran:
             raise _overrun()
         return self._ctx.exit_code if self._ctx.exit_code is not None else 0
@@ -306,10 +344,17 @@ class Instance:
         return debt > left
 
     def _failure(self, err: Any, trap: Any, *, instantiating: bool = False) -> CallError:
-        reraise, self._ctx.reraise = self._ctx.reraise, None
-        if reraise is not None:
-            raise reraise
         failure = self._ctx.take_failure()
+        reraise = self._ctx.clear_slots()
+        if reraise is not None or self._ctx.halt is not None:
+            # Nothing of this call may leak into the next: the slots are empty, the trap freed.
+            if trap:
+                raw.wasm_trap_delete(trap)
+            if err:
+                raw.wasmtime_error_delete(err)
+            if reraise is not None:
+                raise reraise  # KeyboardInterrupt/SystemExit from a host function
+            return self._ctx.interrupted_failure()
         if failure is None and self._ctx.exit_code is not None:
             failure = CallError(FailureClass.TRAP, f"guest exited with {self._ctx.exit_code}")
         if failure is not None:
@@ -342,25 +387,33 @@ class Instance:
         self, command: bytes, payload: bytes, max_output_bytes: int, budget: Budget | None = None
     ) -> CallResult:
         """Run one command per the ABI calling convention, under what is left of ``budget``
-        (a fresh per-call budget when None). Caller holds ``lock``."""
+        (a fresh per-call budget when None). One thread at a time."""
         host = self._ctx
         if self.closed or host.interrupted:
             raise CallError(
                 FailureClass.HOST_ERROR if self.closed else FailureClass.DEADLINE,
                 "instance is closed" if self.closed else "interrupted by the host",
             )
+        if THREAD_STACK.size < self._stack_needed:
+            check_thread_stack(self._stack_needed)
+        token = self._token
+        try:
+            token.pop()
+        except IndexError:
+            raise _in_use() from None
         # _arm and _account inlined: method calls are a measurable share of a no-op call.
         if budget is None:
             fuel = self._limits.fuel
-            host.native.deadline = time.monotonic() + self._timeout_s
+            deadline = time.monotonic() + self._timeout_s
         else:
             fuel = budget.fuel
-            host.native.deadline = budget.deadline
+            deadline = budget.deadline
         ctx = self._ctx_addr
-        set_fuel(ctx, fuel)
-        set_epoch_deadline(ctx, 1)
-        host.fuel_debt = 0
         try:
+            set_fuel(ctx, fuel)
+            set_epoch_deadline(ctx, 1)
+            host.fuel_debt = 0
+            host.native.deadline = deadline
             block = command + payload
             total = len(block)
             args1 = self._args1
@@ -378,7 +431,7 @@ class Instance:
                     f"wasihost_alloc({total}) returned {ptr}, not a block inside memory of "
                     f"{size} bytes",
                 )
-            mem.view[ptr : ptr + total] = block
+            mem._view[ptr : ptr + total] = block
             args3 = self._args3
             args3[0].i32 = ptr
             args3[1].i32 = len(command)
@@ -406,7 +459,7 @@ class Instance:
                     f"response body of {resp_len - 4} bytes over the output limit of "
                     f"{max_output_bytes}",
                 )
-            data = mem.view[resp_ptr : resp_ptr + resp_len].tobytes()
+            data = mem._view[resp_ptr : resp_ptr + resp_len].tobytes()
         finally:
             get_fuel(ctx, self._fuel_left_addr)
             left = self._fuel_left.value
@@ -416,6 +469,13 @@ class Instance:
             self.last_call_fuel = used
             if budget is not None:
                 budget.spend(used)
+            token.append(True)
+            if self._close_pending:
+                self.close()
+            if host.deferred:
+                self._run_deferred_handlers()
+        if host.halt is not None:
+            raise self._halted()  # e.g. Ctrl-C that came after the guest's last host call
         if debt > left:
             raise _overrun()
         return CallResult(int.from_bytes(data[:4], "little"), data[4:], used)
@@ -426,16 +486,97 @@ class Instance:
 
     def interrupt(self) -> None:
         """From any thread: the running call, if any, traps at its next epoch tick, and so does
-        every later one; a host call waiting in ``NativeCall.sleep`` wakes and ends the call at
-        once. Only Python state is written; the Store is not touched."""
+        every later one; a broker waiting in a blocking host call wakes at once. Only Python
+        objects are touched, never the Store."""
         self._ctx.interrupted = True
         self._ctx.native.wakeup.set()
 
+    def interrupt_by_signal(self) -> None:
+        """Ctrl-C deferred out of a host callback (see sigint.py): the call ends at once with
+        class ``interrupted``, and so does every later one."""
+        self._ctx.stop_now(CallError(FailureClass.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)"))
+
+    def defer_signal(self, handler: Callable[[int, Any], Any], signum: int) -> None:
+        """A signal's Python handler deferred out of a host callback (see sigint.py): it runs
+        as the call returns."""
+        self._ctx.deferred.append((handler, signum))
+
+    def _run_deferred_handlers(self) -> None:
+        """As the call returns, at a safe point: what a deferred handler raises propagates."""
+        deferred, self._ctx.deferred = self._ctx.deferred, []
+        for handler, signum in deferred:
+            handler(signum, None)
+
+    def stop_by_exception(self, exc: BaseException) -> None:
+        """An exception escaped one of this instance's callbacks before its ``try`` (see
+        sigint.py): ctypes swallowed it, so the call is stopped here, failing ``host_error``,
+        and a KeyboardInterrupt or SystemExit is re-raised after it."""
+        self._ctx.stop_now(
+            CallError(
+                FailureClass.HOST_ERROR,
+                f"a host callback was aborted on entry by {type(exc).__name__}",
+            ),
+            None if isinstance(exc, Exception) else exc,
+        )
+
+    def _halted(self) -> BaseException:
+        reraise = self._ctx.clear_slots()
+        return reraise if reraise is not None else self._ctx.interrupted_failure()
+
+    def _leave(self) -> None:
+        self._token.append(True)
+        if self._close_pending:
+            self.close()
+        if self._ctx.deferred:
+            self._run_deferred_handlers()
+
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
+        """Free the Store. From another thread while a call runs, the call is interrupted
+        first and the Store freed once it has stopped (never under a running guest)."""
+        if self.closed and not self._close_pending:
+            return
+        self.closed = True
+        if not self._take_token():
+            # Still running (a blocking host call, or close() from inside the call on its own
+            # thread): that call frees the Store as it leaves.
+            self._close_pending = True
+            return
+        try:
+            self._close_pending = False
             self._ctx.native.forget()
             self._store.close()
+        finally:
+            self._token.append(True)
+
+    def _take_token(self) -> bool:
+        """The entry token, for close(): at once if no call runs, else after interrupting the
+        call and waiting up to CLOSE_WAIT_S for it to stop."""
+        interrupted = False
+        give_up = time.monotonic() + CLOSE_WAIT_S
+        while True:
+            try:
+                self._token.pop()
+            except IndexError:
+                pass
+            else:
+                return True
+            if not interrupted:
+                self.interrupt()
+                interrupted = True
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(CLOSE_POLL_S)
+
+
+sigint.ENTRY_CODES.update(
+    {f.__code__: "self" for f in (Instance.instantiate, Instance.call, Instance.run_command)}
+)
+
+
+def _in_use() -> ConfigError:
+    return ConfigError(
+        "Instance entered by a second thread while a call runs: hold Instance.lock around calls"
+    )
 
 
 def _overrun() -> CallError:

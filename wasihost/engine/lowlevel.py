@@ -24,17 +24,40 @@ U64 = 0xFFFF_FFFF_FFFF_FFFF
 MAX_TRAP_MESSAGE_CHARS = 400
 
 WASMTIME_VERSION = importlib.metadata.version("wasmtime")
+# The private bindings below are those of this major; pyproject.toml pins it too.
+WASMTIME_MAJOR = 50
 
 
-def private_fn(name: str, restype: Any, *argtypes: Any) -> Any:
+def check_version(version: str) -> None:
+    """Refuse any wasmtime-py but the pinned major, by name, before touching its bindings: an
+    older or newer one may lack a symbol (an AttributeError deep in an import) or, worse, keep
+    a symbol whose signature changed."""
+    major = version.split(".", 1)[0]
+    if not major.isdigit() or int(major) != WASMTIME_MAJOR:
+        raise ConfigError(
+            f"wasmtime {version} is installed; wasihost needs wasmtime {WASMTIME_MAJOR}.x "
+            f"(pip install 'wasmtime>={WASMTIME_MAJOR},<{WASMTIME_MAJOR + 1}')"
+        )
+
+
+check_version(WASMTIME_VERSION)
+
+
+# The same library, its functions called with the GIL held: for short calls whose arguments
+# must not be freed by another thread mid-call (see NativeCall._refresh).
+_GIL_DLL = ctypes.PyDLL(ffi.dll._name, handle=ffi.dll._handle)
+
+
+def private_fn(name: str, restype: Any, *argtypes: Any, keep_gil: bool = False) -> Any:
     """Our own ctypes prototype for a libwasmtime symbol.
 
     ``dll[name]`` makes a new function object, so its plain ``c_void_p``/integer signature
     does not disturb wasmtime-py's own typed prototypes. Passing raw addresses skips ctypes'
     per-argument type checks and ``cast`` calls, which dominate a no-op call otherwise.
+    ``keep_gil`` makes a call atomic with respect to other Python threads.
     """
     try:
-        fn = ffi.dll[name]
+        fn = (_GIL_DLL if keep_gil else ffi.dll)[name]
     except AttributeError:
         raise ConfigError(
             f"wasmtime {WASMTIME_VERSION} lacks {name}; wasihost needs the pinned wasmtime major"
@@ -52,8 +75,10 @@ VP = ctypes.c_void_p
 # address too); it is only ever indexed at those arrays.
 PROCESS_MEMORY = memoryview((ctypes.c_char * (1 << 62)).from_address(0)).cast("B")
 call_unchecked = private_fn("wasmtime_func_call_unchecked", VP, VP, VP, VP, ctypes.c_size_t, VP)
-memory_data = private_fn("wasmtime_memory_data", VP, VP, VP)
-memory_data_size = private_fn("wasmtime_memory_data_size", ctypes.c_size_t, VP, VP)
+# With the GIL held: a Store is closed (from Python, holding the GIL) only after its memory's
+# NativeCall was unbound, so a bound check followed by one of these calls cannot race a close.
+memory_data = private_fn("wasmtime_memory_data", VP, VP, VP, keep_gil=True)
+memory_data_size = private_fn("wasmtime_memory_data_size", ctypes.c_size_t, VP, VP, keep_gil=True)
 set_fuel = private_fn("wasmtime_context_set_fuel", VP, VP, ctypes.c_uint64)
 get_fuel = private_fn("wasmtime_context_get_fuel", VP, VP, VP)
 set_epoch_deadline = private_fn("wasmtime_context_set_epoch_deadline", None, VP, ctypes.c_uint64)
@@ -62,9 +87,9 @@ error_new = private_fn("wasmtime_error_new", VP, ctypes.c_char_p)
 EPOCH_CALLBACK = ctypes.CFUNCTYPE(
     VP, VP, VP, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint8)
 )
-DATA_FINALIZER = ctypes.CFUNCTYPE(None, VP)
+# The last argument (a finalizer of env) is always NULL: env is a plain integer key.
 store_epoch_deadline_callback = private_fn(
-    "wasmtime_store_epoch_deadline_callback", None, VP, EPOCH_CALLBACK, VP, DATA_FINALIZER
+    "wasmtime_store_epoch_deadline_callback", None, VP, EPOCH_CALLBACK, VP, VP
 )
 UPDATE_DEADLINE_CONTINUE = 0
 

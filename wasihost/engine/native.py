@@ -9,6 +9,7 @@ generated with its exact arity (a ``handler(call, *args)`` call costs about a te
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import threading
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from ..errors import FailureClass
 from ..registry import CORE_CAPABILITY, HostFunction
 from ..status import GuestDeadline, GuestExit, GuestFault, GuestInterrupted, GuestOutOfFuel
 from .lowlevel import PROCESS_MEMORY, U32, U64, memory_data, memory_data_size, new_trap
+from .sigint import CALLBACK_CODES
 
 if TYPE_CHECKING:
     from .hostcalls import Dispatch, HostContext
@@ -47,6 +49,12 @@ _U64 = struct.Struct("<Q")
 _U32X2 = struct.Struct("<II")
 
 
+BULK_BYTES = 4096
+"""An access moving more than this many bytes first checks that the Store can pay for it (see
+:meth:`NativeCall.reserve_fuel`); below it the bounded overrun of SETTLE_FUEL applies, and the
+check, which reads the Store's fuel, would cost more than the copy."""
+
+
 class NativeCall:
     """What a native-convention broker gets besides its arguments: bounds-checked access to the
     calling guest's memory, and the call's deadline. The cbor convention reads requests and
@@ -59,27 +67,34 @@ class NativeCall:
     unchanged) before it decides. Every access checks ``ptr + len`` with Python integers (no
     overflow) and raises :class:`GuestFault` outside memory; ``moved`` counts the bytes copied,
     which the engine charges at the entry's per-byte fuel price.
+
+    The view never leaves this object: brokers get copies (``read``) and checked writes, so no
+    slice of guest memory can outlive its Store. Once the Store goes (:meth:`forget`), every
+    access raises :class:`MemoryGone`; nothing reaches freed memory.
     """
 
     __slots__ = (
         "_base",
         "_ctx",
         "_mem",
+        "_owner",
         "_size",
+        "_view",  # the engine's own copies use it too (instance.py, hostcalls.py); no broker
         "bound",
         "can_pay",
         "deadline",
         "moved",
-        "view",
+        "per_byte",
         "wakeup",
     )
 
     def __init__(self) -> None:
         self._ctx = 0
         self._mem = 0
+        self._owner: object = None
         self._base = 0
         self._size = 0
-        self.view = _EMPTY_VIEW
+        self._view = _EMPTY_VIEW
         self.bound = False
         self.moved = 0
         self.deadline = 0.0
@@ -89,6 +104,10 @@ class NativeCall:
         # Set by the instance's interrupt (from any thread): a broker waiting in sleep() wakes
         # at once instead of at its deadline.
         self.wakeup = threading.Event()
+        # The per-byte price reserve_fuel charges: the highest among the instance's native
+        # entries (set by the host context), so no dispatch pays to store its own; the WASI
+        # entries all share one price, so for them it is exact.
+        self.per_byte = 0
 
     def require_fuel(self, units: int) -> None:
         """Before work costing ``units`` fuel: raise :class:`GuestOutOfFuel` if the call's
@@ -109,13 +128,19 @@ class NativeCall:
         if self.wakeup.wait(seconds if seconds > 0 else 0):
             raise GuestInterrupted
 
-    def bind(self, ctx: int, mem: int) -> None:
-        """Serve the memory at address ``mem`` of the Store context ``ctx`` from now on."""
+    def bind(self, ctx: int, mem: int, owner: object = None) -> None:
+        """Serve the memory at address ``mem`` of the Store context ``ctx`` from now on.
+
+        ``owner`` holds what ``ctx`` and ``mem`` point into (the Store and the memory handle):
+        kept while bound, so that an Instance dropped without close() does not free them under
+        a broker that kept this object (close() frees the Store regardless, after
+        :meth:`forget`)."""
         self._ctx = ctx
+        self._owner = owner
         if mem != self._mem:
             self._mem = mem
             self._size = 0
-            self.view = _EMPTY_VIEW
+            self._drop_view()
         self.bound = True
 
     @property
@@ -125,11 +150,21 @@ class NativeCall:
 
     def forget(self) -> None:
         """Unbind: the memory's address was good for one call only, or the Store is going
-        away. Dropping the view means nothing can reach freed memory through it."""
+        away. Every later access raises :class:`MemoryGone` instead of reaching the Store."""
         self.bound = False
+        self._ctx = 0
         self._mem = 0
+        self._owner = None
         self._size = 0
-        self.view = _EMPTY_VIEW
+        self._drop_view()
+
+    def _drop_view(self) -> None:
+        view, self._view = self._view, _EMPTY_VIEW
+        if view is not _EMPTY_VIEW:
+            # Anything still holding it now fails instead of reading. BufferError: only if the
+            # private view was re-exported, which nothing in the host does.
+            with contextlib.suppress(BufferError):
+                view.release()
 
     def size(self) -> int:
         self._refresh()
@@ -143,6 +178,9 @@ class NativeCall:
         return self._size
 
     def _refresh(self) -> None:
+        if not self.bound:
+            raise MemoryGone("guest memory is gone: its instance was closed")
+        # Both calls keep the GIL, so the Store cannot be closed between the check and them.
         size = int(memory_data_size(self._ctx, self._mem))
         base = int(memory_data(self._ctx, self._mem) or 0)
         if self._base and base != self._base:
@@ -151,76 +189,117 @@ class NativeCall:
             raise MemoryMoved(f"guest memory moved from {self._base:#x} to {base:#x}")
         self._base = base
         self._size = size
+        self._drop_view()
         # A slice of the process view: no new ctypes array type per size (ctypes caches every
         # one it makes, so a memory growing page by page would leave one behind per page).
-        self.view = PROCESS_MEMORY[base : base + size] if size else _EMPTY_VIEW
+        self._view = PROCESS_MEMORY[base : base + size] if size else _EMPTY_VIEW
 
     def _check(self, ptr: int, length: int) -> None:
-        """Slow path of a bounds check: the memory may have grown since the view was made."""
+        """Slow path of an access: the memory may have grown since the view was made, and a
+        bulk copy must be affordable before it is made."""
         self._refresh()
         if ptr < 0 or length < 0 or ptr + length > self._size:
             raise GuestFault(f"[{ptr}, +{length}) outside guest memory")
+        if length > BULK_BYTES:
+            self.reserve_fuel(length)
+
+    def reserve_fuel(self, nbytes: int) -> None:
+        """Before work proportional to a guest-declared length: raise :class:`GuestOutOfFuel`
+        (the call ends ``out_of_fuel``) unless the Store can pay for moving ``nbytes`` more at
+        the per-byte price (``per_byte``). Brokers call it before producing bulk data; accesses
+        over BULK_BYTES call it themselves before copying."""
+        if not self.can_pay(self.per_byte * (self.moved + nbytes)):
+            raise GuestOutOfFuel(f"cannot pay for {nbytes} bytes")
 
     def read(self, ptr: int, length: int) -> bytes:
         end = ptr + length
-        if end > self._size or ptr < 0 or length < 0:
+        if end > self._size or ptr < 0 or length < 0 or length > BULK_BYTES:
             self._check(ptr, length)
         self.moved += length
-        return self.view[ptr:end].tobytes()
+        return self._view[ptr:end].tobytes()
 
     def write(self, ptr: int, data: bytes) -> None:
         end = ptr + len(data)
-        if end > self._size or ptr < 0:
+        if end > self._size or ptr < 0 or len(data) > BULK_BYTES:
             self._check(ptr, len(data))
         self.moved += len(data)
-        self.view[ptr:end] = data
+        self._view[ptr:end] = data
 
     def read_u32(self, ptr: int) -> int:
         if ptr + 4 > self._size or ptr < 0:
             self._check(ptr, 4)
         self.moved += 4
-        return int(_U32.unpack_from(self.view, ptr)[0])
+        return int(_U32.unpack_from(self._view, ptr)[0])
 
     def read_iovec(self, ptr: int, cap: int) -> bytes:
         """The bytes an iovec at ``ptr`` points to, at most ``cap`` of them (a short write)."""
         if ptr + 8 > self._size or ptr < 0:
             self._check(ptr, 8)
-        buf, length = _U32X2.unpack_from(self.view, ptr)
+        buf, length = _U32X2.unpack_from(self._view, ptr)
         length = min(length, cap)
         end = buf + length
-        if end > self._size:
+        if end > self._size or length > BULK_BYTES:
             self._check(buf, length)
         self.moved += 8 + length
-        return self.view[buf:end].tobytes()
+        return self._view[buf:end].tobytes()
+
+    def take_iovec(self, ptr: int, cap: int, count_ptr: int) -> bytes:
+        """``read_iovec(ptr, cap)``, with the number of bytes taken written as a u32 at
+        ``count_ptr``; both ranges are checked before it returns, so a wild pointer faults
+        before the caller outputs anything. A one-iovec write (stdio's ``fd_write``, once per
+        line) in one call instead of two."""
+        size = self._size
+        if ptr + 8 > size or ptr < 0 or count_ptr + 4 > size or count_ptr < 0:
+            return self._take_iovec_checked(ptr, cap, count_ptr)
+        view = self._view
+        buf, length = _U32X2.unpack_from(view, ptr)
+        if length > cap:  # noqa: PLR1730 (a min() call is measurable here)
+            length = cap
+        end = buf + length
+        if end > size or length > BULK_BYTES:
+            return self._take_iovec_checked(ptr, cap, count_ptr)
+        data = view[buf:end].tobytes()  # before the count lands, as the checked path does
+        _U32.pack_into(view, count_ptr, length)
+        self.moved += 12 + length
+        return data
+
+    def _take_iovec_checked(self, ptr: int, cap: int, count_ptr: int) -> bytes:
+        data = self.read_iovec(ptr, cap)
+        self.write_u32(count_ptr, len(data))
+        return data
 
     def read_u32_pair(self, ptr: int) -> tuple[int, int]:
         if ptr + 8 > self._size or ptr < 0:
             self._check(ptr, 8)
         self.moved += 8
-        first, second = _U32X2.unpack_from(self.view, ptr)
+        first, second = _U32X2.unpack_from(self._view, ptr)
         return first, second
 
     def read_u64(self, ptr: int) -> int:
         if ptr + 8 > self._size or ptr < 0:
             self._check(ptr, 8)
         self.moved += 8
-        return int(_U64.unpack_from(self.view, ptr)[0])
+        return int(_U64.unpack_from(self._view, ptr)[0])
 
     def write_u32(self, ptr: int, value: int) -> None:
         if ptr + 4 > self._size or ptr < 0:
             self._check(ptr, 4)
         self.moved += 4
-        _U32.pack_into(self.view, ptr, value & U32)
+        _U32.pack_into(self._view, ptr, value & U32)
 
     def write_u64(self, ptr: int, value: int) -> None:
         if ptr + 8 > self._size or ptr < 0:
             self._check(ptr, 8)
         self.moved += 8
-        _U64.pack_into(self.view, ptr, value & U64)
+        _U64.pack_into(self._view, ptr, value & U64)
 
 
-def _always(units: int) -> bool:
+def _always(cost: int) -> bool:
     return True
+
+
+class MemoryGone(Exception):
+    """A broker used its guest-memory access after the instance's Store was closed."""
 
 
 class MemoryMoved(Exception):
@@ -281,8 +360,10 @@ def make(host, entry, handler, unpack, write_result):
             except GuestExit as exit_:
                 host.exit_code = exit_.code
                 return new_trap("wasihost: exit")
-            except MemoryMoved as moved:
+            except (MemoryMoved, MemoryGone) as moved:
                 return host.fail(FailureClass.HOST_ERROR, f"{name}: {moved}")
+            if host.halt is not None:  # e.g. Ctrl-C during this call (see sigint.py): stop now
+                return host.halt_trap()
             # The price is paid after the handler, once the bytes moved are known; work done
             # without the fuel to pay for it is bounded by SETTLE_FUEL.
             debt = host.fuel_debt + base_price + per_byte * call.moved
@@ -320,6 +401,7 @@ def _maker(arity: int) -> Callable[..., Dispatch]:
             "GuestFault": GuestFault,
             "GuestInterrupted": GuestInterrupted,
             "GuestOutOfFuel": GuestOutOfFuel,
+            "MemoryGone": MemoryGone,
             "MemoryMoved": MemoryMoved,
             "PROCESS_MEMORY": PROCESS_MEMORY,
             "SETTLE_FUEL": SETTLE_FUEL,
@@ -340,4 +422,6 @@ def native_dispatch(host: HostContext, entry: HostFunction, handler: Any) -> Dis
         else lambda memory, args: ()  # the array may be empty: do not touch it
     )
     write_result = result_writer(entry.results[0]) if entry.results else None
-    return _maker(len(entry.params))(host, entry, handler, unpack, write_result)
+    dispatch = _maker(len(entry.params))(host, entry, handler, unpack, write_result)
+    CALLBACK_CODES.add(dispatch.__code__)
+    return dispatch

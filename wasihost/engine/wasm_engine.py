@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +18,17 @@ from .compile_worker import build_config
 from .compiler import ModuleCompiler
 from .hostcalls import BoundImport, Gate
 from .instance import CompiledModule, Instance, StoreLimits
+from .sigint import install as install_sigint_handler
+from .sigint import install_unraisable_hook
+
+GC_NUDGE_STORES = 64
+"""Instances left open that trigger a cyclic garbage collection at the next instantiation.
+
+An Extension dropped without close() is a reference cycle (its instance's host functions call
+back into it), freed only by Python's cyclic collector, which counts objects, not the 1 GiB of
+address space and the memory maps each Store holds. When the open Stores double past this
+many since the last collection, instantiation collects first, so the Stores of dropped
+extensions stay bounded by twice the live ones plus this."""
 
 # ---------------------------------------------------------------------------------------------
 # Engine and instances
@@ -34,6 +47,8 @@ class _Watchdog:
 
     Python signal handlers do not run while wasm executes, so a timer thread is the only way
     to interrupt a guest; the GIL is released during wasm, so this thread does get to run.
+    The thread refers to the wasmtime Engine only, never to the WasmEngine owning it, so a
+    dropped WasmEngine is collected and its finalizer stops the thread.
     """
 
     def __init__(self, engine: wasmtime.Engine, tick_ms: int) -> None:
@@ -87,6 +102,10 @@ class WasmEngine:
         options = engine_options(settings)
         self._engine = wasmtime.Engine(build_config(options))
         self._watchdog = _Watchdog(self._engine, settings.epoch_tick_ms)
+        # A WasmEngine dropped without close() (its Host dropped) still stops its thread.
+        weakref.finalize(self, self._watchdog.stop)
+        self._open: weakref.WeakSet[Instance] = weakref.WeakSet()
+        self._nudge_at = GC_NUDGE_STORES
         self.compiler = ModuleCompiler(self._engine, options, settings)
         self.cache = ModuleCache(self._engine, settings.fingerprint(), cache_dir, self.compiler)
         # A FuncType is registered with the first engine that uses it and must never meet
@@ -128,7 +147,14 @@ class WasmEngine:
         entry point of a plain profile command (``_start``) instead of the wasihost ABI
         exports."""
         self._watchdog.ensure_running()
-        return Instance(self, module, imports, gate, limits, command_export)
+        install_sigint_handler()
+        install_unraisable_hook()
+        if len(self._open) >= self._nudge_at:
+            gc.collect()
+            self._nudge_at = max(GC_NUDGE_STORES, 2 * len(self._open))
+        instance = Instance(self, module, imports, gate, limits, command_export)
+        self._open.add(instance)
+        return instance
 
     def close(self) -> None:
         self._watchdog.stop()
