@@ -66,6 +66,12 @@ def test_links_and_devices_are_refused(mode: int, fragment: str) -> None:
         read_archive(data)
 
 
+def test_a_nul_in_a_name_is_refused() -> None:
+    data = raw_zip([("a\x01b.txt", b"x")]).replace(b"a\x01b.txt", b"a\x00b.txt")
+    with pytest.raises(ArchiveError, match="NUL byte"):
+        read_archive(data)
+
+
 def test_a_folder_entry_is_refused() -> None:
     with pytest.raises(ArchiveError, match="folder entry"):
         read_archive(recorded_zip(SMALL, [("assets/", b"", (stat.S_IFDIR | 0o755) << 16)]))

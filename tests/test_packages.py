@@ -120,6 +120,11 @@ def test_a_verified_identity_is_replaced_only_by_its_publisher(
         with pytest.raises(AdmissionError, match="must be signed by 'acme.example' too"):
             host.update(hello_dir(tmp_path / "v2", version="0.2.0"))
         assert old.call("greet", GREET) == {"greeting": "hello, ada"}
+    with Host(Policy(allow=ALL_CAPS), cache_dir=None) as host:
+        old = host.load(signed, trust=trust_of(KEY))
+        with pytest.raises(AdmissionError, match="must be signed by 'acme.example' too"):
+            host.update(signed)  # not verified: this host's policy trusts nobody
+        assert host.update(signed, trust=trust_of(KEY)).package.signer == PUBLISHER
 
 
 def test_a_hostile_archive_is_refused_and_nothing_is_written(tmp_path: Path) -> None:

@@ -275,13 +275,16 @@ class Host:
         grants: Iterable[str] | None = None,
         fuel: int | None = None,
         timeout_ms: int | None = None,
+        trust: TrustStore | None = None,
     ) -> Extension:
         """Replace the admitted extension of the same id by ``source``, explicitly.
 
         The new package is admitted and compiled first, so a refused update leaves the old
         extension running; then the old one is closed (its call in flight interrupted) and
-        the new one takes its place. Grants are the new package's admission answer."""
-        package = source if isinstance(source, Package) else self._load_package(source)
+        the new one takes its place. Grants are the new package's admission answer. An
+        extension whose publisher was verified is replaced only by a package verified (with
+        ``trust``, or the policy's trusted publishers) as the same publisher's."""
+        package = source if isinstance(source, Package) else self._load_package(source, trust)
         old = self.extension(package.name)
         if old is None:
             raise ConfigError(f"{package.name} is not admitted: load it instead of updating")

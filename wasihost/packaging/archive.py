@@ -143,7 +143,7 @@ def _check_entries(infos: list[zipfile.ZipInfo]) -> None:
     for info in infos:
         name = info.filename
         if info.orig_filename != name:
-            raise ArchiveError(f"entry name {quote(info.orig_filename)} holds a NUL or backslash")
+            raise ArchiveError(f"entry name {quote(info.orig_filename)} holds a NUL byte")
         if info.is_dir():
             raise ArchiveError(f"entry {quote(name)} is a folder entry")
         mode = info.external_attr >> 16
