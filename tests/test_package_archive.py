@@ -3,6 +3,7 @@ nothing is written anywhere while reading."""
 
 from __future__ import annotations
 
+import io
 import stat
 import zipfile
 from pathlib import Path
@@ -124,6 +125,17 @@ def test_bytes_before_or_after_the_archive_are_refused() -> None:
         read_archive(data + b"trailer")
     with pytest.raises(ArchiveError, match="central directory does not end"):
         read_archive(b"#!/bin/sh\n" + data)
+
+
+def test_a_forged_zip64_locator_is_refused() -> None:
+    """zipfile would believe a zip64 record planted in the last entry's comment over the end
+    record the reader checked; such an archive is refused before zipfile sees it."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as zf:
+        zf.writestr(CONTENTS_NAME, contents.render({}))
+        zf.infolist()[-1].comment = b"PK\x06\x07" + bytes(16)
+    with pytest.raises(ArchiveError, match="zip64 locator"):
+        read_archive(out.getvalue())
 
 
 def test_an_encrypted_entry_is_refused() -> None:

@@ -59,6 +59,11 @@ MAX_SIGNATURE_BYTES: Final = 4096
 
 _EOCD: Final = struct.Struct("<4s4H2LH")
 _EOCD_MAGIC: Final = b"PK\x05\x06"
+# zipfile looks for a zip64 locator in the 20 bytes before the end record and, if it finds
+# one, trusts the zip64 record's sizes over the ones we checked; the last entry's comment or
+# extra field can forge one there, so those bytes may not start with its signature.
+_ZIP64_LOCATOR: Final = struct.Struct("<4sLQL")
+_ZIP64_LOCATOR_MAGIC: Final = b"PK\x06\x07"
 _ACCEPTED_METHODS: Final = frozenset({zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED})
 _ENCRYPTED_FLAG: Final = 0x1
 # What zipfile (and zlib under it) raises on bytes it cannot read.
@@ -122,6 +127,9 @@ def _check_end_record(data: bytes) -> int:
     (_, disk, cd_disk, on_disk, total, cd_size, cd_offset, comment) = _EOCD.unpack(
         data[-_EOCD.size :]
     )
+    locator = len(data) - _EOCD.size - _ZIP64_LOCATOR.size
+    if locator >= 0 and data[locator : locator + 4] == _ZIP64_LOCATOR_MAGIC:
+        raise ArchiveError("archive has a zip64 locator; a .whpkg is never zip64")
     if comment != 0 or disk != 0 or cd_disk != 0 or on_disk != total:
         raise ArchiveError("zip end record describes a comment or several disks")
     if total > MAX_FILES + 2:
