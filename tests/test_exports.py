@@ -29,7 +29,8 @@ def test_pure_core_imports_without_the_engine() -> None:
     code = (
         "import sys; import wasihost.registry, wasihost.admission, wasihost.codec, "
         "wasihost.manifest, wasihost.policy, wasihost.grants, wasihost.lifecycle, "
-        "wasihost.wasmbin, wasihost.tokens, wasihost.planning, wasihost.inspect; "
+        "wasihost.wasmbin, wasihost.tokens, wasihost.planning, wasihost.inspect, "
+        "wasihost.package, wasihost.packaging.archive, wasihost.packaging.signing; "
         "assert 'wasmtime' not in sys.modules, 'the pure core imported wasmtime'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

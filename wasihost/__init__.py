@@ -22,6 +22,8 @@ __all__ = [
     "Host",
     "LogRecord",
     "Policy",
+    "SignatureError",
+    "TrustStore",
     "WasihostError",
     "to_logging",
 ]
@@ -30,6 +32,8 @@ _LAZY = {
     "Host": "wasihost.runtime",
     "Extension": "wasihost.extension",
     "Policy": "wasihost.policy",
+    "TrustStore": "wasihost.packaging.trust",
+    "SignatureError": "wasihost.errors",
     "EngineSettings": "wasihost.settings",
     "WasihostError": "wasihost.errors",
     "AdmissionError": "wasihost.errors",
@@ -43,9 +47,10 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from .brokers.log import LogRecord, to_logging
-    from .errors import AdmissionError, CallError, FailureClass, WasihostError
+    from .errors import AdmissionError, CallError, FailureClass, SignatureError, WasihostError
     from .extension import Extension
     from .lifecycle import ExtensionRevoked, ExtensionUnavailable
+    from .packaging.trust import TrustStore
     from .policy import Policy
     from .runtime import Host
     from .settings import EngineSettings

@@ -1,4 +1,5 @@
-"""The ``wasihost`` command line: run, inspect, abi.
+"""The ``wasihost`` command line: run, inspect, abi, state, and packages (keygen, pack, sign,
+verify).
 
 Every failure ends as one line ``error: <class>: <message>`` on stderr and a non-zero exit
 status; a traceback is a bug.
@@ -7,6 +8,7 @@ status; a traceback is a bug.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import sys
@@ -16,8 +18,33 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import cbor_json, limits
-from .errors import AdmissionError, CallError, CodecError, FailureClass, WasihostError
-from .package import Package, load_package
+from .errors import (
+    AdmissionError,
+    CallError,
+    CodecError,
+    FailureClass,
+    UnsignedPackageError,
+    UntrustedKeyError,
+    WasihostError,
+)
+from .package import (
+    Package,
+    archive_parts,
+    identity,
+    is_archive,
+    load_package,
+    open_archive,
+)
+from .packaging import signing
+from .packaging.archive import read_archive, write_archive
+from .packaging.files import (
+    PACKAGE_SUFFIX,
+    pack_directory,
+    read_signing_key,
+    write_key_pair,
+    write_package_file,
+)
+from .packaging.trust import SigningKey, TrustStore
 from .policy import Policy
 from .registry import AbiVersion, default_registry
 from .wasi import cli as wasi_cli
@@ -59,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="run one command of a package or module")
-    run.add_argument("source", help="package directory or .wasm module")
+    run.add_argument("source", help=".whpkg, package directory or .wasm module")
     run.add_argument("command", help="command name")
     given = run.add_mutually_exclusive_group()
     given.add_argument(
@@ -91,9 +118,36 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-cache", action="store_true", help="do not use the on-disk cache")
 
     inspect = sub.add_parser("inspect", help="show imports, exports and the admission verdict")
-    inspect.add_argument("source", help="package directory or .wasm module")
+    inspect.add_argument("source", help=".whpkg, package directory or .wasm module")
     inspect.add_argument("--grant", action="append", default=[], metavar="CAP")
     inspect.add_argument("--json", action="store_true")
+    for parser in (run, inspect):
+        parser.add_argument(
+            "--trust",
+            type=Path,
+            metavar="TRUSTFILE",
+            help="trusted publishers ('ID ed25519 BASE64KEY' lines) to verify a .whpkg with",
+        )
+        parser.add_argument(
+            "--require-signed",
+            action="store_true",
+            help="refuse anything no trusted publisher signed (needs --trust)",
+        )
+
+    keygen = sub.add_parser("keygen", help="create a publisher's Ed25519 signing key pair")
+    keygen.add_argument("--publisher", required=True, metavar="ID", help="publisher id")
+    keygen.add_argument(
+        "--out", required=True, metavar="PREFIX", help="writes PREFIX.key and PREFIX.pub"
+    )
+    pack = sub.add_parser("pack", help="pack a package directory into a .whpkg archive")
+    pack.add_argument("directory", type=Path)
+    pack.add_argument("-o", "--output", required=True, type=Path, metavar="FILE.whpkg")
+    sign = sub.add_parser("sign", help="sign a .whpkg (replacing any signature it has)")
+    sign.add_argument("package", type=Path, metavar="FILE.whpkg")
+    sign.add_argument("--key", required=True, type=Path, metavar="PREFIX.key")
+    verify = sub.add_parser("verify", help="verify a .whpkg against trusted publishers")
+    verify.add_argument("package", type=Path, metavar="FILE.whpkg")
+    verify.add_argument("--trust", required=True, type=Path, metavar="TRUSTFILE")
 
     def state_opt(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -147,10 +201,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _cli_policy(package: Package, grants: Sequence[str]) -> Policy:
-    """The CLI grants what the manifest requires, plus each ``--grant``; nothing else."""
+def _cli_policy(
+    package: Package, grants: Sequence[str], args: argparse.Namespace | None = None
+) -> Policy:
+    """The CLI grants what the manifest requires, plus each ``--grant``; nothing else. A
+    ``.whpkg`` is run only verified; ``--require-signed`` extends that to every source."""
     required = package.manifest.required if package.manifest is not None else frozenset()
-    return Policy(allow=frozenset(required) | frozenset(grants))
+    trust = _trust(args) if args is not None else None
+    require = args is not None and (args.require_signed or (is_archive(args.source) and trust))
+    return Policy(
+        allow=frozenset(required) | frozenset(grants),
+        trusted_publishers=trust,
+        require_signed=bool(require),
+    )
+
+
+def _trust(args: argparse.Namespace) -> TrustStore | None:
+    """The ``--trust`` file, read once per command."""
+    cached: TrustStore | None = getattr(args, "_trust_store", None)
+    if cached is None and getattr(args, "trust", None) is not None:
+        cached = TrustStore.from_file(args.trust)
+        args._trust_store = cached
+    if getattr(args, "require_signed", False) and cached is None:
+        raise UsageError("--require-signed needs --trust TRUSTFILE")
+    return cached
 
 
 def _host(policy: Policy, args: argparse.Namespace) -> Host:
@@ -175,7 +249,13 @@ def _state_host(args: argparse.Namespace) -> Host:
     from .runtime import Host
 
     registry = default_registry()
-    return Host(Policy(allow=registry.capabilities()), cache_dir=None, state_dir=_state_dir(args))
+    trust = _trust(args)
+    policy = Policy(
+        allow=registry.capabilities(),
+        trusted_publishers=trust,
+        require_signed=bool(getattr(args, "require_signed", False)),
+    )
+    return Host(policy, cache_dir=None, state_dir=_state_dir(args))
 
 
 def _read_input_file(name: str, flag: str) -> bytes:
@@ -225,8 +305,10 @@ def _check_budget_flags(args: argparse.Namespace) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     value = _input_value(args)
     _check_budget_flags(args)
-    installed = not Path(args.source).exists() and (
-        args.state_dir is not None or _state_dir(args).exists()
+    installed = (
+        not is_archive(args.source)
+        and not Path(args.source).exists()
+        and (args.state_dir is not None or _state_dir(args).exists())
     )
     package = None
     if installed:
@@ -234,8 +316,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise UsageError("--grant does not apply to installed extensions: use wasihost grants")
         host = _state_host(args)
     else:
-        package = load_package(args.source, default_registry().capabilities())
-        host = _host(_cli_policy(package, args.grant), args)
+        if is_archive(args.source) and args.trust is None:
+            raise UsageError(
+                f"{args.source} is a .whpkg, which runs only verified: give --trust TRUSTFILE"
+            )
+        package = load_package(args.source, default_registry().capabilities(), _trust(args))
+        host = _host(_cli_policy(package, args.grant, args), args)
     try:
         if package is None:
             ext = host.load_installed(args.source, fuel=args.fuel, timeout_ms=args.timeout_ms)
@@ -290,8 +376,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from .inspect import inspect_package, render_text
 
     registry = default_registry()
-    package = load_package(args.source, registry.capabilities())
-    report = inspect_package(package, registry, _cli_policy(package, args.grant), args.grant)
+    package = load_package(args.source, registry.capabilities(), _trust(args))
+    report = inspect_package(package, registry, _cli_policy(package, args.grant, args), args.grant)
     if args.json:
         print(cbor_json.dumps(report, indent=2))
     else:
@@ -311,6 +397,61 @@ def _cmd_install(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    key = SigningKey.generate(args.publisher)
+    private, public = write_key_pair(args.out, key)
+    print(f"wrote {private} (private, mode 600) and {public} (a trust-file line)")
+    return 0
+
+
+def _whpkg(path: Path, flag: str) -> Path:
+    if not is_archive(path):
+        raise UsageError(f"{flag}: {path} must end in {PACKAGE_SUFFIX}")
+    return path
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    output = _whpkg(args.output, "-o")
+    files = pack_directory(args.directory)
+    data = write_archive(files)
+    archive = read_archive(data)
+    # What pack writes, run would accept: the manifest parses and names a packed module.
+    manifest, _ = archive_parts(archive, str(args.directory), default_registry().capabilities())
+    write_package_file(output, data)
+    print(
+        f"packed {manifest.id} {manifest.version}: {len(files)} files into {output} "
+        f"(package sha256 {archive.digest})"
+    )
+    return 0
+
+
+def _cmd_sign(args: argparse.Namespace) -> int:
+    path = _whpkg(args.package, "sign")
+    key = read_signing_key(args.key)
+    archive, manifest, wasm = open_archive(path, default_registry().capabilities())
+    who = identity(manifest, hashlib.sha256(wasm).hexdigest())
+    record = signing.sign(who, archive.digest, key)
+    write_package_file(path, write_archive(archive.files, record))
+    print(
+        f"signed {manifest.id} {manifest.version} as {key.publisher} "
+        f"(package sha256 {archive.digest})"
+    )
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    path = _whpkg(args.package, "verify")
+    trust = _trust(args)
+    package = load_package(path, default_registry().capabilities(), trust)
+    if package.signer is None or package.manifest is None:
+        raise UnsignedPackageError(f"{path} is not signed")
+    print(
+        f"verified: {package.manifest.id} {package.manifest.version} published by "
+        f"{package.signer} (package sha256 {package.package_digest})"
+    )
+    return 0
+
+
 def _state_flag(args: argparse.Namespace) -> str:
     """The ``--state-dir`` to repeat in a suggested command, when the user gave one."""
     state_dir = getattr(args, "state_dir", None)
@@ -319,6 +460,12 @@ def _state_flag(args: argparse.Namespace) -> str:
 
 def _remedy(exc: WasihostError, args: argparse.Namespace | None) -> str | None:
     """What to type to lift a refusal, when the refusal says which capability was missing."""
+    trust = getattr(args, "trust", None)
+    if isinstance(exc, UntrustedKeyError) and trust is not None:
+        return f"if you trust this publisher, append its PREFIX.pub line to {trust}"
+    if isinstance(exc, UnsignedPackageError):
+        target = getattr(args, "package", None) or getattr(args, "source", None) or "FILE.whpkg"
+        return f"sign it: wasihost sign {target} --key PREFIX.key"
     if not isinstance(exc, AdmissionError) or not exc.ungranted or args is None:
         return None
     caps = exc.ungranted
@@ -501,6 +648,10 @@ def _main(argv: Sequence[str] | None) -> int:
         handler = {
             "run": _cmd_run,
             "inspect": _cmd_inspect,
+            "keygen": _cmd_keygen,
+            "pack": _cmd_pack,
+            "sign": _cmd_sign,
+            "verify": _cmd_verify,
             "abi": _cmd_abi,
             "install": _cmd_install,
             "remove": _cmd_remove,

@@ -130,3 +130,34 @@ class CallError(WasihostError):
     @property
     def error_class(self) -> str:
         return self.failure.value
+
+
+class ArchiveError(PackageError):
+    """A ``.whpkg`` archive is malformed or hostile (bounds, names, links, a file that does not
+    match the archive's content record); nothing of it was extracted."""
+
+
+class SignatureError(WasihostError):
+    """A package's signature does not hold: absent, by a key the host does not trust, made over
+    other bytes, or naming another publisher. Raised, never returned: see
+    :func:`wasihost.packaging.signing.verify`."""
+
+    @property
+    def error_class(self) -> str:
+        return "signature"
+
+
+class UnsignedPackageError(SignatureError):
+    """The package carries no signature, and one was required."""
+
+
+class UntrustedKeyError(SignatureError):
+    """The signature names a publisher or key that the trust store does not hold."""
+
+
+class InvalidSignatureError(SignatureError):
+    """The Ed25519 signature does not verify over this package's digest and identity."""
+
+
+class PublisherMismatchError(SignatureError):
+    """The manifest's ``publisher`` is not the publisher whose key signed the package."""

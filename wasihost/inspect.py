@@ -28,7 +28,14 @@ def inspect_package(
         "sha256": package.sha256,
         "size": len(package.wasm),
         "manifest": None,
+        "signature": None,
     }
+    if package.signer is not None:
+        report["signature"] = {
+            "publisher": package.signer,
+            "package_sha256": package.package_digest,
+            "verified": True,
+        }
     manifest = package.manifest
     if manifest is not None:
         report["manifest"] = {
@@ -39,6 +46,7 @@ def inspect_package(
             "required": sorted(manifest.required),
             "optional": sorted(manifest.optional),
             "commands": {c.name: c.description for c in manifest.commands},
+            "identity": "enforced" if package.signer is not None else "declared",
         }
     try:
         header = read_header(package.wasm)
@@ -110,10 +118,21 @@ def inspect_package(
         f"{resources.max_output_bytes} B, log <= {resources.max_log_bytes} B",
     ]
     report["declared"] = [
-        "extension id, version and publisher: taken from the manifest, not verified "
-        "(package signatures are not checked by this host yet)",
         "command descriptions and optional capabilities the guest may or may not use",
     ]
+    if package.signer is not None and manifest is not None:
+        report["enforced"].insert(
+            0,
+            f"extension id {manifest.id}, version {manifest.version} and publisher "
+            f"{package.signer}: verified by a trusted Ed25519 key of {package.signer} over the "
+            f"package digest {package.package_digest}, which covers every file",
+        )
+    else:
+        report["declared"].insert(
+            0,
+            "extension id, version and publisher: taken from the manifest, not verified "
+            "(only a signed .whpkg checked against a trust store is verified)",
+        )
     return report
 
 
@@ -122,6 +141,9 @@ def render_text(report: dict[str, Any]) -> str:
     if report.get("manifest"):
         m = report["manifest"]
         lines.append(f"manifest: {m['id']} {m['version']} (abi {m['abi']})")
+    if report.get("signature"):
+        sig = report["signature"]
+        lines.append(f"signed:  by {sig['publisher']} (verified; package {sig['package_sha256']})")
     lines.append(f"abi:     {report.get('abi') or 'none declared'}")
     lines.append("imports:")
     for imp in report.get("imports", []):

@@ -1,5 +1,7 @@
-"""Loading a package from disk: a directory with ``extension.toml`` and its module, or a bare
-``.wasm`` file. Every file is read with a size bound and every path stays inside the package.
+"""Loading a package from disk: a signed ``.whpkg`` archive, a directory with
+``extension.toml`` and its module, or a bare ``.wasm`` file. Every file is read with a size
+bound and every path stays inside the package; an archive is verified whole (see
+:mod:`wasihost.packaging`) before anything of it is used.
 """
 
 from __future__ import annotations
@@ -10,8 +12,12 @@ from pathlib import Path
 
 import attrs
 
-from .errors import ManifestError, PackageError
+from .errors import ArchiveError, ManifestError, PackageError
 from .manifest import Manifest, parse_manifest
+from .packaging import signing
+from .packaging.archive import Archive, read_archive
+from .packaging.files import PACKAGE_SUFFIX, read_package_file
+from .packaging.trust import TrustStore
 from .wasmbin import MAX_MODULE_BYTES
 
 MANIFEST_NAME = "extension.toml"
@@ -21,12 +27,18 @@ MAX_MANIFEST_BYTES = 64 * 1024
 
 @attrs.frozen
 class Package:
-    """A package's manifest (absent for a bare module), its module bytes and their digest."""
+    """A package's manifest (absent for a bare module), its module bytes and their digest.
+
+    ``signer`` is the publisher whose trusted key verified the package (a ``.whpkg`` checked
+    against a trust store), None when nothing was verified; ``package_digest`` is an
+    archive's package digest (the SHA-256 of its content record)."""
 
     source: str
     manifest: Manifest | None
     wasm: bytes = attrs.field(repr=False)
     sha256: str
+    signer: str | None = None
+    package_digest: str | None = None
 
     @property
     def name(self) -> str:
@@ -52,26 +64,90 @@ def manifest_text(root: Path) -> bytes:
     return _read_bounded(root / MANIFEST_NAME, MAX_MANIFEST_BYTES, "manifest")
 
 
-def load_package(source: str | os.PathLike[str], known_capabilities: frozenset[str]) -> Package:
-    """Load a package directory or a bare module; raise a specific error for anything wrong."""
+def _parse(text: bytes, known_capabilities: frozenset[str]) -> Manifest:
+    try:
+        return parse_manifest(text.decode("utf-8"), known_capabilities)
+    except UnicodeDecodeError:
+        raise ManifestError("", "manifest is not UTF-8") from None
+
+
+def _check_module_digest(manifest: Manifest, digest: str) -> None:
+    if manifest.sha256 is not None and manifest.sha256 != digest:
+        raise PackageError(
+            f"module {manifest.module} has SHA-256 {digest}, the manifest says {manifest.sha256}"
+        )
+
+
+def is_archive(source: str | os.PathLike[str]) -> bool:
+    return Path(source).suffix == PACKAGE_SUFFIX
+
+
+def identity(manifest: Manifest, module_sha256: str) -> signing.Identity:
+    """The identity a signature vouches for, from a manifest."""
+    return signing.Identity(
+        manifest.id, manifest.version, manifest.publisher, manifest.abi, module_sha256
+    )
+
+
+def open_archive(path: Path, known_capabilities: frozenset[str]) -> tuple[Archive, Manifest, bytes]:
+    """A verified archive, its manifest and module; nothing is checked against a trust store."""
+    archive = read_archive(read_package_file(path))
+    manifest, wasm = archive_parts(archive, str(path), known_capabilities)
+    return archive, manifest, wasm
+
+
+def archive_parts(
+    archive: Archive, origin: str, known_capabilities: frozenset[str]
+) -> tuple[Manifest, bytes]:
+    """An archive's parsed manifest and its module's bytes."""
+    text = archive.files.get(MANIFEST_NAME)
+    if text is None:
+        raise ArchiveError(f"{origin} has no {MANIFEST_NAME}")
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise PackageError(f"manifest in {origin} is larger than {MAX_MANIFEST_BYTES} bytes")
+    manifest = _parse(text, known_capabilities)
+    wasm = archive.files.get(manifest.module)
+    if wasm is None:
+        raise ArchiveError(f"{origin} has no module {manifest.module!r}")
+    if len(wasm) > MAX_MODULE_BYTES:
+        raise PackageError(f"module in {origin} is larger than {MAX_MODULE_BYTES} bytes")
+    return manifest, wasm
+
+
+def _load_archive(
+    path: Path, known_capabilities: frozenset[str], trust: TrustStore | None
+) -> Package:
+    archive, manifest, wasm = open_archive(path, known_capabilities)
+    digest = hashlib.sha256(wasm).hexdigest()
+    _check_module_digest(manifest, digest)
+    signer = None
+    if trust is not None and archive.signature is not None:
+        signing.verify(archive.signature, identity(manifest, digest), archive.digest, trust)
+        signer = manifest.publisher
+    return Package(str(path), manifest, wasm, digest, signer, archive.digest)
+
+
+def load_package(
+    source: str | os.PathLike[str],
+    known_capabilities: frozenset[str],
+    trust: TrustStore | None = None,
+) -> Package:
+    """Load a ``.whpkg``, a package directory or a bare module; raise a specific error for
+    anything wrong. With ``trust``, a signed archive's signature must verify against it (an
+    unsigned one loads unverified: whether that is allowed is the policy's answer)."""
     path = Path(source)
+    if is_archive(path) and not path.is_dir():
+        return _load_archive(path, known_capabilities, trust)
     if path.is_dir():
         text = _read_bounded(path / MANIFEST_NAME, MAX_MANIFEST_BYTES, "manifest")
-        try:
-            manifest = parse_manifest(text.decode("utf-8"), known_capabilities)
-        except UnicodeDecodeError:
-            raise ManifestError("", "manifest is not UTF-8") from None
+        manifest = _parse(text, known_capabilities)
         root = path.resolve()
         module_path = (root / manifest.module).resolve()
         if not module_path.is_relative_to(root):
             raise PackageError(f"module {manifest.module!r} resolves outside the package")
         wasm = _read_bounded(module_path, MAX_MODULE_BYTES, "module")
         digest = hashlib.sha256(wasm).hexdigest()
-        if manifest.sha256 is not None and manifest.sha256 != digest:
-            raise PackageError(
-                f"module {manifest.module} has SHA-256 {digest}, "
-                f"the manifest says {manifest.sha256}"
-            )
+        _check_module_digest(manifest, digest)
         return Package(str(path), manifest, wasm, digest)
     if path.exists() and not path.is_file():
         raise PackageError(f"{path} is neither a package directory nor a module file")

@@ -39,6 +39,8 @@ def plan_package(
     ``granted`` is what the operator's grant table holds for the extension (a stateful host);
     the policy then only caps it. Without it, the policy alone decides (a stateless host).
     """
+    if policy.require_signed and package.signer is None:
+        raise AdmissionError([unsigned_refusal(package)])
     manifest = package.manifest
     if manifest is not None and manifest.runtime not in SERVED_RUNTIMES:
         # Running it in-process would quietly give it weaker isolation than it asked for.
@@ -92,6 +94,20 @@ def plan_package(
         manifest_abi=_manifest_abi(manifest),
     )
     return plan, grant, resources
+
+
+def unsigned_refusal(package: Package) -> str:
+    """Why an unverified package is refused where a signature is required."""
+    if package.package_digest is None:
+        kind = "a package directory" if package.manifest is not None else "a bare module"
+        return (
+            f"{package.source} is {kind}, not a signed .whpkg: the host requires packages "
+            "signed by a trusted publisher (wasihost pack, then wasihost sign)"
+        )
+    return (
+        f"{package.source} carries no signature verified by a trusted publisher, and the host "
+        "requires one"
+    )
 
 
 def _manifest_abi(manifest: Manifest | None) -> AbiVersion | None:

@@ -15,6 +15,7 @@ import attrs
 from . import limits
 from .errors import AdmissionError, ConfigError
 from .manifest import Resources
+from .packaging.trust import TrustStore
 from .registry import CORE_CAPABILITY
 
 # Coarse by default: 1 ms is enough for timestamps in logs and too coarse for most cache
@@ -66,6 +67,10 @@ class Policy:
 
     ``ceilings`` caps an extension's resources field by field (a manifest or a caller may ask
     for less, never for more): the resource counterpart of requested ∩ allowed.
+
+    ``trusted_publishers`` verifies signed ``.whpkg`` packages; with ``require_signed`` a
+    package that no trusted publisher's key verified (unsigned archives, package directories,
+    bare modules) is refused at admission.
     """
 
     allow: frozenset[str] = attrs.field(converter=_capabilities, factory=frozenset)
@@ -74,6 +79,8 @@ class Policy:
     ceilings: Mapping[str, int] = attrs.field(
         converter=_ceilings, factory=dict, eq=False, hash=False
     )
+    trusted_publishers: TrustStore | None = None
+    require_signed: bool = False
 
     @classmethod
     def strict(cls, allow: Iterable[str] = ("log",)) -> Policy:
@@ -97,6 +104,8 @@ class Policy:
             )
         if self.random_seed is not None and not 16 <= len(self.random_seed) <= 64:
             raise ConfigError("random_seed must be 16 to 64 bytes")
+        if self.require_signed and self.trusted_publishers is None:
+            raise ConfigError("require_signed needs trusted_publishers: nothing could verify")
 
     @classmethod
     def allowing(cls, capabilities: Iterable[str], **kwargs: object) -> Policy:

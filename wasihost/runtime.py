@@ -32,8 +32,9 @@ from .extension import Extension, ProfileBinding, ProfileFactory
 from .grants import GrantTable
 from .lifecycle import ExtensionRevoked, State
 from .manifest import Resources, version_order
-from .package import MANIFEST_NAME, Package, load_package, manifest_text
-from .planning import plan_package
+from .package import MANIFEST_NAME, Package, is_archive, load_package, manifest_text
+from .packaging.trust import TrustStore
+from .planning import plan_package, unsigned_refusal
 from .policy import Grant, Policy
 from .registry import Profile, Registry, default_registry
 from .settings import EngineSettings
@@ -143,16 +144,31 @@ class Host:
         grants: Iterable[str] | None = None,
         fuel: int | None = None,
         timeout_ms: int | None = None,
+        trust: TrustStore | None = None,
     ) -> Extension:
-        """Load and admit a package directory, or a bare module with explicit ``grants``."""
-        package = load_package(source, self.registry.capabilities())
+        """Load and admit a ``.whpkg``, a package directory, or a bare module with explicit
+        ``grants``. A signed ``.whpkg`` is verified against ``trust`` (default: the policy's
+        trusted publishers); passing ``trust`` also requires that this package verify."""
+        package = self._load_package(source, trust)
+        if trust is not None and package.signer is None:
+            raise AdmissionError([unsigned_refusal(package)])
         return self.admit(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
+
+    def _load_package(self, source: str | Path, trust: TrustStore | None = None) -> Package:
+        trust = trust if trust is not None else self.policy.trusted_publishers
+        return load_package(source, self.registry.capabilities(), trust)
 
     def install(self, source: str | Path, *, allow_downgrade: bool = False) -> InstalledPackage:
         """Copy a package into the state directory. Installing grants nothing, and keeps the
         grants an earlier install of the same id holds. A lower version than the installed one
         is refused unless ``allow_downgrade``."""
         store = self.require_state()
+        if is_archive(source):
+            # The installed tree and its records do not keep the signature yet (issue 13).
+            raise PackageError(
+                "installing a .whpkg is not supported yet: run it with `wasihost run` "
+                "(Host.load), or install the package directory"
+            )
         package = load_package(source, self.registry.capabilities())
         manifest = package.manifest
         if manifest is None:
@@ -259,20 +275,28 @@ class Host:
         grants: Iterable[str] | None = None,
         fuel: int | None = None,
         timeout_ms: int | None = None,
+        trust: TrustStore | None = None,
     ) -> Extension:
         """Replace the admitted extension of the same id by ``source``, explicitly.
 
         The new package is admitted and compiled first, so a refused update leaves the old
         extension running; then the old one is closed (its call in flight interrupted) and
-        the new one takes its place. Grants are the new package's admission answer."""
-        package = (
-            source
-            if isinstance(source, Package)
-            else load_package(source, self.registry.capabilities())
-        )
+        the new one takes its place. Grants are the new package's admission answer. An
+        extension whose publisher was verified is replaced only by a package verified (with
+        ``trust``, or the policy's trusted publishers) as the same publisher's."""
+        package = source if isinstance(source, Package) else self._load_package(source, trust)
         old = self.extension(package.name)
         if old is None:
             raise ConfigError(f"{package.name} is not admitted: load it instead of updating")
+        signer = old.package.signer
+        if signer is not None and package.signer != signer:
+            # A verified identity is kept: only the same publisher's signature may replace it.
+            raise AdmissionError(
+                [
+                    f"{package.name} was verified as published by {signer!r}; its update "
+                    f"must be signed by {signer!r} too"
+                ]
+            )
         return self._admit(
             package, grants=grants, fuel=fuel, timeout_ms=timeout_ms, replacing=old
         )
