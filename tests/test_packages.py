@@ -225,3 +225,19 @@ def test_cli_usage_errors(tmp_path: Path, signed: Path, capsys: pytest.CaptureFi
     (tmp_path / "acme.key").write_text("x")
     code, _, err = cli(capsys, "keygen", "--publisher", PUBLISHER, "--out", tmp_path / "acme")
     assert code == 1 and "never overwrites" in err
+
+
+def test_a_policy_that_now_requires_signatures_stops_an_unsigned_extension(
+    tmp_path: Path, signed: Path
+) -> None:
+    with Host(Policy(allow=ALL_CAPS), cache_dir=None) as host:
+        unsigned = host.load(FIXTURES / "echo")
+        assert unsigned.call("echo", 1) == 1
+        signed_ext = host.load(signed, trust=trust_of(KEY))
+        strict = Policy(allow=ALL_CAPS, trusted_publishers=trust_of(KEY), require_signed=True)
+        # A narrower grant would apply in place; the signature rule applies all the same.
+        host.update_policy(strict)
+        with pytest.raises(AdmissionError, match="not a signed .whpkg"):
+            unsigned.call("echo", 1)
+        assert unsigned._instance is None
+        assert signed_ext.call("greet", GREET) == {"greeting": "hello, ada"}

@@ -23,12 +23,19 @@ from .brokers.log import ExtensionLog, LogRecord, log_handler
 from .brokers.random import SeededRandom, random_handler
 from .codec import CodecLimits, decode, encode
 from .engine import BoundImport, Budget, CompiledModule, Instance, StoreLimits
-from .errors import CallError, CodecError, ConfigError, FailureClass, WasihostError
+from .errors import (
+    AdmissionError,
+    CallError,
+    CodecError,
+    ConfigError,
+    FailureClass,
+    WasihostError,
+)
 from .grants import GrantState
 from .lifecycle import Event, ExtensionRevoked, ExtensionUnavailable, Lifecycle, State
 from .manifest import Manifest, Resources
 from .package import Package
-from .planning import plan_package
+from .planning import check_package_policy, plan_package
 from .policy import Grant
 from .registry import HostFunction
 
@@ -359,6 +366,14 @@ class Extension:
         """The grant changed. A downgrade applies in place: imports stay linked and the gate
         answers DENIED for what was withdrawn. Anything new needs static admission again, so
         an upgrade re-admits and restarts the instance."""
+        try:
+            # A new policy may refuse the package outright (require_signed): it stops here.
+            check_package_policy(self.package, self.host.policy)
+        except AdmissionError:
+            self._discard()
+            self.lifecycle.try_fire(Event.STOP)
+            self.lifecycle.try_fire(Event.STOPPED)
+            raise
         manifest = self.manifest
         requested = (manifest.required | manifest.optional) if manifest is not None else granted
         capabilities = granted & requested & self.host.policy.allow

@@ -23,6 +23,23 @@ from .wasmbin import WasmFormatError, read_header
 SERVED_RUNTIMES = frozenset({"wasm"})
 
 
+def check_package_policy(package: Package, policy: Policy) -> None:
+    """What the policy says of the package as a whole, whatever it imports: its signature and
+    the runtime it asks for. Checked at admission and again when the policy changes."""
+    if policy.require_signed and package.signer is None:
+        raise AdmissionError([unsigned_refusal(package)])
+    manifest = package.manifest
+    if manifest is not None and manifest.runtime not in SERVED_RUNTIMES:
+        # Running it in-process would quietly give it weaker isolation than it asked for.
+        raise AdmissionError(
+            [
+                f"runtime {manifest.runtime!r} is not available in this host (it serves "
+                f"{', '.join(sorted(SERVED_RUNTIMES))}); the out-of-process runtime is not "
+                "implemented yet"
+            ]
+        )
+
+
 def plan_package(
     package: Package,
     registry: Registry,
@@ -39,18 +56,8 @@ def plan_package(
     ``granted`` is what the operator's grant table holds for the extension (a stateful host);
     the policy then only caps it. Without it, the policy alone decides (a stateless host).
     """
-    if policy.require_signed and package.signer is None:
-        raise AdmissionError([unsigned_refusal(package)])
+    check_package_policy(package, policy)
     manifest = package.manifest
-    if manifest is not None and manifest.runtime not in SERVED_RUNTIMES:
-        # Running it in-process would quietly give it weaker isolation than it asked for.
-        raise AdmissionError(
-            [
-                f"runtime {manifest.runtime!r} is not available in this host (it serves "
-                f"{', '.join(sorted(SERVED_RUNTIMES))}); the out-of-process runtime is not "
-                "implemented yet"
-            ]
-        )
     resources = policy.cap(
         _with_overrides(
             manifest.resources if manifest is not None else Resources.default(), fuel, timeout_ms
