@@ -148,3 +148,23 @@ def test_a_malformed_output_does_not_poison_the_next_call(host: Host) -> None:
         # Before: "no transition from running on ready".
         assert ext.call("ok") is None
         assert ext.lifecycle.state is State.RUNNING
+
+
+def test_a_start_that_fails_before_the_guest_runs_is_not_stuck_starting(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ext = host.load(FIXTURES / "echo")
+    real = ext._new_instance
+    calls = []
+
+    def failing_once() -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a broker factory failed")
+        return real()
+
+    monkeypatch.setattr(ext, "_new_instance", failing_once)
+    with pytest.raises(RuntimeError):
+        ext.call("echo", 1)
+    assert ext.lifecycle.state is State.FAILED
+    assert ext.call("echo", 2) == 2  # before: ExtensionUnavailable (starting) for good

@@ -287,8 +287,10 @@ class Extension:
         self.record_step("build sandbox", f"{len(self.plan.imports)} imports bound")
         try:
             instance = self._new_instance()
-        except CallError as exc:
-            self.lifecycle.try_fire(Event.START_FAILED, f"instantiate: {exc.message}")
+        except BaseException as exc:
+            # Whatever failed, start-up is over: never leave the extension in Starting.
+            self._close_bindings()
+            self.lifecycle.try_fire(Event.START_FAILED, f"instantiate: {exc}")
             raise
         self._starting = instance
         self._interrupt_if_halted(instance)
