@@ -36,6 +36,7 @@ from .package import (
     open_archive,
 )
 from .packaging import signing
+from .packaging.allowed_signers import AllowedSigners, SshSigned, read_ssh_signature
 from .packaging.archive import read_archive, write_archive
 from .packaging.files import (
     PACKAGE_SUFFIX,
@@ -121,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("source", help=".whpkg, package directory or .wasm module")
     inspect.add_argument("--grant", action="append", default=[], metavar="CAP")
     inspect.add_argument("--json", action="store_true")
+    verify = sub.add_parser("verify", help="verify a .whpkg against trusted publishers")
+    verify.add_argument("package", type=Path, metavar="FILE.whpkg")
+    verify.add_argument("--trust", type=Path, metavar="TRUSTFILE")
     for parser in (run, inspect):
         parser.add_argument(
             "--trust",
@@ -133,6 +137,8 @@ def _parser() -> argparse.ArgumentParser:
             action="store_true",
             help="refuse anything no trusted publisher signed (needs --trust)",
         )
+    for parser in (run, inspect, verify):
+        _ssh_flags(parser)
 
     keygen = sub.add_parser("keygen", help="create a publisher's Ed25519 signing key pair")
     keygen.add_argument("--publisher", required=True, metavar="ID", help="publisher id")
@@ -145,9 +151,6 @@ def _parser() -> argparse.ArgumentParser:
     sign = sub.add_parser("sign", help="sign a .whpkg (replacing any signature it has)")
     sign.add_argument("package", type=Path, metavar="FILE.whpkg")
     sign.add_argument("--key", required=True, type=Path, metavar="PREFIX.key")
-    verify = sub.add_parser("verify", help="verify a .whpkg against trusted publishers")
-    verify.add_argument("package", type=Path, metavar="FILE.whpkg")
-    verify.add_argument("--trust", required=True, type=Path, metavar="TRUSTFILE")
 
     def state_opt(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -213,6 +216,37 @@ def _cli_policy(
         allow=frozenset(required) | frozenset(grants),
         trusted_publishers=trust,
         require_signed=bool(require),
+    )
+
+
+def _ssh_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allowed-signers",
+        type=Path,
+        metavar="FILE",
+        help="verify a .whpkg by OpenSSH signature against this allowed_signers file",
+    )
+    parser.add_argument(
+        "--ssh-sig",
+        type=Path,
+        metavar="FILE.whpkg.sig",
+        help="the ssh-keygen -Y sign -n wasihost signature (default: the package path + .sig)",
+    )
+
+
+def _ssh(args: argparse.Namespace, source: str | Path) -> SshSigned | None:
+    """The ``--allowed-signers`` / ``--ssh-sig`` verification asked for, if any."""
+    if getattr(args, "allowed_signers", None) is None:
+        if getattr(args, "ssh_sig", None) is not None:
+            raise UsageError("--ssh-sig needs --allowed-signers FILE")
+        return None
+    if getattr(args, "trust", None) is not None:
+        raise UsageError("give --trust or --allowed-signers, not both")
+    if not is_archive(source):
+        raise UsageError(f"{source} is not a .whpkg: an SSH signature verifies .whpkg files")
+    signature = args.ssh_sig if args.ssh_sig is not None else Path(f"{source}.sig")
+    return SshSigned(
+        AllowedSigners.from_file(args.allowed_signers), read_ssh_signature(signature)
     )
 
 
@@ -316,11 +350,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise UsageError("--grant does not apply to installed extensions: use wasihost grants")
         host = _state_host(args)
     else:
-        if is_archive(args.source) and args.trust is None:
+        ssh = _ssh(args, args.source)
+        if is_archive(args.source) and args.trust is None and ssh is None:
             raise UsageError(
-                f"{args.source} is a .whpkg, which runs only verified: give --trust TRUSTFILE"
+                f"{args.source} is a .whpkg, which runs only verified: give --trust TRUSTFILE "
+                "(or --allowed-signers FILE with its --ssh-sig)"
             )
-        package = load_package(args.source, default_registry().capabilities(), _trust(args))
+        package = load_package(
+            args.source, default_registry().capabilities(), _trust(args), ssh
+        )
         host = _host(_cli_policy(package, args.grant, args), args)
     try:
         if package is None:
@@ -376,7 +414,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from .inspect import inspect_package, render_text
 
     registry = default_registry()
-    package = load_package(args.source, registry.capabilities(), _trust(args))
+    package = load_package(
+        args.source, registry.capabilities(), _trust(args), _ssh(args, args.source)
+    )
     report = inspect_package(package, registry, _cli_policy(package, args.grant, args), args.grant)
     if args.json:
         print(cbor_json.dumps(report, indent=2))
@@ -441,8 +481,10 @@ def _cmd_sign(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     path = _whpkg(args.package, "verify")
-    trust = _trust(args)
-    package = load_package(path, default_registry().capabilities(), trust)
+    ssh = _ssh(args, path)
+    if ssh is None and args.trust is None:
+        raise UsageError("give --trust TRUSTFILE, or --allowed-signers FILE (and --ssh-sig)")
+    package = load_package(path, default_registry().capabilities(), _trust(args), ssh)
     if package.signer is None or package.manifest is None:
         raise UnsignedPackageError(f"{path} is not signed")
     print(
