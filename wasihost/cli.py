@@ -45,6 +45,7 @@ from .packaging.files import (
     write_key_pair,
     write_package_file,
 )
+from .packaging.revocation import MemoryFloor, Revocations
 from .packaging.trust import SigningKey, TrustStore
 from .policy import Policy
 from .registry import AbiVersion, default_registry
@@ -139,6 +140,12 @@ def _parser() -> argparse.ArgumentParser:
         )
     for parser in (run, inspect, verify):
         _ssh_flags(parser)
+        parser.add_argument(
+            "--revocations",
+            type=Path,
+            metavar="FILE",
+            help="signed revocation list; needs --trust (its 'revocations' keys sign it)",
+        )
 
     keygen = sub.add_parser("keygen", help="create a publisher's Ed25519 signing key pair")
     keygen.add_argument("--publisher", required=True, metavar="ID", help="publisher id")
@@ -216,7 +223,21 @@ def _cli_policy(
         allow=frozenset(required) | frozenset(grants),
         trusted_publishers=trust,
         require_signed=bool(require),
+        revocations=_revocations(args) if args is not None else None,
     )
+
+
+def _revocations(args: argparse.Namespace) -> Revocations | None:
+    """The ``--revocations`` list, checked against the ``--trust`` file's revocation keys."""
+    path = getattr(args, "revocations", None)
+    if path is None:
+        return None
+    if getattr(args, "trust", None) is None:
+        raise UsageError(
+            "--revocations needs --trust TRUSTFILE (the file marks the keys that sign the list)"
+        )
+    trust = TrustStore.from_file(args.trust)
+    return Revocations(path, trust)
 
 
 def _ssh_flags(parser: argparse.ArgumentParser) -> None:
@@ -240,8 +261,6 @@ def _ssh(args: argparse.Namespace, source: str | Path) -> SshSigned | None:
         if getattr(args, "ssh_sig", None) is not None:
             raise UsageError("--ssh-sig needs --allowed-signers FILE")
         return None
-    if getattr(args, "trust", None) is not None:
-        raise UsageError("give --trust or --allowed-signers, not both")
     if not is_archive(source):
         raise UsageError(f"{source} is not a .whpkg: an SSH signature verifies .whpkg files")
     signature = args.ssh_sig if args.ssh_sig is not None else Path(f"{source}.sig")
@@ -288,6 +307,7 @@ def _state_host(args: argparse.Namespace) -> Host:
         allow=registry.capabilities(),
         trusted_publishers=trust,
         require_signed=bool(getattr(args, "require_signed", False)),
+        revocations=_revocations(args),
     )
     return Host(policy, cache_dir=None, state_dir=_state_dir(args))
 
@@ -417,6 +437,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     package = load_package(
         args.source, registry.capabilities(), _trust(args), _ssh(args, args.source)
     )
+    revocations = _revocations(args)
+    if revocations is not None:
+        revocations.check(package, MemoryFloor())
     report = inspect_package(package, registry, _cli_policy(package, args.grant, args), args.grant)
     if args.json:
         print(cbor_json.dumps(report, indent=2))
@@ -485,6 +508,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if ssh is None and args.trust is None:
         raise UsageError("give --trust TRUSTFILE, or --allowed-signers FILE (and --ssh-sig)")
     package = load_package(path, default_registry().capabilities(), _trust(args), ssh)
+    revocations = _revocations(args)
+    if revocations is not None:
+        revocations.check(package, MemoryFloor())
     if package.signer is None or package.manifest is None:
         raise UnsignedPackageError(f"{path} is not signed")
     print(

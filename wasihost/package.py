@@ -42,6 +42,8 @@ class Package:
     package_digest: str | None = None
     # How the signer was verified, for inspect: None for the trust file's Ed25519 keys.
     verified_by: str | None = None
+    # The raw Ed25519 public key that verified the package (for key revocation).
+    signing_key: bytes | None = attrs.field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -132,12 +134,16 @@ def _load_archive(
         # The SSH signature covers the archive file byte for byte, hence every file in it.
         line = ssh.verify(data, manifest.publisher)
         how = f"an OpenSSH ed25519 key of {ssh.allowed.origin} line {line.line}"
-        return Package(str(path), manifest, wasm, digest, manifest.publisher, archive.digest, how)
-    signer = None
+        return Package(
+            str(path), manifest, wasm, digest, manifest.publisher, archive.digest, how, line.key
+        )
     if trust is not None and archive.signature is not None:
         signing.verify(archive.signature, identity(manifest, digest), archive.digest, trust)
-        signer = manifest.publisher
-    return Package(str(path), manifest, wasm, digest, signer, archive.digest)
+        key = signing.SignatureRecord.parse(archive.signature).key
+        return Package(
+            str(path), manifest, wasm, digest, manifest.publisher, archive.digest, None, key
+        )
+    return Package(str(path), manifest, wasm, digest, None, archive.digest)
 
 
 def load_package(

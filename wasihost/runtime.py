@@ -34,6 +34,7 @@ from .lifecycle import ExtensionRevoked, State
 from .manifest import Resources, version_order
 from .package import MANIFEST_NAME, Package, is_archive, load_package, manifest_text
 from .packaging.allowed_signers import AllowedSigners, SshSigned
+from .packaging.revocation import MemoryFloor, StateFloor, VersionFloor
 from .packaging.trust import TrustStore
 from .planning import plan_package, unsigned_refusal
 from .policy import Grant, Policy
@@ -99,6 +100,10 @@ class Host:
         if directory is not None and not isinstance(directory, Path):
             directory = Path(str(directory))
         self.state = StateStore(state_dir) if state_dir is not None else None
+        # The highest revocation-list version seen: durable with a state directory.
+        self._revocation_floor: VersionFloor = (
+            StateFloor(self.state) if self.state is not None else MemoryFloor()
+        )
         self.grants = GrantTable(self.state)
         self.engine = WasmEngine(settings or EngineSettings(), directory)
         self.clock: Clock = clock if clock is not None else SystemClock()
@@ -250,6 +255,8 @@ class Host:
         granted: frozenset[str] | None = None,
     ) -> tuple[AdmissionPlan, Grant, Resources]:
         """Static admission only: no compile, no instantiation, nothing of the guest runs."""
+        if self.policy.revocations is not None:
+            self.policy.revocations.check(package, self._revocation_floor)
         epoch = 0
         if granted is None and self.state is not None:
             table = self.grants.state(package.name)
