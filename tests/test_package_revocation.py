@@ -251,3 +251,29 @@ def test_the_trust_file_marks_revocation_keys_apart() -> None:
     assert TRUST.revocation_keys_for(PUBLISHER) == frozenset()
     with pytest.raises(ConfigError, match="line 1: expected"):
         TrustStore.parse(OPS.public_line().rstrip("\n") + " admin\n")
+
+
+def test_cli_revoke_writes_a_new_signed_version_each_time(
+    pkgs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["keygen", "--publisher", "ops.example", "--out", str(tmp_path / "ops")]) == 0
+    trust = tmp_path / "trust"
+    ops_line = (tmp_path / "ops.pub").read_text().rstrip("\n")
+    trust.write_text(KEY.public_line() + ops_line + " revocations\n")
+    lst, ops_key = tmp_path / "list", str(tmp_path / "ops.key")
+    flags = ["--trust", str(trust), "--revocations", str(lst)]
+    assert main(["revoke", str(lst), "--key", ops_key, "--extension", HELLO, "0.2.0"]) == 0
+    assert "version 1" in capsys.readouterr().out
+    assert main(["verify", str(pkgs["0.1.0"]), *flags]) == 0
+    assert main(["revoke", str(lst), "--key", ops_key, "--package", str(pkgs["0.1.0"])]) == 0
+    assert "version 2" in capsys.readouterr().out
+    for version, why in (("0.1.0", "package digest"), ("0.2.0", "extension")):
+        assert main(["verify", str(pkgs[version]), *flags]) == 1
+        assert f"{why}" in capsys.readouterr().err
+    # Only the key that signed the list extends it; a bad entry is refused before writing.
+    other = tmp_path / "other"
+    assert main(["keygen", "--publisher", "ops.example", "--out", str(other)]) == 0
+    assert main(["revoke", str(lst), "--key", f"{other}.key", "--publisher", "x.example"]) == 1
+    assert main(["revoke", str(lst), "--key", ops_key, "--module-sha256", "XYZ"]) == 1
+    capsys.readouterr()
+    assert revocation.parse(lst.read_bytes(), TrustStore.parse(trust.read_text())).version == 2

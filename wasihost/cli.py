@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,17 +36,18 @@ from .package import (
     load_package,
     open_archive,
 )
-from .packaging import signing
+from .packaging import revocation, signing
 from .packaging.allowed_signers import AllowedSigners, SshSigned, read_ssh_signature
 from .packaging.archive import read_archive, write_archive
 from .packaging.files import (
     PACKAGE_SUFFIX,
     pack_directory,
+    read_package_file,
     read_signing_key,
     write_key_pair,
     write_package_file,
 )
-from .packaging.revocation import MemoryFloor, Revocations
+from .packaging.revocation import MemoryFloor, RevocationList, Revocations
 from .packaging.trust import SigningKey, TrustStore
 from .policy import Policy
 from .registry import AbiVersion, default_registry
@@ -62,6 +64,11 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a Unix tool killed by a closed pip
 # --input-file/--input-bytes: the largest max_input_bytes a manifest may ask for; reading more
 # could only be refused later, so it is refused before it is read.
 MAX_CLI_INPUT_BYTES = 16 * 1024 * 1024
+# `wasihost revoke`'s default lifetime of a list: a week, so that a host cut off from fresh
+# lists stops admitting within days (TUF gives its frequently re-signed roles short expiries).
+DEFAULT_REVOCATION_DAYS = 7
+# A list valid for more than a year would let a frozen copy be served for that long.
+MAX_REVOCATION_DAYS = 366
 
 
 class UsageError(Exception):
@@ -158,6 +165,28 @@ def _parser() -> argparse.ArgumentParser:
     sign = sub.add_parser("sign", help="sign a .whpkg (replacing any signature it has)")
     sign.add_argument("package", type=Path, metavar="FILE.whpkg")
     sign.add_argument("--key", required=True, type=Path, metavar="PREFIX.key")
+
+    revoke = sub.add_parser(
+        "revoke", help="add entries to a signed revocation list (a new version, re-signed)"
+    )
+    revoke.add_argument("list", type=Path, metavar="LIST", help="created if it does not exist")
+    revoke.add_argument("--key", required=True, type=Path, metavar="PREFIX.key")
+    revoke.add_argument(
+        "--expires-days",
+        type=int,
+        default=DEFAULT_REVOCATION_DAYS,
+        metavar="N",
+        help=f"the new list expires N days from now (default {DEFAULT_REVOCATION_DAYS})",
+    )
+    revoke.add_argument("--publisher", action="append", default=[], metavar="ID")
+    revoke.add_argument(
+        "--signing-key", action="append", default=[], metavar="BASE64", help="an Ed25519 key"
+    )
+    revoke.add_argument("--package", action="append", default=[], type=Path, metavar="FILE.whpkg")
+    revoke.add_argument("--module-sha256", action="append", default=[], metavar="HEX")
+    revoke.add_argument(
+        "--extension", action="append", default=[], nargs=2, metavar=("ID", "VERSION")
+    )
 
     def state_opt(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -502,6 +531,36 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_revoke(args: argparse.Namespace) -> int:
+    if not 1 <= args.expires_days <= MAX_REVOCATION_DAYS:
+        raise UsageError(f"--expires-days must be in 1..{MAX_REVOCATION_DAYS}")
+    key = read_signing_key(args.key)
+    own = TrustStore(frozenset(), frozenset({(key.publisher, key.public_bytes)}))
+    previous = None
+    if args.list.exists():
+        # Extending a list this key did not sign would launder someone else's entries.
+        previous = revocation.parse(revocation.read_list(args.list), own)
+    additions = RevocationList(
+        previous.version + 1 if previous is not None else 1,
+        time.time() + args.expires_days * 86400,
+        frozenset(args.publisher),
+        frozenset(revocation.key_bytes(k) for k in args.signing_key),
+        frozenset(read_archive(read_package_file(p)).digest for p in args.package),
+        frozenset(args.module_sha256),
+        frozenset((i, v) for i, v in args.extension),
+    )
+    merged = additions.merged(previous) if previous is not None else additions
+    # Re-read through the parser, so that a bad entry fails here and not on every host.
+    data = merged.sign(key)
+    revocation.parse(data, own)
+    write_package_file(args.list, data)
+    print(
+        f"wrote {args.list}: version {merged.version}, expires "
+        f"{revocation.format_time(merged.expires)}, signed by {key.publisher}"
+    )
+    return 0
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     path = _whpkg(args.package, "verify")
     ssh = _ssh(args, path)
@@ -720,6 +779,7 @@ def _main(argv: Sequence[str] | None) -> int:
             "pack": _cmd_pack,
             "sign": _cmd_sign,
             "verify": _cmd_verify,
+            "revoke": _cmd_revoke,
             "abi": _cmd_abi,
             "install": _cmd_install,
             "remove": _cmd_remove,

@@ -96,6 +96,17 @@ class RevocationList:
         line = f"signature {key.publisher} {b64(key.public_bytes)} {b64(signature)}\n"
         return body + line.encode("ascii")
 
+    def merged(self, older: RevocationList) -> RevocationList:
+        """This list's version and expiry, with ``older``'s entries kept as well."""
+        return attrs.evolve(
+            self,
+            publishers=self.publishers | older.publishers,
+            keys=self.keys | older.keys,
+            package_digests=self.package_digests | older.package_digests,
+            module_digests=self.module_digests | older.module_digests,
+            extensions=self.extensions | older.extensions,
+        )
+
     def revocation_of(self, package: Package) -> str | None:
         """Why ``package`` is revoked, or None."""
         manifest = package.manifest
@@ -254,7 +265,12 @@ class StateFloor:
         self._state.raise_high_water(self.KEY, version)
 
 
-def _read(path: Path) -> bytes:
+def key_bytes(text: str) -> bytes:
+    """A base64 Ed25519 public key, as a list entry takes it."""
+    return _b64(text, KEY_BYTES, f"key {text[:_QUOTE_CHARS]!r}")
+
+
+def read_list(path: Path) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
@@ -276,7 +292,7 @@ class Revocations:
     def current(self, floor: VersionFloor) -> RevocationList:
         """The list, verified, fresh and not older than ``floor``; raises otherwise. A newer
         list raises the floor, so a later rollback is refused."""
-        found = parse(_read(self.path), self.trust)
+        found = parse(read_list(self.path), self.trust)
         now = self.clock()
         if found.expires <= now:
             raise _fail(
@@ -306,5 +322,7 @@ __all__ = [
     "StateFloor",
     "VersionFloor",
     "format_time",
+    "key_bytes",
     "parse",
+    "read_list",
 ]
