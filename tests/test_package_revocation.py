@@ -277,3 +277,18 @@ def test_cli_revoke_writes_a_new_signed_version_each_time(
     assert main(["revoke", str(lst), "--key", ops_key, "--module-sha256", "XYZ"]) == 1
     capsys.readouterr()
     assert revocation.parse(lst.read_bytes(), TrustStore.parse(trust.read_text())).version == 2
+
+
+def test_cli_with_a_state_dir_refuses_a_rollback_across_commands(
+    pkgs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trust, lst = tmp_path / "trust", tmp_path / "list"
+    trust.write_text(TRUST_TEXT)
+    flags = ["--trust", str(trust), "--revocations", str(lst), "--state-dir", str(tmp_path / "s")]
+    lst.write_bytes(signed_list(3, NOW + 3650 * DAY))
+    assert main(["verify", str(pkgs["0.1.0"]), *flags]) == 0
+    lst.write_bytes(signed_list(2, NOW + 3650 * DAY))
+    assert main(["inspect", str(pkgs["0.1.0"]), *flags]) == 1
+    assert "version 2 is older than version 3" in capsys.readouterr().err
+    # Without the state directory, each command starts from nothing.
+    assert main(["verify", str(pkgs["0.1.0"]), *flags[:4]]) == 0

@@ -47,7 +47,7 @@ from .packaging.files import (
     write_key_pair,
     write_package_file,
 )
-from .packaging.revocation import MemoryFloor, RevocationList, Revocations
+from .packaging.revocation import MemoryFloor, RevocationList, Revocations, StateDirFloor
 from .packaging.trust import SigningKey, TrustStore
 from .policy import Policy
 from .registry import AbiVersion, default_registry
@@ -194,6 +194,8 @@ def _parser() -> argparse.ArgumentParser:
         )
 
     state_opt(run)
+    state_opt(verify)
+    state_opt(inspect)
     install = sub.add_parser("install", help="copy a package into the state directory")
     install.add_argument("source", help="package directory")
     install.add_argument(
@@ -266,7 +268,10 @@ def _revocations(args: argparse.Namespace) -> Revocations | None:
             "--revocations needs --trust TRUSTFILE (the file marks the keys that sign the list)"
         )
     trust = TrustStore.from_file(args.trust)
-    return Revocations(path, trust)
+    # With an explicit --state-dir, the highest version seen outlives this command.
+    state_dir = getattr(args, "state_dir", None)
+    floor = StateDirFloor(state_dir) if state_dir is not None else None
+    return Revocations(path, trust, floor=floor)
 
 
 def _ssh_flags(parser: argparse.ArgumentParser) -> None:
@@ -468,7 +473,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     )
     revocations = _revocations(args)
     if revocations is not None:
-        revocations.check(package, MemoryFloor())
+        revocations.check(package, revocations.floor or MemoryFloor())
     report = inspect_package(package, registry, _cli_policy(package, args.grant, args), args.grant)
     if args.json:
         print(cbor_json.dumps(report, indent=2))
@@ -569,7 +574,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     package = load_package(path, default_registry().capabilities(), _trust(args), ssh)
     revocations = _revocations(args)
     if revocations is not None:
-        revocations.check(package, MemoryFloor())
+        revocations.check(package, revocations.floor or MemoryFloor())
     if package.signer is None or package.manifest is None:
         raise UnsignedPackageError(f"{path} is not signed")
     print(

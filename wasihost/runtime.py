@@ -255,8 +255,9 @@ class Host:
         granted: frozenset[str] | None = None,
     ) -> tuple[AdmissionPlan, Grant, Resources]:
         """Static admission only: no compile, no instantiation, nothing of the guest runs."""
-        if self.policy.revocations is not None:
-            self.policy.revocations.check(package, self._revocation_floor)
+        revocations = self.policy.revocations
+        if revocations is not None:
+            revocations.check(package, revocations.floor or self._revocation_floor)
         epoch = 0
         if granted is None and self.state is not None:
             table = self.grants.state(package.name)

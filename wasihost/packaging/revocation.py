@@ -265,6 +265,32 @@ class StateFloor:
         self._state.raise_high_water(self.KEY, version)
 
 
+class StateDirFloor:
+    """The highest version seen, in the state database of ``directory``, opened for each
+    read or write (for front ends, like the CLI, that have no host holding it open)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def highest(self) -> int:
+        from ..state import StateStore
+
+        store = StateStore(self.directory)
+        try:
+            return StateFloor(store).highest()
+        finally:
+            store.close()
+
+    def raise_to(self, version: int) -> None:
+        from ..state import StateStore
+
+        store = StateStore(self.directory)
+        try:
+            StateFloor(store).raise_to(version)
+        finally:
+            store.close()
+
+
 def key_bytes(text: str) -> bytes:
     """A base64 Ed25519 public key, as a list entry takes it."""
     return _b64(text, KEY_BYTES, f"key {text[:_QUOTE_CHARS]!r}")
@@ -283,11 +309,14 @@ def read_list(path: Path) -> bytes:
 class Revocations:
     """Where the host's revocation list is and how it is trusted: the file (re-read at every
     check, so a refreshed list takes effect at the next admission), the trust store whose
-    ``revocations`` keys sign it, and the clock its expiry is checked against."""
+    ``revocations`` keys sign it, and the clock its expiry is checked against. ``floor``
+    keeps the highest version seen; without one, a host keeps it itself (in its state
+    database when it has a state directory)."""
 
     path: Path = attrs.field(converter=Path)
     trust: TrustStore
     clock: Callable[[], float] = attrs.field(default=time.time, eq=False)
+    floor: VersionFloor | None = attrs.field(default=None, eq=False)
 
     def current(self, floor: VersionFloor) -> RevocationList:
         """The list, verified, fresh and not older than ``floor``; raises otherwise. A newer
@@ -319,6 +348,7 @@ __all__ = [
     "MemoryFloor",
     "RevocationList",
     "Revocations",
+    "StateDirFloor",
     "StateFloor",
     "VersionFloor",
     "format_time",
