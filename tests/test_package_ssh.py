@@ -8,6 +8,7 @@ import base64
 import contextlib
 import json
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -352,3 +353,13 @@ def test_cli_verify_run_and_inspect_with_an_ssh_signature(
     assert "error: signature: key ssh-ed25519" in capsys.readouterr().err
     assert main(["verify", str(package), "--ssh-sig", str(sig)]) == 2
     assert "--ssh-sig needs --allowed-signers" in capsys.readouterr().err
+
+
+def test_a_pathological_principal_pattern_matches_in_linear_time(key: Path) -> None:
+    """The manifest's publisher is attacker-chosen; a star-heavy pattern must not backtrack
+    exponentially against it (a naive regex took more than 20 s here)."""
+    pattern = "*a" * 40 + "*b"
+    allowed = AllowedSigners.parse(f"{pattern} {public(key)}\n")
+    started = time.monotonic()
+    assert not allowed.signers[0].names("a" * 128)
+    assert time.monotonic() - started < 1.0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import calendar
+import fnmatch
 import os
 import re
 import time
@@ -42,6 +43,9 @@ from .trust import _read_text, b64
 MAX_FILE_BYTES: Final = 1024 * 1024
 # As many keys as a trust file holds (trust.MAX_TRUSTED_KEYS).
 MAX_LINES: Final = 4096
+# The longest line: principals, options and a key of MAX_KEY_CHARS, with room to spare; bounds
+# the per-character field splitter.
+MAX_LINE_CHARS: Final = 16 * 1024
 # A principal list longer than this is not a list of people or publishers.
 MAX_PRINCIPALS: Final = 256
 # Public keys of any type ssh-keygen makes (RSA-16384 included) are under 3 KiB of base64.
@@ -69,9 +73,10 @@ class AllowedSigner:
 
 
 def _matches(pattern: str, name: str) -> bool:
-    # Only the two wildcards are special; every other character is literal.
-    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    return re.fullmatch(regex, name) is not None
+    # Patterns hold no "[" (see _PRINCIPAL), so only * and ? are special. fnmatch compiles the
+    # stars into atomic groups: a naive ".*" per star backtracks exponentially on a pattern
+    # like "*a*a*a...*b" against the manifest's (attacker-chosen) publisher.
+    return fnmatch.fnmatchcase(name, pattern)
 
 
 def _timestamp(text: str, where: str) -> float:
@@ -204,6 +209,8 @@ class AllowedSigners:
                 continue
             if len(signers) == MAX_LINES:
                 raise ConfigError(f"{origin}: more than {MAX_LINES} keys")
+            if len(stripped) > MAX_LINE_CHARS:
+                raise ConfigError(f"{origin} line {number}: longer than {MAX_LINE_CHARS}")
             signers.append(parse_line(number, _split_fields(stripped, f"{origin}"), origin))
         return cls(origin, tuple(signers))
 
