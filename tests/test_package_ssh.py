@@ -363,3 +363,32 @@ def test_a_pathological_principal_pattern_matches_in_linear_time(key: Path) -> N
     started = time.monotonic()
     assert not allowed.signers[0].names("a" * 128)
     assert time.monotonic() - started < 1.0
+
+
+def test_an_ssh_verified_package_meets_require_signed(
+    key: Path, package: Path, signature: bytes, allowed: AllowedSigners
+) -> None:
+    from packages_support import trust_of
+
+    from wasihost.packaging.trust import SigningKey
+
+    strict = Policy(
+        allow=ALL_CAPS,
+        trusted_publishers=trust_of(SigningKey.generate("unrelated.example")),
+        require_signed=True,
+    )
+    with Host(strict, cache_dir=None) as host:
+        ext = host.load(package, allowed_signers=allowed, ssh_signature=signature)
+        assert ext.package.signer == PUBLISHER
+        with pytest.raises(AdmissionError, match="must be signed by 'acme.example' too"):
+            host.update(package)  # the same file, unverified: refused
+        ext.close()
+        with pytest.raises(AdmissionError, match="no signature verified by a trusted"):
+            host.load(package)  # unverified (its key is not in the trust file): refused
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=' \t\n"=,!*?#abz.@-AZ019+/', max_size=200))
+def test_only_config_errors_leave_the_allowed_signers_reader(text: str) -> None:
+    with contextlib.suppress(ConfigError):
+        AllowedSigners.parse(text)
