@@ -331,8 +331,7 @@ class Revocations:
         highest = floor.highest()
         if found.version < highest:
             raise _fail(
-                f"version {found.version} is older than version {highest} already seen "
-                "(a rollback)"
+                f"version {found.version} is older than version {highest} already seen (a rollback)"
             )
         floor.raise_to(found.version)
         return found
