@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,15 +36,18 @@ from .package import (
     load_package,
     open_archive,
 )
-from .packaging import signing
+from .packaging import revocation, signing
+from .packaging.allowed_signers import AllowedSigners, SshSigned, read_ssh_signature
 from .packaging.archive import read_archive, write_archive
 from .packaging.files import (
     PACKAGE_SUFFIX,
     pack_directory,
+    read_package_file,
     read_signing_key,
     write_key_pair,
     write_package_file,
 )
+from .packaging.revocation import MemoryFloor, RevocationList, Revocations, StateDirFloor
 from .packaging.trust import SigningKey, TrustStore
 from .policy import Policy
 from .registry import AbiVersion, default_registry
@@ -60,6 +64,11 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a Unix tool killed by a closed pip
 # --input-file/--input-bytes: the largest max_input_bytes a manifest may ask for; reading more
 # could only be refused later, so it is refused before it is read.
 MAX_CLI_INPUT_BYTES = 16 * 1024 * 1024
+# `wasihost revoke`'s default lifetime of a list: a week, so that a host cut off from fresh
+# lists stops admitting within days (TUF gives its frequently re-signed roles short expiries).
+DEFAULT_REVOCATION_DAYS = 7
+# A list valid for more than a year would let a frozen copy be served for that long.
+MAX_REVOCATION_DAYS = 366
 
 
 class UsageError(Exception):
@@ -121,6 +130,9 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("source", help=".whpkg, package directory or .wasm module")
     inspect.add_argument("--grant", action="append", default=[], metavar="CAP")
     inspect.add_argument("--json", action="store_true")
+    verify = sub.add_parser("verify", help="verify a .whpkg against trusted publishers")
+    verify.add_argument("package", type=Path, metavar="FILE.whpkg")
+    verify.add_argument("--trust", type=Path, metavar="TRUSTFILE")
     for parser in (run, inspect):
         parser.add_argument(
             "--trust",
@@ -132,6 +144,14 @@ def _parser() -> argparse.ArgumentParser:
             "--require-signed",
             action="store_true",
             help="refuse anything no trusted publisher signed (needs --trust)",
+        )
+    for parser in (run, inspect, verify):
+        _ssh_flags(parser)
+        parser.add_argument(
+            "--revocations",
+            type=Path,
+            metavar="FILE",
+            help="signed revocation list; needs --trust (its 'revocations' keys sign it)",
         )
 
     keygen = sub.add_parser("keygen", help="create a publisher's Ed25519 signing key pair")
@@ -145,9 +165,28 @@ def _parser() -> argparse.ArgumentParser:
     sign = sub.add_parser("sign", help="sign a .whpkg (replacing any signature it has)")
     sign.add_argument("package", type=Path, metavar="FILE.whpkg")
     sign.add_argument("--key", required=True, type=Path, metavar="PREFIX.key")
-    verify = sub.add_parser("verify", help="verify a .whpkg against trusted publishers")
-    verify.add_argument("package", type=Path, metavar="FILE.whpkg")
-    verify.add_argument("--trust", required=True, type=Path, metavar="TRUSTFILE")
+
+    revoke = sub.add_parser(
+        "revoke", help="add entries to a signed revocation list (a new version, re-signed)"
+    )
+    revoke.add_argument("list", type=Path, metavar="LIST", help="created if it does not exist")
+    revoke.add_argument("--key", required=True, type=Path, metavar="PREFIX.key")
+    revoke.add_argument(
+        "--expires-days",
+        type=int,
+        default=DEFAULT_REVOCATION_DAYS,
+        metavar="N",
+        help=f"the new list expires N days from now (default {DEFAULT_REVOCATION_DAYS})",
+    )
+    revoke.add_argument("--publisher", action="append", default=[], metavar="ID")
+    revoke.add_argument(
+        "--signing-key", action="append", default=[], metavar="BASE64", help="an Ed25519 key"
+    )
+    revoke.add_argument("--package", action="append", default=[], type=Path, metavar="FILE.whpkg")
+    revoke.add_argument("--module-sha256", action="append", default=[], metavar="HEX")
+    revoke.add_argument(
+        "--extension", action="append", default=[], nargs=2, metavar=("ID", "VERSION")
+    )
 
     def state_opt(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -155,6 +194,8 @@ def _parser() -> argparse.ArgumentParser:
         )
 
     state_opt(run)
+    state_opt(verify)
+    state_opt(inspect)
     install = sub.add_parser("install", help="copy a package into the state directory")
     install.add_argument("source", help="package directory")
     install.add_argument(
@@ -213,6 +254,52 @@ def _cli_policy(
         allow=frozenset(required) | frozenset(grants),
         trusted_publishers=trust,
         require_signed=bool(require),
+        revocations=_revocations(args) if args is not None else None,
+    )
+
+
+def _revocations(args: argparse.Namespace) -> Revocations | None:
+    """The ``--revocations`` list, checked against the ``--trust`` file's revocation keys."""
+    path = getattr(args, "revocations", None)
+    if path is None:
+        return None
+    if getattr(args, "trust", None) is None:
+        raise UsageError(
+            "--revocations needs --trust TRUSTFILE (the file marks the keys that sign the list)"
+        )
+    trust = TrustStore.from_file(args.trust)
+    # With an explicit --state-dir, the highest version seen outlives this command.
+    state_dir = getattr(args, "state_dir", None)
+    floor = StateDirFloor(state_dir) if state_dir is not None else None
+    return Revocations(path, trust, floor=floor)
+
+
+def _ssh_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allowed-signers",
+        type=Path,
+        metavar="FILE",
+        help="verify a .whpkg by OpenSSH signature against this allowed_signers file",
+    )
+    parser.add_argument(
+        "--ssh-sig",
+        type=Path,
+        metavar="FILE.whpkg.sig",
+        help="the ssh-keygen -Y sign -n wasihost signature (default: the package path + .sig)",
+    )
+
+
+def _ssh(args: argparse.Namespace, source: str | Path) -> SshSigned | None:
+    """The ``--allowed-signers`` / ``--ssh-sig`` verification asked for, if any."""
+    if getattr(args, "allowed_signers", None) is None:
+        if getattr(args, "ssh_sig", None) is not None:
+            raise UsageError("--ssh-sig needs --allowed-signers FILE")
+        return None
+    if not is_archive(source):
+        raise UsageError(f"{source} is not a .whpkg: an SSH signature verifies .whpkg files")
+    signature = args.ssh_sig if args.ssh_sig is not None else Path(f"{source}.sig")
+    return SshSigned(
+        AllowedSigners.from_file(args.allowed_signers), read_ssh_signature(signature)
     )
 
 
@@ -254,6 +341,7 @@ def _state_host(args: argparse.Namespace) -> Host:
         allow=registry.capabilities(),
         trusted_publishers=trust,
         require_signed=bool(getattr(args, "require_signed", False)),
+        revocations=_revocations(args),
     )
     return Host(policy, cache_dir=None, state_dir=_state_dir(args))
 
@@ -316,11 +404,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise UsageError("--grant does not apply to installed extensions: use wasihost grants")
         host = _state_host(args)
     else:
-        if is_archive(args.source) and args.trust is None:
+        ssh = _ssh(args, args.source)
+        if is_archive(args.source) and args.trust is None and ssh is None:
             raise UsageError(
-                f"{args.source} is a .whpkg, which runs only verified: give --trust TRUSTFILE"
+                f"{args.source} is a .whpkg, which runs only verified: give --trust TRUSTFILE "
+                "(or --allowed-signers FILE with its --ssh-sig)"
             )
-        package = load_package(args.source, default_registry().capabilities(), _trust(args))
+        package = load_package(
+            args.source, default_registry().capabilities(), _trust(args), ssh
+        )
         host = _host(_cli_policy(package, args.grant, args), args)
     try:
         if package is None:
@@ -376,7 +468,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from .inspect import inspect_package, render_text
 
     registry = default_registry()
-    package = load_package(args.source, registry.capabilities(), _trust(args))
+    package = load_package(
+        args.source, registry.capabilities(), _trust(args), _ssh(args, args.source)
+    )
+    revocations = _revocations(args)
+    if revocations is not None:
+        revocations.check(package, revocations.floor or MemoryFloor())
     report = inspect_package(package, registry, _cli_policy(package, args.grant, args), args.grant)
     if args.json:
         print(cbor_json.dumps(report, indent=2))
@@ -439,10 +536,45 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_revoke(args: argparse.Namespace) -> int:
+    if not 1 <= args.expires_days <= MAX_REVOCATION_DAYS:
+        raise UsageError(f"--expires-days must be in 1..{MAX_REVOCATION_DAYS}")
+    key = read_signing_key(args.key)
+    own = TrustStore(frozenset(), frozenset({(key.publisher, key.public_bytes)}))
+    previous = None
+    if args.list.exists():
+        # Extending a list this key did not sign would launder someone else's entries.
+        previous = revocation.parse(revocation.read_list(args.list), own)
+    additions = RevocationList(
+        previous.version + 1 if previous is not None else 1,
+        time.time() + args.expires_days * 86400,
+        frozenset(args.publisher),
+        frozenset(revocation.key_bytes(k) for k in args.signing_key),
+        frozenset(read_archive(read_package_file(p)).digest for p in args.package),
+        frozenset(args.module_sha256),
+        frozenset((i, v) for i, v in args.extension),
+    )
+    merged = additions.merged(previous) if previous is not None else additions
+    # Re-read through the parser, so that a bad entry fails here and not on every host.
+    data = merged.sign(key)
+    revocation.parse(data, own)
+    write_package_file(args.list, data)
+    print(
+        f"wrote {args.list}: version {merged.version}, expires "
+        f"{revocation.format_time(merged.expires)}, signed by {key.publisher}"
+    )
+    return 0
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     path = _whpkg(args.package, "verify")
-    trust = _trust(args)
-    package = load_package(path, default_registry().capabilities(), trust)
+    ssh = _ssh(args, path)
+    if ssh is None and args.trust is None:
+        raise UsageError("give --trust TRUSTFILE, or --allowed-signers FILE (and --ssh-sig)")
+    package = load_package(path, default_registry().capabilities(), _trust(args), ssh)
+    revocations = _revocations(args)
+    if revocations is not None:
+        revocations.check(package, revocations.floor or MemoryFloor())
     if package.signer is None or package.manifest is None:
         raise UnsignedPackageError(f"{path} is not signed")
     print(
@@ -652,6 +784,7 @@ def _main(argv: Sequence[str] | None) -> int:
             "pack": _cmd_pack,
             "sign": _cmd_sign,
             "verify": _cmd_verify,
+            "revoke": _cmd_revoke,
             "abi": _cmd_abi,
             "install": _cmd_install,
             "remove": _cmd_remove,

@@ -161,3 +161,22 @@ class InvalidSignatureError(SignatureError):
 
 class PublisherMismatchError(SignatureError):
     """The manifest's ``publisher`` is not the publisher whose key signed the package."""
+
+
+class RevocationError(WasihostError):
+    """Admission refused on the revocation list's account: the package is revoked, or the
+    list cannot be trusted (stale, unverifiable, older than one already seen), in which case
+    every package is refused (fail closed)."""
+
+    @property
+    def error_class(self) -> str:
+        return "revocation"
+
+
+class RevokedError(RevocationError):
+    """The package's publisher, signing key, digest or extension version is revoked."""
+
+
+class RevocationListError(RevocationError):
+    """The revocation list is missing, malformed, not signed by a revocation key, expired, or
+    an older version than one this host has already seen."""

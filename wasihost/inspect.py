@@ -35,6 +35,7 @@ def inspect_package(
             "publisher": package.signer,
             "package_sha256": package.package_digest,
             "verified": True,
+            "verified_by": package.verified_by or "an Ed25519 key of the trust file",
         }
     manifest = package.manifest
     if manifest is not None:
@@ -124,8 +125,14 @@ def inspect_package(
         report["enforced"].insert(
             0,
             f"extension id {manifest.id}, version {manifest.version} and publisher "
-            f"{package.signer}: verified by a trusted Ed25519 key of {package.signer} over the "
-            f"package digest {package.package_digest}, which covers every file",
+            f"{package.signer}: verified by "
+            + (
+                f"{package.verified_by} over the archive file"
+                if package.verified_by
+                else f"a trusted Ed25519 key of {package.signer} over the package digest "
+                f"{package.package_digest}"
+            )
+            + ", which covers every file",
         )
     else:
         report["declared"].insert(

@@ -15,6 +15,7 @@ import attrs
 from .errors import ArchiveError, ManifestError, PackageError
 from .manifest import Manifest, parse_manifest
 from .packaging import signing
+from .packaging.allowed_signers import SshSigned
 from .packaging.archive import Archive, read_archive
 from .packaging.files import PACKAGE_SUFFIX, read_package_file
 from .packaging.trust import TrustStore
@@ -39,6 +40,10 @@ class Package:
     sha256: str
     signer: str | None = None
     package_digest: str | None = None
+    # How the signer was verified, for inspect: None for the trust file's Ed25519 keys.
+    verified_by: str | None = None
+    # The raw Ed25519 public key that verified the package (for key revocation).
+    signing_key: bytes | None = attrs.field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -115,29 +120,47 @@ def archive_parts(
 
 
 def _load_archive(
-    path: Path, known_capabilities: frozenset[str], trust: TrustStore | None
+    path: Path,
+    known_capabilities: frozenset[str],
+    trust: TrustStore | None,
+    ssh: SshSigned | None,
 ) -> Package:
-    archive, manifest, wasm = open_archive(path, known_capabilities)
+    data = read_package_file(path)
+    archive = read_archive(data)
+    manifest, wasm = archive_parts(archive, str(path), known_capabilities)
     digest = hashlib.sha256(wasm).hexdigest()
     _check_module_digest(manifest, digest)
-    signer = None
+    if ssh is not None:
+        # The SSH signature covers the archive file byte for byte, hence every file in it.
+        line = ssh.verify(data, manifest.publisher)
+        how = f"an OpenSSH ed25519 key of {ssh.allowed.origin} line {line.line}"
+        return Package(
+            str(path), manifest, wasm, digest, manifest.publisher, archive.digest, how, line.key
+        )
     if trust is not None and archive.signature is not None:
         signing.verify(archive.signature, identity(manifest, digest), archive.digest, trust)
-        signer = manifest.publisher
-    return Package(str(path), manifest, wasm, digest, signer, archive.digest)
+        key = signing.SignatureRecord.parse(archive.signature).key
+        return Package(
+            str(path), manifest, wasm, digest, manifest.publisher, archive.digest, None, key
+        )
+    return Package(str(path), manifest, wasm, digest, None, archive.digest)
 
 
 def load_package(
     source: str | os.PathLike[str],
     known_capabilities: frozenset[str],
     trust: TrustStore | None = None,
+    ssh: SshSigned | None = None,
 ) -> Package:
     """Load a ``.whpkg``, a package directory or a bare module; raise a specific error for
     anything wrong. With ``trust``, a signed archive's signature must verify against it (an
-    unsigned one loads unverified: whether that is allowed is the policy's answer)."""
+    unsigned one loads unverified: whether that is allowed is the policy's answer). With
+    ``ssh``, the archive must verify by that OpenSSH signature (and ``trust`` is unused)."""
     path = Path(source)
     if is_archive(path) and not path.is_dir():
-        return _load_archive(path, known_capabilities, trust)
+        return _load_archive(path, known_capabilities, trust, ssh)
+    if ssh is not None:
+        raise PackageError(f"{path} is not a .whpkg: an SSH signature verifies .whpkg files")
     if path.is_dir():
         text = _read_bounded(path / MANIFEST_NAME, MAX_MANIFEST_BYTES, "manifest")
         manifest = _parse(text, known_capabilities)

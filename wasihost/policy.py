@@ -15,6 +15,7 @@ import attrs
 from . import limits
 from .errors import AdmissionError, ConfigError
 from .manifest import Resources
+from .packaging.revocation import Revocations
 from .packaging.trust import TrustStore
 from .registry import CORE_CAPABILITY
 
@@ -71,6 +72,10 @@ class Policy:
     ``trusted_publishers`` verifies signed ``.whpkg`` packages; with ``require_signed`` a
     package that no trusted publisher's key verified (unsigned archives, package directories,
     bare modules) is refused at admission.
+
+    ``revocations`` names the signed revocation list checked at every admission (load,
+    update, installed packages): a revoked package, or any package while the list is stale,
+    unverifiable or rolled back, is refused (:class:`~wasihost.errors.RevocationError`).
     """
 
     allow: frozenset[str] = attrs.field(converter=_capabilities, factory=frozenset)
@@ -81,6 +86,7 @@ class Policy:
     )
     trusted_publishers: TrustStore | None = None
     require_signed: bool = False
+    revocations: Revocations | None = None
 
     @classmethod
     def strict(cls, allow: Iterable[str] = ("log",)) -> Policy:

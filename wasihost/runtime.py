@@ -33,6 +33,8 @@ from .grants import GrantTable
 from .lifecycle import ExtensionRevoked, State
 from .manifest import Resources, version_order
 from .package import MANIFEST_NAME, Package, is_archive, load_package, manifest_text
+from .packaging.allowed_signers import AllowedSigners, SshSigned
+from .packaging.revocation import MemoryFloor, StateFloor, VersionFloor
 from .packaging.trust import TrustStore
 from .planning import plan_package, unsigned_refusal
 from .policy import Grant, Policy
@@ -56,6 +58,13 @@ _DEFAULT = object()
 # most about one epoch tick per call in flight; a few threads are enough for that.
 MAX_CLOSING_THREADS = 8
 
+
+
+def _ssh(allowed: AllowedSigners | None, signature: bytes | None) -> SshSigned | None:
+    """The OpenSSH verification asked for: both halves, or neither."""
+    if (allowed is None) != (signature is None):
+        raise ConfigError("allowed_signers and ssh_signature are given together")
+    return SshSigned(allowed, signature) if allowed is not None and signature is not None else None
 
 class Host:
     """The plugin engine of an application: one wasm engine, one registry, one policy, one
@@ -91,6 +100,10 @@ class Host:
         if directory is not None and not isinstance(directory, Path):
             directory = Path(str(directory))
         self.state = StateStore(state_dir) if state_dir is not None else None
+        # The highest revocation-list version seen: durable with a state directory.
+        self._revocation_floor: VersionFloor = (
+            StateFloor(self.state) if self.state is not None else MemoryFloor()
+        )
         self.grants = GrantTable(self.state)
         self.engine = WasmEngine(settings or EngineSettings(), directory)
         self.clock: Clock = clock if clock is not None else SystemClock()
@@ -145,18 +158,25 @@ class Host:
         fuel: int | None = None,
         timeout_ms: int | None = None,
         trust: TrustStore | None = None,
+        allowed_signers: AllowedSigners | None = None,
+        ssh_signature: bytes | None = None,
     ) -> Extension:
         """Load and admit a ``.whpkg``, a package directory, or a bare module with explicit
         ``grants``. A signed ``.whpkg`` is verified against ``trust`` (default: the policy's
-        trusted publishers); passing ``trust`` also requires that this package verify."""
-        package = self._load_package(source, trust)
-        if trust is not None and package.signer is None:
+        trusted publishers); passing ``trust`` also requires that this package verify. With
+        ``allowed_signers`` and ``ssh_signature`` (an ``ssh-keygen -Y sign -n wasihost``
+        signature of the file), the archive must verify by that OpenSSH signature instead."""
+        ssh = _ssh(allowed_signers, ssh_signature)
+        package = self._load_package(source, trust, ssh)
+        if (trust is not None or ssh is not None) and package.signer is None:
             raise AdmissionError([unsigned_refusal(package)])
         return self.admit(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
 
-    def _load_package(self, source: str | Path, trust: TrustStore | None = None) -> Package:
+    def _load_package(
+        self, source: str | Path, trust: TrustStore | None = None, ssh: SshSigned | None = None
+    ) -> Package:
         trust = trust if trust is not None else self.policy.trusted_publishers
-        return load_package(source, self.registry.capabilities(), trust)
+        return load_package(source, self.registry.capabilities(), trust, ssh)
 
     def install(self, source: str | Path, *, allow_downgrade: bool = False) -> InstalledPackage:
         """Copy a package into the state directory. Installing grants nothing, and keeps the
@@ -235,6 +255,9 @@ class Host:
         granted: frozenset[str] | None = None,
     ) -> tuple[AdmissionPlan, Grant, Resources]:
         """Static admission only: no compile, no instantiation, nothing of the guest runs."""
+        revocations = self.policy.revocations
+        if revocations is not None:
+            revocations.check(package, revocations.floor or self._revocation_floor)
         epoch = 0
         if granted is None and self.state is not None:
             table = self.grants.state(package.name)
@@ -276,6 +299,8 @@ class Host:
         fuel: int | None = None,
         timeout_ms: int | None = None,
         trust: TrustStore | None = None,
+        allowed_signers: AllowedSigners | None = None,
+        ssh_signature: bytes | None = None,
     ) -> Extension:
         """Replace the admitted extension of the same id by ``source``, explicitly.
 
@@ -283,8 +308,12 @@ class Host:
         extension running; then the old one is closed (its call in flight interrupted) and
         the new one takes its place. Grants are the new package's admission answer. An
         extension whose publisher was verified is replaced only by a package verified (with
-        ``trust``, or the policy's trusted publishers) as the same publisher's."""
-        package = source if isinstance(source, Package) else self._load_package(source, trust)
+        ``trust``, ``allowed_signers`` and ``ssh_signature`` as in :meth:`load`, or the
+        policy's trusted publishers) as the same publisher's."""
+        ssh = _ssh(allowed_signers, ssh_signature)
+        package = (
+            source if isinstance(source, Package) else self._load_package(source, trust, ssh)
+        )
         old = self.extension(package.name)
         if old is None:
             raise ConfigError(f"{package.name} is not admitted: load it instead of updating")

@@ -119,6 +119,21 @@ class StateStore:
                 raise
             self._db.execute("COMMIT")
 
+    # -- counters that only go up ----------------------------------------------------------
+
+    def high_water(self, key: str) -> int:
+        """The highest value recorded under ``key`` (0 when none was)."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key=?", (f"hw:{key}",)).fetchone()
+        return int(row[0]) if row is not None else 0
+
+    def raise_high_water(self, key: str, value: int) -> None:
+        """Record ``value`` under ``key`` unless a higher one is recorded (atomically)."""
+        with self._tx() as db:
+            row = db.execute("SELECT value FROM meta WHERE key=?", (f"hw:{key}",)).fetchone()
+            if row is None or int(row[0]) < value:
+                db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"hw:{key}", str(value)))
+
     # -- packages ---------------------------------------------------------------------------
 
     @property

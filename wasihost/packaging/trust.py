@@ -2,7 +2,10 @@
 
 A trust file holds one key per line, ``ID ed25519 BASE64KEY``, where ID is a publisher id and
 BASE64KEY the 32-byte raw Ed25519 public key; blank lines and lines starting with ``#`` are
-comments. A publisher may have several keys (rotation): any one of them verifies. A ``.pub``
+comments. A line ending in the role word ``revocations`` (``ID ed25519 BASE64KEY
+revocations``) holds a key that may sign revocation lists and nothing else: it verifies no
+package, and a publisher key signs no revocation list (separate roles, as in TUF). A
+publisher may have several keys (rotation): any one of them verifies. A ``.pub``
 file written by ``wasihost keygen`` is one such line. The trust file is the operator's own
 configuration, so its errors are :class:`~wasihost.errors.ConfigError`.
 """
@@ -25,6 +28,8 @@ from ..errors import ConfigError
 # token of the same characters as reverse-DNS ids, e-mail addresses and user names.
 PUBLISHER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")
 ALGORITHM: Final = "ed25519"
+# The role word that marks a revocation-list signing key in a trust file.
+REVOCATIONS_ROLE: Final = "revocations"
 PRIVATE_ALGORITHM: Final = "ed25519-private"
 # Ed25519 (RFC 8032): 32-byte public keys and 32-byte private seeds.
 KEY_BYTES: Final = 32
@@ -70,26 +75,36 @@ class TrustStore:
     """The publishers the host trusts, each with its raw Ed25519 public keys."""
 
     keys: frozenset[tuple[str, bytes]]
+    # Keys that may sign revocation lists (and nothing else), by the name of their holder.
+    revokers: frozenset[tuple[str, bytes]] = frozenset()
 
     @classmethod
     def parse(cls, text: str, origin: str = "trust file") -> TrustStore:
         keys: set[tuple[str, bytes]] = set()
+        revokers: set[tuple[str, bytes]] = set()
         for number, fields in _lines(text):
             where = f"{origin} line {number}"
+            role = fields.pop() if len(fields) == 4 and fields[3] == REVOCATIONS_ROLE else None
             if len(fields) != 3:
-                raise ConfigError(f"{where}: expected 'ID {ALGORITHM} BASE64KEY'")
+                raise ConfigError(
+                    f"{where}: expected 'ID {ALGORITHM} BASE64KEY', or the same followed by "
+                    f"{REVOCATIONS_ROLE!r} for a revocation-list key"
+                )
             publisher, algorithm, key = fields
             check_publisher(publisher, where)
             if algorithm != ALGORITHM:
                 raise ConfigError(f"{where}: unknown key type {algorithm[:40]!r}")
-            keys.add((publisher, _key_bytes(key, where)))
-            if len(keys) > MAX_TRUSTED_KEYS:
+            (revokers if role else keys).add((publisher, _key_bytes(key, where)))
+            if len(keys) + len(revokers) > MAX_TRUSTED_KEYS:
                 raise ConfigError(f"{origin}: more than {MAX_TRUSTED_KEYS} keys")
-        return cls(frozenset(keys))
+        return cls(frozenset(keys), frozenset(revokers))
 
     @classmethod
     def from_file(cls, path: str | Path) -> TrustStore:
         return cls.parse(_read_text(Path(path), MAX_TRUST_FILE_BYTES, "trust file"), str(path))
+
+    def revocation_keys_for(self, signer: str) -> frozenset[bytes]:
+        return frozenset(key for who, key in self.revokers if who == signer)
 
     def keys_for(self, publisher: str) -> frozenset[bytes]:
         return frozenset(key for who, key in self.keys if who == publisher)
