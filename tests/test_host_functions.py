@@ -400,3 +400,19 @@ def test_the_seeded_random_stream_continues_across_restarts(tmp_path: Path) -> N
     assert outputs[0] == outputs[1]  # the same seed reproduces the run
     assert len(set(outputs[0])) == 3
     assert all(isinstance(v, bytes) and len(v) == 8 for v in outputs[0])
+
+
+def test_inspect_reports_embedder_imports_against_the_hosts_registry(app: Host) -> None:
+    from wasihost.inspect import inspect_package
+
+    app.add_function("myapp.lookup", lambda ctx, req: 1, capability="myapp.read", **LIMITS)
+    report = inspect_package(bare(fn_guest("lookup")), app.registry, app.policy, ["myapp.read"])
+    [row] = [r for r in report["imports"] if r["module"] == "myapp_v1"]
+    assert row["entry"] == {
+        "capability": "myapp.read",
+        "max_request_bytes": 256,
+        "max_response_bytes": 1024,
+        "fuel_base": 500,
+        "fuel_per_byte": 2,
+    }
+    assert report["admission"]["admitted"] is True
