@@ -17,14 +17,21 @@ overlap checks, fuel, the grant gate, CBOR decode with limits, and the log broke
   ``Memory.read/write``), which converts every value on every call.
 - ``wasihost``: ``Extension.call`` — bounds checks, CBOR encode/decode with limits, the lot.
 
-Usage: ``python benchmarks/bench_calls.py [--calls N] [--repeats R] [--json]``. Targets from the
-core issue: wasihost no-op within 2x of the floor, and at least 5x faster than generic.
+``log64`` and ``embedder64``: a hand-written guest calls, in a loop, either the built-in ``log``
+or an embedder function registered with ``Host.function`` (``bench.noop``, answering null),
+with the same 64-byte request; per call as for ``hostcall``. Both are served through the same
+public broker API: the difference is what each broker does, not how it is reached.
+
+Usage: ``python benchmarks/bench_calls.py [--calls N] [--repeats R] [--only CASE...] [--json]``.
+Targets from the core issue: wasihost no-op within 2x of the floor, and at least 5x faster
+than generic.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -242,7 +249,100 @@ def host_calls(host: Host, calls: int, repeats: int) -> dict[str, float]:
     return row
 
 
-def run(calls: int, repeats: int) -> dict[str, object]:
+# [2, 60 characters]: a valid ``log`` request of exactly 64 bytes of CBOR.
+REQUEST64 = cbor2.dumps([2, "x" * 60])
+assert len(REQUEST64) == 64
+
+
+def _escaped(blob: bytes) -> str:
+    return "".join(f"\\{b:02x}" for b in blob)
+
+
+def _loop_guest(module: str, name: str) -> bytes:
+    """A guest whose command calls ``module.name`` with REQUEST64 as many times as its input
+    (a CBOR uint below 65,536) says, and answers null."""
+    status = b"\0\0\0\0"
+    hello = status + cbor2.dumps({"id": "bench", "version": "0.1.0", "abi": "1.0", "features": []})
+    welcome = status + cbor2.dumps({"status": "ready"})
+    return bytes(
+        wasmtime.wat2wasm(f"""
+(module
+  (@custom "wasihost_abi" "1.0")
+  (@custom "wasihost_abi.bench" "1.0")
+  (import "{module}" "{name}" (func $f (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 2)
+  (data (i32.const 1024) "{_escaped(hello)}")
+  (data (i32.const 2048) "{_escaped(welcome)}")
+  (data (i32.const 3072) "\\00\\00\\00\\00\\f6")
+  (data (i32.const 4096) "{_escaped(REQUEST64)}")
+  (func (export "wasihost_alloc") (param i32) (result i32) (i32.const 32768))
+  (func $count (param $p i32) (param $n i32) (result i32)
+    (local $b i32)
+    (if (i32.eqz (local.get $n)) (then (return (i32.const 0))))
+    (local.set $b (i32.load8_u (local.get $p)))
+    (if (i32.lt_u (local.get $b) (i32.const 24)) (then (return (local.get $b))))
+    (if (i32.eq (local.get $b) (i32.const 24))
+      (then (return (i32.load8_u offset=1 (local.get $p)))))
+    (i32.or (i32.shl (i32.load8_u offset=1 (local.get $p)) (i32.const 8))
+            (i32.load8_u offset=2 (local.get $p))))
+  (func (export "wasihost_call")
+    (param $ptr i32) (param $cmd_len i32) (param $in_len i32) (result i64)
+    (local $n i32)
+    (if (i32.eq (local.get $cmd_len) (i32.const 14))
+      (then (return (i64.or (i64.shl (i64.const 1024) (i64.const 32))
+                            (i64.const {len(hello)})))))
+    (if (i32.eq (local.get $cmd_len) (i32.const 16))
+      (then (return (i64.or (i64.shl (i64.const 2048) (i64.const 32))
+                            (i64.const {len(welcome)})))))
+    (local.set $n (call $count (i32.add (local.get $ptr) (local.get $cmd_len)) (local.get $in_len)))
+    (block $done
+      (loop $again
+        (br_if $done (i32.eqz (local.get $n)))
+        (drop (call $f (i32.const 4096) (i32.const 64) (i32.const 8192) (i32.const 16)))
+        (local.set $n (i32.sub (local.get $n) (i32.const 1)))
+        (br $again)))
+    (i64.or (i64.shl (i64.const 3072) (i64.const 32)) (i64.const 5))))
+""")
+    )
+
+
+def request_calls(calls: int, repeats: int) -> dict[str, dict[str, float]]:
+    """Per host call µs of ``log`` and of an embedder function, each with a 64-byte request."""
+    from wasihost.package import Package
+
+    host = Host(Policy(allow={"log", "bench"}), cache_dir=None)
+    host.add_function(
+        "bench.noop",
+        lambda ctx, request: None,
+        capability="bench",
+        max_request_bytes=4096,
+        max_response_bytes=16,
+        fuel_base=500,
+        fuel_per_byte=2,
+    )
+    exts = {}
+    for case, module, name, cap in (
+        ("log64", "wasihost_v1", "log", "log"),
+        ("embedder64", "bench_v1", "noop", "bench"),
+    ):
+        wasm = _loop_guest(module, name)
+        package = Package(f"{case}.wasm", None, wasm, hashlib.sha256(wasm).hexdigest())
+        exts[case] = host.admit(package, grants=[cap])
+        assert exts[case].call("run", HOST_CALLS) is None
+    rounds = max(1, calls // HOST_CALLS)
+    fns: dict[str, Callable[[], object]] = {}
+    for case, ext in exts.items():
+        fns[f"{case}_many"] = lambda ext=ext: ext.call("run", HOST_CALLS)
+        fns[f"{case}_none"] = lambda ext=ext: ext.call("run", 0)
+    timed = _time(fns, rounds, repeats)
+    host.close()
+    return {
+        case: {"wasihost_us": (timed[f"{case}_many"] - timed[f"{case}_none"]) / HOST_CALLS}
+        for case in exts
+    }
+
+
+def run(calls: int, repeats: int, only: frozenset[str] = frozenset()) -> dict[str, object]:
     wasm = (ECHO / "echo.wasm").read_bytes()
     public = PublicGuest(wasm)
     handshake(public)
@@ -261,11 +361,16 @@ def run(calls: int, repeats: int) -> dict[str, object]:
     assert ext.call("echo", PAYLOAD) == PAYLOAD
 
     results: dict[str, dict[str, float]] = {}
-    results["hostcall"] = host_calls(host, calls, repeats)
+    if not only or "hostcall" in only:
+        results["hostcall"] = host_calls(host, calls, repeats)
+    if not only or only & {"log64", "embedder64"}:
+        results.update(request_calls(calls, repeats))
     for name, cmd, value, encoded in (
         ("noop", "noop", None, null),
         ("echo64", "echo", PAYLOAD, echo_in),
     ):
+        if only and name not in only:
+            continue
         bcmd = cmd.encode()
         timed = _time(
             {
@@ -293,9 +398,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--only", nargs="+", default=[], help="cases: hostcall noop echo64 log64 embedder64"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    report = run(args.calls, args.repeats)
+    report = run(args.calls, args.repeats, frozenset(args.only))
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -305,6 +413,9 @@ def main() -> int:
         f"{'generic/wasihost':>17}"
     )
     for name, row in report["results"].items():  # type: ignore[attr-defined]
+        if "floor_us" not in row:
+            print(f"{name:8} {'':9} {'':11} {row['wasihost_us']:12.2f}")
+            continue
         print(
             f"{name:8} {row['floor_us']:9.2f} {row['generic_us']:11.2f} {row['wasihost_us']:12.2f} "
             f"{row['wasihost_vs_floor']:8.2f}x {row['generic_vs_wasihost']:16.2f}x"

@@ -306,7 +306,7 @@ def test_host_function_exceptions_stay_with_their_own_thread(host: Host) -> None
     exts = [load(host, wasm), load(host, wasm)]
 
     def raising(exc_type: type[Exception]) -> Any:
-        def handler(request: Any) -> Any:
+        def handler(call: Any, request: Any) -> Any:
             raise exc_type("boom")
 
         return handler
@@ -343,7 +343,7 @@ def test_host_function_exceptions_stay_with_their_own_thread(host: Host) -> None
 def test_keyboard_interrupt_in_a_host_function_reaches_the_caller(host: Host) -> None:
     ext = load(host, log_guest(cbor2.dumps([2, "x"])))
 
-    def handler(request: Any) -> Any:
+    def handler(call: Any, request: Any) -> Any:
         raise KeyboardInterrupt
 
     ext._handler = lambda entry: handler  # type: ignore[method-assign]

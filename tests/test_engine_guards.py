@@ -15,7 +15,7 @@ import pytest
 from conftest import bare, native_entry
 from guests import build, guest_wat, host_import
 
-import wasihost.extension
+import wasihost.brokers.random
 from wasihost.engine.lowlevel import check_version
 from wasihost.errors import CallError, ConfigError, FailureClass
 from wasihost.guestmem import GuestMemory
@@ -208,18 +208,18 @@ def test_a_cbor_host_call_is_priced_on_its_response_capacity_before_its_work(
     bulk_host: Host, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     served: list[Any] = []
-    real = wasihost.extension.random_handler
+    real = wasihost.brokers.random.random_handler
 
-    def counting(*args: Any) -> Callable[[Any], Any]:
+    def counting(*args: Any) -> Callable[[Any, Any], Any]:
         handle = real(*args)
 
-        def count(request: Any) -> Any:
+        def count(call: Any, request: Any) -> Any:
             served.append(request)
-            return handle(request)
+            return handle(call, request)
 
         return count
 
-    monkeypatch.setattr(wasihost.extension, "random_handler", counting)
+    monkeypatch.setattr(wasihost.brokers.random, "random_handler", counting)
     # random_bytes(4096) into a 4099-byte buffer: up to 16,396 fuel of response.
     wasm = build(
         guest_wat(

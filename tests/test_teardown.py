@@ -75,7 +75,7 @@ class Owner:
     def gate(self, entry: HostFunction) -> bool:
         return True
 
-    def log(self, request: Any) -> None:
+    def log(self, call: Any, request: Any) -> None:
         self.logged += 1
 
     def call(self) -> None:

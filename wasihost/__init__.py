@@ -41,14 +41,14 @@ _LAZY = {
     "FailureClass": "wasihost.errors",
     "ExtensionRevoked": "wasihost.lifecycle",
     "ExtensionUnavailable": "wasihost.lifecycle",
-    "LogRecord": "wasihost.brokers.log",
-    "to_logging": "wasihost.brokers.log",
+    "LogRecord": "wasihost.extlog",
+    "to_logging": "wasihost.extlog",
 }
 
 if TYPE_CHECKING:
-    from .brokers.log import LogRecord, to_logging
     from .errors import AdmissionError, CallError, FailureClass, SignatureError, WasihostError
     from .extension import Extension
+    from .extlog import LogRecord, to_logging
     from .lifecycle import ExtensionRevoked, ExtensionUnavailable
     from .packaging.trust import TrustStore
     from .policy import Policy

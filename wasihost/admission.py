@@ -11,7 +11,15 @@ import attrs
 
 from .errors import AdmissionError
 from .policy import Grant
-from .registry import AbiVersion, HostFunction, Profile, Registry, RegistryView
+from .registry import (
+    AbiVersion,
+    HostFunction,
+    Profile,
+    Registry,
+    RegistryView,
+    namespace_marker,
+    namespace_module,
+)
 from .wasmbin import PAGE_BYTES, ModuleHeader
 
 MARKER_SECTION = "wasihost_abi"
@@ -74,6 +82,67 @@ def declared_version(header: ModuleHeader) -> AbiVersion:
         raise AdmissionError([f"{MARKER_SECTION!r} section {raw!r} is not MAJOR.MINOR"]) from None
 
 
+def declared_namespaces(
+    header: ModuleHeader, registry: Registry
+) -> tuple[dict[str, AbiVersion], list[str]]:
+    """The version of each embedder namespace the module declares (a
+    ``wasihost_abi.<namespace>`` section, like the core marker), and what is wrong with them.
+
+    Only namespaces the host serves are read: a section naming another is not ours to judge.
+    """
+    declared: dict[str, AbiVersion] = {}
+    problems: list[str] = []
+    for namespace in registry.namespaces:
+        section = namespace_marker(namespace)
+        markers = header.custom(section)
+        if not markers:
+            continue
+        raw = markers[0]
+        try:
+            if len(markers) > 1 or len(raw) > MARKER_MAX_BYTES:
+                raise ValueError
+            version = AbiVersion.parse(raw.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            problems.append(f"{section!r} section is not one MAJOR.MINOR of at most 16 bytes")
+            continue
+        latest = registry.namespace_latest(namespace, version.major)
+        if latest is None or version > latest:
+            served = ", ".join(registry.namespace_versions().get(namespace, [])) or "nothing"
+            problems.append(
+                f"module declares {namespace} {version}; this host serves {namespace} {served}"
+            )
+            continue
+        declared[namespace] = version
+    return declared, problems
+
+
+def _namespace_problem(
+    registry: Registry, declared: dict[str, AbiVersion], module: str, name: str
+) -> str | None:
+    """Why an import from an embedder namespace's module is not in the guest's view, if it is
+    one: the namespace undeclared, declared at another major, or the entry newer."""
+    for namespace, entries in registry.namespaces.items():
+        found = [f for f in entries if f.module == module]
+        if not found:
+            continue
+        version = declared.get(namespace)
+        if version is None:
+            return (
+                f"imports namespace {namespace} but the module declares no version of it "
+                f"(a {namespace_marker(namespace)!r} custom section, e.g. "
+                f"{str(found[0].since)!r})"
+            )
+        if namespace_module(namespace, version.major) != module:
+            return f"module declares {namespace} {version}, whose import module is " + (
+                namespace_module(namespace, version.major)
+            )
+        later = [f for f in found if f.name == name]
+        if later:
+            return f"added in {namespace} {later[0].since}, but the module declares {version}"
+        return f"not an entry of {namespace} {version}"
+    return None
+
+
 def _check_limits(
     header: ModuleHeader, max_memory_bytes: int, max_table_elements: int
 ) -> list[str]:
@@ -108,7 +177,11 @@ def _check_limits(
 
 
 def _check_imports(
-    header: ModuleHeader, view: RegistryView, registry: Registry, grant: Grant
+    header: ModuleHeader,
+    view: RegistryView,
+    registry: Registry,
+    grant: Grant,
+    declared: dict[str, AbiVersion] | None = None,
 ) -> tuple[list[str], list[HostFunction]]:
     problems: list[str] = []
     bound: list[HostFunction] = []
@@ -121,10 +194,17 @@ def _check_imports(
         entry = view.lookup(imp.module, imp.name)
         if entry is None:
             later = [f for f in spec_all if f.module == imp.module and f.name == imp.name]
+            namespaced = (
+                _namespace_problem(registry, declared, imp.module, imp.name)
+                if declared is not None
+                else None
+            )
             if later:
                 problems.append(
                     f"{where}: added in ABI {later[0].since}, but the module declares {version}"
                 )
+            elif namespaced is not None:
+                problems.append(f"{where}: {namespaced}")
             elif imp.module not in view.modules:
                 served = ", ".join(sorted(view.modules))
                 problems.append(
@@ -196,8 +276,16 @@ def admit(
     if not registry.supports(version):
         served = ", ".join(str(v) for v in registry.versions)
         raise AdmissionError([f"module declares ABI {version}; this host serves {served}"])
+    declared, problems = declared_namespaces(header, registry)
     return _admit_with(
-        header, registry, registry.view(version), grant, max_memory_bytes, max_table_elements
+        header,
+        registry,
+        registry.view(version, declared),
+        grant,
+        max_memory_bytes,
+        max_table_elements,
+        declared,
+        problems,
     )
 
 
@@ -208,9 +296,12 @@ def _admit_with(
     grant: Grant,
     max_memory_bytes: int,
     max_table_elements: int,
+    declared: dict[str, AbiVersion] | None = None,
+    namespace_problems: list[str] | None = None,
 ) -> AdmissionPlan:
-    problems = _check_limits(header, max_memory_bytes, max_table_elements)
-    import_problems, bound = _check_imports(header, view, registry, grant)
+    problems = list(namespace_problems or [])
+    problems += _check_limits(header, max_memory_bytes, max_table_elements)
+    import_problems, bound = _check_imports(header, view, registry, grant, declared)
     problems += import_problems
     problems += _check_exports(header, view)
     if problems:

@@ -724,33 +724,19 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_abi(args: argparse.Namespace) -> int:
-    registry = default_registry()
+    from .inspect import abi_listing, render_abi_text
+
+    version = None
     if args.version is not None:
         try:
             version = AbiVersion.parse(args.version)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        entries = list(registry.functions(version))
-        versions = [str(version)]
-    else:
-        entries = list(registry.functions())
-        versions = [str(v) for v in registry.versions]
+    listing = abi_listing(default_registry(), version)
     if args.json:
-        print(
-            cbor_json.dumps(
-                {"versions": versions, "functions": [e.to_json() for e in entries]}, indent=2
-            )
-        )
-        return 0
-    print(f"ABI versions: {', '.join(versions)}")
-    for e in entries:
-        print(
-            f"{e.qualified_name} {e.signature}  capability={e.capability} since={e.since} "
-            f"request<={e.max_request_bytes}B response<={e.max_response_bytes}B "
-            f"fuel={e.fuel_base}+{e.fuel_per_byte}/B"
-        )
-        if e.doc:
-            print(f"    {e.doc}")
+        print(cbor_json.dumps(listing, indent=2))
+    else:
+        print(render_abi_text(listing))
     return 0
 
 

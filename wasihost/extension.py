@@ -17,10 +17,6 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import attrs
 
 from .admission import AdmissionPlan
-from .brokers.clock import clock_handler
-from .brokers.core import abort_handler
-from .brokers.log import ExtensionLog, LogRecord, log_handler
-from .brokers.random import SeededRandom, random_handler
 from .codec import CodecLimits, decode, encode
 from .engine import BoundImport, Budget, CompiledModule, Instance, StoreLimits
 from .errors import (
@@ -31,6 +27,7 @@ from .errors import (
     FailureClass,
     WasihostError,
 )
+from .extlog import ExtensionLog, LogRecord
 from .grants import GrantState
 from .lifecycle import Event, ExtensionRevoked, ExtensionUnavailable, Lifecycle, State
 from .manifest import Manifest, Resources
@@ -135,8 +132,9 @@ class Extension:
         self._command_names: dict[str, bytes] = {}
         self.steps: collections.deque[tuple[str, str]] = collections.deque(maxlen=MAX_STEPS)
         self.lifecycle = Lifecycle(self.id, on_change=self._on_transition)
-        policy = host.policy
-        self._random = SeededRandom(policy.random_seed) if policy.random_seed is not None else None
+        # Per-extension state of each broker serving its imports, opened on first use
+        # (Broker.open) and closed with the extension (Broker.close).
+        self._broker_states: dict[int, tuple[Any, Any]] = {}
 
     @property
     def id(self) -> str:
@@ -188,20 +186,18 @@ class Extension:
         binding = self._bindings.get(entry.module)
         if binding is not None:
             return binding.handler(entry)
-        factories: Mapping[str, Callable[[], Callable[[Any], Any]]] = {
-            "abort": lambda: abort_handler(self.log),
-            "log": lambda: log_handler(self.log, functools.partial(self.commit, "log")),
-            "clock_now": lambda: clock_handler(
-                self.host.clock, self.host.policy.clock_resolution_ns
-            ),
-            "random_bytes": lambda: (
-                random_handler(self._random) if self._random is not None else random_handler()
-            ),
-        }
-        factory = factories.get(entry.name) if entry.module.startswith("wasihost_v") else None
-        if factory is None:
+        broker = self.host.functions.broker_for(entry)
+        if broker is None:
             raise ConfigError(f"registry entry {entry.qualified_name} has no broker in this host")
-        return factory()
+        opened = self._broker_states.get(id(broker))
+        if opened is None:
+            opened = self._broker_states[id(broker)] = (broker, broker.open(self))
+        return broker.handler(entry, opened[1])
+
+    def _close_brokers(self) -> None:
+        states, self._broker_states = self._broker_states, {}
+        for broker, state in states.values():
+            broker.close(state)
 
     def _store_limits(self) -> StoreLimits:
         r = self.resources
@@ -453,9 +449,7 @@ class Extension:
     def _reserved(self, instance: Instance, command: str, value: Any, budget: Budget) -> Any:
         try:
             with instance.lock:
-                result = instance.call(
-                    command.encode(), encode(value), MAX_HANDSHAKE_BYTES, budget
-                )
+                result = instance.call(command.encode(), encode(value), MAX_HANDSHAKE_BYTES, budget)
         except CallError as exc:
             if exc.failure in (FailureClass.PROTOCOL, FailureClass.GUEST_ERROR):
                 raise CallError(FailureClass.HANDSHAKE, f"{command}: {exc.message}") from None
@@ -642,6 +636,7 @@ class Extension:
         self._interrupt()
         with self._lock:
             self._discard()
+            self._close_brokers()
         self.host.forget(self)
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .admission import command_profile, declared_version
+from .admission import command_profile, declared_namespaces, declared_version
 from .codeshape import scan_module
 from .errors import AdmissionError, WasihostError
 from .package import Package
 from .planning import plan_package
 from .policy import Policy
-from .registry import Registry
+from .registry import AbiVersion, Registry
 from .wasmbin import WasmFormatError, read_header
 
 
@@ -63,7 +63,8 @@ def inspect_package(
         try:
             version = declared_version(header)
             report["abi"] = str(version)
-            view = registry.view(version) if registry.supports(version) else None
+            namespaces, _ = declared_namespaces(header, registry)
+            view = registry.view(version, namespaces) if registry.supports(version) else None
         except AdmissionError:
             report["abi"] = None
     imports = []
@@ -176,4 +177,38 @@ def render_text(report: dict[str, Any]) -> str:
     else:
         lines.append("admission: REFUSED")
         lines += [f"  - {p}" for p in adm["problems"]]
+    return "\n".join(lines)
+
+
+def abi_listing(registry: Registry, version: AbiVersion | None = None) -> dict[str, Any]:
+    """What ``wasihost abi --json`` prints for ``registry``: its ABI versions, its embedder
+    namespaces and their versions, and every entry (an embedding application passes its own
+    host's registry to list its functions too). With ``version``, that view of the core ABI
+    only."""
+    if version is not None:
+        entries = list(registry.functions(version))
+        versions = [str(version)]
+    else:
+        entries = list(registry.functions())
+        versions = [str(v) for v in registry.versions]
+    return {
+        "versions": versions,
+        "namespaces": registry.namespace_versions() if version is None else {},
+        "functions": [e.to_json() for e in entries],
+    }
+
+
+def render_abi_text(listing: dict[str, Any]) -> str:
+    lines = [f"ABI versions: {', '.join(listing['versions'])}"]
+    for namespace, versions in listing["namespaces"].items():
+        lines.append(f"namespace {namespace}: {', '.join(versions)}")
+    for e in listing["functions"]:
+        lines.append(
+            f"{e['module']}.{e['name']} ({', '.join(e['params'])}) -> ({', '.join(e['results'])})"
+            f"  capability={e['capability']} since={e['since']} "
+            f"request<={e['max_request_bytes']}B response<={e['max_response_bytes']}B "
+            f"fuel={e['fuel_base']}+{e['fuel_per_byte']}/B"
+        )
+        if e["doc"]:
+            lines.append(f"    {e['doc']}")
     return "\n".join(lines)

@@ -28,6 +28,26 @@ _VERSION_RE = re.compile(r"(0|[1-9][0-9]{0,3})\.(0|[1-9][0-9]{0,3})")
 CORE_CAPABILITY = "core"
 """Always granted: the ABI's own plumbing (``abort``) that every guest needs."""
 
+# Embedder namespaces: a short lowercase identifier, so that ``<namespace>_v<major>`` is a
+# readable import module and a custom section name (``wasihost_abi.<namespace>``) fits easily.
+_NAMESPACE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_FUNCTION_NAME_RE = re.compile(r"[a-z_][a-z0-9_]{0,63}")
+_CAPABILITY_RE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
+# Namespaces that would collide with the core ABI (``wasihost_v*``) or WASI's modules
+# (``wasi_snapshot_preview1``, ``wasi_unstable``, ``wasi:...``): reserved for the host.
+RESERVED_NAMESPACE_PREFIXES = ("wasihost", "wasi")
+# A host call copies its request and response once each way through Python bytes; bulk data is
+# for the raw-bytes convention, not CBOR. 1 MiB is 250x the largest core entry (4 KiB).
+MAX_FUNCTION_PAYLOAD_BYTES = 1024 * 1024
+# A host call costs the host microseconds: no entry is cheaper than the core's cheapest
+# (``abort``, 100), and moving a byte costs at least what a wasm memory.copy would (1).
+MIN_FUEL_BASE = 100
+MIN_FUEL_PER_BYTE = 1
+# Far above any call's budget (limits.MAX_FUEL_PER_CALL): a price is a number, not a trap door.
+MAX_FUEL_PRICE = 10**12
+CBOR_PARAMS = ("i32", "i32", "i32", "i32")
+CBOR_RESULTS = ("i32",)
+
 
 @attrs.frozen(order=True)
 class AbiVersion:
@@ -212,19 +232,156 @@ class RegistryView:
         return frozenset(module for module, _ in self.entries)
 
 
+def namespace_module(namespace: str, major: int) -> str:
+    """The import module of an embedder namespace's major: ``myapp`` 1 -> ``myapp_v1``."""
+    return f"{namespace}_v{major}"
+
+
+def namespace_marker(namespace: str) -> str:
+    """The custom section in which a guest declares the version of a namespace it imports."""
+    return f"wasihost_abi.{namespace}"
+
+
+def split_function_name(qualified: str) -> tuple[str, str]:
+    """``"myapp.lookup"`` -> ``("myapp", "lookup")``, or a ConfigError saying what is wrong."""
+    namespace, dot, name = qualified.partition(".")
+    if not dot or not _NAMESPACE_RE.fullmatch(namespace) or not _FUNCTION_NAME_RE.fullmatch(name):
+        raise ConfigError(
+            f"host function name {qualified!r} is not NAMESPACE.NAME (namespace: a lowercase "
+            "identifier of at most 32 characters; name: at most 64 of [a-z0-9_])"
+        )
+    if namespace.startswith(RESERVED_NAMESPACE_PREFIXES):
+        raise ConfigError(
+            f"namespace {namespace!r} collides with the host's own import modules "
+            "(wasihost_v*, wasi_*): choose another"
+        )
+    return namespace, name
+
+
+def _bounded(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{name}={value!r}: must be an int in {low}..{high}")
+    return value
+
+
+def embedder_function(
+    qualified: str,
+    *,
+    capability: str,
+    since: str,
+    max_request_bytes: int,
+    max_response_bytes: int,
+    fuel_base: int,
+    fuel_per_byte: int,
+    blocking: bool = False,
+    commits: bool = False,
+    doc: str = "",
+    request: str = "",
+    response: str = "",
+) -> HostFunction:
+    """The registry entry of an embedder function, checked: the same cbor convention, limits
+    and pricing as a core entry, under the import module ``<namespace>_v<major>``."""
+    namespace, name = split_function_name(qualified)
+    try:
+        version = AbiVersion.parse(since)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{qualified}: since={since!r} is not MAJOR.MINOR") from None
+    if version.major < 1:
+        raise ConfigError(f"{qualified}: since={since!r}: majors start at 1")
+    if (
+        not isinstance(capability, str)
+        or not _CAPABILITY_RE.fullmatch(capability)
+        or not (capability == namespace or capability.startswith(namespace + "."))
+    ):
+        # Under the namespace: an embedder function can neither hide behind a core or WASI
+        # capability (granting ``log`` would grant it too) nor be granted to everyone (core).
+        raise ConfigError(
+            f"{qualified}: capability {capability!r} must be {namespace!r} or start with "
+            f"{namespace + '.'!r}"
+        )
+    return HostFunction(
+        module=namespace_module(namespace, version.major),
+        name=name,
+        capability=capability,
+        since=version,
+        params=CBOR_PARAMS,
+        results=CBOR_RESULTS,
+        max_request_bytes=_bounded(
+            "max_request_bytes", max_request_bytes, 0, MAX_FUNCTION_PAYLOAD_BYTES
+        ),
+        max_response_bytes=_bounded(
+            "max_response_bytes", max_response_bytes, 1, MAX_FUNCTION_PAYLOAD_BYTES
+        ),
+        fuel_base=_bounded("fuel_base", fuel_base, MIN_FUEL_BASE, MAX_FUEL_PRICE),
+        fuel_per_byte=_bounded("fuel_per_byte", fuel_per_byte, MIN_FUEL_PER_BYTE, MAX_FUEL_PRICE),
+        blocking=bool(blocking),
+        doc=doc,
+        request=request,
+        response=response,
+        commits=bool(commits),
+    )
+
+
 @attrs.define
 class Registry:
-    """All ABI majors this host serves, plus entries added by later profiles (e.g. WASI)."""
+    """All ABI majors this host serves, plus entries added by later profiles (e.g. WASI) and
+    by embedders (their own namespaces, ``<namespace>_v<major>``)."""
 
     majors: dict[int, MajorSpec] = attrs.field(factory=dict)
     profiles: dict[str, Profile] = attrs.field(factory=dict)
+    # namespace -> its entries, every major together, in registration order.
+    namespaces: dict[str, tuple[HostFunction, ...]] = attrs.field(factory=dict)
+    # Set once a host admits its first extension: what guests were admitted against must not
+    # change under them (and admission on another thread must not see a half-added entry).
+    sealed: bool = False
+
+    def seal(self) -> None:
+        self.sealed = True
+
+    def check_open(self, what: str) -> None:
+        if self.sealed:
+            raise ConfigError(
+                f"cannot add {what}: this registry already serves admitted extensions "
+                "(register host functions before loading extensions)"
+            )
+
+    def _modules(self) -> set[str]:
+        taken = {p.module for p in self.profiles.values()}
+        taken.update(spec.import_module for spec in self.majors.values())
+        return taken
 
     def add_profile(self, profile: Profile) -> None:
-        if profile.module in {p.module for p in self.profiles.values()} or any(
-            profile.module == spec.import_module for spec in self.majors.values()
+        self.check_open(f"profile {profile.name}")
+        if profile.module in self._modules() or any(
+            profile.module == f.module for fs in self.namespaces.values() for f in fs
         ):
             raise ConfigError(f"import module {profile.module} is registered twice")
         self.profiles[profile.name] = profile
+
+    def add_function(self, entry: HostFunction) -> None:
+        """Add an embedder entry (made by :func:`embedder_function`) to its namespace."""
+        self.check_open(f"host function {entry.qualified_name}")
+        namespace = entry.module.rpartition("_v")[0]
+        if entry.module in self._modules():
+            raise ConfigError(f"import module {entry.module} belongs to the host")
+        entries = self.namespaces.get(namespace, ())
+        if any(f.name == entry.name and f.module == entry.module for f in entries):
+            raise ConfigError(f"host function {entry.qualified_name} is registered twice")
+        self.namespaces[namespace] = (*entries, entry)
+
+    def namespace_latest(self, namespace: str, major: int) -> AbiVersion | None:
+        """The newest version of ``namespace``'s ``major`` served (its entries' newest
+        ``since``), or None."""
+        versions = [f.since for f in self.namespaces.get(namespace, ()) if f.since.major == major]
+        return max(versions) if versions else None
+
+    def namespace_versions(self) -> dict[str, list[str]]:
+        """Every embedder namespace and the newest version of each of its majors."""
+        out: dict[str, list[str]] = {}
+        for namespace in sorted(self.namespaces):
+            majors = sorted({f.since.major for f in self.namespaces[namespace]})
+            out[namespace] = [str(self.namespace_latest(namespace, m)) for m in majors]
+        return out
 
     def profile_for_module(self, module: str) -> Profile | None:
         return next((p for p in self.profiles.values() if p.module == module), None)
@@ -250,7 +407,11 @@ class Registry:
         spec = self.majors.get(version.major)
         return spec is not None and version.minor <= spec.latest_minor
 
-    def view(self, version: AbiVersion) -> RegistryView:
+    def view(
+        self, version: AbiVersion, namespaces: Mapping[str, AbiVersion] | None = None
+    ) -> RegistryView:
+        """The view of a guest declaring ABI ``version`` and, for each embedder namespace it
+        imports, the version it declares (its entries up to that minor, as for the core)."""
         spec = self.majors.get(version.major)
         if spec is None or version.minor > spec.latest_minor:
             served = ", ".join(str(v) for v in self.versions) or "none"
@@ -262,6 +423,14 @@ class Registry:
         }
         for profile in self.profiles.values():
             entries.update({(f.module, f.name): f for f in profile.functions})
+        for namespace, declared in (namespaces or {}).items():
+            entries.update(
+                {
+                    (f.module, f.name): f
+                    for f in self.namespaces.get(namespace, ())
+                    if f.since.major == declared.major and f.since.minor <= declared.minor
+                }
+            )
         return RegistryView(version=version, spec=spec, entries=entries)
 
     def capabilities(self) -> frozenset[str]:
@@ -278,6 +447,12 @@ class Registry:
             yield from self.majors[major].functions
         for name in sorted(self.profiles):
             yield from self.profiles[name].functions
+        for namespace in sorted(self.namespaces):
+            yield from self.namespaces[namespace]
+
+    def lookup(self, module: str, name: str) -> HostFunction | None:
+        """Any entry by import module and name, whatever view it belongs to."""
+        return next((f for f in self.functions() if (f.module, f.name) == (module, name)), None)
 
 
 def _require(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from .admission import AdmissionPlan
+from .brokers import builtin_brokers
 from .brokers.clock import Clock, SystemClock
-from .brokers.log import LogSink
 from .codeshape import scan_module
 from .engine import WasmEngine
 from .errors import (
@@ -29,7 +29,9 @@ from .errors import (
     WasihostError,
 )
 from .extension import Extension, ProfileBinding, ProfileFactory
+from .extlog import LogSink
 from .grants import GrantTable
+from .hostfn import Broker, Function, HostFunctions
 from .lifecycle import ExtensionRevoked, State
 from .manifest import Resources, version_order
 from .package import MANIFEST_NAME, Package, is_archive, load_package, manifest_text
@@ -38,7 +40,7 @@ from .packaging.revocation import MemoryFloor, StateFloor, VersionFloor
 from .packaging.trust import TrustStore
 from .planning import plan_package, unsigned_refusal
 from .policy import Grant, Policy
-from .registry import Profile, Registry, default_registry
+from .registry import HostFunction, Profile, Registry, default_registry
 from .settings import EngineSettings
 from .state import InstalledPackage, StateStore
 from .tokens import TokenIssuer
@@ -96,6 +98,11 @@ class Host:
             # WASI is served by default with nothing configured: no mounts, no args or env,
             # stdio to the extension log; what a guest may use still depends on its grant.
             self.profile_factories[WASI_MODULE] = wasi_profile()[1]
+        # Which broker serves each cbor entry: the built-ins register as an embedder's would.
+        self.functions = HostFunctions(self.registry)
+        for broker in builtin_brokers():
+            if all(self._has_entry(f) for f in broker.functions):
+                self.functions.add_broker(broker)
         directory = default_cache_dir() if cache_dir is _DEFAULT else cache_dir
         if directory is not None and not isinstance(directory, Path):
             directory = Path(str(directory))
@@ -115,6 +122,52 @@ class Host:
         self._lock = threading.Lock()
         self.closed = False
 
+    def _has_entry(self, qualified: str) -> bool:
+        module, _, name = qualified.rpartition(".")
+        return self.registry.lookup(module, name) is not None
+
+    # -- host functions -------------------------------------------------------------------
+
+    def function(
+        self,
+        name: str,
+        *,
+        capability: str,
+        since: str = "1.0",
+        max_request_bytes: int,
+        max_response_bytes: int,
+        fuel_base: int,
+        fuel_per_byte: int,
+        commits: bool = False,
+        doc: str = "",
+        request: str = "",
+        response: str = "",
+    ) -> Callable[[Function], Function]:
+        """Decorator: serve ``name`` (``NAMESPACE.NAME``, imported by guests from
+        ``<namespace>_v<major of since>``) with ``fn(ctx, request)``; see docs/host-functions.md.
+        Register before loading the extensions that import it."""
+        return self.functions.function(
+            name,
+            capability=capability,
+            since=since,
+            max_request_bytes=max_request_bytes,
+            max_response_bytes=max_response_bytes,
+            fuel_base=fuel_base,
+            fuel_per_byte=fuel_per_byte,
+            commits=commits,
+            doc=doc,
+            request=request,
+            response=response,
+        )
+
+    def add_function(self, name: str, fn: Function, **options: Any) -> HostFunction:
+        """Call form of :meth:`function`; returns the registry entry."""
+        return self.functions.register(name, fn, **options)
+
+    def add_broker(self, broker: Broker) -> None:
+        """Serve registry entries with ``broker`` (see :class:`wasihost.hostfn.Broker`)."""
+        self.functions.add_broker(broker)
+
     def close(self) -> None:
         """Close every extension (their calls in flight are interrupted, later calls answer
         ``unavailable``), then the engine and the state. Idempotent."""
@@ -128,6 +181,7 @@ class Host:
                 list(pool.map(Extension.close, extensions))
         elif extensions:
             extensions[0].close()
+        self.functions.close()
         self.engine.close()
         if self.state is not None:
             self.state.close()
@@ -326,9 +380,7 @@ class Host:
                     f"must be signed by {signer!r} too"
                 ]
             )
-        return self._admit(
-            package, grants=grants, fuel=fuel, timeout_ms=timeout_ms, replacing=old
-        )
+        return self._admit(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms, replacing=old)
 
     def _refuse_taken(self, extension: str) -> None:
         if self.closed:
@@ -360,6 +412,8 @@ class Host:
                 )
             # Reserved until this admission ends, so that one id is never admitted twice.
             self._admitting.add(name)
+            # What this extension is admitted against stays as it is (no entry added later).
+            self.registry.seal()
         try:
             ext = self._build(package, grants, fuel, timeout_ms, replacing)
             with self._lock:

@@ -73,3 +73,8 @@ class GuestExit(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(f"exit {code}")
         self.code = code
+
+
+class HostFunctionFailed(Exception):
+    """An embedder's host function raised something other than :class:`HostStatus`: the call
+    ends with class ``host_error``; what it raised went to the ``wasihost`` logger only."""

@@ -359,7 +359,8 @@ fn panic_hook(info: &std::panic::PanicInfo<'_>) {
 
 /// Compile-time checks of a [`guest!`](crate::guest!) invocation (a `const fn`, so mistakes
 /// are build errors): id and version non-empty; command names `[a-z][a-z0-9_-]{0,63}` and
-/// distinct; features `[a-z][a-z0-9_-]*`, distinct, and not `core` (which is implicit).
+/// distinct; features `[a-z][a-z0-9_.-]*` (dotted, as `wasi.stdio` or an application's
+/// `myapp.read`), distinct, and not `core` (which is implicit).
 pub const fn check_guest(id: &str, version: &str, features: &[&str], commands: &[&str]) {
     if id.is_empty() {
         panic!("guest!: id must not be empty");
@@ -381,8 +382,8 @@ pub const fn check_guest(id: &str, version: &str, features: &[&str], commands: &
     let mut i = 0;
     while i < features.len() {
         let name = features[i].as_bytes();
-        if !is_name(name) {
-            panic!("guest!: capability names must match [a-z][a-z0-9_-]*");
+        if !is_capability(name) {
+            panic!("guest!: capability names must match [a-z][a-z0-9_.-]*");
         }
         if bytes_eq(name, b"core") {
             panic!("guest!: capability core is implicit; do not list it in features");
@@ -402,6 +403,21 @@ const fn is_name(b: &[u8]) -> bool {
     while j < b.len() {
         let c = b[j];
         if !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-') {
+            return false;
+        }
+        j += 1;
+    }
+    true
+}
+
+const fn is_capability(b: &[u8]) -> bool {
+    if b.is_empty() || !b[0].is_ascii_lowercase() {
+        return false;
+    }
+    let mut j = 1;
+    while j < b.len() {
+        let c = b[j];
+        if !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-' || c == b'.') {
             return false;
         }
         j += 1;

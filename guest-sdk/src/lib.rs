@@ -5,6 +5,7 @@ pub mod abi;
 pub mod cbor;
 pub mod clock;
 pub mod guest;
+pub mod import;
 pub mod log;
 pub mod random;
 

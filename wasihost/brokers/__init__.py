@@ -5,3 +5,18 @@ and the payload limit, and decoded the request with the entry's CBOR bounds; a b
 the request's *shape*, does the work, and answers a value or raises
 :class:`~wasihost.status.HostStatus`.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def builtin_brokers() -> tuple[Any, ...]:
+    """The brokers every host registers (through :meth:`Host.add_broker`, as an embedder
+    would): ``abort``, ``log``, ``clock_now`` and ``random_bytes`` of ABI v1."""
+    from .clock import ClockBroker
+    from .core import CoreBroker
+    from .log import LogBroker
+    from .random import RandomBroker
+
+    return (CoreBroker(), LogBroker(), ClockBroker(), RandomBroker())

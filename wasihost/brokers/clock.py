@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..status import HostStatus, Status
+
+if TYPE_CHECKING:
+    from ..extension import Extension
+    from ..registry import HostFunction
 
 
 class Clock(Protocol):
@@ -25,10 +29,10 @@ class SystemClock:
         return time.monotonic_ns()
 
 
-def clock_handler(clock: Clock, resolution_ns: int) -> Callable[[Any], Any]:
+def clock_handler(clock: Clock, resolution_ns: int) -> Callable[[Any, Any], Any]:
     """The ``clock_now`` entry: ``"realtime" | "monotonic"`` -> nanoseconds, rounded down."""
 
-    def handle(request: Any) -> int:
+    def handle(call: Any, request: Any) -> int:
         if request == "realtime":
             now = clock.realtime_ns()
         elif request == "monotonic":
@@ -38,3 +42,21 @@ def clock_handler(clock: Clock, resolution_ns: int) -> Callable[[Any], Any]:
         return now - now % resolution_ns
 
     return handle
+
+
+class ClockBroker:
+    """Serves ``clock_now`` from the host's clock (``Host(clock=...)``), at the resolution the
+    policy grants when the instance starts."""
+
+    name = "clock"
+    functions = ("wasihost_v1.clock_now",)
+    capabilities = frozenset({"clock"})
+
+    def open(self, ext: Extension) -> Extension:
+        return ext
+
+    def handler(self, entry: HostFunction, state: Extension) -> Callable[[Any, Any], Any]:
+        return clock_handler(state.host.clock, state.host.policy.clock_resolution_ns)
+
+    def close(self, state: Extension) -> None:
+        pass

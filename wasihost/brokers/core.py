@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..extlog import ExtensionLog, Level
 from ..status import GuestAbort, UnreadableRequest
-from .log import ExtensionLog, Level
+
+if TYPE_CHECKING:
+    from ..extension import Extension
+    from ..registry import HostFunction
 
 # A panic message is for a human reading the log; the first 512 characters say it.
 MAX_PANIC_MESSAGE_CHARS = 512
@@ -28,13 +32,31 @@ def panic_message(request: Any) -> str:
     return MALFORMED_MESSAGE
 
 
-def abort_handler(log: ExtensionLog) -> Callable[[Any], Any]:
+def abort_handler(log: ExtensionLog) -> Callable[[Any, Any], Any]:
     """The ``abort`` entry: record the message and end the call as a panic, whatever the
     request (the registry marks it ``never_returns``)."""
 
-    def handle(request: Any) -> None:
+    def handle(call: Any, request: Any) -> None:
         message = panic_message(request)
         log.append(Level.ERROR, f"panic: {message}", source="host")
         raise GuestAbort(message)
 
     return handle
+
+
+class CoreBroker:
+    """Serves ``abort``, the ``core`` plumbing every guest holds: the panic goes to the
+    extension's log and the call ends."""
+
+    name = "core"
+    functions = ("wasihost_v1.abort",)
+    capabilities = frozenset({"core"})
+
+    def open(self, ext: Extension) -> ExtensionLog:
+        return ext.log
+
+    def handler(self, entry: HostFunction, state: ExtensionLog) -> Callable[[Any, Any], Any]:
+        return abort_handler(state)
+
+    def close(self, state: ExtensionLog) -> None:
+        pass

@@ -1,134 +1,51 @@
-"""The log broker: a bounded, per-extension record buffer, or the embedder's sink."""
+"""The log broker: the ``log`` entry appends a guest record to its extension's log, committed
+through the grant table."""
 
 from __future__ import annotations
 
-import enum
-import logging
-import threading
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import attrs
-
+from ..extlog import (
+    RECORD_OVERHEAD_BYTES,
+    TRACE_LOGGING_LEVEL,
+    ExtensionLog,
+    Level,
+    LogRecord,
+    LogSink,
+    to_logging,
+)
 from ..status import HostStatus, Status
 
+if TYPE_CHECKING:
+    from ..extension import Extension
+    from ..registry import HostFunction
 
-class Level(enum.IntEnum):
-    TRACE = 0
-    DEBUG = 1
-    INFO = 2
-    WARN = 3
-    ERROR = 4
-
-
-# Per-record overhead charged against the budget, so a flood of empty records is bounded too.
-RECORD_OVERHEAD_BYTES = 32
-
-
-@attrs.frozen
-class LogRecord:
-    level: Level
-    message: str
-    time_ns: int
-    source: str = "guest"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"level": self.level.name.lower(), "message": self.message, "source": self.source}
-
-
-LogSink = Callable[[str, LogRecord], None]
-"""Where an embedder wants extension logs: called with the extension id and each record."""
-
-# Python logging has no TRACE; 5 sits below DEBUG (10) as TRACE does in most libraries.
-TRACE_LOGGING_LEVEL = 5
-_LOGGING_LEVELS = {
-    Level.TRACE: TRACE_LOGGING_LEVEL,
-    Level.DEBUG: logging.DEBUG,
-    Level.INFO: logging.INFO,
-    Level.WARN: logging.WARNING,
-    Level.ERROR: logging.ERROR,
-}
-
-
-def to_logging(extension: str, record: LogRecord) -> None:
-    """A :data:`LogSink` for Python's ``logging``: the logger is named after the extension id,
-    and the record's source (``guest``, ``host``, ``stdout``...) is an ``extra`` field."""
-    logging.getLogger(extension).log(
-        _LOGGING_LEVELS[record.level],
-        "%s",
-        record.message,
-        extra={"wasihost_source": record.source, "wasihost_time_ns": record.time_ns},
-    )
-
-
-class ExtensionLog:
-    """Records of one extension, at most ``max_bytes`` of them until the embedder drains it.
-
-    A full log drops new records and counts them, rather than evicting old ones: the first
-    records are usually the ones that explain what went wrong.
-
-    With a ``sink``, records are handed to it as they commit and nothing is buffered. The sink
-    runs on the guest's thread, inside the host call (under the extension's grant lock, so that
-    nothing is delivered after a revocation returns): it should be quick. A sink that raises
-    loses that record, counted in ``sink_errors``; the guest is not told.
-    """
-
-    def __init__(
-        self,
-        max_bytes: int,
-        clock: Callable[[], int] = time.time_ns,
-        sink: Callable[[LogRecord], None] | None = None,
-    ) -> None:
-        self.max_bytes = max_bytes
-        self._clock = clock
-        self._sink = sink
-        self._records: list[LogRecord] = []
-        self._used = 0
-        self.dropped = 0
-        self.sink_errors = 0
-        self._lock = threading.Lock()
-
-    def append(self, level: Level, message: str, source: str = "guest") -> bool:
-        if self._sink is not None:
-            try:
-                self._sink(LogRecord(level, message, self._clock(), source))
-            except Exception:
-                self.sink_errors += 1
-                logging.getLogger("wasihost").exception("log sink failed; record lost")
-            return True
-        cost = len(message.encode()) + RECORD_OVERHEAD_BYTES
-        with self._lock:
-            if self._used + cost > self.max_bytes:
-                self.dropped += 1
-                return False
-            self._used += cost
-            self._records.append(LogRecord(level, message, self._clock(), source))
-            return True
-
-    @property
-    def records(self) -> tuple[LogRecord, ...]:
-        with self._lock:
-            return tuple(self._records)
-
-    def drain(self) -> list[LogRecord]:
-        with self._lock:
-            out, self._records, self._used = self._records, [], 0
-            return out
+__all__ = [
+    "RECORD_OVERHEAD_BYTES",
+    "TRACE_LOGGING_LEVEL",
+    "ExtensionLog",
+    "Level",
+    "LogBroker",
+    "LogRecord",
+    "LogSink",
+    "log_handler",
+    "to_logging",
+]
 
 
 Commit = Callable[[Callable[[], bool]], tuple[bool, bool | None]]
 """Runs an append if the caller's grant epoch still authorises it: (authorised, result)."""
 
 
-def log_handler(log: ExtensionLog, commit: Commit | None = None) -> Callable[[Any], Any]:
+def log_handler(log: ExtensionLog, commit: Commit | None = None) -> Callable[[Any, Any], Any]:
     """The ``log`` entry: ``[level, message]`` -> null.
 
     ``commit`` wraps the append so the grant epoch is checked at commit time: a record
     authorised before a revocation is never appended after it.
     """
 
-    def handle(request: Any) -> None:
+    def handle(call: Any, request: Any) -> None:
         if (
             not isinstance(request, list)
             or len(request) != 2
@@ -156,3 +73,27 @@ def log_handler(log: ExtensionLog, commit: Commit | None = None) -> Callable[[An
             raise HostStatus(Status.QUOTA_EXCEEDED)
 
     return handle
+
+
+class LogBroker:
+    """Serves ``log``: appends to the extension's own log (or the embedder's sink), each record
+    committed through the grant table under the call's epoch."""
+
+    name = "log"
+    functions = ("wasihost_v1.log",)
+    capabilities = frozenset({"log"})
+
+    def open(self, ext: Extension) -> Extension:
+        return ext
+
+    def handler(self, entry: HostFunction, state: Extension) -> Callable[[Any, Any], Any]:
+        ext = state
+        capability = entry.capability
+
+        def commit(action: Callable[[], bool]) -> tuple[bool, bool | None]:
+            return ext.commit(capability, action)
+
+        return log_handler(ext.log, commit)
+
+    def close(self, state: Extension) -> None:
+        pass  # the log is the extension's: it outlives the broker's use of it

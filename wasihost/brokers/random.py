@@ -7,9 +7,13 @@ import hmac
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..status import HostStatus, Status
+
+if TYPE_CHECKING:
+    from ..extension import Extension
+    from ..registry import HostFunction
 
 # One call's worth; the registry's response limit (4099) is this plus CBOR framing.
 MAX_RANDOM_BYTES_PER_CALL = 4096
@@ -33,10 +37,10 @@ class SeededRandom:
         return bytes(out[:n])
 
 
-def random_handler(source: Callable[[int], bytes] = os.urandom) -> Callable[[Any], Any]:
+def random_handler(source: Callable[[int], bytes] = os.urandom) -> Callable[[Any, Any], Any]:
     """The ``random_bytes`` entry: ``uint n`` (0..4096) -> ``n`` bytes."""
 
-    def handle(request: Any) -> bytes:
+    def handle(call: Any, request: Any) -> bytes:
         if (
             not isinstance(request, int)
             or isinstance(request, bool)
@@ -46,3 +50,24 @@ def random_handler(source: Callable[[int], bytes] = os.urandom) -> Callable[[Any
         return source(request)
 
     return handle
+
+
+class RandomBroker:
+    """Serves ``random_bytes``: the OS CSPRNG, or with the policy's ``random_seed`` one seeded
+    stream per extension, which continues across its restarts (a run reproduces as a whole)."""
+
+    name = "random"
+    functions = ("wasihost_v1.random_bytes",)
+    capabilities = frozenset({"random"})
+
+    def open(self, ext: Extension) -> Callable[[int], bytes]:
+        seed = ext.host.policy.random_seed
+        return SeededRandom(seed) if seed is not None else os.urandom
+
+    def handler(
+        self, entry: HostFunction, state: Callable[[int], bytes]
+    ) -> Callable[[Any, Any], Any]:
+        return random_handler(state)
+
+    def close(self, state: Callable[[int], bytes]) -> None:
+        pass

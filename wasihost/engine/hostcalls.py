@@ -5,6 +5,7 @@ slot and fuel debt, and the cbor convention (the native one lives in :mod:`.nati
 from __future__ import annotations
 
 import ctypes
+import logging
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,7 +16,15 @@ from wasmtime import _ffi as ffi
 from ..codec import CodecLimits, decode, encode
 from ..errors import CallError, CodecError, FailureClass
 from ..registry import HostFunction
-from ..status import GuestAbort, HostStatus, Status, UnreadableRequest
+from ..status import (
+    GuestAbort,
+    GuestDeadline,
+    GuestInterrupted,
+    HostFunctionFailed,
+    HostStatus,
+    Status,
+    UnreadableRequest,
+)
 from .lowlevel import (
     PROCESS_MEMORY,
     VP,
@@ -27,8 +36,12 @@ from .lowlevel import (
 from .native import SETTLE_FUEL, NativeCall, native_dispatch, result_writer
 from .sigint import CALLBACK_CODES
 
-HostHandler = Callable[[Any], Any]
-"""A broker entry point: decoded, bounded request value in, response value out."""
+HostHandler = Callable[[Any, Any], Any]
+"""A broker entry point: ``handler(call, request)``, the instance's guest-memory accessor (a
+:class:`NativeCall`, for its deadline and interrupt) and the decoded, bounded request value in,
+response value out."""
+
+LOG = logging.getLogger("wasihost")
 
 Gate = Callable[[HostFunction], bool]
 """Decides, at call time, whether the caller still holds the entry's capability."""
@@ -171,6 +184,8 @@ class HostContext:
         exception crosses to the guest)."""
         if not isinstance(exc, Exception):
             self.reraise = exc  # KeyboardInterrupt/SystemExit: re-raised after the call
+        elif not isinstance(exc, HostFunctionFailed):  # that one was logged where it happened
+            LOG.error("host call failed", exc_info=exc)
         return self.fail(FailureClass.HOST_ERROR, f"host function failed: {type(exc).__name__}")
 
     def can_pay(self, cost: int) -> bool:
@@ -270,12 +285,16 @@ class HostContext:
                 _put_i32(args, -Status.INVALID_ARGUMENT)
                 return 0
         try:
-            response = bound.handler(request)
+            response = bound.handler(mem, request)
         except HostStatus as st:
             _put_i32(args, -int(st.status))
             return 0
         except GuestAbort as abort:
             return self.fail(FailureClass.PANIC, abort.message)
+        except GuestDeadline:
+            return self.fail(FailureClass.DEADLINE, f"{name}: deadline reached")
+        except GuestInterrupted:
+            return self.fail(FailureClass.DEADLINE, f"{name}: interrupted by the host")
         body = encode(response)
         if len(body) > max_response:
             return self.fail(
@@ -315,7 +334,7 @@ class HostContext:
         # fuel emptied), as the entry promises.
         self.charge(caller, entry.fuel_price(read))
         try:
-            bound.handler(request)
+            bound.handler(self.native, request)
         except GuestAbort as abort:
             return self.fail(FailureClass.PANIC, abort.message)
         return self.fail(FailureClass.HOST_ERROR, f"{entry.qualified_name} returned; it must not")

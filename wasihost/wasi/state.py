@@ -11,9 +11,9 @@ import stat
 from collections.abc import Callable
 
 from ..brokers.clock import Clock
-from ..brokers.log import ExtensionLog, Level
 from ..brokers.random import SeededRandom
 from ..errors import ConfigError
+from ..extlog import ExtensionLog, Level
 from .abi import (
     DIR_READ_RIGHTS,
     DIR_WRITE_RIGHTS,

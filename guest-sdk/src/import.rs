@@ -1,0 +1,102 @@
+//! Host functions an embedding application defines in its own namespace (for example
+//! `myapp_v1.lookup`), called with a CBOR [`Value`] request and answering one.
+//!
+//! Declare them once per namespace with [`import!`](crate::import): it emits the raw imports
+//! under the namespace's import module, the `wasihost_abi.<namespace>` section declaring which
+//! version of the namespace the guest was built against, and one safe function per import.
+//!
+//! ```ignore
+//! wasihost_guest::import! {
+//!     namespace "myapp", version "1.0", module "myapp_v1" {
+//!         /// Look a key up in the application's catalogue.
+//!         fn lookup;
+//!         fn remember;
+//!     }
+//! }
+//!
+//! let found = lookup(&Value::map([("key", Value::from("sku-1"))]))?;
+//! ```
+//!
+//! The module must match the version's major (`myapp_v1` for `1.x`); the host refuses a module
+//! that imports a function newer than the declared minor, or whose capability it was not
+//! granted, naming the import.
+
+use crate::abi::{Error, HostFn, Result};
+use crate::cbor::{self, Value};
+use crate::host;
+
+/// Most response bytes the SDK accepts from an embedder function: the host's own ceiling on
+/// any embedder entry (`MAX_FUNCTION_PAYLOAD_BYTES`, 1 MiB).
+pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
+/// The first response buffer offered; a larger answer costs one retry at the ceiling.
+pub const FIRST_RESPONSE_CAP: usize = 4096;
+
+/// A raw import's signature: `(req_ptr, req_len, resp_ptr, resp_cap) -> written or -status`.
+pub type RawImport = unsafe extern "C" fn(i32, i32, i32, i32) -> i32;
+
+/// Calls the embedder function `name` through its raw import with `request`: encodes it,
+/// retries once with a larger buffer on `BUFFER_TOO_SMALL`, and decodes the response. A status
+/// the host answers (`DENIED`, `NOT_FOUND`, `PAYLOAD_TOO_LARGE`, ...) is the error's status.
+pub fn call(name: &'static str, raw: RawImport, request: &Value) -> Result<Value> {
+    let entry = HostFn {
+        name,
+        capability: "",
+        max_request_bytes: MAX_RESPONSE_BYTES,
+        max_response_bytes: MAX_RESPONSE_BYTES,
+    };
+    let body = cbor::encode(request).map_err(|_| Error::invalid_input("request is not encodable"))?;
+    let response = host::call(&entry, &body, FIRST_RESPONSE_CAP, |a, b, c, d| unsafe { raw(a, b, c, d) })?;
+    host::decode(&entry, &response)
+}
+
+/// The bytes of a version text, as the marker section's content (used by [`import!`](crate::import)).
+#[doc(hidden)]
+pub const fn marker<const N: usize>(version: &str) -> [u8; N] {
+    let bytes = version.as_bytes();
+    let mut out = [0u8; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = bytes[i];
+        i += 1;
+    }
+    out
+}
+
+/// Stand-in for an embedder import off wasm (native unit tests): always `-UNSUPPORTED`.
+///
+/// # Safety
+/// Always safe; `unsafe` only to match the wasm declaration.
+#[doc(hidden)]
+pub unsafe extern "C" fn unsupported(_req_ptr: i32, _req_len: i32, _resp_ptr: i32, _resp_cap: i32) -> i32 {
+    -(crate::Status::UNSUPPORTED.code() as i32)
+}
+
+/// Declares the embedder host functions of one namespace version; see [`import`](crate::import).
+#[macro_export]
+macro_rules! import {
+    (namespace $ns:literal, version $ver:literal, module $module:literal {
+        $( $(#[$attr:meta])* fn $name:ident; )*
+    }) => {
+        #[doc(hidden)]
+        #[cfg(target_arch = "wasm32")]
+        #[link_section = concat!("wasihost_abi.", $ns)]
+        #[used]
+        static __WASIHOST_NAMESPACE_MARKER: [u8; $ver.len()] =
+            $crate::import::marker::<{ $ver.len() }>($ver);
+
+        $(
+            $(#[$attr])*
+            pub fn $name(request: &$crate::Value) -> $crate::Result<$crate::Value> {
+                #[cfg(target_arch = "wasm32")]
+                #[link(wasm_import_module = $module)]
+                extern "C" {
+                    #[link_name = stringify!($name)]
+                    fn raw(req_ptr: i32, req_len: i32, resp_ptr: i32, resp_cap: i32) -> i32;
+                }
+                #[cfg(not(target_arch = "wasm32"))]
+                use $crate::import::unsupported as raw;
+                $crate::import::call(stringify!($name), raw, request)
+            }
+        )*
+    };
+}

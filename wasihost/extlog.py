@@ -1,0 +1,119 @@
+"""The extension's log: a bounded, per-extension record buffer, or the embedder's sink.
+
+A facility of every extension, not a broker: the ``log`` broker appends the guest's records to
+it, ``abort`` its panic, the WASI profile its stdout and stderr.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+
+class Level(enum.IntEnum):
+    TRACE = 0
+    DEBUG = 1
+    INFO = 2
+    WARN = 3
+    ERROR = 4
+
+
+# Per-record overhead charged against the budget, so a flood of empty records is bounded too.
+RECORD_OVERHEAD_BYTES = 32
+
+
+@attrs.frozen
+class LogRecord:
+    level: Level
+    message: str
+    time_ns: int
+    source: str = "guest"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"level": self.level.name.lower(), "message": self.message, "source": self.source}
+
+
+LogSink = Callable[[str, LogRecord], None]
+"""Where an embedder wants extension logs: called with the extension id and each record."""
+
+# Python logging has no TRACE; 5 sits below DEBUG (10) as TRACE does in most libraries.
+TRACE_LOGGING_LEVEL = 5
+_LOGGING_LEVELS = {
+    Level.TRACE: TRACE_LOGGING_LEVEL,
+    Level.DEBUG: logging.DEBUG,
+    Level.INFO: logging.INFO,
+    Level.WARN: logging.WARNING,
+    Level.ERROR: logging.ERROR,
+}
+
+
+def to_logging(extension: str, record: LogRecord) -> None:
+    """A :data:`LogSink` for Python's ``logging``: the logger is named after the extension id,
+    and the record's source (``guest``, ``host``, ``stdout``...) is an ``extra`` field."""
+    logging.getLogger(extension).log(
+        _LOGGING_LEVELS[record.level],
+        "%s",
+        record.message,
+        extra={"wasihost_source": record.source, "wasihost_time_ns": record.time_ns},
+    )
+
+
+class ExtensionLog:
+    """Records of one extension, at most ``max_bytes`` of them until the embedder drains it.
+
+    A full log drops new records and counts them, rather than evicting old ones: the first
+    records are usually the ones that explain what went wrong.
+
+    With a ``sink``, records are handed to it as they commit and nothing is buffered. The sink
+    runs on the guest's thread, inside the host call (under the extension's grant lock, so that
+    nothing is delivered after a revocation returns): it should be quick. A sink that raises
+    loses that record, counted in ``sink_errors``; the guest is not told.
+    """
+
+    def __init__(
+        self,
+        max_bytes: int,
+        clock: Callable[[], int] = time.time_ns,
+        sink: Callable[[LogRecord], None] | None = None,
+    ) -> None:
+        self.max_bytes = max_bytes
+        self._clock = clock
+        self._sink = sink
+        self._records: list[LogRecord] = []
+        self._used = 0
+        self.dropped = 0
+        self.sink_errors = 0
+        self._lock = threading.Lock()
+
+    def append(self, level: Level, message: str, source: str = "guest") -> bool:
+        if self._sink is not None:
+            try:
+                self._sink(LogRecord(level, message, self._clock(), source))
+            except Exception:
+                self.sink_errors += 1
+                logging.getLogger("wasihost").exception("log sink failed; record lost")
+            return True
+        cost = len(message.encode()) + RECORD_OVERHEAD_BYTES
+        with self._lock:
+            if self._used + cost > self.max_bytes:
+                self.dropped += 1
+                return False
+            self._used += cost
+            self._records.append(LogRecord(level, message, self._clock(), source))
+            return True
+
+    @property
+    def records(self) -> tuple[LogRecord, ...]:
+        with self._lock:
+            return tuple(self._records)
+
+    def drain(self) -> list[LogRecord]:
+        with self._lock:
+            out, self._records, self._used = self._records, [], 0
+            return out

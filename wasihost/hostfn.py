@@ -1,0 +1,342 @@
+"""Host functions: the one public way to serve registry entries, for embedders and for the
+host's own brokers alike.
+
+A :class:`Broker` serves some cbor-convention registry entries: it opens per-extension state
+when an extension first needs it, builds the handler of each entry from that state, and closes
+the state when the extension closes. An embedder's function (:meth:`HostFunctions.function`)
+is an entry of its own namespace (``myapp.lookup`` since ``1.0`` is ``myapp_v1.lookup``) served
+by a one-function broker; the built-in ``log``, ``clock_now``, ``random_bytes`` and ``abort``
+are brokers registered the same way (:func:`wasihost.brokers.builtin_brokers`). Either way the
+engine links the entry like any other: static admission, the capability gate, payload limits,
+fuel and epochs are the registry's, and there is no second path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from .errors import ConfigError
+from .policy import Grant
+from .registry import HostFunction, Registry, embedder_function
+from .status import GuestDeadline, GuestInterrupted, HostFunctionFailed, HostStatus, Status
+
+if TYPE_CHECKING:
+    from .extension import Extension
+
+T = TypeVar("T")
+
+LOG = logging.getLogger("wasihost")
+
+HostHandler = Callable[[Any, Any], Any]
+"""What the engine calls for a cbor entry: ``handler(call, request) -> response``. ``call`` is
+the instance's guest-memory accessor (its ``deadline`` and ``wakeup`` concern blocking
+handlers); ``request`` is the decoded, bounded CBOR value."""
+
+# How often a guest thread waiting for an async handler looks at the instance's interrupt:
+# well under the 10 ms epoch tick (settings.DEFAULT_EPOCH_TICK_MS) that bounds how late a
+# running guest sees one, so a disable reaches a waiting call no later than a running one.
+ASYNC_WAKE_CHECK_S = 0.005
+# How long Host.close waits for the event-loop thread to finish cancelling its tasks.
+ASYNC_LOOP_STOP_S = 2.0
+
+
+class Broker(Protocol):
+    """The host side of some registry entries, with its per-extension state and teardown."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def functions(self) -> tuple[str, ...]:
+        """Qualified names (``module.name``) of the cbor registry entries it serves."""
+        ...
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """The capabilities its entries need (checked against the registry)."""
+        ...
+
+    def open(self, ext: Extension) -> Any:
+        """State for one extension, made the first time one of its instances needs it."""
+        ...
+
+    def handler(self, entry: HostFunction, state: Any) -> HostHandler:
+        """The handler of ``entry`` for the extension whose state this is (per instance)."""
+        ...
+
+    def close(self, state: Any) -> None:
+        """The extension is closed: release its state."""
+        ...
+
+
+class CallContext:
+    """What an embedder's host function knows of the call it serves."""
+
+    __slots__ = ("_call", "_ext", "epoch", "function")
+
+    def __init__(self, ext: Extension, function: HostFunction, call: Any) -> None:
+        self._ext = ext
+        self._call = call
+        self.function = function
+        # The grant epoch this call was authorised under: a commit checks it is still current.
+        self.epoch = ext.call_epoch
+
+    @property
+    def extension(self) -> str:
+        """The calling extension's id."""
+        return self._ext.id
+
+    @property
+    def grant(self) -> Grant:
+        """The capabilities the calling extension holds now."""
+        return self._ext.grant
+
+    @property
+    def scope(self) -> dict[str, Any]:
+        """The scope the operator granted this function's capability with (``{}`` if none)."""
+        return self._ext.grant_scopes().get(self.function.capability, {})
+
+    @property
+    def deadline(self) -> float:
+        """The call's wall-clock deadline, on ``time.monotonic()``'s clock."""
+        return float(self._call.deadline)
+
+    def commit(self, action: Callable[[], T]) -> T:
+        """Run ``action`` (an effect a later call can observe) only if the call's grant epoch
+        still authorises this function's capability, atomically with respect to every grant
+        change: nothing commits after a revocation returns. Otherwise raise
+        ``HostStatus(DENIED)`` (the guest gets ``DENIED``)."""
+        authorised, result = self._ext.host.grants.commit(
+            self._ext.id, self.epoch, self.function.capability, action
+        )
+        if not authorised:
+            raise HostStatus(Status.DENIED)
+        return result  # type: ignore[return-value]
+
+
+Function = Callable[[CallContext, Any], Any]
+"""An embedder's host function: ``fn(ctx, request) -> response``, or ``async def``."""
+
+
+class AsyncLoop:
+    """A private event loop on its own thread, for ``async def`` host functions: started on
+    first use, stopped by :meth:`close` (with its pending tasks cancelled)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        with self._lock:
+            if self._closed:
+                coro.close()
+                raise HostStatus(Status.UNAVAILABLE)
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(
+                    target=self._run, args=(loop,), name="wasihost-async", daemon=True
+                )
+                self._loop, self._thread = loop, thread
+                thread.start()
+            loop = self._loop
+        return asyncio.run_coroutine_threadsafe(coro, loop)
+
+    @staticmethod
+    def _run(loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        finally:
+            loop.close()
+
+    @property
+    def running(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(ASYNC_LOOP_STOP_S)
+
+
+def wait_for(future: concurrent.futures.Future[T], call: Any) -> T:
+    """Wait on the guest's thread for an async handler's result, until the call's deadline
+    (``GuestDeadline``) or the instance's interrupt (``GuestInterrupted``), cancelling the
+    task either way."""
+    done = threading.Event()
+    future.add_done_callback(lambda _: done.set())
+    wakeup: threading.Event = call.wakeup
+    while True:
+        if wakeup.is_set():
+            future.cancel()
+            raise GuestInterrupted
+        left = call.deadline - time.monotonic()
+        if left <= 0:
+            future.cancel()
+            raise GuestDeadline
+        if done.wait(min(left, ASYNC_WAKE_CHECK_S)):
+            break
+    try:
+        return future.result()
+    except concurrent.futures.CancelledError:
+        # Cancelled by the host closing its loop: the guest is told the host cannot serve it.
+        raise HostStatus(Status.UNAVAILABLE) from None
+
+
+class FunctionBroker:
+    """The broker of one embedder function: stateless, its handler calls ``fn(ctx, request)``
+    (an ``async def`` on the host's event-loop thread)."""
+
+    def __init__(self, entry: HostFunction, fn: Function, loop: AsyncLoop) -> None:
+        self.entry = entry
+        self.fn = fn
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self._loop = loop
+
+    @property
+    def name(self) -> str:
+        return self.entry.qualified_name
+
+    @property
+    def functions(self) -> tuple[str, ...]:
+        return (self.entry.qualified_name,)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset({self.entry.capability})
+
+    def open(self, ext: Extension) -> Extension:
+        return ext
+
+    def close(self, state: Extension) -> None:
+        pass
+
+    def handler(self, entry: HostFunction, state: Extension) -> HostHandler:
+        ext = state
+        fn = self.fn
+        loop = self._loop
+        is_async = self.is_async
+
+        def handle(call: Any, request: Any) -> Any:
+            ctx = CallContext(ext, entry, call)
+            try:
+                if is_async:
+                    coro: Awaitable[Any] = fn(ctx, request)
+                    return wait_for(loop.submit(coro), call)  # type: ignore[arg-type]
+                return fn(ctx, request)
+            except (HostStatus, GuestDeadline, GuestInterrupted):
+                raise
+            except Exception:
+                # The details are the host's: they go to its log, never to the guest.
+                LOG.exception(
+                    "host function %s failed serving extension %s", entry.qualified_name, ext.id
+                )
+                raise HostFunctionFailed(entry.qualified_name) from None
+
+        return handle
+
+
+class HostFunctions:
+    """A host's table of brokers: which broker serves each cbor registry entry."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.loop = AsyncLoop()
+        self._brokers: dict[tuple[str, str], Broker] = {}
+
+    def add_broker(self, broker: Broker) -> None:
+        """Serve ``broker.functions``: each must be a cbor entry of the registry with one of
+        ``broker.capabilities``, not served yet. Before any extension is admitted."""
+        self.registry.check_open(f"broker {broker.name}")
+        keys = []
+        for qualified in broker.functions:
+            module, _, name = qualified.rpartition(".")
+            entry = self.registry.lookup(module, name)
+            if entry is None or entry.convention != "cbor":
+                raise ConfigError(
+                    f"broker {broker.name} serves {qualified}, which is not a cbor entry of "
+                    "this host's registry"
+                )
+            if entry.capability not in broker.capabilities:
+                raise ConfigError(
+                    f"broker {broker.name}: {qualified} needs capability {entry.capability!r}, "
+                    f"not among the broker's {sorted(broker.capabilities)}"
+                )
+            if (module, name) in self._brokers or (module, name) in keys:
+                raise ConfigError(f"{qualified} is served twice")
+            keys.append((module, name))
+        for key in keys:
+            self._brokers[key] = broker
+
+    def register(
+        self,
+        name: str,
+        fn: Function,
+        *,
+        capability: str,
+        since: str = "1.0",
+        max_request_bytes: int,
+        max_response_bytes: int,
+        fuel_base: int,
+        fuel_per_byte: int,
+        commits: bool = False,
+        doc: str = "",
+        request: str = "",
+        response: str = "",
+    ) -> HostFunction:
+        """Add the embedder function ``name`` (``NAMESPACE.NAME``) to the registry and serve it
+        with ``fn``; returns its registry entry."""
+        if not callable(fn):
+            raise ConfigError(f"{name}: the host function must be callable")
+        entry = embedder_function(
+            name,
+            capability=capability,
+            since=since,
+            max_request_bytes=max_request_bytes,
+            max_response_bytes=max_response_bytes,
+            fuel_base=fuel_base,
+            fuel_per_byte=fuel_per_byte,
+            blocking=inspect.iscoroutinefunction(fn),
+            commits=commits,
+            doc=doc or (inspect.getdoc(fn) or "").split("\n\n")[0],
+            request=request,
+            response=response,
+        )
+        if (entry.module, entry.name) in self._brokers:
+            raise ConfigError(f"host function {entry.qualified_name} is registered twice")
+        self.registry.add_function(entry)
+        self.add_broker(FunctionBroker(entry, fn, self.loop))
+        return entry
+
+    def function(self, name: str, **options: Any) -> Callable[[Function], Function]:
+        """Decorator form of :meth:`register`; returns the function unchanged."""
+
+        def decorate(fn: Function) -> Function:
+            self.register(name, fn, **options)
+            return fn
+
+        return decorate
+
+    def broker_for(self, entry: HostFunction) -> Broker | None:
+        return self._brokers.get((entry.module, entry.name))
+
+    def close(self) -> None:
+        self.loop.close()
