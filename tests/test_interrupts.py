@@ -119,6 +119,21 @@ HAMMER_CBOR = build(
 SPIN = build(guest_wat("(loop $l (br $l)) (call $ok_null)"))
 
 
+@pytest.fixture(autouse=True)
+def python_handles_ctrl_c() -> Iterator[None]:
+    """The Ctrl-C tests need what an interactive Python has: the default SIGINT handler. A
+    test runner started in the background by a shell without job control inherits SIGINT
+    ignored (and Python keeps it ignored), so set it for the test and restore it after."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if previous is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture
 def host() -> Iterator[Host]:
     PingBinding.raises = None
