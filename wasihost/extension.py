@@ -199,6 +199,11 @@ class Extension:
         for broker, state in states.values():
             broker.close(state)
 
+    def _budget(self, fuel: int | None = None, timeout_ms: int | None = None) -> Budget:
+        """A call's budget from now: the extension's own, or what the caller lowered it to."""
+        r = self.resources
+        return Budget(fuel or r.fuel_per_call, timeout_ms or r.timeout_ms)
+
     def _store_limits(self) -> StoreLimits:
         r = self.resources
         return StoreLimits(
@@ -214,8 +219,7 @@ class Extension:
         with self._lock:
             self._check_available()
             if self._instance is None:
-                r = self.resources
-                self._start(Budget(r.fuel_per_call, r.timeout_ms))
+                self._start(self._budget())
             assert self.handshake is not None
             return self.handshake
 
@@ -251,8 +255,7 @@ class Extension:
             self._check_available()
             self._call_epoch = self.grant.epoch
             self._discard()
-            r = self.resources
-            budget = Budget(r.fuel_per_call, r.timeout_ms)
+            budget = self._budget()
             instance = self._new_instance()
             self._starting = instance  # so that a revocation or close can interrupt the run
             self._interrupt_if_halted(instance)
@@ -267,8 +270,7 @@ class Extension:
             finally:
                 self.last_fuel_used = budget.used
                 self._starting = None
-                instance.close()
-                self._close_bindings()
+                self._drop(instance)
             return code
 
     def _start(self, budget: Budget) -> Instance:
@@ -300,8 +302,7 @@ class Extension:
         except BaseException as exc:
             self.last_fuel_used = budget.used
             self._starting = None
-            instance.close()
-            self._close_bindings()
+            self._drop(instance)
             self._raise_if_halted_during(instance, "start-up")
             what = "handshake" if instance.started else "instantiate"
             self.lifecycle.try_fire(Event.START_FAILED, f"{what}: {exc}")
@@ -313,8 +314,7 @@ class Extension:
         self._starting = None
         if self.lifecycle.try_fire(Event.READY, hs.reason) is None:
             # Revoked or closed while the handshake ran: the instance never serves a call.
-            instance.close()
-            self._close_bindings()
+            self._drop(instance)
             raise self._unavailable()
         self._instance = instance
         return instance
@@ -571,11 +571,7 @@ class Extension:
             self._check_available()
             instance = self._instance
             # The deadline starts once the call holds the extension, not while it queues.
-            budget = (
-                Budget(fuel or r.fuel_per_call, timeout_ms or r.timeout_ms)
-                if overridden or instance is None
-                else None
-            )
+            budget = self._budget(fuel, timeout_ms) if overridden or instance is None else None
             if instance is None:
                 assert budget is not None
                 instance = self._start(budget)
@@ -601,7 +597,7 @@ class Extension:
                 cls, msg = _guest_error(result.body)
                 raise CallError(
                     FailureClass.GUEST_ERROR,
-                    f"{cls}: {msg}" if msg else cls,
+                    _guest_error_line(cls, msg),
                     guest_class=cls,
                     guest_message=msg,
                 )
@@ -621,9 +617,13 @@ class Extension:
         self.lifecycle.try_fire(Event.CRASH, reason)
 
     def _discard(self) -> None:
-        if self._instance is not None:
-            self._instance.close()
-            self._instance = None
+        instance, self._instance = self._instance, None
+        self._drop(instance)
+
+    def _drop(self, instance: Instance | None) -> None:
+        """Free ``instance`` and the profile state (WASI descriptors) that belonged to it."""
+        if instance is not None:
+            instance.close()
         self._close_bindings()
 
     def logs(self) -> tuple[LogRecord, ...]:
@@ -676,6 +676,9 @@ def _guest_error(body: bytes) -> tuple[str, str]:
     return cls, msg
 
 
-def _guest_error_text(body: bytes) -> str:
-    cls, msg = _guest_error(body)
+def _guest_error_line(cls: str, msg: str) -> str:
     return f"{cls}: {msg}" if msg else cls
+
+
+def _guest_error_text(body: bytes) -> str:
+    return _guest_error_line(*_guest_error(body))

@@ -342,7 +342,6 @@ class Host:
 
         An extension id is admitted once: while one is admitted under that id, another
         package claiming it is refused (replacing it is :meth:`update`)."""
-        self._refuse_taken(package.name)
         return self._admit(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
 
     def update(
@@ -382,17 +381,6 @@ class Host:
             )
         return self._admit(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms, replacing=old)
 
-    def _refuse_taken(self, extension: str) -> None:
-        if self.closed:
-            raise ConfigError("this host is closed")
-        if self.extension(extension) is not None:
-            raise AdmissionError(
-                [
-                    f"extension id {extension!r} is already admitted; close it first or "
-                    "replace it with Host.update()"
-                ]
-            )
-
     def _admit(
         self,
         package: Package,
@@ -406,7 +394,15 @@ class Host:
         with self._lock:
             if self.closed:
                 raise ConfigError("this host is closed")
-            if name in self._admitting or self._extensions.get(name) is not replacing:
+            current = self._extensions.get(name)
+            if replacing is None and current is not None:
+                raise AdmissionError(
+                    [
+                        f"extension id {name!r} is already admitted; close it first or "
+                        "replace it with Host.update()"
+                    ]
+                )
+            if name in self._admitting or current is not replacing:
                 raise AdmissionError(
                     [f"extension id {name!r} is being admitted or was replaced meanwhile"]
                 )
