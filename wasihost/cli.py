@@ -28,6 +28,7 @@ from .errors import (
     UntrustedKeyError,
     WasihostError,
 )
+from .input_files import read_file_or_stdin
 from .package import (
     Package,
     archive_parts,
@@ -350,14 +351,10 @@ def _read_input_file(name: str, flag: str) -> bytes:
     """At most MAX_CLI_INPUT_BYTES of FILE ('-': stdin); more is a usage error, not a
     truncation."""
     try:
-        if name == "-":
-            data = sys.stdin.buffer.read(MAX_CLI_INPUT_BYTES + 1)
-        else:
-            with open(name, "rb") as f:
-                data = f.read(MAX_CLI_INPUT_BYTES + 1)
+        data = read_file_or_stdin(name, MAX_CLI_INPUT_BYTES)
     except OSError as exc:
         raise UsageError(f"{flag}: cannot read {name}: {exc.strerror}") from None
-    if len(data) > MAX_CLI_INPUT_BYTES:
+    if data is None:
         raise UsageError(f"{flag}: {name} is over {MAX_CLI_INPUT_BYTES} bytes")
     return data
 

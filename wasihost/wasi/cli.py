@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import ConfigError, WasihostError
+from ..input_files import read_file_or_stdin
 from . import limits
 from .config import ClockProfile, Mount, WasiOptions, capabilities_for
 from .registry import CAP_CLOCK, CAP_RANDOM
@@ -88,14 +89,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _read_stdin(source: str) -> bytes:
     limit = limits.MAX_STDIN_BYTES
     try:
-        if source == "-":
-            data = sys.stdin.buffer.read(limit + 1)
-        else:
-            with open(source, "rb") as f:
-                data = f.read(limit + 1)
+        data = read_file_or_stdin(source, limit)
     except OSError as exc:
         raise ConfigError(f"--stdin {source}: {exc.strerror}") from None
-    if len(data) > limit:
+    if data is None:
         raise ConfigError(f"--stdin {source} is larger than {limit} bytes")
     return data
 
