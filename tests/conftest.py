@@ -3,11 +3,14 @@ from __future__ import annotations
 import glob
 import hashlib
 import itertools
+import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -32,6 +35,23 @@ ALL_CAPS = frozenset({"log", "clock", "random"})
 def host() -> Iterator[Host]:
     with Host(Policy(allow=ALL_CAPS), cache_dir=None) as h:
         yield h
+
+
+def run_child(source: str, *args: str) -> tuple[Any, str]:
+    """Run ``source`` in a fresh interpreter from the repository root, so that a crash fails
+    the test rather than killing pytest. It must exit 0; returns the JSON of its last line of
+    output, and its stderr."""
+    run = subprocess.run(
+        [sys.executable, "-c", source, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RUST_BACKTRACE": "0"},
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1]), run.stderr
 
 
 _BARE_IDS = itertools.count(1)

@@ -3,16 +3,11 @@ and host calls priced before work proportional to a length the guest declared.""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import bare, native_entry
+from conftest import bare, native_entry, run_child
 from guests import build, guest_wat, host_import
 
 import wasihost.brokers.random
@@ -23,23 +18,10 @@ from wasihost.policy import Policy
 from wasihost.registry import HostFunction, Profile
 from wasihost.runtime import Host
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def child(source: str) -> dict[str, Any]:
-    """Run ``source`` in a fresh interpreter (a crash fails the test, not pytest); its last
-    line of output is JSON."""
-    run = subprocess.run(
-        [sys.executable, "-c", source],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "RUST_BACKTRACE": "0"},
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    """Run ``source`` in a fresh interpreter (a crash fails the test, not pytest)."""
+    result: dict[str, Any] = run_child(source)[0]
     return result
 
 

@@ -10,19 +10,15 @@ skipped call would make it panic).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import bare, native_entry
+from conftest import bare, native_entry, run_child
 from guests import build, guest_wat, host_import
 
 from wasihost.engine import sigint
@@ -287,17 +283,6 @@ print(json.dumps(outcomes))
 
 
 def test_another_signal_handler_runs_after_the_call_not_inside_it() -> None:
-    child = subprocess.run(
-        [sys.executable, "-c", OTHER_SIGNAL],
-        cwd=Path(__file__).resolve().parent.parent,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "RUST_BACKTRACE": "0"},
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr[-2000:]
-    assert "Exception ignored" not in child.stderr
-    assert json.loads(child.stdout.strip().splitlines()[-1]) == {
-        f"SystemExit 7 after {PINGS} pings": 6
-    }
+    report, stderr = run_child(OTHER_SIGNAL)
+    assert "Exception ignored" not in stderr
+    assert report == {f"SystemExit 7 after {PINGS} pings": 6}

@@ -11,13 +11,7 @@ The accesses run in a child process, so a regression shows as a failed test, not
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import run_child
 
 CHILD = """
 import gc, json, sys
@@ -109,17 +103,7 @@ print(json.dumps(report))
 
 
 def test_kept_guest_memory_fails_cleanly_after_its_instance_closes() -> None:
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "RUST_BACKTRACE": "0"},
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr[-2000:]
-    report = json.loads(child.stdout.strip().splitlines()[-1])
+    report, _ = run_child(CHILD)
     assert report["has_view"] is False  # brokers get no memoryview to keep
     for phase in ("after_a", "after_c"):
         for outcome in report[phase]:

@@ -8,16 +8,11 @@ The calls run in a child process, so a regression shows as a failed test, not a 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from conftest import run_child
 
 from wasihost.engine.stack import STACK_MARGIN
 from wasihost.settings import DEFAULT_MAX_WASM_STACK
 
-ROOT = Path(__file__).resolve().parent.parent
 KiB = 1024
 JUST_ENOUGH = DEFAULT_MAX_WASM_STACK + STACK_MARGIN
 
@@ -75,17 +70,7 @@ print(json.dumps(results))
 
 def test_a_thread_too_small_for_the_guest_stack_is_refused_not_crashed() -> None:
     sizes = [256 * KiB, 512 * KiB, JUST_ENOUGH, 2048 * KiB]
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD, *map(str, sizes)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "RUST_BACKTRACE": "0"},
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr[-2000:]
-    results = json.loads(child.stdout.strip().splitlines()[-1])
+    results, _ = run_child(CHILD, *map(str, sizes))
     for size in sizes[:2]:
         for name in ("recurse", "pings"):
             verdict = results[f"{name}@{size}"]
