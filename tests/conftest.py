@@ -8,7 +8,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,21 @@ def run_child(source: str, *args: str) -> tuple[Any, str]:
     )
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(run.stdout.strip().splitlines()[-1]), run.stderr
+
+
+def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[BaseException]]:
+    """Start ``fn`` on a new thread; the list receives what it raises, for the test to see."""
+    outcome: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # the test inspects it
+            outcome.append(exc)
+
+    worker = threading.Thread(target=target)
+    worker.start()
+    return worker, outcome
 
 
 _BARE_IDS = itertools.count(1)

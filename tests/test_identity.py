@@ -4,12 +4,11 @@ extension (issue: a second package claiming an admitted id took over its grants)
 from __future__ import annotations
 
 import shutil
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ALL_CAPS, FIXTURES
+from conftest import ALL_CAPS, FIXTURES, run_in_thread
 
 from wasihost.errors import AdmissionError, ConfigError
 from wasihost.lifecycle import ExtensionRevoked, ExtensionUnavailable, State
@@ -48,9 +47,7 @@ def test_disable_reaches_the_admitted_extension_not_a_claimant(tmp_path: Path) -
         spin.start()
         with pytest.raises(AdmissionError):
             host.load(FIXTURES / "spin")
-        outcome: list[BaseException] = []
-        worker = threading.Thread(target=lambda: _catch(outcome, lambda: spin.call("run")))
-        worker.start()
+        worker, outcome = run_in_thread(lambda: spin.call("run"))
         time.sleep(0.2)
         host.disable(spin.id, "incident")
         disabled = time.monotonic()
@@ -101,9 +98,3 @@ def test_a_closed_extension_frees_its_id() -> None:
         with pytest.raises(ExtensionUnavailable):
             first.call("echo", 1)
 
-
-def _catch(into: list[BaseException], fn: object) -> None:
-    try:
-        fn()  # type: ignore[operator]
-    except BaseException as exc:
-        into.append(exc)

@@ -4,13 +4,12 @@ not poison the next call."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import ALL_CAPS, FIXTURES, bare
+from conftest import ALL_CAPS, FIXTURES, bare, run_in_thread
 from guests import HEAP_START, build, guest_wat
 
 from wasihost.errors import CallError, FailureClass
@@ -37,20 +36,6 @@ def spinning_handshake() -> bytes:
 
 def spinning_command() -> bytes:
     return build(guest_wat(f"{SPIN} (call $ok_null)"))
-
-
-def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[BaseException]]:
-    outcome: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            fn()
-        except BaseException as exc:
-            outcome.append(exc)
-
-    worker = threading.Thread(target=target)
-    worker.start()
-    return worker, outcome
 
 
 def stop_while_running(

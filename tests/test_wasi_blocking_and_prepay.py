@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import bare
+from conftest import bare, run_in_thread
 from guests import build
 
 from wasihost.errors import CallError, FailureClass
@@ -168,21 +168,12 @@ def test_disable_wakes_a_guest_sleeping_in_poll_oneoff() -> None:
     once (before: at its 4 s deadline), reported as revoked."""
     about_to_sleep = threading.Event()
     config = WasiOptions(clock="standard", stdout=lambda data: about_to_sleep.set())
-    outcome: list[BaseException] = []
     with _host(config) as host:
         ext = host.admit(
             bare(build(SLEEP_60S)), grants=capabilities_for(config), fuel=10_000_000,
             timeout_ms=4000,
         )  # fmt: skip
-
-        def run() -> None:
-            try:
-                ext.run_command()
-            except BaseException as exc:  # the test inspects it
-                outcome.append(exc)
-
-        worker = threading.Thread(target=run)
-        worker.start()
+        worker, outcome = run_in_thread(ext.run_command)
         assert about_to_sleep.wait(10)
         time.sleep(0.2)  # the guest is asleep in poll_oneoff by now
         disabled = time.monotonic()
