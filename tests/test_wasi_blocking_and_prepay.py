@@ -91,8 +91,8 @@ def _host(config: WasiOptions, on_binding: Callable[[WasiBinding], None] | None 
     return Host(Policy(allow=caps), cache_dir=None, profiles=[(PROFILE, factory)])
 
 
-def test_a_big_stdin_read_without_the_fuel_reads_nothing() -> None:
-    config = WasiOptions(stdin=b"s" * (2 * MIB), stdout=lambda data: None)
+def _stdin_keeper() -> tuple[list[StdinDescriptor], Callable[[WasiBinding], None]]:
+    """A list that receives each instance's stdin descriptor, and the hook that fills it."""
     stdin: list[StdinDescriptor] = []
 
     def keep_stdin(binding: WasiBinding) -> None:
@@ -100,6 +100,12 @@ def test_a_big_stdin_read_without_the_fuel_reads_nothing() -> None:
         assert isinstance(desc, StdinDescriptor)
         stdin.append(desc)
 
+    return stdin, keep_stdin
+
+
+def test_a_big_stdin_read_without_the_fuel_reads_nothing() -> None:
+    config = WasiOptions(stdin=b"s" * (2 * MIB), stdout=lambda data: None)
+    stdin, keep_stdin = _stdin_keeper()
     with _host(config, keep_stdin) as host:
         ext = host.admit(bare(build(READ_STDIN)), grants=capabilities_for(config), fuel=SMALL_FUEL)
         with pytest.raises(CallError) as caught:
@@ -215,13 +221,7 @@ WRITE_FILE_WILD_RESULT = """(module
 
 def test_a_read_with_a_wild_result_slot_consumes_nothing() -> None:
     config = WasiOptions(stdin=b"s" * 64, stdout=lambda data: None)
-    stdin: list[StdinDescriptor] = []
-
-    def keep_stdin(binding: WasiBinding) -> None:
-        desc = binding.state.fds.get(0)
-        assert isinstance(desc, StdinDescriptor)
-        stdin.append(desc)
-
+    stdin, keep_stdin = _stdin_keeper()
     with _host(config, keep_stdin) as host:
         ext = host.admit(bare(build(READ_STDIN_WILD_RESULT)), grants=capabilities_for(config))
         with pytest.raises(CallError) as caught:
