@@ -143,12 +143,17 @@ def test_inspect_refused_module(capsys: pytest.CaptureFixture[str], tmp_path: Pa
 def test_abi_lists_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "abi", "--json")
     doc = json.loads(out)
-    assert code == 0 and doc["versions"] == ["1.0"]
+    assert code == 0 and doc["versions"] == ["1.1"]
     v1 = {f["name"] for f in doc["functions"] if f["module"] == "wasihost_v1"}
-    assert v1 == {"abort", "log", "clock_now", "random_bytes"}
+    assert {"abort", "log", "clock_now", "random_bytes"} < v1
+    assert {f["name"] for f in doc["functions"] if f["since"] == "1.0"} >= {"log", "abort"}
     assert len([f for f in doc["functions"] if f["module"] == "wasi_snapshot_preview1"]) == 46
     code, out, _ = run_cli(capsys, "abi", "--version", "1.0")
     assert "wasihost_v1.log (i32, i32, i32, i32) -> (i32)" in out
+    # A v1.0 guest's view hides what 1.1 added.
+    assert "storage_get" not in out
+    code, out, _ = run_cli(capsys, "abi", "--version", "1.1")
+    assert "wasihost_v1.storage_get (i32, i32, i32, i32) -> (i32)" in out
 
 
 def test_console_entry_point_never_prints_a_traceback(tmp_path: Path) -> None:

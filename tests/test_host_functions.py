@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import bare
+from conftest import FIXTURES, bare
 from guests import build, guest_wat
 
 from wasihost.errors import AdmissionError, CallError, ConfigError, FailureClass
@@ -416,3 +416,40 @@ def test_inspect_reports_embedder_imports_against_the_hosts_registry(app: Host) 
         "fuel_per_byte": 2,
     }
     assert report["admission"]["admitted"] is True
+
+
+class FixedClock:
+    """A clock broker of the embedder's: replaces the built-in of the same name."""
+
+    name = "clock"
+    functions = ("wasihost_v1.clock_now",)
+    capabilities = frozenset({"clock"})
+
+    def __init__(self) -> None:
+        self.opened: list[str] = []
+        self.closed: list[str] = []
+
+    def open(self, ext: Extension) -> str:
+        self.opened.append(ext.id)
+        return ext.id
+
+    def handler(self, entry: HostFunction, state: str) -> Any:
+        return lambda call, request: 1_234_000_000
+
+    def close(self, state: str) -> None:
+        self.closed.append(state)
+
+
+def test_a_broker_passed_to_the_host_replaces_the_builtin_of_its_name() -> None:
+    clock = FixedClock()
+    with Host(Policy(allow={"clock", "random"}), cache_dir=None, brokers=[clock]) as host:
+        assert host.broker("clock") is clock
+        ext = host.load(FIXTURES / "clock-random")
+        out = ext.call("run")
+        assert out["realtime"] == out["monotonic"] == 1_234_000_000
+        assert clock.opened == ["org.wasihost.fixtures.clock-random"]
+        with pytest.raises(ConfigError, match="no broker named 'nope'"):
+            host.broker("nope")
+    assert clock.closed == ["org.wasihost.fixtures.clock-random"]
+    with pytest.raises(ConfigError, match="two brokers named 'clock'"):
+        Host(cache_dir=None, brokers=[FixedClock(), FixedClock()])

@@ -101,5 +101,7 @@ def test_capabilities_exclude_core() -> None:
     from wasihost.wasi.registry import CAPABILITIES as WASI_CAPABILITIES
 
     caps = default_registry().capabilities()
-    assert caps == {"log", "clock", "random"} | set(WASI_CAPABILITIES)
+    assert caps == {
+        "log", "clock", "random", "storage", "secrets", "http", "files", "events"
+    } | set(WASI_CAPABILITIES)
     assert "core" not in caps

@@ -19,7 +19,7 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .errors import ConfigError
@@ -73,6 +73,15 @@ class Broker(Protocol):
 
     def close(self, state: Any) -> None:
         """The extension is closed: release its state."""
+        ...
+
+
+class ScopedBroker(Broker, Protocol):
+    """A broker whose capabilities take a grant scope (an http grant's origins, a storage
+    grant's tenant): it refuses a malformed scope before the grant table stores it."""
+
+    def check_scope(self, capability: str, scope: Mapping[str, Any]) -> None:
+        """Raise :class:`~wasihost.errors.ConfigError` naming what is wrong with ``scope``."""
         ...
 
 
@@ -337,6 +346,23 @@ class HostFunctions:
 
     def broker_for(self, entry: HostFunction) -> Broker | None:
         return self._brokers.get((entry.module, entry.name))
+
+    def check_scope(self, capability: str, scope: Mapping[str, Any]) -> None:
+        """Let each broker serving ``capability`` refuse a malformed grant scope. A scope for a
+        capability no broker reads is left to the embedder's functions (``ctx.scope``)."""
+        checked = set()
+        for broker in self._brokers.values():
+            check = getattr(broker, "check_scope", None)
+            if check is None or capability not in broker.capabilities or id(broker) in checked:
+                continue
+            checked.add(id(broker))
+            check(capability, scope)
+
+    def broker(self, name: str) -> Broker:
+        for broker in self._brokers.values():
+            if broker.name == name:
+                return broker
+        raise ConfigError(f"no broker named {name!r} serves this host")
 
     def close(self) -> None:
         self.loop.close()

@@ -83,6 +83,7 @@ class Host:
         log_sink: LogSink | None = None,
         profiles: Iterable[tuple[Profile, ProfileFactory]] = (),
         state_dir: Path | None = None,
+        brokers: Iterable[Broker] = (),
     ) -> None:
         self.policy = policy if policy is not None else Policy()
         self.registry = registry if registry is not None else default_registry()
@@ -98,11 +99,21 @@ class Host:
             # WASI is served by default with nothing configured: no mounts, no args or env,
             # stdio to the extension log; what a guest may use still depends on its grant.
             self.profile_factories[WASI_MODULE] = wasi_profile()[1]
-        # Which broker serves each cbor entry: the built-ins register as an embedder's would.
+        # Which broker serves each cbor entry: the built-ins register as an embedder's would,
+        # and a broker the embedder passes replaces the built-in of the same name (a storage
+        # broker on its own database, a secrets broker on its own store).
         self.functions = HostFunctions(self.registry)
-        for broker in builtin_brokers():
+        given: dict[str, Broker] = {}
+        for broker in brokers:
+            if broker.name in given:
+                raise ConfigError(f"two brokers named {broker.name!r} given")
+            given[broker.name] = broker
+        for builtin in builtin_brokers():
+            broker = given.pop(builtin.name, builtin)
             if all(self._has_entry(f) for f in broker.functions):
                 self.functions.add_broker(broker)
+        for broker in given.values():
+            self.functions.add_broker(broker)
         directory = default_cache_dir() if cache_dir is _DEFAULT else cache_dir
         if directory is not None and not isinstance(directory, Path):
             directory = Path(str(directory))
@@ -167,6 +178,11 @@ class Host:
     def add_broker(self, broker: Broker) -> None:
         """Serve registry entries with ``broker`` (see :class:`wasihost.hostfn.Broker`)."""
         self.functions.add_broker(broker)
+
+    def broker(self, name: str) -> Broker:
+        """The broker named ``name`` serving this host (``host.broker("events")``); a
+        ConfigError if none is."""
+        return self.functions.broker(name)
 
     def close(self) -> None:
         """Close every extension (their calls in flight are interrupted, later calls answer
@@ -476,6 +492,8 @@ class Host:
             raise ConfigError(f"unknown capability {capability!r}")
         if capability.startswith("wasi."):
             check_wasi_scope(capability, scope or {})
+        else:
+            self.functions.check_scope(capability, scope or {})
         epoch = self.grants.grant(extension, capability, scope)
         self.journal(extension, "grant", f"{capability} scope {scope or {}} epoch {epoch}")
         return epoch

@@ -33,6 +33,42 @@ macro_rules! abi_marker {
         #[used]
         static __WASIHOST_ABI_MARKER: [u8; 3] = $crate::abi::MARKER;
     };
+    ($version:literal) => {
+        const _: () = $crate::abi::check_abi_version($version);
+        #[doc(hidden)]
+        #[link_section = "wasihost_abi"]
+        #[used]
+        static __WASIHOST_ABI_MARKER: [u8; $version.len()] =
+            $crate::import::marker::<{ $version.len() }>($version);
+    };
+}
+
+/// The ABI versions this SDK can build a guest for (`guest! { abi: "1.1", .. }`).
+pub const SUPPORTED_ABI_VERSIONS: [&str; 2] = ["1.0", "1.1"];
+
+/// Fails the build (at compile time, in a `const`) if `version` is not one this SDK supports.
+#[doc(hidden)]
+pub const fn check_abi_version(version: &str) {
+    let mut i = 0;
+    while i < SUPPORTED_ABI_VERSIONS.len() {
+        if crate::guest::bytes_eq(SUPPORTED_ABI_VERSIONS[i].as_bytes(), version.as_bytes()) {
+            return;
+        }
+        i += 1;
+    }
+    panic!("guest!: abi must be one of SUPPORTED_ABI_VERSIONS (\"1.0\", \"1.1\")");
+}
+
+/// The ABI version text a `guest!` declares (the default when it names none).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __wasihost_abi_version {
+    () => {
+        $crate::abi::ABI_VERSION
+    };
+    ($version:literal) => {
+        $version
+    };
 }
 
 /// Static facts about one host function (a subset of its registry entry).
@@ -46,6 +82,8 @@ pub struct HostFn {
     pub max_request_bytes: usize,
     /// Largest response (CBOR bytes) the host can write.
     pub max_response_bytes: usize,
+    /// The ABI version that added it: a guest importing it must declare at least this one.
+    pub since: &'static str,
 }
 
 /// `abort`: end the call as a guest panic (capability `core`).
@@ -54,6 +92,7 @@ pub const ABORT: HostFn = HostFn {
     capability: "core",
     max_request_bytes: 1024,
     max_response_bytes: 0,
+    since: "1.0",
 };
 /// `log`: append one record to the extension's log.
 pub const LOG: HostFn = HostFn {
@@ -61,6 +100,7 @@ pub const LOG: HostFn = HostFn {
     capability: "log",
     max_request_bytes: 4096,
     max_response_bytes: 1,
+    since: "1.0",
 };
 /// `clock_now`: read a clock.
 pub const CLOCK_NOW: HostFn = HostFn {
@@ -68,6 +108,7 @@ pub const CLOCK_NOW: HostFn = HostFn {
     capability: "clock",
     max_request_bytes: 16,
     max_response_bytes: 9,
+    since: "1.0",
 };
 /// `random_bytes`: random bytes, at most [`RANDOM_MAX_BYTES`] per call.
 pub const RANDOM_BYTES: HostFn = HostFn {
@@ -75,9 +116,124 @@ pub const RANDOM_BYTES: HostFn = HostFn {
     capability: "random",
     max_request_bytes: 5,
     max_response_bytes: 4099,
+    since: "1.0",
 };
-/// Every host function of ABI 1.0.
-pub const HOST_FUNCTIONS: [HostFn; 4] = [ABORT, LOG, CLOCK_NOW, RANDOM_BYTES];
+/// `storage_get` (ABI 1.1, capability `storage`): Read a key of the extension's own store.
+pub const STORAGE_GET: HostFn = HostFn {
+    name: "storage_get",
+    capability: "storage",
+    max_request_bytes: 300,
+    max_response_bytes: 32771,
+    since: "1.1",
+};
+/// `storage_put` (ABI 1.1, capability `storage`): Write a key of the extension's own store, transactionally.
+pub const STORAGE_PUT: HostFn = HostFn {
+    name: "storage_put",
+    capability: "storage",
+    max_request_bytes: 33100,
+    max_response_bytes: 1,
+    since: "1.1",
+};
+/// `storage_delete` (ABI 1.1, capability `storage`): Delete a key of the extension's own store.
+pub const STORAGE_DELETE: HostFn = HostFn {
+    name: "storage_delete",
+    capability: "storage",
+    max_request_bytes: 300,
+    max_response_bytes: 1,
+    since: "1.1",
+};
+/// `storage_list` (ABI 1.1, capability `storage`): List keys of the extension's own store by prefix, in byte order, one bounded page at a time.
+pub const STORAGE_LIST: HostFn = HostFn {
+    name: "storage_list",
+    capability: "storage",
+    max_request_bytes: 600,
+    max_response_bytes: 26624,
+    since: "1.1",
+};
+/// `storage_cas` (ABI 1.1, capability `storage`): Compare-and-swap one key of the extension's own store: write new only if the current value is expected.
+pub const STORAGE_CAS: HostFn = HostFn {
+    name: "storage_cas",
+    capability: "storage",
+    max_request_bytes: 66000,
+    max_response_bytes: 1,
+    since: "1.1",
+};
+/// `secret_hmac` (ABI 1.1, capability `secrets`): Sign data with a secret the guest may use but never read.
+pub const SECRET_HMAC: HostFn = HostFn {
+    name: "secret_hmac",
+    capability: "secrets",
+    max_request_bytes: 16500,
+    max_response_bytes: 34,
+    since: "1.1",
+};
+/// `http_request` (ABI 1.1, capability `http`): Make one outbound HTTP request to an allowed origin.
+pub const HTTP_REQUEST: HostFn = HostFn {
+    name: "http_request",
+    capability: "http",
+    max_request_bytes: 40960,
+    max_response_bytes: 61440,
+    since: "1.1",
+};
+/// `file_open` (ABI 1.1, capability `files`): Open a file under a granted mount, resolved component by component without following links (the WASI profile's resolution).
+pub const FILE_OPEN: HostFn = HostFn {
+    name: "file_open",
+    capability: "files",
+    max_request_bytes: 1200,
+    max_response_bytes: 9,
+    since: "1.1",
+};
+/// `file_temp` (ABI 1.1, capability `files`): Create a temporary file that lives until its handle is closed, the extension closes, or its time bound passes.
+pub const FILE_TEMP: HostFn = HostFn {
+    name: "file_temp",
+    capability: "files",
+    max_request_bytes: 1,
+    max_response_bytes: 9,
+    since: "1.1",
+};
+/// `file_read` (ABI 1.1, capability `files`): Read from an open file handle.
+pub const FILE_READ: HostFn = HostFn {
+    name: "file_read",
+    capability: "files",
+    max_request_bytes: 32,
+    max_response_bytes: 32771,
+    since: "1.1",
+};
+/// `file_write` (ABI 1.1, capability `files`): Write to an open file handle, within the extension's file quota.
+pub const FILE_WRITE: HostFn = HostFn {
+    name: "file_write",
+    capability: "files",
+    max_request_bytes: 32800,
+    max_response_bytes: 9,
+    since: "1.1",
+};
+/// `file_close` (ABI 1.1, capability `files`): Close a file handle (a temporary file is removed).
+pub const FILE_CLOSE: HostFn = HostFn {
+    name: "file_close",
+    capability: "files",
+    max_request_bytes: 9,
+    max_response_bytes: 1,
+    since: "1.1",
+};
+/// `events_subscribe` (ABI 1.1, capability `events`): Subscribe to an event class: its events are delivered by calling the manifest's event command.
+pub const EVENTS_SUBSCRIBE: HostFn = HostFn {
+    name: "events_subscribe",
+    capability: "events",
+    max_request_bytes: 140,
+    max_response_bytes: 1,
+    since: "1.1",
+};
+/// `events_unsubscribe` (ABI 1.1, capability `events`): Unsubscribe from an event class; its queued events are dropped.
+pub const EVENTS_UNSUBSCRIBE: HostFn = HostFn {
+    name: "events_unsubscribe",
+    capability: "events",
+    max_request_bytes: 140,
+    max_response_bytes: 1,
+    since: "1.1",
+};
+/// Every host function of ABI 1.1 (1.0's four and 1.1's additions).
+pub const HOST_FUNCTIONS: [HostFn; 18] = [
+    ABORT, LOG, CLOCK_NOW, RANDOM_BYTES, STORAGE_GET, STORAGE_PUT, STORAGE_DELETE, STORAGE_LIST, STORAGE_CAS, SECRET_HMAC, HTTP_REQUEST, FILE_OPEN, FILE_TEMP, FILE_READ, FILE_WRITE, FILE_CLOSE, EVENTS_SUBSCRIBE, EVENTS_UNSUBSCRIBE,
+];
 /// Most bytes one `random_bytes` call returns.
 pub const RANDOM_MAX_BYTES: usize = 4096;
 

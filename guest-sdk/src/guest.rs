@@ -17,7 +17,7 @@
 use std::alloc::Layout;
 use std::cell::RefCell;
 
-use crate::abi::{Error, Result, Status, ABI_VERSION};
+use crate::abi::{Error, Result, Status};
 use crate::cbor::{self, Limits, Value};
 use crate::host::{push_text, truncate};
 
@@ -43,6 +43,8 @@ pub struct Guest {
     pub id: &'static str,
     /// Extension version, as in the manifest.
     pub version: &'static str,
+    /// The ABI version the guest was built against (its marker; sent in `wasihost.hello`).
+    pub abi: &'static str,
     /// Capabilities the guest asks for (sent in the `wasihost.hello` answer).
     pub features: &'static [&'static str],
     /// The commands.
@@ -255,7 +257,7 @@ fn hello(guest: &Guest) -> Value {
     Value::map([
         ("id", Value::from(guest.id)),
         ("version", Value::from(guest.version)),
-        ("abi", Value::from(ABI_VERSION)),
+        ("abi", Value::from(guest.abi)),
         ("features", Value::array(guest.features.iter().copied())),
     ])
 }
@@ -436,7 +438,7 @@ const fn appears_before(names: &[&str], i: usize) -> bool {
     false
 }
 
-const fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) const fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }
@@ -475,6 +477,11 @@ const fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
 /// Fields, in this order:
 ///
 /// - `id`, `version`: `&'static str` expressions, reported in `wasihost.hello`;
+/// - `abi: "1.1",` (optional): the ABI minor the guest is built against, a string literal
+///   among [`SUPPORTED_ABI_VERSIONS`](crate::abi::SUPPORTED_ABI_VERSIONS); by default
+///   [`ABI_VERSION`](crate::abi::ABI_VERSION) (1.0). A guest that imports a 1.1 function (the
+///   storage, secrets, http, files and events modules) must say `abi: "1.1"`, or the host
+///   refuses it at admission, naming the import;
 /// - `features: [..]`: the capabilities the guest asks for (the manifest's required and
 ///   optional ones; never `core`);
 /// - `welcome: <fn(&Welcome) -> Readiness>,` (optional): decides the `wasihost.welcome`
@@ -489,11 +496,12 @@ macro_rules! guest {
     (
         id: $id:expr,
         version: $version:expr,
+        $(abi: $abi:literal,)?
         features: [$($feature:expr),* $(,)?],
         $(welcome: $welcome:expr,)?
         commands: { $($name:literal => $handler:expr),* $(,)? } $(,)?
     ) => {
-        $crate::abi_marker!();
+        $crate::abi_marker!($($abi)?);
 
         const _: () = $crate::guest::check_guest($id, $version, &[$($feature),*], &[$($name),*]);
 
@@ -501,6 +509,7 @@ macro_rules! guest {
         static __WASIHOST_GUEST: $crate::guest::Guest = $crate::guest::Guest {
             id: $id,
             version: $version,
+            abi: $crate::__wasihost_abi_version!($($abi)?),
             features: &[$($feature),*],
             commands: &[$($crate::guest::Command { name: $name, handler: $handler }),*],
             welcome: $crate::__wasihost_welcome_hook!($($welcome)?),

@@ -43,6 +43,7 @@ pub fn call(name: &'static str, raw: RawImport, request: &Value) -> Result<Value
         capability: "",
         max_request_bytes: MAX_RESPONSE_BYTES,
         max_response_bytes: MAX_RESPONSE_BYTES,
+        since: "",
     };
     let body = cbor::encode(request).map_err(|_| Error::invalid_input("request is not encodable"))?;
     let response = host::call(&entry, &body, FIRST_RESPONSE_CAP, |a, b, c, d| unsafe { raw(a, b, c, d) })?;

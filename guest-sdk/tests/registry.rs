@@ -33,7 +33,7 @@ fn constants_match_the_registry() {
         assert_eq!(f.get("capability").unwrap().as_str(), Some(ours.capability), "{}", name);
         assert_eq!(f.get("max_request_bytes").unwrap().as_i128(), Some(ours.max_request_bytes as i128), "{}", name);
         assert_eq!(f.get("max_response_bytes").unwrap().as_i128(), Some(ours.max_response_bytes as i128), "{}", name);
-        assert_eq!(f.get("since").unwrap().as_str(), Some("1.0"));
+        assert_eq!(f.get("since").unwrap().as_str(), Some(ours.since), "{}", name);
     }
 }
 
