@@ -8,6 +8,7 @@ pub mod guest;
 pub mod import;
 pub mod log;
 pub mod random;
+pub mod secrets;
 
 mod abort;
 mod host;
@@ -29,4 +30,5 @@ pub mod raw {
     pub use crate::clock::raw_clock_now as clock_now;
     pub use crate::log::raw_log as log;
     pub use crate::random::raw_random_bytes as random_bytes;
+    pub use crate::secrets::raw_secret_hmac as secret_hmac;
 }
