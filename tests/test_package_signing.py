@@ -20,6 +20,7 @@ from packages_support import (
 from wasihost.errors import (
     ArchiveError,
     ConfigError,
+    ExpiredKeyError,
     InvalidSignatureError,
     PublisherMismatchError,
     SignatureError,
@@ -176,3 +177,27 @@ def test_pack_refuses_links(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to("/etc/passwd")
     with pytest.raises(ArchiveError, match="link: a symbolic link"):
         pack_directory(tmp_path)
+
+
+def test_an_expired_key_verifies_nothing(files: dict[str, bytes]) -> None:
+    signed = signed_archive(files, KEY)
+    line = KEY.public_line().rstrip("\n") + " expires=2027-01-01"
+    june_2026, june_2027 = 1780272000.0, 1811808000.0
+    assert check(signed, TrustStore.parse(line, clock=lambda: june_2026)) is None  # type: ignore[func-returns-value]
+    with pytest.raises(
+        ExpiredKeyError, match=f"publisher '{PUBLISHER}' expired at 2027-01-01T00:00:00Z"
+    ):
+        check(signed, TrustStore.parse(line, clock=lambda: june_2027))
+    # A revocation-list key expires the same way; the role word comes first.
+    both = TrustStore.parse(
+        KEY.public_line().rstrip("\n") + " revocations expires=2027-01-01T12:00:00Z",
+        clock=lambda: june_2027,
+    )
+    assert both.expired(KEY.public_bytes) == 1798804800.0
+    assert issubclass(ExpiredKeyError, SignatureError)
+
+
+@pytest.mark.parametrize("expiry", ["2027-13-01", "tomorrow", "2027-01-01T00:00:00", ""])
+def test_a_malformed_expiry_names_the_line(expiry: str) -> None:
+    with pytest.raises(ConfigError, match="line 1: expiry"):
+        TrustStore.parse(KEY.public_line().rstrip("\n") + f" expires={expiry}")

@@ -56,6 +56,7 @@ from .wasi import cli as wasi_cli
 
 if TYPE_CHECKING:
     from .runtime import Host
+    from .state import InstalledPackage
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -198,13 +199,42 @@ def _parser() -> argparse.ArgumentParser:
     state_opt(verify)
     state_opt(inspect)
     install = sub.add_parser("install", help="copy a package into the state directory")
-    install.add_argument("source", help="package directory")
-    install.add_argument(
-        "--allow-downgrade",
-        action="store_true",
-        help="install even if a higher version is installed",
+    install.add_argument("source", help=".whpkg (verified) or package directory")
+    update = sub.add_parser(
+        "update",
+        help="update an installed extension: verify, checkpoint, start, health, switch",
     )
-    state_opt(install)
+    update.add_argument("source", help=".whpkg (verified) or package directory")
+    for parser in (install, update):
+        parser.add_argument(
+            "--allow-downgrade",
+            action="store_true",
+            help="install even if a higher version is installed",
+        )
+    rollback = sub.add_parser(
+        "rollback", help="return an installed extension to the version its last update replaced"
+    )
+    rollback.add_argument("extension")
+    for parser in (install, update, rollback):
+        state_opt(parser)
+        parser.add_argument(
+            "--trust",
+            type=Path,
+            metavar="TRUSTFILE",
+            help="trusted publishers to verify a .whpkg with (and installed ones again)",
+        )
+        parser.add_argument(
+            "--require-signed",
+            action="store_true",
+            help="refuse anything no trusted publisher signed (needs --trust)",
+        )
+        _ssh_flags(parser)
+        parser.add_argument(
+            "--revocations",
+            type=Path,
+            metavar="FILE",
+            help="signed revocation list; needs --trust (its 'revocations' keys sign it)",
+        )
     remove = sub.add_parser("remove", help="forget an installed package")
     remove.add_argument("extension")
     remove.add_argument(
@@ -338,11 +368,13 @@ def _state_host(args: argparse.Namespace) -> Host:
 
     registry = default_registry()
     trust = _trust(args)
+    allowed = getattr(args, "allowed_signers", None)
     policy = Policy(
         allow=registry.capabilities(),
         trusted_publishers=trust,
         require_signed=bool(getattr(args, "require_signed", False)),
         revocations=_revocations(args),
+        allowed_signers=AllowedSigners.from_file(allowed) if allowed is not None else None,
     )
     return Host(policy, cache_dir=None, state_dir=_state_dir(args))
 
@@ -479,10 +511,45 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0 if report["admission"]["admitted"] else EXIT_FAILURE
 
 
+def _ssh_pair(args: argparse.Namespace) -> dict[str, Any]:
+    """``install``/``update`` keyword arguments for an OpenSSH-signed source, if asked for."""
+    ssh = _ssh(args, args.source)
+    if ssh is None:
+        return {}
+    return {"allowed_signers": ssh.allowed, "ssh_signature": ssh.signature}
+
+
+def _signed_by(pkg: InstalledPackage) -> str:
+    return f", signed by {pkg.signer}" if pkg.signer is not None else ", unsigned"
+
+
+def _cmd_update(args: argparse.Namespace) -> int:
+    with _state_host(args) as host:
+        pkg = host.update_installed(
+            args.source, allow_downgrade=args.allow_downgrade, **_ssh_pair(args)
+        )
+        before = pkg.previous.version if pkg.previous is not None else "?"
+        print(f"updated {pkg.id} {before} -> {pkg.version}{_signed_by(pkg)}")
+        print(f"roll back with: wasihost rollback {pkg.id}{_state_flag(args)}")
+    return 0
+
+
+def _cmd_rollback(args: argparse.Namespace) -> int:
+    with _state_host(args) as host:
+        before = host.require_state().package(args.extension)
+        pkg = host.rollback(args.extension)
+        was = before.version if before is not None else "?"
+        print(f"rolled back {pkg.id} {was} -> {pkg.version}{_signed_by(pkg)}")
+    return 0
+
+
 def _cmd_install(args: argparse.Namespace) -> int:
     with _state_host(args) as host:
-        pkg = host.install(args.source, allow_downgrade=args.allow_downgrade)
-        print(f"installed {pkg.id} {pkg.version} (sha256 {pkg.sha256[:16]}) into {pkg.path}")
+        pkg = host.install(args.source, allow_downgrade=args.allow_downgrade, **_ssh_pair(args))
+        print(
+            f"installed {pkg.id} {pkg.version} (sha256 {pkg.sha256[:16]}{_signed_by(pkg)}) "
+            f"into {pkg.path}"
+        )
         held = sorted(host.grants.state(pkg.id).entries)
         if held:
             print(f"it holds the grants it had: {', '.join(held)}")
@@ -770,6 +837,8 @@ def _main(argv: Sequence[str] | None) -> int:
             "revoke": _cmd_revoke,
             "abi": _cmd_abi,
             "install": _cmd_install,
+            "update": _cmd_update,
+            "rollback": _cmd_rollback,
             "remove": _cmd_remove,
             "grants": _cmd_grants,
             "status": _cmd_status,

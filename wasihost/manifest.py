@@ -51,7 +51,8 @@ _QUOTE_CHARS: Final = 40
 # A key path shows at most this many characters of one key: enough to find it, never a flood.
 _KEY_CHARS: Final = 80
 
-_TABLES: Final = ("extension", "capabilities", "resources", "commands")
+_TABLES: Final = ("extension", "capabilities", "resources", "commands", "update")
+_UPDATE_KEYS: Final = ("health", "migrate", "reversible")
 _EXTENSION_KEYS: Final = (
     "schema",
     "id",
@@ -90,6 +91,8 @@ def version_order(version: str) -> VersionOrder:
     major, minor, patch = (int(part) for part in core.split("."))
     ids = tuple((0, int(i)) if i.isdigit() else (1, i) for i in pre.split(".")) if pre else ()
     return (major, minor, patch), 0 if pre else 1, ids
+
+
 _COMMAND_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 # Control characters (C0, DEL, C1) would let a description rewrite the terminal it is shown on;
@@ -153,6 +156,21 @@ class CommandSpec:
 
 
 @attrs.frozen
+class UpdateSpec:
+    """How an update to this version is checked and its state carried over (``[update]``).
+
+    ``health``: a command the host calls after the new version's handshake; the update
+    activates only if it succeeds. ``migrate``: a command called with ``{"from", "to",
+    "direction": "up"}`` to move the extension's state from the old version, after a checkpoint
+    of that state; with ``reversible`` a rollback calls it with ``"direction": "down"`` instead
+    of restoring the checkpoint."""
+
+    health: str | None = None
+    migrate: str | None = None
+    reversible: bool = False
+
+
+@attrs.frozen
 class Manifest:
     """A validated ``extension.toml``."""
 
@@ -168,6 +186,7 @@ class Manifest:
     optional: frozenset[str]
     resources: Resources
     commands: tuple[CommandSpec, ...]
+    update: UpdateSpec = UpdateSpec()
 
     def command(self, name: str) -> CommandSpec | None:
         """The declared command called ``name``, or None."""
@@ -459,6 +478,31 @@ def _parse_commands(table: Mapping[str, object]) -> tuple[CommandSpec, ...]:
     return tuple(specs)
 
 
+def _parse_update(
+    table: Mapping[str, object] | None, commands: tuple[CommandSpec, ...]
+) -> UpdateSpec:
+    if table is None:
+        return UpdateSpec()
+    _check_keys(table, "update", _UPDATE_KEYS)
+    names = {c.name for c in commands}
+    found: dict[str, str | None] = {}
+    for key in ("health", "migrate"):
+        value = _optional_string(table, key, "update")
+        if value is not None and value not in names:
+            raise ManifestError(
+                _key_path("update", key), f"names command {_show(value)}, which [commands] lacks"
+            )
+        found[key] = value
+    reversible = table.get("reversible", False)
+    if not isinstance(reversible, bool):
+        raise ManifestError(
+            "update.reversible", f"expected a boolean, got {_type_name(reversible)}"
+        )
+    if reversible and found["migrate"] is None:
+        raise ManifestError("update.reversible", "only a migration can be reversible: set migrate")
+    return UpdateSpec(found["health"], found["migrate"], reversible)
+
+
 def _load_toml(text: str) -> dict[str, Any]:
     if len(text) > MAX_MANIFEST_CHARS:
         raise ManifestError("", f"manifest of {len(text)} characters exceeds {MAX_MANIFEST_CHARS}")
@@ -491,6 +535,7 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
     )
     resources = _parse_resources(_optional_table(document, "resources"))
     commands = _parse_commands(_required_table(document, "commands"))
+    update = _parse_update(_optional_table(document, "update"), commands)
     return Manifest(
         schema=extension.schema,
         id=extension.id,
@@ -504,4 +549,5 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
         optional=optional,
         resources=resources,
         commands=commands,
+        update=update,
     )

@@ -5,7 +5,10 @@ BASE64KEY the 32-byte raw Ed25519 public key; blank lines and lines starting wit
 comments. A line ending in the role word ``revocations`` (``ID ed25519 BASE64KEY
 revocations``) holds a key that may sign revocation lists and nothing else: it verifies no
 package, and a publisher key signs no revocation list (separate roles, as in TUF). A
-publisher may have several keys (rotation): any one of them verifies. A ``.pub``
+publisher may have several keys (rotation): any one of them verifies. A key may end with an
+expiry, ``expires=2027-06-30T00:00:00Z`` (UTC): from then on it verifies nothing, packages
+installed under it included, so a lost or retired key stops being trusted on a date rather
+than whenever someone remembers to delete its line. A ``.pub``
 file written by ``wasihost keygen`` is one such line. The trust file is the operator's own
 configuration, so its errors are :class:`~wasihost.errors.ConfigError`.
 """
@@ -15,7 +18,9 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
@@ -70,34 +75,74 @@ def _lines(text: str) -> Iterable[tuple[int, list[str]]]:
             yield number, stripped.split()
 
 
+EXPIRES_OPTION: Final = "expires="
+
+
+def format_time(moment: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(moment))
+
+
+def parse_expiry(text: str, where: str) -> float:
+    """``2027-06-30T00:00:00Z`` (or a date alone, meaning its midnight UTC) as Unix time."""
+    try:
+        if len(text) == 10:
+            moment = datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC)
+        else:
+            moment = datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        raise ConfigError(
+            f"{where}: expiry {text[:40]!r} is not YYYY-MM-DD or YYYY-MM-DDTHH:MM:SSZ (UTC)"
+        ) from None
+    return moment.timestamp()
+
+
 @attrs.frozen
 class TrustStore:
-    """The publishers the host trusts, each with its raw Ed25519 public keys."""
+    """The publishers the host trusts, each with its raw Ed25519 public keys. ``expiry``
+    maps a key to the Unix time from which it is no longer trusted, checked against
+    ``clock`` (injectable, so tests and audits can ask "as of when")."""
 
     keys: frozenset[tuple[str, bytes]]
     # Keys that may sign revocation lists (and nothing else), by the name of their holder.
     revokers: frozenset[tuple[str, bytes]] = frozenset()
+    expiry: Mapping[bytes, float] = attrs.field(factory=dict, eq=False, hash=False)
+    clock: Callable[[], float] = attrs.field(default=time.time, eq=False, hash=False)
+
+    def expired(self, key: bytes) -> float | None:
+        """The expiry of ``key`` if it has passed, else None."""
+        when = self.expiry.get(key)
+        return when if when is not None and when <= self.clock() else None
 
     @classmethod
-    def parse(cls, text: str, origin: str = "trust file") -> TrustStore:
+    def parse(
+        cls, text: str, origin: str = "trust file", clock: Callable[[], float] = time.time
+    ) -> TrustStore:
         keys: set[tuple[str, bytes]] = set()
         revokers: set[tuple[str, bytes]] = set()
+        expiry: dict[bytes, float] = {}
         for number, fields in _lines(text):
             where = f"{origin} line {number}"
+            expires = None
+            if len(fields) > 3 and fields[-1].startswith(EXPIRES_OPTION):
+                expires = parse_expiry(fields.pop()[len(EXPIRES_OPTION) :], where)
             role = fields.pop() if len(fields) == 4 and fields[3] == REVOCATIONS_ROLE else None
             if len(fields) != 3:
                 raise ConfigError(
-                    f"{where}: expected 'ID {ALGORITHM} BASE64KEY', or the same followed by "
-                    f"{REVOCATIONS_ROLE!r} for a revocation-list key"
+                    f"{where}: expected 'ID {ALGORITHM} BASE64KEY', then optionally "
+                    f"{REVOCATIONS_ROLE!r} for a revocation-list key, then optionally "
+                    "'expires=YYYY-MM-DD'"
                 )
             publisher, algorithm, key = fields
             check_publisher(publisher, where)
             if algorithm != ALGORITHM:
                 raise ConfigError(f"{where}: unknown key type {algorithm[:40]!r}")
-            (revokers if role else keys).add((publisher, _key_bytes(key, where)))
+            raw = _key_bytes(key, where)
+            (revokers if role else keys).add((publisher, raw))
+            if expires is not None:
+                expiry[raw] = min(expires, expiry.get(raw, expires))
             if len(keys) + len(revokers) > MAX_TRUSTED_KEYS:
                 raise ConfigError(f"{origin}: more than {MAX_TRUSTED_KEYS} keys")
-        return cls(frozenset(keys), frozenset(revokers))
+        return cls(frozenset(keys), frozenset(revokers), expiry, clock)
 
     @classmethod
     def from_file(cls, path: str | Path) -> TrustStore:
