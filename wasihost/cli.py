@@ -161,6 +161,11 @@ def _parser() -> argparse.ArgumentParser:
     keygen.add_argument(
         "--out", required=True, metavar="PREFIX", help="writes PREFIX.key and PREFIX.pub"
     )
+    endorse = sub.add_parser(
+        "endorse", help="print a trust-file line endorsing a publisher's new key with its old one"
+    )
+    endorse.add_argument("new", type=Path, metavar="NEW.pub", help="the new key's .pub file")
+    endorse.add_argument("--key", required=True, type=Path, metavar="OLD.key")
     pack = sub.add_parser("pack", help="pack a package directory into a .whpkg archive")
     pack.add_argument("directory", type=Path)
     pack.add_argument("-o", "--output", required=True, type=Path, metavar="FILE.whpkg")
@@ -558,6 +563,21 @@ def _cmd_install(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_endorse(args: argparse.Namespace) -> int:
+    old = read_signing_key(args.key)
+    new = TrustStore.from_file(args.new)
+    if new.revokers or len(new.keys) != 1:
+        raise UsageError(f"{args.new} must hold one publisher key line (a .pub file)")
+    ((publisher, key),) = new.keys
+    if publisher != old.publisher:
+        raise UsageError(
+            f"{args.new} is {publisher!r}'s key and {args.key} is {old.publisher!r}'s: a key "
+            "endorses only its own publisher's next key"
+        )
+    print(old.endorse(key), end="")
+    return 0
+
+
 def _cmd_keygen(args: argparse.Namespace) -> int:
     key = SigningKey.generate(args.publisher)
     private, public = write_key_pair(args.out, key)
@@ -837,6 +857,7 @@ def _main(argv: Sequence[str] | None) -> int:
             "revoke": _cmd_revoke,
             "abi": _cmd_abi,
             "install": _cmd_install,
+            "endorse": _cmd_endorse,
             "update": _cmd_update,
             "rollback": _cmd_rollback,
             "remove": _cmd_remove,

@@ -115,6 +115,11 @@ class RevocationList:
                 return f"publisher {publisher!r} is revoked"
         if package.signing_key is not None and package.signing_key in self.keys:
             return f"its signing key {b64(package.signing_key)[:16]}... is revoked"
+        for endorser in package.endorsed_by:
+            if endorser in self.keys:
+                return (
+                    f"the key {b64(endorser)[:16]}... that endorsed its signing key is revoked"
+                )
         if package.package_digest is not None and package.package_digest in self.package_digests:
             return f"package digest {package.package_digest} is revoked"
         if package.sha256 in self.module_digests:
