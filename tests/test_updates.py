@@ -384,3 +384,13 @@ def test_install_update_and_rollback_from_the_command_line(
     assert "no longer verifies as installed" in err and "Traceback" not in err
     assert main(["rollback", PLAIN, *flags]) == 1
     assert "nothing to roll back to" in capsys.readouterr().err
+
+    # Publishing a revocation with --state-dir disables the installed extension durably.
+    assert main(["keygen", "--publisher", "ops.example", "--out", str(tmp_path / "ops")]) == 0
+    listfile = tmp_path / "revocations"
+    revoke = ["revoke", str(listfile), "--key", str(tmp_path / "ops.key")]
+    assert main([*revoke, "--extension", PLAIN, "0.1.0", "--state-dir", flags[1]]) == 0
+    out = capsys.readouterr().out
+    assert f"disabled installed {PLAIN}: extension {PLAIN} 0.1.0 is revoked" in out
+    assert main(["run", PLAIN, "run", *flags]) == 1
+    assert "revoked" in capsys.readouterr().err

@@ -194,6 +194,11 @@ def _parser() -> argparse.ArgumentParser:
     revoke.add_argument(
         "--extension", action="append", default=[], nargs=2, metavar=("ID", "VERSION")
     )
+    revoke.add_argument(
+        "--state-dir",
+        type=Path,
+        help="also disable, durably, the installed extensions of this state that the list revokes",
+    )
 
     def state_opt(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -647,6 +652,12 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
         f"wrote {args.list}: version {merged.version}, expires "
         f"{revocation.format_time(merged.expires)}, signed by {key.publisher}"
     )
+    if args.state_dir is not None:
+        from .updates import revoke_installed
+
+        with _state_host(args) as host:
+            for extension, why in sorted(revoke_installed(host, merged).items()):
+                print(f"disabled installed {extension}: {why}")
     return 0
 
 

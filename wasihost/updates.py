@@ -25,8 +25,11 @@ from .errors import AdmissionError, PackageError, SignatureError, WasihostError
 from .lifecycle import State
 from .manifest import version_order
 from .package import MANIFEST_NAME, Package, is_archive, load_package, manifest_text
+from .packaging import signing
 from .packaging.allowed_signers import SshSigned, read_ssh_signature
+from .packaging.archive import read_archive
 from .packaging.files import read_package_file
+from .packaging.revocation import RevocationList
 from .packaging.trust import TrustStore
 from .state import InstalledPackage, remove_tree
 
@@ -181,6 +184,30 @@ def verify_installed(host: Host, installed: InstalledPackage) -> Package:
             f"recorded {installed.sha256[:16]})"
         )
     return package
+
+
+def revoke_installed(host: Host, revocations: RevocationList) -> dict[str, str]:
+    """Mark every installed extension that ``revocations`` revokes as revoked in the durable
+    grant table (as ``Host.disable`` does), so no later start admits it; returns each with why.
+    The stored packages are read but not verified: what they claim (publisher, signing key,
+    digests, version) is enough to find what a list names, and nothing is admitted."""
+    store = host.require_state()
+    caps = host.registry.capabilities()
+    revoked = {}
+    for installed in store.packages():
+        if installed.package_digest is not None:
+            archive_path = installed.path / ARCHIVE_NAME
+            package = load_package(archive_path, caps)
+            record = read_archive(read_package_file(archive_path)).signature
+            key = signing.SignatureRecord.parse(record).key if record is not None else None
+            package = attrs.evolve(package, signer=installed.signer, signing_key=key)
+        else:
+            package = load_package(installed.path, caps)
+        why = revocations.revocation_of(package)
+        if why is not None:
+            host.disable(installed.id, f"{why} by the revocation list")
+            revoked[installed.id] = why
+    return revoked
 
 
 # -- checkpoints ------------------------------------------------------------------------------
