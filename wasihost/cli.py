@@ -125,6 +125,19 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print {output, fuel_used, logs} instead of the output alone",
     )
+    run.add_argument(
+        "--secrets-dir",
+        type=Path,
+        metavar="DIR",
+        help="serve secrets from DIR (one file per secret, mode 0600, DIR mode 0700)",
+    )
+    run.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="let the extension sign with secret NAME (repeatable; grants 'secrets')",
+    )
     run.add_argument("--cache-dir", type=Path, help="compiled-module cache directory")
     run.add_argument("--no-cache", action="store_true", help="do not use the on-disk cache")
 
@@ -355,6 +368,19 @@ def _trust(args: argparse.Namespace) -> TrustStore | None:
     return cached
 
 
+def _brokers(args: argparse.Namespace) -> list[Any]:
+    """The brokers the command line configures (``--secrets-dir``)."""
+    directory = getattr(args, "secrets_dir", None)
+    if directory is None:
+        if getattr(args, "secret", None):
+            raise UsageError("--secret NAME needs --secrets-dir DIR (where the secret is)")
+        return []
+    from .brokers.secrets import SecretsBroker
+    from .secrets import FileSecretStore
+
+    return [SecretsBroker(FileSecretStore(directory))]
+
+
 def _host(policy: Policy, args: argparse.Namespace) -> Host:
     from .runtime import Host, default_cache_dir
 
@@ -362,7 +388,7 @@ def _host(policy: Policy, args: argparse.Namespace) -> Host:
         cache: Path | None = None
     else:
         cache = getattr(args, "cache_dir", None) or default_cache_dir()
-    return Host(policy, cache_dir=cache)
+    return Host(policy, cache_dir=cache, brokers=_brokers(args))
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -386,7 +412,7 @@ def _state_host(args: argparse.Namespace) -> Host:
         revocations=_revocations(args),
         allowed_signers=AllowedSigners.from_file(allowed) if allowed is not None else None,
     )
-    return Host(policy, cache_dir=None, state_dir=_state_dir(args))
+    return Host(policy, cache_dir=None, state_dir=_state_dir(args), brokers=_brokers(args))
 
 
 def _read_input_file(name: str, flag: str) -> bytes:
@@ -441,8 +467,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if installed:
         if args.grant:
             raise UsageError("--grant does not apply to installed extensions: use wasihost grants")
+        if args.secret:
+            raise UsageError(
+                "--secret does not apply to installed extensions: use wasihost grants grant "
+                f"{args.source} secrets --scope '{{\"names\": [...]}}'"
+            )
         host = _state_host(args)
     else:
+        if args.secret and "secrets" not in args.grant:
+            args.grant.append("secrets")
         ssh = _ssh(args, args.source)
         if is_archive(args.source) and args.trust is None and ssh is None:
             raise UsageError(
@@ -458,6 +491,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             ext = host.load_installed(args.source, fuel=args.fuel, timeout_ms=args.timeout_ms)
         else:
             ext = host.admit(package, grants=args.grant, fuel=args.fuel, timeout_ms=args.timeout_ms)
+        if args.secret and package is not None:
+            host.grant(ext.id, "secrets", {"names": sorted(set(args.secret))})
         if ext.plan.is_command:
             raise UsageError(
                 f"{args.source} is a plain WASI command with no commands to call: "
