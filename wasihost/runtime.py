@@ -9,6 +9,7 @@ table and (with a state directory) the durable state.
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -48,6 +49,7 @@ from .policy import Grant, Policy
 from .registry import HostFunction, Profile, Registry, default_registry
 from .settings import EngineSettings
 from .state import InstalledPackage, StateStore
+from .supervision import Metrics, QuarantineReport, Supervisor
 from .tokens import TokenIssuer
 from .wasi.binding import wasi_profile
 from .wasi.registry import MODULE as WASI_MODULE
@@ -93,6 +95,7 @@ class Host:
         profiles: Iterable[tuple[Profile, ProfileFactory]] = (),
         state_dir: Path | None = None,
         brokers: Iterable[Broker] = (),
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.policy = policy if policy is not None else Policy()
         self.registry = registry if registry is not None else default_registry()
@@ -136,6 +139,8 @@ class Host:
         # call reads it.
         self._revocation_verdict: tuple[float, str | None] = (float("-inf"), None)
         self.grants = GrantTable(self.state)
+        # Crash records, restart budgets and quarantine (``supervisor.set_policy(id, ...)``).
+        self.supervisor = supervisor if supervisor is not None else Supervisor()
         self.engine = WasmEngine(settings or EngineSettings(), directory)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.tokens = TokenIssuer()
@@ -631,6 +636,43 @@ class Host:
                 return False
             at, problem = self._revocation_verdict
         return problem is None
+
+    # -- supervision --------------------------------------------------------------------------
+
+    def release(self, extension: str) -> None:
+        """Let a quarantined extension out: it is stopped, its restart budget starts afresh,
+        and its next call starts it."""
+        ext = self.extension(extension)
+        if ext is None:
+            raise ConfigError(f"{extension} is not admitted")
+        self.supervisor.release(extension)
+        ext.release()
+        self.journal(extension, "release", "released from quarantine")
+
+    def quarantine_report(self, extension: str) -> QuarantineReport:
+        """Why ``extension`` is quarantined, its recent crashes, what data it keeps, and what
+        the operator can do."""
+        if self.state is not None:
+            kept = self.state.remaining_data(extension)
+            remains = (
+                f"{kept['data_bytes']} bytes of data, {kept['active_grants']} grants, "
+                f"{kept['journal_events']} journal events"
+            )
+        else:
+            remains = "nothing durable: this host has no state directory"
+        todo = (
+            f"fix and update it (wasihost update PKG), release it as it is "
+            f"(Host.release({extension!r})), or remove it (wasihost remove {extension})"
+        )
+        return self.supervisor.report(extension, remains, todo)
+
+    def metrics(self) -> Metrics:
+        """Counts for operators: extensions by lifecycle state, crashes by class, restarts,
+        quarantines and restarts refused during a backoff. Nothing about user content."""
+        with self._lock:
+            extensions = list(self._extensions.values())
+        states = collections.Counter(ext.lifecycle.state.value for ext in extensions)
+        return self.supervisor.metrics(states)
 
     def disable(self, extension: str, reason: str = "emergency disable") -> int:
         """Emergency stop: revoke everything and interrupt the call in flight."""
