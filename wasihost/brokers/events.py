@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from ..codec import CodecLimits, decode, encode
-from ..errors import CodecError, ConfigError
+from ..errors import CallError, CodecError, ConfigError
 from ..event_classes import MAX_CLASS_CHARS, MAX_SELECTORS, covered, is_class, is_selector, matches
 from ..lifecycle import State
 from ..status import HostStatus, Status
@@ -222,6 +222,9 @@ class ExtensionEvents:
         # The grant state (and policy) the allowed selectors were computed from.
         self._view_of: tuple[object, object] | None = None
         self._allowed: tuple[str, ...] | None = None
+        # The allowed selectors the subscriptions were last pruned against: a publish prunes
+        # only when the grant changed, so its cost does not grow with the subscriptions.
+        self._pruned_for: tuple[str, ...] | None = None
 
     def allowed(self) -> tuple[str, ...] | None:
         """The selectors its subscriptions must fall within now (the operator's scope, else
@@ -250,6 +253,9 @@ class ExtensionEvents:
 
     def prune(self, allowed: tuple[str, ...] | None) -> None:
         """Drop (with their queues) the subscriptions ``allowed`` no longer covers."""
+        if allowed is not None and allowed is self._pruned_for:
+            return
+        self._pruned_for = allowed
         for selector in list(self.subscriptions):
             if allowed is None or not covered(allowed, selector):
                 self.subscriptions.pop(selector).clear()
@@ -323,7 +329,12 @@ def check_events_scope(scope: Mapping[str, Any]) -> None:
 
 
 def _failure_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
+    """What a failed delivery records: the call's failure class (``panic``, ``deadline``,
+    ``out_of_fuel``...) and message, or the error's type for a refusal (revoked, paused)."""
+    if isinstance(exc, CallError):
+        text = f"{exc.failure.value}: {exc.message}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
     return text[:MAX_FAILURE_CHARS]
 
 
@@ -348,6 +359,7 @@ class EventsBroker:
         self._busy = 0  # extensions scheduled: waiting in _ready or being delivered to
         self._seq = 0
         self._stopping = False
+        self._held = False
         self.delivered = 0
         self.failed = 0
 
@@ -495,7 +507,7 @@ class EventsBroker:
     def drain(self, timeout: float) -> bool:
         """Wait until no event is queued or being delivered (or ``timeout`` seconds pass);
         True if drained. For tests and orderly shutdowns; never call it from a host function
-        (a delivery may be waiting on that very call)."""
+        (a delivery may be waiting on that very call), and it cannot drain while held."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while self._busy:
@@ -504,6 +516,19 @@ class EventsBroker:
                     return False
                 self._cond.wait(left)
             return True
+
+    def hold(self) -> None:
+        """Stop starting deliveries (one in progress finishes) until :meth:`release`: events
+        keep queuing under each subscription's overflow policy. For maintenance windows, and
+        for tests that need a consumer that is not keeping up."""
+        with self._cond:
+            self._held = True
+
+    def release(self) -> None:
+        """Resume deliveries after :meth:`hold`."""
+        with self._cond:
+            self._held = False
+            self._cond.notify_all()
 
     def shutdown(self) -> None:
         """Stop the dispatcher threads (the host calls this when it closes); queued events
@@ -554,7 +579,7 @@ class EventsBroker:
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._ready and not self._stopping:
+                while (not self._ready or self._held) and not self._stopping:
                     self._idle += 1
                     self._cond.wait()
                     self._idle -= 1
@@ -567,6 +592,11 @@ class EventsBroker:
                     continue
             try:
                 self._deliver(state, delivery)
+            except Exception:  # a bug here must not end the dispatcher: say so and go on
+                LOG.exception("events dispatcher failed delivering to %s", state.ext.id)
+                with self._cond:
+                    delivery.subscription.failed += 1
+                    self.failed += 1
             finally:
                 with self._cond:
                     if state.pending() and not self._stopping:
