@@ -25,7 +25,9 @@ from wasihost.brokers.events import (
 from wasihost.errors import AdmissionError, CallError, ConfigError, ManifestError
 from wasihost.extension import Extension
 from wasihost.extlog import LogRecord
+from wasihost.inspect import inspect_package
 from wasihost.manifest import parse_manifest
+from wasihost.package import load_package
 from wasihost.policy import Policy
 from wasihost.registry import default_registry
 from wasihost.runtime import Host
@@ -280,6 +282,7 @@ def test_drop_keeps_the_newest_and_counts_what_it_dropped(tmp_path: Path, cache:
             assert host.publish("orders.n", i) == 1
         stats = events_of(host).stats(ext.id)["orders.*"]
         assert (stats.queued, stats.dropped, stats.missed, stats.paused) == (4, 6, 0, False)
+        assert stats.peak_queued == 4
         finish(host, gate)
         got = received(ext)
         assert [e["payload"] for e in got] == [0, 6, 7, 8, 9]
@@ -681,3 +684,48 @@ def test_the_events_table_defaults() -> None:
     assert manifest.events is not None
     assert manifest.events.classes == ("a", "b.*")
     assert (manifest.events.on_overflow, manifest.events.queue_depth) == ("drop", 64)
+
+
+def test_inspect_reports_the_events_table_and_its_enforcement() -> None:
+    registry = default_registry()
+    package = load_package(FIXTURES / "events", registry.capabilities())
+    report = inspect_package(package, registry, POLICY, ())
+    assert report["manifest"]["events"] == {
+        "classes": ["orders.*", "audit.login"],
+        "command": "on_event",
+        "on_overflow": "drop",
+        "queue_depth": 4,
+    }
+    assert any(line.startswith("events: subscriptions only within") for line in report["enforced"])
+
+
+def test_concurrent_publishers_account_for_every_event(host: Host, tmp_path: Path) -> None:
+    """Four threads publish while two extensions consume (one failing every delivery): every
+    event a subscription saw is accounted for exactly once, and the queues stayed bounded."""
+    good = subscribed(host, "orders.*")
+    bad = host.load(subscriber_dir(tmp_path))
+    assert bad.call("subscribe", "orders.*") == NULL
+    per_thread = 100
+    barrier = threading.Barrier(4)
+
+    def publish(n: int) -> None:
+        barrier.wait()
+        for i in range(per_thread):
+            host.publish("orders.created", [n, i], key=f"k{i % 3}")
+
+    threads = [threading.Thread(target=publish, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    drained(host)
+    for ext, depth in ((good, 4), (bad, 64)):
+        stats = events_of(host).stats(ext.id)["orders.*"]
+        assert stats.accepted + stats.missed == 4 * per_thread
+        assert stats.accepted == (
+            stats.delivered + stats.failed + stats.queued + stats.dropped + stats.coalesced
+        )
+        assert stats.queued == 0 and stats.missed == 0
+        assert 1 <= stats.peak_queued <= depth
+    assert events_of(host).stats(bad.id)["orders.*"].delivered == 0
+    assert len(received(good)) == events_of(host).stats(good.id)["orders.*"].delivered

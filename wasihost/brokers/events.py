@@ -86,6 +86,7 @@ class SubscriptionStats:
     queue_depth: int
     queued: int
     queued_bytes: int
+    peak_queued: int  # the most events it ever held at once (never above queue_depth)
     paused: bool
     accepted: int
     delivered: int
@@ -106,6 +107,7 @@ class Subscription:
         self.depth = depth
         self.queue: collections.deque[QueuedEvent] = collections.deque()
         self.queued_bytes = 0
+        self.peak_queued = 0
         self.paused = False
         # Lost since the last delivery: the next delivery reports them, then they restart.
         self.pending_dropped = 0
@@ -162,6 +164,7 @@ class Subscription:
         self.queue.append(event)
         self.queued_bytes += len(event.payload)
         self.accepted += 1
+        self.peak_queued = max(self.peak_queued, len(self.queue))
         return True
 
     def take(self) -> tuple[QueuedEvent, int, int, int]:
@@ -186,6 +189,7 @@ class Subscription:
             queue_depth=self.depth,
             queued=len(self.queue),
             queued_bytes=self.queued_bytes,
+            peak_queued=self.peak_queued,
             paused=self.paused,
             accepted=self.accepted,
             delivered=self.delivered,
