@@ -729,3 +729,20 @@ def test_concurrent_publishers_account_for_every_event(host: Host, tmp_path: Pat
         assert 1 <= stats.peak_queued <= depth
     assert events_of(host).stats(bad.id)["orders.*"].delivered == 0
     assert len(received(good)) == events_of(host).stats(good.id)["orders.*"].delivered
+
+
+def test_one_dispatcher_serves_every_extension_in_turn(cache: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="max_threads"):
+        EventsBroker(max_threads=0)
+    broker = EventsBroker(max_threads=1)
+    with Host(POLICY, cache_dir=cache, brokers=[broker]) as host:
+        assert host.broker("events") is broker
+        good = subscribed(host, "orders.*")
+        bad = host.load(subscriber_dir(tmp_path))
+        assert bad.call("subscribe", "orders.*") == NULL
+        for i in range(3):
+            host.publish("orders.created", i)
+        drained(host)
+        assert broker.threads == 1
+        assert [e["payload"] for e in received(good)] == [0, 1, 2]
+        assert broker.stats(bad.id)["orders.*"].failed == 3
