@@ -72,7 +72,10 @@ class Broker(Protocol):
         ...
 
     def close(self, state: Any) -> None:
-        """The extension is closed: release its state."""
+        """The extension is closed: release its state.
+
+        A broker that owns threads or other host-wide resources may also define
+        ``shutdown()``: the host calls it once when it closes, after closing its extensions."""
         ...
 
 
@@ -375,4 +378,12 @@ class HostFunctions:
         raise ConfigError(f"no broker named {name!r} serves this host")
 
     def close(self) -> None:
+        """The host is closing (its extensions are closed): stop the event loop and let each
+        broker with a ``shutdown()`` stop what it runs (the events dispatchers)."""
         self.loop.close()
+        done = set()
+        for broker in self._brokers.values():
+            shutdown = getattr(broker, "shutdown", None)
+            if shutdown is not None and id(broker) not in done:
+                done.add(id(broker))
+                shutdown()

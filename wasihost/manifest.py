@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import attrs
 
-from wasihost import limits
+from wasihost import event_classes, limits
 from wasihost.errors import ConfigError, ManifestError
 from wasihost.registry import AbiVersion
 
@@ -51,8 +51,23 @@ _QUOTE_CHARS: Final = 40
 # A key path shows at most this many characters of one key: enough to find it, never a flood.
 _KEY_CHARS: Final = 80
 
-_TABLES: Final = ("extension", "capabilities", "resources", "commands", "update")
 _UPDATE_KEYS: Final = ("health", "migrate", "reversible")
+# The overflow policies of an event subscription's queue (docs/events.md defines each).
+OVERFLOW_POLICIES: Final = ("coalesce", "drop", "pause")
+DEFAULT_OVERFLOW: Final = "drop"
+# Events queued per subscription before its overflow policy applies: enough to ride out a
+# burst, small enough that a stalled consumer holds little (the broker also caps the bytes).
+DEFAULT_QUEUE_DEPTH: Final = 64
+MAX_QUEUE_DEPTH: Final = 1024
+
+_TABLES: Final = (
+    "extension",
+    "capabilities",
+    "resources",
+    "commands",
+    "update",
+    "events",
+)
 _EXTENSION_KEYS: Final = (
     "schema",
     "id",
@@ -65,6 +80,7 @@ _EXTENSION_KEYS: Final = (
 )
 _CAPABILITY_KEYS: Final = ("required", "optional")
 _COMMAND_KEYS: Final = ("description",)
+_EVENTS_KEYS: Final = ("classes", "command", "on_overflow", "queue_depth")
 
 _ID = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z0-9-]+)+")
 # SemVer 2.0.0, built from the grammar of semver.org: numeric identifiers without leading
@@ -171,6 +187,17 @@ class UpdateSpec:
 
 
 @attrs.frozen
+class EventsSpec:
+    """The ``[events]`` table: which event classes the extension may subscribe to, the command
+    the host calls to deliver one, and what a full subscription queue does."""
+
+    classes: tuple[str, ...]
+    command: str
+    on_overflow: str = DEFAULT_OVERFLOW
+    queue_depth: int = DEFAULT_QUEUE_DEPTH
+
+
+@attrs.frozen
 class Manifest:
     """A validated ``extension.toml``."""
 
@@ -187,6 +214,7 @@ class Manifest:
     resources: Resources
     commands: tuple[CommandSpec, ...]
     update: UpdateSpec = UpdateSpec()
+    events: EventsSpec | None = None
 
     def command(self, name: str) -> CommandSpec | None:
         """The declared command called ``name``, or None."""
@@ -503,6 +531,67 @@ def _parse_update(
     return UpdateSpec(found["health"], found["migrate"], reversible)
 
 
+def _parse_events(
+    table: Mapping[str, object] | None,
+    commands: tuple[CommandSpec, ...],
+    requested: frozenset[str],
+) -> EventsSpec | None:
+    if table is None:
+        return None
+    _check_keys(table, "events", _EVENTS_KEYS)
+    if "events" not in requested:
+        raise ManifestError(
+            "events", "the events capability must be listed in capabilities.required or optional"
+        )
+    value = table.get("classes")
+    if value is None:
+        raise ManifestError("events.classes", "missing required key")
+    if not isinstance(value, list):
+        raise ManifestError(
+            "events.classes", f"expected an array of strings, got {_type_name(value)}"
+        )
+    if not value:
+        raise ManifestError("events.classes", "at least one event class is required")
+    if len(value) > event_classes.MAX_SELECTORS:
+        raise ManifestError(
+            "events.classes",
+            f"{len(value)} classes, at most {event_classes.MAX_SELECTORS} allowed",
+        )
+    classes: list[str] = []
+    for index, item in enumerate(value):
+        path = f"events.classes[{index}]"
+        if not isinstance(item, str):
+            raise ManifestError(path, f"expected a string, got {_type_name(item)}")
+        if not event_classes.is_selector(item):
+            raise ManifestError(
+                path,
+                f"{_show(item)} is not an event class ([a-z][a-z0-9_.-]*, at most "
+                f"{event_classes.MAX_CLASS_CHARS} characters) or a prefix pattern ending in '.*'",
+            )
+        if item in classes:
+            raise ManifestError(path, f"duplicate event class {_show(item)}")
+        classes.append(item)
+    command = _required_string(table, "command", "events")
+    if command not in {spec.name for spec in commands}:
+        raise ManifestError(
+            "events.command", f"{_show(command)} is not one of the manifest's [commands]"
+        )
+    on_overflow = _optional_string(table, "on_overflow", "events")
+    if on_overflow is None:
+        on_overflow = DEFAULT_OVERFLOW
+    elif on_overflow not in OVERFLOW_POLICIES:
+        raise ManifestError(
+            "events.on_overflow",
+            f"unknown policy {_show(on_overflow)}, expected one of {', '.join(OVERFLOW_POLICIES)}",
+        )
+    depth = table.get("queue_depth", DEFAULT_QUEUE_DEPTH)
+    if not isinstance(depth, int) or isinstance(depth, bool):
+        raise ManifestError("events.queue_depth", f"expected an integer, got {_type_name(depth)}")
+    if not 1 <= depth <= MAX_QUEUE_DEPTH:
+        raise ManifestError("events.queue_depth", f"{_show(depth)} is outside 1..{MAX_QUEUE_DEPTH}")
+    return EventsSpec(tuple(classes), command, on_overflow, depth)
+
+
 def _load_toml(text: str) -> dict[str, Any]:
     if len(text) > MAX_MANIFEST_CHARS:
         raise ManifestError("", f"manifest of {len(text)} characters exceeds {MAX_MANIFEST_CHARS}")
@@ -536,6 +625,7 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
     resources = _parse_resources(_optional_table(document, "resources"))
     commands = _parse_commands(_required_table(document, "commands"))
     update = _parse_update(_optional_table(document, "update"), commands)
+    events = _parse_events(_optional_table(document, "events"), commands, required | optional)
     return Manifest(
         schema=extension.schema,
         id=extension.id,
@@ -550,4 +640,5 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
         resources=resources,
         commands=commands,
         update=update,
+        events=events,
     )

@@ -202,6 +202,22 @@ class Host:
         ConfigError if none is."""
         return self.functions.broker(name)
 
+    def publish(
+        self,
+        event_class: str,
+        payload: Any = None,
+        *,
+        critical: bool = False,
+        key: str | None = None,
+    ) -> int:
+        """Publish an event to the extensions subscribed to ``event_class`` (see
+        docs/events.md): ``host.broker("events").publish(...)``. Returns how many subscriptions
+        queued it; delivery happens on the events broker's own threads."""
+        publish = getattr(self.broker("events"), "publish", None)
+        if publish is None:
+            raise ConfigError("the events broker serving this host has no publish()")
+        return int(publish(event_class, payload, critical=critical, key=key))
+
     def close(self) -> None:
         """Close every extension (their calls in flight are interrupted, later calls answer
         ``unavailable``), then the engine and the state. Idempotent."""

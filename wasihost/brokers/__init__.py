@@ -18,8 +18,16 @@ def builtin_brokers() -> tuple[Any, ...]:
     (``Host(brokers=[SecretsBroker(FileSecretStore(path))])``)."""
     from .clock import ClockBroker
     from .core import CoreBroker
+    from .events import EventsBroker
     from .log import LogBroker
     from .random import RandomBroker
     from .secrets import SecretsBroker
 
-    return (CoreBroker(), LogBroker(), ClockBroker(), RandomBroker(), SecretsBroker())
+    return (
+        CoreBroker(),
+        LogBroker(),
+        ClockBroker(),
+        RandomBroker(),
+        SecretsBroker(),
+        EventsBroker(),
+    )
