@@ -4,6 +4,7 @@
 pub mod abi;
 pub mod cbor;
 pub mod clock;
+pub mod files;
 pub mod guest;
 pub mod import;
 pub mod log;
@@ -17,8 +18,8 @@ pub use abort::{abort, MAX_MESSAGE_BYTES as ABORT_MAX_MESSAGE_BYTES};
 pub use cbor::Value;
 
 /// The raw host imports, for guests that must control the exact bytes and pointers (tests of
-/// the host's checks). Prefer the safe wrappers in [`log`], [`clock`], [`random`] and
-/// [`abort()`].
+/// the host's checks). Prefer the safe wrappers in [`log`], [`clock`], [`random`], [`files`]
+/// and [`abort()`].
 ///
 /// Each has the ABI's signature `(req_ptr, req_len, resp_ptr, resp_cap) -> i32`: a return
 /// `>= 0` is the number of response bytes written, `< 0` is `-status`
@@ -27,6 +28,11 @@ pub use cbor::Value;
 pub mod raw {
     pub use crate::abort::raw_abort as abort;
     pub use crate::clock::raw_clock_now as clock_now;
+    pub use crate::files::raw_file_close as file_close;
+    pub use crate::files::raw_file_open as file_open;
+    pub use crate::files::raw_file_read as file_read;
+    pub use crate::files::raw_file_temp as file_temp;
+    pub use crate::files::raw_file_write as file_write;
     pub use crate::log::raw_log as log;
     pub use crate::random::raw_random_bytes as random_bytes;
 }

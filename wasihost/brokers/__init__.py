@@ -13,10 +13,12 @@ from typing import Any
 
 def builtin_brokers() -> tuple[Any, ...]:
     """The brokers every host registers (through :meth:`Host.add_broker`, as an embedder
-    would): ``abort``, ``log``, ``clock_now`` and ``random_bytes`` of ABI v1."""
+    would): ``abort``, ``log``, ``clock_now`` and ``random_bytes`` of ABI v1, and the ``file_*``
+    entries of ABI v1.1 (with no mounts but those the operator grants)."""
     from .clock import ClockBroker
     from .core import CoreBroker
+    from .files import FilesBroker
     from .log import LogBroker
     from .random import RandomBroker
 
-    return (CoreBroker(), LogBroker(), ClockBroker(), RandomBroker())
+    return (CoreBroker(), LogBroker(), ClockBroker(), RandomBroker(), FilesBroker())
