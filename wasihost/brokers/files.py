@@ -208,6 +208,8 @@ class FilesState:
         self.written = 0
         self.temp_dir: str | None = None
         self.closed = False
+        self.scope: FilesScope | None = None
+        self.scope_epoch = -1
 
     def sweep(self, now: float) -> None:
         """Close the temporary files whose time is up (called under the lock)."""
@@ -302,18 +304,24 @@ class FilesBroker:
             )
         require_directories(parsed.mounts)
 
-    def _scope(self, ext: Extension) -> FilesScope:
-        try:
-            return parse_scope(ext.grant_scopes().get(CAPABILITY, {}))
-        except ConfigError:
-            # Stored before this broker could check it: what it says cannot be trusted.
-            raise HostStatus(Status.DENIED) from None
+    def _scope(self, st: FilesState) -> FilesScope:
+        """The extension's scope as of the call's grant epoch: parsed once per epoch, since
+        any grant change (a new scope included) moves the epoch."""
+        epoch = st.ext.call_epoch
+        if st.scope is None or st.scope_epoch != epoch:
+            try:
+                st.scope = parse_scope(st.ext.grant_scopes().get(CAPABILITY, {}))
+            except ConfigError:
+                # Stored before this broker could check it: what it says cannot be trusted.
+                raise HostStatus(Status.DENIED) from None
+            st.scope_epoch = epoch
+        return st.scope
 
-    def _mount(self, ext: Extension, name: str) -> FileMount | None:
-        return self.mounts.get(name) or self._scope(ext).mounts.get(name)
+    def _mount(self, st: FilesState, name: str) -> FileMount | None:
+        return self.mounts.get(name) or self._scope(st).mounts.get(name)
 
-    def _quota(self, ext: Extension) -> int:
-        quota = self._scope(ext).max_write_bytes
+    def _quota(self, st: FilesState) -> int:
+        quota = self._scope(st).max_write_bytes
         return self.max_write_bytes if quota is None else quota
 
     # -- the Broker protocol --------------------------------------------------------------
@@ -349,7 +357,7 @@ class FilesBroker:
     def _open(self, st: FilesState, request: Any) -> int:
         name, path, mode = parse_open(request)
         flags, readable, writable, append, creates = MODES[mode]
-        mount = self._mount(st.ext, name)
+        mount = self._mount(st, name)
         if mount is None or (writable and not mount.writable):
             raise HostStatus(Status.DENIED)
         with st.lock:
@@ -402,7 +410,7 @@ class FilesBroker:
         st.sweep(self.clock())
         f = st.get(handle)
         if f.mount is not None:
-            mount = self._mount(st.ext, f.mount)
+            mount = self._mount(st, f.mount)
             if mount is None or mount.host != f.host or (f.writable and not mount.writable):
                 raise HostStatus(Status.DENIED)
         return f
@@ -433,7 +441,7 @@ class FilesBroker:
                 raise HostStatus(Status.DENIED)
             if f.append and offset is not None:
                 raise _invalid()  # an append handle writes at the end, nowhere else
-            if st.written + len(data) > self._quota(st.ext):
+            if st.written + len(data) > self._quota(st):
                 raise HostStatus(Status.QUOTA_EXCEEDED)
             try:
                 at = (
