@@ -228,6 +228,13 @@ def test_a_mount_name_that_is_not_granted_is_denied(host: Host, world: Path) -> 
     assert call(other, "o", ["data", "a.txt", "r"]) is Status.DENIED
 
 
+def test_a_mount_whose_directory_vanished_is_unavailable(host: Host, world: Path) -> None:
+    p = proxy(host, world)
+    (world / "ro" / "r.txt").unlink()
+    (world / "ro").rmdir()
+    assert call(p, "o", ["ro", "r.txt", "r"]) is Status.UNAVAILABLE
+
+
 def test_no_host_path_reaches_the_guest(host: Host, world: Path) -> None:
     ext = load(host, world)
     texts = []
@@ -524,6 +531,8 @@ MALFORMED = [
     ("o", ["data", "a.txt"]),
     ("o", ["data", "a.txt", "x"]),
     ("o", ["data", "a.txt", "R"]),
+    ("o", ["data", "a.txt", ["r"]]),
+    ("o", ["data", "a.txt", {"r": 1}]),
     ("o", ["data", "a\0b", "r"]),
     ("o", ["data", "/etc/passwd", "r"]),
     ("o", ["data", "", "r"]),
@@ -611,7 +620,7 @@ def test_any_request_bytes_get_a_status_or_a_response(
     op=st.sampled_from("otrwc"),
     request=st.recursive(
         st.none() | st.booleans() | st.integers(-(2**64), 2**64 - 1) | st.text() | st.binary(),
-        lambda inner: st.lists(inner, max_size=4),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner),
         max_leaves=8,
     ),
 )

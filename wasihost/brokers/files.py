@@ -136,7 +136,7 @@ def parse_open(request: Any) -> tuple[str, bytes, str]:
     if not isinstance(request, list) or len(request) != 3:
         raise _invalid()
     mount, path, mode = request
-    if not isinstance(mount, str) or not isinstance(path, str) or mode not in MODES:
+    if not all(isinstance(v, str) for v in request) or mode not in MODES:
         raise _invalid()
     try:
         check_mount_name(mount)
