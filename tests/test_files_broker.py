@@ -353,7 +353,12 @@ def test_handles_and_temporary_files_close_with_the_extension(host: Host, world:
     assert list((world / "tmp").iterdir()) == []
 
 
-def test_temporary_files_are_nameless_in_a_private_directory(host: Host, world: Path) -> None:
+@pytest.mark.parametrize("o_tmpfile", [True, False])
+def test_temporary_files_are_nameless_in_a_private_directory(
+    host: Host, world: Path, monkeypatch: pytest.MonkeyPatch, o_tmpfile: bool
+) -> None:
+    if not o_tmpfile:  # a file system without nameless files: created, then unlinked at once
+        monkeypatch.delattr(files_module.os, "O_TMPFILE", raising=False)
     ext = load(host, world)
     handle = ext.call("temp-keep", {"data": b"scratch"})
     (private,) = (world / "tmp").iterdir()

@@ -290,6 +290,8 @@ class FilesBroker:
         self.max_write_bytes = max_write_bytes
         self.max_temp_bytes = max_temp_bytes
         self.temp_ttl_s = float(temp_ttl_s)
+        if temp_dir is not None and not Path(temp_dir).is_dir():
+            raise ConfigError(f"temp_dir {temp_dir} is not a directory")
         self.temp_dir = str(temp_dir) if temp_dir is not None else None
         self.clock = clock
 
@@ -385,14 +387,18 @@ class FilesBroker:
     def _temp_file(self, st: FilesState) -> int:
         """A new temporary file that has no name: created nameless (``O_TMPFILE``) where the
         file system can, else unlinked at once, in a directory only the host can enter."""
-        try:
-            if st.temp_dir is None:
+        if st.temp_dir is None:
+            try:
                 st.temp_dir = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=self.temp_dir)  # 0700
+            except OSError:
+                raise HostStatus(Status.UNAVAILABLE) from None  # the host's directory is gone
+        try:
             tmpfile = getattr(os, "O_TMPFILE", 0)
             if tmpfile:
                 try:
                     return os.open(st.temp_dir, tmpfile | os.O_RDWR | os.O_CLOEXEC, 0o600)
                 except OSError as exc:
+                    # The file system cannot make nameless files: fall back to unlinking.
                     if exc.errno not in (
                         host_errno.EOPNOTSUPP,
                         host_errno.EISDIR,
@@ -400,10 +406,14 @@ class FilesBroker:
                     ):
                         raise
             fd, name = tempfile.mkstemp(dir=st.temp_dir)
-            os.unlink(name)
-            return fd
         except OSError as exc:
             raise _status_of(exc) from None
+        try:
+            os.unlink(name)
+        except OSError:
+            os.close(fd)
+            raise HostStatus(Status.UNAVAILABLE) from None
+        return fd
 
     def _file(self, st: FilesState, handle: int) -> OpenFile:
         """The handle's file, if it is still this extension's and its mount still granted."""
