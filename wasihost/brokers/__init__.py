@@ -19,6 +19,7 @@ def builtin_brokers() -> tuple[Any, ...]:
     from .clock import ClockBroker
     from .core import CoreBroker
     from .events import EventsBroker
+    from .files import FilesBroker
     from .log import LogBroker
     from .random import RandomBroker
     from .secrets import SecretsBroker
@@ -30,4 +31,5 @@ def builtin_brokers() -> tuple[Any, ...]:
         RandomBroker(),
         SecretsBroker(),
         EventsBroker(),
+        FilesBroker(),
     )
