@@ -5,6 +5,7 @@ pub mod abi;
 pub mod cbor;
 pub mod clock;
 pub mod guest;
+pub mod http;
 pub mod import;
 pub mod log;
 pub mod random;
@@ -17,8 +18,8 @@ pub use abort::{abort, MAX_MESSAGE_BYTES as ABORT_MAX_MESSAGE_BYTES};
 pub use cbor::Value;
 
 /// The raw host imports, for guests that must control the exact bytes and pointers (tests of
-/// the host's checks). Prefer the safe wrappers in [`log`], [`clock`], [`random`] and
-/// [`abort()`].
+/// the host's checks). Prefer the safe wrappers in [`log`], [`clock`], [`random`], [`http`]
+/// and [`abort()`].
 ///
 /// Each has the ABI's signature `(req_ptr, req_len, resp_ptr, resp_cap) -> i32`: a return
 /// `>= 0` is the number of response bytes written, `< 0` is `-status`
@@ -27,6 +28,7 @@ pub use cbor::Value;
 pub mod raw {
     pub use crate::abort::raw_abort as abort;
     pub use crate::clock::raw_clock_now as clock_now;
+    pub use crate::http::raw_http_request as http_request;
     pub use crate::log::raw_log as log;
     pub use crate::random::raw_random_bytes as random_bytes;
 }

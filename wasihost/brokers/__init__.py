@@ -13,10 +13,12 @@ from typing import Any
 
 def builtin_brokers() -> tuple[Any, ...]:
     """The brokers every host registers (through :meth:`Host.add_broker`, as an embedder
-    would): ``abort``, ``log``, ``clock_now`` and ``random_bytes`` of ABI v1."""
+    would): ``abort``, ``log``, ``clock_now`` and ``random_bytes`` of ABI v1, and ``http_request``
+    of v1.1."""
     from .clock import ClockBroker
     from .core import CoreBroker
+    from .http import HttpBroker
     from .log import LogBroker
     from .random import RandomBroker
 
-    return (CoreBroker(), LogBroker(), ClockBroker(), RandomBroker())
+    return (CoreBroker(), LogBroker(), ClockBroker(), RandomBroker(), HttpBroker())
