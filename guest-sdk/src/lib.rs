@@ -9,6 +9,7 @@ pub mod http;
 pub mod import;
 pub mod log;
 pub mod random;
+pub mod secrets;
 
 mod abort;
 mod host;
@@ -31,4 +32,5 @@ pub mod raw {
     pub use crate::http::raw_http_request as http_request;
     pub use crate::log::raw_log as log;
     pub use crate::random::raw_random_bytes as random_bytes;
+    pub use crate::secrets::raw_secret_hmac as secret_hmac;
 }

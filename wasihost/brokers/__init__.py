@@ -13,12 +13,21 @@ from typing import Any
 
 def builtin_brokers() -> tuple[Any, ...]:
     """The brokers every host registers (through :meth:`Host.add_broker`, as an embedder
-    would): ``abort``, ``log``, ``clock_now`` and ``random_bytes`` of ABI v1, and ``http_request``
-    of v1.1."""
+    would): ``abort``, ``log``, ``clock_now`` and ``random_bytes`` of ABI v1.0, and the
+    brokers of v1.1. An embedder replaces one by passing its own of the same name
+    (``Host(brokers=[SecretsBroker(FileSecretStore(path))])``)."""
     from .clock import ClockBroker
     from .core import CoreBroker
     from .http import HttpBroker
     from .log import LogBroker
     from .random import RandomBroker
+    from .secrets import SecretsBroker
 
-    return (CoreBroker(), LogBroker(), ClockBroker(), RandomBroker(), HttpBroker())
+    return (
+        CoreBroker(),
+        LogBroker(),
+        ClockBroker(),
+        RandomBroker(),
+        SecretsBroker(),
+        HttpBroker(),
+    )
