@@ -6,12 +6,16 @@ to the address a refusal test needs), so the refusals are tested through real na
 
 from __future__ import annotations
 
+import base64
+import gzip
 import http.server
 import ipaddress
+import logging
 import shutil
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,7 @@ from wasihost.brokers.http import (
     HourlyQuota,
     HttpBroker,
 )
+from wasihost.brokers.secrets import SecretsBroker
 from wasihost.errors import AdmissionError, CallError, ConfigError, FailureClass, ManifestError
 from wasihost.extension import Extension
 from wasihost.lifecycle import ExtensionRevoked
@@ -45,6 +50,7 @@ from wasihost.netpolicy import (
 )
 from wasihost.policy import Policy
 from wasihost.runtime import Host
+from wasihost.secrets import MemorySecretStore
 
 HTTPGET = FIXTURES / "httpget"
 # How long the slow handler holds a request at most, so a failing test still ends.
@@ -82,6 +88,8 @@ class Server:
                     return self._answer(200, b"x" * (MAX_RESPONSE_BODY_BYTES + 1))
                 if self.path == "/exact":
                     return self._answer(200, b"y" * MAX_RESPONSE_BODY_BYTES)
+                if self.path.startswith("/reflect"):
+                    return self._reflect(headers, gzipped=self.path == "/reflect-gzip")
                 if self.path == "/many-headers":
                     return self._answer(200, b"", [(f"X-H{i}", "v" * 200) for i in range(60)])
                 extra = [
@@ -90,6 +98,28 @@ class Server:
                     ("X-Got-Framing", headers.get("transfer-encoding", "none")),
                 ]
                 return self._answer(200, body if self.command != "GET" else b"hello", extra)
+
+            def _reflect(self, headers: dict[str, str], gzipped: bool) -> None:
+                # What careless servers do with a request's credentials: echo them as headers,
+                # and in the body raw, in base64 inside Basic credentials, in hex, quoted.
+                value = headers.get("authorization", "").encode("latin-1")
+                token = value.split(b" ", 1)[-1]
+                body = b"\n".join(
+                    [
+                        value,
+                        b"Basic " + base64.b64encode(b"user:" + token),
+                        b"Basic " + base64.b64encode(b"us:" + token),
+                        base64.urlsafe_b64encode(b"x" + token),
+                        token.hex().encode(),
+                        token.hex().upper().encode(),
+                        urllib.parse.quote_from_bytes(token, safe="").encode(),
+                    ]
+                )
+                extra = [("X-Echo-Authorization", value.decode("latin-1"))]
+                if gzipped:
+                    body = gzip.compress(body)
+                    extra.append(("Content-Encoding", "gzip"))
+                self._answer(200, body, extra)
 
             def _answer(
                 self, status: int, body: bytes, headers: Sequence[tuple[str, str]] = ()
@@ -104,7 +134,11 @@ class Server:
 
             do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _serve
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Quiet(http.server.ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a client that hung up (the host cancelling) is expected here
+
+        self.httpd = Quiet(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -163,14 +197,20 @@ class FakeClock:
         return self.now
 
 
-def http_host(clock: FakeClock | None = None) -> Host:
+def http_host(cache: Path, clock: FakeClock | None = None) -> Host:
     broker = HttpBroker(resolver=resolve, clock=clock or time.monotonic)
-    return Host(Policy(allow={"http", "log"}), cache_dir=None, brokers=[broker])
+    return Host(Policy(allow={"http", "log"}), cache_dir=cache, brokers=[broker])
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One compiled-module cache for the module's hosts: the fixture compiles once."""
+    return tmp_path_factory.mktemp("cache")
 
 
 @pytest.fixture
-def host() -> Iterator[Host]:
-    with http_host() as h:
+def host(cache: Path) -> Iterator[Host]:
+    with http_host(cache) as h:
         yield h
 
 
@@ -334,9 +374,11 @@ def test_a_disable_interrupts_a_request_in_flight(
     server.release.set()
 
 
-def test_the_bytes_per_hour_quota_refuses_then_recovers(tmp_path: Path, server: Server) -> None:
+def test_the_bytes_per_hour_quota_refuses_then_recovers(
+    tmp_path: Path, server: Server, cache: Path
+) -> None:
     clock = FakeClock()
-    with http_host(clock) as host:
+    with http_host(cache, clock) as host:
         ext = load(host, tmp_path, server, bytes_per_hour=1000)
         ext.call("fetch", {"url": server.url("api.test")})  # a few hundred bytes each way
         statuses = []
@@ -471,11 +513,6 @@ def test_a_malformed_request_is_invalid_argument_unsent(
 def test_a_request_over_the_entry_limit_is_payload_too_large(host: Host) -> None:
     huge = ok(body=b"b" * 41000)
     assert wat_call(host, huge, {"allow_local_network": True}) == -3  # PAYLOAD_TOO_LARGE
-
-
-def test_a_secret_header_is_unsupported_without_a_secret_store(host: Host) -> None:
-    request = ok(headers=[["Authorization", {"secret": "token", "prefix": "Bearer "}]])
-    assert wat_call(host, request, {"origins": ["http://api.test:1"]}) == -9  # UNSUPPORTED
 
 
 def test_a_bare_module_reaches_only_what_the_scope_names(host: Host, server: Server) -> None:
@@ -788,3 +825,149 @@ def test_the_hourly_quota_slides() -> None:
     assert not quota.add(1)  # still within the hour
     clock.now += 1801
     assert quota.used() == 1 and quota.left() == 99
+
+
+# -- secret headers ------------------------------------------------------------------------------
+
+SECRET = b"s3cr3t-T0ken/with+odd=chars?"
+SECRET_FORMS = [
+    SECRET,
+    SECRET.hex().encode(),
+    base64.b64encode(SECRET),
+    base64.urlsafe_b64encode(SECRET),
+    urllib.parse.quote_from_bytes(SECRET, safe="").encode(),
+]
+
+
+def leaks(data: bytes) -> list[bytes]:
+    """The forms of the secret found in ``data`` (base64 at any alignment included)."""
+    found = [f for f in SECRET_FORMS if f in data]
+    for shift in range(3):
+        for prefix in (b"user:", b"us:", b"x"):
+            blob = base64.b64encode(prefix[:shift] + SECRET)
+            if blob[8:-8] in data:
+                found.append(blob)
+    return found
+
+
+@pytest.fixture
+def secret_host(cache: Path) -> Iterator[tuple[Host, SecretsBroker]]:
+    secrets = SecretsBroker(MemorySecretStore({"api-token": SECRET}))
+    broker = HttpBroker(resolver=resolve)
+    policy = Policy(allow={"http", "secrets", "log"})
+    with Host(policy, cache_dir=cache, brokers=[broker, secrets]) as host:
+        yield host, secrets
+
+
+def grant_secret(host: Host, ext: Extension, server: Server) -> None:
+    origins = [f"http://api.test:{server.port}", f"http://evil.test:{server.port}"]
+    host.grant(ext.id, "http", {"allow_local_network": True, "origins": origins})
+    bound = {"api-token": [f"http://api.test:{server.port}"]}
+    host.grant(ext.id, "secrets", {"headers": bound})
+
+
+AUTH = ["Authorization", {"secret": "api-token", "prefix": "Bearer "}]
+
+
+def test_a_secret_header_is_sent_and_scrubbed_from_what_a_reflecting_server_returns(
+    secret_host: tuple[Host, SecretsBroker],
+    tmp_path: Path,
+    server: Server,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="wasihost")
+    host, _ = secret_host
+    ext = host.load(package(tmp_path, [f"http://api.test:{server.port}"]))
+    grant_secret(host, ext, server)
+    got = ext.call("fetch", {"url": server.url("api.test", "/reflect"), "headers": [AUTH]})
+    # The server got the secret, and reflected it six ways; the guest got none of them.
+    assert server.requests[-1][2]["authorization"] == "Bearer " + SECRET.decode()
+    assert got["status"] == 200
+    assert leaks(got["body"]) == [] and got["body"].count(b"[redacted]") >= 6
+    echoed = dict(got["headers"])["X-Echo-Authorization"]
+    assert echoed == "Bearer [redacted]"
+    assert leaks(repr(got).encode()) == []
+    assert SECRET.decode() not in caplog.text
+    assert all(SECRET.decode() not in r.message for r in ext.log.records)
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("/reflect", 0),  # scrubbed, then handed over
+        ("/reflect-gzip", -6),  # compressed: not scrubbable, so UNAVAILABLE
+    ],
+)
+def test_the_secret_never_enters_guest_memory(
+    secret_host: tuple[Host, SecretsBroker], server: Server, path: str, status: int
+) -> None:
+    host, _ = secret_host
+    request = ok(url=server.url("api.test", path), headers=[AUTH])
+    ext = host.admit(bare(dumping_guest(cbor2.dumps(request))), grants=["http", "secrets"])
+    grant_secret(host, ext, server)
+    memory = ext.call("run")
+    assert isinstance(memory, bytes) and len(memory) == DUMP_BYTES
+    returned = int.from_bytes(memory[:4], "little", signed=True)
+    assert (returned > 0) if status == 0 else (returned == status)
+    assert server.requests[-1][2]["authorization"] == "Bearer " + SECRET.decode()
+    assert leaks(memory) == []
+    if status == 0:
+        response = cbor2.loads(memory[4 : 4 + returned])
+        assert response["status"] == 200 and b"[redacted]" in response["body"]
+
+
+def test_a_secret_goes_only_to_the_origin_it_is_bound_to(
+    secret_host: tuple[Host, SecretsBroker], tmp_path: Path, server: Server
+) -> None:
+    host, secrets = secret_host
+    origins = [f"http://api.test:{server.port}", f"http://evil.test:{server.port}"]
+    ext = host.load(package(tmp_path, origins))
+    grant_secret(host, ext, server)
+    # evil.test is an allowed origin, but the operator bound the token to api.test only.
+    evil = {"url": server.url("evil.test", "/reflect"), "headers": [AUTH]}
+    assert guest_class(ext, "fetch", evil) == "denied"
+    missing = ["Authorization", {"secret": "other-token", "prefix": ""}]
+    assert guest_class(ext, "fetch", {"url": server.url("api.test"), "headers": [missing]}) == (
+        "denied"
+    )
+    secrets.revoke("api-token")
+    fetch = {"url": server.url("api.test", "/reflect"), "headers": [AUTH]}
+    assert guest_class(ext, "fetch", fetch) == "denied"
+    assert server.requests == []
+
+
+def test_a_failing_request_with_a_secret_leaks_it_in_no_error(
+    secret_host: tuple[Host, SecretsBroker],
+    tmp_path: Path,
+    server: Server,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="wasihost")
+    host, _ = secret_host
+    ext = host.load(package(tmp_path, [f"http://api.test:{server.port}"]))
+    grant_secret(host, ext, server)
+    with pytest.raises(CallError) as info:
+        ext.call(
+            "fetch", {"url": server.url("api.test", "/slow"), "headers": [AUTH]}, timeout_ms=200
+        )
+    server.release.set()
+    assert leaks(str(info.value).encode()) == [] and SECRET.decode() not in caplog.text
+
+
+DUMP_AT = 69632  # the response buffer: the guest's second page, after its input
+DUMP_BYTES = 4 + 61440
+
+
+def dumping_guest(request: bytes) -> bytes:
+    """Calls http_request with ``request`` and answers the call's return value (4 bytes) and
+    the whole response buffer, where any byte the host wrote would be."""
+    header = b"\0\0\0\0\x5a" + DUMP_BYTES.to_bytes(4, "big")
+    body = f"""
+    (i32.store (i32.const {DUMP_AT - 4})
+      (call $http_request (i32.const 9000) (i32.const {len(request)})
+                          (i32.const {DUMP_AT}) (i32.const 61440)))
+    (call $packed (i32.const {DUMP_AT - 13}) (i32.const {DUMP_BYTES + 9}))"""
+    extra = f"""
+  (data (i32.const {DUMP_AT - 13}) "{escape(header)}")
+  (data (i32.const 9000) "{escape(request)}")"""
+    return build(guest_wat(body, imports=host_import("http_request"), marker="1.1", extra=extra))

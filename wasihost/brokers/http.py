@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import urllib3
+from urllib3 import HTTPHeaderDict
 from urllib3.connection import HTTPConnection, HTTPSConnection
 
 from ..errors import ConfigError
@@ -43,7 +44,10 @@ from ..netpolicy import (
     parse_pattern,
     parse_url,
 )
+from ..scrub import scrub, scrub_text, secret_forms
+from ..secrets import MAX_SECRET_BYTES
 from ..status import GuestDeadline, GuestInterrupted, HostStatus, Status
+from .secrets import use_secret
 
 if TYPE_CHECKING:
     from ..extension import Extension
@@ -114,8 +118,13 @@ HOST_OWNED_HEADERS: Final = frozenset(
 # RFC 9110 token characters.
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # A field value may hold visible characters, spaces and tabs, never CR, LF, NUL or other
-# controls (a CR or LF would start a header of the guest's choosing).
-_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# controls (a CR or LF would start a header of the guest's choosing). It is sent as latin-1,
+# one byte per character, so characters above U+00FF have no bytes to be.
+_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]|[^\x00-\xff]")
+
+# The secrets broker's bounds: a name is at most 64 characters, a value at most 4 KiB (the
+# header budget reserves that much for each secret header).
+MAX_SECRET_NAME_CHARS: Final = 64
 
 _SCOPE_KEYS: Final = frozenset({"origins", "allow_local_network"})
 # An operator's scope names a handful of services, like a manifest.
@@ -178,25 +187,66 @@ class HttpState:
         self.inflight = threading.BoundedSemaphore(MAX_INFLIGHT_PER_EXTENSION)
 
 
-class Request:
-    """A guest request that passed every shape check."""
+class SecretRef:
+    """A header value the host fills in: ``prefix`` followed by the secret ``name``."""
 
-    __slots__ = ("body", "headers", "method", "target")
+    __slots__ = ("name", "prefix")
+
+    def __init__(self, name: str, prefix: str) -> None:
+        self.name = name
+        self.prefix = prefix
+
+
+class Request:
+    """A guest request that passed every shape check. Until :meth:`attach_secrets`, a header
+    may still be a :class:`SecretRef`; ``forms`` are then what to scrub from the response."""
+
+    __slots__ = ("body", "forms", "headers", "method", "target")
 
     def __init__(
-        self, method: str, target: Target, headers: list[tuple[str, str]], body: bytes | None
+        self,
+        method: str,
+        target: Target,
+        headers: list[tuple[str, str | SecretRef]],
+        body: bytes | None,
     ) -> None:
         self.method = method
         self.target = target
         self.headers = headers
         self.body = body
+        self.forms: list[bytes] = []
+
+    @property
+    def has_secrets(self) -> bool:
+        return any(isinstance(value, SecretRef) for _, value in self.headers)
+
+    def attach_secrets(self, use: Callable[[str], bytes]) -> None:
+        """Replace each secret reference by its value (``use(name)`` raises the guest's
+        status) and note the secret's forms for :func:`~wasihost.scrub.scrub`."""
+        attached: list[tuple[str, str | SecretRef]] = []
+        for name, value in self.headers:
+            if isinstance(value, SecretRef):
+                secret = use(value.name)
+                text = secret.decode("latin-1")
+                if _BAD_VALUE.search(text):
+                    # The operator stored something no header can carry; never its bytes in
+                    # the log, only that it cannot be used.
+                    LOG.warning("secret %s cannot be sent as a header value", value.name)
+                    raise HostStatus(Status.UNAVAILABLE)
+                self.forms.extend(secret_forms(secret))
+                attached.append((name, value.prefix + text))
+            else:
+                attached.append((name, value))
+        self.headers = attached
+        self.forms.sort(key=len, reverse=True)
 
     def wire_bytes(self) -> int:
         """What the request costs on the wire, for the traffic account."""
         size = len(self.method) + len(self.target.path) + REQUEST_LINE_OVERHEAD
         size += len("host") + len(self.target.origin.host_header()) + HEADER_LINE_OVERHEAD
         for name, value in self.headers:
-            size += len(name) + len(value.encode()) + HEADER_LINE_OVERHEAD
+            text = value.prefix if isinstance(value, SecretRef) else value
+            size += len(name) + len(text) + HEADER_LINE_OVERHEAD
         return size + (len(self.body) if self.body is not None else 0)
 
 
@@ -206,7 +256,7 @@ def _invalid() -> HostStatus:
 
 def parse_request(request: Any) -> Request:
     """Check the guest's request shape and bounds; raise ``HostStatus(INVALID_ARGUMENT)`` for
-    anything malformed, and ``UNSUPPORTED`` for a secret header (no secret store here yet)."""
+    anything malformed. A secret header's name is checked by the secrets broker when used."""
     if not isinstance(request, dict) or not set(request) <= {"method", "url", "headers", "body"}:
         raise _invalid()
     method = request.get("method")
@@ -225,9 +275,8 @@ def parse_request(request: Any) -> Request:
         raise _invalid()
     if not isinstance(headers, list) or len(headers) > MAX_REQUEST_HEADERS:
         raise _invalid()
-    checked: list[tuple[str, str]] = []
+    checked: list[tuple[str, str | SecretRef]] = []
     total = 0
-    secret = False
     for pair in headers:
         if not isinstance(pair, list) or len(pair) != 2:
             raise _invalid()
@@ -243,11 +292,16 @@ def parse_request(request: Any) -> Request:
             if (
                 set(value) != {"secret", "prefix"}
                 or not isinstance(value["secret"], str)
+                or len(value["secret"]) > MAX_SECRET_NAME_CHARS
                 or not isinstance(value["prefix"], str)
+                or len(value["prefix"]) > MAX_HEADER_VALUE_CHARS - MAX_SECRET_BYTES
                 or _BAD_VALUE.search(value["prefix"])
             ):
                 raise _invalid()
-            secret = True
+            total += len(name) + len(value["prefix"]) + MAX_SECRET_BYTES
+            if total > MAX_REQUEST_HEADER_BYTES:
+                raise _invalid()
+            checked.append((name, SecretRef(value["secret"], value["prefix"])))
             continue
         if (
             not isinstance(value, str)
@@ -255,12 +309,10 @@ def parse_request(request: Any) -> Request:
             or _BAD_VALUE.search(value)
         ):
             raise _invalid()
-        total += len(name) + len(value.encode())
+        total += len(name) + len(value)
         if total > MAX_REQUEST_HEADER_BYTES:
             raise _invalid()
         checked.append((name, value))
-    if secret:
-        raise HostStatus(Status.UNSUPPORTED)
     return Request(method, target, checked, body)
 
 
@@ -372,6 +424,9 @@ class HttpBroker:
         if not origin_allowed(parsed.target.origin, manifest_origins, scope_patterns(scope)):
             raise HostStatus(Status.DENIED)
         allow_local = scope.get("allow_local_network") is True
+        if parsed.has_secrets:
+            origin = str(parsed.target.origin)
+            parsed.attach_secrets(lambda name: use_secret(ext, name, origin))
 
         # The request's bytes are counted before it is sent, through the grant table: none is
         # started under a grant that a returned revocation withdrew.
@@ -455,17 +510,13 @@ class HttpBroker:
             )
         else:
             conn = HTTPConnection(address, origin.port, timeout=left)
-        headers = {"Host": origin.host_header(), "Accept-Encoding": "identity"}
+        headers = HTTPHeaderDict({"Host": origin.host_header(), "Accept-Encoding": "identity"})
+        for name, value in request.headers:
+            assert isinstance(value, str)  # secrets attached before the exchange starts
+            headers.add(name, value)
         try:
             conn.connect()
             exchange.attach(conn.sock)
-            # Repeated names are joined as RFC 9110 allows (one field, comma-separated).
-            for name, value in request.headers:
-                previous = next((k for k in headers if k.lower() == name.lower()), None)
-                if previous is None:
-                    headers[name] = value
-                else:
-                    headers[previous] = f"{headers[previous]}, {value}"
             conn.request(
                 request.method,
                 request.target.path,
@@ -476,7 +527,7 @@ class HttpBroker:
             )
             _set_timeout(conn, deadline)
             response = conn.getresponse()
-            return self._read_response(response, request.method, conn, deadline, state)
+            return self._read_response(response, request, conn, deadline, state)
         except HostStatus:
             raise
         except (
@@ -494,22 +545,28 @@ class HttpBroker:
     def _read_response(
         self,
         response: urllib3.HTTPResponse,
-        method: str,
+        request: Request,
         conn: HTTPConnection,
         deadline: float,
         state: HttpState,
     ) -> dict[str, Any]:
+        forms = request.forms
         headers: list[list[str]] = []
         header_bytes = 0
         for name, value in response.headers.items():
             header_bytes += len(name.encode()) + len(value.encode())
-            headers.append([name, value])
+            headers.append([scrub_text(name, forms), scrub_text(value, forms)])
         if len(headers) > MAX_RESPONSE_HEADERS or header_bytes > MAX_RESPONSE_HEADER_BYTES:
             raise HostStatus(Status.PAYLOAD_TOO_LARGE)
         if not state.quota.add(header_bytes + HEADER_LINE_OVERHEAD * len(headers)):
             raise HostStatus(Status.QUOTA_EXCEEDED)
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if forms and encoding != "identity":
+            # The host asked for identity; a compressed body could carry the secret in a form
+            # the scrubber cannot see, so it is not handed over.
+            raise HostStatus(Status.UNAVAILABLE)
         body = bytearray()
-        if method != "HEAD":
+        if request.method != "HEAD":
             while len(body) <= MAX_RESPONSE_BODY_BYTES:
                 _set_timeout(conn, deadline)
                 want = min(READ_CHUNK_BYTES, MAX_RESPONSE_BODY_BYTES + 1 - len(body))
@@ -521,7 +578,8 @@ class HttpBroker:
                     raise HostStatus(Status.QUOTA_EXCEEDED)
             if len(body) > MAX_RESPONSE_BODY_BYTES:
                 raise HostStatus(Status.PAYLOAD_TOO_LARGE)
-        return {"status": response.status, "headers": headers, "body": bytes(body)}
+        data = scrub(bytes(body), forms) if forms else bytes(body)
+        return {"status": response.status, "headers": headers, "body": data}
 
 
 def _set_timeout(conn: HTTPConnection, deadline: float) -> None:
