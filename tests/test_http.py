@@ -13,6 +13,7 @@ import ipaddress
 import logging
 import shutil
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -60,7 +61,7 @@ SLOW_HOLD_S = 5.0
 class Server:
     """A small HTTP/1.1 server on 127.0.0.1 that records what reached it."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
         self.slow_entered = threading.Event()
         self.release = threading.Event()
@@ -139,6 +140,8 @@ class Server:
                 pass  # a client that hung up (the host cancelling) is expected here
 
         self.httpd = Quiet(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -971,3 +974,84 @@ def dumping_guest(request: bytes) -> bytes:
   (data (i32.const {DUMP_AT - 13}) "{escape(header)}")
   (data (i32.const 9000) "{escape(request)}")"""
     return build(guest_wat(body, imports=host_import("http_request"), marker="1.1", extra=extra))
+
+
+# -- https: the connection is pinned to the checked address, the name is verified -----------
+
+
+def certificates(tmp_path: Path) -> tuple[Path, Path, bytes]:
+    """A test CA and a server certificate for ``api.test`` signed by it: (cert, key, CA PEM)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "wasihost test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "api.test")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(2)
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("api.test")]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "server.pem", tmp_path / "server.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path, ca.public_bytes(serialization.Encoding.PEM)
+
+
+def test_https_is_pinned_to_the_checked_address_and_verifies_the_name(
+    tmp_path: Path, cache: Path
+) -> None:
+    cert, key, ca = certificates(tmp_path)
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(cert, key)
+    names: list[str | None] = []
+
+    def record_sni(sock: ssl.SSLObject, name: str | None, context: ssl.SSLContext) -> None:
+        names.append(name)
+
+    server_tls.sni_callback = record_sni  # type: ignore[assignment]
+    tls_server = Server(server_tls)
+    broker = HttpBroker(
+        resolver=resolve, ssl_context=ssl.create_default_context(cadata=ca.decode())
+    )
+    try:
+        with Host(Policy(allow={"http"}), cache_dir=cache, brokers=[broker]) as host:
+            origins = [tls_server.url(n, "", "https") for n in ("api.test", "evil.test")]
+            scope = {"allow_local_network": True, "origins": origins}
+            assert wat_call(host, ok(url=tls_server.url("api.test", "/hello", "https")), scope) == 0
+            assert names == ["api.test"]  # SNI carried the name, not 127.0.0.1
+            assert tls_server.requests[-1][2]["host"] == f"api.test:{tls_server.port}"
+            # evil.test resolves to the same address, but the certificate is not for it.
+            evil = ok(url=tls_server.url("evil.test", "/hello", "https"))
+            assert wat_call(host, evil, scope) == -6  # UNAVAILABLE
+            assert len(tls_server.requests) == 1
+    finally:
+        tls_server.close()
