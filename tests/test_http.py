@@ -359,6 +359,27 @@ def test_a_slow_server_ends_the_call_at_its_deadline(
     server.release.set()
 
 
+def test_the_per_request_cap_ends_a_slow_request_as_unavailable(
+    tmp_path: Path, server: Server, cache: Path
+) -> None:
+    broker = HttpBroker(resolver=resolve, max_request_seconds=0.2)
+    with Host(Policy(allow={"http"}), cache_dir=cache, brokers=[broker]) as host:
+        ext = load(host, tmp_path, server)
+        ext.start()
+        started = time.monotonic()
+        assert guest_class(ext, "fetch", {"url": server.url("api.test", "/slow")}) == (
+            "unavailable"
+        )
+        assert time.monotonic() - started < 1.0  # the call's own deadline is 2 s
+        server.release.set()
+
+
+def test_a_budget_of_zero_bytes_forbids_traffic(host: Host, tmp_path: Path, server: Server) -> None:
+    ext = load(host, tmp_path, server, bytes_per_hour=0)
+    assert guest_class(ext, "fetch", {"url": server.url("api.test")}) == "quota_exceeded"
+    assert server.requests == []
+
+
 def test_a_disable_interrupts_a_request_in_flight(
     host: Host, tmp_path: Path, server: Server
 ) -> None:

@@ -428,16 +428,23 @@ class HttpBroker:
             origin = str(parsed.target.origin)
             parsed.attach_secrets(lambda name: use_secret(ext, name, origin))
 
-        # The request's bytes are counted before it is sent, through the grant table: none is
-        # started under a grant that a returned revocation withdrew.
-        authorised, fits = ext.commit(capability, lambda: state.quota.reserve(parsed.wire_bytes()))
-        if not authorised:
-            raise HostStatus(Status.DENIED)
-        if not fits:
-            raise HostStatus(Status.QUOTA_EXCEEDED)
         if not state.inflight.acquire(blocking=False):
             raise HostStatus(Status.UNAVAILABLE)
-        deadline = min(call.deadline, time.monotonic() + self.max_request_seconds)
+        try:
+            # The request's bytes are counted before it is sent, through the grant table: none
+            # is counted under a grant that a returned revocation withdrew.
+            authorised, fits = ext.commit(
+                capability, lambda: state.quota.reserve(parsed.wire_bytes())
+            )
+            if not authorised:
+                raise HostStatus(Status.DENIED)
+            if not fits:
+                raise HostStatus(Status.QUOTA_EXCEEDED)
+        except BaseException:
+            state.inflight.release()
+            raise
+        cap = time.monotonic() + self.max_request_seconds
+        deadline = min(call.deadline, cap)
         exchange = Exchange()
 
         def work() -> None:
@@ -455,15 +462,20 @@ class HttpBroker:
 
         threading.Thread(target=work, name="wasihost-http", daemon=True).start()
         wakeup: threading.Event = call.wakeup
+        # The guest's thread waits for the worker, but never past the call's deadline, the
+        # per-request cap or the instance's interrupt, whatever the server or resolver does.
         while not exchange.done.is_set():
             if wakeup.is_set():
                 exchange.cancel()
                 raise GuestInterrupted
-            left = call.deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if now >= call.deadline:
                 exchange.cancel()
                 raise GuestDeadline
-            exchange.done.wait(min(left, ASYNC_WAKE_CHECK_S))
+            if now >= cap:
+                exchange.cancel()
+                raise HostStatus(Status.UNAVAILABLE)
+            exchange.done.wait(min(deadline - now, ASYNC_WAKE_CHECK_S))
         if exchange.status is not None:
             raise HostStatus(exchange.status)
         assert exchange.result is not None
