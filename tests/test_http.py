@@ -182,6 +182,7 @@ ADDRESSES: dict[str, list[str]] = {
     "nat64.test": ["64:ff9b::7f00:1"],
     "mixed.test": ["93.184.216.34", "127.0.0.1"],
     "one.svc.test": ["127.0.0.1"],
+    "fallback.test": ["::1", "127.0.0.1"],  # the server listens on the second only
     "two.svc.test": ["127.0.0.1"],
 }
 
@@ -309,6 +310,15 @@ def test_an_allowed_name_resolving_to_a_local_address_is_denied(
     ext = load(host, tmp_path, server, local=False, names=[name])
     assert guest_class(ext, "fetch", {"url": server.url(name)}) == "denied"
     assert server.requests == []
+
+
+def test_a_names_checked_addresses_are_tried_in_turn(
+    host: Host, tmp_path: Path, server: Server
+) -> None:
+    ext = load(host, tmp_path, server, names=["fallback.test"])
+    got = ext.call("fetch", {"url": server.url("fallback.test")})
+    assert got["status"] == 200
+    assert server.requests[-1][2]["host"] == f"fallback.test:{server.port}"
 
 
 def test_the_metadata_address_is_denied_even_with_the_local_network(

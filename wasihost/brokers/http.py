@@ -81,6 +81,9 @@ MAX_RESPONSE_HEADER_BYTES: Final = 8192
 MAX_REQUEST_SECONDS: Final = 30.0
 # A resolver answer longer than this is not an ordinary name's; it is refused (UNAVAILABLE).
 MAX_RESOLVED_ADDRESSES: Final = 32
+# A name's addresses tried in turn when one does not answer: enough for an IPv6 and an IPv4
+# address and a spare, few enough that a dead name fails fast.
+MAX_CONNECT_ATTEMPTS: Final = 3
 # Requests still running per extension (the current one plus any the guest abandoned at its
 # deadline, each ending within MAX_REQUEST_SECONDS): more is UNAVAILABLE, so a guest cannot
 # pile up worker threads.
@@ -481,8 +484,8 @@ class HttpBroker:
         assert exchange.result is not None
         return exchange.result
 
-    def _addresses(self, origin: Origin, allow_local: bool) -> str:
-        """The checked address to connect to: every address the name has must pass."""
+    def _addresses(self, origin: Origin, allow_local: bool) -> Sequence[str]:
+        """The checked addresses to connect to: every address the name has must pass."""
         if origin.is_ip_literal:
             addresses: Sequence[str] = [origin.host]
         else:
@@ -495,7 +498,7 @@ class HttpBroker:
         for address in addresses:
             if not isinstance(address, str) or address_refusal(address, allow_local) is not None:
                 raise HostStatus(Status.DENIED)
-        return addresses[0]
+        return addresses
 
     def _exchange(
         self,
@@ -506,29 +509,13 @@ class HttpBroker:
         exchange: Exchange,
     ) -> dict[str, Any]:
         origin = request.target.origin
-        address = self._addresses(origin, allow_local)
-        left = deadline - time.monotonic()
-        if left <= 0 or exchange.cancelled:
-            raise HostStatus(Status.UNAVAILABLE)
-        conn: HTTPConnection
-        if origin.scheme == "https":
-            conn = HTTPSConnection(
-                address,
-                origin.port,
-                timeout=left,
-                server_hostname=origin.host,
-                assert_hostname=origin.host,
-                ssl_context=self.ssl_context(),
-            )
-        else:
-            conn = HTTPConnection(address, origin.port, timeout=left)
+        addresses = self._addresses(origin, allow_local)
         headers = HTTPHeaderDict({"Host": origin.host_header(), "Accept-Encoding": "identity"})
         for name, value in request.headers:
             assert isinstance(value, str)  # secrets attached before the exchange starts
             headers.add(name, value)
+        conn = self._connect(origin, addresses, deadline, exchange)
         try:
-            conn.connect()
-            exchange.attach(conn.sock)
             conn.request(
                 request.method,
                 request.target.path,
@@ -553,6 +540,36 @@ class HttpBroker:
             raise HostStatus(Status.UNAVAILABLE) from None
         finally:
             conn.close()
+
+    def _connect(
+        self, origin: Origin, addresses: Sequence[str], deadline: float, exchange: Exchange
+    ) -> HTTPConnection:
+        """A connection to the first of the checked ``addresses`` that answers (the name's
+        others are tried in turn, as a browser would), never to anything resolved again."""
+        for address in addresses[:MAX_CONNECT_ATTEMPTS]:
+            left = deadline - time.monotonic()
+            if left <= 0 or exchange.cancelled:
+                break
+            conn: HTTPConnection
+            if origin.scheme == "https":
+                conn = HTTPSConnection(
+                    address,
+                    origin.port,
+                    timeout=left,
+                    server_hostname=origin.host,
+                    assert_hostname=origin.host,
+                    ssl_context=self.ssl_context(),
+                )
+            else:
+                conn = HTTPConnection(address, origin.port, timeout=left)
+            try:
+                conn.connect()
+            except (OSError, urllib3.exceptions.HTTPError, ValueError):
+                conn.close()
+                continue
+            exchange.attach(conn.sock)
+            return conn
+        raise HostStatus(Status.UNAVAILABLE)
 
     def _read_response(
         self,
