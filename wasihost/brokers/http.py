@@ -424,7 +424,13 @@ class HttpBroker:
         scope = ext.grant_scopes().get(capability, {})
         manifest = ext.manifest
         manifest_origins = manifest.http.allowed_origins if manifest is not None else None
-        if not origin_allowed(parsed.target.origin, manifest_origins, scope_patterns(scope)):
+        try:
+            patterns = scope_patterns(scope)
+        except ConfigError:
+            # A scope stored before this broker checked it (an older host's durable grants):
+            # what it means is unknown, so it allows nothing.
+            raise HostStatus(Status.DENIED) from None
+        if not origin_allowed(parsed.target.origin, manifest_origins, patterns):
             raise HostStatus(Status.DENIED)
         allow_local = scope.get("allow_local_network") is True
         if parsed.has_secrets:
