@@ -51,6 +51,7 @@ from wasihost.netpolicy import (
 )
 from wasihost.policy import Policy
 from wasihost.runtime import Host
+from wasihost.scrub import MIN_FORM_BYTES, scrub, scrub_text, secret_forms
 from wasihost.secrets import MemorySecretStore
 
 HTTPGET = FIXTURES / "httpget"
@@ -1086,3 +1087,40 @@ def test_https_is_pinned_to_the_checked_address_and_verifies_the_name(
             assert len(tls_server.requests) == 1
     finally:
         tls_server.close()
+
+
+# -- scrub, pure -------------------------------------------------------------------------------
+
+
+@given(
+    st.binary(min_size=8, max_size=64),
+    st.binary(max_size=16),
+    st.binary(max_size=16),
+)
+def test_every_listed_form_of_a_secret_is_scrubbed_wherever_it_sits(
+    secret: bytes, before: bytes, after: bytes
+) -> None:
+    forms = secret_forms(secret)
+    blob = before + secret + after
+    texts = [
+        blob,
+        blob.hex().encode(),
+        blob.hex().upper().encode(),
+        urllib.parse.quote_from_bytes(blob, safe="").encode(),
+        base64.b64encode(blob),
+        base64.urlsafe_b64encode(blob),
+    ]
+    for text in texts:
+        cleaned = scrub(text, forms)
+        assert secret not in cleaned
+        # What is left of a base64 text no longer holds the secret's own characters.
+        for core in forms:
+            assert core not in cleaned
+
+
+def test_scrubbing_leaves_other_text_alone_and_cleans_header_text() -> None:
+    forms = secret_forms(b"token-1234")
+    assert scrub(b"nothing here", forms) == b"nothing here"
+    assert scrub_text("Bearer token-1234", forms) == "Bearer [redacted]"
+    assert scrub_text("caf\u00e9", forms) == "caf\u00e9"
+    assert all(len(f) >= MIN_FORM_BYTES for f in secret_forms(b"ab"))
