@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import os
 from collections.abc import Iterator
@@ -286,3 +287,25 @@ def test_origins_normalise_to_scheme_host_and_explicit_port() -> None:
     for bad in ["https://u:p@x", "https://x/a", "https://x?q", "file:///etc", "https://x:99999", 7]:
         with pytest.raises(ValueError, match="origin"):
             normalize_origin(bad)
+
+
+def test_the_command_line_serves_a_secrets_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from wasihost.cli import main
+
+    directory = tmp_path / "secrets"
+    directory.mkdir(mode=0o700)
+    (directory / "signing").write_bytes(SECRET)
+    os.chmod(directory / "signing", 0o600)
+    data = {"name": "signing", "data": {"$bytes": b"order".hex()}}
+    argv = ["run", str(FIXTURE), "sign", "--input", json.dumps(data), "--no-cache"]
+    assert main([*argv, "--secrets-dir", str(directory), "--secret", "signing"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == {"$bytes": mac(SECRET, b"order").hex()}
+    # Granted the directory but not the name: the guest is denied, the secret stays put.
+    assert main([*argv, "--secrets-dir", str(directory), "--secret", "other"]) == 1
+    err = capsys.readouterr().err
+    assert "denied" in err and SECRET.decode() not in err
+    assert main([*argv, "--secret", "signing"]) == 2
+    assert "--secret NAME needs --secrets-dir" in capsys.readouterr().err

@@ -164,7 +164,10 @@ class Extension:
 
     def commit(self, capability: str, action: Callable[[], T]) -> tuple[bool, T | None]:
         """Run a broker's committing ``action`` only if the call's epoch still authorises
-        ``capability``, atomically with respect to every grant change."""
+        ``capability``, atomically with respect to every grant change, and while the host's
+        revocation list (if any) verifies and does not revoke this package."""
+        if not self.host.revocations_allow_commit():
+            return False, None
         return self.host.grants.commit(self._id, self._call_epoch, capability, action)
 
     def record_step(self, step: str, detail: str) -> None:

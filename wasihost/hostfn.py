@@ -122,7 +122,10 @@ class CallContext:
         still authorises this function's capability, atomically with respect to every grant
         change: nothing commits after a revocation returns. Otherwise raise
         ``HostStatus(DENIED)`` (the guest gets ``DENIED``)."""
-        authorised, result = self._ext.host.grants.commit(
+        host = self._ext.host
+        if not host.revocations_allow_commit():
+            raise HostStatus(Status.DENIED)
+        authorised, result = host.grants.commit(
             self._ext.id, self.epoch, self.function.capability, action
         )
         if not authorised:
@@ -357,6 +360,13 @@ class HostFunctions:
                 continue
             checked.add(id(broker))
             check(capability, scope)
+
+    def brokers(self) -> list[Broker]:
+        """Every broker serving this host, once each."""
+        unique: dict[int, Broker] = {}
+        for broker in self._brokers.values():
+            unique.setdefault(id(broker), broker)
+        return list(unique.values())
 
     def broker(self, name: str) -> Broker:
         for broker in self._brokers.values():

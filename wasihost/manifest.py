@@ -62,7 +62,8 @@ _QUOTE_CHARS: Final = 40
 # A key path shows at most this many characters of one key: enough to find it, never a flood.
 _KEY_CHARS: Final = 80
 
-_TABLES: Final = ("extension", "capabilities", "resources", "commands", "http")
+_TABLES: Final = ("extension", "capabilities", "resources", "commands", "http", "update")
+_UPDATE_KEYS: Final = ("health", "migrate", "reversible")
 _EXTENSION_KEYS: Final = (
     "schema",
     "id",
@@ -176,6 +177,21 @@ class CommandSpec:
 
 
 @attrs.frozen
+class UpdateSpec:
+    """How an update to this version is checked and its state carried over (``[update]``).
+
+    ``health``: a command the host calls after the new version's handshake; the update
+    activates only if it succeeds. ``migrate``: a command called with ``{"from", "to",
+    "direction": "up"}`` to move the extension's state from the old version, after a checkpoint
+    of that state; with ``reversible`` a rollback calls it with ``"direction": "down"`` instead
+    of restoring the checkpoint."""
+
+    health: str | None = None
+    migrate: str | None = None
+    reversible: bool = False
+
+
+@attrs.frozen
 class Manifest:
     """A validated ``extension.toml``."""
 
@@ -192,6 +208,7 @@ class Manifest:
     resources: Resources
     commands: tuple[CommandSpec, ...]
     http: HttpSpec = HttpSpec()
+    update: UpdateSpec = UpdateSpec()
 
     def command(self, name: str) -> CommandSpec | None:
         """The declared command called ``name``, or None."""
@@ -517,6 +534,31 @@ def _parse_http(table: Mapping[str, object] | None) -> HttpSpec:
     return HttpSpec(tuple(origins), budget)
 
 
+def _parse_update(
+    table: Mapping[str, object] | None, commands: tuple[CommandSpec, ...]
+) -> UpdateSpec:
+    if table is None:
+        return UpdateSpec()
+    _check_keys(table, "update", _UPDATE_KEYS)
+    names = {c.name for c in commands}
+    found: dict[str, str | None] = {}
+    for key in ("health", "migrate"):
+        value = _optional_string(table, key, "update")
+        if value is not None and value not in names:
+            raise ManifestError(
+                _key_path("update", key), f"names command {_show(value)}, which [commands] lacks"
+            )
+        found[key] = value
+    reversible = table.get("reversible", False)
+    if not isinstance(reversible, bool):
+        raise ManifestError(
+            "update.reversible", f"expected a boolean, got {_type_name(reversible)}"
+        )
+    if reversible and found["migrate"] is None:
+        raise ManifestError("update.reversible", "only a migration can be reversible: set migrate")
+    return UpdateSpec(found["health"], found["migrate"], reversible)
+
+
 def _load_toml(text: str) -> dict[str, Any]:
     if len(text) > MAX_MANIFEST_CHARS:
         raise ManifestError("", f"manifest of {len(text)} characters exceeds {MAX_MANIFEST_CHARS}")
@@ -550,6 +592,7 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
     resources = _parse_resources(_optional_table(document, "resources"))
     commands = _parse_commands(_required_table(document, "commands"))
     http = _parse_http(_optional_table(document, "http"))
+    update = _parse_update(_optional_table(document, "update"), commands)
     return Manifest(
         schema=extension.schema,
         id=extension.id,
@@ -564,4 +607,5 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
         resources=resources,
         commands=commands,
         http=http,
+        update=update,
     )
