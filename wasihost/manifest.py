@@ -18,6 +18,7 @@ import attrs
 
 from wasihost import event_classes, limits
 from wasihost.errors import ConfigError, ManifestError
+from wasihost.netpolicy import NetPolicyError, Origin, parse_origin
 from wasihost.registry import AbiVersion
 
 # The one schema this parser understands; a new one gets a new parser branch, not a guess.
@@ -46,6 +47,16 @@ MAX_COMMAND_NAME_CHARS: Final = 64
 MAX_DESCRIPTION_CHARS: Final = 1024
 # Far more commands than any extension needs; bounds what a hostile manifest makes us build.
 MAX_COMMANDS: Final = 256
+# An extension talks to a handful of services; 64 origins bounds what admission compares
+# each request against.
+MAX_HTTP_ORIGINS: Final = 64
+# 16 MiB of http traffic (sent + received) per hour when the manifest names no figure: a few
+# hundred API calls at the entry's 48 KiB response limit.
+DEFAULT_HTTP_BYTES_PER_HOUR: Final = 16 * 1024 * 1024
+# Zero forbids traffic outright (every request answers QUOTA_EXCEEDED).
+MIN_HTTP_BYTES_PER_HOUR: Final = 0
+# 1 GiB an hour: beyond that the extension is a data pipe, not a plugin.
+MAX_HTTP_BYTES_PER_HOUR: Final = 1024 * 1024 * 1024
 # Error messages quote at most this many characters of an author's value.
 _QUOTE_CHARS: Final = 40
 # A key path shows at most this many characters of one key: enough to find it, never a flood.
@@ -67,6 +78,7 @@ _TABLES: Final = (
     "commands",
     "update",
     "events",
+    "http",
 )
 _EXTENSION_KEYS: Final = (
     "schema",
@@ -81,6 +93,7 @@ _EXTENSION_KEYS: Final = (
 _CAPABILITY_KEYS: Final = ("required", "optional")
 _COMMAND_KEYS: Final = ("description",)
 _EVENTS_KEYS: Final = ("classes", "command", "on_overflow", "queue_depth")
+_HTTP_KEYS: Final = ("allowed_origins", "bytes_per_hour")
 
 _ID = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z0-9-]+)+")
 # SemVer 2.0.0, built from the grammar of semver.org: numeric identifiers without leading
@@ -164,6 +177,15 @@ class Resources:
 
 
 @attrs.frozen
+class HttpSpec:
+    """The ``[http]`` table: the origins the extension may ask (exact scheme, host and port)
+    and its traffic budget. A manifest without the table allows no origin."""
+
+    allowed_origins: tuple[Origin, ...] = ()
+    bytes_per_hour: int = DEFAULT_HTTP_BYTES_PER_HOUR
+
+
+@attrs.frozen
 class CommandSpec:
     """One command the extension declares; ``description`` is empty when the manifest has none."""
 
@@ -213,6 +235,7 @@ class Manifest:
     optional: frozenset[str]
     resources: Resources
     commands: tuple[CommandSpec, ...]
+    http: HttpSpec = HttpSpec()
     update: UpdateSpec = UpdateSpec()
     events: EventsSpec | None = None
 
@@ -506,6 +529,40 @@ def _parse_commands(table: Mapping[str, object]) -> tuple[CommandSpec, ...]:
     return tuple(specs)
 
 
+def _parse_http(table: Mapping[str, object] | None) -> HttpSpec:
+    if table is None:
+        return HttpSpec()
+    _check_keys(table, "http", _HTTP_KEYS)
+    origins: list[Origin] = []
+    value = table.get("allowed_origins")
+    if value is not None:
+        path = "http.allowed_origins"
+        if not isinstance(value, list):
+            raise ManifestError(path, f"expected an array of strings, got {_type_name(value)}")
+        if len(value) > MAX_HTTP_ORIGINS:
+            raise ManifestError(path, f"{len(value)} origins, at most {MAX_HTTP_ORIGINS} allowed")
+        for index, text in enumerate(value):
+            item_path = f"{path}[{index}]"
+            if not isinstance(text, str):
+                raise ManifestError(item_path, f"expected a string, got {_type_name(text)}")
+            try:
+                origin = parse_origin(text)
+            except NetPolicyError as exc:
+                raise ManifestError(item_path, f"{_show(text)}: {exc}") from None
+            if origin in origins:
+                raise ManifestError(item_path, f"duplicate origin {_show(text)}")
+            origins.append(origin)
+    budget = table.get("bytes_per_hour", DEFAULT_HTTP_BYTES_PER_HOUR)
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        raise ManifestError("http.bytes_per_hour", f"expected an integer, got {_type_name(budget)}")
+    if not MIN_HTTP_BYTES_PER_HOUR <= budget <= MAX_HTTP_BYTES_PER_HOUR:
+        raise ManifestError(
+            "http.bytes_per_hour",
+            f"{_show(budget)} is outside {MIN_HTTP_BYTES_PER_HOUR}..{MAX_HTTP_BYTES_PER_HOUR}",
+        )
+    return HttpSpec(tuple(origins), budget)
+
+
 def _parse_update(
     table: Mapping[str, object] | None, commands: tuple[CommandSpec, ...]
 ) -> UpdateSpec:
@@ -624,6 +681,7 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
     )
     resources = _parse_resources(_optional_table(document, "resources"))
     commands = _parse_commands(_required_table(document, "commands"))
+    http = _parse_http(_optional_table(document, "http"))
     update = _parse_update(_optional_table(document, "update"), commands)
     events = _parse_events(_optional_table(document, "events"), commands, required | optional)
     return Manifest(
@@ -639,6 +697,7 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
         optional=optional,
         resources=resources,
         commands=commands,
+        http=http,
         update=update,
         events=events,
     )

@@ -7,6 +7,7 @@ pub mod clock;
 pub mod events;
 pub mod files;
 pub mod guest;
+pub mod http;
 pub mod import;
 pub mod log;
 pub mod random;
@@ -22,6 +23,8 @@ pub use cbor::Value;
 /// The raw host imports, for guests that must control the exact bytes and pointers (tests of
 /// the host's checks). Prefer the safe wrappers in the modules ([`log`], [`clock`],
 /// [`random`], [`secrets`], [`events`], [`files`], ...) and [`abort()`].
+/// the host's checks). Prefer the safe wrappers in [`log`], [`clock`], [`random`], [`http`]
+/// and [`abort()`].
 ///
 /// Each has the ABI's signature `(req_ptr, req_len, resp_ptr, resp_cap) -> i32`: a return
 /// `>= 0` is the number of response bytes written, `< 0` is `-status`
@@ -37,6 +40,7 @@ pub mod raw {
     pub use crate::files::raw_file_read as file_read;
     pub use crate::files::raw_file_temp as file_temp;
     pub use crate::files::raw_file_write as file_write;
+    pub use crate::http::raw_http_request as http_request;
     pub use crate::log::raw_log as log;
     pub use crate::random::raw_random_bytes as random_bytes;
     pub use crate::secrets::raw_secret_hmac as secret_hmac;

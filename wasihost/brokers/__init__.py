@@ -20,6 +20,7 @@ def builtin_brokers() -> tuple[Any, ...]:
     from .core import CoreBroker
     from .events import EventsBroker
     from .files import FilesBroker
+    from .http import HttpBroker
     from .log import LogBroker
     from .random import RandomBroker
     from .secrets import SecretsBroker
@@ -32,4 +33,5 @@ def builtin_brokers() -> tuple[Any, ...]:
         SecretsBroker(),
         EventsBroker(),
         FilesBroker(),
+        HttpBroker(),
     )
