@@ -366,3 +366,10 @@ class HostFunctions:
 
     def close(self) -> None:
         self.loop.close()
+        # The host closes: a broker holding host-wide resources (a database) releases them.
+        closed = set()
+        for broker in self._brokers.values():
+            shutdown = getattr(broker, "shutdown", None)
+            if shutdown is not None and id(broker) not in closed:
+                closed.add(id(broker))
+                shutdown()

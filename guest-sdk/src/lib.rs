@@ -8,6 +8,7 @@ pub mod guest;
 pub mod import;
 pub mod log;
 pub mod random;
+pub mod storage;
 
 mod abort;
 mod host;
@@ -17,8 +18,8 @@ pub use abort::{abort, MAX_MESSAGE_BYTES as ABORT_MAX_MESSAGE_BYTES};
 pub use cbor::Value;
 
 /// The raw host imports, for guests that must control the exact bytes and pointers (tests of
-/// the host's checks). Prefer the safe wrappers in [`log`], [`clock`], [`random`] and
-/// [`abort()`].
+/// the host's checks). Prefer the safe wrappers in [`log`], [`clock`], [`random`],
+/// [`storage`] and [`abort()`].
 ///
 /// Each has the ABI's signature `(req_ptr, req_len, resp_ptr, resp_cap) -> i32`: a return
 /// `>= 0` is the number of response bytes written, `< 0` is `-status`
@@ -29,4 +30,9 @@ pub mod raw {
     pub use crate::clock::raw_clock_now as clock_now;
     pub use crate::log::raw_log as log;
     pub use crate::random::raw_random_bytes as random_bytes;
+    pub use crate::storage::raw_storage_cas as storage_cas;
+    pub use crate::storage::raw_storage_delete as storage_delete;
+    pub use crate::storage::raw_storage_get as storage_get;
+    pub use crate::storage::raw_storage_list as storage_list;
+    pub use crate::storage::raw_storage_put as storage_put;
 }

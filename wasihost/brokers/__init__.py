@@ -13,10 +13,12 @@ from typing import Any
 
 def builtin_brokers() -> tuple[Any, ...]:
     """The brokers every host registers (through :meth:`Host.add_broker`, as an embedder
-    would): ``abort``, ``log``, ``clock_now`` and ``random_bytes`` of ABI v1."""
+    would): ``abort``, ``log``, ``clock_now`` and ``random_bytes`` of ABI v1, and the
+    ``storage_*`` entries of ABI 1.1."""
     from .clock import ClockBroker
     from .core import CoreBroker
     from .log import LogBroker
     from .random import RandomBroker
+    from .storage import StorageBroker
 
-    return (CoreBroker(), LogBroker(), ClockBroker(), RandomBroker())
+    return (CoreBroker(), LogBroker(), ClockBroker(), RandomBroker(), StorageBroker())
