@@ -4,6 +4,7 @@ and hand-written WAT guests for requests the SDK would never send."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ from conftest import FIXTURES, ROOT, bare, run_in_thread
 from guests import build, escape, guest_wat
 
 from wasihost.brokers.storage import ExtensionStorage, StorageBroker
+from wasihost.cli import main
 from wasihost.errors import AdmissionError, CallError, ConfigError, FailureClass
 from wasihost.extension import Extension
 from wasihost.kvstore import DB_NAME, KVStore, Namespace, Quota, Usage
@@ -791,3 +793,37 @@ def test_a_host_killed_mid_write_leaves_every_value_whole(tmp_path: Path) -> Non
         finally:
             store.close()
 
+
+
+# -- operator surfaces -----------------------------------------------------------------------
+
+
+def test_the_cli_keeps_storage_in_the_state_dir_under_the_granted_tenant(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    state = ["--state-dir", str(tmp_path / "state")]
+
+    def cli(*argv: str) -> tuple[int, str, str]:
+        code = main([*argv, *state])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    assert cli("install", str(FIXTURE))[0] == 0
+    code, _, err = cli("grants", "grant", FIXTURE_ID, "storage", "--scope", '{"tenant":"A/B"}')
+    assert code == 1 and "tenant must be" in err
+    assert cli("grants", "grant", FIXTURE_ID, "storage", "--scope", '{"tenant":"acme"}')[0] == 0
+    put_input = '{"key": "k", "value": {"$bytes": "6869"}}'
+    assert cli("run", FIXTURE_ID, "put", "--input", put_input)[:2] == (0, "null\n")
+    assert cli("run", FIXTURE_ID, "get", "--input", '{"key": "k"}')[:2] == (
+        0,
+        '{"$bytes": "6869"}\n',
+    )
+    store = KVStore(tmp_path / "state" / DB_NAME)
+    assert store.get(Namespace(FIXTURE_ID, "acme"), b"k") == b"hi"
+    store.close()
+    assert main(["inspect", str(FIXTURE), "--grant", "storage", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "storage: the extension's own namespace, at most 1048576 B in 10000 keys (a grant "
+        "scope may lower both)"
+    ) in json.loads(out)["enforced"]
