@@ -5,6 +5,7 @@ and hand-written WAT guests for requests the SDK would never send."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -25,7 +26,7 @@ from wasihost.cli import main
 from wasihost.errors import AdmissionError, CallError, ConfigError, FailureClass
 from wasihost.extension import Extension
 from wasihost.kvstore import DB_NAME, KVStore, Namespace, Quota, Usage
-from wasihost.lifecycle import ExtensionRevoked
+from wasihost.lifecycle import ExtensionRevoked, State
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 
@@ -219,7 +220,9 @@ def test_fill_writes_exactly_up_to_the_quota(host: Host) -> None:
     assert store_of(host).usage(Namespace(ext.id)) == Usage(sum(sizes[:-1]), out["written"])
 
 
-def test_quotas_come_from_the_manifest_capped_by_policy_and_scope(tmp_path: Path, cache: Path) -> None:
+def test_quotas_come_from_the_manifest_capped_by_policy_and_scope(
+    tmp_path: Path, cache: Path
+) -> None:
     package = tmp_path / "storage"
     shutil.copytree(FIXTURE, package, ignore=shutil.ignore_patterns("src", "Cargo.toml"))
     manifest = package / "extension.toml"
@@ -520,7 +523,7 @@ def test_requests_over_the_entry_limit_are_refused_unread(host: Host) -> None:
     assert store is None or store.usage(Namespace(put_ext.id)) == Usage()
 
 
-def test_raw_guest_sees_exact_statuses(host: Host) -> None:
+def test_a_raw_guest_gets_not_found_and_same_tenant_names_stay_apart(host: Host) -> None:
     get = host.admit(bare(raw_guest("storage_get"), "raw"), grants=["storage"])
     assert get.call("run", "missing") == -8  # NOT_FOUND
     put_ext = host.admit(bare(raw_guest("storage_put"), "raw2"), grants=["storage"])
@@ -642,7 +645,9 @@ def test_no_write_lands_after_revoke_returns(whole: bool, cache: Path) -> None:
 # -- durability ------------------------------------------------------------------------------
 
 
-def test_state_dir_storage_survives_a_host_restart_and_is_private(tmp_path: Path, cache: Path) -> None:
+def test_state_dir_storage_survives_a_host_restart_and_is_private(
+    tmp_path: Path, cache: Path
+) -> None:
     state = tmp_path / "state"
     for _ in range(2):
         with new_host(cache, state_dir=state) as h:
@@ -671,11 +676,24 @@ def test_an_explicit_path_is_used_and_memory_is_lost_at_close(tmp_path: Path, ca
         assert load(h, "m").call("get", {"key": "k"}) is None
 
 
+def test_a_failing_database_is_unavailable_to_the_guest_and_logged_for_the_host(
+    cache: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = KVStore(None)
+    with new_host(cache, brokers=[StorageBroker(store=store)]) as h:
+        ext = load(h)
+        put(ext, "k", b"v")
+        store.close()  # the database goes away under the broker
+        with caplog.at_level(logging.ERROR, logger="wasihost"):
+            assert guest_error(ext, "get", {"key": "k"}) == "unavailable"
+            assert guest_error(ext, "put", {"key": "k", "value": b"w"}) == "unavailable"
+        assert "storage database failed" in caplog.text
+        assert ext.lifecycle.state is State.RUNNING  # a status, not a crash
+
+
 def test_concurrent_extensions_write_consistently(host: Host) -> None:
     exts = [load(host, f"c{i}", scope={"max_objects": 300}) for i in range(3)]
-    threads = [
-        run_in_thread(lambda e=e: e.call("fill", {"prefix": "", "size": 100})) for e in exts
-    ]
+    threads = [run_in_thread(lambda e=e: e.call("fill", {"prefix": "", "size": 100})) for e in exts]
     for worker, errors in threads:
         worker.join(60)
         assert errors == []
@@ -792,7 +810,6 @@ def test_a_host_killed_mid_write_leaves_every_value_whole(tmp_path: Path) -> Non
                 assert found in states[first:], (earlier, acked)
         finally:
             store.close()
-
 
 
 # -- operator surfaces -----------------------------------------------------------------------
