@@ -691,6 +691,22 @@ def test_a_failing_database_is_unavailable_to_the_guest_and_logged_for_the_host(
         assert ext.lifecycle.state is State.RUNNING  # a status, not a crash
 
 
+def test_a_full_disk_refuses_the_write_whole_and_the_store_carries_on(cache: Path) -> None:
+    store = KVStore(None)
+    with new_host(cache, brokers=[StorageBroker(store=store)]) as h:
+        ext = load(h)
+        put(ext, "small", b"s")
+        # SQLite's own limit on the file's size: the next big value does not fit.
+        pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+        store._db.execute(f"PRAGMA max_page_count = {pages + 2}")
+        assert guest_error(ext, "put", {"key": "big", "value": b"b" * 32768}) == "unavailable"
+        assert ext.call("get", {"key": "big"}) is None
+        put(ext, "small", b"t")  # the failed transaction left nothing open
+        assert store.usage(Namespace(ext.id)) == Usage(6, 1)
+        assert store.check() == []
+    store.close()
+
+
 def test_concurrent_extensions_write_consistently(host: Host) -> None:
     exts = [load(host, f"c{i}", scope={"max_objects": 300}) for i in range(3)]
     threads = [run_in_thread(lambda e=e: e.call("fill", {"prefix": "", "size": 100})) for e in exts]

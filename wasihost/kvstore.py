@@ -157,10 +157,13 @@ class KVStore:
             db.execute("BEGIN IMMEDIATE")
             try:
                 result = action(db)
+                db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                # SQLite may have rolled back already (a full disk can); a failed COMMIT
+                # leaves the transaction open, and the next write must not start inside it.
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
-            db.execute("COMMIT")
             return result
 
     # -- reads ----------------------------------------------------------------------------
