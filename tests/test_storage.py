@@ -20,12 +20,14 @@ from typing import Any
 import pytest
 from conftest import FIXTURES, ROOT, bare, run_in_thread
 from guests import build, escape, guest_wat
+from hypothesis import given
+from hypothesis import strategies as st
 
 from wasihost.brokers.storage import ExtensionStorage, StorageBroker
 from wasihost.cli import main
 from wasihost.errors import AdmissionError, CallError, ConfigError, FailureClass
 from wasihost.extension import Extension
-from wasihost.kvstore import DB_NAME, KVStore, Namespace, Quota, Usage
+from wasihost.kvstore import DB_NAME, KVStore, Namespace, Quota, QuotaExceeded, Usage
 from wasihost.lifecycle import ExtensionRevoked, State
 from wasihost.policy import Policy
 from wasihost.runtime import Host
@@ -860,3 +862,69 @@ def test_the_cli_keeps_storage_in_the_state_dir_under_the_granted_tenant(
         "storage: the extension's own namespace, at most 1048576 B in 10000 keys (a grant "
         "scope may lower both)"
     ) in json.loads(out)["enforced"]
+
+
+# -- the store against a model ----------------------------------------------------------------
+
+KEYS = st.sampled_from([b"a", b"ab", b"b", b"\xc3\xa9", b"a/b"])
+VALUES = st.binary(max_size=12)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), KEYS, VALUES),
+        st.tuples(st.just("delete"), KEYS),
+        st.tuples(st.just("cas"), KEYS, st.none() | VALUES, st.none() | VALUES),
+    ),
+    max_size=40,
+)
+
+
+@given(ops=OPS, max_bytes=st.integers(0, 40), max_objects=st.integers(0, 4))
+def test_the_store_matches_a_dictionary_under_quotas(
+    ops: list[tuple[Any, ...]], max_bytes: int, max_objects: int
+) -> None:
+    """Any sequence of writes: the store answers as a dict with the same quota rule would,
+    a refused write changes nothing, and the counters always equal the content."""
+    store = KVStore(None)
+    ns, other = Namespace("x"), Namespace("x", "t")
+    quota = Quota(max_bytes, max_objects)
+    model: dict[bytes, bytes] = {}
+
+    def fits(key: bytes, value: bytes) -> bool:
+        size = sum(len(k) + len(v) for k, v in model.items())
+        old = len(key) + len(model[key]) if key in model else 0
+        grows = len(key) + len(value) - old
+        return (grows <= 0 or size + grows <= max_bytes) and (
+            key in model or len(model) < max_objects
+        )
+
+    try:
+        store.put(other, b"a", b"other tenant", Quota(100, 1))
+        for op in ops:
+            if op[0] == "delete":
+                assert store.delete(ns, op[1]) == (model.pop(op[1], None) is not None)
+                continue
+            key = op[1]
+            expected, new = (model.get(key), op[2]) if op[0] == "put" else (op[2], op[3])
+            matches = model.get(key) == expected
+            refused = matches and new is not None and not fits(key, new)
+            try:
+                if op[0] == "put":
+                    store.put(ns, key, new, quota)
+                else:
+                    assert store.cas(ns, key, expected, new, quota) == matches
+            except QuotaExceeded:
+                assert refused
+            else:
+                assert not refused
+                if matches and new is None:
+                    model.pop(key, None)
+                elif matches:
+                    model[key] = new
+            assert {k: store.get(ns, k) for k in model} == model
+        keys, _ = store.list(ns, b"", None, 100)
+        assert keys == sorted(model)
+        assert store.usage(ns) == Usage(sum(len(k) + len(v) for k, v in model.items()), len(model))
+        assert store.get(other, b"a") == b"other tenant"
+        assert store.check() == []
+    finally:
+        store.close()
