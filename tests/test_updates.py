@@ -143,11 +143,11 @@ class Notes:
     def close(self, state: Extension) -> None:
         pass
 
-    def checkpoint(self, extension: str, directory: Path) -> None:
+    def checkpoint(self, host: Host, extension: str, directory: Path) -> None:
         directory.mkdir(parents=True)
         (directory / "notes.json").write_text(json.dumps(self.notes.get(extension, [])))
 
-    def restore(self, extension: str, directory: Path) -> None:
+    def restore(self, host: Host, extension: str, directory: Path) -> None:
         self.notes[extension] = json.loads((directory / "notes.json").read_text())
 
 

@@ -129,6 +129,11 @@ def inspect_package(
         f"command input <= {resources.max_input_bytes} B, output <= "
         f"{resources.max_output_bytes} B, log <= {resources.max_log_bytes} B",
     ]
+    if "storage" in grant.capabilities:
+        report["enforced"].append(
+            f"storage: the extension's own namespace, at most {resources.storage_max_bytes} B "
+            f"in {resources.storage_max_objects} keys (a grant scope may lower both)"
+        )
     report["declared"] = [
         "command descriptions and optional capabilities the guest may or may not use",
     ]

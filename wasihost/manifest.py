@@ -169,6 +169,12 @@ class Resources:
     max_table_elements: int = attrs.field(
         default=limits.DEFAULT_MAX_TABLE_ELEMENTS, validator=_in_range("max_table_elements")
     )
+    storage_max_bytes: int = attrs.field(
+        default=limits.DEFAULT_STORAGE_MAX_BYTES, validator=_in_range("storage_max_bytes")
+    )
+    storage_max_objects: int = attrs.field(
+        default=limits.DEFAULT_STORAGE_MAX_OBJECTS, validator=_in_range("storage_max_objects")
+    )
 
     @classmethod
     def default(cls) -> Resources:

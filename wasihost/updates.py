@@ -48,9 +48,9 @@ class UpdateError(PackageError):
 class Checkpointing(Protocol):
     """A broker whose per-extension state an update checkpoints (storage rows, ...)."""
 
-    def checkpoint(self, extension: str, directory: Path) -> None: ...
+    def checkpoint(self, host: Host, extension: str, directory: Path) -> None: ...
 
-    def restore(self, extension: str, directory: Path) -> None: ...
+    def restore(self, host: Host, extension: str, directory: Path) -> None: ...
 
 
 def _same_publisher(package: Package, current: InstalledPackage | None) -> None:
@@ -223,7 +223,7 @@ def take_checkpoint(host: Host, extension: str, version: str) -> Path:
     if data.exists():
         shutil.copytree(data, target / "data", symlinks=True)
     for broker in _checkpointing(host):
-        broker.checkpoint(extension, target / "brokers" / broker.name)
+        broker.checkpoint(host, extension, target / "brokers" / broker.name)
     return target
 
 
@@ -234,7 +234,7 @@ def restore_checkpoint(host: Host, extension: str, checkpoint: Path) -> None:
     if (checkpoint / "data").exists():
         shutil.copytree(checkpoint / "data", data, symlinks=True)
     for broker in _checkpointing(host):
-        broker.restore(extension, checkpoint / "brokers" / broker.name)
+        broker.restore(host, extension, checkpoint / "brokers" / broker.name)
 
 
 def _checkpointing(host: Host) -> list[Any]:

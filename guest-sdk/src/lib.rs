@@ -12,6 +12,7 @@ pub mod import;
 pub mod log;
 pub mod random;
 pub mod secrets;
+pub mod storage;
 
 mod abort;
 mod host;
@@ -25,6 +26,8 @@ pub use cbor::Value;
 /// [`random`], [`secrets`], [`events`], [`files`], ...) and [`abort()`].
 /// the host's checks). Prefer the safe wrappers in [`log`], [`clock`], [`random`], [`http`]
 /// and [`abort()`].
+/// the host's checks). Prefer the safe wrappers in [`log`], [`clock`], [`random`],
+/// [`storage`] and [`abort()`].
 ///
 /// Each has the ABI's signature `(req_ptr, req_len, resp_ptr, resp_cap) -> i32`: a return
 /// `>= 0` is the number of response bytes written, `< 0` is `-status`
@@ -44,4 +47,9 @@ pub mod raw {
     pub use crate::log::raw_log as log;
     pub use crate::random::raw_random_bytes as random_bytes;
     pub use crate::secrets::raw_secret_hmac as secret_hmac;
+    pub use crate::storage::raw_storage_cas as storage_cas;
+    pub use crate::storage::raw_storage_delete as storage_delete;
+    pub use crate::storage::raw_storage_get as storage_get;
+    pub use crate::storage::raw_storage_list as storage_list;
+    pub use crate::storage::raw_storage_put as storage_put;
 }

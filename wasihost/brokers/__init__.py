@@ -14,7 +14,8 @@ from typing import Any
 def builtin_brokers() -> tuple[Any, ...]:
     """The brokers every host registers (through :meth:`Host.add_broker`, as an embedder
     would): ``abort``, ``log``, ``clock_now`` and ``random_bytes`` of ABI v1.0, and the
-    brokers of v1.1. An embedder replaces one by passing its own of the same name
+    brokers of v1.1 (``secret_hmac``, ``events_*``, ``file_*``, ``http_request``,
+    ``storage_*``). An embedder replaces one by passing its own of the same name
     (``Host(brokers=[SecretsBroker(FileSecretStore(path))])``)."""
     from .clock import ClockBroker
     from .core import CoreBroker
@@ -24,6 +25,7 @@ def builtin_brokers() -> tuple[Any, ...]:
     from .log import LogBroker
     from .random import RandomBroker
     from .secrets import SecretsBroker
+    from .storage import StorageBroker
 
     return (
         CoreBroker(),
@@ -34,4 +36,5 @@ def builtin_brokers() -> tuple[Any, ...]:
         EventsBroker(),
         FilesBroker(),
         HttpBroker(),
+        StorageBroker(),
     )
