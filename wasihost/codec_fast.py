@@ -17,7 +17,7 @@ and encoder for everything they do not vouch for, so every error still comes fro
   ``max_bytes + 9 * max_items`` bytes before the caller checks the length.
 
 Both are conservative: when unsure they say no, and the exact codec decides. The step tables say,
-per initial byte, how long an item is when the byte alone tells (0: look further, or refuse).
+per initial byte, how long an item is when the byte alone tells, or how to read it.
 """
 
 from __future__ import annotations
@@ -89,27 +89,45 @@ def backend() -> Backend | None:
 # -- decoding: the scan --------------------------------------------------------------------------
 
 
+# Codes below zero in a step table: items the loops handle inline without a call, by their head.
+_STRING_1: Final = -1  # a byte or text string with a one-byte length
+_STRING_2: Final = -2  # ... with a two-byte length
+_ARRAY: Final = -3  # an array of fewer than 24 elements
+_MAP: Final = -4  # a map of fewer than 24 entries
+
+
 @functools.cache
-def _steps(max_string: int) -> tuple[bytes, bytes]:
-    """The step tables for values and for map keys under ``max_string``."""
-    value = bytearray(256)
+def _steps(max_string: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The step tables for values and for map keys under ``max_string``: per initial byte, the
+    whole size of an item the byte alone tells, a code below zero, or 0 (look further in
+    _Scanner.item(), which refuses what it does not know)."""
+    value = [0] * 256
     for initial in range(0x18):
         value[initial] = value[0x20 | initial] = 1  # integers in the head
     for info, width in ((24, 1), (25, 2), (26, 4), (27, 8)):
         value[info] = value[0x20 | info] = 1 + width  # integers with an argument
     for length in range(min(23, max_string) + 1):
         value[0x40 | length] = value[0x60 | length] = 1 + length  # short strings
+    value[0x58] = value[0x78] = _STRING_1
+    value[0x59] = value[0x79] = _STRING_2
+    for count in range(24):
+        value[0x80 | count] = _ARRAY
+        value[0xA0 | count] = _MAP
     value[0xF4] = value[0xF5] = value[0xF6] = 1  # false, true, null
     value[0xFB] = 9  # float64: cbor2 and the exact decoder give the same bits, NaNs included
-    key = bytearray(256)
+    key = [0] * 256
     for initial in (*range(0x00, 0x40), *range(0x60, 0x80)):
         key[initial] = value[initial]
-    return bytes(value), bytes(key)
+    return tuple(value), tuple(key)
 
 
 class _Scanner:
     """The limits of a scan, immutable; ``left`` (the item budget) is threaded through the
-    calls."""
+    calls.
+
+    A buffer cut short needs no check of its own: a length read past the end puts ``pos``
+    past it for good, so the next head read raises IndexError or the final offset is not the
+    end; and a count is compared with the bytes left before any loop runs."""
 
     __slots__ = ("keys", "max_depth", "max_string", "values")
 
@@ -119,11 +137,7 @@ class _Scanner:
         self.values, self.keys = _steps(max_string)
 
     def item(self, buf: bytes, pos: int, depth: int, left: int) -> tuple[int, int]:
-        """An item the tables do not step over: the offset after it and the budget left.
-
-        A buffer cut short needs no check of its own here: an argument read past the end puts
-        ``pos`` past it for good, so the next head read raises IndexError or the final offset
-        is not the end; and a count is compared with the bytes left before any loop runs."""
+        """An item the loops do not take inline: the offset after it and the budget left."""
         initial = buf[pos]
         info = initial & 0x1F
         pos += 1
@@ -141,15 +155,7 @@ class _Scanner:
                 raise _Unsure
             return pos + arg, left
         if major in (4, 5):
-            depth += 1
-            children = 2 * arg if major == 5 else arg
-            left -= children
-            # Every child takes at least one byte, as in the exact decoder.
-            if depth > self.max_depth or left < 0 or children > len(buf) - pos:
-                raise _Unsure
-            if major == 5:
-                return self.map(buf, pos, arg, depth, left)
-            return self.array(buf, pos, arg, depth, left)
+            return self.container(buf, pos, arg, major == 5, depth, left)
         if major <= 1:
             return pos, left
         # float16 and float32 (the others are in the tables or refused): an infinity or a NaN
@@ -160,35 +166,50 @@ class _Scanner:
             return pos, left
         raise _Unsure  # a tag, undefined, another simple value, or a float left to the exact path
 
-    def array(self, buf: bytes, pos: int, count: int, depth: int, left: int) -> tuple[int, int]:
+    def container(
+        self, buf: bytes, pos: int, count: int, is_map: bool, depth: int, left: int
+    ) -> tuple[int, int]:
+        """The children of a container whose head ends at ``pos``, charged to the budget."""
+        depth += 1
+        children = 2 * count if is_map else count
+        left -= children
+        # Every child takes at least one byte, as in the exact decoder.
+        if depth > self.max_depth or left < 0 or children > len(buf) - pos:
+            raise _Unsure
         steps = self.values
-        item = self.item
-        for _ in range(count):
-            step = steps[buf[pos]]
-            if step:
-                pos += step
-            else:
-                pos, left = item(buf, pos, depth, left)
-        return pos, left
-
-    def map(self, buf: bytes, pos: int, count: int, depth: int, left: int) -> tuple[int, int]:
-        values = self.values
         keys = self.keys
-        item = self.item
+        max_string = self.max_string
+        # One loop for both kinds: a map's keys are checked on their own table first.
         for _ in range(count):
+            if is_map:
+                initial = buf[pos]
+                step = keys[initial]
+                if step > 0:
+                    pos += step
+                elif 0x60 <= initial < 0x80:  # text with a longer head (or refused by item())
+                    pos, left = self.item(buf, pos, depth, left)
+                else:
+                    raise _Unsure  # a key that is not text or an integer
             initial = buf[pos]
-            step = keys[initial]
-            if step:
+            step = steps[initial]
+            if step > 0:
                 pos += step
-            elif 0x60 <= initial < 0x80:  # text with a longer head (or refused by item())
-                pos, left = item(buf, pos, depth, left)
+            elif step == _STRING_1:
+                length = buf[pos + 1]
+                if length > max_string:
+                    raise _Unsure
+                pos += 2 + length
+            elif step == _STRING_2:
+                length = buf[pos + 1] << 8 | buf[pos + 2]
+                if length > max_string:
+                    raise _Unsure
+                pos += 3 + length
+            elif step == _MAP:
+                pos, left = self.container(buf, pos + 1, initial - 0xA0, True, depth, left)
+            elif step == _ARRAY:
+                pos, left = self.container(buf, pos + 1, initial - 0x80, False, depth, left)
             else:
-                raise _Unsure  # a key that is not text or an integer
-            step = values[buf[pos]]
-            if step:
-                pos += step
-            else:
-                pos, left = item(buf, pos, depth, left)
+                pos, left = self.item(buf, pos, depth, left)
         return pos, left
 
 
@@ -214,7 +235,7 @@ def scan(buf: bytes, max_depth: int, max_items: int, max_string: int) -> bool:
     scanner = _scanner(max_depth, max_string)
     try:
         step = scanner.values[buf[0]]
-        stop = step if step else scanner.item(buf, 0, 0, max_items - 1)[0]
+        stop = step if step > 0 else scanner.item(buf, 0, 0, max_items - 1)[0]
     except (_Unsure, IndexError, RecursionError):
         return False
     return stop == len(buf)
@@ -247,20 +268,12 @@ class _Walker:
         return size
 
     def item(self, value: Any, depth: int) -> None:
-        """Check one value that is not a scalar the container loops take inline."""
+        """Check one value of any kind (the loops below take the common ones inline)."""
         kind = type(value)
         if kind is list or kind is tuple:
-            depth += 1
-            self.left -= len(value)
-            if depth > self.max_depth or self.left < 0:
-                raise _Unsure
-            self.children(value, depth)
+            self.sequence(value, depth)
         elif kind is dict:
-            depth += 1
-            self.left -= 2 * len(value)
-            if depth > self.max_depth or self.left < 0:
-                raise _Unsure
-            self.entries(value, depth)
+            self.mapping(value, depth)
         elif kind is str:
             size = len(value)
             self.string_bytes += (
@@ -279,7 +292,11 @@ class _Walker:
         elif value is not None and kind is not bool:
             raise _Unsure  # a subclass, or a type outside the profile
 
-    def children(self, value: list[Any] | tuple[Any, ...], depth: int) -> None:
+    def sequence(self, value: list[Any] | tuple[Any, ...], depth: int) -> None:
+        depth += 1
+        self.left -= len(value)
+        if depth > self.max_depth or self.left < 0:
+            raise _Unsure
         max_string = self.max_string
         total = 0
         for element in value:
@@ -295,11 +312,17 @@ class _Walker:
             elif kind is float:
                 if not -_INF < element < _INF:
                     raise _Unsure
+            elif kind is dict:
+                self.mapping(element, depth)
             else:
                 self.item(element, depth)
         self.string_bytes += total
 
-    def entries(self, value: dict[Any, Any], depth: int) -> None:
+    def mapping(self, value: dict[Any, Any], depth: int) -> None:
+        depth += 1
+        self.left -= 2 * len(value)
+        if depth > self.max_depth or self.left < 0:
+            raise _Unsure
         max_string = self.max_string
         total = 0
         for key, element in value.items():
@@ -324,6 +347,12 @@ class _Walker:
             elif kind is float:
                 if not -_INF < element < _INF:
                     raise _Unsure
+            elif kind is bytes:
+                if len(element) > max_string:
+                    raise _Unsure
+                total += len(element)
+            elif kind is list:
+                self.sequence(element, depth)
             else:
                 self.item(element, depth)
         self.string_bytes += total
