@@ -16,8 +16,13 @@ and after.
 Targets (issue 12, section 6): encode and decode of a 64-byte value at most 0.5 µs each, and of
 a ~58 KiB structured value at most 2x cbor2.
 
+``--echo``: the codec's share of a whole call instead. ``Extension.call("echo", 64 bytes)`` on
+``fixtures/echo`` (the ``echo64`` case of ``bench_calls.py``), rounds alternating between the
+codec as it is and the codec before (``wasihost.extension``'s ``encode``/``decode`` swapped for
+``tests/reference_codec.py``'s), same process, same instance.
+
 Usage: ``python benchmarks/bench_codec.py [--rounds 15] [--budget-ms 40] [--clock cpu|wall]
-[--only CASE...] [--json]``.
+[--only CASE...] [--echo] [--json]``.
 """
 
 from __future__ import annotations
@@ -182,6 +187,59 @@ def run(rounds: int, budget_ms: float, clock_name: str, only: frozenset[str]) ->
     }
 
 
+def run_echo(rounds: int, calls: int, clock_name: str) -> dict[str, Any]:
+    """Per-call µs of the 64-byte echo through Extension.call with each codec, interleaved."""
+    os.environ["RUST_BACKTRACE"] = "0"
+    from wasihost import extension
+    from wasihost.policy import Policy
+    from wasihost.runtime import Host
+
+    clock = time.process_time_ns if clock_name == "cpu" else time.perf_counter_ns
+    payload = bytes(range(64))
+    codecs = {
+        "wasihost": (codec.encode, codec.decode),
+        "before": (reference_codec.encode, reference_codec.decode),
+    }
+    load_before = os.getloadavg()
+    samples: dict[str, list[float]] = {name: [] for name in codecs}
+    with Host(Policy(allow={"log", "clock", "random"}), cache_dir=None) as host:
+        ext = host.load(ROOT / "fixtures" / "echo")
+        try:
+            for index in range(rounds):
+                order = list(codecs) if index % 2 == 0 else list(reversed(codecs))
+                for name in order:
+                    extension.encode, extension.decode = codecs[name]  # type: ignore[assignment]
+                    assert ext.call("echo", payload) == payload
+                    call = ext.call
+                    start = clock()
+                    for _ in range(calls):
+                        call("echo", payload)
+                    samples[name].append((clock() - start) / calls / 1000)
+        finally:
+            extension.encode, extension.decode = codec.encode, codec.decode
+    ours, theirs = samples["wasihost"], samples["before"]
+    return {
+        "clock": clock_name,
+        "rounds": rounds,
+        "calls": calls,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "echo64": {
+            name: {
+                "median_us": statistics.median(values),
+                "min_us": min(values),
+                "max_us": max(values),
+            }
+            for name, values in samples.items()
+        },
+        "saved_us_per_round": {
+            "median": statistics.median(b - a for a, b in zip(ours, theirs, strict=True)),
+            "min": min(b - a for a, b in zip(ours, theirs, strict=True)),
+            "max": max(b - a for a, b in zip(ours, theirs, strict=True)),
+        },
+    }
+
+
 def _spread(stats: dict[str, float]) -> str:
     return f"{stats['median_us']:8.3f} ({stats['min_us']:.3f}-{stats['max_us']:.3f})"
 
@@ -192,8 +250,29 @@ def main() -> int:
     parser.add_argument("--budget-ms", type=float, default=40.0, help="time per timed batch")
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     parser.add_argument("--only", nargs="+", default=[], help=f"cases: {' '.join(CASES)}")
+    parser.add_argument("--echo", action="store_true", help="the codec's share of a 64-byte echo")
+    parser.add_argument("--calls", type=int, default=20_000, help="calls per round, --echo")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.echo:
+        echo = run_echo(args.rounds, args.calls, args.clock)
+        if args.json:
+            print(json.dumps(echo, indent=2))
+            return 0
+        before = ", ".join(f"{x:.2f}" for x in echo["load_before"])
+        after = ", ".join(f"{x:.2f}" for x in echo["load_after"])
+        print(
+            f"Extension.call('echo', 64 bytes), {echo['clock']} clock, {echo['rounds']} rounds x "
+            f"{echo['calls']} calls; load average {before} -> {after}"
+        )
+        for name, stats in echo["echo64"].items():
+            print(f"  codec {name:9} {_spread(stats)} µs per call")
+        saved = echo["saved_us_per_round"]
+        print(
+            f"  saved per call, same round: {saved['median']:.3f} µs "
+            f"({saved['min']:.3f} to {saved['max']:.3f})"
+        )
+        return 0
     report = run(args.rounds, args.budget_ms, args.clock, frozenset(args.only))
     if args.json:
         print(json.dumps(report, indent=2))

@@ -177,19 +177,21 @@ class _Scanner:
         if depth > self.max_depth or left < 0 or children > len(buf) - pos:
             raise _Unsure
         steps = self.values
-        keys = self.keys
         max_string = self.max_string
-        # One loop for both kinds: a map's keys are checked on their own table first.
+        container = self.container
+        item = self.item
+        keys = self.keys if is_map else None
         for _ in range(count):
-            if is_map:
+            if keys is not None:
+                # A map's key first, on its own table: text or an integer only.
                 initial = buf[pos]
                 step = keys[initial]
                 if step > 0:
                     pos += step
                 elif 0x60 <= initial < 0x80:  # text with a longer head (or refused by item())
-                    pos, left = self.item(buf, pos, depth, left)
+                    pos, left = item(buf, pos, depth, left)
                 else:
-                    raise _Unsure  # a key that is not text or an integer
+                    raise _Unsure
             initial = buf[pos]
             step = steps[initial]
             if step > 0:
@@ -205,11 +207,11 @@ class _Scanner:
                     raise _Unsure
                 pos += 3 + length
             elif step == _MAP:
-                pos, left = self.container(buf, pos + 1, initial - 0xA0, True, depth, left)
+                pos, left = container(buf, pos + 1, initial - 0xA0, True, depth, left)
             elif step == _ARRAY:
-                pos, left = self.container(buf, pos + 1, initial - 0x80, False, depth, left)
+                pos, left = container(buf, pos + 1, initial - 0x80, False, depth, left)
             else:
-                pos, left = self.item(buf, pos, depth, left)
+                pos, left = item(buf, pos, depth, left)
         return pos, left
 
 
