@@ -122,97 +122,95 @@ def _steps(max_string: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 class _Scanner:
-    """The limits of a scan, immutable; ``left`` (the item budget) is threaded through the
-    calls.
+    """The scan under one pair of limits: two functions closing over the tables and limits (no
+    attribute loads per container). ``left``, the item budget, is threaded through the calls.
 
     A buffer cut short needs no check of its own: a length read past the end puts ``pos``
     past it for good, so the next head read raises IndexError or the final offset is not the
     end; and a count is compared with the bytes left before any loop runs."""
 
-    __slots__ = ("keys", "max_depth", "max_string", "values")
+    __slots__ = ("container", "item", "values")
 
     def __init__(self, max_depth: int, max_string: int) -> None:
-        self.max_depth = max_depth
-        self.max_string = max_string
-        self.values, self.keys = _steps(max_string)
+        steps, keys = _steps(max_string)
 
-    def item(self, buf: bytes, pos: int, depth: int, left: int) -> tuple[int, int]:
-        """An item the loops do not take inline: the offset after it and the budget left."""
-        initial = buf[pos]
-        info = initial & 0x1F
-        pos += 1
-        if info < 24:
-            arg = info
-        elif info < 28:
-            width = 1 << (info - 24)
-            arg = int.from_bytes(buf[pos : pos + width], "big")
-            pos += width
-        else:
-            raise _Unsure  # reserved, indefinite or break
-        major = initial >> 5
-        if major in (2, 3):
-            if arg > self.max_string:
+        def item(buf: bytes, pos: int, depth: int, left: int) -> tuple[int, int]:
+            """An item the loops do not take inline: the offset after it and the budget left."""
+            initial = buf[pos]
+            info = initial & 0x1F
+            pos += 1
+            if info < 24:
+                arg = info
+            elif info < 28:
+                width = 1 << (info - 24)
+                arg = int.from_bytes(buf[pos : pos + width], "big")
+                pos += width
+            else:
+                raise _Unsure  # reserved, indefinite or break
+            major = initial >> 5
+            if major in (2, 3):
+                if arg > max_string:
+                    raise _Unsure
+                return pos + arg, left
+            if major in (4, 5):
+                return container(buf, pos, arg, major == 5, depth, left)
+            if major <= 1:
+                return pos, left
+            # float16 and float32 (the others are in the tables or refused): an infinity or a
+            # NaN goes to the exact decoder, whose float16 NaNs lose their payload where
+            # cbor2's keep it.
+            if initial == 0xF9 and arg & 0x7C00 != 0x7C00:
+                return pos, left
+            if initial == 0xFA and arg & 0x7F80_0000 != 0x7F80_0000:
+                return pos, left
+            raise _Unsure  # a tag, undefined, another simple value, a float for the exact path
+
+        def container(
+            buf: bytes, pos: int, count: int, is_map: bool, depth: int, left: int
+        ) -> tuple[int, int]:
+            """The children of a container whose head ends at ``pos``, charged to the budget."""
+            depth += 1
+            children = 2 * count if is_map else count
+            left -= children
+            # Every child takes at least one byte, as in the exact decoder.
+            if depth > max_depth or left < 0 or children > len(buf) - pos:
                 raise _Unsure
-            return pos + arg, left
-        if major in (4, 5):
-            return self.container(buf, pos, arg, major == 5, depth, left)
-        if major <= 1:
-            return pos, left
-        # float16 and float32 (the others are in the tables or refused): an infinity or a NaN
-        # goes to the exact decoder, whose float16 NaNs lose their payload where cbor2's keep it.
-        if initial == 0xF9 and arg & 0x7C00 != 0x7C00:
-            return pos, left
-        if initial == 0xFA and arg & 0x7F80_0000 != 0x7F80_0000:
-            return pos, left
-        raise _Unsure  # a tag, undefined, another simple value, or a float left to the exact path
-
-    def container(
-        self, buf: bytes, pos: int, count: int, is_map: bool, depth: int, left: int
-    ) -> tuple[int, int]:
-        """The children of a container whose head ends at ``pos``, charged to the budget."""
-        depth += 1
-        children = 2 * count if is_map else count
-        left -= children
-        # Every child takes at least one byte, as in the exact decoder.
-        if depth > self.max_depth or left < 0 or children > len(buf) - pos:
-            raise _Unsure
-        steps = self.values
-        max_string = self.max_string
-        container = self.container
-        item = self.item
-        keys = self.keys if is_map else None
-        for _ in range(count):
-            if keys is not None:
-                # A map's key first, on its own table: text or an integer only.
+            for _ in range(count):
+                if is_map:
+                    # A map's key first, on its own table: text or an integer only.
+                    initial = buf[pos]
+                    step = keys[initial]
+                    if step > 0:
+                        pos += step
+                    elif 0x60 <= initial < 0x80:  # text with a longer head (or refused)
+                        pos, left = item(buf, pos, depth, left)
+                    else:
+                        raise _Unsure
                 initial = buf[pos]
-                step = keys[initial]
+                step = steps[initial]
                 if step > 0:
                     pos += step
-                elif 0x60 <= initial < 0x80:  # text with a longer head (or refused by item())
-                    pos, left = item(buf, pos, depth, left)
+                elif step == _STRING_1:
+                    length = buf[pos + 1]
+                    if length > max_string:
+                        raise _Unsure
+                    pos += 2 + length
+                elif step == _STRING_2:
+                    length = buf[pos + 1] << 8 | buf[pos + 2]
+                    if length > max_string:
+                        raise _Unsure
+                    pos += 3 + length
+                elif step == _MAP:
+                    pos, left = container(buf, pos + 1, initial - 0xA0, True, depth, left)
+                elif step == _ARRAY:
+                    pos, left = container(buf, pos + 1, initial - 0x80, False, depth, left)
                 else:
-                    raise _Unsure
-            initial = buf[pos]
-            step = steps[initial]
-            if step > 0:
-                pos += step
-            elif step == _STRING_1:
-                length = buf[pos + 1]
-                if length > max_string:
-                    raise _Unsure
-                pos += 2 + length
-            elif step == _STRING_2:
-                length = buf[pos + 1] << 8 | buf[pos + 2]
-                if length > max_string:
-                    raise _Unsure
-                pos += 3 + length
-            elif step == _MAP:
-                pos, left = container(buf, pos + 1, initial - 0xA0, True, depth, left)
-            elif step == _ARRAY:
-                pos, left = container(buf, pos + 1, initial - 0x80, False, depth, left)
-            else:
-                pos, left = item(buf, pos, depth, left)
-        return pos, left
+                    pos, left = item(buf, pos, depth, left)
+            return pos, left
+
+        self.values = steps
+        self.item = item
+        self.container = container
 
 
 # Scanners by (max_depth, max_string), built once: nearly every payload has the default limits.
