@@ -6,6 +6,7 @@ The differential tests prove the results are the old codec's; these prove the bo
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import cbor2
@@ -178,3 +179,41 @@ def test_walk_refuses_what_cbor2_would_encode_otherwise(spy: Spy, value: Any) ->
         got = exc.message
     assert got == expected
     assert spy.encoded == []
+
+
+def python_loads(data: bytes, **options: Any) -> Any:
+    return cbor2.loads(data, **options)
+
+
+def python_dumps(value: Any) -> bytes:
+    return cbor2.dumps(value)
+
+
+class FakeCbor2:
+    """A stand-in for the cbor2 module, to see which versions the fast path accepts."""
+
+    CBORDecodeError = cbor2.CBORDecodeError
+
+    def __init__(self, loads: Any, dumps: Any) -> None:
+        self.loads = loads
+        self.dumps = dumps
+
+
+@pytest.mark.parametrize(
+    ("loads", "dumps", "usable"),
+    [
+        (cbor2.loads, cbor2.dumps, True),
+        # No allow_duplicate_keys (cbor2 before it had one): duplicates would pass silently.
+        (len, cbor2.dumps, False),
+        # The pure-Python cbor2: slower than the exact codec.
+        (python_loads, cbor2.dumps, False),
+        (cbor2.loads, python_dumps, False),
+    ],
+    ids=["c-with-option", "no-option", "python-loads", "python-dumps"],
+)
+def test_backend_is_used_only_when_it_can_keep_the_bounds(
+    monkeypatch: pytest.MonkeyPatch, loads: Any, dumps: Any, usable: bool
+) -> None:
+    monkeypatch.setitem(sys.modules, "cbor2", FakeCbor2(loads, dumps))
+    found = codec_fast.backend.__wrapped__()
+    assert (found is not None) == usable
