@@ -206,19 +206,19 @@ def test_differential_decode_vectors(vector: dict[str, Any]) -> None:
     check_decode(data + b"\x00")
 
 
-@settings(max_examples=800)
+@settings(max_examples=150)
 @given(cbor_like_bytes, any_limits)
 def test_differential_decode_hostile_bytes(data: bytes, limits: CodecLimits) -> None:
     check_decode(data, limits)
 
 
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(mutated_cbor(), any_limits)
 def test_differential_decode_damaged_payloads(data: bytes, limits: CodecLimits) -> None:
     check_decode(data, limits)
 
 
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(cbor_values, any_limits)
 def test_differential_decode_valid_payloads(value: Any, limits: CodecLimits) -> None:
     data = reference_codec.encode(value)
@@ -226,7 +226,7 @@ def test_differential_decode_valid_payloads(value: Any, limits: CodecLimits) -> 
     check_decode(data, limits)
 
 
-@settings(max_examples=500)
+@settings(max_examples=200)
 @given(scalar_payloads())
 def test_differential_decode_scalar_payloads(case: tuple[bytes, CodecLimits]) -> None:
     check_decode(*case)
@@ -291,14 +291,14 @@ def test_differential_decode_argument_type_errors() -> None:
 # -- encoding ------------------------------------------------------------------------------------
 
 
-@settings(max_examples=400)
+@settings(max_examples=150)
 @given(host_values, any_limits)
 def test_differential_encode(value: Any, limits: CodecLimits) -> None:
     check_encode(value, limits)
     check_encode(value)
 
 
-@settings(max_examples=400)
+@settings(max_examples=150)
 @given(st.sampled_from(_EDGE_SIZES), st.sampled_from(["b", "t", "u", "s"]), st.data())
 def test_differential_encode_strings_at_their_edges(
     size: int, kind: str, data: st.DataObject
