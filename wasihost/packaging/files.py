@@ -13,7 +13,6 @@ from .archive import MAX_ARCHIVE_BYTES, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYT
 from .names import RESERVED_DIR, UnsafeName, check_name
 from .trust import MAX_KEY_FILE_BYTES, SigningKey
 
-PACKAGE_SUFFIX = ".whpkg"
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CREATE_SECRET = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # The private key is the publisher's alone: owner read/write, as ssh-keygen writes its keys.

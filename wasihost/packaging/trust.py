@@ -22,12 +22,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..errors import ConfigError
+
+# The cryptography package is imported where a key is made or used: reading a trust file needs
+# none of it, and a host run with no signing key should not pay its import at start-up.
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 # Publisher ids are typed in files and command lines and compared byte for byte: a short
 # token of the same characters as reverse-DNS ids, e-mail addresses and user names.
@@ -168,6 +172,8 @@ class SigningKey:
 
     @classmethod
     def generate(cls, publisher: str) -> SigningKey:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         check_publisher(publisher, "--publisher")
         return cls(publisher, Ed25519PrivateKey.generate())
 
@@ -193,6 +199,8 @@ class SigningKey:
         number, (publisher, _, seed) = found[0]
         where = f"{origin} line {number}"
         check_publisher(publisher, where)
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         return cls(publisher, Ed25519PrivateKey.from_private_bytes(_key_bytes(seed, where)))
 
 
