@@ -38,7 +38,6 @@ from .hostfn import Broker, Function, HostFunctions
 from .lifecycle import ExtensionRevoked, State
 from .manifest import Resources
 from .package import Package, load_package
-from .packaging.revocation import MemoryFloor, StateFloor, VersionFloor
 from .planning import plan_package, unsigned_refusal
 from .policy import Grant, Policy
 from .registry import HostFunction, Profile, Registry, default_registry
@@ -53,6 +52,7 @@ from .wasmbin import read_header
 # when a module imports WASI. A short `wasihost run` pays for none of it at start-up.
 if TYPE_CHECKING:
     from .packaging.allowed_signers import AllowedSigners, SshSigned
+    from .packaging.revocation import VersionFloor
     from .packaging.trust import TrustStore
     from .state import InstalledPackage, StateStore
 
@@ -145,10 +145,10 @@ class Host:
             from .state import StateStore
 
             self.state = StateStore(state_dir)
-        # The highest revocation-list version seen: durable with a state directory.
-        self._revocation_floor: VersionFloor = (
-            StateFloor(self.state) if self.state is not None else MemoryFloor()
-        )
+        # The highest revocation-list version seen: durable with a state directory. Made when
+        # a policy with a revocation list first needs it (see _floor).
+        self._revocation_floor: VersionFloor | None = None
+        self._floor_lock = threading.Lock()
         # When the revocation list was last read for the running extensions, and what was
         # wrong with it then (None: it verified). Starts due, so the first committing host
         # call reads it.
@@ -419,7 +419,7 @@ class Host:
         """Static admission only: no compile, no instantiation, nothing of the guest runs."""
         revocations = self.policy.revocations
         if revocations is not None:
-            revocations.check(package, revocations.floor or self._revocation_floor)
+            revocations.check(package, revocations.floor or self._floor())
         epoch = 0
         if granted is None and self.state is not None:
             table = self.grants.state(package.name)
@@ -620,6 +620,20 @@ class Host:
 
     # -- the revocation list, for what is running ----------------------------------------------
 
+    def _floor(self) -> VersionFloor:
+        """This host's revocation-list version floor, one for the host's life. Made on first
+        use: a host without a revocation list never imports the list's code."""
+        floor = self._revocation_floor
+        if floor is None:
+            from .packaging.revocation import MemoryFloor, StateFloor
+
+            with self._floor_lock:  # two first users must share one floor
+                floor = self._revocation_floor
+                if floor is None:
+                    floor = StateFloor(self.state) if self.state is not None else MemoryFloor()
+                    self._revocation_floor = floor
+        return floor
+
     def refresh_revocations(self) -> dict[str, str]:
         """Read the policy's revocation list now and disable every admitted extension it
         revokes (its call in flight is interrupted; the revocation is durable). Returns the
@@ -630,7 +644,7 @@ class Host:
         if revocations is None:
             return {}
         try:
-            current = revocations.current(revocations.floor or self._revocation_floor)
+            current = revocations.current(revocations.floor or self._floor())
         except RevocationError as exc:
             self._revocation_verdict = (time.monotonic(), str(exc))
             raise
