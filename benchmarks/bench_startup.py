@@ -109,12 +109,15 @@ def child_env(pycache: Path) -> dict[str, str]:
     return env
 
 
-def one_process(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """(wall ms, CPU ms, stdout) of one process, exec to exit. The process is reaped with
-    ``wait4`` for its own resource usage (its children's included)."""
+def one_process(
+    argv: list[str], env: dict[str, str], cwd: Path = ROOT
+) -> tuple[float, float, str]:
+    """(wall ms, CPU ms, stdout) of one process, exec to exit, run in ``cwd`` (``-c`` puts it
+    first on the module path). The process is reaped with ``wait4`` for its own resource usage
+    (its children's included)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err)
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, cwd=cwd)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = (time.perf_counter() - start) * 1000
         proc.returncode = os.waitstatus_to_exitcode(status)
