@@ -10,11 +10,16 @@ from conftest import run_child
 from wasihost.engine.lowlevel import WASMTIME_VERSION, installed_version
 
 # What a plain run never needs: package archives, signatures and their crypto, revocation lists,
-# the durable state (sqlite3), installs and updates, and asyncio (async host functions only).
+# the durable state (sqlite3), installs and updates, asyncio (async host functions only), and an
+# HTTP client. Every Host makes the built-in brokers (builtin_brokers()), so a broker module must
+# import such a dependency when first used, not at its top.
 NOT_FOR_A_PLAIN_RUN = (
     "asyncio",
     "cryptography",
+    "http.client",
     "sqlite3",
+    "ssl",
+    "urllib3",
     "wasihost.packaging.archive",
     "wasihost.packaging.revocation",
     "wasihost.packaging.signing",
