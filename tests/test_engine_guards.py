@@ -98,10 +98,15 @@ def test_the_pinned_major_passes() -> None:
 
 
 def test_import_with_an_old_wasmtime_fails_with_a_config_error() -> None:
+    # The version is read from the name of wasmtime-py's .dist-info directory beside it (see
+    # lowlevel.installed_version): the child sees an old one there.
     report = child("""
-import importlib.metadata, json
-real = importlib.metadata.version
-importlib.metadata.version = lambda name: "30.0.0" if name == "wasmtime" else real(name)
+import json, os, wasmtime
+site = os.path.dirname(os.path.dirname(wasmtime.__file__))
+real = os.listdir
+os.listdir = lambda path=".": (
+    ["wasmtime-30.0.0.dist-info"] if os.fspath(path) == site else real(path)
+)
 try:
     import wasihost.runtime
     print(json.dumps({"error": None}))

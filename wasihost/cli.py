@@ -37,24 +37,18 @@ from .package import (
     load_package,
     open_archive,
 )
-from .packaging import revocation, signing
-from .packaging.allowed_signers import AllowedSigners, SshSigned, read_ssh_signature
-from .packaging.archive import read_archive, write_archive
-from .packaging.files import (
-    PACKAGE_SUFFIX,
-    pack_directory,
-    read_package_file,
-    read_signing_key,
-    write_key_pair,
-    write_package_file,
-)
-from .packaging.revocation import MemoryFloor, RevocationList, Revocations, StateDirFloor
-from .packaging.trust import SigningKey, TrustStore
+from .packaging.names import PACKAGE_SUFFIX
 from .policy import Policy
 from .registry import AbiVersion, default_registry
 from .wasi import cli as wasi_cli
 
+# Each command imports what only it needs (the package archive, signature and key code, the
+# runtime): `wasihost run` of a directory or module loads none of the packaging modules, and
+# `wasihost pack` none of the engine. Start-up is most of a short command's time.
 if TYPE_CHECKING:
+    from .packaging.allowed_signers import SshSigned
+    from .packaging.revocation import Revocations
+    from .packaging.trust import TrustStore
     from .runtime import Host
     from .state import InstalledPackage
 
@@ -317,6 +311,9 @@ def _revocations(args: argparse.Namespace) -> Revocations | None:
     path = getattr(args, "revocations", None)
     if path is None:
         return None
+    from .packaging.revocation import Revocations, StateDirFloor
+    from .packaging.trust import TrustStore
+
     if getattr(args, "trust", None) is None:
         raise UsageError(
             "--revocations needs --trust TRUSTFILE (the file marks the keys that sign the list)"
@@ -349,6 +346,8 @@ def _ssh(args: argparse.Namespace, source: str | Path) -> SshSigned | None:
         if getattr(args, "ssh_sig", None) is not None:
             raise UsageError("--ssh-sig needs --allowed-signers FILE")
         return None
+    from .packaging.allowed_signers import AllowedSigners, SshSigned, read_ssh_signature
+
     if not is_archive(source):
         raise UsageError(f"{source} is not a .whpkg: an SSH signature verifies .whpkg files")
     signature = args.ssh_sig if args.ssh_sig is not None else Path(f"{source}.sig")
@@ -361,6 +360,8 @@ def _trust(args: argparse.Namespace) -> TrustStore | None:
     """The ``--trust`` file, read once per command."""
     cached: TrustStore | None = getattr(args, "_trust_store", None)
     if cached is None and getattr(args, "trust", None) is not None:
+        from .packaging.trust import TrustStore
+
         cached = TrustStore.from_file(args.trust)
         args._trust_store = cached
     if getattr(args, "require_signed", False) and cached is None:
@@ -400,6 +401,7 @@ def _state_dir(args: argparse.Namespace) -> Path:
 def _state_host(args: argparse.Namespace) -> Host:
     """A host on the durable state: the grant table decides; the policy allows every
     capability the registry knows, so that it caps nothing the operator granted."""
+    from .packaging.allowed_signers import AllowedSigners
     from .runtime import Host
 
     registry = default_registry()
@@ -540,6 +542,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from .inspect import inspect_package, render_text
+    from .packaging.revocation import MemoryFloor
 
     registry = default_registry()
     package = load_package(
@@ -604,6 +607,8 @@ def _cmd_install(args: argparse.Namespace) -> int:
 
 
 def _cmd_endorse(args: argparse.Namespace) -> int:
+    from .packaging.files import read_signing_key
+
     old = read_signing_key(args.key)
     new = TrustStore.from_file(args.new)
     if new.revokers or len(new.keys) != 1:
@@ -619,6 +624,9 @@ def _cmd_endorse(args: argparse.Namespace) -> int:
 
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
+    from .packaging.files import write_key_pair
+    from .packaging.trust import SigningKey
+
     key = SigningKey.generate(args.publisher)
     private, public = write_key_pair(args.out, key)
     print(f"wrote {private} (private, mode 600) and {public} (a trust-file line)")
@@ -632,6 +640,9 @@ def _whpkg(path: Path, flag: str) -> Path:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
+    from .packaging.archive import read_archive, write_archive
+    from .packaging.files import pack_directory, write_package_file
+
     output = _whpkg(args.output, "-o")
     files = pack_directory(args.directory)
     data = write_archive(files)
@@ -647,6 +658,10 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 
 def _cmd_sign(args: argparse.Namespace) -> int:
+    from .packaging import signing
+    from .packaging.archive import write_archive
+    from .packaging.files import read_signing_key, write_package_file
+
     path = _whpkg(args.package, "sign")
     key = read_signing_key(args.key)
     archive, manifest, wasm = open_archive(path, default_registry().capabilities())
@@ -661,6 +676,12 @@ def _cmd_sign(args: argparse.Namespace) -> int:
 
 
 def _cmd_revoke(args: argparse.Namespace) -> int:
+    from .packaging import revocation
+    from .packaging.archive import read_archive
+    from .packaging.files import read_package_file, read_signing_key, write_package_file
+    from .packaging.revocation import RevocationList
+    from .packaging.trust import TrustStore
+
     if not 1 <= args.expires_days <= MAX_REVOCATION_DAYS:
         raise UsageError(f"--expires-days must be in 1..{MAX_REVOCATION_DAYS}")
     key = read_signing_key(args.key)
@@ -697,6 +718,8 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from .packaging.revocation import MemoryFloor
+
     path = _whpkg(args.package, "verify")
     ssh = _ssh(args, path)
     if ssh is None and args.trust is None:

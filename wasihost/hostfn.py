@@ -13,7 +13,6 @@ fuel and epochs are the registry's, and there is no second path.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import inspect
 import logging
@@ -28,6 +27,8 @@ from .registry import HostFunction, Registry, embedder_function
 from .status import GuestDeadline, GuestInterrupted, HostFunctionFailed, HostStatus, Status
 
 if TYPE_CHECKING:
+    import asyncio
+
     from .extension import Extension
 
 T = TypeVar("T")
@@ -156,6 +157,9 @@ class AsyncLoop:
                 coro.close()
                 raise HostStatus(Status.UNAVAILABLE)
             if self._loop is None:
+                # asyncio costs tens of ms to import: only a host with async functions pays.
+                import asyncio
+
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(
                     target=self._run, args=(loop,), name="wasihost-async", daemon=True
@@ -163,10 +167,14 @@ class AsyncLoop:
                 self._loop, self._thread = loop, thread
                 thread.start()
             loop = self._loop
+        import asyncio
+
         return asyncio.run_coroutine_threadsafe(coro, loop)
 
     @staticmethod
     def _run(loop: asyncio.AbstractEventLoop) -> None:
+        import asyncio
+
         asyncio.set_event_loop(loop)
         try:
             loop.run_forever()

@@ -9,17 +9,23 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
 from .errors import ArchiveError, ManifestError, PackageError
 from .manifest import Manifest, parse_manifest
-from .packaging import signing
-from .packaging.allowed_signers import SshSigned
-from .packaging.archive import Archive, read_archive
-from .packaging.files import PACKAGE_SUFFIX, read_package_file
-from .packaging.trust import TrustStore
+from .packaging.names import PACKAGE_SUFFIX
 from .wasmbin import MAX_MODULE_BYTES
+
+# The archive, signature and key modules (and the cryptography package under them) are
+# imported by the functions that read an archive: a directory or a bare module never needs
+# them, and they were a large part of every `wasihost run`'s start-up.
+if TYPE_CHECKING:
+    from .packaging import signing
+    from .packaging.allowed_signers import SshSigned
+    from .packaging.archive import Archive
+    from .packaging.trust import TrustStore
 
 MANIFEST_NAME = "extension.toml"
 # Real manifests are a few hundred bytes; 64 KiB bounds what a hostile one makes us parse.
@@ -92,6 +98,8 @@ def is_archive(source: str | os.PathLike[str]) -> bool:
 
 def identity(manifest: Manifest, module_sha256: str) -> signing.Identity:
     """The identity a signature vouches for, from a manifest."""
+    from .packaging import signing
+
     return signing.Identity(
         manifest.id, manifest.version, manifest.publisher, manifest.abi, module_sha256
     )
@@ -99,6 +107,9 @@ def identity(manifest: Manifest, module_sha256: str) -> signing.Identity:
 
 def open_archive(path: Path, known_capabilities: frozenset[str]) -> tuple[Archive, Manifest, bytes]:
     """A verified archive, its manifest and module; nothing is checked against a trust store."""
+    from .packaging.archive import read_archive
+    from .packaging.files import read_package_file
+
     archive = read_archive(read_package_file(path))
     manifest, wasm = archive_parts(archive, str(path), known_capabilities)
     return archive, manifest, wasm
@@ -128,6 +139,10 @@ def _load_archive(
     trust: TrustStore | None,
     ssh: SshSigned | None,
 ) -> Package:
+    from .packaging import signing
+    from .packaging.archive import read_archive
+    from .packaging.files import read_package_file
+
     data = read_package_file(path)
     archive = read_archive(data)
     manifest, wasm = archive_parts(archive, str(path), known_capabilities)

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import attrs
 
 from . import limits
 from .errors import AdmissionError, ConfigError
 from .manifest import Resources
-from .packaging.allowed_signers import AllowedSigners
-from .packaging.revocation import Revocations
-from .packaging.trust import TrustStore
 from .registry import CORE_CAPABILITY
+
+if TYPE_CHECKING:
+    # Types only: a policy without trust material must not load the signature code.
+    from .packaging.allowed_signers import AllowedSigners
+    from .packaging.revocation import Revocations
+    from .packaging.trust import TrustStore
 
 # Coarse by default: 1 ms is enough for timestamps in logs and too coarse for most cache
 # timing attacks; an embedder that needs finer time grants it explicitly.

@@ -14,13 +14,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from . import updates
 from .admission import AdmissionPlan
 from .brokers import builtin_brokers
 from .brokers.clock import Clock, SystemClock
@@ -41,20 +39,24 @@ from .hostfn import Broker, Function, HostFunctions
 from .lifecycle import ExtensionRevoked, State
 from .manifest import Resources
 from .package import Package, load_package
-from .packaging.allowed_signers import AllowedSigners, SshSigned
-from .packaging.revocation import MemoryFloor, StateFloor, VersionFloor
-from .packaging.trust import TrustStore
 from .planning import plan_package, unsigned_refusal
 from .policy import Grant, Policy
 from .registry import HostFunction, Profile, Registry, default_registry
 from .settings import EngineSettings
-from .state import InstalledPackage, StateStore
 from .supervision import Metrics, QuarantineReport, Supervisor
 from .tokens import TokenIssuer
-from .wasi.binding import wasi_profile
 from .wasi.registry import MODULE as WASI_MODULE
 from .wasi.scopes import check_scope as check_wasi_scope
 from .wasmbin import read_header
+
+# What only some hosts use is imported where it is used: the state store (sqlite3) with a state
+# directory, installs and updates, the signature code with trust material, the WASI binding
+# when a module imports WASI. A short `wasihost run` pays for none of it at start-up.
+if TYPE_CHECKING:
+    from .packaging.allowed_signers import AllowedSigners, SshSigned
+    from .packaging.revocation import VersionFloor
+    from .packaging.trust import TrustStore
+    from .state import InstalledPackage, StateStore
 
 
 def default_cache_dir() -> Path:
@@ -77,7 +79,19 @@ def _ssh(allowed: AllowedSigners | None, signature: bytes | None) -> SshSigned |
     """The OpenSSH verification asked for: both halves, or neither."""
     if (allowed is None) != (signature is None):
         raise ConfigError("allowed_signers and ssh_signature are given together")
-    return SshSigned(allowed, signature) if allowed is not None and signature is not None else None
+    if allowed is None or signature is None:
+        return None
+    from .packaging.allowed_signers import SshSigned
+
+    return SshSigned(allowed, signature)
+
+def _default_wasi_binding(ext: Extension) -> ProfileBinding:
+    """The default WASI profile's binding (``wasi_profile()``'s factory), its modules imported
+    on the first WASI guest."""
+    from .wasi.binding import wasi_profile
+
+    return wasi_profile()[1](ext)
+
 
 class Host:
     """The plugin engine of an application: one wasm engine, one registry, one policy, one
@@ -110,7 +124,7 @@ class Host:
         ):
             # WASI is served by default with nothing configured: no mounts, no args or env,
             # stdio to the extension log; what a guest may use still depends on its grant.
-            self.profile_factories[WASI_MODULE] = wasi_profile()[1]
+            self.profile_factories[WASI_MODULE] = _default_wasi_binding
         # Which broker serves each cbor entry: the built-ins register as an embedder's would,
         # and a broker the embedder passes replaces the built-in of the same name (a storage
         # broker on its own database, a secrets broker on its own store).
@@ -129,11 +143,15 @@ class Host:
         directory = default_cache_dir() if cache_dir is _DEFAULT else cache_dir
         if directory is not None and not isinstance(directory, Path):
             directory = Path(str(directory))
-        self.state = StateStore(state_dir) if state_dir is not None else None
-        # The highest revocation-list version seen: durable with a state directory.
-        self._revocation_floor: VersionFloor = (
-            StateFloor(self.state) if self.state is not None else MemoryFloor()
-        )
+        self.state: StateStore | None = None
+        if state_dir is not None:
+            from .state import StateStore
+
+            self.state = StateStore(state_dir)
+        # The highest revocation-list version seen: durable with a state directory. Made when
+        # a policy with a revocation list first needs it (see _floor).
+        self._revocation_floor: VersionFloor | None = None
+        self._floor_lock = threading.Lock()
         # When the revocation list was last read for the running extensions, and what was
         # wrong with it then (None: it verified). Starts due, so the first committing host
         # call reads it.
@@ -227,6 +245,8 @@ class Host:
             self.closed = True
             extensions = list(self._extensions.values())
         if len(extensions) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
             with ThreadPoolExecutor(min(MAX_CLOSING_THREADS, len(extensions))) as pool:
                 list(pool.map(Extension.close, extensions))
         elif extensions:
@@ -311,6 +331,8 @@ class Host:
         command, migrations, automatic rollback), use :meth:`update_installed`."""
         store = self.require_state()
         ssh = _ssh(allowed_signers, ssh_signature)
+        from . import updates
+
         package, current = updates.candidate(
             self, source, trust=trust, ssh=ssh, allow_downgrade=allow_downgrade
         )
@@ -341,11 +363,15 @@ class Host:
         re-check revocation, switch, retire the old. If anything fails before the switch, the
         checkpoint is restored and the old version keeps running (:class:`UpdateError`)."""
         ssh = _ssh(allowed_signers, ssh_signature)
+        from . import updates
+
         return updates.update(self, source, trust=trust, ssh=ssh, allow_downgrade=allow_downgrade)
 
     def rollback(self, extension: str) -> InstalledPackage:
         """Return an installed extension to the version its last update or install replaced
         (see :func:`wasihost.updates.rollback`)."""
+        from . import updates
+
         return updates.rollback(self, extension)
 
     def build_unregistered(self, package: Package) -> Extension:
@@ -379,6 +405,8 @@ class Host:
         installed = store.package(extension)
         if installed is None:
             raise PackageError(f"{extension} is not installed")
+        from . import updates
+
         package = updates.verify_installed(self, installed)
         return self.admit(package, fuel=fuel, timeout_ms=timeout_ms)
 
@@ -412,7 +440,7 @@ class Host:
         """Static admission only: no compile, no instantiation, nothing of the guest runs."""
         revocations = self.policy.revocations
         if revocations is not None:
-            revocations.check(package, revocations.floor or self._revocation_floor)
+            revocations.check(package, revocations.floor or self._floor())
         epoch = 0
         if granted is None and self.state is not None:
             table = self.grants.state(package.name)
@@ -613,6 +641,20 @@ class Host:
 
     # -- the revocation list, for what is running ----------------------------------------------
 
+    def _floor(self) -> VersionFloor:
+        """This host's revocation-list version floor, one for the host's life. Made on first
+        use: a host without a revocation list never imports the list's code."""
+        floor = self._revocation_floor
+        if floor is None:
+            from .packaging.revocation import MemoryFloor, StateFloor
+
+            with self._floor_lock:  # two first users must share one floor
+                floor = self._revocation_floor
+                if floor is None:
+                    floor = StateFloor(self.state) if self.state is not None else MemoryFloor()
+                    self._revocation_floor = floor
+        return floor
+
     def refresh_revocations(self) -> dict[str, str]:
         """Read the policy's revocation list now and disable every admitted extension it
         revokes (its call in flight is interrupted; the revocation is durable). Returns the
@@ -623,7 +665,7 @@ class Host:
         if revocations is None:
             return {}
         try:
-            current = revocations.current(revocations.floor or self._revocation_floor)
+            current = revocations.current(revocations.floor or self._floor())
         except RevocationError as exc:
             self._revocation_verdict = (time.monotonic(), str(exc))
             raise

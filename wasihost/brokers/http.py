@@ -17,19 +17,13 @@ end it in any case.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import logging
 import re
 import socket
-import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
-
-import urllib3
-from urllib3 import HTTPHeaderDict
-from urllib3.connection import HTTPConnection, HTTPSConnection
 
 from ..errors import ConfigError
 from ..hostfn import ASYNC_WAKE_CHECK_S
@@ -50,6 +44,11 @@ from ..status import GuestDeadline, GuestInterrupted, HostStatus, Status
 from .secrets import use_secret
 
 if TYPE_CHECKING:
+    import ssl
+
+    import urllib3
+    from urllib3.connection import HTTPConnection
+
     from ..extension import Extension
     from ..registry import HostFunction
 
@@ -383,6 +382,8 @@ class HttpBroker:
 
     def ssl_context(self) -> ssl.SSLContext:
         if self._ssl_context is None:
+            import ssl
+
             self._ssl_context = ssl.create_default_context()
         return self._ssl_context
 
@@ -514,6 +515,13 @@ class HttpBroker:
         state: HttpState,
         exchange: Exchange,
     ) -> dict[str, Any]:
+        # The HTTP client loads with the first request: a host that never makes one (most
+        # command-line runs) does not pay for urllib3, http.client and ssl.
+        import http.client
+
+        import urllib3
+        from urllib3 import HTTPHeaderDict
+
         origin = request.target.origin
         addresses = self._addresses(origin, allow_local)
         headers = HTTPHeaderDict({"Host": origin.host_header(), "Accept-Encoding": "identity"})
@@ -552,6 +560,9 @@ class HttpBroker:
     ) -> HTTPConnection:
         """A connection to the first of the checked ``addresses`` that answers (the name's
         others are tried in turn, as a browser would), never to anything resolved again."""
+        import urllib3
+        from urllib3.connection import HTTPConnection, HTTPSConnection
+
         for address in addresses[:MAX_CONNECT_ATTEMPTS]:
             left = deadline - time.monotonic()
             if left <= 0 or exchange.cancelled:

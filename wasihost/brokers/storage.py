@@ -20,13 +20,12 @@ from typing import TYPE_CHECKING, Any, Final
 from .. import limits
 from ..errors import ConfigError
 from ..grants import GrantEntry
-from ..kvstore import (
+from ..kvtypes import (
     DB_NAME,
     MAX_KEY_BYTES,
     MAX_PAGE_KEYS,
     MAX_PREFIX_BYTES,
     MAX_VALUE_BYTES,
-    KVStore,
     Namespace,
     Quota,
     QuotaExceeded,
@@ -36,6 +35,7 @@ from ..status import HostStatus, Status
 
 if TYPE_CHECKING:
     from ..extension import Extension
+    from ..kvstore import KVStore
     from ..registry import HostFunction
     from ..runtime import Host
 
@@ -303,6 +303,9 @@ class StorageBroker:
         return state.directory / DB_NAME if state is not None else None
 
     def open(self, ext: Extension) -> ExtensionStorage:
+        # SQLite loads with the first extension that uses storage, not with every host.
+        from ..kvstore import KVStore
+
         with self._lock:
             store = self._store
             if store is None or store.closed:
@@ -349,6 +352,8 @@ class StorageBroker:
     def _store_for(self, host: Host) -> tuple[KVStore | None, bool]:
         """The database that holds ``host``'s extensions' entries, and whether it was opened
         here (to be closed again); None for memory no extension has opened (nothing in it)."""
+        from ..kvstore import KVStore
+
         with self._lock:
             store = self._store
             if store is not None and not store.closed:

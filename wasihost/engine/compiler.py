@@ -23,15 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import selectors
 import signal
 import struct
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import wasmtime
 
@@ -41,6 +40,11 @@ from ..settings import EngineSettings
 from ..wasmbin import WasmFormatError, read_header
 from .compile_worker import EXIT_INVALID, EXIT_NO_MEMORY, FRAME_MAGIC, options_digest
 from .lowlevel import short_message
+
+# The worker's process plumbing is imported on a compile, not at start-up: a module found in the
+# cache (every start after the first) never needs it.
+if TYPE_CHECKING:
+    import subprocess
 
 WORKER = Path(__file__).with_name("compile_worker.py")
 _FRAME_HEADER = len(FRAME_MAGIC) + 32 + 32 + 8 + 32
@@ -89,6 +93,8 @@ def _exchange(
     proc: subprocess.Popen[bytes], request: bytes, deadline: float
 ) -> tuple[bytes, bytes]:
     """Feed ``request`` to the worker and collect its output, bounded in size and time."""
+    import selectors
+
     assert proc.stdin is not None
     assert proc.stdout is not None
     assert proc.stderr is not None
@@ -168,6 +174,8 @@ class ModuleCompiler:
             ) from None
 
     def _compile_in_worker(self, wasm: bytes) -> bytes:
+        import subprocess
+
         s = self._settings
         header = json.dumps(
             {

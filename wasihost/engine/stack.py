@@ -11,7 +11,6 @@ the engine's ``max_wasm_stack`` plus the host's own frames.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import threading
 
 from ..errors import ConfigError
@@ -33,9 +32,10 @@ UNKNOWN = 1 << 62
 
 
 def _bind() -> tuple[object, object, object, object] | None:
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
+        # The process's own symbols, libc's among them: ctypes.util.find_library("c") would
+        # run ldconfig in a subprocess, about 30 ms of every start-up.
+        libc = ctypes.CDLL(None)
         self_ = libc.pthread_self
         getattr_np = libc.pthread_getattr_np
         getstack = libc.pthread_attr_getstack

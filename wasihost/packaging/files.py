@@ -10,10 +10,12 @@ from pathlib import Path
 
 from ..errors import ArchiveError, ConfigError
 from .archive import MAX_ARCHIVE_BYTES, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES
+from .names import PACKAGE_SUFFIX as _SUFFIX
 from .names import RESERVED_DIR, UnsafeName, check_name
 from .trust import MAX_KEY_FILE_BYTES, SigningKey
 
-PACKAGE_SUFFIX = ".whpkg"
+# Defined in .names (which imports nothing heavy); kept here for code that takes it from here.
+PACKAGE_SUFFIX = _SUFFIX
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CREATE_SECRET = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # The private key is the publisher's alone: owner read/write, as ssh-keygen writes its keys.

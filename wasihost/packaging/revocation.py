@@ -38,8 +38,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
 
 import attrs
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ..errors import RevocationListError, RevokedError
 from .trust import KEY_BYTES, PUBLISHER_ID, SigningKey, TrustStore, b64, format_time
@@ -224,6 +222,10 @@ def _verify(line: str, body: bytes, trust: TrustStore) -> None:
     expired = trust.expired(key)
     if expired is not None:
         raise _fail(f"signed by {signer!r} with a key that expired at {format_time(expired)}")
+    # Imported here, not at the top: a host that never reads a list never loads cryptography.
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     try:
         Ed25519PublicKey.from_public_bytes(key).verify(signature, SIGNATURE_DOMAIN + body)
     except InvalidSignature:

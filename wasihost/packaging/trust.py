@@ -26,13 +26,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from ..errors import ConfigError
+
+# The cryptography package is imported where a key is made or used: reading a trust file needs
+# none of it, and a host run with no signing key should not pay its import at start-up.
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 # Publisher ids are typed in files and command lines and compared byte for byte: a short
 # token of the same characters as reverse-DNS ids, e-mail addresses and user names.
@@ -196,6 +199,9 @@ class TrustStore:
             if endorsement is not None:
                 if role is not None:
                     raise ConfigError(f"{where}: a revocation key is not endorsed, only listed")
+                from cryptography.exceptions import InvalidSignature
+                from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
                 endorser, signature = endorsement
                 if (publisher, endorser) not in keys:
                     raise ConfigError(
@@ -243,6 +249,8 @@ class SigningKey:
 
     @classmethod
     def generate(cls, publisher: str) -> SigningKey:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         check_publisher(publisher, "--publisher")
         return cls(publisher, Ed25519PrivateKey.generate())
 
@@ -277,6 +285,8 @@ class SigningKey:
         number, (publisher, _, seed) = found[0]
         where = f"{origin} line {number}"
         check_publisher(publisher, where)
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         return cls(publisher, Ed25519PrivateKey.from_private_bytes(_key_bytes(seed, where)))
 
 

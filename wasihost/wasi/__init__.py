@@ -14,10 +14,7 @@ See docs/wasi.md.
 
 from __future__ import annotations
 
-from .binding import WasiBinding, wasi_profile
-from .config import ClockProfile, Mount, OutputSink, WasiOptions, capabilities_for
-from .errno import Errno
-from .registry import CAPABILITIES, FUNCTIONS, MODULE, PROFILE
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "CAPABILITIES",
@@ -33,3 +30,36 @@ __all__ = [
     "capabilities_for",
     "wasi_profile",
 ]
+
+# Loaded on first use, as ``wasihost``'s own names are: importing any ``wasihost.wasi.*`` module
+# (the CLI's ``wasi`` parser, the registry entries) runs this file, and the handlers behind
+# ``WasiBinding`` are needed only when a WASI guest is bound.
+_LAZY = {
+    "CAPABILITIES": "registry",
+    "FUNCTIONS": "registry",
+    "MODULE": "registry",
+    "PROFILE": "registry",
+    "ClockProfile": "config",
+    "Errno": "errno",
+    "Mount": "config",
+    "OutputSink": "config",
+    "WasiBinding": "binding",
+    "WasiOptions": "config",
+    "capabilities_for": "config",
+    "wasi_profile": "binding",
+}
+
+if TYPE_CHECKING:
+    from .binding import WasiBinding, wasi_profile
+    from .config import ClockProfile, Mount, OutputSink, WasiOptions, capabilities_for
+    from .errno import Errno
+    from .registry import CAPABILITIES, FUNCTIONS, MODULE, PROFILE
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'wasihost.wasi' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

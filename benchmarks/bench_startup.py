@@ -1,0 +1,231 @@
+"""Start-up: whole fresh processes of wasihost's CLI against Extism's Python SDK doing the same
+job, the processes of every contender alternating round by round.
+
+Contenders, each one ``python`` process from exec to exit:
+
+- ``extism``: ``import extism``, load a small plugin (``EXTISM_PLUGIN_WAT`` below: an ``echo``
+  export using the ``extism:host/env`` kernel imports) and call it once with ``null``;
+- ``run``: ``wasihost run fixtures/echo noop`` (a 44 KB Rust module, its compiled form in a
+  warm disk cache);
+- ``wasi``: ``wasihost wasi fixtures/wasi-libc/wasi-libc.wasm hello`` (a 48 KB C program on
+  wasi-libc, the same warm cache);
+- for context, not targets: ``python -c pass`` (the interpreter and this machine's site
+  packages) and ``python -c "import wasmtime"`` (wasmtime-py's import, which wasihost needs).
+
+wasihost is started the way its console script starts it (``from wasihost.cli import main``).
+Bytecode is cached for everything (a private ``PYTHONPYCACHEPREFIX``, filled by the warm-up
+rounds), as it is for an installed package; the warm-up also fills wasihost's module cache and
+checks each contender's output. Wall time is what a user waits; CPU time (user + system of the
+process and its children, from ``wait4``) is less disturbed by other load on a shared machine.
+Each round's ratio is taken against Extism's process of the same round. ``RUST_BACKTRACE`` is
+``0`` for every process.
+
+Usage: ``python benchmarks/bench_startup.py [--rounds N] [--json]``. Target (issue 12): ``run``
+and ``wasi`` within 1.2x of Extism's whole process. Needs ``pip install -e '.[bench]'`` (Extism).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ["RUST_BACKTRACE"] = "0"  # trap paths are slower with it; set before wasmtime loads
+
+import wasmtime
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_RATIO = 1.2
+TARGETS = ("run", "wasi")
+WARMUP_ROUNDS = 3
+
+# A minimal Extism plugin: echo its input through the kernel's memory (the PDK is not needed to
+# write one, and is not available offline). Extism links these imports from its kernel module.
+EXTISM_PLUGIN_WAT = """(module
+  (import "extism:host/env" "input_length" (func $input_length (result i64)))
+  (import "extism:host/env" "input_load_u8" (func $input_load_u8 (param i64) (result i32)))
+  (import "extism:host/env" "alloc" (func $alloc (param i64) (result i64)))
+  (import "extism:host/env" "store_u8" (func $store_u8 (param i64 i32)))
+  (import "extism:host/env" "output_set" (func $output_set (param i64 i64)))
+  (memory (export "memory") 1)
+  (func (export "echo") (result i32)
+    (local $n i64) (local $i i64) (local $out i64)
+    (local.set $n (call $input_length))
+    (local.set $out (call $alloc (local.get $n)))
+    (block $done
+      (loop $again
+        (br_if $done (i64.ge_u (local.get $i) (local.get $n)))
+        (call $store_u8 (i64.add (local.get $out) (local.get $i))
+                        (call $input_load_u8 (local.get $i)))
+        (local.set $i (i64.add (local.get $i) (i64.const 1)))
+        (br $again)))
+    (call $output_set (local.get $out) (local.get $n))
+    (i32.const 0)))"""
+
+EXTISM_SCRIPT = """import sys
+import extism
+with open(sys.argv[1], "rb") as f:
+    plugin = extism.Plugin(f.read())
+out = plugin.call("echo", b"null")
+assert out == b"null", out
+print(out.decode())
+"""
+
+WASIHOST_SCRIPT = "import sys\nfrom wasihost.cli import main\nsys.exit(main())\n"
+
+
+def contenders(plugin: Path, cache: Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (argv, the stdout the process must print)."""
+    py = sys.executable
+    cli = [py, "-c", WASIHOST_SCRIPT]
+    cache_flag = ["--cache-dir", str(cache)]
+    return {
+        "extism": ([py, "-c", EXTISM_SCRIPT, str(plugin)], "null\n"),
+        "run": ([*cli, "run", str(ROOT / "fixtures/echo"), "noop", *cache_flag], "null\n"),
+        "wasi": (
+            [*cli, "wasi", *cache_flag, str(ROOT / "fixtures/wasi-libc/wasi-libc.wasm"), "hello"],
+            "hello: hello from wasi-libc\n",
+        ),
+        "python": ([py, "-c", "pass"], ""),
+        "import wasmtime": ([py, "-c", "import wasmtime"], ""),
+    }
+
+
+def child_env(pycache: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(pycache)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    env["RUST_BACKTRACE"] = "0"
+    return env
+
+
+def one_process(
+    argv: list[str], env: dict[str, str], cwd: Path = ROOT
+) -> tuple[float, float, str]:
+    """(wall ms, CPU ms, stdout) of one process, exec to exit, run in ``cwd`` (``-c`` puts it
+    first on the module path). The process is reaped with ``wait4`` for its own resource usage
+    (its children's included)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, cwd=cwd)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = (time.perf_counter() - start) * 1000
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise SystemExit(f"{argv[-3:]} exited {proc.returncode}: {err.read().decode()}")
+        return wall, (usage.ru_utime + usage.ru_stime) * 1000, out.read().decode()
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), 2),
+        "min": round(min(values), 2),
+        "max": round(max(values), 2),
+    }
+
+
+def measure(rounds: int) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as tmp:
+        plugin = Path(tmp) / "echo-plugin.wasm"
+        plugin.write_bytes(bytes(wasmtime.wat2wasm(EXTISM_PLUGIN_WAT)))
+        env = child_env(Path(tmp) / "pycache")
+        cases = contenders(plugin, Path(tmp) / "modules")
+        names = list(cases)
+        # Warm-up: bytecode, wasihost's module cache, Extism's own cache; outputs checked.
+        for _ in range(WARMUP_ROUNDS):
+            for name, (argv, expected) in cases.items():
+                _, _, stdout = one_process(argv, env)
+                if stdout != expected:
+                    raise SystemExit(f"{name} printed {stdout!r}, expected {expected!r}")
+        load_before = os.getloadavg()
+        wall: dict[str, list[float]] = {n: [] for n in names}
+        cpu: dict[str, list[float]] = {n: [] for n in names}
+        for r in range(rounds):
+            # Each round starts with a different contender, so none always runs first.
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                w, c, _ = one_process(cases[name][0], env)
+                wall[name].append(w)
+                cpu[name].append(c)
+        load_after = os.getloadavg()
+    results = {}
+    for name in names:
+        row: dict[str, object] = {"wall_ms": spread(wall[name]), "cpu_ms": spread(cpu[name])}
+        if name != "extism":
+            wall_ratio = [a / b for a, b in zip(wall[name], wall["extism"], strict=True)]
+            cpu_ratio = [a / b for a, b in zip(cpu[name], cpu["extism"], strict=True)]
+            row["wall_ratio"] = spread(wall_ratio)
+            row["cpu_ratio"] = spread(cpu_ratio)
+            if name in TARGETS:
+                row["within_target"] = statistics.median(wall_ratio) <= TARGET_RATIO
+        results[name] = row
+    return {
+        "python": sys.version.split()[0],
+        "wasmtime": importlib.metadata.version("wasmtime"),
+        "extism": importlib.metadata.version("extism"),
+        "rounds": rounds,
+        "target_ratio": TARGET_RATIO,
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in load_after],
+        "cpus": os.cpu_count(),
+        "results": results,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    try:
+        importlib.metadata.version("extism")
+    except importlib.metadata.PackageNotFoundError:
+        raise SystemExit(
+            "extism is not installed (pip install -e '.[bench]', or pip install extism==1.1.1)"
+        ) from None
+    doc = measure(args.rounds)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(
+        f"Whole-process start-up, {doc['rounds']} alternating rounds (python {doc['python']}, "
+        f"wasmtime {doc['wasmtime']}, extism {doc['extism']}); load average "
+        f"{doc['load_before'][0]} -> {doc['load_after'][0]} on {doc['cpus']} CPUs"
+    )
+    print(
+        f"{'process':<16} {'wall ms median (min-max)':>26} {'CPU ms median (min-max)':>26} "
+        f"{'wall / extism':>20} {'CPU / extism':>20}"
+    )
+    results = doc["results"]
+    assert isinstance(results, dict)
+    for name, row in results.items():
+        w, c = row["wall_ms"], row["cpu_ms"]
+        line = (
+            f"{name:<16} {w['median']:>10.1f} ({w['min']:.1f}-{w['max']:.1f})".ljust(43)
+            + f" {c['median']:>10.1f} ({c['min']:.1f}-{c['max']:.1f})".ljust(27)
+        )
+        if "wall_ratio" in row:
+            wr, cr = row["wall_ratio"], row["cpu_ratio"]
+            line += (
+                f" {wr['median']:>6.2f}x ({wr['min']:.2f}-{wr['max']:.2f})"
+                f" {cr['median']:>6.2f}x ({cr['min']:.2f}-{cr['max']:.2f})"
+            )
+        if row.get("within_target") is False:
+            line += f"  OVER the {TARGET_RATIO}x target"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
