@@ -52,11 +52,20 @@ def secret_forms(secret: bytes) -> list[bytes]:
     return sorted((f for f in forms if len(f) >= MIN_FORM_BYTES), key=len, reverse=True)
 
 
+class Unscrubbable(Exception):
+    """Replacing the forms left one in place (a secret inside the marker itself, or one the
+    marker and its neighbours spell again): the bytes cannot be made clean and must not be
+    handed on."""
+
+
 def scrub(data: bytes, forms: list[bytes]) -> bytes:
-    """``data`` with every occurrence of each form replaced by :data:`REDACTED`."""
+    """``data`` with every occurrence of each form replaced by :data:`REDACTED`; raises
+    :class:`Unscrubbable` if a form still occurs afterwards."""
     for form in forms:
         if form in data:
             data = data.replace(form, REDACTED)
+    if any(form in data for form in forms):
+        raise Unscrubbable
     return data
 
 

@@ -38,7 +38,7 @@ from ..netpolicy import (
     parse_pattern,
     parse_url,
 )
-from ..scrub import scrub, scrub_text, secret_forms
+from ..scrub import Unscrubbable, scrub, scrub_text, secret_forms
 from ..secrets import MAX_SECRET_BYTES
 from ..status import GuestDeadline, GuestInterrupted, HostStatus, Status
 from .secrets import use_secret
@@ -601,7 +601,10 @@ class HttpBroker:
         header_bytes = 0
         for name, value in response.headers.items():
             header_bytes += len(name.encode()) + len(value.encode())
-            headers.append([scrub_text(name, forms), scrub_text(value, forms)])
+            try:
+                headers.append([scrub_text(name, forms), scrub_text(value, forms)])
+            except Unscrubbable:
+                raise HostStatus(Status.UNAVAILABLE) from None
         if len(headers) > MAX_RESPONSE_HEADERS or header_bytes > MAX_RESPONSE_HEADER_BYTES:
             raise HostStatus(Status.PAYLOAD_TOO_LARGE)
         if not state.quota.add(header_bytes + HEADER_LINE_OVERHEAD * len(headers)):
@@ -624,7 +627,11 @@ class HttpBroker:
                     raise HostStatus(Status.QUOTA_EXCEEDED)
             if len(body) > MAX_RESPONSE_BODY_BYTES:
                 raise HostStatus(Status.PAYLOAD_TOO_LARGE)
-        data = scrub(bytes(body), forms) if forms else bytes(body)
+        try:
+            data = scrub(bytes(body), forms) if forms else bytes(body)
+        except Unscrubbable:
+            # A response the secret cannot be removed from is not handed to the guest at all.
+            raise HostStatus(Status.UNAVAILABLE) from None
         return {"status": response.status, "headers": headers, "body": data}
 
 
