@@ -63,6 +63,16 @@ MIN_MAX_TABLE_ELEMENTS: Final = 0
 # One million elements is several MiB of host memory per instance; more is an attack, not code.
 MAX_MAX_TABLE_ELEMENTS: Final = 1_000_000
 
+# One instance per extension: calls on it are serialised, as they always were, and an
+# extension costs one Store (1 GiB of address space, a few memory maps) unless it asks for more.
+DEFAULT_MAX_CONCURRENCY: Final = 1
+# At least one call must be able to run.
+MIN_MAX_CONCURRENCY: Final = 1
+# Each concurrent call holds its own instance (its own linear memory, up to max_memory_bytes,
+# and its own 1 GiB reservation); 64 is far more parallelism than a host has cores, and keeps
+# one extension from reserving more than 64 GiB of address space or 64 x its memory.
+MAX_MAX_CONCURRENCY: Final = 64
+
 
 @attrs.frozen
 class ResourceBound:
@@ -91,6 +101,9 @@ RESOURCE_BOUNDS: Final[Mapping[str, ResourceBound]] = types.MappingProxyType(
         "max_log_bytes": ResourceBound(MIN_MAX_LOG_BYTES, DEFAULT_MAX_LOG_BYTES, MAX_MAX_LOG_BYTES),
         "max_table_elements": ResourceBound(
             MIN_MAX_TABLE_ELEMENTS, DEFAULT_MAX_TABLE_ELEMENTS, MAX_MAX_TABLE_ELEMENTS
+        ),
+        "max_concurrency": ResourceBound(
+            MIN_MAX_CONCURRENCY, DEFAULT_MAX_CONCURRENCY, MAX_MAX_CONCURRENCY
         ),
     }
 )

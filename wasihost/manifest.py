@@ -140,6 +140,10 @@ class Resources:
     max_table_elements: int = attrs.field(
         default=limits.DEFAULT_MAX_TABLE_ELEMENTS, validator=_in_range("max_table_elements")
     )
+    # Calls that may run at once, each on its own instance (see docs/embedding.md).
+    max_concurrency: int = attrs.field(
+        default=limits.DEFAULT_MAX_CONCURRENCY, validator=_in_range("max_concurrency")
+    )
 
     @classmethod
     def default(cls) -> Resources:
