@@ -132,29 +132,38 @@ async def call_async(
     future = ext.host.call_workers().submit(
         _run, ext, command, value, fuel, timeout_ms, ticket, deadline
     )
-    waiting = asyncio.wrap_future(future)
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.wrap_future(future, loop=loop)
+    withdrawn: list[bool] = []
+
+    def withdraw() -> None:
+        # Still queued at its deadline: it never runs. (Running, its own deadline ends it.)
+        if future.cancel():
+            withdrawn.append(True)
+
+    # The loop's clock is time.monotonic(), the clock of every wasihost deadline.
+    timer = loop.call_at(deadline, withdraw)
     try:
-        done, _ = await asyncio.wait({waiting}, timeout=max(0.0, deadline - time.monotonic()))
-        if not done:
-            if future.cancel():
-                raise CallError(
-                    FailureClass.DEADLINE,
-                    f"no call thread free before the call's deadline ({timeout} ms)",
-                )
-            # Running: its own deadline ends it, within a tick.
-            await asyncio.wait({waiting})
+        ok, outcome, used = await waiting
     except asyncio.CancelledError as cancelled:
+        if withdrawn:
+            raise CallError(
+                FailureClass.DEADLINE,
+                f"no call thread free before the call's deadline ({timeout} ms)",
+            ) from None
         ticket.cancel()
         future.cancel()  # never started: it never will
         if not future.done():
-            await asyncio.wait({waiting}, timeout=CANCEL_SETTLE_S)
+            settled = asyncio.wrap_future(future, loop=loop)
+            await asyncio.wait({settled}, timeout=CANCEL_SETTLE_S)
         if future.done() and not future.cancelled():
             ok, outcome, used = future.result()
             ext._set_task_fuel(used)
             if not ok and isinstance(outcome, CallError):
                 cancelled.__cause__ = outcome
         raise
-    ok, outcome, used = future.result()
+    finally:
+        timer.cancel()
     ext._set_task_fuel(used)
     if not ok:
         raise outcome
