@@ -10,7 +10,8 @@ from typing import Any
 
 import attrs
 import pytest
-from conftest import ALL_CAPS, FIXTURES
+from conftest import ALL_CAPS, FIXTURES, bare
+from guests import build, guest_wat
 
 from wasihost import AsyncHost
 from wasihost.errors import CallError, FailureClass
@@ -191,3 +192,29 @@ def test_async_host_loads_calls_and_closes() -> None:
             await ext.acall("echo", 1)
 
     run(main())
+
+
+def test_cancelling_during_start_up_stops_the_start_function() -> None:
+    # The start function spins: the call is cancelled before the handshake ever runs.
+    wasm = build(guest_wat(extra="(func $init (loop $l (br $l)))\n  (start $init)"))
+    with Host(Policy(allow=ALL_CAPS), cache_dir=None) as host:
+        ext = host.admit(bare(wasm), grants=(), fuel=SPIN_FUEL, timeout_ms=LONG_MS)
+
+        async def main() -> tuple[float, BaseException | None]:
+            task = asyncio.ensure_future(ext.acall("run"))
+            give_up = time.monotonic() + 5
+            while ext._instances() == ():
+                assert not task.done() and time.monotonic() < give_up
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            cancelled_at = time.monotonic()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError) as info:
+                await task
+            return time.monotonic() - cancelled_at, info.value.__cause__
+
+        elapsed, cause = run(main())
+        assert elapsed < PROMPT_S, elapsed
+        assert isinstance(cause, CallError) and cause.failure is FailureClass.CANCELLED
+        # Start-up did not finish: the extension is failed (not stuck starting), nothing kept.
+        assert ext.lifecycle.state is State.FAILED and ext._instances() == ()

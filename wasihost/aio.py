@@ -104,7 +104,9 @@ def _run(
     ticket: CallTicket,
     deadline: float,
 ) -> tuple[bool, Any, int | None]:
-    """On a call thread: the call's outcome (ok, value or exception) and the fuel it burnt."""
+    """On a call thread: the call's outcome (ok, value or exception) and the fuel it burnt
+    (None if it failed before running anything)."""
+    ext._local.state.fuel = None  # not an earlier call's, made on this thread for another task
     try:
         result = ext.call_cancellable(
             ticket, command, value, fuel=fuel, timeout_ms=timeout_ms, deadline=deadline
@@ -151,6 +153,11 @@ async def call_async(
                 FailureClass.DEADLINE,
                 f"no call thread free before the call's deadline ({timeout} ms)",
             ) from None
+        task = asyncio.current_task()
+        if future.cancelled() and task is not None and not task.cancelling():
+            # Withdrawn by the host closing its call threads (after closing its extensions),
+            # not by this task's caller.
+            raise ext._unavailable() from None
         ticket.cancel()
         future.cancel()  # never started: it never will
         if not future.done():
