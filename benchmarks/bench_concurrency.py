@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 import attrs
 
+import wasihost.engine.instance as instance_module
 from wasihost.extension import Extension
 from wasihost.package import Package, load_package
 from wasihost.policy import Policy
@@ -182,6 +183,37 @@ def async_round(ext: Extension, calls: int, order: int) -> tuple[float, float, f
     return asyncio.run(main())
 
 
+def released_share(ext: Extension, calls: int) -> float:
+    """The share of a no-op call spent inside its two guest entries (``call_unchecked``,
+    with the GIL released), less the timer's own cost. The rest of each call holds the GIL,
+    so two threads need at least 2 x (1 - share) of one call's time per two calls: at most
+    min(2, 1 / (1 - share)) times one thread's throughput, whatever the GIL hand-offs cost."""
+    real = instance_module.call_unchecked
+    inside = [0.0]
+    clock = time.perf_counter
+
+    def timed_entry(*args: Any) -> Any:
+        start = clock()
+        result = real(*args)
+        inside[0] += clock() - start
+        return result
+
+    start = clock()
+    for _ in range(calls):
+        clock()
+        clock()
+    timer_cost = (clock() - start) / calls
+    instance_module.call_unchecked = timed_entry
+    try:
+        start = clock()
+        for _ in range(calls):
+            ext.call("noop")
+        total = clock() - start
+    finally:
+        instance_module.call_unchecked = real
+    return max(0.0, inside[0] - 2 * calls * timer_cost) / total
+
+
 def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -231,6 +263,7 @@ def main() -> None:
         async_added: list[float] = []
         sync_cost: list[float] = []
         hand_offs: list[float] = []
+        shares: list[float] = []
         for r in range(args.rounds):
             for name, (exts, command, value, calls) in workloads.items():
                 result = throughput_round(exts, command, value, calls, r)
@@ -243,6 +276,7 @@ def main() -> None:
             sync_cost.append(s)
             async_added.append(a - s)
             hand_offs.append(h)
+            shares.append(released_share(echo, args.async_calls))
     load_after = os.getloadavg()
     report["load_after"] = load_after
     report["throughput"] = {
@@ -252,6 +286,7 @@ def main() -> None:
     report["cores"] = {w: {s: spread(v) for s, v in scen.items()} for w, scen in cores.items()}
     report["async_added_us"] = spread([x * 1e6 for x in async_added])
     report["hand_off_us"] = spread([x * 1e6 for x in hand_offs])
+    report["released_share"] = spread(shares)
     report["sync_call_us"] = spread([x * 1e6 for x in sync_cost])
     if args.json:
         print(json.dumps(report, indent=2))
@@ -276,6 +311,12 @@ def main() -> None:
                 f"{report['cores'][w][scenario]['median']:.2f} cores busy"
                 + (f" (target >= {target}x{met})" if target else "")
             )
+    share = report["released_share"]
+    print(
+        f"share of a no-op call with the GIL released (in the guest): {share['median']:.0%} "
+        f"[{share['min']:.0%} - {share['max']:.0%}]: two threads on such calls can reach at "
+        f"most {min(2.0, 1 / (1 - share['median'])):.2f}x"
+    )
     a = report["async_added_us"]
     s = report["sync_call_us"]
     h = report["hand_off_us"]
