@@ -260,6 +260,8 @@ def main() -> None:
         }
         absolute: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}
         cores: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}
+        # CPU seconds per call: what contention costs, whether or not a core was free.
+        cpu: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}
         async_added: list[float] = []
         sync_cost: list[float] = []
         hand_offs: list[float] = []
@@ -270,6 +272,7 @@ def main() -> None:
                 for scenario, (rate, used) in result.items():
                     absolute[name].setdefault(scenario, []).append(rate)
                     cores[name].setdefault(scenario, []).append(used)
+                    cpu[name].setdefault(scenario, []).append(used / rate)
                     if scenario != "one":
                         ratios[name][scenario].append(rate / result["one"][0])
             s, a, h = async_round(echo, args.async_calls, r)
@@ -284,6 +287,9 @@ def main() -> None:
     }
     report["ratios"] = {w: {s: spread(v) for s, v in scen.items()} for w, scen in ratios.items()}
     report["cores"] = {w: {s: spread(v) for s, v in scen.items()} for w, scen in cores.items()}
+    report["cpu_per_call_us"] = {
+        w: {s: spread([x * 1e6 for x in v]) for s, v in scen.items()} for w, scen in cpu.items()
+    }
     report["async_added_us"] = spread([x * 1e6 for x in async_added])
     report["hand_off_us"] = spread([x * 1e6 for x in hand_offs])
     report["released_share"] = spread(shares)
@@ -300,7 +306,8 @@ def main() -> None:
         one = report["throughput"][w]["one"]
         print(
             f"{w}: one thread {one['median']:.0f} calls/s [{one['min']:.0f} - {one['max']:.0f}]"
-            f", {report['cores'][w]['one']['median']:.2f} cores busy"
+            f", {report['cores'][w]['one']['median']:.2f} cores busy, "
+            f"{report['cpu_per_call_us'][w]['one']['median']:.1f} us CPU per call"
         )
         for scenario, stats in report["ratios"][w].items():
             target = targets[scenario]
@@ -308,7 +315,8 @@ def main() -> None:
             print(
                 f"  2 threads, {scenario}: {stats['median']:.2f}x "
                 f"[{stats['min']:.2f} - {stats['max']:.2f}], "
-                f"{report['cores'][w][scenario]['median']:.2f} cores busy"
+                f"{report['cores'][w][scenario]['median']:.2f} cores busy, "
+                f"{report['cpu_per_call_us'][w][scenario]['median']:.1f} us CPU per call"
                 + (f" (target >= {target}x{met})" if target else "")
             )
     share = report["released_share"]
