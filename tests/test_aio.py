@@ -4,6 +4,8 @@ echo fixtures."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import threading
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -218,3 +220,27 @@ def test_cancelling_during_start_up_stops_the_start_function() -> None:
         assert isinstance(cause, CallError) and cause.failure is FailureClass.CANCELLED
         # Start-up did not finish: the extension is failed (not stuck starting), nothing kept.
         assert ext.lifecycle.state is State.FAILED and ext._instances() == ()
+
+
+def test_call_threads_stop_with_their_host_closed_or_dropped() -> None:
+    def calls(host: Host) -> None:
+        ext = host.load(ECHO)
+
+        async def main() -> list[Any]:
+            return await asyncio.gather(*(ext.acall("echo", i) for i in range(4)))
+
+        assert run(main()) == list(range(4))
+
+    gc.collect()
+    before = threading.active_count()
+    with Host(Policy(allow=ALL_CAPS), cache_dir=None) as closed:
+        calls(closed)
+    assert threading.active_count() <= before + 1  # the watchdog may linger one tick
+    dropped = Host(Policy(allow=ALL_CAPS), cache_dir=None)
+    calls(dropped)
+    del dropped
+    gc.collect()
+    give_up = time.monotonic() + 2
+    while threading.active_count() > before and time.monotonic() < give_up:
+        time.sleep(0.01)
+    assert threading.active_count() <= before

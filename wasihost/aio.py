@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
+import logging
+import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -41,6 +45,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+LOG = logging.getLogger("wasihost")
+
 # Threads running guest calls for coroutines, per host. Guest code runs without the GIL, so
 # threads beyond the cores only help calls that wait (in async host functions, or for an
 # instance); 8 covers a typical host's cores plus a few such waits. Each is an OS thread with
@@ -56,11 +62,79 @@ MAX_CALL_WORKERS = 256
 CANCEL_SETTLE_S = 1.0
 
 
+class _Job:
+    """One piece of work for a call thread, and what to do with its outcome there."""
+
+    __slots__ = ("args", "done", "fn", "token")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], done: Done) -> None:
+        self.fn = fn
+        self.args = args
+        self.done = done
+        # Popped by whichever comes first, a thread starting the job or withdraw(): a
+        # list's pop is atomic under the GIL, so exactly one of them wins.
+        self.token = [True]
+
+    def withdraw(self) -> bool:
+        """True if the job had not started and now never will."""
+        try:
+            self.token.pop()
+        except IndexError:
+            return False
+        return True
+
+
+Done = Callable[[bool, Any], None]
+"""Told a job's outcome on its thread: ``(True, result)`` or ``(False, exception)``."""
+
+
+class _Closed(Exception):
+    """The outcome of a job withdrawn because its host closed."""
+
+
+class _Idle:
+    """How many call threads wait for a job that nobody has claimed yet."""
+
+    __slots__ = ("count", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0
+
+
+def _work(jobs: queue.SimpleQueue[_Job | None], idle: _Idle) -> None:
+    """A call thread: jobs until told to stop. It refers to the queue, never to the
+    CallWorkers, so a pool dropped without close() is collected and stops its threads."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        if job.withdraw():
+            try:
+                result, ok = job.fn(*job.args), True
+            except BaseException as exc:  # the job's caller raises it, on its own thread
+                result, ok = exc, False
+            try:
+                job.done(ok, result)
+            except BaseException:  # pragma: no cover - a done callback must not kill us
+                LOG.exception("wasihost: a call thread's completion failed")
+            del job, result
+        with idle.lock:
+            idle.count += 1
+
+
+def _stop_threads(jobs: queue.SimpleQueue[_Job | None], threads: list[threading.Thread]) -> None:
+    for _ in threads:
+        jobs.put(None)
+
+
 class CallWorkers:
     """The bounded pool of threads on which a host's async calls run.
 
-    A call waits for a free thread no longer than its own deadline: one still queued when its
-    deadline passes is withdrawn and fails ``deadline`` without running."""
+    A job hands its outcome back through a callback on its thread (for an asyncio call, one
+    ``call_soon_threadsafe``), about half what ``ThreadPoolExecutor`` plus ``wrap_future``
+    cost per call. Threads start on demand, up to ``workers``; beyond that jobs queue, each
+    withdrawn by its caller at its deadline if no thread took it."""
 
     def __init__(self, workers: int = DEFAULT_CALL_WORKERS) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int):
@@ -69,30 +143,77 @@ class CallWorkers:
             raise ConfigError(f"async_workers={workers}: must be in 1..{MAX_CALL_WORKERS}")
         self.workers = workers
         self._lock = threading.Lock()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle = _Idle()
         self._closed = False
+        weakref.finalize(self, _stop_threads, self._jobs, self._threads)
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+    def start(self, fn: Callable[..., Any], args: tuple[Any, ...], done: Done) -> _Job:
+        """Run ``fn(*args)`` on a call thread and tell ``done`` its outcome there."""
+        job = _Job(fn, args, done)
         with self._lock:
             if self._closed:
                 raise ConfigError("this host is closed")
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    self.workers, thread_name_prefix="wasihost-call"
+            idle = self._idle
+            with idle.lock:
+                claimed = idle.count > 0
+                if claimed:
+                    idle.count -= 1
+            if not claimed and len(self._threads) < self.workers:
+                thread = threading.Thread(
+                    target=_work,
+                    args=(self._jobs, idle),
+                    name=f"wasihost-call-{len(self._threads)}",
+                    daemon=True,
                 )
-            return self._executor.submit(fn, *args)
+                self._threads.append(thread)
+                thread.start()
+            self._jobs.put(job)
+        return job
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+        """``fn(*args)`` on a call thread, as a concurrent future."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> T | None:
+            if not future.set_running_or_notify_cancel():
+                return None
+            return fn(*args)
+
+        def done(ok: bool, result: Any) -> None:
+            if future.done():
+                return
+            if ok:
+                future.set_result(result)
+            elif isinstance(result, _Closed):
+                future.set_exception(ConfigError("this host is closed"))
+            else:
+                future.set_exception(result)
+
+        job = self.start(run, (), done)
+        future.add_done_callback(lambda f: f.cancelled() and job.withdraw())
+        return future
 
     def close(self) -> None:
-        """No new calls; queued ones are withdrawn, running ones end as their extensions
-        close (the host closes those first)."""
+        """No new jobs; queued ones are withdrawn (their callers told the host closed),
+        running ones end as their extensions close (the host closes those first)."""
         with self._lock:
             self._closed = True
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            # From one of its own threads (a host closed inside a call), waiting would wait
-            # for itself.
-            on_worker = threading.current_thread().name.startswith("wasihost-call")
-            executor.shutdown(wait=not on_worker, cancel_futures=True)
+            threads = list(self._threads)
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None and job.withdraw():
+                job.done(False, _Closed())
+        _stop_threads(self._jobs, threads)
+        # From one of its own threads (a host closed inside a call), waiting would wait for
+        # itself.
+        if not threading.current_thread().name.startswith("wasihost-call"):
+            for thread in threads:
+                thread.join()
 
 
 def _run(
@@ -104,16 +225,39 @@ def _run(
     ticket: CallTicket,
     deadline: float,
 ) -> tuple[bool, Any, int | None]:
-    """On a call thread: the call's outcome (ok, value or exception) and the fuel it burnt
-    (None if it failed before running anything)."""
-    ext._local.state.fuel = None  # not an earlier call's, made on this thread for another task
+    """On a call thread: the call's outcome (ok, its value or what it raised, raised again
+    in the awaiting task) and the fuel it burnt (None if it failed before running)."""
+    state = ext._local.state
+    state.fuel = None  # not an earlier call's, made on this thread for another task
     try:
         result = ext.call_cancellable(
             ticket, command, value, fuel=fuel, timeout_ms=timeout_ms, deadline=deadline
         )
-    except BaseException as exc:  # carried to the awaiting task, raised there
-        return False, exc, ext._local.state.fuel
-    return True, result, ext._local.state.fuel
+    except BaseException as exc:
+        return False, exc, state.fuel
+    return True, result, state.fuel
+
+
+class _Pending:
+    """An async call's outcome, delivered on the loop's thread."""
+
+    __slots__ = ("future", "outcome", "settled")
+
+    def __init__(self, future: asyncio.Future[Any]) -> None:
+        self.future = future
+        self.outcome: tuple[bool, Any] | None = None
+        # Made when the awaiting task is cancelled and waits for the guest to have stopped.
+        self.settled: asyncio.Future[None] | None = None
+
+    def deliver(self, ok: bool, result: Any) -> None:
+        self.outcome = (ok, result)
+        if not self.future.done():
+            if ok:
+                self.future.set_result(result)
+            else:
+                self.future.set_exception(result)
+        if self.settled is not None and not self.settled.done():
+            self.settled.set_result(None)
 
 
 async def call_async(
@@ -131,44 +275,48 @@ async def call_async(
     timeout = _override("timeout_ms", timeout_ms, ext.resources.timeout_ms, "timeout_ms")
     deadline = time.monotonic() + timeout / 1000
     ticket = CallTicket(ext)
-    future = ext.host.call_workers().submit(
-        _run, ext, command, value, fuel, timeout_ms, ticket, deadline
-    )
     loop = asyncio.get_running_loop()
-    waiting = asyncio.wrap_future(future, loop=loop)
-    withdrawn: list[bool] = []
+    pending = _Pending(loop.create_future())
+
+    def done(ok: bool, result: Any) -> None:  # on the call thread
+        # RuntimeError: the loop is closed, nobody is waiting any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(pending.deliver, ok, result)
+
+    job = ext.host.call_workers().start(
+        _run, (ext, command, value, fuel, timeout_ms, ticket, deadline), done
+    )
 
     def withdraw() -> None:
         # Still queued at its deadline: it never runs. (Running, its own deadline ends it.)
-        if future.cancel():
-            withdrawn.append(True)
+        if job.withdraw():
+            pending.deliver(
+                False,
+                CallError(
+                    FailureClass.DEADLINE,
+                    f"no call thread free before the call's deadline ({timeout} ms)",
+                ),
+            )
 
     # The loop's clock is time.monotonic(), the clock of every wasihost deadline.
     timer = loop.call_at(deadline, withdraw)
     try:
-        ok, outcome, used = await waiting
+        ok, outcome, used = await pending.future
     except asyncio.CancelledError as cancelled:
-        if withdrawn:
-            raise CallError(
-                FailureClass.DEADLINE,
-                f"no call thread free before the call's deadline ({timeout} ms)",
-            ) from None
-        task = asyncio.current_task()
-        if future.cancelled() and task is not None and not task.cancelling():
-            # Withdrawn by the host closing its call threads (after closing its extensions),
-            # not by this task's caller.
-            raise ext._unavailable() from None
         ticket.cancel()
-        future.cancel()  # never started: it never will
-        if not future.done():
-            settled = asyncio.wrap_future(future, loop=loop)
-            await asyncio.wait({settled}, timeout=CANCEL_SETTLE_S)
-        if future.done() and not future.cancelled():
-            ok, outcome, used = future.result()
+        if not job.withdraw() and pending.outcome is None:
+            # Running: wait (bounded) for its guest to have stopped.
+            pending.settled = loop.create_future()
+            await asyncio.wait({pending.settled}, timeout=CANCEL_SETTLE_S)
+        if pending.outcome is not None and pending.outcome[0]:
+            ok, outcome, used = pending.outcome[1]
             ext._set_task_fuel(used)
             if not ok and isinstance(outcome, CallError):
                 cancelled.__cause__ = outcome
         raise
+    except _Closed:
+        # Withdrawn by the host closing its call threads (after closing its extensions).
+        raise ext._unavailable() from None
     finally:
         timer.cancel()
     ext._set_task_fuel(used)
