@@ -62,9 +62,11 @@ MAX_STEPS = 100
 READINESS = ("ready", "degraded", "failed")
 CBOR_NULL = b"\xf6"
 # How long close() waits for calls in flight (interrupted first) to hand their instances back
-# before it closes the brokers: each stops within an epoch tick or so (Instance.close waits up
-# to its own CLOSE_WAIT_S for the guest to leave); this bounds the whole.
+# before it closes the brokers: each stops within an epoch tick or so; a host function that
+# ignores its wakeup can hold one longer, and close() does not wait past this for it.
 CLOSE_DRAIN_S = 1.0
+# How often that wait looks again: a fraction of an epoch tick.
+CLOSE_DRAIN_POLL_S = 0.005
 
 
 class ProfileBinding(Protocol):
@@ -1010,17 +1012,17 @@ class Extension:
         self._interrupt()
         with self._lock:
             self._discard_locked()
-            busy = list(self._slots)
-        for slot in busy:
-            # Waits (a tick or so, bounded) for the interrupted guest to leave; the Store is
-            # freed now or, past the bound, by its call as it returns.
-            slot.instance.close()
+        # Instances in a call are freed by their own calls as they return (interrupted, within
+        # a tick or so), never from here: a call may be about to enter its instance, and a
+        # Store freed under it would crash the process.
         give_up = time.monotonic() + CLOSE_DRAIN_S
         with self._lock:
             while self._in_use() and time.monotonic() < give_up:
                 self._waiting += 1
                 try:
-                    self._freed.wait(give_up - time.monotonic())
+                    # Polled: a hand-back's wake-up may go to a call waiting for an instance
+                    # (which then refuses, closed) instead of this.
+                    self._freed.wait(min(CLOSE_DRAIN_POLL_S, max(0.0, give_up - time.monotonic())))
                 finally:
                     self._waiting -= 1
             self._close_brokers()
