@@ -110,10 +110,12 @@ def _work(jobs: queue.SimpleQueue[_Job | None], idle: _Idle) -> None:
         if job is None:
             return
         if job.withdraw():
+            args, job.args = job.args, ()
             try:
-                result, ok = job.fn(*job.args), True
+                result, ok = job.fn(*args), True
             except BaseException as exc:  # the job's caller raises it, on its own thread
                 result, ok = exc, False
+            del args  # the call's extension is no longer this thread's to keep alive
             try:
                 job.done(ok, result)
             except BaseException:  # pragma: no cover - a done callback must not kill us
