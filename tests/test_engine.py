@@ -405,8 +405,8 @@ def test_an_interrupt_before_the_call_is_armed_is_not_lost(host: Host) -> None:
         timeout_ms=30_000,
     )
     ext.start()
-    assert ext._instance is not None
-    ext._instance.interrupt()
+    (instance,) = ext._instances()
+    instance.interrupt()
     started = time.monotonic()
     err = failure_of(ext)
     assert err.failure is FailureClass.DEADLINE

@@ -40,7 +40,7 @@ host = Host(Policy(), cache_dir=None)
 ext = host.admit(bare(build(guest_wat("(loop $l (br $l)) (call $ok_null)")), "spin.wasm"),
                  timeout_ms=3000, fuel=10_000_000_000)
 ext.start()
-instance = ext._instance
+(instance,) = ext._instances()
 report = {}
 
 def first():

@@ -246,8 +246,7 @@ def test_host_function_callbacks_go_with_their_store(host: Host) -> None:
 
     def sized(mem: GuestMemory, a: int, b: int, out: int) -> int:
         assert ext is not None
-        instance = ext._starting  # a plain command's run: the instance being run
-        assert instance is not None
+        (instance,) = ext._instances()  # a plain command's run: the instance being run
         alive.append(weakref.ref(instance))
         alive.extend(weakref.ref(cb) for cb in instance._callbacks)
         return 0

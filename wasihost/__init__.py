@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AdmissionError",
+    "AsyncExtension",
+    "AsyncHost",
     "Broker",
     "CallContext",
     "CallError",
@@ -37,6 +39,8 @@ __all__ = [
 ]
 
 _LAZY = {
+    "AsyncHost": "wasihost.aio",
+    "AsyncExtension": "wasihost.aio",
     "Host": "wasihost.runtime",
     "Extension": "wasihost.extension",
     "Policy": "wasihost.policy",
@@ -62,6 +66,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from .aio import AsyncExtension, AsyncHost
     from .brokers.secrets import SecretsBroker
     from .errors import AdmissionError, CallError, FailureClass, SignatureError, WasihostError
     from .extension import Extension

@@ -28,6 +28,10 @@ class FailureClass(enum.Enum):
     DENIED = "denied"
     # Ctrl-C (SIGINT) reached the host while the guest ran on the main thread.
     INTERRUPTED = "interrupted"
+    # The caller gave up on the call (an asyncio task awaiting ``acall`` was cancelled): the
+    # guest was stopped at its next epoch tick and its instance dropped. The extension did
+    # nothing wrong, so its lifecycle does not record a crash.
+    CANCELLED = "cancelled"
 
     @property
     def discards_instance(self) -> bool:

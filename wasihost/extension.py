@@ -1,16 +1,19 @@
-"""An admitted extension: its grant, lifecycle, log, and (once started) one live instance.
+"""An admitted extension: its grant, lifecycle, log, and (once started) a pool of instances.
 
-It starts on first use (instantiate, then the handshake), runs commands only in Running, applies
-grant changes between calls (a downgrade in place, anything else by restarting), and discards
-its instance after any failure that may have corrupted the guest.
+It starts on first use (instantiate, then the handshake), applies grant changes between calls
+(a downgrade in place, anything else by restarting), and discards its instances after any
+failure that may have corrupted a guest. Up to ``max_concurrency`` calls run at once, each on
+an instance of its own; an instance serves one call at a time.
 """
 
 from __future__ import annotations
 
 import collections
+import contextvars
 import functools
 import secrets
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -59,6 +62,12 @@ MAX_CACHED_COMMAND_NAMES = 256
 MAX_STEPS = 100
 READINESS = ("ready", "degraded", "failed")
 CBOR_NULL = b"\xf6"
+# How long close() waits for calls in flight (interrupted first) to hand their instances back
+# before it closes the brokers: each stops within an epoch tick or so; a host function that
+# ignores its wakeup can hold one longer, and close() does not wait past this for it.
+CLOSE_DRAIN_S = 1.0
+# How often that wait looks again: a fraction of an epoch tick.
+CLOSE_DRAIN_POLL_S = 0.005
 
 
 class ProfileBinding(Protocol):
@@ -74,6 +83,75 @@ class ProfileBinding(Protocol):
 
 
 ProfileFactory = Callable[["Extension"], ProfileBinding]
+
+
+class _Pooled:
+    """One instance of an extension's pool, the profile state (WASI descriptors) that belongs
+    to it, and the pool generation it was made in: an instance of an older generation (the
+    grant changed, the extension crashed or was stopped) is dropped when its call returns,
+    never handed to another call."""
+
+    __slots__ = ("bindings", "epoch", "generation", "instance")
+
+    def __init__(
+        self, instance: Instance, bindings: dict[str, ProfileBinding], generation: int
+    ) -> None:
+        self.instance = instance
+        self.bindings = bindings
+        self.generation = generation
+        # The grant epoch its start-up ran under (and the call that started it runs under).
+        self.epoch = -1
+
+
+class CallTicket:
+    """One call in flight, as its caller sees it from another thread: :meth:`cancel` stops
+    that call's instance (and no other) at its next epoch tick, or the call before it starts.
+    Used by :meth:`Extension.acall` for a cancelled task."""
+
+    __slots__ = ("_ext", "cancelled", "instance")
+
+    def __init__(self, ext: Extension) -> None:
+        self._ext = ext
+        self.cancelled = False
+        self.instance: Instance | None = None
+
+    def attach(self, instance: Instance) -> None:
+        # Set, then look: with cancel() doing the reverse, one of the two sees the other.
+        self.instance = instance
+        if self.cancelled:
+            instance.cancel()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        instance = self.instance
+        if instance is not None:
+            instance.cancel()
+        self._ext._wake_waiters()
+
+
+class _CallState:
+    """One thread's view of an extension: the grant epoch of its call in flight (host calls
+    and commits check it) and what its last call burnt."""
+
+    __slots__ = ("deadline", "epoch", "fuel", "ticket")
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None
+        self.fuel: int | None = None
+        # Handed from call_cancellable to call (consumed at once).
+        self.ticket: CallTicket | None = None
+        self.deadline: float | None = None
+
+
+class _CallLocal(threading.local):
+    # One thread-local lookup per call, then plain attributes: a threading.local attribute
+    # costs several times a slot's, and a no-op call would notice a handful of them.
+    def __init__(self) -> None:
+        self.state = _CallState()
+
+
+def _cancelled() -> CallError:
+    return CallError(FailureClass.CANCELLED, "cancelled by the caller")
 
 
 @attrs.frozen
@@ -92,7 +170,7 @@ class Handshake:
 
 
 class Extension:
-    """An admitted extension: its grant, its log, and (once started) one live instance."""
+    """An admitted extension: its grant, its log, and (once started) its pool of instances."""
 
     def __init__(
         self,
@@ -117,17 +195,27 @@ class Extension:
         )
         self._input_limits = CodecLimits(max_bytes=resources.max_input_bytes)
         self._output_limits = CodecLimits(max_bytes=resources.max_output_bytes)
+        # Guards the pool. Held only to hand instances out and take them back, never while
+        # guest code runs: calls on different instances run in parallel.
         self._lock = threading.Lock()
-        # The live instance between calls, and the one being started or running a plain
-        # command: an interrupt (revocation, close) must reach both, in every phase.
-        self._instance: Instance | None = None
-        self._starting: Instance | None = None
+        self._freed = threading.Condition(self._lock)
+        # Instances between calls, and those checked out (starting, calling, running a plain
+        # command): an interrupt (revocation, close) must reach both, in every phase.
+        self._idle: list[_Pooled] = []
+        self._slots: set[_Pooled] = set()
+        # Instances being built for a call. Those in calls plus these (_in_use()) stay within
+        # resources.max_concurrency.
+        self._building = 0
+        self._waiting = 0
+        self._generation = 0
         self.handshake: Handshake | None = None
-        self.last_fuel_used = 0
         self.starts = 0
-        self._bindings: dict[str, ProfileBinding] = {}
-        # The epoch the call in flight was authorised under; host calls and commits check it.
-        self._call_epoch = grant.epoch
+        # Per calling thread (and, for acall, per task): the epoch of the call in flight and
+        # the fuel of the last call; the extension-wide values answer a thread that made none.
+        self._local = _CallLocal()
+        self._last_epoch = grant.epoch
+        self._last_fuel = 0
+        self._task_fuel: contextvars.ContextVar[int | None] | None = None
         self._seen_grants: GrantState | None = None
         self.denied_capabilities: set[str] = set()
         self._command_names: dict[str, bytes] = {}
@@ -146,7 +234,7 @@ class Extension:
         return self.package.manifest
 
     def _gate(self, entry: HostFunction) -> bool:
-        if self.host.grants.authorizes(self._id, self._call_epoch, entry.capability):
+        if self.host.grants.authorizes(self._id, self.call_epoch, entry.capability):
             return True
         # Which capabilities the guest asked for and was refused: a front end turns that into
         # a hint (e.g. "add --profile standard"). Bounded by the registry's capabilities.
@@ -160,8 +248,35 @@ class Extension:
 
     @property
     def call_epoch(self) -> int:
-        """The grant epoch the call in flight was authorised under (brokers commit with it)."""
-        return self._call_epoch
+        """The grant epoch the call in flight on this thread was authorised under (brokers
+        commit with it). Concurrent calls on other instances have their own; a thread not in
+        a call of this extension reads the epoch of the latest call to start."""
+        epoch = self._local.state.epoch
+        return epoch if epoch is not None else self._last_epoch
+
+    @property
+    def last_fuel_used(self) -> int:
+        """What the last call burnt, start-up included: the last call made on this thread
+        (for :meth:`acall`, by this task), else the last call of any thread to end."""
+        if self._task_fuel is not None:
+            used = self._task_fuel.get()
+            if used is not None:
+                return used
+        used = self._local.state.fuel
+        return used if used is not None else self._last_fuel
+
+    def _record_fuel(self, used: int) -> None:
+        self._local.state.fuel = used
+        self._last_fuel = used
+
+    def _set_task_fuel(self, used: int | None) -> None:
+        """After an acall, in the awaiting task's context."""
+        if used is None:
+            return
+        if self._task_fuel is None:
+            self._task_fuel = contextvars.ContextVar(f"wasihost.fuel.{self._id}", default=None)
+        self._task_fuel.set(used)
+        self._last_fuel = used
 
     def commit(self, capability: str, action: Callable[[], T]) -> tuple[bool, T | None]:
         """Run a broker's committing ``action`` only if the call's epoch still authorises
@@ -169,7 +284,7 @@ class Extension:
         revocation list (if any) verifies and does not revoke this package."""
         if not self.host.revocations_allow_commit():
             return False, None
-        return self.host.grants.commit(self._id, self._call_epoch, capability, action)
+        return self.host.grants.commit(self._id, self.call_epoch, capability, action)
 
     def record_step(self, step: str, detail: str) -> None:
         """One observable step of admission or start-up (also journaled when durable)."""
@@ -187,9 +302,7 @@ class Extension:
             )
 
     def _handler(self, entry: HostFunction) -> Callable[..., Any]:
-        binding = self._bindings.get(entry.module)
-        if binding is not None:
-            return binding.handler(entry)
+        """The broker handler of a cbor entry (profile entries are their binding's)."""
         broker = self.host.functions.broker_for(entry)
         if broker is None:
             raise ConfigError(f"registry entry {entry.qualified_name} has no broker in this host")
@@ -219,118 +332,285 @@ class Extension:
 
     def start(self) -> Handshake:
         """Instantiate and run the handshake now, under one call's budget (calls do it
-        lazily, under their own)."""
+        lazily, under their own). With an instance already started, return its handshake."""
+        slot, _, _ = self._checkout(None, None, None, None)
+        self._checkin(slot)
+        assert self.handshake is not None
+        return self.handshake
+
+    def _instances(self) -> tuple[Instance, ...]:
+        """Every live instance of the pool, idle or in a call (for tests and diagnostics)."""
+        with self._lock:
+            return tuple(s.instance for s in self._slots)
+
+    def _new_instance(self) -> _Pooled:
+        """A new instance of the compiled module with its own profile state, not started."""
+        bindings: dict[str, ProfileBinding] = {}
+        try:
+            for module in {e.module for e in self.plan.imports}:
+                factory = self.host.profile_factories.get(module)
+                if factory is not None:
+                    bindings[module] = factory(self)
+            bound = [
+                BoundImport(
+                    entry,
+                    bindings[entry.module].handler(entry)
+                    if entry.module in bindings
+                    else self._handler(entry),
+                )
+                for entry in self.plan.imports
+            ]
+            profile = self.plan.view.profile
+            instance = self.host.engine.new_instance(
+                self._compiled,
+                bound,
+                self._gate,
+                self._store_limits(),
+                command_export=profile.command_export
+                if self.plan.is_command and profile
+                else None,
+            )
+        except BaseException:
+            _close_bindings(bindings)
+            raise
+        return _Pooled(instance, bindings, self._generation)
+
+    def _register(self, slot: _Pooled, ticket: CallTicket | None) -> None:
+        """``slot`` (reserved by ``_reserve``) exists from now on, in a call: every interrupt
+        reaches it, including one that landed before it was visible."""
+        with self._lock:
+            self._building -= 1
+            self._slots.add(slot)
+        self._interrupt_if_halted(slot.instance)
+        if ticket is not None:
+            ticket.attach(slot.instance)
+
+    def _unreserve(self) -> None:
+        """A reservation that made no instance (its start failed before one existed)."""
+        with self._lock:
+            self._building -= 1
+            self._freed.notify()
+
+    def _in_use(self) -> int:
+        """Caller holds ``_lock``: instances in a call, plus those being built."""
+        return len(self._slots) - len(self._idle) + self._building
+
+    def _reserve(self, budget: Budget, ticket: CallTicket | None) -> _Pooled | None:
+        """Caller holds ``_lock``. An idle instance, or None once room for a new one is
+        reserved (the caller builds it, then ``_register`` or ``_unreserve``); while
+        ``max_concurrency`` calls hold instances, wait for one to come back, until the
+        call's deadline (then the call fails ``deadline``)."""
+        while True:
+            if ticket is not None and ticket.cancelled:
+                raise _cancelled()
+            if self._idle:
+                return self._idle.pop()
+            limit = self.resources.max_concurrency
+            if self._in_use() < limit:
+                self._building += 1
+                return None
+            left = budget.deadline - time.monotonic()
+            if left <= 0:
+                raise CallError(
+                    FailureClass.DEADLINE,
+                    f"no free instance before the call's deadline: max_concurrency {limit}, "
+                    "all in calls",
+                )
+            self._waiting += 1
+            try:
+                self._freed.wait(left)
+            finally:
+                self._waiting -= 1
+            self._check_available()
+
+    def _wake_waiters(self) -> None:
+        with self._lock:
+            self._freed.notify_all()
+
+    def _checkout(
+        self,
+        fuel: int | None,
+        timeout_ms: int | None,
+        budget: Budget | None,
+        ticket: CallTicket | None,
+    ) -> tuple[_Pooled, Budget | None, int]:
+        """An instance ready for a command, the call's budget (None on the fast path: an idle
+        instance taken at once, its deadline set as the command starts) and the grant epoch
+        the call runs under. A new instance is started under the call's own budget."""
         with self._lock:
             self._check_available()
-            if self._instance is None:
-                self._start(self._budget())
-            assert self.handshake is not None
-            return self.handshake
+            if budget is None and self._idle and (ticket is None or not ticket.cancelled):
+                return self._idle.pop(), None, self.grant.epoch
+            if budget is None:
+                # The deadline runs from here: waiting for a free instance counts.
+                budget = self._budget(fuel, timeout_ms)
+            reused = self._reserve(budget, ticket)
+            if reused is not None:
+                if ticket is not None:
+                    ticket.attach(reused.instance)
+                return reused, budget, self.grant.epoch
+        slot = self._start(budget, ticket)
+        return slot, budget, slot.epoch
 
-    def _new_instance(self) -> Instance:
-        self._close_bindings()
-        for module in {e.module for e in self.plan.imports}:
-            factory = self.host.profile_factories.get(module)
-            if factory is not None:
-                self._bindings[module] = factory(self)
-        bound = [BoundImport(entry, self._handler(entry)) for entry in self.plan.imports]
-        profile = self.plan.view.profile
-        return self.host.engine.new_instance(
-            self._compiled,
-            bound,
-            self._gate,
-            self._store_limits(),
-            command_export=profile.command_export if self.plan.is_command and profile else None,
-        )
-
-    def _close_bindings(self) -> None:
-        bindings, self._bindings = self._bindings, {}
-        for binding in bindings.values():
-            binding.close()
+    def _checkin(self, slot: _Pooled) -> None:
+        """The call on ``slot`` is over: back to the pool, unless it belongs to an older
+        generation or was interrupted or closed (then dropped). Inlined in :meth:`call`."""
+        instance = slot.instance
+        # A revocation or close interrupts every instance (after its state change), so an
+        # instance they reach is not kept; one they miss is refused at its next checkout.
+        healthy = not instance.closed and not instance.interrupted
+        lock = self._lock
+        lock.acquire()
+        # The generation is compared under the lock: a discard bumps it, then empties _idle.
+        keep = healthy and slot.generation == self._generation
+        if keep:
+            self._idle.append(slot)
+        else:
+            self._slots.discard(slot)
+        if self._waiting:
+            self._freed.notify()
+        lock.release()
+        if not keep:
+            _drop(slot)
 
     def run_command(self) -> int:
-        """Run a plain profile command (a WASI ``_start``) once; return its exit code.
+        """Run a plain profile command (a WASI ``_start``) once, on a fresh instance; return
+        its exit code.
 
         Its start function and its entry point share one budget: ``fuel_per_call`` and
-        ``timeout_ms`` bound the run as a whole."""
+        ``timeout_ms`` bound the run as a whole (waiting for a free instance included)."""
         if not self.plan.is_command:
             raise ConfigError(f"{self.id} is a wasihost ABI guest: call its commands instead")
+        budget = self._budget()
         with self._lock:
             self._check_available()
-            self._call_epoch = self.grant.epoch
-            self._discard()
-            budget = self._budget()
-            instance = self._new_instance()
-            self._starting = instance  # so that a revocation or close can interrupt the run
-            self._interrupt_if_halted(instance)
+            reused = self._reserve(budget, None)
+            epoch = self.grant.epoch
+        assert reused is None  # a command's instances never return to the pool
+        local = self._local.state
+        outer = local.epoch
+        local.epoch = self._last_epoch = epoch
+        slot: _Pooled | None = None
+        try:
+            try:
+                slot = self._new_instance()
+            except BaseException:
+                self._unreserve()
+                raise
+            instance = slot.instance
+            self._register(slot, None)  # so that a revocation or close can interrupt the run
             try:
                 with instance.lock:
                     instance.instantiate(budget)
-                    self.starts += 1
-                    code = instance.run_command(budget)
+                    self._count_start()
+                    return instance.run_command(budget)
             except BaseException:
                 self._raise_if_halted_during(instance, "run")
                 raise
-            finally:
-                self.last_fuel_used = budget.used
-                self._starting = None
-                self._drop(instance)
-            return code
+        finally:
+            local.epoch = outer
+            self._record_fuel(budget.used)
+            if slot is not None:
+                self._unregister(slot)
 
-    def _start(self, budget: Budget) -> Instance:
-        """Instantiate and handshake under ``budget``: the start function, ``hello`` and
-        ``welcome`` draw from the same fuel and deadline as the command that follows.
-        Caller holds ``_lock``."""
+    def _count_start(self) -> None:
+        with self._lock:
+            self.starts += 1
+
+    def _enter_start(self) -> bool:
+        """Before a new instance starts: True if this start is the extension's (it moves the
+        lifecycle through Starting), False if it only adds to a pool already started or
+        starting."""
         if self.plan.is_command:
             raise ConfigError(f"{self.id} is a plain command module: use run_command()")
-        event = Event.START if self.lifecycle.state is State.PROVISIONING else Event.RESTART
-        if event is Event.RESTART and self.lifecycle.state is State.FAILED:
-            try:
-                self.host.supervisor.before_restart(self.id)
-            except BackingOff as wait:
-                raise ExtensionUnavailable(
-                    self.id, State.FAILED, str(wait), retry_after_s=wait.retry_after_s
-                ) from None
-        if self.lifecycle.try_fire(event) is None:
-            raise self._unavailable()
-        self.record_step("build sandbox", f"{len(self.plan.imports)} imports bound")
+        state = self.lifecycle.state
+        if state in (State.PROVISIONING, State.FAILED, State.STOPPED):
+            event = Event.START if state is State.PROVISIONING else Event.RESTART
+            if state is State.FAILED:
+                try:
+                    self.host.supervisor.check_backoff(self.id)
+                except BackingOff as wait:
+                    raise ExtensionUnavailable(
+                        self.id, State.FAILED, str(wait), retry_after_s=wait.retry_after_s
+                    ) from None
+            if self.lifecycle.try_fire(event) is not None:
+                if state is State.FAILED:  # a restart after a crash counts against the budget
+                    self.host.supervisor.restarted(self.id)
+                return True
+            state = self.lifecycle.state
+        if state in (State.STARTING, State.RUNNING):
+            return False
+        raise self._unavailable()
+
+    def _start(self, budget: Budget, ticket: CallTicket | None) -> _Pooled:
+        """Instantiate and handshake a new instance under ``budget``: the start function,
+        ``hello`` and ``welcome`` draw from the same fuel and deadline as the command that
+        follows. Returns it in a call. Caller has reserved room for it."""
+        owns_lifecycle = False
         try:
-            instance = self._new_instance()
+            owns_lifecycle = self._enter_start()
+            self.record_step("build sandbox", f"{len(self.plan.imports)} imports bound")
+            slot = self._new_instance()
         except BaseException as exc:
+            self._unreserve()
             # Whatever failed, start-up is over: never leave the extension in Starting.
-            self._close_bindings()
-            self.lifecycle.try_fire(Event.START_FAILED, f"instantiate: {exc}")
+            if owns_lifecycle:
+                self.lifecycle.try_fire(Event.START_FAILED, f"instantiate: {exc}")
             raise
-        self._starting = instance
-        self._interrupt_if_halted(instance)
-        self._call_epoch = self.grant.epoch
+        instance = slot.instance
+        self._register(slot, ticket)
+        local = self._local.state
+        outer = local.epoch
+        local.epoch = self._last_epoch = slot.epoch = self.grant.epoch
         try:
             with instance.lock:
                 instance.instantiate(budget)
-            self.starts += 1
+            self._count_start()
             self.record_step("instantiate", f"start #{self.starts}")
-            self.handshake = self._run_handshake(instance, budget)
+            handshake = self._run_handshake(instance, budget)
         except BaseException as exc:
-            self.last_fuel_used = budget.used
-            self._starting = None
-            self._drop(instance)
+            self._record_fuel(budget.used)
+            self._unregister(slot)
             self._raise_if_halted_during(instance, "start-up")
             what = "handshake" if instance.started else "instantiate"
-            if self.lifecycle.try_fire(Event.START_FAILED, f"{what}: {exc}") is not None:
-                failure = exc.failure if isinstance(exc, CallError) else FailureClass.HANDSHAKE
+            if ticket is not None and ticket.cancelled:
+                if owns_lifecycle:
+                    self.lifecycle.try_fire(Event.START_FAILED, f"{what}: cancelled")
+                raise _cancelled() from exc
+            # The extension failed to start (or, beside running instances, to grow): it
+            # restarts as a whole on the next call, as after a crash.
+            self._discard()
+            failure = exc.failure if isinstance(exc, CallError) else FailureClass.HANDSHAKE
+            if owns_lifecycle:
+                if self.lifecycle.try_fire(Event.START_FAILED, f"{what}: {exc}") is not None:
+                    self._supervise(failure, f"{what}: {exc}")
+            elif self.lifecycle.try_fire(Event.CRASH, f"{what}: {exc}") is not None:
                 self._supervise(failure, f"{what}: {exc}")
             raise
-        hs = self.handshake
+        finally:
+            local.epoch = outer
         self.record_step(
-            "handshake", f"{hs.readiness}, runtime {hs.runtime_id.hex()[:8]}, epoch {hs.epoch}"
+            "handshake",
+            f"{handshake.readiness}, runtime {handshake.runtime_id.hex()[:8]}, "
+            f"epoch {handshake.epoch}",
         )
-        self._starting = None
-        if self.lifecycle.try_fire(Event.READY, hs.reason) is None:
+        if owns_lifecycle:
+            ready = self.lifecycle.try_fire(Event.READY, handshake.reason) is not None
+        else:
+            ready = self.lifecycle.state not in (State.REVOKED, State.CLOSED)
+        if not ready:
             # Revoked or closed while the handshake ran: the instance never serves a call.
-            self._drop(instance)
+            self._unregister(slot)
             raise self._unavailable()
-        self._instance = instance
-        return instance
+        self.handshake = handshake
+        return slot
+
+    def _unregister(self, slot: _Pooled) -> None:
+        """An instance that will serve no more calls: out of the pool, freed."""
+        with self._lock:
+            self._slots.discard(slot)
+            self._freed.notify()
+        _drop(slot)
 
     def _unavailable(self, during: str | None = None) -> ExtensionRevoked | ExtensionUnavailable:
         """Why this extension refuses work now, said as the error its caller gets."""
@@ -349,7 +629,8 @@ class Extension:
             instance.interrupt()
 
     def _check_available(self) -> None:
-        """Before each call: honour revocations and grant changes, refuse outside Running."""
+        """Before each call, under ``_lock``: honour revocations and grant changes, refuse
+        outside Running."""
         seen = self.host.grants.current(self.id)
         if (
             seen is not None
@@ -362,7 +643,7 @@ class Extension:
         table = self.host.grants.state(self.id)
         if table.revoked is not None or self.lifecycle.state is State.REVOKED:
             self.lifecycle.try_fire(Event.REVOKE, table.revoked)
-            self._discard()
+            self._discard_locked()
             raise ExtensionRevoked(
                 f"{self.id} is revoked: {table.revoked or 'reinstated since; load it again'}"
             )
@@ -381,7 +662,7 @@ class Extension:
             # A new policy may refuse the package outright (require_signed): it stops here.
             check_package_policy(self.package, self.host.policy)
         except AdmissionError:
-            self._discard()
+            self._discard_locked()
             self.lifecycle.try_fire(Event.STOP)
             self.lifecycle.try_fire(Event.STOPPED)
             raise
@@ -414,7 +695,7 @@ class Extension:
         self.plan = plan
         self._set_resources(resources)
         self.record_step("load active grants", f"changed, epoch {epoch}: restarting")
-        self._discard()
+        self._discard_locked()
         self.lifecycle.try_fire(Event.STOP)
         self.lifecycle.try_fire(Event.STOPPED)
 
@@ -438,9 +719,13 @@ class Extension:
         self._interrupt()
 
     def _interrupt(self) -> None:
-        for instance in (self._instance, self._starting):
-            if instance is not None:
-                instance.interrupt()
+        """Every instance, in a call or idle: the calls in flight stop at their next tick."""
+        with self._lock:
+            slots = tuple(self._slots)
+            # Calls waiting for an instance look at the extension again (and refuse).
+            self._freed.notify_all()
+        for slot in slots:
+            slot.instance.interrupt()
 
     def pause(self, reason: str = "") -> None:
         self.lifecycle.fire(Event.PAUSE, reason or None)
@@ -454,14 +739,16 @@ class Extension:
         self.lifecycle.fire(Event.RELEASE)
 
     def quarantine(self, reason: str) -> None:
+        """Refuse calls until released; idle instances go now, those in a call as it ends."""
         with self._lock:
             self.lifecycle.fire(Event.QUARANTINE, reason)
-            self._discard()
+            self._discard_locked()
 
     def stop(self) -> None:
+        """Stop: idle instances go now, those in a call as it ends; the next call restarts."""
         with self._lock:
             if self.lifecycle.try_fire(Event.STOP) is not None:
-                self._discard()
+                self._discard_locked()
                 self.lifecycle.fire(Event.STOPPED)
 
     def _reserved(self, instance: Instance, command: str, value: Any, budget: Budget) -> Any:
@@ -573,44 +860,72 @@ class Extension:
     ) -> Any:
         """Run ``command`` with ``value`` (any CBOR-encodable value) and return its output.
 
-        One budget covers everything the call runs: on a first call, or after a crash, that
-        includes the start function and the handshake. It is the extension's
-        ``fuel_per_call`` and ``timeout_ms``, or ``fuel``/``timeout_ms`` for this call alone,
-        which may lower them but never raise them."""
+        One budget covers everything the call runs: on a call that needs a new instance (the
+        first, the first after a crash or restart, or one more for the pool) that includes
+        the start function and the handshake, and waiting for a free instance when
+        ``max_concurrency`` calls are in flight. It is the extension's ``fuel_per_call`` and
+        ``timeout_ms``, or ``fuel``/``timeout_ms`` for this call alone, which may lower them
+        but never raise them."""
         name = self._check_command(command)
         r = self.resources
+        local = self._local.state
+        # An async call (aio) hands its ticket and deadline over through the thread's state,
+        # which keeps them off this signature and a frame off every call.
+        ticket = local.ticket
+        deadline = local.deadline
+        if ticket is not None or deadline is not None:
+            local.ticket = local.deadline = None
         # null in or out is the commonest payload of all: skip the codec for it.
         payload = CBOR_NULL if value is None else encode(value, self._input_limits)
-        overridden = fuel is not None or timeout_ms is not None
-        if overridden:
+        budget: Budget | None = None
+        if fuel is not None or timeout_ms is not None or deadline is not None:
             fuel = _override("fuel", fuel, r.fuel_per_call, "fuel_per_call")
             timeout_ms = _override("timeout_ms", timeout_ms, r.timeout_ms, "timeout_ms")
-        with self._lock:
+            budget = self._budget(fuel, timeout_ms)
+            if deadline is not None and deadline < budget.deadline:
+                budget.deadline = deadline
+        # _checkout's fast path inlined (an idle instance, taken at once): a no-op call
+        # notices every method call and context manager.
+        lock = self._lock
+        lock.acquire()
+        try:
             self._check_available()
-            instance = self._instance
-            # The deadline starts once the call holds the extension, not while it queues.
-            budget = self._budget(fuel, timeout_ms) if overridden or instance is None else None
-            if instance is None:
-                assert budget is not None
-                instance = self._start(budget)
-            self._call_epoch = self.grant.epoch
+            idle = self._idle
+            slot: _Pooled | None = None
+            if idle and budget is None and ticket is None:
+                slot = idle.pop()
+                epoch = self.grant.epoch
+        finally:
+            lock.release()
+        if slot is None:
+            slot, budget, epoch = self._checkout(fuel, timeout_ms, budget, ticket)
+        instance = slot.instance
+        outer = local.epoch
+        local.epoch = self._last_epoch = epoch
+        try:
             try:
-                # No instance.lock here: self._lock serialises this extension's calls, and the
-                # Instance refuses a second thread by itself (its entry token).
+                # No lock here: the instance is this call's alone until it is checked in.
                 result = instance.call(name, payload, r.max_output_bytes, budget)
             except BaseException as exc:
-                self.last_fuel_used = budget.used if budget is not None else instance.last_call_fuel
+                self._record_fuel(budget.used if budget is not None else instance.last_call_fuel)
                 self._raise_if_halted_during(instance, "call")
+                if ticket is not None and ticket.cancelled and isinstance(exc, CallError):
+                    # The caller gave up: this instance goes (interrupted mid-call, it is
+                    # dropped as it is checked in); the extension did nothing wrong.
+                    raise _cancelled() from exc
                 # A trap may have left the guest half-way, and so may a KeyboardInterrupt or
                 # SystemExit (or a bug) out of a host function: the instance goes. A refusal
-                # before the guest ran (a ConfigError: the caller's stack is too small) keeps it.
+                # before the guest ran (a ConfigError: the caller's stack is too small) keeps
+                # it.
                 if isinstance(exc, CallError):
                     if exc.failure.discards_instance:
                         self._crash(f"{exc.failure.value}: {exc.message}", exc.failure)
                 elif not isinstance(exc, WasihostError):
                     self._crash(f"interrupted: {type(exc).__name__}")
                 raise
-            self.last_fuel_used = budget.used if budget is not None else result.fuel_used
+            local.fuel = self._last_fuel = (
+                budget.used if budget is not None else result.fuel_used
+            )
             if result.status != 0:
                 cls, msg = _guest_error(result.body)
                 raise CallError(
@@ -626,12 +941,67 @@ class Extension:
             except CodecError as exc:
                 # The guest broke the protocol: its state is not to be trusted any more.
                 self._crash(f"protocol: command output: {exc.message}", FailureClass.PROTOCOL)
-                raise CallError(FailureClass.PROTOCOL, f"command output: {exc.message}") from None
+                raise CallError(
+                    FailureClass.PROTOCOL, f"command output: {exc.message}"
+                ) from None
+        finally:
+            local.epoch = outer
+            # _checkin inlined, for the no-op call's sake.
+            healthy = not instance.closed and not instance.interrupted
+            lock.acquire()
+            keep = healthy and slot.generation == self._generation
+            if keep:
+                self._idle.append(slot)
+            else:
+                self._slots.discard(slot)
+            if self._waiting:
+                self._freed.notify()
+            lock.release()
+            if not keep:
+                _drop(slot)
+
+    def call_cancellable(
+        self,
+        ticket: CallTicket,
+        command: str,
+        value: Any = None,
+        *,
+        fuel: int | None = None,
+        timeout_ms: int | None = None,
+        deadline: float | None = None,
+    ) -> Any:
+        """:meth:`call`, stopped by ``ticket.cancel()`` from another thread (class
+        ``cancelled``), and with its deadline no later than ``deadline`` (a
+        ``time.monotonic()`` value) when given: what :meth:`acall` runs on a call thread."""
+        local = self._local.state
+        local.ticket = ticket
+        local.deadline = deadline
+        try:
+            return self.call(command, value, fuel=fuel, timeout_ms=timeout_ms)
+        finally:
+            local.ticket = local.deadline = None
+
+    async def acall(
+        self,
+        command: str,
+        value: Any = None,
+        *,
+        fuel: int | None = None,
+        timeout_ms: int | None = None,
+    ) -> Any:
+        """:meth:`call` for asyncio: the call runs on one of the host's call threads and the
+        event loop is never blocked by guest code. Cancelling the awaiting task stops this
+        call's instance at its next epoch tick (class ``cancelled``) and raises
+        ``asyncio.CancelledError`` (see :mod:`wasihost.aio`)."""
+        from .aio import call_async
+
+        return await call_async(self, command, value, fuel=fuel, timeout_ms=timeout_ms)
 
     def _crash(self, reason: str, failure: FailureClass = FailureClass.TRAP) -> None:
-        """The instance failed in a way that may have corrupted it: drop it, say so in the
-        lifecycle, and let the supervisor decide between a restart on the next call (after
-        its backoff) and quarantine. Caller holds ``_lock``."""
+        """An instance failed in a way that may have corrupted it: the extension restarts as
+        a whole on the next call (every idle instance goes now, those in a call as they end),
+        the lifecycle says so, and the supervisor decides between that restart (after its
+        backoff) and quarantine."""
         self._discard()
         self.lifecycle.try_fire(Event.CRASH, reason)
         self._supervise(failure, reason)
@@ -643,27 +1013,58 @@ class Extension:
             self.lifecycle.try_fire(Event.QUARANTINE, verdict)
 
     def _discard(self) -> None:
-        instance, self._instance = self._instance, None
-        self._drop(instance)
+        with self._lock:
+            self._discard_locked()
 
-    def _drop(self, instance: Instance | None) -> None:
-        """Free ``instance`` and the profile state (WASI descriptors) that belonged to it."""
-        if instance is not None:
-            instance.close()
-        self._close_bindings()
+    def _discard_locked(self) -> None:
+        """Caller holds ``_lock``. Drop the idle instances now and retire those in a call
+        (a new generation): none serves another call."""
+        self._generation += 1
+        idle, self._idle = self._idle, []
+        self._slots.difference_update(idle)
+        self._freed.notify_all()
+        for slot in idle:
+            _drop(slot)  # idle: nothing runs on it, so this is immediate
 
     def logs(self) -> tuple[LogRecord, ...]:
         return self.log.records
 
     def close(self, reason: str = "closed") -> None:
-        """Close for good: the call in flight is interrupted (not waited out), the instance
-        freed, and every later call answers ``unavailable``. Idempotent."""
+        """Close for good: every call in flight is interrupted (not waited out), its instance
+        freed once its guest has stopped, and every later call answers ``unavailable``.
+        Idempotent."""
         self.lifecycle.try_fire(Event.CLOSE, reason)
         self._interrupt()
         with self._lock:
-            self._discard()
+            self._discard_locked()
+        # Instances in a call are freed by their own calls as they return (interrupted, within
+        # a tick or so), never from here: a call may be about to enter its instance, and a
+        # Store freed under it would crash the process.
+        give_up = time.monotonic() + CLOSE_DRAIN_S
+        with self._lock:
+            while self._in_use() and time.monotonic() < give_up:
+                self._waiting += 1
+                try:
+                    # Polled: a hand-back's wake-up may go to a call waiting for an instance
+                    # (which then refuses, closed) instead of this.
+                    self._freed.wait(min(CLOSE_DRAIN_POLL_S, max(0.0, give_up - time.monotonic())))
+                finally:
+                    self._waiting -= 1
             self._close_brokers()
         self.host.forget(self)
+
+
+def _close_bindings(bindings: Mapping[str, ProfileBinding]) -> None:
+    for binding in bindings.values():
+        binding.close()
+
+
+def _drop(slot: _Pooled) -> None:
+    """Free ``slot``'s instance and the profile state (WASI descriptors) that belonged to it;
+    idempotent."""
+    slot.instance.close()
+    bindings, slot.bindings = slot.bindings, {}
+    _close_bindings(bindings)
 
 
 def _override(name: str, value: int | None, ceiling: int, key: str) -> int:

@@ -78,6 +78,15 @@ DEFAULT_STORAGE_MAX_OBJECTS: Final = 10_000
 MIN_STORAGE_MAX_OBJECTS: Final = 0
 # One million keys: each costs an index entry of up to 256 bytes in the host's database.
 MAX_STORAGE_MAX_OBJECTS: Final = 1_000_000
+# One instance per extension: calls on it are serialised, as they always were, and an
+# extension costs one Store (1 GiB of address space, a few memory maps) unless it asks for more.
+DEFAULT_MAX_CONCURRENCY: Final = 1
+# At least one call must be able to run.
+MIN_MAX_CONCURRENCY: Final = 1
+# Each concurrent call holds its own instance (its own linear memory, up to max_memory_bytes,
+# and its own 1 GiB reservation); 64 is far more parallelism than a host has cores, and keeps
+# one extension from reserving more than 64 GiB of address space or 64 x its memory.
+MAX_MAX_CONCURRENCY: Final = 64
 
 
 @attrs.frozen
@@ -113,6 +122,9 @@ RESOURCE_BOUNDS: Final[Mapping[str, ResourceBound]] = types.MappingProxyType(
         ),
         "storage_max_objects": ResourceBound(
             MIN_STORAGE_MAX_OBJECTS, DEFAULT_STORAGE_MAX_OBJECTS, MAX_STORAGE_MAX_OBJECTS
+        ),
+        "max_concurrency": ResourceBound(
+            MIN_MAX_CONCURRENCY, DEFAULT_MAX_CONCURRENCY, MAX_MAX_CONCURRENCY
         ),
     }
 )

@@ -175,6 +175,10 @@ class Resources:
     storage_max_objects: int = attrs.field(
         default=limits.DEFAULT_STORAGE_MAX_OBJECTS, validator=_in_range("storage_max_objects")
     )
+    # Calls that may run at once, each on its own instance (see docs/embedding.md).
+    max_concurrency: int = attrs.field(
+        default=limits.DEFAULT_MAX_CONCURRENCY, validator=_in_range("max_concurrency")
+    )
 
     @classmethod
     def default(cls) -> Resources:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .admission import AdmissionPlan
+from .aio import DEFAULT_CALL_WORKERS, CallWorkers
 from .brokers import builtin_brokers
 from .brokers.clock import Clock, SystemClock
 from .codeshape import scan_module
@@ -110,6 +111,7 @@ class Host:
         state_dir: Path | None = None,
         brokers: Iterable[Broker] = (),
         supervisor: Supervisor | None = None,
+        async_workers: int = DEFAULT_CALL_WORKERS,
     ) -> None:
         self.policy = policy if policy is not None else Policy()
         self.registry = registry if registry is not None else default_registry()
@@ -168,6 +170,8 @@ class Host:
         self._admitting: set[str] = set()
         self._lock = threading.Lock()
         self.closed = False
+        # The threads running Extension.acall's calls: started on first use.
+        self._call_workers = CallWorkers(async_workers)
 
     def _has_entry(self, qualified: str) -> bool:
         module, _, name = qualified.rpartition(".")
@@ -251,10 +255,15 @@ class Host:
                 list(pool.map(Extension.close, extensions))
         elif extensions:
             extensions[0].close()
+        self._call_workers.close()
         self.functions.close()
         self.engine.close()
         if self.state is not None:
             self.state.close()
+
+    def call_workers(self) -> CallWorkers:
+        """The bounded pool of threads on which async calls run (see :mod:`wasihost.aio`)."""
+        return self._call_workers
 
     def forget(self, ext: Extension) -> None:
         """A closed extension leaves the host: its id may be admitted again."""

@@ -237,16 +237,21 @@ class Supervisor:
                 self._quarantines += 1
             return verdict
 
-    def before_restart(self, extension: str) -> None:
-        """A restart is about to begin: raise :class:`BackingOff` if it is too soon after the
-        last crash, else count it against the budget."""
+    def check_backoff(self, extension: str) -> None:
+        """Before a restart: raise :class:`BackingOff` if it is too soon after the last crash."""
         now = self._clock()
         with self._lock:
             history = self._of(extension)
             if now < history.not_before:
                 self._refusals += 1
                 raise BackingOff(history.not_before - now)
-            history.restarts.append(now)
+
+    def restarted(self, extension: str) -> None:
+        """A restart began (counted once, by the call that moved the lifecycle): it counts
+        against the budget."""
+        now = self._clock()
+        with self._lock:
+            self._of(extension).restarts.append(now)
             self._restarts += 1
 
     def release(self, extension: str) -> None:

@@ -496,6 +496,12 @@ class Instance:
         class ``interrupted``, and so does every later one."""
         self._ctx.stop_now(CallError(FailureClass.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)"))
 
+    def cancel(self) -> None:
+        """From any thread: the caller gave up on the running call. It ends at its next epoch
+        tick (a blocking host call wakes at once) with class ``cancelled``, and so does every
+        later one: the instance is not to be used again."""
+        self._ctx.stop_now(CallError(FailureClass.CANCELLED, "cancelled by the caller"))
+
     def defer_signal(self, handler: Callable[[int, Any], Any], signum: int) -> None:
         """A signal's Python handler deferred out of a host callback (see sigint.py): it runs
         as the call returns."""

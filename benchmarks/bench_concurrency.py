@@ -1,0 +1,349 @@
+"""Concurrency: what a second thread buys, on two extensions and on one pooled extension, and
+what the asyncio path adds to a call.
+
+Throughput (calls per second of wall clock) of:
+
+- ``one``: one thread calling one extension;
+- ``two extensions``: two threads, each calling its own extension (issue 16 target: >= 1.8x
+  ``one``);
+- ``pooled``: two threads calling one extension whose manifest says ``max_concurrency = 2``
+  (target: >= 1.7x ``one``);
+- ``serialised``: two threads calling one extension with the default ``max_concurrency = 1``
+  (for reference: the old behaviour of every extension).
+
+each for two workloads: ``small`` (``fixtures/echo``'s ``noop``, a few microseconds, mostly
+host-side Python) and ``compute`` (``fixtures/compute`` running ``--rounds`` xorshift rounds,
+a few milliseconds of guest code per call). Both threads start together at a barrier; a
+scenario's time is from the barrier to the last thread's end.
+
+The asyncio path: ``await ext.acall("noop")`` in a loop against ``ext.call("noop")`` in a loop
+on the same extension, one after the other on the event loop's thread; the difference per call
+is what the async path adds (target: <= 20 us).
+
+Every round runs every scenario, in an order that rotates round by round, so that drift on a
+shared machine falls on all of them; ratios are taken within a round, and the median and the
+range over rounds are reported. ``RUST_BACKTRACE=0``. The load average is printed before and
+after.
+
+Usage: ``python benchmarks/bench_concurrency.py [--rounds 7] [--small-calls 4000]
+[--compute-calls 30] [--compute-rounds 1500000] [--async-calls 3000] [--json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ["RUST_BACKTRACE"] = "0"  # trap paths are slower with it; set before wasmtime loads
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import attrs
+
+import wasihost.engine.instance as instance_module
+from wasihost.extension import Extension
+from wasihost.package import Package, load_package
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+
+ECHO = ROOT / "fixtures" / "echo"
+COMPUTE = ROOT / "fixtures" / "compute"
+# Enough fuel for the compute rounds asked for, with room: fuel is not what is measured.
+COMPUTE_FUEL = 2_000_000_000
+COMPUTE_TIMEOUT_MS = 60_000
+
+
+def pooled(host: Host, fixture: Path, concurrency: int, **resources: int) -> Extension:
+    """``fixture`` as its package, with ``max_concurrency`` (and other resources) set in its
+    manifest."""
+    package = load_package(fixture, host.registry.capabilities())
+    assert package.manifest is not None
+    wanted = attrs.evolve(package.manifest.resources, max_concurrency=concurrency, **resources)
+    manifest = attrs.evolve(package.manifest, resources=wanted)
+    return host.admit(attrs.evolve(package, manifest=manifest))
+
+
+def copy(host: Host, fixture: Path, name: str, **resources: int) -> Extension:
+    """Another extension running ``fixture``'s module: a bare module of its own id (a host
+    admits an id once), granted what the package requests, with the default
+    ``max_concurrency`` of 1."""
+    package = load_package(fixture, host.registry.capabilities())
+    assert package.manifest is not None
+    bare = Package(f"{name}.wasm", None, package.wasm, package.sha256)
+    manifest = package.manifest
+    return host.admit(
+        bare,
+        grants=manifest.required | manifest.optional,
+        fuel=resources.get("fuel_per_call"),
+        timeout_ms=resources.get("timeout_ms"),
+    )
+
+
+def timed(workers: list[Callable[[], None]]) -> tuple[float, float]:
+    """Wall time of ``workers`` run on threads of their own, started together, and the CPU
+    the process used meanwhile over that wall time (how many cores it really had)."""
+    barrier = threading.Barrier(len(workers) + 1)
+    done: list[float] = []
+
+    def run(work: Callable[[], None]) -> None:
+        barrier.wait()
+        work()
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    cpu = time.process_time()
+    for t in threads:
+        t.join()
+    done.append(time.perf_counter() - start)
+    return done[0], (time.process_time() - cpu) / done[0]
+
+
+def loop(ext: Extension, command: str, value: Any, calls: int) -> Callable[[], None]:
+    def work() -> None:
+        for _ in range(calls):
+            ext.call(command, value)
+
+    return work
+
+
+def throughput_round(
+    exts: dict[str, Extension], command: str, value: Any, calls: int, order: int
+) -> dict[str, tuple[float, float]]:
+    """Calls per second of each scenario, and the cores it used, in a rotated order."""
+    scenarios: dict[str, list[Callable[[], None]]] = {
+        "one": [loop(exts["a"], command, value, calls)],
+        "two extensions": [
+            loop(exts["a"], command, value, calls),
+            loop(exts["b"], command, value, calls),
+        ],
+        "pooled": [loop(exts["pool"], command, value, calls)] * 2,
+        "serialised": [loop(exts["single"], command, value, calls)] * 2,
+    }
+    names = list(scenarios)
+    names = names[order % len(names) :] + names[: order % len(names)]
+    result = {}
+    for name in names:
+        workers = scenarios[name]
+        wall, cores = timed(workers)
+        result[name] = (len(workers) * calls / wall, cores)
+    return result
+
+
+def async_round(ext: Extension, calls: int, order: int) -> tuple[float, float, float]:
+    """Seconds per call of the synchronous and the asyncio path, on the loop's thread, and
+    the floor of any thread hand-off: a Python no-op through the same call threads."""
+
+    def nothing() -> None:
+        pass
+
+    async def main() -> tuple[float, float, float]:
+        async def via_async() -> float:
+            start = time.perf_counter()
+            for _ in range(calls):
+                await ext.acall("noop")
+            return (time.perf_counter() - start) / calls
+
+        def via_sync() -> float:
+            start = time.perf_counter()
+            for _ in range(calls):
+                ext.call("noop")
+            return (time.perf_counter() - start) / calls
+
+        async def hand_off() -> float:
+            # The mechanism acall uses: a job on a call thread, its outcome handed back with
+            # one call_soon_threadsafe.
+            workers = ext.host.call_workers()
+            loop = asyncio.get_running_loop()
+            start = time.perf_counter()
+            for _ in range(calls):
+                future: asyncio.Future[Any] = loop.create_future()
+
+                def done(ok: bool, result: Any, future: asyncio.Future[Any] = future) -> None:
+                    loop.call_soon_threadsafe(future.set_result, result)
+
+                workers.start(nothing, (), done)
+                await future
+            return (time.perf_counter() - start) / calls
+
+        await ext.acall("noop")  # the call thread exists before timing
+        if order % 2:
+            a = await via_async()
+            s = via_sync()
+            h = await hand_off()
+        else:
+            h = await hand_off()
+            s = via_sync()
+            a = await via_async()
+        return s, a, h
+
+    return asyncio.run(main())
+
+
+def released_share(ext: Extension, calls: int) -> float:
+    """The share of a no-op call spent inside its two guest entries (``call_unchecked``,
+    with the GIL released), less the timer's own cost. The rest of each call holds the GIL,
+    so two threads need at least 2 x (1 - share) of one call's time per two calls: at most
+    min(2, 1 / (1 - share)) times one thread's throughput, whatever the GIL hand-offs cost."""
+    real = instance_module.call_unchecked
+    inside = [0.0]
+    clock = time.perf_counter
+
+    def timed_entry(*args: Any) -> Any:
+        start = clock()
+        result = real(*args)
+        inside[0] += clock() - start
+        return result
+
+    start = clock()
+    for _ in range(calls):
+        clock()
+        clock()
+    timer_cost = (clock() - start) / calls
+    instance_module.call_unchecked = timed_entry
+    try:
+        start = clock()
+        for _ in range(calls):
+            ext.call("noop")
+        total = clock() - start
+    finally:
+        instance_module.call_unchecked = real
+    return max(0.0, inside[0] - 2 * calls * timer_cost) / total
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--small-calls", type=int, default=4000)
+    parser.add_argument("--compute-calls", type=int, default=30)
+    parser.add_argument("--compute-rounds", type=int, default=1_500_000)
+    parser.add_argument("--async-calls", type=int, default=3000)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    report: dict[str, Any] = {"load_before": load_before, "cpus": os.cpu_count()}
+    with Host(Policy(allow={"log", "clock", "random"}), cache_dir=None) as host:
+        workloads: dict[str, tuple[dict[str, Extension], str, Any, int]] = {}
+        for name, fixture, command, value, calls, resources in (
+            ("small", ECHO, "noop", None, args.small_calls, {}),
+            (
+                "compute",
+                COMPUTE,
+                "run",
+                {"n": args.compute_rounds},
+                args.compute_calls,
+                {"fuel_per_call": COMPUTE_FUEL, "timeout_ms": COMPUTE_TIMEOUT_MS},
+            ),
+        ):
+            exts = {
+                "a": copy(host, fixture, f"{name}-a", **resources),
+                "b": copy(host, fixture, f"{name}-b", **resources),
+                "single": copy(host, fixture, f"{name}-single", **resources),
+                "pool": pooled(host, fixture, 2, **resources),
+            }
+            for ext in exts.values():
+                ext.call(command, value)
+            # The pool's second instance, started before timing.
+            timed([loop(exts["pool"], command, value, 2)] * 2)
+            workloads[name] = (exts, command, value, calls)
+        echo = copy(host, ECHO, "echo-async")
+        echo.call("noop")
+        ratios: dict[str, dict[str, list[float]]] = {
+            w: {"two extensions": [], "pooled": [], "serialised": []} for w in workloads
+        }
+        absolute: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}
+        cores: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}
+        # CPU seconds per call: what contention costs, whether or not a core was free.
+        cpu: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}
+        async_added: list[float] = []
+        sync_cost: list[float] = []
+        hand_offs: list[float] = []
+        shares: list[float] = []
+        for r in range(args.rounds):
+            for name, (exts, command, value, calls) in workloads.items():
+                result = throughput_round(exts, command, value, calls, r)
+                for scenario, (rate, used) in result.items():
+                    absolute[name].setdefault(scenario, []).append(rate)
+                    cores[name].setdefault(scenario, []).append(used)
+                    cpu[name].setdefault(scenario, []).append(used / rate)
+                    if scenario != "one":
+                        ratios[name][scenario].append(rate / result["one"][0])
+            s, a, h = async_round(echo, args.async_calls, r)
+            sync_cost.append(s)
+            async_added.append(a - s)
+            hand_offs.append(h)
+            shares.append(released_share(echo, args.async_calls))
+    load_after = os.getloadavg()
+    report["load_after"] = load_after
+    report["throughput"] = {
+        w: {s: spread(v) for s, v in scen.items()} for w, scen in absolute.items()
+    }
+    report["ratios"] = {w: {s: spread(v) for s, v in scen.items()} for w, scen in ratios.items()}
+    report["cores"] = {w: {s: spread(v) for s, v in scen.items()} for w, scen in cores.items()}
+    report["cpu_per_call_us"] = {
+        w: {s: spread([x * 1e6 for x in v]) for s, v in scen.items()} for w, scen in cpu.items()
+    }
+    report["async_added_us"] = spread([x * 1e6 for x in async_added])
+    report["hand_off_us"] = spread([x * 1e6 for x in hand_offs])
+    report["released_share"] = spread(shares)
+    report["sync_call_us"] = spread([x * 1e6 for x in sync_cost])
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(
+        f"load average before {load_before[0]:.2f} / after {load_after[0]:.2f} "
+        f"on {os.cpu_count()} CPUs; {args.rounds} rounds, median [min - max]"
+    )
+    targets = {"two extensions": 1.8, "pooled": 1.7, "serialised": None}
+    for w in workloads:
+        one = report["throughput"][w]["one"]
+        print(
+            f"{w}: one thread {one['median']:.0f} calls/s [{one['min']:.0f} - {one['max']:.0f}]"
+            f", {report['cores'][w]['one']['median']:.2f} cores busy, "
+            f"{report['cpu_per_call_us'][w]['one']['median']:.1f} us CPU per call"
+        )
+        for scenario, stats in report["ratios"][w].items():
+            target = targets[scenario]
+            met = "" if target is None else (" met" if stats["median"] >= target else " MISSED")
+            print(
+                f"  2 threads, {scenario}: {stats['median']:.2f}x "
+                f"[{stats['min']:.2f} - {stats['max']:.2f}], "
+                f"{report['cores'][w][scenario]['median']:.2f} cores busy, "
+                f"{report['cpu_per_call_us'][w][scenario]['median']:.1f} us CPU per call"
+                + (f" (target >= {target}x{met})" if target else "")
+            )
+    share = report["released_share"]
+    print(
+        f"share of a no-op call with the GIL released (in the guest): {share['median']:.0%} "
+        f"[{share['min']:.0%} - {share['max']:.0%}]: two threads on such calls can reach at "
+        f"most {min(2.0, 1 / (1 - share['median'])):.2f}x"
+    )
+    a = report["async_added_us"]
+    s = report["sync_call_us"]
+    h = report["hand_off_us"]
+    print(
+        f"asyncio: a sync no-op call {s['median']:.1f} us; acall adds {a['median']:.1f} us "
+        f"[{a['min']:.1f} - {a['max']:.1f}] (target <= 20 us"
+        f"{' met' if a['median'] <= 20 else ' MISSED'}); the hand-off floor (a Python no-op "
+        f"through the same call threads) {h['median']:.1f} us [{h['min']:.1f} - {h['max']:.1f}]"
+    )
+
+
+if __name__ == "__main__":
+    main()
