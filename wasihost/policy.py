@@ -63,6 +63,8 @@ STRICT_CEILINGS: Mapping[str, int] = MappingProxyType(
         "max_output_bytes": 20 * 1024,
         "max_log_bytes": 1024,
         "timeout_ms": 1000,
+        # One instance per extension: least trust, least address space.
+        "max_concurrency": 1,
     }
 )
 
