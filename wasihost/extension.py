@@ -127,6 +127,8 @@ class Extension:
         self._bindings: dict[str, ProfileBinding] = {}
         # The epoch the call in flight was authorised under; host calls and commits check it.
         self._call_epoch = grant.epoch
+        # The gate of its host calls: (epoch, capability) -> bool, lock-free (grants.py).
+        self._authorizes = host.grants.authorizer(self._id)
         self._seen_grants: GrantState | None = None
         self.denied_capabilities: set[str] = set()
         self._command_names: dict[str, bytes] = {}
@@ -145,7 +147,7 @@ class Extension:
         return self.package.manifest
 
     def _gate(self, entry: HostFunction) -> bool:
-        if self.host.grants.authorizes(self._id, self._call_epoch, entry.capability):
+        if self._authorizes(self._call_epoch, entry.capability):
             return True
         # Which capabilities the guest asked for and was refused: a front end turns that into
         # a hint (e.g. "add --profile standard"). Bounded by the registry's capabilities.
@@ -166,6 +168,17 @@ class Extension:
         """Run a broker's committing ``action`` only if the call's epoch still authorises
         ``capability``, atomically with respect to every grant change."""
         return self.host.grants.commit(self._id, self._call_epoch, capability, action)
+
+    def committer(self, capability: str) -> Callable[..., tuple[bool, Any]]:
+        """:meth:`commit` for a broker that commits on every call: ``commit(action, *args)``
+        runs ``action(*args)`` only if the epoch of the call in flight (read when it commits)
+        still authorises ``capability``, atomically with respect to every grant change."""
+        commit = self.host.grants.committer(self._id, capability)
+
+        def run(action: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+            return commit(self._call_epoch, action, *args)
+
+        return run
 
     def record_step(self, step: str, detail: str) -> None:
         """One observable step of admission or start-up (also journaled when durable)."""
