@@ -176,3 +176,10 @@ def test_an_extension_gate_refuses_an_ungranted_capability_and_remembers_it(host
     host.revoke(ext.id, "log")
     assert ext.call("run", [2, "x"]) == -Status.DENIED
     assert "log" in ext.denied_capabilities
+
+
+def test_a_host_status_still_reads_as_its_name() -> None:
+    with pytest.raises(HostStatus, match="^NOT_FOUND$") as info:
+        raise HostStatus(Status.NOT_FOUND)
+    assert info.value.status is Status.NOT_FOUND
+    assert repr(StatusAnswer.of(Status.NOT_FOUND)) == "StatusAnswer(NOT_FOUND)"

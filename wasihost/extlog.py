@@ -39,8 +39,11 @@ class LogRecord:
         return {"level": self.level.name.lower(), "message": self.message, "source": self.source}
 
 
+_RECORD_FIELDS = ("level", "message", "time_ns", "source")
+# _record fills exactly these: a field added to LogRecord must be added there too.
+assert tuple(field.name for field in attrs.fields(LogRecord)) == _RECORD_FIELDS
 _set_level, _set_message, _set_time_ns, _set_source = (
-    LogRecord.__dict__[field].__set__ for field in ("level", "message", "time_ns", "source")
+    LogRecord.__dict__[field].__set__ for field in _RECORD_FIELDS
 )
 
 
