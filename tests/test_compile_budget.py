@@ -334,7 +334,9 @@ def test_a_module_over_the_worker_budget_is_refused_by_the_worker(
         start = time.perf_counter()
         with pytest.raises(AdmissionError, match=reason):
             host.admit(bare(wasm))
-        assert time.perf_counter() - start < 10
+        # The reason proves which budget stopped it; the time only that it did not run on. A
+        # loaded machine (CI beside other jobs) stretches every run, so the bound is loose.
+        assert time.perf_counter() - start < 60
         assert host.engine.compiler.worker_compiles == 1
 
 

@@ -163,7 +163,9 @@ def test_recurse_overflows_the_stack(host: Host) -> None:
 
 
 def test_hostflood_pays_for_host_calls(host: Host) -> None:
-    ext = load(host, "hostflood")
+    # The fuel runs out after some 16,000 calls; a generous deadline keeps a loaded machine
+    # (each call slower) from ending it first.
+    ext = load(host, "hostflood", timeout_ms=60_000)
     assert ext.call("run", {"calls": 100}) == {"calls": 100}
     assert fails(ext, {"calls": 1_000_000}).failure is FailureClass.OUT_OF_FUEL
 

@@ -16,13 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from packages_support import PUBLISHER, hello_files, signed_archive
 
+from wasihost import runtime
 from wasihost.cli import main
 from wasihost.errors import (
+    CallError,
     ConfigError,
     RevocationListError,
     RevokedError,
     UntrustedKeyError,
 )
+from wasihost.lifecycle import ExtensionRevoked, State
 from wasihost.packaging import revocation
 from wasihost.packaging.revocation import MemoryFloor, RevocationList, Revocations
 from wasihost.packaging.trust import SigningKey, TrustStore
@@ -292,3 +295,58 @@ def test_cli_with_a_state_dir_refuses_a_rollback_across_commands(
     assert "version 2 is older than version 3" in capsys.readouterr().err
     # Without the state directory, each command starts from nothing.
     assert main(["verify", str(pkgs["0.1.0"]), *flags[:4]]) == 0
+
+
+# -- what is already running ---------------------------------------------------------------------
+
+
+def test_a_refreshed_list_disables_a_running_extension_it_revokes(
+    host: Host, pkgs: dict[str, Path], listfile: Path
+) -> None:
+    ext = host.load(pkgs["0.1.0"])
+    assert ext.call("greet", GREET) == {"greeting": "hello, ada"}
+    assert host.refresh_revocations() == {}
+    listfile.write_bytes(signed_list(2, extensions=frozenset({(HELLO, "0.1.0")})))
+    assert host.refresh_revocations() == {HELLO: f"extension {HELLO} 0.1.0 is revoked"}
+    with pytest.raises(ExtensionRevoked):
+        ext.call("greet", GREET)
+
+
+def test_a_committing_host_call_reads_the_list_again(
+    monkeypatch: pytest.MonkeyPatch, host: Host, pkgs: dict[str, Path], listfile: Path
+) -> None:
+    monkeypatch.setattr(runtime, "REVOCATION_RECHECK_S", 0.0)
+    ext = host.load(pkgs["0.1.0"])
+    assert ext.call("greet", GREET) == {"greeting": "hello, ada"}
+    records = len(ext.log.records)
+    listfile.write_bytes(signed_list(2, publishers=frozenset({PUBLISHER})))
+    # greet's log record is the committing call: it reads the list, which disables the
+    # extension (the guest is interrupted at its next epoch tick, if it has not returned by
+    # then); the record is not appended, and the next call is refused.
+    with contextlib.suppress(CallError):
+        ext.call("greet", GREET)
+    assert len(ext.log.records) == records
+    assert ext.lifecycle.state is State.REVOKED
+    with pytest.raises(ExtensionRevoked):
+        ext.call("greet", GREET)
+
+
+def test_a_list_gone_stale_refuses_committing_calls_until_a_fresh_one(
+    monkeypatch: pytest.MonkeyPatch, pkgs: dict[str, Path], listfile: Path
+) -> None:
+    monkeypatch.setattr(runtime, "REVOCATION_RECHECK_S", 0.0)
+    now = [NOW]
+    revocations = Revocations(listfile, TRUST, clock=lambda: now[0])
+    policy = Policy(allow=ALL_CAPS, trusted_publishers=TRUST, revocations=revocations)
+    with Host(policy, cache_dir=None) as host:
+        ext = host.load(pkgs["0.1.0"])
+        ext.call("greet", GREET)
+        records = len(ext.log.records)
+        now[0] = NOW + 2 * DAY  # the list expired: a freeze attack, or a feed that stopped
+        assert ext.call("greet", GREET) == {"greeting": "hello, ada"}  # computing goes on...
+        assert len(ext.log.records) == records  # ...but nothing commits
+        with pytest.raises(RevocationListError, match="expired"):
+            host.refresh_revocations()
+        listfile.write_bytes(signed_list(2, expires=NOW + 3 * DAY))
+        ext.call("greet", GREET)
+        assert len(ext.log.records) == records + 1

@@ -20,6 +20,7 @@ from packages_support import (
 from wasihost.errors import (
     ArchiveError,
     ConfigError,
+    ExpiredKeyError,
     InvalidSignatureError,
     PublisherMismatchError,
     SignatureError,
@@ -31,7 +32,7 @@ from wasihost.package import identity
 from wasihost.packaging import signing
 from wasihost.packaging.archive import read_archive, write_archive
 from wasihost.packaging.files import read_signing_key, write_key_pair
-from wasihost.packaging.trust import SigningKey, TrustStore
+from wasihost.packaging.trust import SigningKey, TrustStore, b64
 from wasihost.registry import default_registry
 
 KEY = SigningKey.generate(PUBLISHER)
@@ -176,3 +177,83 @@ def test_pack_refuses_links(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to("/etc/passwd")
     with pytest.raises(ArchiveError, match="link: a symbolic link"):
         pack_directory(tmp_path)
+
+
+def test_an_expired_key_verifies_nothing(files: dict[str, bytes]) -> None:
+    signed = signed_archive(files, KEY)
+    line = KEY.public_line().rstrip("\n") + " expires=2027-01-01"
+    june_2026, june_2027 = 1780272000.0, 1811808000.0
+    assert check(signed, TrustStore.parse(line, clock=lambda: june_2026)) is None  # type: ignore[func-returns-value]
+    with pytest.raises(
+        ExpiredKeyError, match=f"publisher '{PUBLISHER}' expired at 2027-01-01T00:00:00Z"
+    ):
+        check(signed, TrustStore.parse(line, clock=lambda: june_2027))
+    # A revocation-list key expires the same way; the role word comes first.
+    both = TrustStore.parse(
+        KEY.public_line().rstrip("\n") + " revocations expires=2027-01-01T12:00:00Z",
+        clock=lambda: june_2027,
+    )
+    assert both.expired(KEY.public_bytes) == 1798804800.0
+    assert issubclass(ExpiredKeyError, SignatureError)
+
+
+@pytest.mark.parametrize("expiry", ["2027-13-01", "tomorrow", "2027-01-01T00:00:00", ""])
+def test_a_malformed_expiry_names_the_line(expiry: str) -> None:
+    with pytest.raises(ConfigError, match="line 1: expiry"):
+        TrustStore.parse(KEY.public_line().rstrip("\n") + f" expires={expiry}")
+
+
+def test_a_rotation_the_old_key_signed_is_trusted_and_nothing_else_is(
+    files: dict[str, bytes],
+) -> None:
+    new = SigningKey.generate(PUBLISHER)
+    endorsed = KEY.endorse(new.public_bytes)
+    trust = TrustStore.parse(KEY.public_line() + endorsed)
+    assert check(signed_archive(files, new), trust) is None  # type: ignore[func-returns-value]
+    assert trust.lineage(new.public_bytes) == (new.public_bytes, KEY.public_bytes)
+    # Without the old key's line, or in the wrong order, the endorsement proves nothing.
+    with pytest.raises(ConfigError, match="not a key of publisher 'acme.example' on an earlier line"):
+        TrustStore.parse(endorsed)
+    with pytest.raises(ConfigError, match="earlier line"):
+        TrustStore.parse(endorsed + KEY.public_line())
+    # Another publisher's key, or a signature over another key, does not endorse.
+    mallory = SigningKey.generate("mallory.example")
+    forged = endorsed.replace(
+        b64(new.public_bytes), b64(SigningKey.generate(PUBLISHER).public_bytes)
+    )
+    with pytest.raises(ConfigError, match="not a signature of this key by that old key"):
+        TrustStore.parse(KEY.public_line() + forged)
+    with pytest.raises(ConfigError, match="earlier line"):
+        TrustStore.parse(mallory.public_line() + endorsed.replace(PUBLISHER, "mallory.example"))
+
+
+def test_revoking_the_old_key_revokes_what_it_endorsed(tmp_path: Path) -> None:
+    from wasihost.package import load_package
+    from wasihost.packaging.revocation import RevocationList
+
+    new = SigningKey.generate(PUBLISHER)
+    trust = TrustStore.parse(KEY.public_line() + KEY.endorse(new.public_bytes))
+    path = tmp_path / "hello.whpkg"
+    path.write_bytes(signed_archive(hello_files(tmp_path), new))
+    package = load_package(path, CAPS, trust)
+    assert package.endorsed_by == (KEY.public_bytes,)
+    revoked = RevocationList(2, 2e9, keys=frozenset({KEY.public_bytes}))
+    assert "that endorsed its signing key is revoked" in (revoked.revocation_of(package) or "")
+
+
+def test_the_endorse_command_prints_a_line_the_trust_file_accepts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from wasihost.cli import main
+
+    assert main(["keygen", "--publisher", PUBLISHER, "--out", str(tmp_path / "old")]) == 0
+    assert main(["keygen", "--publisher", PUBLISHER, "--out", str(tmp_path / "new")]) == 0
+    capsys.readouterr()
+    assert main(["endorse", str(tmp_path / "new.pub"), "--key", str(tmp_path / "old.key")]) == 0
+    line = capsys.readouterr().out
+    trust = TrustStore.parse((tmp_path / "old.pub").read_text() + line)
+    assert len(trust.keys_for(PUBLISHER)) == 2
+    assert main(["keygen", "--publisher", "other.example", "--out", str(tmp_path / "x")]) == 0
+    capsys.readouterr()
+    assert main(["endorse", str(tmp_path / "x.pub"), "--key", str(tmp_path / "old.key")]) == 2
+    assert "endorses only its own publisher's next key" in capsys.readouterr().err

@@ -13,16 +13,24 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AdmissionError",
+    "Broker",
+    "CallContext",
     "CallError",
     "EngineSettings",
+    "EnvSecretStore",
     "Extension",
     "ExtensionRevoked",
     "ExtensionUnavailable",
     "FailureClass",
+    "FileSecretStore",
     "Host",
+    "HostStatus",
     "LogRecord",
+    "MemorySecretStore",
     "Policy",
+    "SecretsBroker",
     "SignatureError",
+    "Status",
     "TrustStore",
     "WasihostError",
     "to_logging",
@@ -43,17 +51,29 @@ _LAZY = {
     "ExtensionUnavailable": "wasihost.lifecycle",
     "LogRecord": "wasihost.extlog",
     "to_logging": "wasihost.extlog",
+    "Broker": "wasihost.hostfn",
+    "CallContext": "wasihost.hostfn",
+    "HostStatus": "wasihost.status",
+    "Status": "wasihost.status",
+    "SecretsBroker": "wasihost.brokers.secrets",
+    "FileSecretStore": "wasihost.secrets",
+    "EnvSecretStore": "wasihost.secrets",
+    "MemorySecretStore": "wasihost.secrets",
 }
 
 if TYPE_CHECKING:
+    from .brokers.secrets import SecretsBroker
     from .errors import AdmissionError, CallError, FailureClass, SignatureError, WasihostError
     from .extension import Extension
     from .extlog import LogRecord, to_logging
+    from .hostfn import Broker, CallContext
     from .lifecycle import ExtensionRevoked, ExtensionUnavailable
     from .packaging.trust import TrustStore
     from .policy import Policy
     from .runtime import Host
+    from .secrets import EnvSecretStore, FileSecretStore, MemorySecretStore
     from .settings import EngineSettings
+    from .status import HostStatus, Status
 
 
 def __getattr__(name: str) -> Any:

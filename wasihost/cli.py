@@ -56,6 +56,7 @@ from .wasi import cli as wasi_cli
 
 if TYPE_CHECKING:
     from .runtime import Host
+    from .state import InstalledPackage
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -124,6 +125,19 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print {output, fuel_used, logs} instead of the output alone",
     )
+    run.add_argument(
+        "--secrets-dir",
+        type=Path,
+        metavar="DIR",
+        help="serve secrets from DIR (one file per secret, mode 0600, DIR mode 0700)",
+    )
+    run.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="let the extension sign with secret NAME (repeatable; grants 'secrets')",
+    )
     run.add_argument("--cache-dir", type=Path, help="compiled-module cache directory")
     run.add_argument("--no-cache", action="store_true", help="do not use the on-disk cache")
 
@@ -160,6 +174,11 @@ def _parser() -> argparse.ArgumentParser:
     keygen.add_argument(
         "--out", required=True, metavar="PREFIX", help="writes PREFIX.key and PREFIX.pub"
     )
+    endorse = sub.add_parser(
+        "endorse", help="print a trust-file line endorsing a publisher's new key with its old one"
+    )
+    endorse.add_argument("new", type=Path, metavar="NEW.pub", help="the new key's .pub file")
+    endorse.add_argument("--key", required=True, type=Path, metavar="OLD.key")
     pack = sub.add_parser("pack", help="pack a package directory into a .whpkg archive")
     pack.add_argument("directory", type=Path)
     pack.add_argument("-o", "--output", required=True, type=Path, metavar="FILE.whpkg")
@@ -188,6 +207,11 @@ def _parser() -> argparse.ArgumentParser:
     revoke.add_argument(
         "--extension", action="append", default=[], nargs=2, metavar=("ID", "VERSION")
     )
+    revoke.add_argument(
+        "--state-dir",
+        type=Path,
+        help="also disable, durably, the installed extensions of this state that the list revokes",
+    )
 
     def state_opt(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -198,13 +222,42 @@ def _parser() -> argparse.ArgumentParser:
     state_opt(verify)
     state_opt(inspect)
     install = sub.add_parser("install", help="copy a package into the state directory")
-    install.add_argument("source", help="package directory")
-    install.add_argument(
-        "--allow-downgrade",
-        action="store_true",
-        help="install even if a higher version is installed",
+    install.add_argument("source", help=".whpkg (verified) or package directory")
+    update = sub.add_parser(
+        "update",
+        help="update an installed extension: verify, checkpoint, start, health, switch",
     )
-    state_opt(install)
+    update.add_argument("source", help=".whpkg (verified) or package directory")
+    for parser in (install, update):
+        parser.add_argument(
+            "--allow-downgrade",
+            action="store_true",
+            help="install even if a higher version is installed",
+        )
+    rollback = sub.add_parser(
+        "rollback", help="return an installed extension to the version its last update replaced"
+    )
+    rollback.add_argument("extension")
+    for parser in (install, update, rollback):
+        state_opt(parser)
+        parser.add_argument(
+            "--trust",
+            type=Path,
+            metavar="TRUSTFILE",
+            help="trusted publishers to verify a .whpkg with (and installed ones again)",
+        )
+        parser.add_argument(
+            "--require-signed",
+            action="store_true",
+            help="refuse anything no trusted publisher signed (needs --trust)",
+        )
+        _ssh_flags(parser)
+        parser.add_argument(
+            "--revocations",
+            type=Path,
+            metavar="FILE",
+            help="signed revocation list; needs --trust (its 'revocations' keys sign it)",
+        )
     remove = sub.add_parser("remove", help="forget an installed package")
     remove.add_argument("extension")
     remove.add_argument(
@@ -315,6 +368,19 @@ def _trust(args: argparse.Namespace) -> TrustStore | None:
     return cached
 
 
+def _brokers(args: argparse.Namespace) -> list[Any]:
+    """The brokers the command line configures (``--secrets-dir``)."""
+    directory = getattr(args, "secrets_dir", None)
+    if directory is None:
+        if getattr(args, "secret", None):
+            raise UsageError("--secret NAME needs --secrets-dir DIR (where the secret is)")
+        return []
+    from .brokers.secrets import SecretsBroker
+    from .secrets import FileSecretStore
+
+    return [SecretsBroker(FileSecretStore(directory))]
+
+
 def _host(policy: Policy, args: argparse.Namespace) -> Host:
     from .runtime import Host, default_cache_dir
 
@@ -322,7 +388,7 @@ def _host(policy: Policy, args: argparse.Namespace) -> Host:
         cache: Path | None = None
     else:
         cache = getattr(args, "cache_dir", None) or default_cache_dir()
-    return Host(policy, cache_dir=cache)
+    return Host(policy, cache_dir=cache, brokers=_brokers(args))
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -338,13 +404,15 @@ def _state_host(args: argparse.Namespace) -> Host:
 
     registry = default_registry()
     trust = _trust(args)
+    allowed = getattr(args, "allowed_signers", None)
     policy = Policy(
         allow=registry.capabilities(),
         trusted_publishers=trust,
         require_signed=bool(getattr(args, "require_signed", False)),
         revocations=_revocations(args),
+        allowed_signers=AllowedSigners.from_file(allowed) if allowed is not None else None,
     )
-    return Host(policy, cache_dir=None, state_dir=_state_dir(args))
+    return Host(policy, cache_dir=None, state_dir=_state_dir(args), brokers=_brokers(args))
 
 
 def _read_input_file(name: str, flag: str) -> bytes:
@@ -399,8 +467,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if installed:
         if args.grant:
             raise UsageError("--grant does not apply to installed extensions: use wasihost grants")
+        if args.secret:
+            raise UsageError(
+                "--secret does not apply to installed extensions: use wasihost grants grant "
+                f"{args.source} secrets --scope '{{\"names\": [...]}}'"
+            )
         host = _state_host(args)
     else:
+        if args.secret and "secrets" not in args.grant:
+            args.grant.append("secrets")
         ssh = _ssh(args, args.source)
         if is_archive(args.source) and args.trust is None and ssh is None:
             raise UsageError(
@@ -416,6 +491,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             ext = host.load_installed(args.source, fuel=args.fuel, timeout_ms=args.timeout_ms)
         else:
             ext = host.admit(package, grants=args.grant, fuel=args.fuel, timeout_ms=args.timeout_ms)
+        if args.secret and package is not None:
+            host.grant(ext.id, "secrets", {"names": sorted(set(args.secret))})
         if ext.plan.is_command:
             raise UsageError(
                 f"{args.source} is a plain WASI command with no commands to call: "
@@ -479,15 +556,65 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0 if report["admission"]["admitted"] else EXIT_FAILURE
 
 
+def _ssh_pair(args: argparse.Namespace) -> dict[str, Any]:
+    """``install``/``update`` keyword arguments for an OpenSSH-signed source, if asked for."""
+    ssh = _ssh(args, args.source)
+    if ssh is None:
+        return {}
+    return {"allowed_signers": ssh.allowed, "ssh_signature": ssh.signature}
+
+
+def _signed_by(pkg: InstalledPackage) -> str:
+    return f", signed by {pkg.signer}" if pkg.signer is not None else ", unsigned"
+
+
+def _cmd_update(args: argparse.Namespace) -> int:
+    with _state_host(args) as host:
+        pkg = host.update_installed(
+            args.source, allow_downgrade=args.allow_downgrade, **_ssh_pair(args)
+        )
+        before = pkg.previous.version if pkg.previous is not None else "?"
+        print(f"updated {pkg.id} {before} -> {pkg.version}{_signed_by(pkg)}")
+        print(f"roll back with: wasihost rollback {pkg.id}{_state_flag(args)}")
+    return 0
+
+
+def _cmd_rollback(args: argparse.Namespace) -> int:
+    with _state_host(args) as host:
+        before = host.require_state().package(args.extension)
+        pkg = host.rollback(args.extension)
+        was = before.version if before is not None else "?"
+        print(f"rolled back {pkg.id} {was} -> {pkg.version}{_signed_by(pkg)}")
+    return 0
+
+
 def _cmd_install(args: argparse.Namespace) -> int:
     with _state_host(args) as host:
-        pkg = host.install(args.source, allow_downgrade=args.allow_downgrade)
-        print(f"installed {pkg.id} {pkg.version} (sha256 {pkg.sha256[:16]}) into {pkg.path}")
+        pkg = host.install(args.source, allow_downgrade=args.allow_downgrade, **_ssh_pair(args))
+        print(
+            f"installed {pkg.id} {pkg.version} (sha256 {pkg.sha256[:16]}{_signed_by(pkg)}) "
+            f"into {pkg.path}"
+        )
         held = sorted(host.grants.state(pkg.id).entries)
         if held:
             print(f"it holds the grants it had: {', '.join(held)}")
         else:
             print(f"it holds no grants yet: wasihost grants grant {pkg.id} CAP{_state_flag(args)}")
+    return 0
+
+
+def _cmd_endorse(args: argparse.Namespace) -> int:
+    old = read_signing_key(args.key)
+    new = TrustStore.from_file(args.new)
+    if new.revokers or len(new.keys) != 1:
+        raise UsageError(f"{args.new} must hold one publisher key line (a .pub file)")
+    ((publisher, key),) = new.keys
+    if publisher != old.publisher:
+        raise UsageError(
+            f"{args.new} is {publisher!r}'s key and {args.key} is {old.publisher!r}'s: a key "
+            "endorses only its own publisher's next key"
+        )
+    print(old.endorse(key), end="")
     return 0
 
 
@@ -560,6 +687,12 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
         f"wrote {args.list}: version {merged.version}, expires "
         f"{revocation.format_time(merged.expires)}, signed by {key.publisher}"
     )
+    if args.state_dir is not None:
+        from .updates import revoke_installed
+
+        with _state_host(args) as host:
+            for extension, why in sorted(revoke_installed(host, merged).items()):
+                print(f"disabled installed {extension}: {why}")
     return 0
 
 
@@ -770,6 +903,9 @@ def _main(argv: Sequence[str] | None) -> int:
             "revoke": _cmd_revoke,
             "abi": _cmd_abi,
             "install": _cmd_install,
+            "endorse": _cmd_endorse,
+            "update": _cmd_update,
+            "rollback": _cmd_rollback,
             "remove": _cmd_remove,
             "grants": _cmd_grants,
             "status": _cmd_status,

@@ -9,6 +9,14 @@ Counting rules shared with the guest SDK (and pinned by ``abi/vectors/cbor.json`
 - *depth* counts nested arrays and maps: ``[0]`` has depth 1, a bare ``0`` depth 0;
 - *items* counts every data item: each array or map itself, each element, each map key and each
   map value, so ``[0, 0]`` is three items and ``{"a": 0}`` three as well.
+
+Speed (``benchmarks/bench_codec.py``): a payload that is one scalar (a string, a small integer,
+null, a boolean) is handled by :func:`decode` and :func:`encode` themselves; any other payload is
+first checked against every bound by :mod:`wasihost.codec_fast` (a scan of its heads, or a walk
+of the value) and then built by cbor2's C code. Whatever those paths do not vouch for, and so
+every error, goes to the exact decoder and encoder below, the codec as it always was:
+``tests/test_codec_differential.py`` proves the whole gives the same value, bytes or error as
+that codec alone (kept as ``tests/reference_codec.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import Any, Final, TypeAlias, cast
 
 import attrs
 
+from wasihost import codec_fast
 from wasihost.errors import CodecError, ConfigError
 
 __all__ = [
@@ -289,6 +298,48 @@ def decode(data: bytes | bytearray | memoryview, limits: CodecLimits = DEFAULT_L
         raise CodecError("empty payload")
     if size > limits.max_bytes:
         raise CodecError(f"payload of {size} bytes exceeds {limits.max_bytes}")
+
+    # One scalar filling the payload, whole and within the limits, is answered here.
+    initial = buf[0]
+    if 0x40 <= initial <= 0x79:
+        # A byte or text string with a head of one, two or three bytes.
+        length = initial & 0x1F
+        start = 1
+        if length == 24 and size > 1:
+            start = 2
+            length = buf[1]
+        elif length == 25 and size > 2:
+            start = 3
+            length = buf[1] << 8 | buf[2]
+        if (length < 24 or start > 1) and (
+            start + length == size and length <= limits.max_string_bytes
+        ):
+            if initial < 0x60:
+                return buf[start:]
+            try:
+                return buf[start:].decode()  # UTF-8, strict; no argument is the quicker call
+            except UnicodeDecodeError as exc:
+                raise _bad_utf8(exc) from None
+    elif size == 1:
+        if initial < 0x18:
+            return initial
+        if initial == 0xF6:
+            return None
+        if 0x20 <= initial < 0x38:
+            return 0x1F - initial
+        if initial == 0xF5:
+            return True
+        if initial == 0xF4:
+            return False
+
+    # Any other payload that the scan vouches for is built by cbor2's C code. cbor2 still refuses
+    # invalid UTF-8 and duplicate keys; for those, as for all the scan does not vouch for, the
+    # exact decoder below says what is wrong.
+    value = codec_fast.decode(buf, limits.max_depth, limits.max_items, limits.max_string_bytes)
+    if value is not codec_fast.UNSURE:
+        built: Value = value
+        return built
+
     decoder = _Decoder(buf, limits)
     try:
         value = decoder.item(0)
@@ -301,6 +352,12 @@ def decode(data: bytes | bytearray | memoryview, limits: CodecLimits = DEFAULT_L
 
 
 # -- encoding ------------------------------------------------------------------------------------
+
+
+# Whole heads of the strings and small integers the scalar path of encode() writes.
+_BYTES_HEADS: Final = tuple(bytes((0x40 | n,) if n < 24 else (0x58, n)) for n in range(256))
+_TEXT_HEADS: Final = tuple(bytes((0x60 | n,) if n < 24 else (0x78, n)) for n in range(256))
+_SMALL_UINTS: Final = tuple(bytes((n,)) for n in range(24))
 
 
 class _Encoder:
@@ -468,6 +525,41 @@ def encode(value: object, limits: CodecLimits = DEFAULT_LIMITS) -> bytes:
     keys (and subclasses of these, encoded as the base type). Integers must lie in
     ``[-2**64, 2**64 - 1]``; floats are written as float64. Raises :class:`CodecError` otherwise.
     """
+    item: Any = value  # tested with ``is`` on its exact type, as _Encoder.item() does
+    kind = type(item)
+    # One scalar within the limits is encoded here (max_bytes and max_items are at least 1).
+    if kind is bytes:
+        size = len(item)
+        if size < 256 and size <= limits.max_string_bytes and size + 2 <= limits.max_bytes:
+            whole: bytes = _BYTES_HEADS[size] + item
+            return whole
+    elif kind is str:
+        size = len(item)
+        if size < 256 and size <= limits.max_string_bytes and item.isascii():
+            data: bytes = _TEXT_HEADS[size] + item.encode("ascii")
+            # Longer than the limit: the exact encoder's message says how it was measured.
+            if len(data) <= limits.max_bytes:
+                return data
+    elif item is None:
+        return b"\xf6"
+    elif kind is int:
+        if 0 <= item < 24:
+            small: bytes = _SMALL_UINTS[item]
+            return small
+    elif item is True:
+        return b"\xf5"
+    elif item is False:
+        return b"\xf4"
+    else:
+        # A value the walk vouches for is encoded by cbor2's C code, which writes the same bytes
+        # (shortest heads, float64); one too long for max_bytes goes to the exact encoder for
+        # its error, having cost at most max_bytes + 9 * max_items bytes.
+        fast = codec_fast.encode(
+            item, limits.max_bytes, limits.max_depth, limits.max_items, limits.max_string_bytes
+        )
+        if fast is not None:
+            return fast
+
     encoder = _Encoder(limits)
     try:
         encoder.item(value, 0)

@@ -155,6 +155,10 @@ class UntrustedKeyError(SignatureError):
     """The signature names a publisher or key that the trust store does not hold."""
 
 
+class ExpiredKeyError(SignatureError):
+    """The signing key is trusted only until a date, and that date has passed."""
+
+
 class InvalidSignatureError(SignatureError):
     """The Ed25519 signature does not verify over this package's digest and identity."""
 

@@ -35,6 +35,7 @@ from .package import Package
 from .planning import check_package_policy, plan_package
 from .policy import Grant
 from .registry import HostFunction
+from .supervision import BackingOff
 
 if TYPE_CHECKING:
     from .runtime import Host
@@ -166,7 +167,10 @@ class Extension:
 
     def commit(self, capability: str, action: Callable[[], T]) -> tuple[bool, T | None]:
         """Run a broker's committing ``action`` only if the call's epoch still authorises
-        ``capability``, atomically with respect to every grant change."""
+        ``capability``, atomically with respect to every grant change, and while the host's
+        revocation list (if any) verifies and does not revoke this package."""
+        if not self.host.revocations_allow_commit():
+            return False, None
         return self.host.grants.commit(self._id, self._call_epoch, capability, action)
 
     def committer(self, capability: str) -> Callable[..., tuple[bool, Any]]:
@@ -293,6 +297,13 @@ class Extension:
         if self.plan.is_command:
             raise ConfigError(f"{self.id} is a plain command module: use run_command()")
         event = Event.START if self.lifecycle.state is State.PROVISIONING else Event.RESTART
+        if event is Event.RESTART and self.lifecycle.state is State.FAILED:
+            try:
+                self.host.supervisor.before_restart(self.id)
+            except BackingOff as wait:
+                raise ExtensionUnavailable(
+                    self.id, State.FAILED, str(wait), retry_after_s=wait.retry_after_s
+                ) from None
         if self.lifecycle.try_fire(event) is None:
             raise self._unavailable()
         self.record_step("build sandbox", f"{len(self.plan.imports)} imports bound")
@@ -318,7 +329,9 @@ class Extension:
             self._drop(instance)
             self._raise_if_halted_during(instance, "start-up")
             what = "handshake" if instance.started else "instantiate"
-            self.lifecycle.try_fire(Event.START_FAILED, f"{what}: {exc}")
+            if self.lifecycle.try_fire(Event.START_FAILED, f"{what}: {exc}") is not None:
+                failure = exc.failure if isinstance(exc, CallError) else FailureClass.HANDSHAKE
+                self._supervise(failure, f"{what}: {exc}")
             raise
         hs = self.handshake
         self.record_step(
@@ -447,6 +460,11 @@ class Extension:
 
     def resume(self) -> None:
         self.lifecycle.fire(Event.RESUME)
+
+    def release(self) -> None:
+        """Let a quarantined extension out: it is stopped, and the next call starts it afresh
+        (use :meth:`Host.release`, which also resets its restart budget)."""
+        self.lifecycle.fire(Event.RELEASE)
 
     def quarantine(self, reason: str) -> None:
         with self._lock:
@@ -601,7 +619,7 @@ class Extension:
                 # before the guest ran (a ConfigError: the caller's stack is too small) keeps it.
                 if isinstance(exc, CallError):
                     if exc.failure.discards_instance:
-                        self._crash(f"{exc.failure.value}: {exc.message}")
+                        self._crash(f"{exc.failure.value}: {exc.message}", exc.failure)
                 elif not isinstance(exc, WasihostError):
                     self._crash(f"interrupted: {type(exc).__name__}")
                 raise
@@ -620,14 +638,22 @@ class Extension:
                 return decode(result.body, self._output_limits)
             except CodecError as exc:
                 # The guest broke the protocol: its state is not to be trusted any more.
-                self._crash(f"protocol: command output: {exc.message}")
+                self._crash(f"protocol: command output: {exc.message}", FailureClass.PROTOCOL)
                 raise CallError(FailureClass.PROTOCOL, f"command output: {exc.message}") from None
 
-    def _crash(self, reason: str) -> None:
-        """The instance failed in a way that may have corrupted it: drop it, and say so in the
-        lifecycle (the next call restarts). Caller holds ``_lock``."""
+    def _crash(self, reason: str, failure: FailureClass = FailureClass.TRAP) -> None:
+        """The instance failed in a way that may have corrupted it: drop it, say so in the
+        lifecycle, and let the supervisor decide between a restart on the next call (after
+        its backoff) and quarantine. Caller holds ``_lock``."""
         self._discard()
         self.lifecycle.try_fire(Event.CRASH, reason)
+        self._supervise(failure, reason)
+
+    def _supervise(self, failure: FailureClass, reason: str) -> None:
+        self.host.journal(self.id, "crash", reason)
+        verdict = self.host.supervisor.on_crash(self.id, failure, reason)
+        if verdict is not None:
+            self.lifecycle.try_fire(Event.QUARANTINE, verdict)
 
     def _discard(self) -> None:
         instance, self._instance = self._instance, None

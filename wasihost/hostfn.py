@@ -72,7 +72,10 @@ class Broker(Protocol):
         ...
 
     def close(self, state: Any) -> None:
-        """The extension is closed: release its state."""
+        """The extension is closed: release its state.
+
+        A broker that owns threads or other host-wide resources may also define
+        ``shutdown()``: the host calls it once when it closes, after closing its extensions."""
         ...
 
 
@@ -122,7 +125,10 @@ class CallContext:
         still authorises this function's capability, atomically with respect to every grant
         change: nothing commits after a revocation returns. Otherwise raise
         ``HostStatus(DENIED)`` (the guest gets ``DENIED``)."""
-        authorised, result = self._ext.host.grants.commit(
+        host = self._ext.host
+        if not host.revocations_allow_commit():
+            raise HostStatus(Status.DENIED)
+        authorised, result = host.grants.commit(
             self._ext.id, self.epoch, self.function.capability, action
         )
         if not authorised:
@@ -358,6 +364,13 @@ class HostFunctions:
             checked.add(id(broker))
             check(capability, scope)
 
+    def brokers(self) -> list[Broker]:
+        """Every broker serving this host, once each."""
+        unique: dict[int, Broker] = {}
+        for broker in self._brokers.values():
+            unique.setdefault(id(broker), broker)
+        return list(unique.values())
+
     def broker(self, name: str) -> Broker:
         for broker in self._brokers.values():
             if broker.name == name:
@@ -365,4 +378,12 @@ class HostFunctions:
         raise ConfigError(f"no broker named {name!r} serves this host")
 
     def close(self) -> None:
+        """The host is closing (its extensions are closed): stop the event loop and let each
+        broker with a ``shutdown()`` stop what it runs (the events dispatchers)."""
         self.loop.close()
+        done = set()
+        for broker in self._brokers.values():
+            shutdown = getattr(broker, "shutdown", None)
+            if shutdown is not None and id(broker) not in done:
+                done.add(id(broker))
+                shutdown()

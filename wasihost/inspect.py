@@ -47,6 +47,16 @@ def inspect_package(
             "required": sorted(manifest.required),
             "optional": sorted(manifest.optional),
             "commands": {c.name: c.description for c in manifest.commands},
+            "events": (
+                {
+                    "classes": list(manifest.events.classes),
+                    "command": manifest.events.command,
+                    "on_overflow": manifest.events.on_overflow,
+                    "queue_depth": manifest.events.queue_depth,
+                }
+                if manifest.events is not None
+                else None
+            ),
             "identity": "enforced" if package.signer is not None else "declared",
         }
     try:
@@ -119,9 +129,21 @@ def inspect_package(
         f"command input <= {resources.max_input_bytes} B, output <= "
         f"{resources.max_output_bytes} B, log <= {resources.max_log_bytes} B",
     ]
+    if "storage" in grant.capabilities:
+        report["enforced"].append(
+            f"storage: the extension's own namespace, at most {resources.storage_max_bytes} B "
+            f"in {resources.storage_max_objects} keys (a grant scope may lower both)"
+        )
     report["declared"] = [
         "command descriptions and optional capabilities the guest may or may not use",
     ]
+    events = manifest.events if manifest is not None else None
+    if events is not None and "events" in grant.capabilities:
+        report["enforced"].append(
+            f"events: subscriptions only within {', '.join(events.classes)} (and the grant's "
+            f"scope); each queue <= {events.queue_depth} events, '{events.on_overflow}' when "
+            f"full; delivered through {events.command} under the per-call budget"
+        )
     if package.signer is not None and manifest is not None:
         report["enforced"].insert(
             0,

@@ -118,9 +118,18 @@ class ExtensionUnavailable(WasihostError):
     """The extension is paused, quarantined or stopping: not your call's fault, try later or
     ask the operator."""
 
-    def __init__(self, extension: str, state: State, reason: str | None) -> None:
+    def __init__(
+        self,
+        extension: str,
+        state: State,
+        reason: str | None,
+        *,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(f"{extension} is {state.value}" + (f": {reason}" if reason else ""))
         self.state = state
+        # Set when waiting helps: the extension restarts after a crash once its backoff ends.
+        self.retry_after_s = retry_after_s
 
     @property
     def error_class(self) -> str:

@@ -63,6 +63,22 @@ MIN_MAX_TABLE_ELEMENTS: Final = 0
 # One million elements is several MiB of host memory per instance; more is an attack, not code.
 MAX_MAX_TABLE_ELEMENTS: Final = 1_000_000
 
+# 1 MiB of key-value storage (keys plus values) per extension namespace: settings, caches and
+# small documents of a plugin, and a thousand extensions still fit in a GiB of disk.
+DEFAULT_STORAGE_MAX_BYTES: Final = 1024 * 1024
+# Zero: the extension may read an (empty) store but never write one.
+MIN_STORAGE_MAX_BYTES: Final = 0
+# 1 GiB: one SQLite file serves every extension of a host; more belongs in the application's
+# own database.
+MAX_STORAGE_MAX_BYTES: Final = 1024 * 1024 * 1024
+
+# 10,000 keys per namespace: one full listing is 100 pages of the ABI's 100-key limit.
+DEFAULT_STORAGE_MAX_OBJECTS: Final = 10_000
+# Zero: no key may be written.
+MIN_STORAGE_MAX_OBJECTS: Final = 0
+# One million keys: each costs an index entry of up to 256 bytes in the host's database.
+MAX_STORAGE_MAX_OBJECTS: Final = 1_000_000
+
 
 @attrs.frozen
 class ResourceBound:
@@ -91,6 +107,12 @@ RESOURCE_BOUNDS: Final[Mapping[str, ResourceBound]] = types.MappingProxyType(
         "max_log_bytes": ResourceBound(MIN_MAX_LOG_BYTES, DEFAULT_MAX_LOG_BYTES, MAX_MAX_LOG_BYTES),
         "max_table_elements": ResourceBound(
             MIN_MAX_TABLE_ELEMENTS, DEFAULT_MAX_TABLE_ELEMENTS, MAX_MAX_TABLE_ELEMENTS
+        ),
+        "storage_max_bytes": ResourceBound(
+            MIN_STORAGE_MAX_BYTES, DEFAULT_STORAGE_MAX_BYTES, MAX_STORAGE_MAX_BYTES
+        ),
+        "storage_max_objects": ResourceBound(
+            MIN_STORAGE_MAX_OBJECTS, DEFAULT_STORAGE_MAX_OBJECTS, MAX_STORAGE_MAX_OBJECTS
         ),
     }
 )

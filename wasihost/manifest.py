@@ -16,8 +16,9 @@ from typing import Any, Final
 
 import attrs
 
-from wasihost import limits
+from wasihost import event_classes, limits
 from wasihost.errors import ConfigError, ManifestError
+from wasihost.netpolicy import NetPolicyError, Origin, parse_origin
 from wasihost.registry import AbiVersion
 
 # The one schema this parser understands; a new one gets a new parser branch, not a guess.
@@ -46,12 +47,39 @@ MAX_COMMAND_NAME_CHARS: Final = 64
 MAX_DESCRIPTION_CHARS: Final = 1024
 # Far more commands than any extension needs; bounds what a hostile manifest makes us build.
 MAX_COMMANDS: Final = 256
+# An extension talks to a handful of services; 64 origins bounds what admission compares
+# each request against.
+MAX_HTTP_ORIGINS: Final = 64
+# 16 MiB of http traffic (sent + received) per hour when the manifest names no figure: a few
+# hundred API calls at the entry's 48 KiB response limit.
+DEFAULT_HTTP_BYTES_PER_HOUR: Final = 16 * 1024 * 1024
+# Zero forbids traffic outright (every request answers QUOTA_EXCEEDED).
+MIN_HTTP_BYTES_PER_HOUR: Final = 0
+# 1 GiB an hour: beyond that the extension is a data pipe, not a plugin.
+MAX_HTTP_BYTES_PER_HOUR: Final = 1024 * 1024 * 1024
 # Error messages quote at most this many characters of an author's value.
 _QUOTE_CHARS: Final = 40
 # A key path shows at most this many characters of one key: enough to find it, never a flood.
 _KEY_CHARS: Final = 80
 
-_TABLES: Final = ("extension", "capabilities", "resources", "commands")
+_UPDATE_KEYS: Final = ("health", "migrate", "reversible")
+# The overflow policies of an event subscription's queue (docs/events.md defines each).
+OVERFLOW_POLICIES: Final = ("coalesce", "drop", "pause")
+DEFAULT_OVERFLOW: Final = "drop"
+# Events queued per subscription before its overflow policy applies: enough to ride out a
+# burst, small enough that a stalled consumer holds little (the broker also caps the bytes).
+DEFAULT_QUEUE_DEPTH: Final = 64
+MAX_QUEUE_DEPTH: Final = 1024
+
+_TABLES: Final = (
+    "extension",
+    "capabilities",
+    "resources",
+    "commands",
+    "update",
+    "events",
+    "http",
+)
 _EXTENSION_KEYS: Final = (
     "schema",
     "id",
@@ -64,6 +92,8 @@ _EXTENSION_KEYS: Final = (
 )
 _CAPABILITY_KEYS: Final = ("required", "optional")
 _COMMAND_KEYS: Final = ("description",)
+_EVENTS_KEYS: Final = ("classes", "command", "on_overflow", "queue_depth")
+_HTTP_KEYS: Final = ("allowed_origins", "bytes_per_hour")
 
 _ID = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z0-9-]+)+")
 # SemVer 2.0.0, built from the grammar of semver.org: numeric identifiers without leading
@@ -90,6 +120,8 @@ def version_order(version: str) -> VersionOrder:
     major, minor, patch = (int(part) for part in core.split("."))
     ids = tuple((0, int(i)) if i.isdigit() else (1, i) for i in pre.split(".")) if pre else ()
     return (major, minor, patch), 0 if pre else 1, ids
+
+
 _COMMAND_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 # Control characters (C0, DEL, C1) would let a description rewrite the terminal it is shown on;
@@ -137,6 +169,12 @@ class Resources:
     max_table_elements: int = attrs.field(
         default=limits.DEFAULT_MAX_TABLE_ELEMENTS, validator=_in_range("max_table_elements")
     )
+    storage_max_bytes: int = attrs.field(
+        default=limits.DEFAULT_STORAGE_MAX_BYTES, validator=_in_range("storage_max_bytes")
+    )
+    storage_max_objects: int = attrs.field(
+        default=limits.DEFAULT_STORAGE_MAX_OBJECTS, validator=_in_range("storage_max_objects")
+    )
 
     @classmethod
     def default(cls) -> Resources:
@@ -145,11 +183,46 @@ class Resources:
 
 
 @attrs.frozen
+class HttpSpec:
+    """The ``[http]`` table: the origins the extension may ask (exact scheme, host and port)
+    and its traffic budget. A manifest without the table allows no origin."""
+
+    allowed_origins: tuple[Origin, ...] = ()
+    bytes_per_hour: int = DEFAULT_HTTP_BYTES_PER_HOUR
+
+
+@attrs.frozen
 class CommandSpec:
     """One command the extension declares; ``description`` is empty when the manifest has none."""
 
     name: str
     description: str = ""
+
+
+@attrs.frozen
+class UpdateSpec:
+    """How an update to this version is checked and its state carried over (``[update]``).
+
+    ``health``: a command the host calls after the new version's handshake; the update
+    activates only if it succeeds. ``migrate``: a command called with ``{"from", "to",
+    "direction": "up"}`` to move the extension's state from the old version, after a checkpoint
+    of that state; with ``reversible`` a rollback calls it with ``"direction": "down"`` instead
+    of restoring the checkpoint."""
+
+    health: str | None = None
+    migrate: str | None = None
+    reversible: bool = False
+
+
+@attrs.frozen
+class EventsSpec:
+    """The ``[events]`` table: which event classes the extension may subscribe to, the command
+    the host calls to deliver one, and what a full subscription queue does."""
+
+    classes: tuple[str, ...]
+    command: str
+    on_overflow: str = DEFAULT_OVERFLOW
+    queue_depth: int = DEFAULT_QUEUE_DEPTH
 
 
 @attrs.frozen
@@ -168,6 +241,9 @@ class Manifest:
     optional: frozenset[str]
     resources: Resources
     commands: tuple[CommandSpec, ...]
+    http: HttpSpec = HttpSpec()
+    update: UpdateSpec = UpdateSpec()
+    events: EventsSpec | None = None
 
     def command(self, name: str) -> CommandSpec | None:
         """The declared command called ``name``, or None."""
@@ -459,6 +535,126 @@ def _parse_commands(table: Mapping[str, object]) -> tuple[CommandSpec, ...]:
     return tuple(specs)
 
 
+def _parse_http(table: Mapping[str, object] | None) -> HttpSpec:
+    if table is None:
+        return HttpSpec()
+    _check_keys(table, "http", _HTTP_KEYS)
+    origins: list[Origin] = []
+    value = table.get("allowed_origins")
+    if value is not None:
+        path = "http.allowed_origins"
+        if not isinstance(value, list):
+            raise ManifestError(path, f"expected an array of strings, got {_type_name(value)}")
+        if len(value) > MAX_HTTP_ORIGINS:
+            raise ManifestError(path, f"{len(value)} origins, at most {MAX_HTTP_ORIGINS} allowed")
+        for index, text in enumerate(value):
+            item_path = f"{path}[{index}]"
+            if not isinstance(text, str):
+                raise ManifestError(item_path, f"expected a string, got {_type_name(text)}")
+            try:
+                origin = parse_origin(text)
+            except NetPolicyError as exc:
+                raise ManifestError(item_path, f"{_show(text)}: {exc}") from None
+            if origin in origins:
+                raise ManifestError(item_path, f"duplicate origin {_show(text)}")
+            origins.append(origin)
+    budget = table.get("bytes_per_hour", DEFAULT_HTTP_BYTES_PER_HOUR)
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        raise ManifestError("http.bytes_per_hour", f"expected an integer, got {_type_name(budget)}")
+    if not MIN_HTTP_BYTES_PER_HOUR <= budget <= MAX_HTTP_BYTES_PER_HOUR:
+        raise ManifestError(
+            "http.bytes_per_hour",
+            f"{_show(budget)} is outside {MIN_HTTP_BYTES_PER_HOUR}..{MAX_HTTP_BYTES_PER_HOUR}",
+        )
+    return HttpSpec(tuple(origins), budget)
+
+
+def _parse_update(
+    table: Mapping[str, object] | None, commands: tuple[CommandSpec, ...]
+) -> UpdateSpec:
+    if table is None:
+        return UpdateSpec()
+    _check_keys(table, "update", _UPDATE_KEYS)
+    names = {c.name for c in commands}
+    found: dict[str, str | None] = {}
+    for key in ("health", "migrate"):
+        value = _optional_string(table, key, "update")
+        if value is not None and value not in names:
+            raise ManifestError(
+                _key_path("update", key), f"names command {_show(value)}, which [commands] lacks"
+            )
+        found[key] = value
+    reversible = table.get("reversible", False)
+    if not isinstance(reversible, bool):
+        raise ManifestError(
+            "update.reversible", f"expected a boolean, got {_type_name(reversible)}"
+        )
+    if reversible and found["migrate"] is None:
+        raise ManifestError("update.reversible", "only a migration can be reversible: set migrate")
+    return UpdateSpec(found["health"], found["migrate"], reversible)
+
+
+def _parse_events(
+    table: Mapping[str, object] | None,
+    commands: tuple[CommandSpec, ...],
+    requested: frozenset[str],
+) -> EventsSpec | None:
+    if table is None:
+        return None
+    _check_keys(table, "events", _EVENTS_KEYS)
+    if "events" not in requested:
+        raise ManifestError(
+            "events", "the events capability must be listed in capabilities.required or optional"
+        )
+    value = table.get("classes")
+    if value is None:
+        raise ManifestError("events.classes", "missing required key")
+    if not isinstance(value, list):
+        raise ManifestError(
+            "events.classes", f"expected an array of strings, got {_type_name(value)}"
+        )
+    if not value:
+        raise ManifestError("events.classes", "at least one event class is required")
+    if len(value) > event_classes.MAX_SELECTORS:
+        raise ManifestError(
+            "events.classes",
+            f"{len(value)} classes, at most {event_classes.MAX_SELECTORS} allowed",
+        )
+    classes: list[str] = []
+    for index, item in enumerate(value):
+        path = f"events.classes[{index}]"
+        if not isinstance(item, str):
+            raise ManifestError(path, f"expected a string, got {_type_name(item)}")
+        if not event_classes.is_selector(item):
+            raise ManifestError(
+                path,
+                f"{_show(item)} is not an event class ([a-z][a-z0-9_.-]*, at most "
+                f"{event_classes.MAX_CLASS_CHARS} characters) or a prefix pattern ending in '.*'",
+            )
+        if item in classes:
+            raise ManifestError(path, f"duplicate event class {_show(item)}")
+        classes.append(item)
+    command = _required_string(table, "command", "events")
+    if command not in {spec.name for spec in commands}:
+        raise ManifestError(
+            "events.command", f"{_show(command)} is not one of the manifest's [commands]"
+        )
+    on_overflow = _optional_string(table, "on_overflow", "events")
+    if on_overflow is None:
+        on_overflow = DEFAULT_OVERFLOW
+    elif on_overflow not in OVERFLOW_POLICIES:
+        raise ManifestError(
+            "events.on_overflow",
+            f"unknown policy {_show(on_overflow)}, expected one of {', '.join(OVERFLOW_POLICIES)}",
+        )
+    depth = table.get("queue_depth", DEFAULT_QUEUE_DEPTH)
+    if not isinstance(depth, int) or isinstance(depth, bool):
+        raise ManifestError("events.queue_depth", f"expected an integer, got {_type_name(depth)}")
+    if not 1 <= depth <= MAX_QUEUE_DEPTH:
+        raise ManifestError("events.queue_depth", f"{_show(depth)} is outside 1..{MAX_QUEUE_DEPTH}")
+    return EventsSpec(tuple(classes), command, on_overflow, depth)
+
+
 def _load_toml(text: str) -> dict[str, Any]:
     if len(text) > MAX_MANIFEST_CHARS:
         raise ManifestError("", f"manifest of {len(text)} characters exceeds {MAX_MANIFEST_CHARS}")
@@ -491,6 +687,9 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
     )
     resources = _parse_resources(_optional_table(document, "resources"))
     commands = _parse_commands(_required_table(document, "commands"))
+    http = _parse_http(_optional_table(document, "http"))
+    update = _parse_update(_optional_table(document, "update"), commands)
+    events = _parse_events(_optional_table(document, "events"), commands, required | optional)
     return Manifest(
         schema=extension.schema,
         id=extension.id,
@@ -504,4 +703,7 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
         optional=optional,
         resources=resources,
         commands=commands,
+        http=http,
+        update=update,
+        events=events,
     )

@@ -44,6 +44,9 @@ class Package:
     verified_by: str | None = None
     # The raw Ed25519 public key that verified the package (for key revocation).
     signing_key: bytes | None = attrs.field(default=None, repr=False)
+    # The older keys of its publisher that endorsed the signing key (a rotation), newest first:
+    # revoking one of them revokes what it endorsed.
+    endorsed_by: tuple[bytes, ...] = attrs.field(default=(), repr=False)
 
     @property
     def name(self) -> str:
@@ -141,7 +144,15 @@ def _load_archive(
         signing.verify(archive.signature, identity(manifest, digest), archive.digest, trust)
         key = signing.SignatureRecord.parse(archive.signature).key
         return Package(
-            str(path), manifest, wasm, digest, manifest.publisher, archive.digest, None, key
+            str(path),
+            manifest,
+            wasm,
+            digest,
+            manifest.publisher,
+            archive.digest,
+            None,
+            key,
+            trust.lineage(key)[1:],
         )
     return Package(str(path), manifest, wasm, digest, None, archive.digest)
 

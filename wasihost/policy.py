@@ -15,6 +15,7 @@ import attrs
 from . import limits
 from .errors import AdmissionError, ConfigError
 from .manifest import Resources
+from .packaging.allowed_signers import AllowedSigners
 from .packaging.revocation import Revocations
 from .packaging.trust import TrustStore
 from .registry import CORE_CAPABILITY
@@ -87,6 +88,9 @@ class Policy:
     trusted_publishers: TrustStore | None = None
     require_signed: bool = False
     revocations: Revocations | None = None
+    # Verifies again, at each start, the installed packages that an OpenSSH signature
+    # verified at install.
+    allowed_signers: AllowedSigners | None = None
 
     @classmethod
     def strict(cls, allow: Iterable[str] = ("log",)) -> Policy:

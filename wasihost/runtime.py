@@ -9,13 +9,18 @@ table and (with a state directory) the durable state.
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import attrs
+
+from . import updates
 from .admission import AdmissionPlan
 from .brokers import builtin_brokers
 from .brokers.clock import Clock, SystemClock
@@ -26,6 +31,7 @@ from .errors import (
     CallError,
     ConfigError,
     PackageError,
+    RevocationError,
     WasihostError,
 )
 from .extension import Extension, ProfileBinding, ProfileFactory
@@ -33,8 +39,8 @@ from .extlog import LogSink
 from .grants import GrantTable
 from .hostfn import Broker, Function, HostFunctions
 from .lifecycle import ExtensionRevoked, State
-from .manifest import Resources, version_order
-from .package import MANIFEST_NAME, Package, is_archive, load_package, manifest_text
+from .manifest import Resources
+from .package import Package, load_package
 from .packaging.allowed_signers import AllowedSigners, SshSigned
 from .packaging.revocation import MemoryFloor, StateFloor, VersionFloor
 from .packaging.trust import TrustStore
@@ -43,6 +49,7 @@ from .policy import Grant, Policy
 from .registry import HostFunction, Profile, Registry, default_registry
 from .settings import EngineSettings
 from .state import InstalledPackage, StateStore
+from .supervision import Metrics, QuarantineReport, Supervisor
 from .tokens import TokenIssuer
 from .wasi.binding import wasi_profile
 from .wasi.registry import MODULE as WASI_MODULE
@@ -59,6 +66,10 @@ _DEFAULT = object()
 # Host.close closes its extensions in parallel: each is interrupted first, so a close waits at
 # most about one epoch tick per call in flight; a few threads are enough for that.
 MAX_CLOSING_THREADS = 8
+# A committing host call re-reads the revocation list at most this often: reading and
+# verifying it costs about a tenth of a millisecond, so once a second is invisible beside the
+# calls, and a revocation published reaches a busy extension within a second.
+REVOCATION_RECHECK_S = 1.0
 
 
 
@@ -84,6 +95,7 @@ class Host:
         profiles: Iterable[tuple[Profile, ProfileFactory]] = (),
         state_dir: Path | None = None,
         brokers: Iterable[Broker] = (),
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.policy = policy if policy is not None else Policy()
         self.registry = registry if registry is not None else default_registry()
@@ -122,7 +134,13 @@ class Host:
         self._revocation_floor: VersionFloor = (
             StateFloor(self.state) if self.state is not None else MemoryFloor()
         )
+        # When the revocation list was last read for the running extensions, and what was
+        # wrong with it then (None: it verified). Starts due, so the first committing host
+        # call reads it.
+        self._revocation_verdict: tuple[float, str | None] = (float("-inf"), None)
         self.grants = GrantTable(self.state)
+        # Crash records, restart budgets and quarantine (``supervisor.set_policy(id, ...)``).
+        self.supervisor = supervisor if supervisor is not None else Supervisor()
         self.engine = WasmEngine(settings or EngineSettings(), directory)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.tokens = TokenIssuer()
@@ -183,6 +201,22 @@ class Host:
         """The broker named ``name`` serving this host (``host.broker("events")``); a
         ConfigError if none is."""
         return self.functions.broker(name)
+
+    def publish(
+        self,
+        event_class: str,
+        payload: Any = None,
+        *,
+        critical: bool = False,
+        key: str | None = None,
+    ) -> int:
+        """Publish an event to the extensions subscribed to ``event_class`` (see
+        docs/events.md): ``host.broker("events").publish(...)``. Returns how many subscriptions
+        queued it; delivery happens on the events broker's own threads."""
+        publish = getattr(self.broker("events"), "publish", None)
+        if publish is None:
+            raise ConfigError("the events broker serving this host has no publish()")
+        return int(publish(event_class, payload, critical=critical, key=key))
 
     def close(self) -> None:
         """Close every extension (their calls in flight are interrupted, later calls answer
@@ -248,53 +282,104 @@ class Host:
         trust = trust if trust is not None else self.policy.trusted_publishers
         return load_package(source, self.registry.capabilities(), trust, ssh)
 
-    def install(self, source: str | Path, *, allow_downgrade: bool = False) -> InstalledPackage:
-        """Copy a package into the state directory. Installing grants nothing, and keeps the
-        grants an earlier install of the same id holds. A lower version than the installed one
-        is refused unless ``allow_downgrade``."""
+    def load_package(
+        self,
+        source: str | Path,
+        *,
+        trust: TrustStore | None = None,
+        ssh: SshSigned | None = None,
+    ) -> Package:
+        """Load (and, for a signed ``.whpkg``, verify) a package without admitting it."""
+        return self._load_package(source, trust, ssh)
+
+    def install(
+        self,
+        source: str | Path,
+        *,
+        allow_downgrade: bool = False,
+        trust: TrustStore | None = None,
+        allowed_signers: AllowedSigners | None = None,
+        ssh_signature: bytes | None = None,
+    ) -> InstalledPackage:
+        """Copy a package into the state directory: a package directory, or a ``.whpkg``
+        verified (against ``trust``, the policy's trusted publishers, or an OpenSSH signature)
+        and kept as the signed archive itself, in a read-only tree verified again at every
+        start. Installing grants nothing, and keeps the grants an earlier install of the same
+        id holds. A lower version than the installed one is refused unless ``allow_downgrade``;
+        an installed publisher's package is replaced only by that publisher's. The replaced
+        version is kept for :meth:`rollback`. To replace a version with checks (a health
+        command, migrations, automatic rollback), use :meth:`update_installed`."""
         store = self.require_state()
-        if is_archive(source):
-            # The installed tree and its records do not keep the signature yet (issue 13).
-            raise PackageError(
-                "installing a .whpkg is not supported yet: run it with `wasihost run` "
-                "(Host.load), or install the package directory"
-            )
-        package = load_package(source, self.registry.capabilities())
+        ssh = _ssh(allowed_signers, ssh_signature)
+        package, current = updates.candidate(
+            self, source, trust=trust, ssh=ssh, allow_downgrade=allow_downgrade
+        )
+        assert package.manifest is not None
+        # Refuse what could not run even with every capability it requests granted.
         manifest = package.manifest
-        if manifest is None:
-            raise PackageError("only packages with an extension.toml can be installed")
-        current = store.package(manifest.id)
-        if (
-            current is not None
-            and not allow_downgrade
-            and version_order(manifest.version) < version_order(current.version)
-        ):
-            raise PackageError(
-                f"{manifest.id} {current.version} is installed; installing {manifest.version} "
-                "would downgrade it (allow_downgrade=True, or --allow-downgrade)"
-            )
-        self.plan(package, granted=frozenset(manifest.required))  # refuse what cannot run
+        self.plan(package, granted=frozenset(manifest.required | manifest.optional))
         scan_module(read_header(package.wasm), package.wasm)
-        files = {MANIFEST_NAME: manifest_text(Path(source)), manifest.module: package.wasm}
-        store.install(manifest.id, manifest.version, package.sha256, files)
-        installed = store.package(manifest.id)
+        record = updates.write_install(self, source, package, ssh)
+        previous = attrs.evolve(current, previous=None) if current is not None else None
+        store.activate(attrs.evolve(record, previous=previous))
+        installed = store.package(package.manifest.id)
         assert installed is not None
         return installed
+
+    def update_installed(
+        self,
+        source: str | Path,
+        *,
+        allow_downgrade: bool = False,
+        trust: TrustStore | None = None,
+        allowed_signers: AllowedSigners | None = None,
+        ssh_signature: bytes | None = None,
+    ) -> InstalledPackage:
+        """Update an installed extension to ``source`` as one transaction: verify, preflight
+        (ABI, grants, revocation), pause the running version, checkpoint its state, start the
+        new one (handshake, the manifest's ``[update]`` migration and health command),
+        re-check revocation, switch, retire the old. If anything fails before the switch, the
+        checkpoint is restored and the old version keeps running (:class:`UpdateError`)."""
+        ssh = _ssh(allowed_signers, ssh_signature)
+        return updates.update(self, source, trust=trust, ssh=ssh, allow_downgrade=allow_downgrade)
+
+    def rollback(self, extension: str) -> InstalledPackage:
+        """Return an installed extension to the version its last update or install replaced
+        (see :func:`wasihost.updates.rollback`)."""
+        return updates.rollback(self, extension)
+
+    def build_unregistered(self, package: Package) -> Extension:
+        """An extension of ``package`` admitted under its stored grants but not registered
+        under its id (an update's candidate, started and checked before the switch)."""
+        with self._lock:
+            if self.closed:
+                raise ConfigError("this host is closed")
+            self.registry.seal()
+        return self._build(package, None, None, None, None)
+
+    def switch(self, old: Extension | None, new: Extension, reason: str) -> None:
+        """Register ``new`` in place of ``old`` and close ``old``; with no ``old`` running in
+        this host, ``new`` was only a check and is closed."""
+        if old is None:
+            new.close("update verified")
+            return
+        with self._lock:
+            if self.closed or self._extensions.get(new.id) is not old:
+                new.close("replaced meanwhile")
+                raise ConfigError(f"{new.id} was replaced or closed during the update")
+            self._extensions[new.id] = new
+        old.close(reason)
 
     def load_installed(
         self, extension: str, *, fuel: int | None = None, timeout_ms: int | None = None
     ) -> Extension:
-        """Rebuild an installed extension from durable state, under its stored grants."""
+        """Rebuild an installed extension from durable state, under its stored grants, after
+        verifying it again (:func:`wasihost.updates.verify_installed`)."""
         store = self.require_state()
         installed = store.package(extension)
         if installed is None:
             raise PackageError(f"{extension} is not installed")
-        package = load_package(installed.path, self.registry.capabilities())
-        if package.sha256 != installed.sha256:
-            raise PackageError(
-                f"{extension}: installed module changed on disk (sha256 {package.sha256[:16]}, "
-                f"recorded {installed.sha256[:16]})"
-            )
+        package = updates.verify_installed(self, installed)
         return self.admit(package, fuel=fuel, timeout_ms=timeout_ms)
 
     def restore(self) -> dict[str, Extension | WasihostError]:
@@ -525,6 +610,85 @@ class Host:
         for name in sorted(names):
             epoch = self.grants.bump(name)
             self.journal(name, "policy", f"security policy updated, epoch {epoch}")
+
+    # -- the revocation list, for what is running ----------------------------------------------
+
+    def refresh_revocations(self) -> dict[str, str]:
+        """Read the policy's revocation list now and disable every admitted extension it
+        revokes (its call in flight is interrupted; the revocation is durable). Returns the
+        ids disabled, each with why. A stale, unverifiable or rolled-back list raises its
+        :class:`~wasihost.errors.RevocationError`, and until a good list is read every
+        committing host call is refused (fail closed)."""
+        revocations = self.policy.revocations
+        if revocations is None:
+            return {}
+        try:
+            current = revocations.current(revocations.floor or self._revocation_floor)
+        except RevocationError as exc:
+            self._revocation_verdict = (time.monotonic(), str(exc))
+            raise
+        self._revocation_verdict = (time.monotonic(), None)
+        with self._lock:
+            extensions = list(self._extensions.values())
+        disabled = {}
+        for ext in extensions:
+            why = current.revocation_of(ext.package)
+            if why is not None:
+                self.disable(ext.id, f"{why} by the revocation list")
+                disabled[ext.id] = why
+        return disabled
+
+    def revocations_allow_commit(self) -> bool:
+        """Before a host call commits an effect: re-read the revocation list if it was read
+        more than ``REVOCATION_RECHECK_S`` ago (disabling what it now revokes), and say whether
+        the last read verified. Always true without a list."""
+        if self.policy.revocations is None:
+            return True
+        at, problem = self._revocation_verdict
+        if time.monotonic() - at >= REVOCATION_RECHECK_S:
+            try:
+                self.refresh_revocations()
+            except RevocationError:
+                return False
+            at, problem = self._revocation_verdict
+        return problem is None
+
+    # -- supervision --------------------------------------------------------------------------
+
+    def release(self, extension: str) -> None:
+        """Let a quarantined extension out: it is stopped, its restart budget starts afresh,
+        and its next call starts it."""
+        ext = self.extension(extension)
+        if ext is None:
+            raise ConfigError(f"{extension} is not admitted")
+        self.supervisor.release(extension)
+        ext.release()
+        self.journal(extension, "release", "released from quarantine")
+
+    def quarantine_report(self, extension: str) -> QuarantineReport:
+        """Why ``extension`` is quarantined, its recent crashes, what data it keeps, and what
+        the operator can do."""
+        if self.state is not None:
+            kept = self.state.remaining_data(extension)
+            remains = (
+                f"{kept['data_bytes']} bytes of data, {kept['active_grants']} grants, "
+                f"{kept['journal_events']} journal events"
+            )
+        else:
+            remains = "nothing durable: this host has no state directory"
+        todo = (
+            f"fix and update it (wasihost update PKG), release it as it is "
+            f"(Host.release({extension!r})), or remove it (wasihost remove {extension})"
+        )
+        return self.supervisor.report(extension, remains, todo)
+
+    def metrics(self) -> Metrics:
+        """Counts for operators: extensions by lifecycle state, crashes by class, restarts,
+        quarantines and restarts refused during a backoff. Nothing about user content."""
+        with self._lock:
+            extensions = list(self._extensions.values())
+        states = collections.Counter(ext.lifecycle.state.value for ext in extensions)
+        return self.supervisor.metrics(states)
 
     def disable(self, extension: str, reason: str = "emergency disable") -> int:
         """Emergency stop: revoke everything and interrupt the call in flight."""

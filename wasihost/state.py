@@ -7,6 +7,7 @@ directory rebuilds from here; a grant revoked before the restart stays revoked.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -23,7 +24,7 @@ from .errors import ConfigError, PackageError
 from .grants import GrantEntry, GrantState
 
 DB_NAME = "state.sqlite3"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # Events are for "what happened lately"; the journal keeps the last 1000 per extension so a
 # crash-looping guest cannot fill the disk.
 MAX_EVENTS_PER_EXTENSION = 1000
@@ -35,6 +36,9 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS packages (
     id TEXT PRIMARY KEY, version TEXT NOT NULL, sha256 TEXT NOT NULL,
     path TEXT NOT NULL, installed_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS package_records (
+    id TEXT PRIMARY KEY, record TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS grant_epochs (
     extension TEXT PRIMARY KEY, epoch INTEGER NOT NULL, revoked TEXT
@@ -54,6 +58,34 @@ CREATE INDEX IF NOT EXISTS events_by_extension ON events (extension, id);
 """
 
 
+def _installed(row: Any, record: Any) -> InstalledPackage | None:
+    if row is None:
+        return None
+    if record is not None:
+        found = InstalledPackage.from_record(row[0], json.loads(record[0]))
+        if found.version == row[1] and found.sha256 == row[2]:
+            return found
+    return InstalledPackage(row[0], row[1], row[2], Path(row[3]), row[4])
+
+
+def make_read_only(tree: Path) -> None:
+    """Files 0444 and directories 0555, deepest first."""
+    for path in sorted(tree.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if not path.is_symlink():
+            path.chmod(0o555 if path.is_dir() else 0o444)
+    tree.chmod(0o555)
+
+
+def remove_tree(tree: Path) -> None:
+    """Remove ``tree`` even where it was made read-only (no error if it is absent)."""
+    if not tree.exists() and not tree.is_symlink():
+        return
+    for path in [tree, *tree.rglob("*")]:
+        if path.is_dir() and not path.is_symlink():
+            path.chmod(0o700)
+    shutil.rmtree(tree, ignore_errors=True)
+
+
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "wasihost"
@@ -61,11 +93,55 @@ def default_state_dir() -> Path:
 
 @attrs.frozen
 class InstalledPackage:
+    """The active install of an extension, and the one it replaced (kept for a rollback).
+
+    ``package_digest`` and ``signer`` are set for an installed ``.whpkg``: what the signature
+    vouched for at install, checked again at every start. ``checkpoint`` is the state copy
+    taken before the update that installed this version (what a rollback restores)."""
+
     id: str
     version: str
     sha256: str
     path: Path
     installed_at: int
+    package_digest: str | None = None
+    signer: str | None = None
+    verified_by: str | None = None
+    checkpoint: Path | None = None
+    migrated: bool = False
+    previous: InstalledPackage | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "sha256": self.sha256,
+            "path": str(self.path),
+            "installed_at": self.installed_at,
+            "package_digest": self.package_digest,
+            "signer": self.signer,
+            "verified_by": self.verified_by,
+            "checkpoint": str(self.checkpoint) if self.checkpoint is not None else None,
+            "migrated": self.migrated,
+            "previous": self.previous.to_record() if self.previous is not None else None,
+        }
+
+    @classmethod
+    def from_record(cls, extension: str, record: dict[str, Any]) -> InstalledPackage:
+        previous = record.get("previous")
+        checkpoint = record.get("checkpoint")
+        return cls(
+            id=extension,
+            version=record["version"],
+            sha256=record["sha256"],
+            path=Path(record["path"]),
+            installed_at=record["installed_at"],
+            package_digest=record.get("package_digest"),
+            signer=record.get("signer"),
+            verified_by=record.get("verified_by"),
+            checkpoint=Path(checkpoint) if checkpoint else None,
+            migrated=bool(record.get("migrated")),
+            previous=cls.from_record(extension, previous) if previous else None,
+        )
 
 
 @attrs.frozen
@@ -94,7 +170,13 @@ class StateStore:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
             row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-            if row is None:
+            if row is not None and row[0] == "1":
+                # Schema 2 only adds the package_records table (created above): the install
+                # records of schema 1 are still whole, without signer or history.
+                self._db.execute(
+                    "UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),)
+                )
+            elif row is None:
                 self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
             elif row[0] != str(SCHEMA_VERSION):
                 raise ConfigError(
@@ -143,23 +225,60 @@ class StateStore:
     def data_dir(self, extension: str) -> Path:
         return self.directory / "data" / extension
 
-    def install(self, extension: str, version: str, sha256: str, files: dict[str, bytes]) -> Path:
-        """Copy a package's files into the state directory and record it."""
-        target = self.packages_dir / extension / version
-        tmp = target.with_name(f".{version}.installing")
-        shutil.rmtree(tmp, ignore_errors=True)
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.directory / "checkpoints"
+
+    def write_tree(
+        self, extension: str, version: str, digest: str, files: dict[str, bytes]
+    ) -> Path:
+        """Write a package's files into a new read-only directory of the state directory
+        (``packages/<id>/<version>-<digest prefix>``): nothing the runtime does writes to an
+        installed tree, and every start re-verifies it."""
+        target = self.packages_dir / extension / f"{version}-{digest[:12]}"
+        tmp = target.with_name(f".{target.name}.installing")
+        remove_tree(tmp)
         tmp.mkdir(parents=True, mode=0o700)
         for name, data in files.items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)  # a module in a subfolder
             (tmp / name).write_bytes(data)
-        shutil.rmtree(target, ignore_errors=True)
+        remove_tree(target)
         tmp.rename(target)
+        make_read_only(target)
+        return target
+
+    def activate(self, package: InstalledPackage) -> None:
+        """Make ``package`` the installed version of its extension (its ``previous`` is what
+        a rollback returns to), in one transaction."""
         with self._tx() as db:
             db.execute(
                 "INSERT OR REPLACE INTO packages VALUES (?, ?, ?, ?, ?)",
-                (extension, version, sha256, str(target), time.time_ns()),
+                (
+                    package.id,
+                    package.version,
+                    package.sha256,
+                    str(package.path),
+                    package.installed_at,
+                ),
             )
-        self.record_event(extension, "installed", f"{version} sha256 {sha256[:16]}")
+            db.execute(
+                "INSERT OR REPLACE INTO package_records VALUES (?, ?)",
+                (package.id, json.dumps(package.to_record(), sort_keys=True)),
+            )
+        detail = f"{package.version} sha256 {package.sha256[:16]}"
+        if package.signer is not None:
+            detail += f" signed by {package.signer}"
+        self.record_event(package.id, "installed", detail)
+
+    def install(self, extension: str, version: str, sha256: str, files: dict[str, bytes]) -> Path:
+        """Copy an unsigned package directory's files into the state directory and record it
+        as the installed version (the one it replaces is kept for a rollback)."""
+        target = self.write_tree(extension, version, sha256, files)
+        self.activate(
+            InstalledPackage(
+                extension, version, sha256, target, time.time_ns(), previous=self.package(extension)
+            )
+        )
         return target
 
     def package(self, extension: str) -> InstalledPackage | None:
@@ -168,23 +287,30 @@ class StateStore:
                 "SELECT id, version, sha256, path, installed_at FROM packages WHERE id=?",
                 (extension,),
             ).fetchone()
-        return InstalledPackage(row[0], row[1], row[2], Path(row[3]), row[4]) if row else None
+            record = self._db.execute(
+                "SELECT record FROM package_records WHERE id=?", (extension,)
+            ).fetchone()
+        return _installed(row, record)
 
     def packages(self) -> list[InstalledPackage]:
         with self._lock:
             rows = self._db.execute(
                 "SELECT id, version, sha256, path, installed_at FROM packages ORDER BY id"
             ).fetchall()
-        return [InstalledPackage(r[0], r[1], r[2], Path(r[3]), r[4]) for r in rows]
+            records = dict(self._db.execute("SELECT id, record FROM package_records").fetchall())
+        found = [_installed(r, (records[r[0]],) if r[0] in records else None) for r in rows]
+        return [p for p in found if p is not None]
 
     def remove(self, extension: str, *, purge: bool) -> None:
         """Forget a package; with ``purge`` also its data, grants history and journal."""
         pkg = self.package(extension)
         if pkg is None:
             raise PackageError(f"{extension} is not installed")
-        shutil.rmtree(self.packages_dir / extension, ignore_errors=True)
+        remove_tree(self.packages_dir / extension)
+        remove_tree(self.checkpoints_dir / extension)
         with self._tx() as db:
             db.execute("DELETE FROM packages WHERE id=?", (extension,))
+            db.execute("DELETE FROM package_records WHERE id=?", (extension,))
             if purge:
                 for table in ("grants", "grant_epochs", "lifecycle", "events"):
                     db.execute(f"DELETE FROM {table} WHERE extension=?", (extension,))  # noqa: S608

@@ -42,7 +42,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ..errors import RevocationListError, RevokedError
-from .trust import KEY_BYTES, PUBLISHER_ID, SigningKey, TrustStore, b64
+from .trust import KEY_BYTES, PUBLISHER_ID, SigningKey, TrustStore, b64, format_time
 
 if TYPE_CHECKING:
     from ..package import Package
@@ -115,6 +115,11 @@ class RevocationList:
                 return f"publisher {publisher!r} is revoked"
         if package.signing_key is not None and package.signing_key in self.keys:
             return f"its signing key {b64(package.signing_key)[:16]}... is revoked"
+        for endorser in package.endorsed_by:
+            if endorser in self.keys:
+                return (
+                    f"the key {b64(endorser)[:16]}... that endorsed its signing key is revoked"
+                )
         if package.package_digest is not None and package.package_digest in self.package_digests:
             return f"package digest {package.package_digest} is revoked"
         if package.sha256 in self.module_digests:
@@ -122,10 +127,6 @@ class RevocationList:
         if manifest is not None and (manifest.id, manifest.version) in self.extensions:
             return f"extension {manifest.id} {manifest.version} is revoked"
         return None
-
-
-def format_time(moment: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(moment))
 
 
 def _fail(why: str) -> RevocationListError:
@@ -220,6 +221,9 @@ def _verify(line: str, body: bytes, trust: TrustStore) -> None:
             f"signed by {signer!r} with key {fields[2][:16]}..., which the trust file does not "
             "mark as a revocation key ('ID ed25519 KEY revocations')"
         )
+    expired = trust.expired(key)
+    if expired is not None:
+        raise _fail(f"signed by {signer!r} with a key that expired at {format_time(expired)}")
     try:
         Ed25519PublicKey.from_public_bytes(key).verify(signature, SIGNATURE_DOMAIN + body)
     except InvalidSignature:

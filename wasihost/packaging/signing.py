@@ -21,13 +21,22 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ..errors import (
+    ExpiredKeyError,
     InvalidSignatureError,
     PublisherMismatchError,
     SignatureError,
     UnsignedPackageError,
     UntrustedKeyError,
 )
-from .trust import ALGORITHM, KEY_BYTES, PUBLISHER_ID, SigningKey, TrustStore, b64
+from .trust import (
+    ALGORITHM,
+    KEY_BYTES,
+    PUBLISHER_ID,
+    SigningKey,
+    TrustStore,
+    b64,
+    format_time,
+)
 
 # The domain of the signed message; a new message layout gets a new name.
 MESSAGE_SCHEMA: Final = "wasihost-package-signature/1"
@@ -132,6 +141,13 @@ def verify(
         raise UntrustedKeyError(
             f"key {b64(parsed.key)[:16]}... is not one of publisher {parsed.publisher!r}'s "
             "trusted keys"
+        )
+    expired = trust.expired(parsed.key)
+    if expired is not None:
+        raise ExpiredKeyError(
+            f"key {b64(parsed.key)[:16]}... of publisher {parsed.publisher!r} expired at "
+            f"{format_time(expired)}: the publisher signs with a newer key (a new trust-file "
+            "line), or the operator extends the expiry"
         )
     try:
         Ed25519PublicKey.from_public_bytes(parsed.key).verify(

@@ -5,7 +5,14 @@ BASE64KEY the 32-byte raw Ed25519 public key; blank lines and lines starting wit
 comments. A line ending in the role word ``revocations`` (``ID ed25519 BASE64KEY
 revocations``) holds a key that may sign revocation lists and nothing else: it verifies no
 package, and a publisher key signs no revocation list (separate roles, as in TUF). A
-publisher may have several keys (rotation): any one of them verifies. A ``.pub``
+publisher may have several keys (rotation): any one of them verifies. A key may end with an
+expiry, ``expires=2027-06-30T00:00:00Z`` (UTC): from then on it verifies nothing, packages
+installed under it included, so a lost or retired key stops being trusted on a date rather
+than whenever someone remembers to delete its line. A key may also carry an endorsement,
+``endorsed-by=OLDKEY:SIGNATURE``: the publisher's key of an earlier line signed this one as its
+next key (``SigningKey.endorse``, ``wasihost endorse``), so an operator can accept a rotation
+the publisher ships without checking the new key by other means; revoking the old key revokes
+what it endorsed. A ``.pub``
 file written by ``wasihost keygen`` is one such line. The trust file is the operator's own
 configuration, so its errors are :class:`~wasihost.errors.ConfigError`.
 """
@@ -15,12 +22,15 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
 import attrs
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from ..errors import ConfigError
 
@@ -70,34 +80,144 @@ def _lines(text: str) -> Iterable[tuple[int, list[str]]]:
             yield number, stripped.split()
 
 
+EXPIRES_OPTION: Final = "expires="
+ENDORSED_OPTION: Final = "endorsed-by="
+LINE_FORM: Final = (
+    f"expected 'ID {ALGORITHM} BASE64KEY', then optionally {REVOCATIONS_ROLE!r} (a "
+    "revocation-list key), 'expires=YYYY-MM-DD', 'endorsed-by=OLDKEY:SIGNATURE' (a rotation)"
+)
+# The domain of a rotation's endorsement: the old key signs only this, so an endorsement can be
+# replayed as nothing else and nothing else as an endorsement.
+ROTATION_DOMAIN: Final = b"wasihost-key-rotation/1\n"
+
+
+def rotation_message(publisher: str, new_key: bytes) -> bytes:
+    return ROTATION_DOMAIN + f"publisher {publisher}\nkey {b64(new_key)}\n".encode()
+
+
+def _options(
+    tokens: list[str], where: str
+) -> tuple[str | None, float | None, tuple[bytes, bytes] | None]:
+    """A trust line's role word, expiry and endorsement, each at most once, in any order."""
+    role: str | None = None
+    expires: float | None = None
+    endorsement: tuple[bytes, bytes] | None = None
+    seen: set[str] = set()
+    for token in tokens:
+        name = token.split("=", 1)[0]
+        if name in seen:
+            raise ConfigError(f"{where}: {name} is given twice")
+        seen.add(name)
+        if token == REVOCATIONS_ROLE:
+            role = token
+        elif token.startswith(EXPIRES_OPTION):
+            expires = parse_expiry(token[len(EXPIRES_OPTION) :], where)
+        elif token.startswith(ENDORSED_OPTION):
+            old, _, signature = token[len(ENDORSED_OPTION) :].partition(":")
+            raw_signature = _b64_exact(signature, 64, where, "endorsement signature")
+            endorsement = (_key_bytes(old, where), raw_signature)
+        else:
+            raise ConfigError(f"{where}: {LINE_FORM}; not {token[:40]!r}")
+    return role, expires, endorsement
+
+
+def _b64_exact(text: str, size: int, where: str, what: str) -> bytes:
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ConfigError(f"{where}: the {what} is not base64") from None
+    if len(raw) != size:
+        raise ConfigError(f"{where}: the {what} is {len(raw)} bytes, not {size}")
+    return raw
+
+
+def format_time(moment: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(moment))
+
+
+def parse_expiry(text: str, where: str) -> float:
+    """``2027-06-30T00:00:00Z`` (or a date alone, meaning its midnight UTC) as Unix time."""
+    try:
+        if len(text) == 10:
+            moment = datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC)
+        else:
+            moment = datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        raise ConfigError(
+            f"{where}: expiry {text[:40]!r} is not YYYY-MM-DD or YYYY-MM-DDTHH:MM:SSZ (UTC)"
+        ) from None
+    return moment.timestamp()
+
+
 @attrs.frozen
 class TrustStore:
-    """The publishers the host trusts, each with its raw Ed25519 public keys."""
+    """The publishers the host trusts, each with its raw Ed25519 public keys. ``expiry``
+    maps a key to the Unix time from which it is no longer trusted, checked against
+    ``clock`` (injectable, so tests and audits can ask "as of when")."""
 
     keys: frozenset[tuple[str, bytes]]
     # Keys that may sign revocation lists (and nothing else), by the name of their holder.
     revokers: frozenset[tuple[str, bytes]] = frozenset()
+    expiry: Mapping[bytes, float] = attrs.field(factory=dict, eq=False, hash=False)
+    clock: Callable[[], float] = attrs.field(default=time.time, eq=False, hash=False)
+    # A rotated-to key -> the publisher's older key that signed its endorsement.
+    endorsers: Mapping[bytes, bytes] = attrs.field(factory=dict, eq=False, hash=False)
+
+    def expired(self, key: bytes) -> float | None:
+        """The expiry of ``key`` if it has passed, else None."""
+        when = self.expiry.get(key)
+        return when if when is not None and when <= self.clock() else None
+
+    def lineage(self, key: bytes) -> tuple[bytes, ...]:
+        """``key`` and the keys that endorsed it, newest first (a rotation's chain)."""
+        chain = [key]
+        while chain[-1] in self.endorsers and len(chain) <= MAX_TRUSTED_KEYS:
+            chain.append(self.endorsers[chain[-1]])
+        return tuple(chain)
 
     @classmethod
-    def parse(cls, text: str, origin: str = "trust file") -> TrustStore:
+    def parse(
+        cls, text: str, origin: str = "trust file", clock: Callable[[], float] = time.time
+    ) -> TrustStore:
         keys: set[tuple[str, bytes]] = set()
         revokers: set[tuple[str, bytes]] = set()
+        expiry: dict[bytes, float] = {}
+        endorsers: dict[bytes, bytes] = {}
         for number, fields in _lines(text):
             where = f"{origin} line {number}"
-            role = fields.pop() if len(fields) == 4 and fields[3] == REVOCATIONS_ROLE else None
-            if len(fields) != 3:
-                raise ConfigError(
-                    f"{where}: expected 'ID {ALGORITHM} BASE64KEY', or the same followed by "
-                    f"{REVOCATIONS_ROLE!r} for a revocation-list key"
-                )
-            publisher, algorithm, key = fields
+            if len(fields) < 3:
+                raise ConfigError(f"{where}: {LINE_FORM}")
+            publisher, algorithm, key = fields[:3]
             check_publisher(publisher, where)
             if algorithm != ALGORITHM:
                 raise ConfigError(f"{where}: unknown key type {algorithm[:40]!r}")
-            (revokers if role else keys).add((publisher, _key_bytes(key, where)))
+            raw = _key_bytes(key, where)
+            role, expires, endorsement = _options(fields[3:], where)
+            if endorsement is not None:
+                if role is not None:
+                    raise ConfigError(f"{where}: a revocation key is not endorsed, only listed")
+                endorser, signature = endorsement
+                if (publisher, endorser) not in keys:
+                    raise ConfigError(
+                        f"{where}: endorsed by key {b64(endorser)[:16]}..., which is not a key of "
+                        f"publisher {publisher!r} on an earlier line"
+                    )
+                try:
+                    Ed25519PublicKey.from_public_bytes(endorser).verify(
+                        signature, rotation_message(publisher, raw)
+                    )
+                except InvalidSignature:
+                    raise ConfigError(
+                        f"{where}: the endorsement is not a signature of this key by that old "
+                        f"key of publisher {publisher!r}"
+                    ) from None
+                endorsers[raw] = endorser
+            (revokers if role else keys).add((publisher, raw))
+            if expires is not None:
+                expiry[raw] = min(expires, expiry.get(raw, expires))
             if len(keys) + len(revokers) > MAX_TRUSTED_KEYS:
                 raise ConfigError(f"{origin}: more than {MAX_TRUSTED_KEYS} keys")
-        return cls(frozenset(keys), frozenset(revokers))
+        return cls(frozenset(keys), frozenset(revokers), expiry, clock, endorsers)
 
     @classmethod
     def from_file(cls, path: str | Path) -> TrustStore:
@@ -133,6 +253,15 @@ class SigningKey:
     def public_line(self) -> str:
         """The ``.pub`` file: one trust-file line."""
         return f"{self.publisher} {ALGORITHM} {b64(self.public_bytes)}\n"
+
+    def endorse(self, new_key: bytes) -> str:
+        """The trust-file line of ``new_key`` as this publisher's next key, signed by this
+        (old) key: a host that trusts this key accepts the line by itself."""
+        signature = self.private.sign(rotation_message(self.publisher, new_key))
+        return (
+            f"{self.publisher} {ALGORITHM} {b64(new_key)} "
+            f"{ENDORSED_OPTION}{b64(self.public_bytes)}:{b64(signature)}\n"
+        )
 
     def private_text(self) -> str:
         return (

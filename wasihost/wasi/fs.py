@@ -35,6 +35,11 @@ WALK_FLAGS: Final = (
     (O_PATH or os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 )  # fmt: skip
 DIR_OPEN_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# Added to every final open: never follow a symlink (the walk does that, inside the mount), never
+# block on opening a FIFO or device someone left in a mount, never acquire a terminal.
+OPEN_ALWAYS: Final = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+# Files are created rw for everyone, minus the host's umask, as open(2) callers usually ask.
+CREATE_FILE_MODE: Final = 0o666
 
 Ident = tuple[int, int]
 """(st_dev, st_ino): what a directory is, independent of the names it has."""
@@ -220,4 +225,47 @@ class PathWalk:
         return dir_fd, name, must_dir
 
 
-__all__ = ["DIR_OPEN_FLAGS", "WALK_FLAGS", "Ident", "PathWalk", "check_path", "ident_of"]
+def open_walked(walk: PathWalk, flags: int, mode: int, *, follow: bool) -> int:
+    """Open the walk's path with ``flags`` (:data:`OPEN_ALWAYS` added) and return the host
+    descriptor: the one final ``openat`` of every open below a mount, for the WASI profile's
+    ``path_open`` and the files broker alike.
+
+    A symlink in the last component is refused by ``O_NOFOLLOW`` (``ELOOP``, or ``ENOTDIR`` when
+    ``O_DIRECTORY`` is checked first); it is continued through by the walk, inside the mount,
+    if ``follow`` or the path names a directory, and answers ``LOOP`` otherwise."""
+    flags |= OPEN_ALWAYS
+    dir_fd, name, must_dir = walk.walk()
+    while True:
+        try:
+            return os.open(name, flags | (os.O_DIRECTORY if must_dir else 0), mode, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno not in (host_errno.ELOOP, host_errno.ENOTDIR):
+                raise
+            target = readlink_at(dir_fd, name)
+            if target is None:
+                raise
+            if not (follow or must_dir):
+                raise WasiError(Errno.LOOP) from None
+            dir_fd, name, must_dir = walk.follow(target)
+
+
+def open_beneath(
+    base_fd: int, base_id: Ident, path: bytes, flags: int, mode: int, *, follow: bool
+) -> int:
+    """:func:`open_walked` for ``path`` resolved from the directory ``base_fd``."""
+    with PathWalk(base_fd, base_id, path) as walk:
+        return open_walked(walk, flags, mode, follow=follow)
+
+
+__all__ = [
+    "CREATE_FILE_MODE",
+    "DIR_OPEN_FLAGS",
+    "OPEN_ALWAYS",
+    "WALK_FLAGS",
+    "Ident",
+    "PathWalk",
+    "check_path",
+    "ident_of",
+    "open_beneath",
+    "open_walked",
+]

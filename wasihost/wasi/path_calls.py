@@ -8,7 +8,6 @@ of a read-only mount becomes reachable through a writable one.
 
 from __future__ import annotations
 
-import errno as host_errno
 import os
 import stat
 from collections.abc import Callable
@@ -39,15 +38,11 @@ from .abi import (
 from .errno import Errno, WasiError
 from .fd_attrs import new_times, pack_filestat
 from .fds import HostDescriptor
-from .fs import PathWalk, readlink_at
+from .fs import CREATE_FILE_MODE, OPEN_ALWAYS, PathWalk, open_walked
 from .memio import read_path
 from .state import WasiState
 
-# Files are created rw for everyone, minus the host's umask, as open(2) callers usually ask.
-CREATE_FILE_MODE = 0o666
 CREATE_DIR_MODE = 0o777
-# Never block on opening a FIFO or device someone left in a mount, never acquire a terminal.
-_OPEN_ALWAYS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
 _READ_ACCESS = int(Right.FD_READ | Right.FD_READDIR)
 
 
@@ -86,7 +81,7 @@ def _locate(walk: PathWalk, follow: bool) -> tuple[int, bytes, bool]:
 
 
 def _open_flags(oflags: int, fdflags: int, read: bool, write: bool) -> int:
-    flags = _OPEN_ALWAYS
+    flags = OPEN_ALWAYS
     flags |= os.O_RDWR if read and write else os.O_WRONLY if write else os.O_RDONLY
     if oflags & OFLAG_CREAT:
         flags |= os.O_CREAT
@@ -136,25 +131,7 @@ def path_open(
     st.fds.require_room()
     follow = bool(dirflags & LOOKUP_SYMLINK_FOLLOW)
     with _walk(parent, path) as walk:
-        dir_fd, name, must_dir = walk.walk()
-        while True:
-            try:
-                host_fd = os.open(
-                    name, flags | (os.O_DIRECTORY if must_dir else 0), CREATE_FILE_MODE,
-                    dir_fd=dir_fd,
-                )  # fmt: skip
-                break
-            except OSError as exc:
-                # A symlink in the last component: O_NOFOLLOW refuses it with ELOOP, or with
-                # ENOTDIR when O_DIRECTORY is checked first. We follow it ourselves, if asked.
-                if exc.errno in (host_errno.ELOOP, host_errno.ENOTDIR):
-                    target = readlink_at(dir_fd, name)
-                    if target is not None:
-                        if not (follow or must_dir):
-                            raise WasiError(Errno.LOOP) from None
-                        dir_fd, name, must_dir = walk.follow(target)
-                        continue
-                raise
+        host_fd = open_walked(walk, flags, CREATE_FILE_MODE, follow=follow)
     try:
         mode = os.fstat(host_fd)
         if stat.S_ISDIR(mode.st_mode):

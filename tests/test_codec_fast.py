@@ -1,0 +1,219 @@
+"""What cbor2's C code is handed by the fast path: only what the bounded scan or walk vouched for.
+
+The differential tests prove the results are the old codec's; these prove the bounds hold
+*before* cbor2 runs (it has none of its own), and that the fast path is the one in use.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import cbor2
+import pytest
+import reference_codec
+
+from wasihost import codec, codec_fast
+from wasihost.codec import CodecLimits
+from wasihost.errors import CodecError
+
+
+class Spy:
+    """A backend that records what reaches cbor2, then calls it."""
+
+    def __init__(self, real: codec_fast.Backend) -> None:
+        self.decoded: list[bytes] = []
+        self.encoded: list[Any] = []
+        self.real = real
+
+    def loads(self, data: bytes) -> Any:
+        self.decoded.append(data)
+        return self.real.loads(data)
+
+    def dumps(self, value: Any) -> bytes:
+        self.encoded.append(value)
+        return self.real.dumps(value)
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
+    real = codec_fast.backend()
+    assert real is not None, "cbor2's C backend is not in use: the fast path is off"
+    recorder = Spy(real)
+    fake = codec_fast.Backend(recorder.loads, recorder.dumps)
+    monkeypatch.setattr(codec_fast, "backend", lambda: fake)
+    return recorder
+
+
+def test_the_c_backend_is_in_use() -> None:
+    backend = codec_fast.backend()
+    assert backend is not None
+    with pytest.raises(cbor2.CBORDecodeError):
+        backend.loads(b"\xa2\x61a\x00\x61a\x01")  # duplicate keys: refused, not merged
+
+
+def test_structured_values_are_built_by_cbor2(spy: Spy) -> None:
+    value = {"rows": [{"id": i, "name": f"n{i}", "blob": bytes(30)} for i in range(20)]}
+    payload = codec.encode(value)
+    assert spy.encoded == [value]
+    assert codec.decode(payload) == value
+    assert spy.decoded == [payload]
+
+
+HOSTILE = [
+    b"\x9b" + b"\xff" * 8,  # an array of 2**64-1 elements
+    b"\xbb" + b"\xff" * 8,  # a map of as many entries
+    b"\x9a\x00\x01\x00\x00" + b"\x00" * 65536,  # 65,536 items, over the 4,096 limit
+    b"\x81" * 40 + b"\x00",  # nesting deeper than 32
+    b"\x81" * 100_000 + b"\x00",
+    b"\x82\x5a\x00\x01\x00\x01" + b"\x00" * 65537 + b"\x00",  # a string over 64 KiB
+    b"\x82\x7b" + b"\xff" * 8 + b"\x00",  # a text of 2**64-1 bytes, claimed
+    b"\x82\xc2\x41\x01\x00",  # a tag (a bignum cbor2 would turn into an int)
+    b"\x82\xd9\xd9\xf7\x00\x00",  # the self-describe tag cbor2 would drop silently
+    b"\x82\x9f\x00\xff\x00",  # indefinite length
+    b"\x82\xf7\x00",  # undefined
+    b"\x82\xf8\x20\x00",  # a two-byte simple value
+    b"\x82\xe0\x00",  # simple value 0
+    b"\xa1\x41k\x00",  # a byte string key
+    b"\xa1\x80\x00",  # an array key
+    b"\x82\x00",  # truncated
+    b"\x81\x00\x00",  # trailing
+]
+
+
+@pytest.mark.parametrize("payload", HOSTILE, ids=lambda p: p[:12].hex())
+def test_cbor2_never_sees_what_the_scan_refuses(spy: Spy, payload: bytes) -> None:
+    with pytest.raises(CodecError) as caught:
+        codec.decode(payload)
+    assert spy.decoded == []
+    with pytest.raises(CodecError) as expected:
+        reference_codec.decode(payload)
+    assert caught.value.message == expected.value.message
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\x82\xf9\x7e\x01\x00",  # a float16 NaN with a payload (cbor2 would keep it)
+        b"\x82\xf9\xfc\x00\x00",  # float16 -infinity
+        b"\x82\xfa\x7f\x80\x00\x01\x00",  # a float32 NaN
+    ],
+    ids=lambda p: p.hex(),
+)
+def test_valid_payloads_the_scan_leaves_to_the_exact_decoder(spy: Spy, payload: bytes) -> None:
+    assert repr(codec.decode(payload)) == repr(reference_codec.decode(payload))
+    assert spy.decoded == []
+
+
+def test_cbor2_is_asked_only_about_utf8_and_duplicate_keys(spy: Spy) -> None:
+    # The two rules the scan leaves to cbor2: it sees these payloads, refuses them, and the
+    # exact decoder names the reason.
+    for payload, message in (
+        (b"\x82\x62\xff\xfe\x00", "text string is not valid UTF-8 (byte 0)"),
+        (b"\xa2\x61a\x00\x61a\x01", "duplicate map key 'a'"),
+        (b"\xa2\x01\x00\x18\x01\x01", "duplicate map key 1"),
+    ):
+        spy.decoded.clear()
+        with pytest.raises(CodecError) as caught:
+            codec.decode(payload)
+        assert caught.value.message == message
+        assert spy.decoded == [payload]
+
+
+def test_small_limits_are_scanned_too(spy: Spy) -> None:
+    limits = CodecLimits(max_bytes=64, max_depth=2, max_items=5, max_string_bytes=3)
+    assert codec.decode(codec.encode([[1, 2, 3]]), limits) == [[1, 2, 3]]
+    for value in ([[[]]], [1, 2, 3, 4, 5], ["abcd"], [b"abcd"], {"k": "abcd"}):
+        spy.decoded.clear()
+        with pytest.raises(CodecError):
+            codec.decode(reference_codec.encode(value), limits)
+        assert spy.decoded == []
+
+
+def test_walk_keeps_cbor2_within_max_bytes(spy: Spy) -> None:
+    # The walk counts string bytes before cbor2 builds anything: over max_bytes, cbor2 is never
+    # asked, and the exact encoder stops as soon as the output passes the limit.
+    limits = CodecLimits(max_bytes=1000)
+    with pytest.raises(CodecError, match="^payload exceeds 1000 bytes$"):
+        codec.encode(["x" * 600, "y" * 600], limits)
+    with pytest.raises(CodecError, match="^payload exceeds 1000 bytes$"):
+        codec.encode({"a": b"x" * 999, "b": [b"y" * 100]}, limits)
+    assert spy.encoded == []
+    # Under it, cbor2 builds; a result just over (heads count too) goes to the exact encoder.
+    assert len(codec.encode(["x" * 400, "y" * 400], limits)) == 807
+    with pytest.raises(CodecError, match="^payload exceeds 1000 bytes$"):
+        codec.encode(["x" * 498, "y" * 500], limits)
+    assert len(spy.encoded) == 2
+
+
+NESTED_33: list[Any] = [1]
+for _ in range(32):
+    NESTED_33 = [NESTED_33]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [float("nan")],
+        [2**64],
+        [{True: 1}],
+        [{(1,): 1}],
+        ["\ud800"],
+        NESTED_33,
+        list(range(5000)),
+        [set()],
+        ["x" * 70000],
+    ],
+    ids=["nan", "bigint", "boolkey", "tuplekey", "surrogate", "deep", "items", "set", "long"],
+)
+def test_walk_refuses_what_cbor2_would_encode_otherwise(spy: Spy, value: Any) -> None:
+    # Each is encoded (the NaN) or refused by the exact encoder alone, as before.
+    assert not codec_fast.walk(value, 1 << 20, 32, 4096, 65536)
+    try:
+        expected: object = reference_codec.encode([value])
+    except CodecError as exc:
+        expected = exc.message
+    try:
+        got: object = codec.encode([value])
+    except CodecError as exc:
+        got = exc.message
+    assert got == expected
+    assert spy.encoded == []
+
+
+def python_loads(data: bytes, **options: Any) -> Any:
+    return cbor2.loads(data, **options)
+
+
+def python_dumps(value: Any) -> bytes:
+    return cbor2.dumps(value)
+
+
+class FakeCbor2:
+    """A stand-in for the cbor2 module, to see which versions the fast path accepts."""
+
+    CBORDecodeError = cbor2.CBORDecodeError
+
+    def __init__(self, loads: Any, dumps: Any) -> None:
+        self.loads = loads
+        self.dumps = dumps
+
+
+@pytest.mark.parametrize(
+    ("loads", "dumps", "usable"),
+    [
+        (cbor2.loads, cbor2.dumps, True),
+        # No allow_duplicate_keys (cbor2 before it had one): duplicates would pass silently.
+        (len, cbor2.dumps, False),
+        # The pure-Python cbor2: slower than the exact codec.
+        (python_loads, cbor2.dumps, False),
+        (cbor2.loads, python_dumps, False),
+    ],
+    ids=["c-with-option", "no-option", "python-loads", "python-dumps"],
+)
+def test_backend_is_used_only_when_it_can_keep_the_bounds(
+    monkeypatch: pytest.MonkeyPatch, loads: Any, dumps: Any, usable: bool
+) -> None:
+    monkeypatch.setitem(sys.modules, "cbor2", FakeCbor2(loads, dumps))
+    found = codec_fast.backend.__wrapped__()
+    assert (found is not None) == usable

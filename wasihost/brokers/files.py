@@ -1,0 +1,507 @@
+"""The files broker: a guest reads and writes files through handles, never through host paths.
+
+``file_open`` names a mount the operator granted (or the embedder configured) and a relative
+path; the path is resolved by the WASI profile's own resolution
+(:func:`wasihost.wasi.fs.open_beneath`: ``openat`` one component at a time with ``O_NOFOLLOW``,
+``..`` never above the mount, symlinks followed only inside it), so there is one implementation
+of the part where escapes live. ``file_temp`` makes a private, nameless temporary file that
+expires. Everything a guest gets back is a number: a handle of its own extension's table,
+bytes, or a count; no host path appears in any response or status.
+
+Every bound is per call (the registry's payload limits, :data:`MAX_IO_BYTES`) and per extension
+(:data:`MAX_OPEN_FILES` handles, a quota of bytes written, a size ceiling per file). Opening to
+create, creating a temporary file and writing commit through the grant table, so nothing lands
+after a revocation returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno as host_errno
+import os
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from ..errors import ConfigError
+from ..status import HostStatus, Status
+from ..wasi import limits as wasi_limits
+from ..wasi.errno import Errno, WasiError, from_oserror
+from ..wasi.fs import CREATE_FILE_MODE, DIR_OPEN_FLAGS, check_path, ident_of, open_beneath
+from .file_mounts import (
+    FileMount,
+    FilesScope,
+    check_mount_name,
+    parse_mounts,
+    parse_scope,
+    require_directories,
+)
+
+if TYPE_CHECKING:
+    from ..extension import Extension
+    from ..registry import HostFunction
+
+__all__ = [
+    "DEFAULT_MAX_TEMP_BYTES",
+    "DEFAULT_MAX_WRITE_BYTES",
+    "DEFAULT_TEMP_TTL_S",
+    "MAX_IO_BYTES",
+    "MAX_OPEN_FILES",
+    "MAX_PATH_BYTES",
+    "FileMount",
+    "FilesBroker",
+]
+
+CAPABILITY: Final = "files"
+MiB: Final = 1024 * 1024
+
+# Open handles of one extension (temporary files included): each is a host file descriptor,
+# and the host process has about a thousand of those for every extension it runs.
+MAX_OPEN_FILES: Final = 16
+# Bytes one file_read returns or one file_write takes: the registry's bound (file_read's
+# response limit, file_write's request limit, less CBOR framing). Bigger files take more calls.
+MAX_IO_BYTES: Final = 32768
+# file_open's path, as the registry says (its 1200-byte request leaves room for the rest).
+MAX_PATH_BYTES: Final = 1024
+# Bytes one extension may write in its lifetime unless its grant scope or the embedder says
+# otherwise: enough for logs, caches and exports, small next to a host's disk.
+DEFAULT_MAX_WRITE_BYTES: Final = 64 * MiB
+# One temporary file's size: scratch space for a call's work, not storage.
+DEFAULT_MAX_TEMP_BYTES: Final = 16 * MiB
+# How long a temporary file lives if its handle is never closed: longer than any call
+# (minutes), short enough that an extension cannot hoard disk between calls.
+DEFAULT_TEMP_TTL_S: Final = 600.0
+# A file under a mount cannot grow past this through the broker: the WASI profile's ceiling, so
+# the two ways into a mount bound a file alike (a sparse write far out is refused too).
+MAX_FILE_BYTES: Final = wasi_limits.MAX_FILE_BYTES
+# The host's off_t: an offset beyond it is not a place in any file.
+MAX_OFFSET: Final = (1 << 63) - 1
+# Handles are CBOR uints (the registry's 9-byte response).
+MAX_HANDLE: Final = (1 << 64) - 1
+TEMP_PREFIX: Final = "wasihost-files-"
+
+# mode -> (open flags, readable, writable, append, creates)
+MODES: Final[Mapping[str, tuple[int, bool, bool, bool, bool]]] = {
+    "r": (os.O_RDONLY, True, False, False, False),
+    "w": (os.O_WRONLY | os.O_CREAT | os.O_TRUNC, False, True, False, True),
+    "rw": (os.O_RDWR, True, True, False, False),
+    "a": (os.O_WRONLY | os.O_CREAT | os.O_APPEND, False, True, True, True),
+}
+
+# What a failed resolution or system call tells the guest: a status, never the host's text.
+_ERRNO_STATUS: Final[Mapping[Errno, Status]] = {
+    Errno.PERM: Status.DENIED,  # `..` above the mount, an absolute symlink target
+    Errno.ACCES: Status.DENIED,
+    Errno.ROFS: Status.DENIED,
+    Errno.ISDIR: Status.DENIED,  # only regular files are handed out
+    Errno.LOOP: Status.DENIED,  # too many symlinks or components: resolution refused
+    Errno.NOENT: Status.NOT_FOUND,
+    Errno.NOTDIR: Status.NOT_FOUND,
+    Errno.NAMETOOLONG: Status.INVALID_ARGUMENT,
+    Errno.ILSEQ: Status.INVALID_ARGUMENT,
+    Errno.INVAL: Status.INVALID_ARGUMENT,
+    Errno.NOSPC: Status.QUOTA_EXCEEDED,
+    Errno.DQUOT: Status.QUOTA_EXCEEDED,
+    Errno.FBIG: Status.QUOTA_EXCEEDED,
+}
+
+
+def _status_of(exc: OSError | WasiError) -> HostStatus:
+    errno = exc.errno if isinstance(exc, WasiError) else from_oserror(exc)
+    return HostStatus(_ERRNO_STATUS.get(errno, Status.UNAVAILABLE))
+
+
+def _invalid() -> HostStatus:
+    return HostStatus(Status.INVALID_ARGUMENT)
+
+
+def _uint(value: Any, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise _invalid()
+    return value
+
+
+def _offset(value: Any) -> int | None:
+    return None if value is None else _uint(value, MAX_OFFSET)
+
+
+def parse_open(request: Any) -> tuple[str, bytes, str]:
+    """``[mount, path, mode]``, checked whole before any I/O."""
+    if not isinstance(request, list) or len(request) != 3:
+        raise _invalid()
+    mount, path, mode = request
+    if not all(isinstance(v, str) for v in request) or mode not in MODES:
+        raise _invalid()
+    try:
+        check_mount_name(mount)
+        raw = path.encode("utf-8")
+    except (ConfigError, UnicodeEncodeError):
+        raise _invalid() from None
+    # Empty, absolute, over the registry's length, or naming a directory (a trailing "/", "."
+    # or ".."): not a file under the mount, whatever the disk holds.
+    if (
+        not raw
+        or raw.startswith(b"/")
+        or len(raw) > MAX_PATH_BYTES
+        or raw.endswith(b"/")
+        or raw.rsplit(b"/", 1)[-1] in (b".", b"..")
+    ):
+        raise _invalid()
+    try:
+        check_path(raw)  # the WASI profile's own check: NUL, length, UTF-8
+    except WasiError:
+        raise _invalid() from None
+    if any(len(c) > wasi_limits.MAX_NAME_BYTES for c in raw.split(b"/")):
+        raise _invalid()
+    return mount, raw, mode
+
+
+def parse_io(request: Any, data_kind: type) -> tuple[int, int | None, Any]:
+    """``[handle, offset | null, length or data]``: the third item's type is checked here,
+    its bound by the caller."""
+    if not isinstance(request, list) or len(request) != 3:
+        raise _invalid()
+    handle = _uint(request[0], MAX_HANDLE)
+    offset = _offset(request[1])
+    if not isinstance(request[2], data_kind) or isinstance(request[2], bool):
+        raise _invalid()
+    return handle, offset, request[2]
+
+
+@attrs.define(eq=False)
+class OpenFile:
+    """One handle: a host descriptor and what the guest may do with it."""
+
+    fd: int
+    readable: bool
+    writable: bool
+    append: bool
+    max_size: int
+    # The mount it was opened under (None: a temporary file); checked on every use, so a
+    # mount the operator withdraws stops serving the handles opened under it.
+    mount: str | None = None
+    host: Path | None = None
+    expires: float | None = None
+    position: int = 0
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+
+class FilesState:
+    """One extension's handles, bytes written and temporary directory."""
+
+    def __init__(self, ext: Extension) -> None:
+        self.ext = ext
+        self.lock = threading.Lock()
+        self.handles: dict[int, OpenFile] = {}
+        # Handle numbers are never reused, so a stale handle cannot come to name a new file.
+        self.next_handle = 1
+        self.written = 0
+        self.temp_dir: str | None = None
+        self.closed = False
+        self.scope: FilesScope | None = None
+        self.scope_epoch = -1
+
+    def sweep(self, now: float) -> None:
+        """Close the temporary files whose time is up (called under the lock)."""
+        if self.closed:
+            raise HostStatus(Status.UNAVAILABLE)
+        for handle, f in list(self.handles.items()):
+            if f.expires is not None and now >= f.expires:
+                del self.handles[handle]
+                f.close()
+
+    def get(self, handle: int) -> OpenFile:
+        f = self.handles.get(handle)
+        if f is None:
+            raise HostStatus(Status.NOT_FOUND)
+        return f
+
+    def require_room(self) -> None:
+        if len(self.handles) >= MAX_OPEN_FILES:
+            raise HostStatus(Status.QUOTA_EXCEEDED)
+
+    def add(self, f: OpenFile) -> int:
+        handle = self.next_handle
+        self.next_handle += 1
+        self.handles[handle] = f
+        return handle
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            handles, self.handles = self.handles, {}
+            for f in handles.values():
+                f.close()
+            if self.temp_dir is not None:
+                # Not empty only if something else put a file there: left to the operator.
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.temp_dir)
+                self.temp_dir = None
+
+
+Handler = Callable[[Any, Any], Any]
+
+
+class FilesBroker:
+    """Serves ``file_open``, ``file_temp``, ``file_read``, ``file_write`` and ``file_close``.
+
+    ``mounts`` are available to every extension granted ``files`` (``{"name": FileMount}`` or
+    ``{"name": {"host": "/abs", "mode": "r" | "rw"}}``); each extension's grant scope adds its
+    own. ``max_write_bytes`` is an extension's write quota unless its scope sets one.
+    ``clock`` (seconds, monotonic) decides when temporary files expire."""
+
+    name = "files"
+    capabilities = frozenset({CAPABILITY})
+    functions = (
+        "wasihost_v1.file_open",
+        "wasihost_v1.file_temp",
+        "wasihost_v1.file_read",
+        "wasihost_v1.file_write",
+        "wasihost_v1.file_close",
+    )
+
+    def __init__(
+        self,
+        mounts: Mapping[str, Any] | None = None,
+        *,
+        max_write_bytes: int = DEFAULT_MAX_WRITE_BYTES,
+        max_temp_bytes: int = DEFAULT_MAX_TEMP_BYTES,
+        temp_ttl_s: float = DEFAULT_TEMP_TTL_S,
+        temp_dir: str | Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.mounts = parse_mounts(mounts or {})
+        require_directories(self.mounts)
+        parse_scope({"max_write_bytes": max_write_bytes})  # the same bounds as a scope's
+        if isinstance(max_temp_bytes, bool) or not 0 < max_temp_bytes <= MAX_FILE_BYTES:
+            raise ConfigError(f"max_temp_bytes must be in 1..{MAX_FILE_BYTES}")
+        if not temp_ttl_s > 0:
+            raise ConfigError("temp_ttl_s must be positive")
+        self.max_write_bytes = max_write_bytes
+        self.max_temp_bytes = max_temp_bytes
+        self.temp_ttl_s = float(temp_ttl_s)
+        if temp_dir is not None and not Path(temp_dir).is_dir():
+            raise ConfigError(f"temp_dir {temp_dir} is not a directory")
+        self.temp_dir = str(temp_dir) if temp_dir is not None else None
+        self.clock = clock
+
+    # -- configuration --------------------------------------------------------------------
+
+    def check_scope(self, capability: str, scope: Mapping[str, Any]) -> None:
+        parsed = parse_scope(scope)
+        clash = sorted(set(parsed.mounts) & set(self.mounts))
+        if clash:
+            raise ConfigError(
+                f"files grant scope: mount {', '.join(clash)} is the embedder's already"
+            )
+        require_directories(parsed.mounts)
+
+    def _scope(self, st: FilesState) -> FilesScope:
+        """The extension's scope as of the call's grant epoch: parsed once per epoch, since
+        any grant change (a new scope included) moves the epoch."""
+        epoch = st.ext.call_epoch
+        if st.scope is None or st.scope_epoch != epoch:
+            try:
+                st.scope = parse_scope(st.ext.grant_scopes().get(CAPABILITY, {}))
+            except ConfigError:
+                # Stored before this broker could check it: what it says cannot be trusted.
+                raise HostStatus(Status.DENIED) from None
+            st.scope_epoch = epoch
+        return st.scope
+
+    def _mount(self, st: FilesState, name: str) -> FileMount | None:
+        return self.mounts.get(name) or self._scope(st).mounts.get(name)
+
+    def _quota(self, st: FilesState) -> int:
+        quota = self._scope(st).max_write_bytes
+        return self.max_write_bytes if quota is None else quota
+
+    # -- the Broker protocol --------------------------------------------------------------
+
+    def open(self, ext: Extension) -> FilesState:
+        return FilesState(ext)
+
+    def close(self, state: FilesState) -> None:
+        state.close()
+
+    def handler(self, entry: HostFunction, state: FilesState) -> Handler:
+        serve: Callable[[FilesState, Any], Any] = {
+            "file_open": self._open,
+            "file_temp": self._temp,
+            "file_read": self._read,
+            "file_write": self._write,
+            "file_close": self._close,
+        }[entry.name]
+
+        def handle(call: Any, request: Any) -> Any:
+            return serve(state, request)
+
+        return handle
+
+    # -- the entries ----------------------------------------------------------------------
+
+    def _commit(self, st: FilesState, action: Callable[[], Any]) -> Any:
+        authorised, result = st.ext.commit(CAPABILITY, action)
+        if not authorised:
+            raise HostStatus(Status.DENIED)
+        return result
+
+    def _open(self, st: FilesState, request: Any) -> int:
+        name, path, mode = parse_open(request)
+        flags, readable, writable, append, creates = MODES[mode]
+        mount = self._mount(st, name)
+        if mount is None or (writable and not mount.writable):
+            raise HostStatus(Status.DENIED)
+        with st.lock:
+            st.sweep(self.clock())
+            st.require_room()
+            if creates:
+                fd = self._commit(st, lambda: _open_file(mount.host, path, flags))
+            else:
+                fd = _open_file(mount.host, path, flags)
+            return st.add(
+                OpenFile(fd, readable, writable, append, MAX_FILE_BYTES, name, mount.host)
+            )
+
+    def _temp(self, st: FilesState, request: Any) -> int:
+        if request is not None:
+            raise _invalid()
+        with st.lock:
+            now = self.clock()
+            st.sweep(now)
+            st.require_room()
+            fd = self._commit(st, lambda: self._temp_file(st))
+            expires = now + self.temp_ttl_s
+            return st.add(OpenFile(fd, True, True, False, self.max_temp_bytes, expires=expires))
+
+    def _temp_file(self, st: FilesState) -> int:
+        """A new temporary file that has no name: created nameless (``O_TMPFILE``) where the
+        file system can, else unlinked at once, in a directory only the host can enter."""
+        if st.temp_dir is None:
+            try:
+                st.temp_dir = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=self.temp_dir)  # 0700
+            except OSError:
+                raise HostStatus(Status.UNAVAILABLE) from None  # the host's directory is gone
+        try:
+            tmpfile = getattr(os, "O_TMPFILE", 0)
+            if tmpfile:
+                try:
+                    return os.open(st.temp_dir, tmpfile | os.O_RDWR | os.O_CLOEXEC, 0o600)
+                except OSError as exc:
+                    # The file system cannot make nameless files: fall back to unlinking.
+                    if exc.errno not in (
+                        host_errno.EOPNOTSUPP,
+                        host_errno.EISDIR,
+                        host_errno.EINVAL,
+                    ):
+                        raise
+            fd, name = tempfile.mkstemp(dir=st.temp_dir)
+        except OSError as exc:
+            raise _status_of(exc) from None
+        try:
+            os.unlink(name)
+        except OSError:
+            os.close(fd)
+            raise HostStatus(Status.UNAVAILABLE) from None
+        return fd
+
+    def _file(self, st: FilesState, handle: int) -> OpenFile:
+        """The handle's file, if it is still this extension's and its mount still granted."""
+        st.sweep(self.clock())
+        f = st.get(handle)
+        if f.mount is not None:
+            mount = self._mount(st, f.mount)
+            if mount is None or mount.host != f.host or (f.writable and not mount.writable):
+                raise HostStatus(Status.DENIED)
+        return f
+
+    def _read(self, st: FilesState, request: Any) -> bytes:
+        handle, offset, length = parse_io(request, int)
+        _uint(length, MAX_IO_BYTES)
+        with st.lock:
+            f = self._file(st, handle)
+            if not f.readable:
+                raise HostStatus(Status.DENIED)
+            at = f.position if offset is None else offset
+            try:
+                data = os.pread(f.fd, length, at)
+            except OSError as exc:
+                raise _status_of(exc) from None
+            if offset is None:
+                f.position += len(data)
+            return data
+
+    def _write(self, st: FilesState, request: Any) -> int:
+        handle, offset, data = parse_io(request, bytes)
+        if len(data) > MAX_IO_BYTES:
+            raise _invalid()
+        with st.lock:
+            f = self._file(st, handle)
+            if not f.writable:
+                raise HostStatus(Status.DENIED)
+            if f.append and offset is not None:
+                raise _invalid()  # an append handle writes at the end, nowhere else
+            if st.written + len(data) > self._quota(st):
+                raise HostStatus(Status.QUOTA_EXCEEDED)
+            try:
+                at = (
+                    os.fstat(f.fd).st_size if f.append else f.position if offset is None else offset
+                )
+            except OSError as exc:
+                raise _status_of(exc) from None
+            if at + len(data) > f.max_size:
+                raise HostStatus(Status.QUOTA_EXCEEDED)
+
+            def write() -> int:
+                n = os.write(f.fd, data) if f.append else os.pwrite(f.fd, data, at)
+                st.written += n
+                return n
+
+            try:
+                n: int = self._commit(st, write)
+            except OSError as exc:
+                raise _status_of(exc) from None
+            if offset is None:
+                f.position = at + n
+            return n
+
+    def _close(self, st: FilesState, request: Any) -> None:
+        handle = _uint(request, MAX_HANDLE)
+        with st.lock:
+            st.sweep(self.clock())
+            f = st.handles.pop(handle, None)
+            if f is None:
+                raise HostStatus(Status.NOT_FOUND)
+            f.close()
+
+
+def _open_file(root: Path, path: bytes, flags: int) -> int:
+    """A regular file at ``path`` under the mount directory ``root``, by the WASI profile's
+    resolution (symlinks followed only while they stay inside the mount)."""
+    try:
+        base = os.open(root, DIR_OPEN_FLAGS)
+    except OSError:
+        raise HostStatus(Status.UNAVAILABLE) from None  # the operator's directory is gone
+    try:
+        fd = open_beneath(base, ident_of(base), path, flags, CREATE_FILE_MODE, follow=True)
+    except (OSError, WasiError) as exc:
+        raise _status_of(exc) from None
+    finally:
+        os.close(base)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise HostStatus(Status.DENIED)  # devices, FIFOs, sockets: not files to hand out
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -1,0 +1,645 @@
+"""The http broker: one outbound HTTP/1.1 request per ``http_request`` call, to an allowed
+origin, over a connection pinned to an address the host resolved and checked itself.
+
+What may be reached is decided by :mod:`wasihost.netpolicy` (pure); this module does the I/O:
+it resolves the name (an injectable resolver), refuses the request if any answer is a refused
+address, connects to the checked address itself (urllib3's connection, with the name as TLS
+server name and certificate host), sends the request with the host's own framing headers, and
+reads a bounded response. Redirects are answered, not followed: the guest's next request is
+checked like any other.
+
+The exchange runs on a worker thread while the guest's thread waits, so the call returns at
+its deadline or at the instance's interrupt (disable, revocation, close) within a few
+milliseconds, whatever the server does; the worker's socket is shut then, and its own timeouts
+end it in any case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import logging
+import re
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import urllib3
+from urllib3 import HTTPHeaderDict
+from urllib3.connection import HTTPConnection, HTTPSConnection
+
+from ..errors import ConfigError
+from ..hostfn import ASYNC_WAKE_CHECK_S
+from ..manifest import DEFAULT_HTTP_BYTES_PER_HOUR
+from ..netpolicy import (
+    NetPolicyError,
+    Origin,
+    OriginPattern,
+    Target,
+    address_refusal,
+    origin_allowed,
+    parse_pattern,
+    parse_url,
+)
+from ..scrub import scrub, scrub_text, secret_forms
+from ..secrets import MAX_SECRET_BYTES
+from ..status import GuestDeadline, GuestInterrupted, HostStatus, Status
+from .secrets import use_secret
+
+if TYPE_CHECKING:
+    from ..extension import Extension
+    from ..registry import HostFunction
+
+LOG = logging.getLogger("wasihost")
+
+Resolver = Callable[[str, int], Sequence[str]]
+"""``resolver(name, port) -> addresses`` (text); raises ``OSError`` when the name has none."""
+
+# The methods of an API client. CONNECT would open a tunnel and TRACE reflects the request
+# (headers and all) back, so neither is offered.
+METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+# The registry's request shape: body "at most 32768" bytes.
+MAX_REQUEST_BODY_BYTES: Final = 32768
+# The registry's response shape: body "at most 49152" bytes; one byte more is read to tell a
+# body of exactly the limit from a longer one.
+MAX_RESPONSE_BODY_BYTES: Final = 49152
+# 64 request headers of at most 8 KiB each, 16 KiB in all: what common servers accept
+# (nginx's large_client_header_buffers is 4 x 8 KiB) and far more than an API call sends.
+MAX_REQUEST_HEADERS: Final = 64
+MAX_HEADER_NAME_CHARS: Final = 256
+MAX_HEADER_VALUE_CHARS: Final = 8192
+MAX_REQUEST_HEADER_BYTES: Final = 16384
+# Response headers that reach the guest: 64 of them, 8 KiB of names and values in all, so the
+# encoded response (body limit + headers + framing) stays under the entry's 61440 bytes.
+MAX_RESPONSE_HEADERS: Final = 64
+MAX_RESPONSE_HEADER_BYTES: Final = 8192
+# One request takes at most 30 s, whatever the call's deadline: a server that trickles bytes
+# cannot hold a worker thread longer than that.
+MAX_REQUEST_SECONDS: Final = 30.0
+# A resolver answer longer than this is not an ordinary name's; it is refused (UNAVAILABLE).
+MAX_RESOLVED_ADDRESSES: Final = 32
+# A name's addresses tried in turn when one does not answer: enough for an IPv6 and an IPv4
+# address and a spare, few enough that a dead name fails fast.
+MAX_CONNECT_ATTEMPTS: Final = 3
+# Requests still running per extension (the current one plus any the guest abandoned at its
+# deadline, each ending within MAX_REQUEST_SECONDS): more is UNAVAILABLE, so a guest cannot
+# pile up worker threads.
+MAX_INFLIGHT_PER_EXTENSION: Final = 4
+# Reading the response in pieces lets each read take the time left.
+READ_CHUNK_BYTES: Final = 16384
+# What a header line costs on the wire besides its name and value (": " and CRLF), and the
+# request line's fixed part (" HTTP/1.1\r\n" and the blank line), for the traffic account.
+HEADER_LINE_OVERHEAD: Final = 4
+REQUEST_LINE_OVERHEAD: Final = 13
+# The traffic account keeps one bucket per minute of the sliding hour.
+QUOTA_WINDOW_S: Final = 3600.0
+QUOTA_BUCKETS: Final = 60
+
+# Headers the host owns: framing, connection management and proxies (a guest-set one could
+# smuggle a second request or change where the bytes go), and the encoding, so the body the
+# guest gets is the bytes the server sent.
+HOST_OWNED_HEADERS: Final = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+        "http2-settings",
+        "accept-encoding",
+    }
+)
+# RFC 9110 token characters.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+# A field value may hold visible characters, spaces and tabs, never CR, LF, NUL or other
+# controls (a CR or LF would start a header of the guest's choosing). It is sent as latin-1,
+# one byte per character, so characters above U+00FF have no bytes to be.
+_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]|[^\x00-\xff]")
+
+# The secrets broker's bounds: a name is at most 64 characters, a value at most 4 KiB (the
+# header budget reserves that much for each secret header).
+MAX_SECRET_NAME_CHARS: Final = 64
+
+_SCOPE_KEYS: Final = frozenset({"origins", "allow_local_network"})
+# An operator's scope names a handful of services, like a manifest.
+MAX_SCOPE_ORIGINS: Final = 64
+
+
+def system_resolver(name: str, port: int) -> list[str]:
+    """The system's resolver: every TCP address of ``name``."""
+    infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    return [str(info[4][0]) for info in infos]
+
+
+class HourlyQuota:
+    """Bytes moved in the last hour, in one-minute buckets: bounded memory whatever the
+    traffic, and a limit that slides rather than resetting on the hour."""
+
+    def __init__(self, limit: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._buckets: dict[int, int] = {}
+
+    def _current(self) -> int:
+        minute = int(self._clock() * QUOTA_BUCKETS / QUOTA_WINDOW_S)
+        for key in [k for k in self._buckets if k <= minute - QUOTA_BUCKETS]:
+            del self._buckets[key]
+        return minute
+
+    def used(self) -> int:
+        with self._lock:
+            self._current()
+            return sum(self._buckets.values())
+
+    def reserve(self, n: int) -> bool:
+        """Count ``n`` bytes if they fit in what is left; otherwise count nothing."""
+        with self._lock:
+            minute = self._current()
+            if sum(self._buckets.values()) + n > self.limit:
+                return False
+            self._buckets[minute] = self._buckets.get(minute, 0) + n
+            return True
+
+    def add(self, n: int) -> bool:
+        """Count ``n`` bytes that already moved; False if the account is now over."""
+        with self._lock:
+            minute = self._current()
+            self._buckets[minute] = self._buckets.get(minute, 0) + n
+            return sum(self._buckets.values()) <= self.limit
+
+    def left(self) -> int:
+        return max(0, self.limit - self.used())
+
+
+class HttpState:
+    """One extension's http state: its traffic account and its requests in flight."""
+
+    def __init__(self, ext: Extension, quota: HourlyQuota) -> None:
+        self.ext = ext
+        self.quota = quota
+        self.inflight = threading.BoundedSemaphore(MAX_INFLIGHT_PER_EXTENSION)
+
+
+class SecretRef:
+    """A header value the host fills in: ``prefix`` followed by the secret ``name``."""
+
+    __slots__ = ("name", "prefix")
+
+    def __init__(self, name: str, prefix: str) -> None:
+        self.name = name
+        self.prefix = prefix
+
+
+class Request:
+    """A guest request that passed every shape check. Until :meth:`attach_secrets`, a header
+    may still be a :class:`SecretRef`; ``forms`` are then what to scrub from the response."""
+
+    __slots__ = ("body", "forms", "headers", "method", "target")
+
+    def __init__(
+        self,
+        method: str,
+        target: Target,
+        headers: list[tuple[str, str | SecretRef]],
+        body: bytes | None,
+    ) -> None:
+        self.method = method
+        self.target = target
+        self.headers = headers
+        self.body = body
+        self.forms: list[bytes] = []
+
+    @property
+    def has_secrets(self) -> bool:
+        return any(isinstance(value, SecretRef) for _, value in self.headers)
+
+    def attach_secrets(self, use: Callable[[str], bytes]) -> None:
+        """Replace each secret reference by its value (``use(name)`` raises the guest's
+        status) and note the secret's forms for :func:`~wasihost.scrub.scrub`."""
+        attached: list[tuple[str, str | SecretRef]] = []
+        for name, value in self.headers:
+            if isinstance(value, SecretRef):
+                secret = use(value.name)
+                text = secret.decode("latin-1")
+                if _BAD_VALUE.search(text):
+                    # The operator stored something no header can carry; never its bytes in
+                    # the log, only that it cannot be used.
+                    LOG.warning("secret %s cannot be sent as a header value", value.name)
+                    raise HostStatus(Status.UNAVAILABLE)
+                self.forms.extend(secret_forms(secret))
+                attached.append((name, value.prefix + text))
+            else:
+                attached.append((name, value))
+        self.headers = attached
+        self.forms.sort(key=len, reverse=True)
+
+    def wire_bytes(self) -> int:
+        """What the request costs on the wire, for the traffic account."""
+        size = len(self.method) + len(self.target.path) + REQUEST_LINE_OVERHEAD
+        size += len("host") + len(self.target.origin.host_header()) + HEADER_LINE_OVERHEAD
+        for name, value in self.headers:
+            text = value.prefix if isinstance(value, SecretRef) else value
+            size += len(name) + len(text) + HEADER_LINE_OVERHEAD
+        return size + (len(self.body) if self.body is not None else 0)
+
+
+def _invalid() -> HostStatus:
+    return HostStatus(Status.INVALID_ARGUMENT)
+
+
+def parse_request(request: Any) -> Request:
+    """Check the guest's request shape and bounds; raise ``HostStatus(INVALID_ARGUMENT)`` for
+    anything malformed. A secret header's name is checked by the secrets broker when used."""
+    if not isinstance(request, dict) or not set(request) <= {"method", "url", "headers", "body"}:
+        raise _invalid()
+    method = request.get("method")
+    url = request.get("url")
+    headers = request.get("headers", [])
+    body = request.get("body")
+    if not isinstance(method, str) or method not in METHODS:
+        raise _invalid()
+    if not isinstance(url, str):
+        raise _invalid()
+    try:
+        target = parse_url(url)
+    except NetPolicyError:
+        raise _invalid() from None
+    if body is not None and (not isinstance(body, bytes) or len(body) > MAX_REQUEST_BODY_BYTES):
+        raise _invalid()
+    if not isinstance(headers, list) or len(headers) > MAX_REQUEST_HEADERS:
+        raise _invalid()
+    checked: list[tuple[str, str | SecretRef]] = []
+    total = 0
+    for pair in headers:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise _invalid()
+        name, value = pair
+        if (
+            not isinstance(name, str)
+            or len(name) > MAX_HEADER_NAME_CHARS
+            or not _TOKEN.fullmatch(name)
+            or name.lower() in HOST_OWNED_HEADERS
+        ):
+            raise _invalid()
+        if isinstance(value, dict):
+            if (
+                set(value) != {"secret", "prefix"}
+                or not isinstance(value["secret"], str)
+                or len(value["secret"]) > MAX_SECRET_NAME_CHARS
+                or not isinstance(value["prefix"], str)
+                or len(value["prefix"]) > MAX_HEADER_VALUE_CHARS - MAX_SECRET_BYTES
+                or _BAD_VALUE.search(value["prefix"])
+            ):
+                raise _invalid()
+            total += len(name) + len(value["prefix"]) + MAX_SECRET_BYTES
+            if total > MAX_REQUEST_HEADER_BYTES:
+                raise _invalid()
+            checked.append((name, SecretRef(value["secret"], value["prefix"])))
+            continue
+        if (
+            not isinstance(value, str)
+            or len(value) > MAX_HEADER_VALUE_CHARS
+            or _BAD_VALUE.search(value)
+        ):
+            raise _invalid()
+        total += len(name) + len(value)
+        if total > MAX_REQUEST_HEADER_BYTES:
+            raise _invalid()
+        checked.append((name, value))
+    return Request(method, target, checked, body)
+
+
+class Exchange:
+    """One request on its worker thread: the result (a response or a status) and a way for
+    the waiting guest thread to cut it short."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: dict[str, Any] | None = None
+        self.status: Status | None = None
+        self.cancelled = False
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+
+    def attach(self, sock: socket.socket | None) -> None:
+        """The connection's socket, so that :meth:`cancel` can shut it."""
+        with self._lock:
+            self._sock = sock
+            if self.cancelled:
+                _shut(sock)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            _shut(self._sock)
+
+
+def _shut(sock: socket.socket | None) -> None:
+    # shutdown (unlike close) wakes a thread blocked reading the socket. The base class's
+    # method is called so an SSL socket's TLS object is left to its reader.
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+class HttpBroker:
+    """Serves ``http_request`` (capability ``http``).
+
+    ``resolver`` answers a name's addresses (default: the system's ``getaddrinfo``);
+    ``ssl_context`` verifies servers (default: the system's trust store, hostname checked by
+    urllib3 against the origin's name); ``clock`` drives the hourly traffic account."""
+
+    name = "http"
+    functions = ("wasihost_v1.http_request",)
+    capabilities = frozenset({"http"})
+
+    def __init__(
+        self,
+        *,
+        resolver: Resolver = system_resolver,
+        ssl_context: ssl.SSLContext | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        max_request_seconds: float = MAX_REQUEST_SECONDS,
+    ) -> None:
+        if not 0 < max_request_seconds <= MAX_REQUEST_SECONDS:
+            raise ConfigError(f"max_request_seconds must be in (0, {MAX_REQUEST_SECONDS}]")
+        self.resolver = resolver
+        # Loading the trust store costs milliseconds: done on the first https request, not for
+        # every host that never makes one.
+        self._ssl_context = ssl_context
+        self.clock = clock
+        self.max_request_seconds = max_request_seconds
+
+    def ssl_context(self) -> ssl.SSLContext:
+        if self._ssl_context is None:
+            self._ssl_context = ssl.create_default_context()
+        return self._ssl_context
+
+    # -- grant scope ----------------------------------------------------------------------
+
+    def check_scope(self, capability: str, scope: Mapping[str, Any]) -> None:
+        unknown = set(scope) - _SCOPE_KEYS
+        if unknown:
+            raise ConfigError(f"http scope: unknown key {sorted(unknown)[0]!r}")
+        if "allow_local_network" in scope and not isinstance(scope["allow_local_network"], bool):
+            raise ConfigError("http scope: allow_local_network must be true or false")
+        if "origins" in scope:
+            scope_patterns(scope)
+
+    # -- broker protocol ------------------------------------------------------------------
+
+    def open(self, ext: Extension) -> HttpState:
+        manifest = ext.manifest
+        budget = manifest.http.bytes_per_hour if manifest is not None else None
+        limit = DEFAULT_HTTP_BYTES_PER_HOUR if budget is None else budget
+        return HttpState(ext, HourlyQuota(limit, self.clock))
+
+    def close(self, state: HttpState) -> None:
+        pass
+
+    def handler(self, entry: HostFunction, state: HttpState) -> Callable[[Any, Any], Any]:
+        capability = entry.capability
+
+        def handle(call: Any, request: Any) -> dict[str, Any]:
+            return self.serve(state, capability, call, request)
+
+        return handle
+
+    # -- one request ----------------------------------------------------------------------
+
+    def serve(self, state: HttpState, capability: str, call: Any, request: Any) -> dict[str, Any]:
+        parsed = parse_request(request)
+        ext = state.ext
+        scope = ext.grant_scopes().get(capability, {})
+        manifest = ext.manifest
+        manifest_origins = manifest.http.allowed_origins if manifest is not None else None
+        try:
+            patterns = scope_patterns(scope)
+        except ConfigError:
+            # A scope stored before this broker checked it (an older host's durable grants):
+            # what it means is unknown, so it allows nothing.
+            raise HostStatus(Status.DENIED) from None
+        if not origin_allowed(parsed.target.origin, manifest_origins, patterns):
+            raise HostStatus(Status.DENIED)
+        allow_local = scope.get("allow_local_network") is True
+        if parsed.has_secrets:
+            origin = str(parsed.target.origin)
+            parsed.attach_secrets(lambda name: use_secret(ext, name, origin))
+
+        if not state.inflight.acquire(blocking=False):
+            raise HostStatus(Status.UNAVAILABLE)
+        try:
+            # The request's bytes are counted before it is sent, through the grant table: none
+            # is counted under a grant that a returned revocation withdrew.
+            authorised, fits = ext.commit(
+                capability, lambda: state.quota.reserve(parsed.wire_bytes())
+            )
+            if not authorised:
+                raise HostStatus(Status.DENIED)
+            if not fits:
+                raise HostStatus(Status.QUOTA_EXCEEDED)
+        except BaseException:
+            state.inflight.release()
+            raise
+        cap = time.monotonic() + self.max_request_seconds
+        deadline = min(call.deadline, cap)
+        exchange = Exchange()
+
+        def work() -> None:
+            try:
+                exchange.result = self._exchange(parsed, allow_local, deadline, state, exchange)
+            except HostStatus as exc:
+                exchange.status = exc.status
+            except Exception:
+                # A bug of ours, not the guest's: the details go to the host's log only.
+                LOG.exception("http request of extension %s failed", ext.id)
+                exchange.status = Status.INTERNAL
+            finally:
+                state.inflight.release()
+                exchange.done.set()
+
+        threading.Thread(target=work, name="wasihost-http", daemon=True).start()
+        wakeup: threading.Event = call.wakeup
+        # The guest's thread waits for the worker, but never past the call's deadline, the
+        # per-request cap or the instance's interrupt, whatever the server or resolver does.
+        while not exchange.done.is_set():
+            if wakeup.is_set():
+                exchange.cancel()
+                raise GuestInterrupted
+            now = time.monotonic()
+            if now >= call.deadline:
+                exchange.cancel()
+                raise GuestDeadline
+            if now >= cap:
+                exchange.cancel()
+                raise HostStatus(Status.UNAVAILABLE)
+            exchange.done.wait(min(deadline - now, ASYNC_WAKE_CHECK_S))
+        if exchange.status is not None:
+            raise HostStatus(exchange.status)
+        assert exchange.result is not None
+        return exchange.result
+
+    def _addresses(self, origin: Origin, allow_local: bool) -> Sequence[str]:
+        """The checked addresses to connect to: every address the name has must pass."""
+        if origin.is_ip_literal:
+            addresses: Sequence[str] = [origin.host]
+        else:
+            try:
+                addresses = list(self.resolver(origin.host, origin.port))
+            except (OSError, UnicodeError):
+                raise HostStatus(Status.UNAVAILABLE) from None
+        if not addresses or len(addresses) > MAX_RESOLVED_ADDRESSES:
+            raise HostStatus(Status.UNAVAILABLE)
+        for address in addresses:
+            if not isinstance(address, str) or address_refusal(address, allow_local) is not None:
+                raise HostStatus(Status.DENIED)
+        return addresses
+
+    def _exchange(
+        self,
+        request: Request,
+        allow_local: bool,
+        deadline: float,
+        state: HttpState,
+        exchange: Exchange,
+    ) -> dict[str, Any]:
+        origin = request.target.origin
+        addresses = self._addresses(origin, allow_local)
+        headers = HTTPHeaderDict({"Host": origin.host_header(), "Accept-Encoding": "identity"})
+        for name, value in request.headers:
+            assert isinstance(value, str)  # secrets attached before the exchange starts
+            headers.add(name, value)
+        conn = self._connect(origin, addresses, deadline, exchange)
+        try:
+            conn.request(
+                request.method,
+                request.target.path,
+                body=request.body,
+                headers=headers,
+                preload_content=False,
+                decode_content=False,
+            )
+            _set_timeout(conn, deadline)
+            response = conn.getresponse()
+            return self._read_response(response, request, conn, deadline, state)
+        except HostStatus:
+            raise
+        except (
+            OSError,
+            http.client.HTTPException,
+            urllib3.exceptions.HTTPError,
+            ValueError,
+        ):
+            # Refused, reset, timed out, a bad certificate, a malformed response: the guest
+            # learns only that the server could not be used.
+            raise HostStatus(Status.UNAVAILABLE) from None
+        finally:
+            conn.close()
+
+    def _connect(
+        self, origin: Origin, addresses: Sequence[str], deadline: float, exchange: Exchange
+    ) -> HTTPConnection:
+        """A connection to the first of the checked ``addresses`` that answers (the name's
+        others are tried in turn, as a browser would), never to anything resolved again."""
+        for address in addresses[:MAX_CONNECT_ATTEMPTS]:
+            left = deadline - time.monotonic()
+            if left <= 0 or exchange.cancelled:
+                break
+            conn: HTTPConnection
+            if origin.scheme == "https":
+                conn = HTTPSConnection(
+                    address,
+                    origin.port,
+                    timeout=left,
+                    server_hostname=origin.host,
+                    assert_hostname=origin.host,
+                    ssl_context=self.ssl_context(),
+                )
+            else:
+                conn = HTTPConnection(address, origin.port, timeout=left)
+            try:
+                conn.connect()
+            except (OSError, urllib3.exceptions.HTTPError, ValueError):
+                conn.close()
+                continue
+            exchange.attach(conn.sock)
+            return conn
+        raise HostStatus(Status.UNAVAILABLE)
+
+    def _read_response(
+        self,
+        response: urllib3.HTTPResponse,
+        request: Request,
+        conn: HTTPConnection,
+        deadline: float,
+        state: HttpState,
+    ) -> dict[str, Any]:
+        forms = request.forms
+        headers: list[list[str]] = []
+        header_bytes = 0
+        for name, value in response.headers.items():
+            header_bytes += len(name.encode()) + len(value.encode())
+            headers.append([scrub_text(name, forms), scrub_text(value, forms)])
+        if len(headers) > MAX_RESPONSE_HEADERS or header_bytes > MAX_RESPONSE_HEADER_BYTES:
+            raise HostStatus(Status.PAYLOAD_TOO_LARGE)
+        if not state.quota.add(header_bytes + HEADER_LINE_OVERHEAD * len(headers)):
+            raise HostStatus(Status.QUOTA_EXCEEDED)
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if forms and encoding != "identity":
+            # The host asked for identity; a compressed body could carry the secret in a form
+            # the scrubber cannot see, so it is not handed over.
+            raise HostStatus(Status.UNAVAILABLE)
+        body = bytearray()
+        if request.method != "HEAD":
+            while len(body) <= MAX_RESPONSE_BODY_BYTES:
+                _set_timeout(conn, deadline)
+                want = min(READ_CHUNK_BYTES, MAX_RESPONSE_BODY_BYTES + 1 - len(body))
+                chunk = response.read(want, decode_content=False)
+                if not chunk:
+                    break
+                body += chunk
+                if not state.quota.add(len(chunk)):
+                    raise HostStatus(Status.QUOTA_EXCEEDED)
+            if len(body) > MAX_RESPONSE_BODY_BYTES:
+                raise HostStatus(Status.PAYLOAD_TOO_LARGE)
+        data = scrub(bytes(body), forms) if forms else bytes(body)
+        return {"status": response.status, "headers": headers, "body": data}
+
+
+def _set_timeout(conn: HTTPConnection, deadline: float) -> None:
+    """Give the socket's next operation only the time left to the request's deadline."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise HostStatus(Status.UNAVAILABLE)
+    if conn.sock is not None:
+        conn.sock.settimeout(left)
+
+
+def scope_patterns(scope: Mapping[str, Any]) -> list[OriginPattern] | None:
+    """The patterns of an http grant scope, or None when it names none (a ``ConfigError`` for
+    a malformed one: the operator's mistake)."""
+    origins = scope.get("origins")
+    if origins is None:
+        return None
+    if not isinstance(origins, list) or len(origins) > MAX_SCOPE_ORIGINS:
+        raise ConfigError(f"http scope: origins must be a list of at most {MAX_SCOPE_ORIGINS}")
+    patterns = []
+    for text in origins:
+        if not isinstance(text, str):
+            raise ConfigError("http scope: each origin must be a string")
+        try:
+            patterns.append(parse_pattern(text))
+        except NetPolicyError as exc:
+            raise ConfigError(f"http scope: origin {text[:80]!r}: {exc}") from None
+    return patterns

@@ -1,0 +1,384 @@
+"""The storage broker: ``storage_get``, ``storage_put``, ``storage_delete``, ``storage_list``
+and ``storage_cas`` of ABI 1.1, on a :class:`~wasihost.kvstore.KVStore`.
+
+The guest names keys, never a namespace: the namespace is the calling extension's id and the
+tenant of the operator's ``storage`` grant scope (``{"tenant": "acme"}``), each its own column
+in the store. A request is checked whole (types, sizes, control characters) before the store
+is touched, and every write runs inside the grant table's commit, so nothing lands after a
+revocation returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from .. import limits
+from ..errors import ConfigError
+from ..grants import GrantEntry
+from ..kvstore import (
+    DB_NAME,
+    MAX_KEY_BYTES,
+    MAX_PAGE_KEYS,
+    MAX_PREFIX_BYTES,
+    MAX_VALUE_BYTES,
+    KVStore,
+    Namespace,
+    Quota,
+    QuotaExceeded,
+    StoreError,
+)
+from ..status import HostStatus, Status
+
+if TYPE_CHECKING:
+    from ..extension import Extension
+    from ..registry import HostFunction
+    from ..runtime import Host
+
+LOG = logging.getLogger("wasihost")
+
+CAPABILITY: Final = "storage"
+# The file an update's checkpoint keeps this broker's entries of one extension in.
+CHECKPOINT_NAME: Final = "storage.sqlite3"
+OPERATIONS: Final = ("get", "put", "delete", "list", "cas")
+# A tenant is a short label the operator picks (a customer, a workspace): lowercase so that
+# two spellings never name two namespaces, at most 64 characters.
+TENANT_PATTERN: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+SCOPE_KEYS: Final = frozenset({"tenant", "max_bytes", "max_objects"})
+# C0, DEL and C1: the control characters a key may not hold (a key is shown to operators,
+# and NUL ends a string in many of the tools they use).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+Handler = Callable[[Any, Any], Any]
+
+
+def _invalid() -> HostStatus:
+    return HostStatus(Status.INVALID_ARGUMENT)
+
+
+def _text(value: Any, minimum: int, maximum: int) -> bytes:
+    """``value`` as UTF-8, if it is text of ``minimum..maximum`` bytes without control
+    characters; INVALID_ARGUMENT otherwise."""
+    # A character is at least one byte: a string longer than the limit in characters is
+    # refused before it is scanned or encoded.
+    if not isinstance(value, str) or len(value) > maximum or _CONTROL.search(value):
+        raise _invalid()
+    try:
+        raw = value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: not text
+        raise _invalid() from None
+    if not minimum <= len(raw) <= maximum:
+        raise _invalid()
+    return raw
+
+
+def parse_key(value: Any) -> bytes:
+    return _text(value, 1, MAX_KEY_BYTES)
+
+
+def _value(value: Any, *, nullable: bool = False) -> bytes | None:
+    if value is None and nullable:
+        return None
+    if not isinstance(value, bytes) or len(value) > MAX_VALUE_BYTES:
+        raise _invalid()
+    return value
+
+
+def _array(request: Any, length: int) -> list[Any]:
+    if not isinstance(request, list) or len(request) != length:
+        raise _invalid()
+    return request
+
+
+def _limit(value: Any) -> int:
+    if type(value) is not int or not 1 <= value <= MAX_PAGE_KEYS:
+        raise _invalid()
+    return value
+
+
+def _quota_field(scope: Mapping[str, Any], name: str, bound: limits.ResourceBound) -> int | None:
+    value = scope.get(name)
+    if value is None:
+        return None
+    if type(value) is not int or not bound.minimum <= value <= bound.maximum:
+        raise ConfigError(
+            f"storage scope: {name} must be an integer in {bound.minimum}..{bound.maximum}"
+        )
+    return value
+
+
+def parse_scope(scope: Mapping[str, Any]) -> tuple[str, int | None, int | None]:
+    """A storage grant scope: (tenant, ``""`` for the default namespace; max_bytes,
+    max_objects, each None when the scope does not lower it). ConfigError names a fault."""
+    if not isinstance(scope, Mapping):
+        raise ConfigError("storage scope must be a JSON object")
+    unknown = sorted(set(scope) - SCOPE_KEYS)
+    if unknown:
+        raise ConfigError(f"storage scope: unknown keys {unknown} (known: {sorted(SCOPE_KEYS)})")
+    tenant = scope.get("tenant")
+    if tenant is not None and (
+        not isinstance(tenant, str) or TENANT_PATTERN.fullmatch(tenant) is None
+    ):
+        raise ConfigError(
+            "storage scope: tenant must be 1 to 64 of [a-z0-9._-], starting with a letter or digit"
+        )
+    bounds = limits.RESOURCE_BOUNDS
+    return (
+        tenant or "",
+        _quota_field(scope, "max_bytes", bounds["storage_max_bytes"]),
+        _quota_field(scope, "max_objects", bounds["storage_max_objects"]),
+    )
+
+
+class ExtensionStorage:
+    """One extension's use of the store: where its keys live and how much they may take,
+    read from its grant under the call's epoch."""
+
+    def __init__(self, ext: Extension, store: KVStore) -> None:
+        self.ext = ext
+        self.store = store
+        # The grant entry the namespace was last parsed from: entries are immutable and
+        # replaced whole on every re-scope, so identity says whether to parse again.
+        self._entry: GrantEntry | None = None
+        self._scope: tuple[str, int | None, int | None] = ("", None, None)
+
+    def where(self) -> tuple[Namespace, Quota]:
+        """The namespace and quota of the call in flight: those of the grant its epoch
+        authorised (DENIED if the grant has moved on since, as the gate would answer)."""
+        ext = self.ext
+        grants = ext.host.grants
+        state = grants.current(ext.id) or grants.state(ext.id)
+        entry = state.entries.get(CAPABILITY)
+        if entry is None or state.revoked is not None or state.epoch != ext.call_epoch:
+            raise HostStatus(Status.DENIED)
+        if entry is not self._entry:
+            try:
+                self._scope = parse_scope(entry.scope_value)
+            except ConfigError as exc:
+                # Refused when granted; a scope that fails now came from elsewhere (an edited
+                # state file): fail closed rather than guess a namespace.
+                LOG.warning("extension %s: storage grant scope refused: %s", ext.id, exc)
+                raise HostStatus(Status.DENIED) from None
+            self._entry = entry
+        tenant, max_bytes, max_objects = self._scope
+        resources = ext.resources
+        quota = Quota(
+            min(resources.storage_max_bytes, max_bytes)
+            if max_bytes is not None
+            else resources.storage_max_bytes,
+            min(resources.storage_max_objects, max_objects)
+            if max_objects is not None
+            else resources.storage_max_objects,
+        )
+        return Namespace(ext.id, tenant), quota
+
+    def commit(self, action: Callable[[], Any]) -> Any:
+        """Run a write through the grant table: only if the call's epoch still authorises
+        ``storage``, atomically with every grant change."""
+        authorised, result = self.ext.commit(CAPABILITY, action)
+        if not authorised:
+            raise HostStatus(Status.DENIED)
+        return result
+
+
+def _serving(action: Callable[[], Any]) -> Any:
+    try:
+        return action()
+    except QuotaExceeded:
+        raise HostStatus(Status.QUOTA_EXCEEDED) from None
+    except StoreError:
+        LOG.exception("storage database failed")
+        raise HostStatus(Status.UNAVAILABLE) from None
+
+
+def _get(state: ExtensionStorage) -> Handler:
+    def handle(call: Any, request: Any) -> bytes:
+        key = parse_key(request)
+        ns, _ = state.where()
+        value = _serving(lambda: state.store.get(ns, key))
+        if value is None:
+            raise HostStatus(Status.NOT_FOUND)
+        return value  # type: ignore[no-any-return]
+
+    return handle
+
+
+def _put(state: ExtensionStorage) -> Handler:
+    def handle(call: Any, request: Any) -> None:
+        raw_key, raw_value = _array(request, 2)
+        key = parse_key(raw_key)
+        value = _value(raw_value)
+        assert value is not None
+        ns, quota = state.where()
+        _serving(lambda: state.commit(lambda: state.store.put(ns, key, value, quota)))
+
+    return handle
+
+
+def _delete(state: ExtensionStorage) -> Handler:
+    def handle(call: Any, request: Any) -> bool:
+        key = parse_key(request)
+        ns, _ = state.where()
+        return bool(_serving(lambda: state.commit(lambda: state.store.delete(ns, key))))
+
+    return handle
+
+
+def _list(state: ExtensionStorage) -> Handler:
+    def handle(call: Any, request: Any) -> list[Any]:
+        raw_prefix, raw_after, raw_limit = _array(request, 3)
+        prefix = _text(raw_prefix, 0, MAX_PREFIX_BYTES)
+        after = None if raw_after is None else parse_key(raw_after)
+        limit = _limit(raw_limit)
+        ns, _ = state.where()
+        keys, cursor = _serving(lambda: state.store.list(ns, prefix, after, limit))
+        # Keys went in as validated UTF-8, so they come out as text.
+        return [
+            [k.decode("utf-8") for k in keys],
+            None if cursor is None else cursor.decode("utf-8"),
+        ]
+
+    return handle
+
+
+def _cas(state: ExtensionStorage) -> Handler:
+    def handle(call: Any, request: Any) -> bool:
+        raw_key, raw_expected, raw_new = _array(request, 3)
+        key = parse_key(raw_key)
+        expected = _value(raw_expected, nullable=True)
+        new = _value(raw_new, nullable=True)
+        ns, quota = state.where()
+        return bool(
+            _serving(lambda: state.commit(lambda: state.store.cas(ns, key, expected, new, quota)))
+        )
+
+    return handle
+
+
+_HANDLERS: Final[Mapping[str, Callable[[ExtensionStorage], Handler]]] = {
+    "storage_get": _get,
+    "storage_put": _put,
+    "storage_delete": _delete,
+    "storage_list": _list,
+    "storage_cas": _cas,
+}
+
+
+class StorageBroker:
+    """Serves the ``storage_*`` entries from one SQLite database.
+
+    Where the database lives, first that applies: ``store`` (an open
+    :class:`~wasihost.kvstore.KVStore` the embedder owns and closes), ``path``, the host's
+    state directory (``<state_dir>/storage.sqlite3``), or else memory. A database file is
+    opened with the first extension that uses storage and closed with the last; an in-memory
+    one lives until :meth:`shutdown` (which ``Host.close`` calls): its content is lost then.
+    """
+
+    name = "storage"
+    functions = tuple(f"wasihost_v1.{name}" for name in _HANDLERS)
+    capabilities = frozenset({CAPABILITY})
+
+    def __init__(self, path: Path | str | None = None, *, store: KVStore | None = None) -> None:
+        if path is not None and store is not None:
+            raise ConfigError("StorageBroker takes a path or a store, not both")
+        self._path = Path(path) if path is not None else None
+        self._given = store
+        self._store: KVStore | None = store
+        self._users = 0
+        self._lock = threading.Lock()
+
+    @property
+    def store(self) -> KVStore | None:
+        """The database serving now (None while no extension has opened it)."""
+        return self._store
+
+    def _path_for(self, ext: Extension) -> Path | None:
+        if self._path is not None:
+            return self._path
+        state = ext.host.state
+        return state.directory / DB_NAME if state is not None else None
+
+    def open(self, ext: Extension) -> ExtensionStorage:
+        with self._lock:
+            store = self._store
+            if store is None or store.closed:
+                store = self._store = KVStore(self._path_for(ext))
+            elif store is not self._given and store.path != self._path_for(ext):
+                raise ConfigError(
+                    f"this storage broker serves {store.path or 'memory'}: give each host its "
+                    "own StorageBroker"
+                )
+            self._users += 1
+            return ExtensionStorage(ext, store)
+
+    def handler(self, entry: HostFunction, state: ExtensionStorage) -> Handler:
+        return _HANDLERS[entry.name](state)
+
+    def close(self, state: ExtensionStorage) -> None:
+        with self._lock:
+            self._users -= 1
+            store = self._store
+            # A file outlives its connection; memory does not, so it stays open for the next
+            # extension until the broker itself closes.
+            if (
+                self._users == 0
+                and store is not None
+                and store is not self._given
+                and store.path is not None
+            ):
+                store.close()
+                self._store = None
+
+    def shutdown(self) -> None:
+        """The host closes: close the database this broker opened (an in-memory one is
+        lost). A store the embedder gave is left open."""
+        with self._lock:
+            store, self._store = self._store, self._given
+            if store is not None and store is not self._given:
+                store.close()
+
+    def check_scope(self, capability: str, scope: Mapping[str, Any]) -> None:
+        parse_scope(scope)
+
+    # -- update checkpoints (wasihost.updates) ------------------------------------------------
+
+    def _store_for(self, host: Host) -> tuple[KVStore | None, bool]:
+        """The database that holds ``host``'s extensions' entries, and whether it was opened
+        here (to be closed again); None for memory no extension has opened (nothing in it)."""
+        with self._lock:
+            store = self._store
+            if store is not None and not store.closed:
+                return store, False
+        if self._path is not None:
+            path: Path | None = self._path
+        else:
+            path = host.state.directory / DB_NAME if host.state is not None else None
+        return (KVStore(path), True) if path is not None else (None, False)
+
+    def checkpoint(self, host: Host, extension: str, directory: Path) -> None:
+        """Copy ``extension``'s entries (every tenant) into ``directory``."""
+        directory.mkdir(parents=True, mode=0o700)
+        store, opened = self._store_for(host)
+        if store is None:
+            return
+        try:
+            store.export(extension, directory / CHECKPOINT_NAME)
+        finally:
+            if opened:
+                store.close()
+
+    def restore(self, host: Host, extension: str, directory: Path) -> None:
+        """Make ``extension``'s entries those of the checkpoint in ``directory``."""
+        saved = directory / CHECKPOINT_NAME
+        store, opened = self._store_for(host)
+        if store is None:
+            return
+        try:
+            store.replace(extension, saved if saved.exists() else None)
+        finally:
+            if opened:
+                store.close()

@@ -1,0 +1,399 @@
+"""The codec's fast path: bounded checks in Python, then cbor2's C code builds.
+
+Pure: no I/O, no engine. :mod:`wasihost.codec` calls these first and keeps its own exact decoder
+and encoder for everything they do not vouch for, so every error still comes from there.
+
+- :func:`scan` reads a payload's heads without building anything and says whether it is one
+  well-formed item of the profile within the limits: definite lengths only, no tags, no simple
+  values but false, true and null, map keys only text or integers, every string, the nesting
+  and the item count within the limits, and the item filling the buffer exactly. Only two rules
+  are left to cbor2, which refuses them itself: UTF-8 validity, and duplicate map keys (asked
+  for with ``allow_duplicate_keys=False``). So cbor2 is handed only bytes whose every length and
+  count is already bounded.
+- :func:`walk` checks a host value before cbor2 encodes it: exact types of the profile only (a
+  subclass goes to the exact encoder), integers in range, finite floats (cbor2 writes NaN and
+  infinities as float16, the profile as float64), every string within the limit, nesting and
+  items within the limits, and the string bytes within ``max_bytes``: so cbor2 builds at most
+  ``max_bytes + 9 * max_items`` bytes before the caller checks the length.
+
+Both are conservative: when unsure they say no, and the exact codec decides. The step tables say,
+per initial byte, how long an item is when the byte alone tells, or how to read it.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable
+from typing import Any, Final
+
+__all__ = ["UNSURE", "Backend", "backend", "decode", "encode", "scan", "walk"]
+
+# Integers the profile's majors 0 and 1 can carry.
+_INT_MIN: Final = -(1 << 64)
+_INT_MAX: Final = (1 << 64) - 1
+_INF: Final = float("inf")
+# A head is at most nine bytes: the walk's bound on what one item adds beyond its string bytes.
+MAX_HEAD_BYTES: Final = 9
+
+
+# What decode() answers when the exact decoder must decide (None is a value).
+UNSURE: Final = object()
+
+
+class _Unsure(Exception):
+    """Raised inside a scan or walk: the exact codec must decide."""
+
+
+# -- the C backend ---------------------------------------------------------------------------------
+
+
+class Backend:
+    """cbor2's C ``loads`` and ``dumps``, with the options the fast path relies on."""
+
+    __slots__ = ("dumps", "loads")
+
+    def __init__(self, loads: Callable[[bytes], Any], dumps: Callable[[Any], bytes]) -> None:
+        self.loads = loads
+        self.dumps = dumps
+
+
+@functools.cache
+def backend() -> Backend | None:
+    """cbor2's C functions, or None when this cbor2 cannot serve (no C extension, or no
+    ``allow_duplicate_keys``: then the exact codec does everything). Imported on first use, so
+    that a process that never passes a structured value does not pay for the import."""
+    try:
+        import cbor2
+    except ImportError:  # pragma: no cover - a dependency; checked for robustness only
+        return None
+    loads, dumps = cbor2.loads, cbor2.dumps
+    if not isinstance(loads, types.BuiltinFunctionType) or not isinstance(
+        dumps, types.BuiltinFunctionType
+    ):
+        return None  # the pure-Python cbor2 is slower than the exact codec
+    try:
+        loads(b"\xa2\x00\x00\x00\x00", allow_duplicate_keys=False)
+    except TypeError:
+        return None  # cbor2 before 6: duplicate keys would pass silently
+    except cbor2.CBORDecodeError:
+        pass
+    else:  # pragma: no cover - an option that does not refuse is no use
+        return None
+    if dumps(1.5) != b"\xfb\x3f\xf8\x00\x00\x00\x00\x00\x00":  # pragma: no cover
+        return None
+
+    return Backend(functools.partial(loads, allow_duplicate_keys=False), dumps)
+
+
+# -- decoding: the scan --------------------------------------------------------------------------
+
+
+# Codes below zero in a step table: items the loops handle inline without a call, by their head.
+_STRING_1: Final = -1  # a byte or text string with a one-byte length
+_STRING_2: Final = -2  # ... with a two-byte length
+_ARRAY: Final = -3  # an array of fewer than 24 elements
+_MAP: Final = -4  # a map of fewer than 24 entries
+
+
+@functools.cache
+def _steps(max_string: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The step tables for values and for map keys under ``max_string``: per initial byte, the
+    whole size of an item the byte alone tells, a code below zero, or 0 (look further in
+    _Scanner.item(), which refuses what it does not know)."""
+    value = [0] * 256
+    for initial in range(0x18):
+        value[initial] = value[0x20 | initial] = 1  # integers in the head
+    for info, width in ((24, 1), (25, 2), (26, 4), (27, 8)):
+        value[info] = value[0x20 | info] = 1 + width  # integers with an argument
+    for length in range(min(23, max_string) + 1):
+        value[0x40 | length] = value[0x60 | length] = 1 + length  # short strings
+    value[0x58] = value[0x78] = _STRING_1
+    value[0x59] = value[0x79] = _STRING_2
+    for count in range(24):
+        value[0x80 | count] = _ARRAY
+        value[0xA0 | count] = _MAP
+    value[0xF4] = value[0xF5] = value[0xF6] = 1  # false, true, null
+    value[0xFB] = 9  # float64: cbor2 and the exact decoder give the same bits, NaNs included
+    key = [0] * 256
+    for initial in (*range(0x00, 0x40), *range(0x60, 0x80)):
+        key[initial] = value[initial]
+    return tuple(value), tuple(key)
+
+
+class _Scanner:
+    """The scan under one pair of limits: two functions closing over the tables and limits (no
+    attribute loads per container). ``left``, the item budget, is threaded through the calls.
+
+    A buffer cut short needs no check of its own: a length read past the end puts ``pos``
+    past it for good, so the next head read raises IndexError or the final offset is not the
+    end; and a count is compared with the bytes left before any loop runs."""
+
+    __slots__ = ("container", "item", "values")
+
+    def __init__(self, max_depth: int, max_string: int) -> None:
+        steps, keys = _steps(max_string)
+
+        def item(buf: bytes, pos: int, depth: int, left: int) -> tuple[int, int]:
+            """An item the loops do not take inline: the offset after it and the budget left."""
+            initial = buf[pos]
+            info = initial & 0x1F
+            pos += 1
+            if info < 24:
+                arg = info
+            elif info < 28:
+                width = 1 << (info - 24)
+                arg = int.from_bytes(buf[pos : pos + width], "big")
+                pos += width
+            else:
+                raise _Unsure  # reserved, indefinite or break
+            major = initial >> 5
+            if major in (2, 3):
+                if arg > max_string:
+                    raise _Unsure
+                return pos + arg, left
+            if major in (4, 5):
+                return container(buf, pos, arg, major == 5, depth, left)
+            if major <= 1:
+                return pos, left
+            # float16 and float32 (the others are in the tables or refused): an infinity or a
+            # NaN goes to the exact decoder, whose float16 NaNs lose their payload where
+            # cbor2's keep it.
+            if initial == 0xF9 and arg & 0x7C00 != 0x7C00:
+                return pos, left
+            if initial == 0xFA and arg & 0x7F80_0000 != 0x7F80_0000:
+                return pos, left
+            raise _Unsure  # a tag, undefined, another simple value, a float for the exact path
+
+        def container(
+            buf: bytes, pos: int, count: int, is_map: bool, depth: int, left: int
+        ) -> tuple[int, int]:
+            """The children of a container whose head ends at ``pos``, charged to the budget."""
+            depth += 1
+            children = 2 * count if is_map else count
+            left -= children
+            # Every child takes at least one byte, as in the exact decoder.
+            if depth > max_depth or left < 0 or children > len(buf) - pos:
+                raise _Unsure
+            for _ in range(count):
+                if is_map:
+                    # A map's key first, on its own table: text or an integer only.
+                    initial = buf[pos]
+                    step = keys[initial]
+                    if step > 0:
+                        pos += step
+                    elif 0x60 <= initial < 0x80:  # text with a longer head (or refused)
+                        pos, left = item(buf, pos, depth, left)
+                    else:
+                        raise _Unsure
+                initial = buf[pos]
+                step = steps[initial]
+                if step > 0:
+                    pos += step
+                elif step == _STRING_1:
+                    length = buf[pos + 1]
+                    if length > max_string:
+                        raise _Unsure
+                    pos += 2 + length
+                elif step == _STRING_2:
+                    length = buf[pos + 1] << 8 | buf[pos + 2]
+                    if length > max_string:
+                        raise _Unsure
+                    pos += 3 + length
+                elif step == _MAP:
+                    pos, left = container(buf, pos + 1, initial - 0xA0, True, depth, left)
+                elif step == _ARRAY:
+                    pos, left = container(buf, pos + 1, initial - 0x80, False, depth, left)
+                else:
+                    pos, left = item(buf, pos, depth, left)
+            return pos, left
+
+        self.values = steps
+        self.item = item
+        self.container = container
+
+
+# Scanners by (max_depth, max_string), built once: nearly every payload has the default limits.
+# Bounded all the same, should an embedder vary its limits endlessly.
+_SCANNERS: dict[tuple[int, int], _Scanner] = {}
+_MAX_SCANNERS: Final = 64
+
+
+def _scanner(max_depth: int, max_string: int) -> _Scanner:
+    key = (max_depth, max_string)
+    scanner = _SCANNERS.get(key)
+    if scanner is None:
+        if len(_SCANNERS) >= _MAX_SCANNERS:
+            _SCANNERS.clear()
+        scanner = _SCANNERS[key] = _Scanner(max_depth, max_string)
+    return scanner
+
+
+def scan(buf: bytes, max_depth: int, max_items: int, max_string: int) -> bool:
+    """True when ``buf`` is one item of the profile within the limits, as far as the heads
+    tell (UTF-8 and duplicate keys are cbor2's to refuse). Never raises."""
+    scanner = _scanner(max_depth, max_string)
+    try:
+        step = scanner.values[buf[0]]
+        stop = step if step > 0 else scanner.item(buf, 0, 0, max_items - 1)[0]
+    except (_Unsure, IndexError, RecursionError):
+        return False
+    return stop == len(buf)
+
+
+# -- encoding: the walk --------------------------------------------------------------------------
+
+
+class _Walker:
+    """The limits of one walk and what it has counted so far."""
+
+    __slots__ = ("left", "max_depth", "max_string", "string_bytes")
+
+    def __init__(self, max_depth: int, max_items: int, max_string: int) -> None:
+        self.left = max_items - 1  # the top item
+        self.max_depth = max_depth
+        self.max_string = max_string
+        self.string_bytes = 0
+
+    def text(self, value: str) -> int:
+        """The UTF-8 size of a string the caller could not vouch for by its length alone."""
+        if len(value) > self.max_string:
+            raise _Unsure
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise _Unsure from None
+        if size > self.max_string:
+            raise _Unsure
+        return size
+
+    def item(self, value: Any, depth: int) -> None:
+        """Check one value of any kind (the loops below take the common ones inline)."""
+        kind = type(value)
+        if kind is list or kind is tuple:
+            self.sequence(value, depth)
+        elif kind is dict:
+            self.mapping(value, depth)
+        elif kind is str:
+            size = len(value)
+            self.string_bytes += (
+                size if size <= self.max_string and value.isascii() else self.text(value)
+            )
+        elif kind is bytes or kind is bytearray:
+            if len(value) > self.max_string:
+                raise _Unsure
+            self.string_bytes += len(value)
+        elif kind is int:
+            if not _INT_MIN <= value <= _INT_MAX:
+                raise _Unsure
+        elif kind is float:
+            if not -_INF < value < _INF:
+                raise _Unsure
+        elif value is not None and kind is not bool:
+            raise _Unsure  # a subclass, or a type outside the profile
+
+    def sequence(self, value: list[Any] | tuple[Any, ...], depth: int) -> None:
+        depth += 1
+        self.left -= len(value)
+        if depth > self.max_depth or self.left < 0:
+            raise _Unsure
+        max_string = self.max_string
+        total = 0
+        for element in value:
+            kind = type(element)
+            if kind is str:
+                size = len(element)
+                total += size if size <= max_string and element.isascii() else self.text(element)
+            elif kind is int:
+                if not _INT_MIN <= element <= _INT_MAX:
+                    raise _Unsure
+            elif element is None or kind is bool:
+                pass
+            elif kind is float:
+                if not -_INF < element < _INF:
+                    raise _Unsure
+            elif kind is dict:
+                self.mapping(element, depth)
+            else:
+                self.item(element, depth)
+        self.string_bytes += total
+
+    def mapping(self, value: dict[Any, Any], depth: int) -> None:
+        depth += 1
+        self.left -= 2 * len(value)
+        if depth > self.max_depth or self.left < 0:
+            raise _Unsure
+        max_string = self.max_string
+        total = 0
+        for key, element in value.items():
+            kind = type(key)
+            if kind is str:
+                size = len(key)
+                total += size if size <= max_string and key.isascii() else self.text(key)
+            elif kind is int:
+                if not _INT_MIN <= key <= _INT_MAX:
+                    raise _Unsure
+            else:
+                raise _Unsure  # refused by the profile, or a subclass: the exact encoder says
+            kind = type(element)
+            if kind is str:
+                size = len(element)
+                total += size if size <= max_string and element.isascii() else self.text(element)
+            elif kind is int:
+                if not _INT_MIN <= element <= _INT_MAX:
+                    raise _Unsure
+            elif element is None or kind is bool:
+                pass
+            elif kind is float:
+                if not -_INF < element < _INF:
+                    raise _Unsure
+            elif kind is bytes:
+                if len(element) > max_string:
+                    raise _Unsure
+                total += len(element)
+            elif kind is list:
+                self.sequence(element, depth)
+            else:
+                self.item(element, depth)
+        self.string_bytes += total
+
+
+def walk(value: object, max_bytes: int, max_depth: int, max_items: int, max_string: int) -> bool:
+    """True when the exact encoder would encode ``value`` within the limits (but for the total
+    size, which the caller checks on cbor2's output) and cbor2 would write the same bytes, and
+    when its string bytes fit in ``max_bytes``. Never raises."""
+    walker = _Walker(max_depth, max_items, max_string)
+    try:
+        walker.item(value, 0)
+    except (_Unsure, RecursionError):
+        return False
+    return walker.string_bytes <= max_bytes
+
+
+# -- the entry points ------------------------------------------------------------------------------
+
+
+def decode(buf: bytes, max_depth: int, max_items: int, max_string: int) -> Any:
+    """The value of ``buf`` when the scan vouches for it and cbor2 builds it, else UNSURE."""
+    fast = backend()
+    if fast is None or not scan(buf, max_depth, max_items, max_string):
+        return UNSURE
+    try:
+        return fast.loads(buf)
+    except Exception:  # invalid UTF-8 or a duplicate key: the exact decoder names which
+        return UNSURE
+
+
+def encode(
+    value: object, max_bytes: int, max_depth: int, max_items: int, max_string: int
+) -> bytes | None:
+    """The encoding of ``value`` when the walk vouches for it and cbor2's output fits in
+    ``max_bytes``, else None."""
+    fast = backend()
+    if fast is None or not walk(value, max_bytes, max_depth, max_items, max_string):
+        return None
+    try:
+        out = fast.dumps(value)
+    except Exception:  # not expected after the walk; the exact encoder decides all the same
+        return None
+    return out if len(out) <= max_bytes else None

@@ -1,0 +1,287 @@
+"""Crash containment: crash records, restart policies with backoff, quarantine, metrics.
+
+Every failure that discards an instance (a trap, a panic, a resource limit, a protocol
+violation, a host-call failure), and every failed start, is a crash of its extension: the host
+keeps running, other extensions are untouched, and the extension's restart policy decides what
+happens next:
+
+- :class:`Never`: the first crash quarantines it;
+- :class:`OnCrash` (the default, as before supervision existed): the next call restarts it,
+  however often it crashes;
+- :class:`BoundedRetry`: at most ``max_restarts`` restarts within ``window_s``, the first at
+  once and each later one after an exponential backoff (a call during the backoff is refused
+  as unavailable, with the time left); the crash that would need one more restart quarantines
+  it.
+
+A quarantined extension stays admitted (and installed) but runs nothing until the operator
+releases it (:meth:`Host.release`) or updates or removes it; :meth:`Supervisor.report` says why,
+what data remains and what to do. Pure bookkeeping: no engine, no I/O, an injectable clock.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+
+from .errors import ConfigError, FailureClass
+
+# A crash-looping extension must not grow the host's memory: the last 100 crashes say why.
+MAX_CRASH_RECORDS = 100
+# A crash message is for an operator's screen: the first line of an error, not a novel.
+MAX_CRASH_MESSAGE_CHARS = 300
+# Restart budgets an operator can mean: up to a thousand restarts over up to a day.
+MAX_RESTARTS = 1000
+MAX_WINDOW_S = 86_400.0
+
+
+class CrashClass(enum.Enum):
+    """Why an extension crashed, as operators count it."""
+
+    TRAP = "trap"
+    PANIC = "panic"
+    RESOURCE_LIMIT = "resource_limit"
+    PROTOCOL_VIOLATION = "protocol_violation"
+    HOST_CALL_FAILURE = "host_call_failure"
+    # The out-of-process runtime's worker died; no in-process failure maps to it.
+    NATIVE_PROCESS_EXIT = "native_process_exit"
+
+
+_CLASS_OF: Mapping[FailureClass, CrashClass] = MappingProxyType(
+    {
+        FailureClass.TRAP: CrashClass.TRAP,
+        FailureClass.PANIC: CrashClass.PANIC,
+        FailureClass.OUT_OF_FUEL: CrashClass.RESOURCE_LIMIT,
+        FailureClass.DEADLINE: CrashClass.RESOURCE_LIMIT,
+        FailureClass.MEMORY_LIMIT: CrashClass.RESOURCE_LIMIT,
+        FailureClass.STACK_OVERFLOW: CrashClass.RESOURCE_LIMIT,
+        FailureClass.PROTOCOL: CrashClass.PROTOCOL_VIOLATION,
+        FailureClass.HANDSHAKE: CrashClass.PROTOCOL_VIOLATION,
+        FailureClass.HOST_ERROR: CrashClass.HOST_CALL_FAILURE,
+    }
+)
+
+
+def crash_class(failure: FailureClass) -> CrashClass:
+    """The crash class of a failure that discarded an instance (a trap when nothing closer
+    fits: an interrupt out of a host function, say)."""
+    return _CLASS_OF.get(failure, CrashClass.TRAP)
+
+
+@attrs.frozen
+class CrashRecord:
+    at: float  # wall-clock time, for operators
+    crash_class: CrashClass
+    failure: str
+    message: str
+
+
+@attrs.frozen
+class Never:
+    """Do not restart: the first crash quarantines the extension."""
+
+
+@attrs.frozen
+class OnCrash:
+    """Restart on the next call, every time (no budget: for extensions the operator watches)."""
+
+
+def _positive(limit: float) -> Callable[[object, attrs.Attribute[Any], Any], None]:
+    def check(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if isinstance(value, bool) or not 0 < value <= limit:
+            raise ConfigError(f"{attribute.name}={value!r} must be in (0, {limit}]")
+
+    return check
+
+
+@attrs.frozen
+class BoundedRetry:
+    """At most ``max_restarts`` restarts within ``window_s`` seconds: the first at once (one
+    bad input should not cost the next caller), the n-th after ``backoff_s * 2**(n-2)``
+    seconds (at most ``max_backoff_s``)."""
+
+    max_restarts: int = attrs.field(default=5, validator=_positive(MAX_RESTARTS))
+    window_s: float = attrs.field(default=60.0, validator=_positive(MAX_WINDOW_S))
+    backoff_s: float = attrs.field(default=0.05, validator=_positive(MAX_WINDOW_S))
+    max_backoff_s: float = attrs.field(default=5.0, validator=_positive(MAX_WINDOW_S))
+
+    def backoff(self, restarts_in_window: int) -> float:
+        if restarts_in_window == 0:
+            return 0.0
+        return float(min(self.max_backoff_s, self.backoff_s * 2 ** (restarts_in_window - 1)))
+
+
+RestartPolicy = Never | OnCrash | BoundedRetry
+
+
+@attrs.frozen
+class QuarantineReport:
+    """What an operator reads about a quarantined extension."""
+
+    extension: str
+    why: str
+    crashes: tuple[CrashRecord, ...]
+    what_remains: str
+    what_to_do: str
+
+
+@attrs.frozen
+class Metrics:
+    """A snapshot for operators: counts only, nothing about what extensions process."""
+
+    extensions_by_state: Mapping[str, int]
+    crashes_by_class: Mapping[str, int]
+    restarts: int
+    quarantines: int
+    backoff_refusals: int
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "extensions_by_state": dict(self.extensions_by_state),
+            "crashes_by_class": dict(self.crashes_by_class),
+            "restarts": self.restarts,
+            "quarantines": self.quarantines,
+            "backoff_refusals": self.backoff_refusals,
+        }
+
+
+class BackingOff(Exception):
+    """A restart asked for too soon after a crash; ``retry_after_s`` says when to ask again."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"restarting after a crash: retry in {retry_after_s:.3f} s")
+        self.retry_after_s = retry_after_s
+
+
+class _History:
+    __slots__ = ("crashes", "not_before", "quarantined", "restarts")
+
+    def __init__(self) -> None:
+        self.crashes: collections.deque[CrashRecord] = collections.deque(maxlen=MAX_CRASH_RECORDS)
+        self.restarts: collections.deque[float] = collections.deque(maxlen=MAX_RESTARTS + 1)
+        self.not_before = float("-inf")
+        self.quarantined: str | None = None
+
+
+class Supervisor:
+    """A host's crash bookkeeping and restart decisions, per extension id."""
+
+    def __init__(
+        self,
+        default: RestartPolicy | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.default: RestartPolicy = default if default is not None else OnCrash()
+        self._clock = clock
+        self._wall = wall_clock
+        self._lock = threading.Lock()
+        self._policies: dict[str, RestartPolicy] = {}
+        self._history: dict[str, _History] = {}
+        self._crash_counts: collections.Counter[CrashClass] = collections.Counter()
+        self._restarts = 0
+        self._quarantines = 0
+        self._refusals = 0
+
+    def set_policy(self, extension: str, policy: RestartPolicy) -> None:
+        if not isinstance(policy, Never | OnCrash | BoundedRetry):
+            raise ConfigError(f"restart policy {policy!r} is not Never, OnCrash or BoundedRetry")
+        with self._lock:
+            self._policies[extension] = policy
+
+    def policy(self, extension: str) -> RestartPolicy:
+        with self._lock:
+            return self._policies.get(extension, self.default)
+
+    def _of(self, extension: str) -> _History:
+        found = self._history.get(extension)
+        if found is None:
+            found = self._history[extension] = _History()
+        return found
+
+    def on_crash(self, extension: str, failure: FailureClass, message: str) -> str | None:
+        """Record a crash; return why the extension must now be quarantined, or None if it
+        may restart (after its backoff)."""
+        now = self._clock()
+        record = CrashRecord(
+            self._wall(), crash_class(failure), failure.value, message[:MAX_CRASH_MESSAGE_CHARS]
+        )
+        with self._lock:
+            policy = self._policies.get(extension, self.default)
+            history = self._of(extension)
+            history.crashes.append(record)
+            self._crash_counts[record.crash_class] += 1
+            verdict: str | None = None
+            if isinstance(policy, Never):
+                verdict = f"crashed ({record.crash_class.value}); its restart policy is Never"
+            elif isinstance(policy, BoundedRetry):
+                while history.restarts and history.restarts[0] <= now - policy.window_s:
+                    history.restarts.popleft()
+                if len(history.restarts) >= policy.max_restarts:
+                    verdict = (
+                        f"crashed again ({record.crash_class.value}) after "
+                        f"{len(history.restarts)} restarts within {policy.window_s:g} s "
+                        f"(its budget is {policy.max_restarts})"
+                    )
+                else:
+                    history.not_before = now + policy.backoff(len(history.restarts))
+            if verdict is not None:
+                history.quarantined = verdict
+                self._quarantines += 1
+            return verdict
+
+    def before_restart(self, extension: str) -> None:
+        """A restart is about to begin: raise :class:`BackingOff` if it is too soon after the
+        last crash, else count it against the budget."""
+        now = self._clock()
+        with self._lock:
+            history = self._of(extension)
+            if now < history.not_before:
+                self._refusals += 1
+                raise BackingOff(history.not_before - now)
+            history.restarts.append(now)
+            self._restarts += 1
+
+    def release(self, extension: str) -> None:
+        """The operator let a quarantined extension out: its restart budget starts afresh."""
+        with self._lock:
+            history = self._of(extension)
+            history.restarts.clear()
+            history.not_before = float("-inf")
+            history.quarantined = None
+
+    def crashes(self, extension: str) -> tuple[CrashRecord, ...]:
+        with self._lock:
+            history = self._history.get(extension)
+            return tuple(history.crashes) if history is not None else ()
+
+    def report(self, extension: str, what_remains: str, what_to_do: str) -> QuarantineReport:
+        with self._lock:
+            history = self._history.get(extension)
+            why = history.quarantined if history is not None else None
+            crashes = tuple(history.crashes) if history is not None else ()
+        return QuarantineReport(
+            extension, why or "not quarantined by its supervisor", crashes, what_remains, what_to_do
+        )
+
+    def metrics(self, states: Mapping[str, int]) -> Metrics:
+        with self._lock:
+            return Metrics(
+                MappingProxyType(dict(states)),
+                MappingProxyType(
+                    {
+                        c.value: n
+                        for c, n in sorted(self._crash_counts.items(), key=lambda i: i[0].value)
+                    }
+                ),
+                self._restarts,
+                self._quarantines,
+                self._refusals,
+            )

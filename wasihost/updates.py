@@ -1,0 +1,394 @@
+"""Installs, verified updates and rollbacks of packages in a host's state directory.
+
+An installed ``.whpkg`` is kept as the signed archive itself, in a read-only tree, and verified
+again at every start: its signature against the host's trust, its digest and signer against
+the install record. An update is one transaction:
+
+    verify -> preflight (ABI, grants, revocation) -> pause old -> checkpoint state
+    -> start new (handshake) -> migrate -> health -> revocation re-check -> switch -> retire old
+
+Anything failing before the switch closes the new version, restores the checkpoint and resumes
+the old one: the old version keeps running and stays installed. The replaced version and the
+checkpoint are kept, so :func:`rollback` can return to it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+
+from .errors import AdmissionError, PackageError, SignatureError, WasihostError
+from .lifecycle import State
+from .manifest import version_order
+from .package import MANIFEST_NAME, Package, is_archive, load_package, manifest_text
+from .packaging import signing
+from .packaging.allowed_signers import SshSigned, read_ssh_signature
+from .packaging.archive import read_archive
+from .packaging.files import read_package_file
+from .packaging.revocation import RevocationList
+from .packaging.trust import TrustStore
+from .state import InstalledPackage, remove_tree
+
+if TYPE_CHECKING:
+    from .extension import Extension
+    from .runtime import Host
+
+ARCHIVE_NAME = "package.whpkg"
+SSH_SIGNATURE_NAME = "package.whpkg.sig"
+
+
+class UpdateError(PackageError):
+    """An update or rollback did not happen; the version that ran before still runs."""
+
+
+class Checkpointing(Protocol):
+    """A broker whose per-extension state an update checkpoints (storage rows, ...)."""
+
+    def checkpoint(self, host: Host, extension: str, directory: Path) -> None: ...
+
+    def restore(self, host: Host, extension: str, directory: Path) -> None: ...
+
+
+def _same_publisher(package: Package, current: InstalledPackage | None) -> None:
+    if current is not None and current.signer is not None and package.signer != current.signer:
+        raise AdmissionError(
+            [
+                f"{current.id} is installed as published by {current.signer!r}; a replacement "
+                f"must be verified as {current.signer!r}'s too"
+                + ("" if package.signer is None else f" (this one is {package.signer!r}'s)")
+            ]
+        )
+
+
+def _check_version(
+    package: Package, current: InstalledPackage | None, allow_downgrade: bool
+) -> None:
+    assert package.manifest is not None
+    if current is None:
+        return
+    new, old = package.manifest.version, current.version
+    if not allow_downgrade and version_order(new) < version_order(old):
+        raise PackageError(
+            f"{current.id} {old} is installed; installing {new} would downgrade it "
+            "(allow_downgrade=True, or --allow-downgrade)"
+        )
+    ours = package.package_digest if package.signer is not None else package.sha256
+    theirs = current.package_digest or current.sha256
+    if new == old and ours != theirs:
+        # Two different releases under one version number: a mix-and-match or a replay.
+        raise PackageError(
+            f"{current.id} {old} is installed with other content; a new release needs a new version"
+        )
+
+
+def candidate(
+    host: Host,
+    source: str | Path,
+    *,
+    trust: TrustStore | None,
+    ssh: SshSigned | None,
+    allow_downgrade: bool,
+) -> tuple[Package, InstalledPackage | None]:
+    """The package at ``source``, verified for installing over what is installed."""
+    store = host.require_state()
+    trust_given = trust is not None or ssh is not None
+    package = host.load_package(source, trust=trust, ssh=ssh)
+    manifest = package.manifest
+    if manifest is None:
+        raise PackageError("only packages with an extension.toml can be installed")
+    if is_archive(source) and package.signer is None:
+        raise AdmissionError(
+            [
+                f"{source} is a .whpkg that no trusted key verified: an archive installs only "
+                "verified (trusted publishers, or an OpenSSH signature)"
+                + (" and this one is not signed by any of them" if trust_given else "")
+            ]
+        )
+    current = store.package(manifest.id)
+    _same_publisher(package, current)
+    _check_version(package, current, allow_downgrade)
+    return package, current
+
+
+def write_install(
+    host: Host, source: str | Path, package: Package, ssh: SshSigned | None
+) -> InstalledPackage:
+    """Write the package's read-only tree and its (not yet active) install record."""
+    store = host.require_state()
+    manifest = package.manifest
+    assert manifest is not None
+    if is_archive(source):
+        files = {ARCHIVE_NAME: read_package_file(Path(source))}
+        if ssh is not None:
+            files[SSH_SIGNATURE_NAME] = ssh.signature
+    else:
+        files = {MANIFEST_NAME: manifest_text(Path(source)), manifest.module: package.wasm}
+    digest = package.package_digest or package.sha256
+    tree = store.write_tree(manifest.id, manifest.version, digest, files)
+    return InstalledPackage(
+        manifest.id,
+        manifest.version,
+        package.sha256,
+        tree,
+        time.time_ns(),
+        package_digest=package.package_digest if package.signer is not None else None,
+        signer=package.signer,
+        verified_by=package.verified_by,
+    )
+
+
+def verify_installed(host: Host, installed: InstalledPackage) -> Package:
+    """Load an installed package again and check it is what was installed: the same module
+    bytes and, for a signed archive, a signature that still verifies against the host's trust,
+    by the same publisher, over the same package digest."""
+    caps = host.registry.capabilities()
+    if installed.package_digest is None:
+        package = load_package(installed.path, caps)
+    else:
+        ssh = None
+        signature = installed.path / SSH_SIGNATURE_NAME
+        if signature.exists():
+            allowed = host.policy.allowed_signers
+            if allowed is None:
+                raise PackageError(
+                    f"{installed.id} was installed verified by an OpenSSH signature: give the "
+                    "host the allowed_signers to verify it again (Policy(allowed_signers=...), "
+                    "--allowed-signers)"
+                )
+            ssh = SshSigned(allowed, read_ssh_signature(signature))
+        try:
+            package = load_package(
+                installed.path / ARCHIVE_NAME, caps, host.policy.trusted_publishers, ssh
+            )
+        except SignatureError as exc:
+            raise PackageError(
+                f"{installed.id} {installed.version} no longer verifies as installed: {exc}"
+            ) from None
+        if package.signer != installed.signer or package.package_digest != installed.package_digest:
+            raise PackageError(
+                f"{installed.id} {installed.version} no longer verifies as installed (signed by "
+                f"{installed.signer!r}, package digest {installed.package_digest[:16]}): "
+                + (
+                    "give the host the trust file that verified it"
+                    if package.signer is None
+                    else "its signature or content changed"
+                )
+            )
+    if package.sha256 != installed.sha256:
+        raise PackageError(
+            f"{installed.id}: installed module changed on disk (sha256 {package.sha256[:16]}, "
+            f"recorded {installed.sha256[:16]})"
+        )
+    return package
+
+
+def revoke_installed(host: Host, revocations: RevocationList) -> dict[str, str]:
+    """Mark every installed extension that ``revocations`` revokes as revoked in the durable
+    grant table (as ``Host.disable`` does), so no later start admits it; returns each with why.
+    The stored packages are read but not verified: what they claim (publisher, signing key,
+    digests, version) is enough to find what a list names, and nothing is admitted."""
+    store = host.require_state()
+    caps = host.registry.capabilities()
+    revoked = {}
+    for installed in store.packages():
+        if installed.package_digest is not None:
+            archive_path = installed.path / ARCHIVE_NAME
+            package = load_package(archive_path, caps)
+            record = read_archive(read_package_file(archive_path)).signature
+            key = signing.SignatureRecord.parse(record).key if record is not None else None
+            package = attrs.evolve(package, signer=installed.signer, signing_key=key)
+        else:
+            package = load_package(installed.path, caps)
+        why = revocations.revocation_of(package)
+        if why is not None:
+            host.disable(installed.id, f"{why} by the revocation list")
+            revoked[installed.id] = why
+    return revoked
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+
+
+def take_checkpoint(host: Host, extension: str, version: str) -> Path:
+    """Copy the extension's durable state (its data directory and what each checkpointing
+    broker keeps for it) into a new checkpoint directory."""
+    store = host.require_state()
+    target = store.checkpoints_dir / extension / f"{version}-{time.time_ns()}"
+    target.mkdir(parents=True, mode=0o700)
+    data = store.data_dir(extension)
+    if data.exists():
+        shutil.copytree(data, target / "data", symlinks=True)
+    for broker in _checkpointing(host):
+        broker.checkpoint(host, extension, target / "brokers" / broker.name)
+    return target
+
+
+def restore_checkpoint(host: Host, extension: str, checkpoint: Path) -> None:
+    store = host.require_state()
+    data = store.data_dir(extension)
+    remove_tree(data)
+    if (checkpoint / "data").exists():
+        shutil.copytree(checkpoint / "data", data, symlinks=True)
+    for broker in _checkpointing(host):
+        broker.restore(host, extension, checkpoint / "brokers" / broker.name)
+
+
+def _checkpointing(host: Host) -> list[Any]:
+    return [
+        b
+        for b in host.functions.brokers()
+        if callable(getattr(b, "checkpoint", None)) and callable(getattr(b, "restore", None))
+    ]
+
+
+# -- update and rollback ----------------------------------------------------------------------
+
+
+def _start_checked(
+    host: Host, package: Package, steps: list[tuple[str, dict[str, Any] | None]]
+) -> Extension:
+    """An extension of ``package``, not registered with the host, started and put through
+    ``steps`` (command, input); closed again if any fails."""
+    ext = host.build_unregistered(package)
+    try:
+        ext.start()
+        for command, value in steps:
+            ext.call(command, value)
+    except BaseException:
+        ext.close("update check failed")
+        raise
+    return ext
+
+
+def _pause(ext: Extension | None, reason: str) -> bool:
+    if ext is not None and ext.lifecycle.state is State.RUNNING:
+        ext.pause(reason)
+        return True
+    return False
+
+
+def update(
+    host: Host,
+    source: str | Path,
+    *,
+    trust: TrustStore | None,
+    ssh: SshSigned | None,
+    allow_downgrade: bool,
+) -> InstalledPackage:
+    """Replace the installed version of a package's extension by ``source``, as one
+    transaction (see the module docstring); returns the new install record."""
+    store = host.require_state()
+    package, current = candidate(
+        host, source, trust=trust, ssh=ssh, allow_downgrade=allow_downgrade
+    )
+    manifest = package.manifest
+    assert manifest is not None
+    if current is None:
+        raise PackageError(f"{manifest.id} is not installed: install it first")
+    if manifest.version == current.version:
+        raise UpdateError(f"{manifest.id} {current.version} is already installed")
+    host.plan(package)  # ABI, required grants held, revocation: before anything changes
+    record = write_install(host, source, package, ssh)
+    running = host.extension(manifest.id)
+    paused = _pause(running, f"updating to {manifest.version}")
+    checkpoint = take_checkpoint(host, manifest.id, current.version)
+    spec = manifest.update
+    steps: list[tuple[str, dict[str, Any] | None]] = []
+    if spec.migrate is not None:
+        direction = {"from": current.version, "to": manifest.version, "direction": "up"}
+        steps.append((spec.migrate, direction))
+    if spec.health is not None:
+        steps.append((spec.health, None))
+    try:
+        installed_package = verify_installed(host, record)
+        new = _start_checked(host, installed_package, steps)
+        try:
+            host.plan(installed_package)  # a revocation published meanwhile stops it here
+        except BaseException:
+            new.close("update check failed")
+            raise
+    except BaseException as exc:
+        restore_checkpoint(host, manifest.id, checkpoint)
+        remove_tree(checkpoint)
+        if record.path != current.path:
+            remove_tree(record.path)
+        if paused and running is not None:
+            running.resume()
+        host.journal(manifest.id, "update failed", f"{manifest.version}: {exc}")
+        if isinstance(exc, WasihostError):
+            raise UpdateError(
+                f"update of {manifest.id} to {manifest.version} failed, {current.version} "
+                f"kept: {exc}"
+            ) from exc
+        raise
+    record = attrs.evolve(
+        record,
+        checkpoint=checkpoint,
+        migrated=spec.migrate is not None,
+        previous=attrs.evolve(current, previous=None),
+    )
+    store.activate(record)
+    _prune(host, record)
+    host.switch(running, new, f"replaced by {manifest.version}")
+    return record
+
+
+def rollback(host: Host, extension: str) -> InstalledPackage:
+    """Return ``extension`` to the version its last update replaced: the current version's
+    reversible migration runs down, or else the checkpoint taken before that update is
+    restored; the earlier version is verified again and started before the switch."""
+    store = host.require_state()
+    current = store.package(extension)
+    if current is None:
+        raise PackageError(f"{extension} is not installed")
+    previous = current.previous
+    if previous is None:
+        raise UpdateError(f"{extension} keeps no earlier version: nothing to roll back to")
+    earlier = verify_installed(host, previous)
+    host.plan(earlier)  # a revoked earlier version is not rolled back to
+    running = host.extension(extension)
+    paused = _pause(running, f"rolling back to {previous.version}")
+    try:
+        now = verify_installed(host, current)
+        assert now.manifest is not None
+        spec = now.manifest.update
+        if current.migrated and spec.reversible and spec.migrate is not None:
+            down = {"from": current.version, "to": previous.version, "direction": "down"}
+            _start_checked(host, now, [(spec.migrate, down)]).close("migrated down")
+        elif current.checkpoint is not None:
+            restore_checkpoint(host, extension, current.checkpoint)
+        new = _start_checked(host, earlier, [])
+    except BaseException as exc:
+        if paused and running is not None:
+            running.resume()
+        host.journal(extension, "rollback failed", f"{previous.version}: {exc}")
+        if isinstance(exc, WasihostError):
+            raise UpdateError(
+                f"rollback of {extension} to {previous.version} failed, {current.version} "
+                f"kept: {exc}"
+            ) from exc
+        raise
+    record = attrs.evolve(previous, previous=None, installed_at=time.time_ns())
+    store.activate(record)
+    _prune(host, record)
+    host.switch(running, new, f"rolled back to {previous.version}")
+    host.journal(extension, "rolled back", f"{current.version} -> {previous.version}")
+    return record
+
+
+def _prune(host: Host, record: InstalledPackage) -> None:
+    """Keep the active tree, the one a rollback returns to and its checkpoint; drop the rest."""
+    store = host.require_state()
+    keep_trees = {record.path} | ({record.previous.path} if record.previous else set())
+    for tree in (store.packages_dir / record.id).iterdir():
+        if tree not in keep_trees and not tree.name.startswith("."):
+            remove_tree(tree)
+    checkpoints = store.checkpoints_dir / record.id
+    if checkpoints.exists():
+        for checkpoint in checkpoints.iterdir():
+            if checkpoint != record.checkpoint:
+                remove_tree(checkpoint)
