@@ -176,10 +176,15 @@ class Extension:
     def committer(self, capability: str) -> Callable[..., tuple[bool, Any]]:
         """:meth:`commit` for a broker that commits on every call: ``commit(action, *args)``
         runs ``action(*args)`` only if the epoch of the call in flight (read when it commits)
-        still authorises ``capability``, atomically with respect to every grant change."""
+        still authorises ``capability``, atomically with respect to every grant change, and
+        while the host's revocation list (if any) verifies and does not revoke this package:
+        the same checks as :meth:`commit`, with the grant table's lookups bound once."""
         commit = self.host.grants.committer(self._id, capability)
+        allowed = self.host.revocations_allow_commit
 
         def run(action: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+            if not allowed():
+                return False, None
             return commit(self._call_epoch, action, *args)
 
         return run
