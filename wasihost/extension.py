@@ -216,6 +216,8 @@ class Extension:
         self._last_epoch = grant.epoch
         self._last_fuel = 0
         self._task_fuel: contextvars.ContextVar[int | None] | None = None
+        # The gate of its host calls: (epoch, capability) -> bool, lock-free (grants.py).
+        self._authorizes = host.grants.authorizer(self._id)
         self._seen_grants: GrantState | None = None
         self.denied_capabilities: set[str] = set()
         self._command_names: dict[str, bytes] = {}
@@ -234,7 +236,7 @@ class Extension:
         return self.package.manifest
 
     def _gate(self, entry: HostFunction) -> bool:
-        if self.host.grants.authorizes(self._id, self.call_epoch, entry.capability):
+        if self._authorizes(self.call_epoch, entry.capability):
             return True
         # Which capabilities the guest asked for and was refused: a front end turns that into
         # a hint (e.g. "add --profile standard"). Bounded by the registry's capabilities.
@@ -285,6 +287,22 @@ class Extension:
         if not self.host.revocations_allow_commit():
             return False, None
         return self.host.grants.commit(self._id, self.call_epoch, capability, action)
+
+    def committer(self, capability: str) -> Callable[..., tuple[bool, Any]]:
+        """:meth:`commit` for a broker that commits on every call: ``commit(action, *args)``
+        runs ``action(*args)`` only if the epoch of the call in flight (read when it commits)
+        still authorises ``capability``, atomically with respect to every grant change, and
+        while the host's revocation list (if any) verifies and does not revoke this package:
+        the same checks as :meth:`commit`, with the grant table's lookups bound once."""
+        commit = self.host.grants.committer(self._id, capability)
+        allowed = self.host.revocations_allow_commit
+
+        def run(action: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+            if not allowed():
+                return False, None
+            return commit(self.call_epoch, action, *args)
+
+        return run
 
     def record_step(self, step: str, detail: str) -> None:
         """One observable step of admission or start-up (also journaled when durable)."""

@@ -39,6 +39,26 @@ class LogRecord:
         return {"level": self.level.name.lower(), "message": self.message, "source": self.source}
 
 
+_RECORD_FIELDS = ("level", "message", "time_ns", "source")
+# _record fills exactly these: a field added to LogRecord must be added there too.
+assert tuple(field.name for field in attrs.fields(LogRecord)) == _RECORD_FIELDS
+_set_level, _set_message, _set_time_ns, _set_source = (
+    LogRecord.__dict__[field].__set__ for field in _RECORD_FIELDS
+)
+
+
+def _record(level: Level, message: str, time_ns: int, source: str) -> LogRecord:
+    """``LogRecord(level, message, time_ns, source)`` at host-call speed: the frozen class's
+    ``__init__`` goes through ``object.__setattr__`` once per field, a quarter of a log call's
+    host-side cost; its slots are filled here directly, before anyone holds the record."""
+    record = object.__new__(LogRecord)
+    _set_level(record, level)
+    _set_message(record, message)
+    _set_time_ns(record, time_ns)
+    _set_source(record, source)
+    return record
+
+
 LogSink = Callable[[str, LogRecord], None]
 """Where an embedder wants extension logs: called with the extension id and each record."""
 
@@ -94,18 +114,21 @@ class ExtensionLog:
     def append(self, level: Level, message: str, source: str = "guest") -> bool:
         if self._sink is not None:
             try:
-                self._sink(LogRecord(level, message, self._clock(), source))
+                self._sink(_record(level, message, self._clock(), source))
             except Exception:
                 self.sink_errors += 1
                 logging.getLogger("wasihost").exception("log sink failed; record lost")
             return True
-        cost = len(message.encode()) + RECORD_OVERHEAD_BYTES
+        # Its UTF-8 size; for ASCII text (most log lines) that is its length, read without
+        # encoding a copy.
+        size = len(message) if message.isascii() else len(message.encode())
+        cost = size + RECORD_OVERHEAD_BYTES
         with self._lock:
             if self._used + cost > self.max_bytes:
                 self.dropped += 1
                 return False
             self._used += cost
-            self._records.append(LogRecord(level, message, self._clock(), source))
+            self._records.append(_record(level, message, self._clock(), source))
             return True
 
     @property

@@ -27,6 +27,10 @@ from .registry import CORE_CAPABILITY
 
 T = TypeVar("T")
 
+Committer = Callable[..., tuple[bool, Any]]
+"""``commit(epoch, action, *args) -> (authorised, action's result or None)``: see
+:meth:`GrantTable.committer`."""
+
 # A scope is a small JSON object (origins, quota, mounts...); 4 KiB is far more than any needs.
 MAX_SCOPE_BYTES = 4096
 
@@ -207,6 +211,47 @@ class GrantTable:
         if state.revoked is not None or state.epoch != epoch:
             return False
         return capability == CORE_CAPABILITY or capability in state.entries
+
+    def authorizer(self, extension: str) -> Callable[[int, str], bool]:
+        """:meth:`authorizes` for one extension, ``(epoch, capability) -> bool``, with its
+        lookups bound once: the gate of every host call of that extension's instances."""
+        states = self._states
+        slow = self.authorizes
+
+        def authorizes(epoch: int, capability: str) -> bool:
+            state = states.get(extension)
+            if state is None:
+                return slow(extension, epoch, capability)
+            if state.revoked is not None or state.epoch != epoch:
+                return False
+            return capability == CORE_CAPABILITY or capability in state.entries
+
+        return authorizes
+
+    def committer(self, extension: str, capability: str) -> Committer:
+        """:meth:`commit` for one extension and capability, ``(epoch, action, *args)``, with
+        the extension's lock and the lookups bound once (the lock of an extension is never
+        replaced): for brokers that commit on every call. ``action(*args)`` runs under the
+        lock, as for :meth:`commit`, only if ``epoch`` still authorises ``capability``."""
+        lock = self._lock_for(extension)
+        states = self._states
+        load = self._get
+        core = capability == CORE_CAPABILITY
+
+        def commit(epoch: int, action: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+            with lock:
+                state = states.get(extension)
+                if state is None:
+                    state = load(extension)
+                if (
+                    state.revoked is not None
+                    or state.epoch != epoch
+                    or not (core or capability in state.entries)
+                ):
+                    return False, None
+                return True, action(*args)
+
+        return commit
 
     def commit(
         self, extension: str, epoch: int, capability: str, action: Callable[[], T]

@@ -24,8 +24,46 @@ class HostStatus(Exception):
     """Raised by a broker to answer the guest with a status code instead of a response."""
 
     def __init__(self, status: Status) -> None:
-        super().__init__(status.name)
+        # Exception.__init__ is not called (``args`` stays ``(status,)``, as the constructor set
+        # it) and the name is made only if the text is asked for: a broker may raise one per
+        # host call, and those two steps were more than half the cost of raising it.
         self.status = status
+
+    def __str__(self) -> str:
+        return self.status.name
+
+
+class StatusAnswer:
+    """A status a handler returns instead of raising :class:`HostStatus`: the guest gets the
+    same answer, without an exception per call (raising and catching one costs about a
+    microsecond, a sixth of a whole host call). For answers on a hot path, such as a full log's
+    ``QUOTA_EXCEEDED`` to every record. One shared instance per status:
+    ``StatusAnswer.of(Status.QUOTA_EXCEEDED)``."""
+
+    __slots__ = ("result", "status")
+
+    def __init__(self, status: Status) -> None:
+        if not isinstance(status, Status) or status is Status.OK:
+            raise ValueError(f"a StatusAnswer is a Status other than OK, not {status!r}")
+        self.status = status
+        # What the cbor convention writes for it: the negated code.
+        self.result = -int(status)
+
+    @staticmethod
+    def of(status: Status) -> StatusAnswer:
+        """The shared answer of ``status`` (any but OK)."""
+        try:
+            return _STATUS_ANSWERS[status]
+        except KeyError:
+            raise ValueError(f"a StatusAnswer is a Status other than OK, not {status!r}") from None
+
+    def __repr__(self) -> str:
+        return f"StatusAnswer({self.status.name})"
+
+
+_STATUS_ANSWERS: dict[Status, StatusAnswer] = {
+    status: StatusAnswer(status) for status in Status if status is not Status.OK
+}
 
 
 class GuestAbort(Exception):

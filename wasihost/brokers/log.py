@@ -15,7 +15,7 @@ from ..extlog import (
     LogSink,
     to_logging,
 )
-from ..status import HostStatus, Status
+from ..status import Status, StatusAnswer
 
 if TYPE_CHECKING:
     from ..extension import Extension
@@ -34,8 +34,20 @@ __all__ = [
 ]
 
 
-Commit = Callable[[Callable[[], bool]], tuple[bool, bool | None]]
-"""Runs an append if the caller's grant epoch still authorises it: (authorised, result)."""
+Commit = Callable[..., tuple[bool, Any]]
+"""``commit(action, *args)``: runs ``action(*args)`` if the caller's grant epoch still
+authorises it, under the grant table's lock: (authorised, result). See
+:meth:`wasihost.extension.Extension.committer`."""
+
+# Levels by their code: the request's level indexes this after a range check (constructing the
+# enum from an int, and catching its ValueError, cost more than the rest of the shape check).
+_LEVELS = tuple(sorted(Level, key=int))
+assert [int(level) for level in _LEVELS] == list(range(len(_LEVELS)))
+# Answered rather than raised: a full log answers QUOTA_EXCEEDED to every later record, and an
+# exception per call would cost as much as the call.
+_INVALID_ARGUMENT = StatusAnswer.of(Status.INVALID_ARGUMENT)
+_DENIED = StatusAnswer.of(Status.DENIED)
+_QUOTA_EXCEEDED = StatusAnswer.of(Status.QUOTA_EXCEEDED)
 
 
 def log_handler(log: ExtensionLog, commit: Commit | None = None) -> Callable[[Any, Any], Any]:
@@ -44,33 +56,28 @@ def log_handler(log: ExtensionLog, commit: Commit | None = None) -> Callable[[An
     ``commit`` wraps the append so the grant epoch is checked at commit time: a record
     authorised before a revocation is never appended after it.
     """
+    append = log.append
+    levels = _LEVELS
+    n_levels = len(levels)
 
-    def handle(call: Any, request: Any) -> None:
+    def handle(call: Any, request: Any) -> Any:
+        if not isinstance(request, list) or len(request) != 2:
+            return _INVALID_ARGUMENT
+        level, message = request
         if (
-            not isinstance(request, list)
-            or len(request) != 2
-            or not isinstance(request[0], int)
-            or isinstance(request[0], bool)
-            or not isinstance(request[1], str)
+            not isinstance(level, int)
+            or isinstance(level, bool)
+            or not 0 <= level < n_levels
+            or not isinstance(message, str)
         ):
-            raise HostStatus(Status.INVALID_ARGUMENT)
-        try:
-            level = Level(request[0])
-        except ValueError:
-            raise HostStatus(Status.INVALID_ARGUMENT) from None
-        message = request[1]
-
-        def append() -> bool:
-            return log.append(level, message)
-
+            return _INVALID_ARGUMENT
         if commit is None:
-            ok: bool | None = append()
+            ok = append(levels[level], message)
         else:
-            authorised, ok = commit(append)
+            authorised, ok = commit(append, levels[level], message)
             if not authorised:
-                raise HostStatus(Status.DENIED)
-        if not ok:
-            raise HostStatus(Status.QUOTA_EXCEEDED)
+                return _DENIED
+        return None if ok else _QUOTA_EXCEEDED
 
     return handle
 
@@ -88,12 +95,7 @@ class LogBroker:
 
     def handler(self, entry: HostFunction, state: Extension) -> Callable[[Any, Any], Any]:
         ext = state
-        capability = entry.capability
-
-        def commit(action: Callable[[], bool]) -> tuple[bool, bool | None]:
-            return ext.commit(capability, action)
-
-        return log_handler(ext.log, commit)
+        return log_handler(ext.log, ext.committer(entry.capability))
 
     def close(self, state: Extension) -> None:
         pass  # the log is the extension's: it outlives the broker's use of it

@@ -23,6 +23,7 @@ from ..status import (
     HostFunctionFailed,
     HostStatus,
     Status,
+    StatusAnswer,
     UnreadableRequest,
 )
 from .lowlevel import (
@@ -33,7 +34,7 @@ from .lowlevel import (
     private_fn,
     set_fuel,
 )
-from .native import SETTLE_FUEL, NativeCall, native_dispatch, result_writer
+from .native import SETTLE_FUEL, NativeCall, native_dispatch
 from .sigint import CALLBACK_CODES
 
 HostHandler = Callable[[Any, Any], Any]
@@ -74,7 +75,14 @@ _caller_export_get = private_fn(
 )
 
 _CBOR_ARGS = struct.Struct("<I12xI12xI12xI12x").unpack_from
-_put_i32 = result_writer("i32")
+_put_answer = struct.Struct("<i").pack_into  # a length or a negated status: both fit an i32
+# The cbor convention's refusals, as the i32 the guest gets; and CBOR null, the commonest
+# response (one byte, written without the encoder).
+_DENIED = -Status.DENIED.value
+_INVALID_ARGUMENT = -Status.INVALID_ARGUMENT.value
+_PAYLOAD_TOO_LARGE = -Status.PAYLOAD_TOO_LARGE.value
+_BUFFER_TOO_SMALL = -Status.BUFFER_TOO_SMALL.value
+_NULL = b"\xf6"
 
 
 def host_callback(dispatch: Dispatch) -> Any:
@@ -218,98 +226,140 @@ class HostContext:
         return ctypes.addressof(item.of.memory)
 
     def _cbor_dispatch(self, index: int) -> Dispatch:
+        """The dispatch closure of one cbor import: the entry's limits and prices, its handler
+        and the instance's gate and memory are bound once, here, so a call reads locals."""
+        bound = self.imports[index]
+        entry = bound.entry
+        if entry.never_returns:
+
+            def final(env: int, caller: int, args: int, nargs: int) -> int:
+                try:
+                    if not self.native.bound:
+                        return self.call_unbound(final, env, caller, args, nargs)
+                    req_ptr, req_len, _, _ = _CBOR_ARGS(PROCESS_MEMORY, args)
+                    return self._final_call(bound, caller, req_ptr, req_len)
+                except BaseException as exc:
+                    return self.crashed(exc)
+
+            CALLBACK_CODES.add(final.__code__)
+            return final
+
+        handler = bound.handler
+        limits = self.codec_limits[index]
+        gate = self.gate
+        mem = self.native
+        settle = self.settle
+        name = entry.qualified_name
+        base_price = entry.fuel_base
+        per_byte = entry.fuel_per_byte
+        max_request = entry.max_request_bytes
+        max_response = entry.max_response_bytes
+        commits = entry.commits
+
         def dispatch(env: int, caller: int, args: int, nargs: int) -> int:
+            # The checks, in order: the ranges, the fuel for the request, the gate, the payload
+            # limit, the response buffer of a committing entry, the fuel for the most the
+            # handler may answer; then decode, serve, encode, pay for the response. A guest's
+            # mistake in the ranges ends its call; a refusal is answered with a status.
             try:
-                if not self.native.bound:
+                if not mem.bound:
                     return self.call_unbound(dispatch, env, caller, args, nargs)
-                trap = self._cbor_call(index, caller, args)
-                if self.halt is not None and not trap:
+                req_ptr, req_len, resp_ptr, resp_cap = _CBOR_ARGS(PROCESS_MEMORY, args)
+                # Python ints do not overflow, so these sums are exact; a u32 ptr+len past 2**32
+                # is simply larger than any memory.
+                req_end = req_ptr + req_len
+                resp_end = resp_ptr + resp_cap
+                size = mem._size
+                if req_end > size or resp_end > size:  # the guest may have grown its memory
+                    size = mem.size_for(req_end if req_end > resp_end else resp_end)
+                if req_end > size:
+                    return self.fail(
+                        FailureClass.PROTOCOL,
+                        f"{name}: request [{req_ptr}, +{req_len}) outside memory of {size} bytes",
+                    )
+                if resp_end > size:
+                    return self.fail(
+                        FailureClass.PROTOCOL,
+                        f"{name}: response buffer [{resp_ptr}, +{resp_cap}) outside memory of "
+                        f"{size} bytes",
+                    )
+                if req_len and resp_cap and req_ptr < resp_end and resp_ptr < req_end:
+                    return self.fail(FailureClass.PROTOCOL, f"{name}: request and response overlap")
+                # charge() inlined: the request's price joins the debt, settled past SETTLE_FUEL.
+                debt = self.fuel_debt + base_price + per_byte * req_len
+                self.fuel_debt = debt
+                if debt >= SETTLE_FUEL and not settle(self.context_of(caller), debt):
+                    return self.out_of_fuel(self.context_of(caller), entry)
+                if not gate(entry):
+                    answer = _DENIED
+                elif req_len > max_request:
+                    answer = _PAYLOAD_TOO_LARGE
+                elif commits and resp_cap < max_response:
+                    # Before the effect, so a retry with a bigger buffer (ABI section 7) commits
+                    # once.
+                    answer = _BUFFER_TOO_SMALL
+                else:
+                    # The response is paid once its length is known, but the broker's work grows
+                    # with what the guest lets it answer: refuse before the work if the most it
+                    # may answer is more than the Store can pay.
+                    most = per_byte * (resp_cap if resp_cap < max_response else max_response)
+                    if self.fuel_debt + most >= SETTLE_FUEL and not self.can_pay(most):
+                        return self.out_of_fuel(self.context_of(caller), entry)
+                    request: Any = None
+                    answer = 0
+                    if req_len:
+                        try:
+                            request = decode(mem._view[req_ptr:req_end].tobytes(), limits)
+                        except CodecError:
+                            answer = _INVALID_ARGUMENT
+                    if not answer:
+                        try:
+                            response = handler(mem, request)
+                        except HostStatus as st:
+                            answer = -int(st.status)
+                        except GuestAbort as abort:
+                            return self.fail(FailureClass.PANIC, abort.message)
+                        except GuestDeadline:
+                            return self.fail(FailureClass.DEADLINE, f"{name}: deadline reached")
+                        except GuestInterrupted:
+                            return self.fail(
+                                FailureClass.DEADLINE, f"{name}: interrupted by the host"
+                            )
+                        else:
+                            if type(response) is StatusAnswer:
+                                answer = response.result
+                            else:
+                                # null, the commonest answer, without the encoder.
+                                body = _NULL if response is None else encode(response)
+                                size = len(body)
+                                if size > max_response:
+                                    return self.fail(
+                                        FailureClass.HOST_ERROR,
+                                        f"{name}: host produced {size} bytes over the entry's "
+                                        f"{max_response}",
+                                    )
+                                if size > resp_cap:
+                                    answer = _BUFFER_TOO_SMALL
+                                else:
+                                    debt = self.fuel_debt + per_byte * size
+                                    self.fuel_debt = debt
+                                    if debt >= SETTLE_FUEL and not settle(
+                                        self.context_of(caller), debt
+                                    ):
+                                        return self.out_of_fuel(self.context_of(caller), entry)
+                                    # No wasm ran during the handler, so the memory the view
+                                    # shows is what was checked.
+                                    mem._view[resp_ptr : resp_ptr + size] = body
+                                    answer = size
+                _put_answer(PROCESS_MEMORY, args, answer)
+                if self.halt is not None:  # e.g. Ctrl-C during this call (see sigint.py)
                     return self.halt_trap()
-                return trap
+                return 0
             except BaseException as exc:
                 return self.crashed(exc)
 
         CALLBACK_CODES.add(dispatch.__code__)
         return dispatch
-
-    def _cbor_call(self, index: int, caller: int, args: int) -> int:
-        bound = self.imports[index]
-        entry = bound.entry
-        name = entry.qualified_name
-        req_ptr, req_len, resp_ptr, resp_cap = _CBOR_ARGS(PROCESS_MEMORY, args)
-        if entry.never_returns:
-            return self._final_call(bound, caller, req_ptr, req_len)
-        mem = self.native
-        # Python ints do not overflow, so these sums are exact; a u32 ptr+len past 2**32 is
-        # simply larger than any memory.
-        req_end = req_ptr + req_len
-        resp_end = resp_ptr + resp_cap
-        size = mem.size_for(req_end if req_end > resp_end else resp_end)
-        if req_end > size:
-            return self.fail(
-                FailureClass.PROTOCOL,
-                f"{name}: request [{req_ptr}, +{req_len}) outside memory of {size} bytes",
-            )
-        if resp_end > size:
-            return self.fail(
-                FailureClass.PROTOCOL,
-                f"{name}: response buffer [{resp_ptr}, +{resp_cap}) outside memory of {size} bytes",
-            )
-        if req_len and resp_cap and req_ptr < resp_end and resp_ptr < req_end:
-            return self.fail(FailureClass.PROTOCOL, f"{name}: request and response overlap")
-        if not self.charge(caller, entry.fuel_price(req_len)):
-            return self.out_of_fuel(self.context_of(caller), entry)
-        if not self.gate(entry):
-            _put_i32(args, -Status.DENIED)
-            return 0
-        if req_len > entry.max_request_bytes:
-            _put_i32(args, -Status.PAYLOAD_TOO_LARGE)
-            return 0
-        if entry.commits and resp_cap < entry.max_response_bytes:
-            # Before the effect, so a retry with a bigger buffer (ABI section 7) commits once.
-            _put_i32(args, -Status.BUFFER_TOO_SMALL)
-            return 0
-        # The response is paid once its length is known, but the broker's work grows with what
-        # the guest lets it answer: refuse before the work if the most it may answer is more
-        # than the Store can pay.
-        per_byte = entry.fuel_per_byte
-        max_response = entry.max_response_bytes
-        most = per_byte * (resp_cap if resp_cap < max_response else max_response)
-        if self.fuel_debt + most >= SETTLE_FUEL and not self.can_pay(most):
-            return self.out_of_fuel(self.context_of(caller), entry)
-        request: Any = None
-        if req_len:
-            try:
-                request = decode(mem._view[req_ptr:req_end].tobytes(), self.codec_limits[index])
-            except CodecError:
-                _put_i32(args, -Status.INVALID_ARGUMENT)
-                return 0
-        try:
-            response = bound.handler(mem, request)
-        except HostStatus as st:
-            _put_i32(args, -int(st.status))
-            return 0
-        except GuestAbort as abort:
-            return self.fail(FailureClass.PANIC, abort.message)
-        except GuestDeadline:
-            return self.fail(FailureClass.DEADLINE, f"{name}: deadline reached")
-        except GuestInterrupted:
-            return self.fail(FailureClass.DEADLINE, f"{name}: interrupted by the host")
-        body = encode(response)
-        if len(body) > max_response:
-            return self.fail(
-                FailureClass.HOST_ERROR,
-                f"{name}: host produced {len(body)} bytes over the entry's {max_response}",
-            )
-        if len(body) > resp_cap:
-            _put_i32(args, -Status.BUFFER_TOO_SMALL)
-            return 0
-        if not self.charge(caller, per_byte * len(body)):
-            return self.out_of_fuel(self.context_of(caller), entry)
-        # No wasm ran during the handler, so the memory the view shows is what was checked.
-        mem._view[resp_ptr : resp_ptr + len(body)] = body
-        _put_i32(args, len(body))
-        return 0
 
     def _final_call(self, bound: BoundImport, caller: int, req_ptr: int, req_len: int) -> int:
         """An entry that never returns (``abort``): the call ends whatever the request, so no

@@ -103,8 +103,12 @@ call_unchecked = private_fn("wasmtime_func_call_unchecked", VP, VP, VP, VP, ctyp
 # NativeCall was unbound, so a bound check followed by one of these calls cannot race a close.
 memory_data = private_fn("wasmtime_memory_data", VP, VP, VP, keep_gil=True)
 memory_data_size = private_fn("wasmtime_memory_data_size", ctypes.c_size_t, VP, VP, keep_gil=True)
-set_fuel = private_fn("wasmtime_context_set_fuel", VP, VP, ctypes.c_uint64)
-get_fuel = private_fn("wasmtime_context_get_fuel", VP, VP, VP)
+# With the GIL held too: each only reads or writes the Store's fuel counter, and host calls
+# settle their fuel debt with them. Releasing the GIL for so short a call costs more than the
+# call (about 1 µs each), and hands the GIL to any thread waiting for it in the middle of a
+# host call, which on a loaded machine may not give it back for a time slice.
+set_fuel = private_fn("wasmtime_context_set_fuel", VP, VP, ctypes.c_uint64, keep_gil=True)
+get_fuel = private_fn("wasmtime_context_get_fuel", VP, VP, VP, keep_gil=True)
 set_epoch_deadline = private_fn("wasmtime_context_set_epoch_deadline", None, VP, ctypes.c_uint64)
 error_new = private_fn("wasmtime_error_new", VP, ctypes.c_char_p)
 # wasmtime_error_t* (*)(wasmtime_context_t*, void* env, uint64_t* delta, uint8_t* update_kind)
