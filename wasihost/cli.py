@@ -608,6 +608,7 @@ def _cmd_install(args: argparse.Namespace) -> int:
 
 def _cmd_endorse(args: argparse.Namespace) -> int:
     from .packaging.files import read_signing_key
+    from .packaging.trust import TrustStore
 
     old = read_signing_key(args.key)
     new = TrustStore.from_file(args.new)
