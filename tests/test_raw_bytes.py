@@ -224,3 +224,18 @@ def test_cbor_output_over_the_limit_is_refused(host: Host, tmp_path: Path) -> No
     with pytest.raises(CallError) as caught:
         ext.call("echo", b"o" * 4097)
     assert caught.value.failure is FailureClass.PROTOCOL
+
+
+def test_the_policy_ceiling_caps_a_raw_command_payload(tmp_path: Path) -> None:
+    ceilings = {"max_input_bytes": 2048, "max_output_bytes": 1024}
+    with Host(Policy(allow=frozenset(), ceilings=ceilings), cache_dir=None) as h:
+        ext = h.load(
+            rawecho_with(tmp_path, f"max_input_bytes = {MIB}\nmax_output_bytes = {MIB}"),
+            grants=[],
+        )
+        assert ext.call("echo-bytes", b"a" * 1024) == b"a" * 1024
+        with pytest.raises(CodecError, match="exceeds max_input_bytes 2048"):
+            ext.call("echo-bytes", b"a" * 2049)
+        with pytest.raises(CallError) as caught:
+            ext.call("echo-bytes", b"a" * 1025)
+        assert caught.value.failure is FailureClass.PROTOCOL
