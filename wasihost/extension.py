@@ -33,7 +33,7 @@ from .errors import (
 from .extlog import ExtensionLog, LogRecord
 from .grants import GrantState
 from .lifecycle import Event, ExtensionRevoked, ExtensionUnavailable, Lifecycle, State
-from .manifest import Manifest, Resources
+from .manifest import PAYLOAD_BYTES, Manifest, Resources
 from .package import Package
 from .planning import check_package_policy, plan_package
 from .policy import Grant
@@ -68,6 +68,25 @@ CBOR_NULL = b"\xf6"
 CLOSE_DRAIN_S = 1.0
 # How often that wait looks again: a fraction of an epoch tick.
 CLOSE_DRAIN_POLL_S = 0.005
+# The largest CBOR head (a string of up to 2**64 - 1 bytes): a CBOR command's value that is
+# one string of max_input_bytes / max_output_bytes encodes to that many bytes plus its head,
+# and must still fit, so the encoded payload may exceed the limit by this much.
+CBOR_HEAD_BYTES = 9
+
+
+@attrs.frozen
+class CommandWire:
+    """How one command's payload crosses (manifest ``input``/``output``), looked up once."""
+
+    name: bytes
+    raw_input: bool = False
+    raw_output: bool = False
+
+
+def payload_limits(max_payload: int) -> CodecLimits:
+    """A CBOR command's codec limits: a string may fill the payload limit (not the ABI's 64
+    KiB host-call string cap), the encoding may add its head; depth and items as the ABI."""
+    return CodecLimits(max_bytes=max_payload + CBOR_HEAD_BYTES, max_string_bytes=max_payload)
 
 
 class ProfileBinding(Protocol):
@@ -193,8 +212,8 @@ class Extension:
             resources.max_log_bytes,
             sink=functools.partial(sink, package.name) if sink is not None else None,
         )
-        self._input_limits = CodecLimits(max_bytes=resources.max_input_bytes)
-        self._output_limits = CodecLimits(max_bytes=resources.max_output_bytes)
+        self._input_limits = payload_limits(resources.max_input_bytes)
+        self._output_limits = payload_limits(resources.max_output_bytes)
         # Guards the pool. Held only to hand instances out and take them back, never while
         # guest code runs: calls on different instances run in parallel.
         self._lock = threading.Lock()
@@ -220,7 +239,7 @@ class Extension:
         self._authorizes = host.grants.authorizer(self._id)
         self._seen_grants: GrantState | None = None
         self.denied_capabilities: set[str] = set()
-        self._command_names: dict[str, bytes] = {}
+        self._command_names: dict[str, CommandWire] = {}
         self.steps: collections.deque[tuple[str, str]] = collections.deque(maxlen=MAX_STEPS)
         self.lifecycle = Lifecycle(self.id, on_change=self._on_transition)
         # Per-extension state of each broker serving its imports, opened on first use
@@ -721,8 +740,8 @@ class Extension:
         if resources != self.resources:
             self.resources = resources
             self.log.max_bytes = resources.max_log_bytes
-            self._input_limits = CodecLimits(max_bytes=resources.max_input_bytes)
-            self._output_limits = CodecLimits(max_bytes=resources.max_output_bytes)
+            self._input_limits = payload_limits(resources.max_input_bytes)
+            self._output_limits = payload_limits(resources.max_output_bytes)
 
     def _raise_if_halted_during(self, instance: Instance, what: str) -> None:
         """A failure caused by an operator's revocation, or by a close, interrupting the guest
@@ -849,10 +868,10 @@ class Extension:
             reason=reason,
         )
 
-    def _check_command(self, command: str) -> bytes:
-        name = self._command_names.get(command) if isinstance(command, str) else None
-        if name is not None:
-            return name
+    def _check_command(self, command: str) -> CommandWire:
+        wire = self._command_names.get(command) if isinstance(command, str) else None
+        if wire is not None:
+            return wire
         if not isinstance(command, str) or not command:
             raise ConfigError("command name must be a non-empty string")
         if command.startswith(RESERVED_PREFIX):
@@ -861,12 +880,16 @@ class Extension:
         if len(name) > MAX_COMMAND_NAME_BYTES:
             raise ConfigError(f"command name of {len(name)} bytes exceeds {MAX_COMMAND_NAME_BYTES}")
         manifest = self.manifest
-        if manifest is not None and manifest.command(command) is None:
+        spec = manifest.command(command) if manifest is not None else None
+        if manifest is not None and spec is None:
             declared = ", ".join(c.name for c in manifest.commands)
             raise ConfigError(f"command {command!r} is not declared (declared: {declared})")
+        wire = CommandWire(name)
+        if spec is not None:
+            wire = CommandWire(name, spec.input == PAYLOAD_BYTES, spec.output == PAYLOAD_BYTES)
         if len(self._command_names) < MAX_CACHED_COMMAND_NAMES:
-            self._command_names[command] = name
-        return name
+            self._command_names[command] = wire
+        return wire
 
     def call(
         self,
@@ -878,13 +901,19 @@ class Extension:
     ) -> Any:
         """Run ``command`` with ``value`` (any CBOR-encodable value) and return its output.
 
+        A command the manifest declares ``input = "bytes"`` takes ``value`` as bytes-like
+        (bytes, bytearray, a contiguous memoryview) and gets it as it is; ``output = "bytes"``
+        returns the guest's bytes as ``bytes``. ``max_input_bytes``/``max_output_bytes`` bound
+        the payload either way.
+
         One budget covers everything the call runs: on a call that needs a new instance (the
         first, the first after a crash or restart, or one more for the pool) that includes
         the start function and the handshake, and waiting for a free instance when
         ``max_concurrency`` calls are in flight. It is the extension's ``fuel_per_call`` and
         ``timeout_ms``, or ``fuel``/``timeout_ms`` for this call alone, which may lower them
         but never raise them."""
-        name = self._check_command(command)
+        wire = self._check_command(command)
+        name = wire.name
         r = self.resources
         local = self._local.state
         # An async call (aio) hands its ticket and deadline over through the thread's state,
@@ -893,8 +922,12 @@ class Extension:
         deadline = local.deadline
         if ticket is not None or deadline is not None:
             local.ticket = local.deadline = None
-        # null in or out is the commonest payload of all: skip the codec for it.
-        payload = CBOR_NULL if value is None else encode(value, self._input_limits)
+        if wire.raw_input:
+            payload = _raw_input(command, value, r.max_input_bytes)
+        else:
+            # null in or out is the commonest payload of all: skip the codec for it.
+            payload = CBOR_NULL if value is None else encode(value, self._input_limits)
+        max_body = r.max_output_bytes if wire.raw_output else r.max_output_bytes + CBOR_HEAD_BYTES
         budget: Budget | None = None
         if fuel is not None or timeout_ms is not None or deadline is not None:
             fuel = _override("fuel", fuel, r.fuel_per_call, "fuel_per_call")
@@ -923,7 +956,7 @@ class Extension:
         try:
             try:
                 # No lock here: the instance is this call's alone until it is checked in.
-                result = instance.call(name, payload, r.max_output_bytes, budget)
+                result = instance.call(name, payload, max_body, budget)
             except BaseException as exc:
                 self._record_fuel(budget.used if budget is not None else instance.last_call_fuel)
                 self._raise_if_halted_during(instance, "call")
@@ -952,6 +985,8 @@ class Extension:
                     guest_class=cls,
                     guest_message=msg,
                 )
+            if wire.raw_output:
+                return result.body
             if result.body == CBOR_NULL:
                 return None
             try:
@@ -1083,6 +1118,22 @@ def _drop(slot: _Pooled) -> None:
     slot.instance.close()
     bindings, slot.bindings = slot.bindings, {}
     _close_bindings(bindings)
+
+
+def _raw_input(command: str, value: Any, limit: int) -> bytes | bytearray | memoryview:
+    """A bytes command's input as it crosses: the caller's own buffer, checked, not copied."""
+    if isinstance(value, (bytes, bytearray)):
+        data: bytes | bytearray | memoryview = value
+    elif isinstance(value, memoryview) and value.c_contiguous:
+        data = value if value.format == "B" and value.ndim == 1 else value.cast("B")
+    else:
+        raise ConfigError(
+            f'command {command!r} takes bytes (input = "bytes" in its manifest): pass bytes, '
+            f"a bytearray or a contiguous memoryview, not {type(value).__name__}"
+        )
+    if len(data) > limit:
+        raise CodecError(f"input of {len(data)} bytes exceeds max_input_bytes {limit}")
+    return data
 
 
 def _override(name: str, value: int | None, ceiling: int, key: str) -> int:

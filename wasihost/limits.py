@@ -49,6 +49,13 @@ MIN_MAX_OUTPUT_BYTES: Final = 1
 # 16 MiB, the same bound as input: the host holds the copy in its own memory.
 MAX_MAX_OUTPUT_BYTES: Final = 16 * 1024 * 1024
 
+# The price of the host's copies of a command's payload: fuel per byte of the input written
+# into guest memory, and again per byte of the output read back. One, as a guest pays for its
+# own copy (wasmtime charges memory.copy a fuel a byte) and as every host function's bytes cost
+# (registry.MIN_FUEL_PER_BYTE): a 1 MiB echo then costs about 4.2M of the default 10M (1M in,
+# 1M out, and the guest's own two copies), where its CBOR form burnt 15M.
+COMMAND_FUEL_PER_BYTE: Final = 1
+
 # 64 KiB of log ring per extension: enough for diagnostics, too little to exhaust the host.
 DEFAULT_MAX_LOG_BYTES: Final = 64 * 1024
 # Zero turns logging off (records are dropped with QUOTA_EXCEEDED).

@@ -91,7 +91,14 @@ _EXTENSION_KEYS: Final = (
     "runtime",
 )
 _CAPABILITY_KEYS: Final = ("required", "optional")
-_COMMAND_KEYS: Final = ("description",)
+_COMMAND_KEYS: Final = ("description", "input", "output")
+# How a command's input and output cross (abi/README.md, "ABI 1.1: raw byte commands"): one
+# CBOR value, or the caller's bytes as they are, with no encoding at all.
+PAYLOAD_CBOR: Final = "cbor"
+PAYLOAD_BYTES: Final = "bytes"
+PAYLOAD_CONVENTIONS: Final = (PAYLOAD_CBOR, PAYLOAD_BYTES)
+# Raw byte commands are an ABI 1.1 addition: a 1.0 guest's SDK decodes every input as CBOR.
+BYTES_SINCE: Final = AbiVersion(1, 1)
 _EVENTS_KEYS: Final = ("classes", "command", "on_overflow", "queue_depth")
 _HTTP_KEYS: Final = ("allowed_origins", "bytes_per_hour")
 
@@ -197,10 +204,15 @@ class HttpSpec:
 
 @attrs.frozen
 class CommandSpec:
-    """One command the extension declares; ``description`` is empty when the manifest has none."""
+    """One command the extension declares; ``description`` is empty when the manifest has none.
+
+    ``input`` and ``output`` say how the payload crosses: ``"cbor"`` (one CBOR value, the
+    default) or ``"bytes"`` (the bytes themselves, ABI 1.1)."""
 
     name: str
     description: str = ""
+    input: str = PAYLOAD_CBOR
+    output: str = PAYLOAD_CBOR
 
 
 @attrs.frozen
@@ -505,7 +517,7 @@ def _parse_resources(table: Mapping[str, object] | None) -> Resources:
     return Resources(**values)
 
 
-def _parse_commands(table: Mapping[str, object]) -> tuple[CommandSpec, ...]:
+def _parse_commands(table: Mapping[str, object], abi: str) -> tuple[CommandSpec, ...]:
     if not table:
         raise ManifestError("commands", "at least one command is required")
     if len(table) > MAX_COMMANDS:
@@ -535,8 +547,24 @@ def _parse_commands(table: Mapping[str, object]) -> tuple[CommandSpec, ...]:
                 raise ManifestError(
                     description_path, "must not contain control characters (tab and newline aside)"
                 )
-        specs.append(CommandSpec(name, description))
+        conventions = [_payload_convention(value, key, path, abi) for key in ("input", "output")]
+        specs.append(CommandSpec(name, description, *conventions))
     return tuple(specs)
+
+
+def _payload_convention(command: Mapping[str, object], key: str, parent: str, abi: str) -> str:
+    value = _optional_string(command, key, parent)
+    if value is None:
+        return PAYLOAD_CBOR
+    path = _key_path(parent, key)
+    if value not in PAYLOAD_CONVENTIONS:
+        expected = ", ".join(PAYLOAD_CONVENTIONS)
+        raise ManifestError(path, f"unknown payload {_show(value)}, expected one of {expected}")
+    if value == PAYLOAD_BYTES and AbiVersion.parse(abi) < BYTES_SINCE:
+        raise ManifestError(
+            path, f"raw byte commands need extension.abi >= {BYTES_SINCE}, this one says {abi}"
+        )
+    return value
 
 
 def _parse_http(table: Mapping[str, object] | None) -> HttpSpec:
@@ -690,7 +718,7 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
         _optional_table(document, "capabilities"), known_capabilities
     )
     resources = _parse_resources(_optional_table(document, "resources"))
-    commands = _parse_commands(_required_table(document, "commands"))
+    commands = _parse_commands(_required_table(document, "commands"), extension.abi)
     http = _parse_http(_optional_table(document, "http"))
     update = _parse_update(_optional_table(document, "update"), commands)
     events = _parse_events(_optional_table(document, "events"), commands, required | optional)

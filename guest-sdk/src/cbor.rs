@@ -257,6 +257,17 @@ impl Limits {
         max_items: MAX_ITEMS,
         max_string_bytes: MAX_STRING_BYTES,
     };
+
+    /// A command's input and output: the profile's depth and item bounds, but a string may
+    /// be as long as the whole payload. The host bounds a command's payload by the extension's
+    /// `max_input_bytes` / `max_output_bytes` (up to 16 MiB), not by the 64 KiB string cap of
+    /// host-call requests, so that one value can carry what those limits allow.
+    pub const COMMAND: Limits = Limits {
+        max_bytes: usize::MAX,
+        max_depth: MAX_DEPTH,
+        max_items: MAX_ITEMS,
+        max_string_bytes: usize::MAX,
+    };
 }
 
 impl Default for Limits {

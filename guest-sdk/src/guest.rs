@@ -24,6 +24,11 @@ use crate::host::{push_text, truncate};
 /// A command handler: the decoded input in, the output value or an error out.
 pub type Handler = fn(Value) -> Result<Value>;
 
+/// A raw byte command's handler (ABI 1.1): the input bytes as the caller passed them in, the
+/// output bytes out (no CBOR either way), or an error (sent, as for every command, as the
+/// CBOR error map). Its manifest entry says `input = "bytes", output = "bytes"`.
+pub type BytesHandler = fn(&[u8]) -> Result<Vec<u8>>;
+
 /// Decides the answer to `wasihost.welcome` (see [`guest!`](crate::guest!)'s `welcome:`).
 pub type WelcomeHook = fn(&Welcome) -> Readiness;
 
@@ -34,6 +39,15 @@ pub struct Command {
     pub name: &'static str,
     /// The function that runs it.
     pub handler: Handler,
+}
+
+/// One raw byte command of the dispatch table (ABI 1.1).
+#[derive(Clone, Copy)]
+pub struct BytesCommand {
+    /// Name the host calls it by: `[a-z][a-z0-9_-]{0,63}`.
+    pub name: &'static str,
+    /// The function that runs it.
+    pub handler: BytesHandler,
 }
 
 /// Everything the SDK needs to answer calls; [`guest!`](crate::guest!) builds it.
@@ -49,6 +63,8 @@ pub struct Guest {
     pub features: &'static [&'static str],
     /// The commands.
     pub commands: &'static [Command],
+    /// The raw byte commands (ABI 1.1; empty for a 1.0 guest).
+    pub bytes_commands: &'static [BytesCommand],
     /// Optional custom answer to `wasihost.welcome`.
     pub welcome: Option<WelcomeHook>,
 }
@@ -178,7 +194,14 @@ enum Target {
     Hello,
     Welcome,
     User(Handler),
+    Bytes(BytesHandler),
     Unknown(String),
+}
+
+/// A command's answer: a value to encode, or a raw byte command's bytes.
+enum Output {
+    Value(Value),
+    Bytes(Vec<u8>),
 }
 
 /// Body of the `wasihost_call` export.
@@ -186,14 +209,19 @@ pub fn call(guest: &Guest, ptr: i32, cmd_len: i32, in_len: i32) -> i64 {
     install_panic_hook();
     // The previous response was valid until this entry.
     with_state(|s| s.response = Vec::new());
-    let response = respond(run(guest, ptr as u32 as usize, cmd_len as u32 as usize, in_len as u32 as usize));
+    let response = respond(run(
+        guest,
+        ptr as u32 as usize,
+        cmd_len as u32 as usize,
+        in_len as u32 as usize,
+    ));
     let addr = response.as_ptr() as usize as u64;
     let len = response.len() as u64;
     with_state(|s| s.response = response);
     ((addr << 32) | len) as i64
 }
 
-fn run(guest: &Guest, ptr: usize, cmd_len: usize, in_len: usize) -> Result<Value> {
+fn run(guest: &Guest, ptr: usize, cmd_len: usize, in_len: usize) -> Result<Output> {
     let size = with_state(|s| {
         let i = s.blocks.iter().position(|&(p, _)| p == ptr)?;
         Some(s.blocks.swap_remove(i).1)
@@ -208,14 +236,23 @@ fn run(guest: &Guest, ptr: usize, cmd_len: usize, in_len: usize) -> Result<Value
         let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, total) };
         let (name, input) = bytes.split_at(cmd_len);
         let target = resolve(guest, name);
+        // A raw byte command reads its input in place, so the block outlives its handler.
+        if let Target::Bytes(handler) = target {
+            return Err(handler(input));
+        }
         let input = if input.is_empty() {
             Ok(Value::Null)
         } else {
-            cbor::decode_with(input, &Limits::DEFAULT)
+            cbor::decode_with(input, &Limits::COMMAND)
         };
-        (target, input)
+        Ok((target, input))
     });
     free_block(ptr, size);
+    let decoded = match decoded {
+        Some(Err(raw)) => return raw.map(Output::Bytes),
+        Some(Ok(d)) => Some(d),
+        None => None,
+    };
     let (target, input) = match decoded {
         Some(d) => d,
         None => return Err(protocol("wasihost_call: lengths exceed the block")),
@@ -226,9 +263,10 @@ fn run(guest: &Guest, ptr: usize, cmd_len: usize, in_len: usize) -> Result<Value
             format!("no command named \"{}\"", truncate(&name, 255)),
         )
         .with_status(Status::NOT_FOUND)),
-        Target::Hello => Ok(hello(guest)),
-        Target::Welcome => Ok(handle_welcome(guest, input.ok()).to_value()),
-        Target::User(handler) => handler(input?),
+        Target::Hello => Ok(Output::Value(hello(guest))),
+        Target::Welcome => Ok(Output::Value(handle_welcome(guest, input.ok()).to_value())),
+        Target::User(handler) => handler(input?).map(Output::Value),
+        Target::Bytes(_) => unreachable!("raw byte commands return before the block is freed"),
     }
 }
 
@@ -244,7 +282,10 @@ fn resolve(guest: &Guest, name: &[u8]) -> Target {
         _ if name.starts_with("wasihost.") => Target::Unknown(name.to_owned()),
         _ => match guest.commands.iter().find(|c| c.name == name) {
             Some(c) => Target::User(c.handler),
-            None => Target::Unknown(name.to_owned()),
+            None => match guest.bytes_commands.iter().find(|c| c.name == name) {
+                Some(c) => Target::Bytes(c.handler),
+                None => Target::Unknown(name.to_owned()),
+            },
         },
     }
 }
@@ -303,16 +344,50 @@ fn handle_welcome(guest: &Guest, input: Option<Value>) -> Readiness {
 const MAX_CLASS_BYTES: usize = 64;
 const MAX_MESSAGE_BYTES: usize = 1024;
 
-fn respond(result: Result<Value>) -> Vec<u8> {
+fn respond(result: Result<Output>) -> Vec<u8> {
     match result {
-        Ok(value) => {
+        Ok(Output::Value(value)) => {
             let mut out = vec![0u8; 4];
-            match cbor::encode_into(&value, &mut out, &Limits::DEFAULT) {
+            match cbor::encode_into(&value, &mut out, &Limits::COMMAND) {
                 Ok(()) => out,
                 Err(e) => error_response(&Error::new("invalid_output", e.to_string())),
             }
         }
+        Ok(Output::Bytes(body)) => {
+            // Status OK (0) and the body after it: the response block's layout (ABI section 5).
+            let mut out = Vec::new();
+            if out.try_reserve_exact(4 + body.len()).is_err() {
+                return error_response(&Error::new("invalid_output", "no memory for the output"));
+            }
+            out.extend_from_slice(&[0u8; 4]);
+            append_bytes(&mut out, &body);
+            out
+        }
         Err(e) => error_response(&e),
+    }
+}
+
+/// `bytes` copied into a new vector in one bulk copy: the way for a raw byte command to turn
+/// (part of) its input into output.
+///
+/// Built with `-C target-feature=+bulk-memory` (as `fixtures/build` does), the copy is one
+/// `memory.copy`, at memory speed and one fuel, where `<[u8]>::to_vec` may call the standard
+/// library's precompiled `memcpy`, a loop costing about a fuel a byte.
+pub fn to_bytes(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    append_bytes(&mut out, bytes);
+    out
+}
+
+/// Appends `bytes` to `out` in one bulk copy (see [`to_bytes`]).
+pub fn append_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.reserve(bytes.len());
+    let len = out.len();
+    // SAFETY: `reserve` made room for `bytes.len()` more bytes after `len`; `bytes` is a
+    // distinct borrow, so the ranges do not overlap; all of them are initialised by the copy.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr().add(len), bytes.len());
+        out.set_len(len + bytes.len());
     }
 }
 
@@ -394,6 +469,14 @@ pub const fn check_guest(id: &str, version: &str, features: &[&str], commands: &
             panic!("guest!: duplicate feature");
         }
         i += 1;
+    }
+}
+
+/// Raw byte commands are an ABI 1.1 addition: a guest that has any must say `abi: "1.1"` (or
+/// later), so that its marker, and so its manifest's `abi`, allow `input = "bytes"`.
+pub const fn check_bytes_abi(abi: &str, bytes_commands: &[&str]) {
+    if !bytes_commands.is_empty() && bytes_eq(abi.as_bytes(), b"1.0") {
+        panic!("guest!: bytes_commands need abi: \"1.1\"");
     }
 }
 
@@ -488,7 +571,25 @@ pub(crate) const fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
 ///   answer; by default [`Readiness::from_grant`] (ready if every feature was granted,
 ///   degraded otherwise);
 /// - `commands: { "name" => handler, .. }`: each handler is a
-///   `fn(Value) -> Result<Value, Error>` (a function path or a non-capturing closure).
+///   `fn(Value) -> Result<Value, Error>` (a function path or a non-capturing closure);
+/// - `bytes_commands: { "name" => handler, .. }` (optional, ABI 1.1, so with `abi: "1.1"`):
+///   raw byte commands, each a [`BytesHandler`] `fn(&[u8]) -> Result<Vec<u8>, Error>` that
+///   gets the caller's bytes as they are and returns the output bytes, with no CBOR. The
+///   manifest decides what crosses: list each as `name = { input = "bytes", output = "bytes" }`
+///   under `[commands]`. Names share one space with `commands`.
+///
+/// ```ignore
+/// wasihost_guest::guest! {
+///     id: "org.example.blob",
+///     version: "0.1.0",
+///     abi: "1.1",
+///     features: [],
+///     commands: {},
+///     bytes_commands: {
+///         "reverse" => |input| Ok(input.iter().rev().copied().collect()),
+///     }
+/// }
+/// ```
 ///
 /// Invoke it once, at the crate root of a `cdylib`. Names are checked at compile time.
 #[macro_export]
@@ -499,11 +600,21 @@ macro_rules! guest {
         $(abi: $abi:literal,)?
         features: [$($feature:expr),* $(,)?],
         $(welcome: $welcome:expr,)?
-        commands: { $($name:literal => $handler:expr),* $(,)? } $(,)?
+        commands: { $($name:literal => $handler:expr),* $(,)? }
+        $(, bytes_commands: { $($bname:literal => $bhandler:expr),* $(,)? })? $(,)?
     ) => {
         $crate::abi_marker!($($abi)?);
 
-        const _: () = $crate::guest::check_guest($id, $version, &[$($feature),*], &[$($name),*]);
+        const _: () = $crate::guest::check_guest(
+            $id,
+            $version,
+            &[$($feature),*],
+            &[$($name,)* $($($bname,)*)?],
+        );
+        const _: () = $crate::guest::check_bytes_abi(
+            $crate::__wasihost_abi_version!($($abi)?),
+            &[$($($bname),*)?],
+        );
 
         #[doc(hidden)]
         static __WASIHOST_GUEST: $crate::guest::Guest = $crate::guest::Guest {
@@ -512,6 +623,7 @@ macro_rules! guest {
             abi: $crate::__wasihost_abi_version!($($abi)?),
             features: &[$($feature),*],
             commands: &[$($crate::guest::Command { name: $name, handler: $handler }),*],
+            bytes_commands: &[$($($crate::guest::BytesCommand { name: $bname, handler: $bhandler }),*)?],
             welcome: $crate::__wasihost_welcome_hook!($($welcome)?),
         };
 

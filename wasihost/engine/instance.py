@@ -17,6 +17,7 @@ from wasmtime import _bindings as raw
 from wasmtime import _ffi as ffi
 
 from ..errors import CallError, ConfigError, FailureClass
+from ..limits import COMMAND_FUEL_PER_BYTE
 from . import sigint
 from .hostcalls import (
     BoundImport,
@@ -384,10 +385,18 @@ class Instance:
         )
 
     def call(
-        self, command: bytes, payload: bytes, max_output_bytes: int, budget: Budget | None = None
+        self,
+        command: bytes,
+        payload: bytes | bytearray | memoryview,
+        max_output_bytes: int,
+        budget: Budget | None = None,
     ) -> CallResult:
         """Run one command per the ABI calling convention, under what is left of ``budget``
-        (a fresh per-call budget when None). One thread at a time."""
+        (a fresh per-call budget when None). One thread at a time.
+
+        ``payload`` (bytes-like, one byte per item) is copied once into the guest's block and
+        the response body once out of guest memory; each copy costs ``COMMAND_FUEL_PER_BYTE`` a
+        byte of the call's fuel."""
         host = self._ctx
         if self.closed or host.interrupted:
             raise CallError(
@@ -396,11 +405,6 @@ class Instance:
             )
         if THREAD_STACK.size < self._stack_needed:
             check_thread_stack(self._stack_needed)
-        token = self._token
-        try:
-            token.pop()
-        except IndexError:
-            raise _in_use() from None
         # _arm and _account inlined: method calls are a measurable share of a no-op call.
         if budget is None:
             fuel = self._limits.fuel
@@ -408,14 +412,27 @@ class Instance:
         else:
             fuel = budget.fuel
             deadline = budget.deadline
+        # The host's copy of the input is paid for before it is made, like the guest's work.
+        input_price = len(payload) * COMMAND_FUEL_PER_BYTE
+        if input_price >= fuel:
+            raise CallError(
+                FailureClass.OUT_OF_FUEL,
+                f"{fuel} fuel cannot pay for copying {len(payload)} bytes of input "
+                f"({COMMAND_FUEL_PER_BYTE} a byte)",
+            )
+        token = self._token
+        try:
+            token.pop()
+        except IndexError:
+            raise _in_use() from None
         ctx = self._ctx_addr
         try:
-            set_fuel(ctx, fuel)
+            set_fuel(ctx, fuel - input_price)
             set_epoch_deadline(ctx, 1)
             host.fuel_debt = 0
             host.native.deadline = deadline
-            block = command + payload
-            total = len(block)
+            cmd_len = len(command)
+            total = cmd_len + len(payload)
             args1 = self._args1
             args1[0].i32 = total
             # _invoke inlined: two method calls are a measurable share of a no-op call.
@@ -431,11 +448,14 @@ class Instance:
                     f"wasihost_alloc({total}) returned {ptr}, not a block inside memory of "
                     f"{size} bytes",
                 )
-            mem._view[ptr : ptr + total] = block
+            # Name and payload written in place: no joined copy of a large payload first.
+            view = mem._view
+            view[ptr : ptr + cmd_len] = command
+            view[ptr + cmd_len : ptr + total] = payload
             args3 = self._args3
             args3[0].i32 = ptr
-            args3[1].i32 = len(command)
-            args3[2].i32 = len(payload)
+            args3[1].i32 = cmd_len
+            args3[2].i32 = total - cmd_len
             err = call_unchecked(ctx, self._call_addr, self._args3_addr, 3, self._trap_slot_addr)
             if err or self._trap_slot.value:
                 self._raise_failure(err)
@@ -459,7 +479,11 @@ class Instance:
                     f"response body of {resp_len - 4} bytes over the output limit of "
                     f"{max_output_bytes}",
                 )
-            data = mem._view[resp_ptr : resp_ptr + resp_len].tobytes()
+            # The copy out is paid for like a host call's bytes: settled as the call ends.
+            host.fuel_debt += resp_len * COMMAND_FUEL_PER_BYTE
+            view = mem._view
+            status = int.from_bytes(view[resp_ptr : resp_ptr + 4], "little")
+            body = view[resp_ptr + 4 : resp_ptr + resp_len].tobytes()  # the one copy out
         finally:
             get_fuel(ctx, self._fuel_left_addr)
             left = self._fuel_left.value
@@ -478,7 +502,7 @@ class Instance:
             raise self._halted()  # e.g. Ctrl-C that came after the guest's last host call
         if debt > left:
             raise _overrun()
-        return CallResult(int.from_bytes(data[:4], "little"), data[4:], used)
+        return CallResult(status, body, used)
 
     @property
     def interrupted(self) -> bool:
