@@ -11,6 +11,7 @@ import collections
 import functools
 import secrets
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -45,6 +46,8 @@ T = TypeVar("T")
 RESERVED_PREFIX = "wasihost."
 # A command name crosses into the guest on every call; the ABI bounds it at 255 bytes.
 MAX_COMMAND_NAME_BYTES = 255
+# Why a call is refused once the host's shutdown has begun (Host.close with a timeout).
+SHUTTING_DOWN = "the host is shutting down"
 # Handshake answers are a few short fields; anything bigger is a confused or hostile guest.
 MAX_HANDSHAKE_BYTES = 4096
 # A guest's error map is for a human: class and message, bounded.
@@ -136,6 +139,8 @@ class Extension:
         # Per-extension state of each broker serving its imports, opened on first use
         # (Broker.open) and closed with the extension (Broker.close).
         self._broker_states: dict[int, tuple[Any, Any]] = {}
+        # Set by the host's shutdown: every new call is refused (the one in flight finishes).
+        self._draining = False
 
     @property
     def id(self) -> str:
@@ -359,6 +364,8 @@ class Extension:
             return  # nothing changed since the last call: the common case, kept cheap
         if self.lifecycle.state is State.CLOSED:
             raise self._unavailable()
+        if self._draining:
+            raise ExtensionUnavailable(self.id, self.lifecycle.state, SHUTTING_DOWN)
         table = self.host.grants.state(self.id)
         if table.revoked is not None or self.lifecycle.state is State.REVOKED:
             self.lifecycle.try_fire(Event.REVOKE, table.revoked)
@@ -578,6 +585,8 @@ class Extension:
         ``fuel_per_call`` and ``timeout_ms``, or ``fuel``/``timeout_ms`` for this call alone,
         which may lower them but never raise them."""
         name = self._check_command(command)
+        if self._draining:  # refused at once, not after the call in flight
+            raise ExtensionUnavailable(self.id, self.lifecycle.state, SHUTTING_DOWN)
         r = self.resources
         # null in or out is the commonest payload of all: skip the codec for it.
         payload = CBOR_NULL if value is None else encode(value, self._input_limits)
@@ -654,6 +663,38 @@ class Extension:
 
     def logs(self) -> tuple[LogRecord, ...]:
         return self.log.records
+
+    def drain(self) -> None:
+        """The host is shutting down: refuse every new call from now on; the call in flight
+        (if any) goes on until the host's deadline."""
+        self._draining = True
+        self._seen_grants = None  # so that the next call takes the slow path and is refused
+
+    def run_shutdown_hook(self, deadline: float) -> str:
+        """Wait (until ``deadline``, on ``time.monotonic()``) for the call in flight, then run
+        the manifest's ``[lifecycle] on_shutdown`` command on the live instance with what
+        remains of the deadline as its timeout. Returns what happened, for the journal; never
+        raises for the guest's sake. No hook, or no live instance: nothing to run."""
+        hook = self.manifest.on_shutdown if self.manifest is not None else None
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return "a call was still running at the deadline"
+        try:
+            instance = self._instance
+            if hook is None or instance is None or self.lifecycle.state is State.CLOSED:
+                return "no shutdown hook to run"
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms < 1:
+                return "no time left for the shutdown hook"
+            r = self.resources
+            budget = Budget(r.fuel_per_call, min(left_ms, r.timeout_ms))
+            try:
+                result = instance.call(hook.encode(), CBOR_NULL, r.max_output_bytes, budget)
+            except Exception as exc:  # the guest's failure is reported, never raised
+                self._discard()
+                return f"shutdown hook failed: {type(exc).__name__}: {str(exc)[:200]}"
+            return "shutdown hook ran" if result.status == 0 else "shutdown hook answered an error"
+        finally:
+            self._lock.release()
 
     def close(self, reason: str = "closed") -> None:
         """Close for good: the call in flight is interrupted (not waited out), the instance
