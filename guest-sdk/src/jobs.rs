@@ -149,8 +149,7 @@ pub fn schedule(job: &Job) -> Result<u64> {
 /// Cancels the job `id`; returns whether one of this extension's jobs was cancelled. A run in
 /// progress finishes.
 pub fn cancel(id: u64) -> Result<bool> {
-    let mut request = Vec::with_capacity(9);
-    host::push_head(&mut request, 0, id);
+    let request = cbor::encode(&Value::from(id))?;
     let response = host::call(&JOBS_CANCEL, &request, JOBS_CANCEL.max_response_bytes, |a, b, c, d| unsafe {
         raw_jobs_cancel(a, b, c, d)
     })?;
