@@ -436,8 +436,7 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-// The jobs entries are declared last so that adding them moved no line above (the
-// fixtures' panic locations, and so their bytes, stay as they were).
+// The jobs broker's entries (ABI 1.1), listed in HOST_FUNCTIONS above.
 /// `jobs_schedule` (ABI 1.1, capability `jobs`): Schedule a background job: one of the manifest's [jobs] commands, run once after delay_ms, every every_ms (at least 1000), or on each event of class on_event.
 pub const JOBS_SCHEDULE: HostFn = HostFn {
     name: "jobs_schedule",
