@@ -102,6 +102,6 @@ def test_capabilities_exclude_core() -> None:
 
     caps = default_registry().capabilities()
     assert caps == {
-        "log", "clock", "random", "storage", "secrets", "http", "files", "events"
+        "log", "clock", "random", "storage", "secrets", "http", "files", "events", "jobs"
     } | set(WASI_CAPABILITIES)
     assert "core" not in caps

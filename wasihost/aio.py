@@ -19,7 +19,6 @@ says the caller stopped waiting, as everywhere in asyncio.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import functools
@@ -37,6 +36,8 @@ from .extension import CallTicket, Extension, _override
 from .lifecycle import State
 
 if TYPE_CHECKING:
+    import asyncio
+
     from .extension import Handshake
     from .extlog import LogRecord
     from .lifecycle import Lifecycle
@@ -272,6 +273,8 @@ async def call_async(
 ) -> Any:
     """:meth:`Extension.call` on a call thread of ``ext``'s host (see the module docstring
     for cancellation). The deadline runs from now: waiting for a thread counts."""
+    import asyncio
+
     if ext.lifecycle.state is State.CLOSED:
         raise ext._unavailable()  # as call() says it, even once the host's threads are gone
     timeout = _override("timeout_ms", timeout_ms, ext.resources.timeout_ms, "timeout_ms")
@@ -330,6 +333,8 @@ async def call_async(
 async def _on_thread(host: Host, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """A blocking host operation (admission compiles; close waits a tick per call) on one of
     the host's call threads, so the loop stays free."""
+    import asyncio
+
     future = host.call_workers().submit(functools.partial(fn, *args, **kwargs))
     return await asyncio.wrap_future(future)
 
@@ -423,6 +428,8 @@ class AsyncHost:
 
     async def aclose(self) -> None:
         """Close the host: calls in flight are interrupted (each within a tick or so)."""
+        import asyncio
+
         await asyncio.to_thread(self.host.close)
 
 

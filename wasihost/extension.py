@@ -48,6 +48,8 @@ T = TypeVar("T")
 RESERVED_PREFIX = "wasihost."
 # A command name crosses into the guest on every call; the ABI bounds it at 255 bytes.
 MAX_COMMAND_NAME_BYTES = 255
+# Why a call is refused once the host's shutdown has begun (Host.close with a timeout).
+SHUTTING_DOWN = "the host is shutting down"
 # Handshake answers are a few short fields; anything bigger is a confused or hostile guest.
 MAX_HANDSHAKE_BYTES = 4096
 # A guest's error map is for a human: class and message, bounded.
@@ -245,6 +247,8 @@ class Extension:
         # Per-extension state of each broker serving its imports, opened on first use
         # (Broker.open) and closed with the extension (Broker.close).
         self._broker_states: dict[int, tuple[Any, Any]] = {}
+        # Set by the host's shutdown: every new call is refused (the one in flight finishes).
+        self._draining = False
 
     @property
     def id(self) -> str:
@@ -677,6 +681,8 @@ class Extension:
             return  # nothing changed since the last call: the common case, kept cheap
         if self.lifecycle.state is State.CLOSED:
             raise self._unavailable()
+        if self._draining:
+            raise ExtensionUnavailable(self.id, self.lifecycle.state, SHUTTING_DOWN)
         table = self.host.grants.state(self.id)
         if table.revoked is not None or self.lifecycle.state is State.REVOKED:
             self.lifecycle.try_fire(Event.REVOKE, table.revoked)
@@ -914,6 +920,8 @@ class Extension:
         but never raise them."""
         wire = self._check_command(command)
         name = wire.name
+        if self._draining:  # refused at once, not after the call in flight
+            raise ExtensionUnavailable(self.id, self.lifecycle.state, SHUTTING_DOWN)
         r = self.resources
         local = self._local.state
         # An async call (aio) hands its ticket and deadline over through the thread's state,
@@ -1081,6 +1089,44 @@ class Extension:
 
     def logs(self) -> tuple[LogRecord, ...]:
         return self.log.records
+
+    def drain(self) -> None:
+        """The host is shutting down: refuse every new call from now on; the call in flight
+        (if any) goes on until the host's deadline."""
+        self._draining = True
+        self._seen_grants = None  # so that the next call takes the slow path and is refused
+
+    def run_shutdown_hook(self, deadline: float) -> str:
+        """Wait (until ``deadline``, on ``time.monotonic()``) for the calls in flight, then run
+        the manifest's ``[lifecycle] on_shutdown`` command on an idle instance with what
+        remains of the deadline as its timeout. Returns what happened, for the journal; never
+        raises for the guest's sake. No hook, or no live instance: nothing to run."""
+        hook = self.manifest.on_shutdown if self.manifest is not None else None
+        with self._lock:
+            while self._in_use() and time.monotonic() < deadline:
+                self._waiting += 1
+                try:
+                    self._freed.wait(min(CLOSE_DRAIN_POLL_S, max(0.0, deadline - time.monotonic())))
+                finally:
+                    self._waiting -= 1
+            if self._in_use():
+                return "a call was still running at the deadline"
+            if hook is None or not self._idle or self.lifecycle.state is State.CLOSED:
+                return "no shutdown hook to run"
+            slot = self._idle.pop()  # checked out: an interrupt (close) still reaches it
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms < 1:
+            self._checkin(slot)
+            return "no time left for the shutdown hook"
+        r = self.resources
+        budget = Budget(r.fuel_per_call, min(left_ms, r.timeout_ms))
+        try:
+            result = slot.instance.call(hook.encode(), CBOR_NULL, r.max_output_bytes, budget)
+        except Exception as exc:  # the guest's failure is reported, never raised
+            self._unregister(slot)
+            return f"shutdown hook failed: {type(exc).__name__}: {str(exc)[:200]}"
+        self._checkin(slot)
+        return "shutdown hook ran" if result.status == 0 else "shutdown hook answered an error"
 
     def close(self, reason: str = "closed") -> None:
         """Close for good: every call in flight is interrupted (not waited out), its instance

@@ -70,6 +70,10 @@ DEFAULT_OVERFLOW: Final = "drop"
 # burst, small enough that a stalled consumer holds little (the broker also caps the bytes).
 DEFAULT_QUEUE_DEPTH: Final = 64
 MAX_QUEUE_DEPTH: Final = 1024
+# Background jobs one extension may hold at once: each is a timer (or an event hook) the host
+# keeps for it, and a run on the jobs broker's few threads; 32 covers any plugin's upkeep.
+MAX_JOBS_PER_EXTENSION: Final = 32
+DEFAULT_MAX_JOBS: Final = 8
 
 _TABLES: Final = (
     "extension",
@@ -79,6 +83,8 @@ _TABLES: Final = (
     "update",
     "events",
     "http",
+    "jobs",
+    "lifecycle",
 )
 _EXTENSION_KEYS: Final = (
     "schema",
@@ -101,6 +107,8 @@ PAYLOAD_CONVENTIONS: Final = (PAYLOAD_CBOR, PAYLOAD_BYTES)
 BYTES_SINCE: Final = AbiVersion(1, 1)
 _EVENTS_KEYS: Final = ("classes", "command", "on_overflow", "queue_depth")
 _HTTP_KEYS: Final = ("allowed_origins", "bytes_per_hour")
+_JOBS_KEYS: Final = ("commands", "max_jobs", "max_runtime_ms", "fuel")
+_LIFECYCLE_KEYS: Final = ("on_shutdown",)
 
 _ID = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z0-9-]+)+")
 # SemVer 2.0.0, built from the grammar of semver.org: numeric identifiers without leading
@@ -242,6 +250,18 @@ class EventsSpec:
 
 
 @attrs.frozen
+class JobsSpec:
+    """The ``[jobs]`` table: the commands a job may run, how many jobs the extension may hold,
+    and the budget of each run (at most the extension's own ``timeout_ms`` and
+    ``fuel_per_call``)."""
+
+    commands: tuple[str, ...]
+    max_jobs: int
+    max_runtime_ms: int
+    fuel: int
+
+
+@attrs.frozen
 class Manifest:
     """A validated ``extension.toml``."""
 
@@ -260,6 +280,10 @@ class Manifest:
     http: HttpSpec = HttpSpec()
     update: UpdateSpec = UpdateSpec()
     events: EventsSpec | None = None
+    jobs: JobsSpec | None = None
+    # The ``[lifecycle] on_shutdown`` hook: a command the host calls once when it shuts down,
+    # under what remains of the shutdown deadline.
+    on_shutdown: str | None = None
 
     def command(self, name: str) -> CommandSpec | None:
         """The declared command called ``name``, or None."""
@@ -687,6 +711,63 @@ def _parse_events(
     return EventsSpec(tuple(classes), command, on_overflow, depth)
 
 
+def _bounded_int(table: Mapping[str, object], key: str, default: int, top: int) -> int:
+    value = table.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ManifestError(f"jobs.{key}", f"expected an integer, got {_type_name(value)}")
+    if not 1 <= value <= top:
+        raise ManifestError(f"jobs.{key}", f"{_show(value)} is outside 1..{top}")
+    return value
+
+
+def _parse_jobs(
+    table: Mapping[str, object] | None,
+    commands: tuple[CommandSpec, ...],
+    requested: frozenset[str],
+    resources: Resources,
+) -> JobsSpec | None:
+    if table is None:
+        return None
+    _check_keys(table, "jobs", _JOBS_KEYS)
+    if "jobs" not in requested:
+        raise ManifestError(
+            "jobs", "the jobs capability must be listed in capabilities.required or optional"
+        )
+    value = table.get("commands")
+    if not isinstance(value, list) or not value:
+        raise ManifestError("jobs.commands", "expected a non-empty array of command names")
+    declared = {spec.name for spec in commands}
+    names: list[str] = []
+    for index, item in enumerate(value):
+        if not isinstance(item, str) or item not in declared:
+            raise ManifestError(
+                f"jobs.commands[{index}]", f"{_show(item)} is not one of the manifest's [commands]"
+            )
+        if item in names:
+            raise ManifestError(f"jobs.commands[{index}]", f"duplicate command {_show(item)}")
+        names.append(item)
+    return JobsSpec(
+        tuple(names),
+        _bounded_int(table, "max_jobs", DEFAULT_MAX_JOBS, MAX_JOBS_PER_EXTENSION),
+        _bounded_int(table, "max_runtime_ms", resources.timeout_ms, resources.timeout_ms),
+        _bounded_int(table, "fuel", resources.fuel_per_call, resources.fuel_per_call),
+    )
+
+
+def _parse_lifecycle(
+    table: Mapping[str, object] | None, commands: tuple[CommandSpec, ...]
+) -> str | None:
+    if table is None:
+        return None
+    _check_keys(table, "lifecycle", _LIFECYCLE_KEYS)
+    hook = _optional_string(table, "on_shutdown", "lifecycle")
+    if hook is not None and hook not in {spec.name for spec in commands}:
+        raise ManifestError(
+            "lifecycle.on_shutdown", f"{_show(hook)} is not one of the manifest's [commands]"
+        )
+    return hook
+
+
 def _load_toml(text: str) -> dict[str, Any]:
     if len(text) > MAX_MANIFEST_CHARS:
         raise ManifestError("", f"manifest of {len(text)} characters exceeds {MAX_MANIFEST_CHARS}")
@@ -722,6 +803,8 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
     http = _parse_http(_optional_table(document, "http"))
     update = _parse_update(_optional_table(document, "update"), commands)
     events = _parse_events(_optional_table(document, "events"), commands, required | optional)
+    jobs = _parse_jobs(_optional_table(document, "jobs"), commands, required | optional, resources)
+    on_shutdown = _parse_lifecycle(_optional_table(document, "lifecycle"), commands)
     return Manifest(
         schema=extension.schema,
         id=extension.id,
@@ -738,4 +821,6 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
         http=http,
         update=update,
         events=events,
+        jobs=jobs,
+        on_shutdown=on_shutdown,
     )

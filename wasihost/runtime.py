@@ -10,10 +10,12 @@ table and (with a state directory) the durable state.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +75,13 @@ MAX_CLOSING_THREADS = 8
 # verifying it costs about a tenth of a millisecond, so once a second is invisible beside the
 # calls, and a revocation published reaches a busy extension within a second.
 REVOCATION_RECHECK_S = 1.0
+# The longest shutdown deadline Host.close accepts: ten minutes (the longest call timeout,
+# limits.MAX_TIMEOUT_MS) is more than any orderly flush needs.
+MAX_SHUTDOWN_S = 600.0
+# After its deadline, Host.close interrupts what still runs and waits this long for the flush
+# threads to see it: an interrupt reaches a running guest within one epoch tick (10 ms), so
+# this is slack for a loaded machine, not time a guest can use.
+TERMINATE_WAIT_S = 1.0
 
 
 
@@ -233,28 +242,75 @@ class Host:
         key: str | None = None,
     ) -> int:
         """Publish an event to the extensions subscribed to ``event_class`` (see
-        docs/events.md): ``host.broker("events").publish(...)``. Returns how many subscriptions
-        queued it; delivery happens on the events broker's own threads."""
+        docs/events.md): ``host.broker("events").publish(...)``, and to the event-driven jobs
+        listening to it (``host.broker("jobs").trigger(...)``, docs/jobs.md). Returns how many
+        subscriptions and jobs queued it; delivery happens on the brokers' own threads."""
+        if self.closed:
+            raise ConfigError("this host is closed")
         publish = getattr(self.broker("events"), "publish", None)
         if publish is None:
             raise ConfigError("the events broker serving this host has no publish()")
-        return int(publish(event_class, payload, critical=critical, key=key))
+        accepted = int(publish(event_class, payload, critical=critical, key=key))
+        jobs = next((b for b in self.functions.brokers() if b.name == "jobs"), None)
+        trigger = getattr(jobs, "trigger", None)
+        if trigger is not None:
+            accepted += int(trigger(event_class, payload))
+        return accepted
 
-    def close(self) -> None:
-        """Close every extension (their calls in flight are interrupted, later calls answer
-        ``unavailable``), then the engine and the state. Idempotent."""
+    def close(self, timeout_s: float = 0.0) -> None:
+        """Shut down in phases, done within ``timeout_s`` seconds (plus about an epoch tick);
+        docs/supervision.md, "Shutdown". Idempotent.
+
+        1. Stop new work: nothing more is admitted or published, and each broker with a
+           ``quiesce()`` starts nothing new (no event delivery, no job run).
+        2. Refuse new calls: every extension answers ``unavailable`` to a call not yet started.
+        3. Flush: calls in flight get until the deadline; then each extension's ``[lifecycle]
+           on_shutdown`` command runs on its live instance with what remains as its timeout.
+        4. Checkpoint: nothing to write. Durable state (grants, storage, the journal) commits
+           per operation in SQLite transactions, so what a finished call did is already on
+           disk and what an interrupted one had not committed never is.
+        5. Terminate: every extension is closed (what still runs is interrupted), the brokers
+           stop their threads, then the engine and the state close.
+
+        ``close()`` (no timeout) interrupts everything in flight at once, as before."""
+        if (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, (int, float))
+            or not 0 <= timeout_s <= MAX_SHUTDOWN_S
+        ):
+            raise ConfigError(f"timeout_s must be a number of seconds in 0..{MAX_SHUTDOWN_S:g}")
+        deadline = time.monotonic() + timeout_s
         with self._lock:
             if self.closed:
                 return
             self.closed = True
             extensions = list(self._extensions.values())
+        for broker in self.functions.brokers():
+            quiesce = getattr(broker, "quiesce", None)
+            if quiesce is not None:
+                quiesce()
+        for ext in extensions:
+            ext.drain()
+        flushing: list[concurrent.futures.Future[str]] = []
+        pool: ThreadPoolExecutor | None = None
+        if timeout_s > 0 and extensions:
+            pool = ThreadPoolExecutor(
+                min(MAX_CLOSING_THREADS, len(extensions)), thread_name_prefix="wasihost-shutdown"
+            )
+            flushing = [pool.submit(ext.run_shutdown_hook, deadline) for ext in extensions]
+            concurrent.futures.wait(flushing, timeout=max(0.0, deadline - time.monotonic()))
+            for ext, future in zip(extensions, flushing, strict=True):
+                if future.done() and future.exception() is None:
+                    self.journal(ext.id, "shutdown", future.result())
         if len(extensions) > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(min(MAX_CLOSING_THREADS, len(extensions))) as pool:
-                list(pool.map(Extension.close, extensions))
+            with ThreadPoolExecutor(min(MAX_CLOSING_THREADS, len(extensions))) as closing:
+                list(closing.map(Extension.close, extensions))
         elif extensions:
             extensions[0].close()
+        if pool is not None:
+            # Interrupted by the closes above: each flush is at most an epoch tick from done.
+            pool.shutdown(wait=False, cancel_futures=True)
+            concurrent.futures.wait(flushing, timeout=TERMINATE_WAIT_S)
         self._call_workers.close()
         self.functions.close()
         self.engine.close()

@@ -231,8 +231,8 @@ pub const EVENTS_UNSUBSCRIBE: HostFn = HostFn {
     since: "1.1",
 };
 /// Every host function of ABI 1.1 (1.0's four and 1.1's additions).
-pub const HOST_FUNCTIONS: [HostFn; 18] = [
-    ABORT, LOG, CLOCK_NOW, RANDOM_BYTES, STORAGE_GET, STORAGE_PUT, STORAGE_DELETE, STORAGE_LIST, STORAGE_CAS, SECRET_HMAC, HTTP_REQUEST, FILE_OPEN, FILE_TEMP, FILE_READ, FILE_WRITE, FILE_CLOSE, EVENTS_SUBSCRIBE, EVENTS_UNSUBSCRIBE,
+pub const HOST_FUNCTIONS: [HostFn; 20] = [
+    ABORT, LOG, CLOCK_NOW, RANDOM_BYTES, STORAGE_GET, STORAGE_PUT, STORAGE_DELETE, STORAGE_LIST, STORAGE_CAS, SECRET_HMAC, HTTP_REQUEST, FILE_OPEN, FILE_TEMP, FILE_READ, FILE_WRITE, FILE_CLOSE, EVENTS_SUBSCRIBE, EVENTS_UNSUBSCRIBE, JOBS_SCHEDULE, JOBS_CANCEL,
 ];
 /// Most bytes one `random_bytes` call returns.
 pub const RANDOM_MAX_BYTES: usize = 4096;
@@ -435,3 +435,21 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+// The jobs broker's entries (ABI 1.1), listed in HOST_FUNCTIONS above.
+/// `jobs_schedule` (ABI 1.1, capability `jobs`): Schedule a background job: one of the manifest's [jobs] commands, run once after delay_ms, every every_ms (at least 1000), or on each event of class on_event.
+pub const JOBS_SCHEDULE: HostFn = HostFn {
+    name: "jobs_schedule",
+    capability: "jobs",
+    max_request_bytes: 4608,
+    max_response_bytes: 9,
+    since: "1.1",
+};
+/// `jobs_cancel` (ABI 1.1, capability `jobs`): Cancel one of the extension's jobs; a run in progress finishes.
+pub const JOBS_CANCEL: HostFn = HostFn {
+    name: "jobs_cancel",
+    capability: "jobs",
+    max_request_bytes: 9,
+    max_response_bytes: 1,
+    since: "1.1",
+};

@@ -9,6 +9,7 @@ pub mod files;
 pub mod guest;
 pub mod http;
 pub mod import;
+pub mod jobs;
 pub mod log;
 pub mod random;
 pub mod secrets;
@@ -44,6 +45,8 @@ pub mod raw {
     pub use crate::files::raw_file_temp as file_temp;
     pub use crate::files::raw_file_write as file_write;
     pub use crate::http::raw_http_request as http_request;
+    pub use crate::jobs::raw_jobs_cancel as jobs_cancel;
+    pub use crate::jobs::raw_jobs_schedule as jobs_schedule;
     pub use crate::log::raw_log as log;
     pub use crate::random::raw_random_bytes as random_bytes;
     pub use crate::secrets::raw_secret_hmac as secret_hmac;

@@ -15,13 +15,14 @@ def builtin_brokers() -> tuple[Any, ...]:
     """The brokers every host registers (through :meth:`Host.add_broker`, as an embedder
     would): ``abort``, ``log``, ``clock_now`` and ``random_bytes`` of ABI v1.0, and the
     brokers of v1.1 (``secret_hmac``, ``events_*``, ``file_*``, ``http_request``,
-    ``storage_*``). An embedder replaces one by passing its own of the same name
+    ``storage_*``, ``jobs_*``). An embedder replaces one by passing its own of the same name
     (``Host(brokers=[SecretsBroker(FileSecretStore(path))])``)."""
     from .clock import ClockBroker
     from .core import CoreBroker
     from .events import EventsBroker
     from .files import FilesBroker
     from .http import HttpBroker
+    from .jobs import JobsBroker
     from .log import LogBroker
     from .random import RandomBroker
     from .secrets import SecretsBroker
@@ -37,4 +38,5 @@ def builtin_brokers() -> tuple[Any, ...]:
         FilesBroker(),
         HttpBroker(),
         StorageBroker(),
+        JobsBroker(),
     )

@@ -534,6 +534,13 @@ class EventsBroker:
             self._held = False
             self._cond.notify_all()
 
+    def quiesce(self) -> None:
+        """Start no new delivery and refuse later publishes (the host's shutdown calls this
+        first); a delivery in progress goes on until the shutdown's deadline interrupts it."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
     def shutdown(self) -> None:
         """Stop the dispatcher threads (the host calls this when it closes); queued events
         are dropped and later publishes refused."""

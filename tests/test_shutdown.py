@@ -1,0 +1,174 @@
+"""Deterministic bounded shutdown (Host.close(timeout_s=...)) through the real engine: a
+spinning guest (fixtures/spin), a spinning shutdown hook and a spinning job cannot hold the
+host past its deadline; a call in flight gets until the deadline, new calls are refused, and
+the events and jobs brokers stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FIXTURES
+
+from wasihost.brokers.events import EventsBroker
+from wasihost.brokers.jobs import JobsBroker, ManualClock
+from wasihost.errors import CallError, ConfigError, WasihostError
+from wasihost.extlog import LogRecord
+from wasihost.lifecycle import ExtensionUnavailable, State
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+
+POLICY = Policy(allow={"jobs", "log", "events"})
+WAIT_S = 10.0
+# What a shutdown may take beyond its deadline: an interrupt reaches a spinning guest within
+# one epoch tick (10 ms); the rest is slack for a loaded 2-core machine.
+MARGIN_S = 0.5
+# fixtures/spin loops until stopped: admitted with 10 s of time and fuel to match, it is still
+# spinning when the host shuts down.
+SPIN_FUEL = 10_000_000_000
+SPIN_TIMEOUT_MS = 10_000
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("module-cache")
+
+
+def call_in_thread(fn: Any, *args: Any) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn(*args)
+        except BaseException as exc:  # the test inspects it
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def wait_running(ext: Any) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while ext.lifecycle.state is not State.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.05)  # into the guest's loop (the handshake is done once RUNNING)
+
+
+def test_a_spinning_guest_cannot_delay_shutdown_past_its_deadline(cache: Path) -> None:
+    host = Host(POLICY, cache_dir=cache)
+    spin = host.load(FIXTURES / "spin", fuel=SPIN_FUEL, timeout_ms=SPIN_TIMEOUT_MS)
+    jobs = host.load(FIXTURES / "jobs")
+    jobs.call("spin_on_shutdown")  # its shutdown hook loops forever
+    thread, errors = call_in_thread(spin.call, "run")
+    wait_running(spin)
+    started = time.monotonic()
+    host.close(timeout_s=0.5)
+    took = time.monotonic() - started
+    print(f"close(timeout_s=0.5) took {took:.3f} s")
+    assert 0.5 <= took < 0.5 + MARGIN_S
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], WasihostError)
+    assert spin.lifecycle.state is State.CLOSED and jobs.lifecycle.state is State.CLOSED
+
+
+def test_a_spinning_job_and_event_delivery_stop_at_the_deadline(cache: Path) -> None:
+    clock = ManualClock()
+    host = Host(POLICY, cache_dir=cache, brokers=[JobsBroker(clock=clock)])
+    ext = host.load(FIXTURES / "jobs")
+    ext.call("schedule", {"command": "spin", "every_ms": 1000, "delay_ms": 0})
+    ext.call("schedule", {"command": "tick", "on_event": "orders.created"})
+    jobs = host.broker("jobs")
+    events = host.broker("events")
+    assert isinstance(jobs, JobsBroker) and isinstance(events, EventsBroker)
+    assert jobs.tick() == 1
+    time.sleep(0.05)  # the spin job is running (it has 200 ms)
+    started = time.monotonic()
+    host.close(timeout_s=0.1)
+    assert time.monotonic() - started < 0.1 + MARGIN_S
+    assert jobs.threads == 0 and events.threads == 0
+    clock.advance(10)
+    assert jobs.tick() == 0
+    with pytest.raises(ConfigError, match="closed"):
+        host.publish("orders.created")
+    assert jobs.trigger("orders.created") == 0
+
+
+def test_a_call_in_flight_finishes_within_the_deadline_and_new_calls_are_refused(
+    cache: Path,
+) -> None:
+    entered, opened = threading.Event(), threading.Event()
+    messages: list[str] = []
+
+    def sink(extension: str, record: LogRecord) -> None:
+        messages.append(record.message)
+        if record.message.startswith("run ") and not entered.is_set():
+            entered.set()
+            opened.wait(WAIT_S)
+
+    host = Host(POLICY, cache_dir=cache, log_sink=sink)
+    ext = host.load(FIXTURES / "jobs")
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(ext.call("tick", {"job": 1})))
+    thread.start()
+    assert entered.wait(WAIT_S)  # the call is inside its log host call
+    closer, errors = call_in_thread(host.close, 5.0)
+    deadline = time.monotonic() + WAIT_S
+    while not host.closed and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.05)
+    with pytest.raises(ExtensionUnavailable, match="shutting down"):
+        ext.call("tick")
+    opened.set()
+    thread.join(WAIT_S)
+    closer.join(WAIT_S)
+    assert results == [None] and errors == []  # the call in flight completed
+    assert messages[-1] == "shutdown"  # then the shutdown hook ran
+
+
+def test_the_shutdown_hook_runs_and_is_journaled(cache: Path, tmp_path: Path) -> None:
+    messages: list[str] = []
+    host = Host(
+        POLICY,
+        cache_dir=cache,
+        state_dir=tmp_path / "state",
+        log_sink=lambda ext, record: messages.append(record.message),
+    )
+    host.grant("org.wasihost.fixtures.jobs", "jobs")
+    host.grant("org.wasihost.fixtures.jobs", "log")
+    ext = host.load(FIXTURES / "jobs")
+    ext.call("tick")
+    host.close(timeout_s=2.0)
+    assert messages[-1] == "shutdown"
+    with Host(POLICY, cache_dir=cache, state_dir=tmp_path / "state") as again:
+        assert again.state is not None
+        kinds = [e.kind for e in again.state.events("org.wasihost.fixtures.jobs")]
+    assert "shutdown" in kinds
+
+
+def test_close_without_a_timeout_interrupts_at_once_and_runs_no_hook(cache: Path) -> None:
+    messages: list[str] = []
+    host = Host(POLICY, cache_dir=cache, log_sink=lambda ext, r: messages.append(r.message))
+    spin = host.load(FIXTURES / "spin", fuel=SPIN_FUEL, timeout_ms=SPIN_TIMEOUT_MS)
+    ext = host.load(FIXTURES / "jobs")
+    ext.call("tick")
+    thread, errors = call_in_thread(spin.call, "run")
+    wait_running(spin)
+    started = time.monotonic()
+    host.close()
+    assert time.monotonic() - started < MARGIN_S
+    thread.join(WAIT_S)
+    assert errors and isinstance(errors[0], (CallError, WasihostError))
+    assert "shutdown" not in messages
+
+
+@pytest.mark.parametrize("timeout", [-1, 601, True, "1", float("nan")])
+def test_close_refuses_a_bad_timeout(cache: Path, timeout: Any) -> None:
+    host = Host(POLICY, cache_dir=cache)
+    with pytest.raises(ConfigError, match="timeout_s"):
+        host.close(timeout_s=timeout)
+    host.close()
