@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from ..errors import ConfigError
+from ..errors import ConfigError, WasihostError
 from .names import SCENARIOS, SECTIONS
 
 # The largest --batches accepted: more only makes a run longer, never the medians better.
@@ -43,7 +43,7 @@ class Plan:
 
 
 QUICK = Plan(5, 0.015, 3, 300_000, 3, 0.03, 3, 0.01, {"noop": 4_000, "compute": 40}, 1)
-FULL = Plan(15, 0.1, 15, 3_000_000, 9, 0.2, 5, 0.05, {"noop": 40_000, "compute": 400}, 3)
+FULL = Plan(15, 0.1, 15, 1_000_000, 9, 0.2, 5, 0.05, {"noop": 40_000, "compute": 400}, 3)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -205,7 +205,10 @@ def measure(
         from .compat import matrix
 
         _log("compatibility matrix")
-        doc["compat"] = matrix(fixtures, Budget(plan.compat_batches, plan.compat_batch_s))
+        try:
+            doc["compat"] = matrix(fixtures, Budget(plan.compat_batches, plan.compat_batch_s))
+        except WasihostError as exc:
+            doc["not_run"]["compat"] = f"failed: {exc.error_class}: {exc.message}"
     compute = fixtures / "compute" / "compute.wasm"
     for section in ("overhead", "scaling"):
         if section in sections and not compute.is_file():
@@ -214,13 +217,19 @@ def measure(
         from .overhead import overhead
 
         _log("fuel and limits overhead")
-        doc["overhead"] = overhead(
-            fixtures, plan.compute_rounds, Budget(plan.overhead_batches, plan.overhead_batch_s)
-        )
+        try:
+            doc["overhead"] = overhead(
+                fixtures, plan.compute_rounds, Budget(plan.overhead_batches, plan.overhead_batch_s)
+            )
+        except WasihostError as exc:  # one section failing must not lose the others
+            doc["not_run"]["overhead"] = f"failed: {exc.error_class}: {exc.message}"
     if "scaling" in sections and "scaling" not in doc["not_run"]:
         from .scaling import scaling
 
-        doc["scaling"] = scaling(fixtures, plan.scaling_calls, plan.scaling_rounds, _log)
+        try:
+            doc["scaling"] = scaling(fixtures, plan.scaling_calls, plan.scaling_rounds, _log)
+        except WasihostError as exc:
+            doc["not_run"]["scaling"] = f"failed: {exc.error_class}: {exc.message}"
     missing = extism_unavailable()
     doc["machine"] = {
         "load_before": [round(x, 2) for x in load_before],

@@ -12,6 +12,9 @@ from typing import Any
 from .runner import Budget, Op, interleave, median, spread
 from .systems import handshake
 
+# Enough for 1,000,000 rounds of the compute loop (about 10-30 fuel each), with room.
+OVERHEAD_FUEL = 100_000_000
+
 VARIANTS = {
     "none": (False, False),
     "fuel": (True, False),
@@ -40,7 +43,8 @@ def overhead(fixtures: Path, rounds: int, budget: Budget) -> list[dict[str, Any]
         raise RuntimeError("the metering variants computed different results")
     host = Host(Policy(), cache_dir=None)
     try:
-        ext = host.load(fixtures / "compute")
+        # The manifest's 10M fuel covers about 300,000 rounds; the full run asks for more.
+        ext = host.load(fixtures / "compute", fuel=OVERHEAD_FUEL)
         value = {"n": rounds}
         ext.call("run", value)
         ops["wasihost (fuel+epoch)"] = lambda: ext.call("run", value)
