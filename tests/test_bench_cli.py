@@ -183,3 +183,11 @@ def test_plot_draws_a_png(
                           "--sections", "call_cost", "--scenarios", "noop", "--plot", str(png))  # fmt: skip
     assert code == 0, err
     assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_an_unwritable_results_path_is_refused_before_measuring(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, err = _bench(capsys, "--quick", "--json", str(tmp_path / "no" / "r.json"))
+    assert code == EXIT_FAILURE
+    assert "its directory does not exist" in err and out == ""

@@ -53,7 +53,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Measure wasihost beside raw wasmtime-py and Extism in one process "
         "(see docs/bench.md). Peers that are not installed are reported as skipped.",
     )
-    p.add_argument("--quick", action="store_true", help="a ~30 s run instead of ~5 minutes")
+    p.add_argument("--quick", action="store_true", help="a ~30 s run instead of a few minutes")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="draw the call-cost chart")
     p.add_argument(
@@ -139,6 +139,10 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--plot: {why}")
         if "call_cost" not in sections:
             raise UsageError("--plot draws the call-cost section; include it in --sections")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        # Refused before minutes of measuring, not after.
+        if path is not None and not path.resolve().parent.is_dir():
+            raise ConfigError(f"{flag} {path}: its directory does not exist")
     fixtures = _fixtures(args.fixtures)
     plan = QUICK if args.quick else FULL
     if args.batches is not None:
@@ -147,12 +151,15 @@ def run(args: argparse.Namespace) -> int:
     from .report import plot, render, write_json
 
     print(render(doc))
-    if args.json is not None:
-        write_json(doc, args.json)
-        print(f"wrote {args.json}")
-    if args.plot is not None:
-        plot(doc["call_cost"], args.plot)
-        print(f"wrote {args.plot}")
+    try:
+        if args.json is not None:
+            write_json(doc, args.json)
+            print(f"wrote {args.json}")
+        if args.plot is not None:
+            plot(doc["call_cost"], args.plot)
+            print(f"wrote {args.plot}")
+    except OSError as exc:
+        raise ConfigError(f"cannot write the results: {exc}") from None
     return 0
 
 
