@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import cbor_json, limits
+from .benchmark import cli as bench_cli
 from .errors import (
     AdmissionError,
     CallError,
@@ -283,6 +284,7 @@ def _parser() -> argparse.ArgumentParser:
     state_opt(status)
 
     wasi_cli.add_parser(sub)
+    bench_cli.add_parser(sub)
 
     abi = sub.add_parser("abi", help="list the host-function registry")
     abi.add_argument("--version", help="an ABI version such as 1.0 (default: every version)")
@@ -934,6 +936,7 @@ def _main(argv: Sequence[str] | None) -> int:
             "grants": _cmd_grants,
             "status": _cmd_status,
             "wasi": wasi_cli.run,
+            "bench": bench_cli.run,
         }[args.cmd]
         return handler(args)
     except UsageError as exc:

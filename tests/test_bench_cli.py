@@ -1,0 +1,193 @@
+"""`wasihost bench`: the results file's shape, the compatibility matrix's verdicts through the
+real admission, skipped peers, and argument errors. Runs are cut to one batch of a few
+scenarios on a two-fixture directory, so that they measure nothing worth reading: the tests
+check what is reported, not how fast anything is."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FIXTURES
+
+from wasihost.benchmark import scenarios, systems
+from wasihost.benchmark.names import SCENARIOS, SYSTEMS
+from wasihost.cli import EXIT_FAILURE, EXIT_USAGE, main
+
+REQUIRED_SCENARIOS = {"noop", "echo-0", "echo-64", "echo-4KiB", "echo-64KiB", "echo-1MiB",
+                      "host-call-64", "instantiate-cached", "cold-start"}  # fmt: skip
+ROW_KEYS = {"scenario", "system", "median_us", "spread", "runs", "skipped", "ratio_to_floor"}
+
+
+@pytest.fixture(scope="module")
+def small_fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """echo (ABI 1.0, a noop command), events (ABI 1.1, imports 1.1 entries), compute."""
+    root = tmp_path_factory.mktemp("fixtures")
+    for name in ("echo", "events", "compute"):
+        shutil.copytree(FIXTURES / name, root / name)
+    return root
+
+
+def _bench(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["bench", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _run(
+    capsys: pytest.CaptureFixture[str], fixtures: Path, out: Path, *extra: str
+) -> tuple[dict[str, Any], str]:
+    code, stdout, stderr = _bench(
+        capsys, "--quick", "--json", str(out), "--fixtures", str(fixtures), "--batches", "1",
+        *extra,
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert "Traceback" not in stderr
+    doc: dict[str, Any] = json.loads(out.read_text())
+    return doc, stdout
+
+
+def test_names_cover_the_documented_systems_and_scenarios() -> None:
+    assert set(SYSTEMS) == {"wasihost", "wasmtime-generic", "wasmtime-floor", "extism"}
+    assert set(SCENARIOS) == REQUIRED_SCENARIOS
+
+
+def test_quick_json_has_the_documented_shape(
+    capsys: pytest.CaptureFixture[str], small_fixtures: Path, tmp_path: Path
+) -> None:
+    chosen = ["noop", "echo-64", "echo-1MiB", "host-call-64"]
+    doc, _ = _run(capsys, small_fixtures, tmp_path / "r.json", "--sections", "call_cost,overhead",
+               "--scenarios", ",".join(chosen))  # fmt: skip
+    assert {"machine", "call_cost", "compat", "overhead", "scaling"} <= set(doc)
+    machine = doc["machine"]
+    assert len(machine["load_before"]) == 3 and len(machine["load_after"]) == 3
+    assert machine["cpus"] >= 1 and machine["python"] and machine["wasmtime"]
+    assert "extism" in machine
+    # Every chosen scenario x every system has a row: measured, or skipped with a reason.
+    rows = {(r["scenario"], r["system"]): r for r in doc["call_cost"]}
+    assert set(rows) == {(s, y) for s in chosen for y in SYSTEMS}
+    for row in rows.values():
+        assert set(row) >= ROW_KEYS
+        if row["skipped"] is None:
+            assert row["median_us"] > 0 and row["runs"] == 1
+        else:
+            assert row["median_us"] is None and row["skipped"]
+    # The floor and wasihost always run the no-op; ratios are against the floor.
+    assert rows[("noop", "wasmtime-floor")]["ratio_to_floor"] == 1.0
+    assert rows[("noop", "wasihost")]["median_us"] > 0
+    # 1 MiB is beyond the stock echo's CBOR limits today: reported, not dropped.
+    assert "65536" in rows[("echo-1MiB", "wasihost")]["skipped"]
+    assert rows[("host-call-64", "wasihost")]["median_us"] > 0
+    if machine["extism"] is None:
+        assert "extism is not installed" in rows[("noop", "extism")]["skipped"]
+    else:
+        assert rows[("noop", "extism")]["median_us"] > 0
+        assert rows[("echo-1MiB", "extism")]["mb_per_s"] > 0
+    variants = {r["variant"] for r in doc["overhead"]}
+    assert {"raw none", "raw fuel", "raw epoch", "raw fuel+epoch"} <= variants
+    assert doc["not_run"].keys() == {"compat", "scaling"}
+
+
+def test_an_absent_peer_is_skipped_with_the_reason(
+    capsys: pytest.CaptureFixture[str], small_fixtures: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    reason = "extism is not installed (test)"
+    monkeypatch.setattr(scenarios, "extism_unavailable", lambda: reason)
+    monkeypatch.setattr(systems, "extism_unavailable", lambda: reason)
+    doc, out = _run(capsys, small_fixtures, tmp_path / "r.json", "--sections", "call_cost",
+                    "--scenarios", "noop")  # fmt: skip
+    (extism,) = [r for r in doc["call_cost"] if r["system"] == "extism"]
+    assert extism["skipped"] == reason and extism["median_us"] is None
+    assert doc["machine"]["extism"] is None and doc["machine"]["extism_skipped"] == reason
+    assert "noop / extism: extism is not installed (test)" in out
+
+
+def test_compat_matrix_runs_links_and_refuses_with_reasons(
+    capsys: pytest.CaptureFixture[str], small_fixtures: Path, tmp_path: Path
+) -> None:
+    doc, out = _run(capsys, small_fixtures, tmp_path / "r.json", "--sections", "compat")
+    cells = {(r["guest"], r["view"], r["runtime"]): r for r in doc["compat"]}
+    guests = {r["guest"] for r in doc["compat"]}
+    assert {"echo", "events", "wat-1.0-noop", "wat-2.0-noop"} <= guests
+    assert {r["view"] for r in doc["compat"]} == {"1.0", "1.1"}
+    # A 1.1 guest is refused by a 1.0 host, naming the imports 1.0 lacks; a 1.1 host runs it.
+    refused = cells[("events", "1.0", "in-process")]
+    assert refused["verdict"] == "refused"
+    assert "declares ABI 1.1" in refused["reason"]
+    assert "wasihost_v1.events_subscribe" in refused["reason"]
+    assert cells[("events", "1.1", "in-process")]["verdict"] == "ran"
+    # A 1.0 guest links and runs on both views; with a noop command its cost is measured.
+    for view in ("1.0", "1.1"):
+        echo = cells[("echo", view, "in-process")]
+        assert echo["verdict"] == "ran" and echo["call_cost"]["median_us"] > 0
+    # A 1.0 guest importing a 1.1 entry is refused by the real admission, naming it.
+    (sneaky,) = [g for g in guests if g.startswith("wat-1.0-imports-")]
+    assert cells[(sneaky, "1.1", "in-process")]["verdict"] == "refused"
+    assert sneaky.removeprefix("wat-1.0-imports-") in cells[(sneaky, "1.1", "in-process")]["reason"]
+    assert "declares ABI 2.0" in cells[("wat-2.0-noop", "1.1", "in-process")]["reason"]
+    # Every guest x view has an out-of-process cell, reported as not built.
+    for guest in guests:
+        for view in ("1.0", "1.1"):
+            assert cells[(guest, view, "out-of-process")]["verdict"] == "not built"
+    assert "refusals:" in out and "events on 1.0: module declares ABI 1.1" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--scenarios", "nope"],
+        ["--sections", "call_cost,bogus"],
+        ["--batches", "0"],
+        ["--batches", "many"],
+        ["--unknown-flag"],
+    ],
+)
+def test_bad_arguments_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    code, _, err = _bench(capsys, "--quick", *argv)
+    assert code == EXIT_USAGE
+    assert err.startswith("error: usage:") and "Traceback" not in err
+
+
+def test_plot_without_matplotlib_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    code, out, err = _bench(capsys, "--quick", "--plot", str(tmp_path / "c.png"))
+    assert code == EXIT_FAILURE
+    assert "--plot: matplotlib is not installed" in err and "Traceback" not in err
+    assert out == ""  # refused before measuring anything
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_a_missing_fixtures_directory_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = _bench(capsys, "--quick", "--fixtures", str(tmp_path))
+    assert code == EXIT_FAILURE
+    assert "no fixtures directory" in err and "--fixtures DIR" in err
+
+
+def test_plot_draws_a_png(
+    capsys: pytest.CaptureFixture[str], small_fixtures: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "c.png"
+    code, _, err = _bench(capsys, "--quick", "--fixtures", str(small_fixtures), "--batches", "1",
+                          "--sections", "call_cost", "--scenarios", "noop", "--plot", str(png))  # fmt: skip
+    assert code == 0, err
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_an_unwritable_results_path_is_refused_before_measuring(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, err = _bench(capsys, "--quick", "--json", str(tmp_path / "no" / "r.json"))
+    assert code == EXIT_FAILURE
+    assert "its directory does not exist" in err and out == ""

@@ -1,0 +1,220 @@
+"""The compatibility matrix: every guest x every ABI view the host serves x runtime class.
+
+A view V is what a host whose newest ABI is V admits. For a guest declaring a version the
+view covers (same major, minor ≤ V's), the verdict is the real one: ``Host.admit`` (which links
+the guest at its declared version, a subset of V, ABI minors being additive), then a start
+(instantiate + handshake), then, for a guest with a ``noop`` command, its per-call cost. A
+guest declaring more than V is refused, naming the ABI version and every import V lacks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .guests import abi_guest_wat
+from .runner import Budget, interleave, median, spread
+
+RUNTIME_CLASSES = ("in-process", "out-of-process")
+NOT_BUILT = "not built: wasihost has no out-of-process runtime yet"
+
+
+@attrs.frozen
+class Guest:
+    name: str
+    source: str  # a fixture directory, or "built at run time"
+    package: Any  # wasihost.package.Package, None when it could not be loaded
+    commands: frozenset[str]
+    load_error: str | None = None
+    grants: tuple[str, ...] = ()
+
+
+def _fixture_guests(fixtures: Path, capabilities: frozenset[str]) -> list[Guest]:
+    from ..errors import WasihostError
+    from ..package import Package, load_package
+
+    guests = []
+    for directory in sorted(p for p in fixtures.iterdir() if p.is_dir()):
+        if (directory / "extension.toml").is_file():
+            try:
+                package = load_package(directory, capabilities)
+            except WasihostError as exc:
+                error = f"refused before admission: {exc.error_class}: {exc.message}"
+                guests.append(Guest(directory.name, str(directory), None, frozenset(), error))
+                continue
+            manifest = package.manifest
+            commands = (
+                frozenset(c.name for c in manifest.commands)
+                if manifest is not None
+                else frozenset()
+            )
+        else:
+            modules = sorted(directory.glob("*.wasm"))
+            if not modules:
+                continue  # a source-only directory (e.g. a shared crate), not a guest
+            wasm = modules[0].read_bytes()
+            package = Package(str(modules[0]), None, wasm, hashlib.sha256(wasm).hexdigest())
+            commands = frozenset()
+        guests.append(Guest(directory.name, str(directory), package, commands))
+    return guests
+
+
+def _wat_guests(registry: Any) -> list[Guest]:
+    """Guests built at run time for the edges fixtures do not cover."""
+    from ..engine.benchraw import wat_to_wasm
+    from ..package import Package
+
+    newer = next(f for f in registry.functions() if str(f.since) != "1.0")
+    wat = {
+        "wat-1.0-noop": abi_guest_wat("1.0"),
+        f"wat-1.1-imports-{newer.name}": abi_guest_wat(
+            "1.1", imports=((newer.module, newer.name),)
+        ),
+        f"wat-1.0-imports-{newer.name}": abi_guest_wat(
+            "1.0", imports=((newer.module, newer.name),)
+        ),
+        "wat-2.0-noop": abi_guest_wat("2.0"),
+    }
+    guests = []
+    for name, text in wat.items():
+        wasm = wat_to_wasm(text)
+        package = Package(f"{name}.wasm", None, wasm, hashlib.sha256(wasm).hexdigest())
+        grants = (newer.capability,) if "imports" in name else ()
+        guests.append(Guest(name, "built at run time", package, frozenset({"noop"}), grants=grants))
+    return guests
+
+
+def served_views(registry: Any) -> list[Any]:
+    from ..registry import AbiVersion
+
+    return [
+        AbiVersion(latest.major, minor)
+        for latest in registry.versions
+        for minor in range(latest.minor + 1)
+    ]
+
+
+def _declared(package: Any) -> Any:
+    """The ABI version the module's marker declares, None for a plain profile command."""
+    from ..admission import command_profile, declared_version
+    from ..errors import AdmissionError
+    from ..registry import default_registry
+    from ..wasmbin import read_header
+
+    header = read_header(package.wasm)
+    if command_profile(header, default_registry()) is not None:
+        return None, header
+    try:
+        return declared_version(header), header
+    except AdmissionError:
+        return None, header
+
+
+def _beyond(view: Any, declared: Any, header: Any, registry: Any) -> list[str]:
+    """Why a host whose newest ABI is ``view`` refuses a guest declaring ``declared``."""
+    problems = [
+        f"module declares ABI {declared}; a host at ABI {view} serves {view.major}.0 to {view}"
+    ]
+    if declared.major == view.major:
+        lacking = registry.view(view)
+        problems += [
+            f"import {i.module}.{i.name}: not in ABI {view} (added later)"
+            for i in header.imports
+            if i.kind == "func" and lacking.lookup(i.module, i.name) is None
+        ]
+    return problems
+
+
+class _Verdict:
+    def __init__(self, verdict: str, reason: str | None, cost: dict[str, Any] | None = None):
+        self.verdict, self.reason, self.cost = verdict, reason, cost
+
+
+def _admit_and_run(host: Any, guest: Guest, budget: Budget) -> _Verdict:
+    from ..errors import AdmissionError, WasihostError
+
+    required = guest.package.manifest.required if guest.package.manifest else frozenset()
+    try:
+        ext = host.admit(guest.package, grants=sorted({*required, *guest.grants}))
+    except AdmissionError as exc:
+        return _Verdict("refused", "; ".join(exc.problems))
+    try:
+        if ext.plan.is_command:
+            return _Verdict("linked", "a WASI command (_start): run it with `wasihost wasi`")
+        try:
+            ext.start()
+        except WasihostError as exc:
+            return _Verdict("linked", f"did not start here: {exc.error_class}: {exc.message}")
+        if "noop" not in guest.commands:
+            return _Verdict("ran", "started (instantiate + handshake); no no-op command to time")
+        samples = interleave({"noop": lambda: ext.call("noop")}, budget)["noop"]
+        cost = {
+            "median_us": round(median(samples), 3),
+            "spread": round(spread(samples), 3),
+            "runs": len(samples),
+        }
+        return _Verdict("ran", None, cost)
+    finally:
+        ext.close()
+
+
+def matrix(fixtures: Path, budget: Budget) -> list[dict[str, Any]]:
+    from ..policy import Policy
+    from ..registry import default_registry
+    from ..runtime import Host
+
+    registry = default_registry()
+    host = Host(Policy(allow=set(registry.capabilities())))
+    rows: list[dict[str, Any]] = []
+    try:
+        guests = _fixture_guests(fixtures, host.registry.capabilities()) + _wat_guests(registry)
+        views = served_views(registry)
+        for guest in guests:
+            if guest.package is None:
+                declared, header = None, None
+            else:
+                declared, header = _declared(guest.package)
+            real: _Verdict | None = None
+            for view in views:
+                covered = declared is None or (
+                    declared.major == view.major and declared.minor <= view.minor
+                )
+                if guest.load_error is not None:
+                    verdict = _Verdict("refused", guest.load_error)
+                elif covered:
+                    real = real or _admit_and_run(host, guest, budget)
+                    verdict = real
+                else:
+                    verdict = _Verdict(
+                        "refused", "; ".join(_beyond(view, declared, header, registry))
+                    )
+                base = {
+                    "guest": guest.name,
+                    "source": guest.source,
+                    "declares": str(declared) if declared else None,
+                    "view": str(view),
+                }
+                rows.append(
+                    base
+                    | {
+                        "runtime": "in-process",
+                        "verdict": verdict.verdict,
+                        "reason": verdict.reason,
+                        "call_cost": verdict.cost,
+                    }
+                )
+                rows.append(
+                    base
+                    | {
+                        "runtime": "out-of-process",
+                        "verdict": "not built",
+                        "reason": NOT_BUILT,
+                        "call_cost": None,
+                    }
+                )
+    finally:
+        host.close()
+    return rows

@@ -1,0 +1,171 @@
+"""The results document of a run, its tables, and the call-cost chart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .names import FLOOR, SYSTEMS
+
+# The JSON's version: bump it when a key changes meaning, so that old files are not compared
+# with new ones by mistake.
+SCHEMA = "wasihost-bench/1"
+
+
+def _fmt_us(us: float) -> str:
+    if us >= 10_000:
+        return f"{us / 1000:.1f} ms"
+    return f"{us:.2f} µs" if us < 100 else f"{us:.0f} µs"
+
+
+def call_cost_table(rows: list[dict[str, Any]]) -> list[str]:
+    by = {(r["scenario"], r["system"]): r for r in rows}
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    width = 24
+    lines = [f"{'scenario':<20}" + "".join(f"{s:>{width}}" for s in SYSTEMS)]
+    skipped: list[str] = []
+    for scenario in scenarios:
+        cells = []
+        for system in SYSTEMS:
+            row = by.get((scenario, system))
+            if row is None:
+                cells.append("-")
+            elif row["median_us"] is None:
+                cells.append("skipped")
+                skipped.append(f"  {scenario} / {system}: {row['skipped']}")
+            else:
+                text = f"{_fmt_us(row['median_us'])} ±{row['spread'] * 100:.0f}%"
+                if row.get("ratio_to_floor") is not None and system != FLOOR:
+                    text += f" {row['ratio_to_floor']:.2f}x"
+                cells.append(text)
+        lines.append(f"{scenario:<20}" + "".join(f"{c:>{width}}" for c in cells))
+        rates = [
+            f"{s} {by[(scenario, s)]['mb_per_s']:.0f} MB/s"
+            for s in SYSTEMS
+            if by.get((scenario, s), {}).get("mb_per_s") is not None
+        ]
+        if rates and scenario in ("echo-64KiB", "echo-1MiB"):
+            lines.append(f"{'':<20}  {', '.join(rates)}")
+    if skipped:
+        lines += ["skipped (system cannot run the scenario, and why):", *skipped]
+    return lines
+
+
+def compat_table(rows: list[dict[str, Any]]) -> list[str]:
+    views = list(dict.fromkeys(r["view"] for r in rows))
+    inproc = [r for r in rows if r["runtime"] == "in-process"]
+    guests = list(dict.fromkeys(r["guest"] for r in inproc))
+    by = {(r["guest"], r["view"]): r for r in inproc}
+    lines = [f"{'guest':<34}{'declares':>9}" + "".join(f"{'view ' + v:>22}" for v in views)]
+    reasons: list[str] = []
+    for guest in guests:
+        first = by[(guest, views[0])]
+        cells = []
+        for view in views:
+            row = by[(guest, view)]
+            cell = row["verdict"]
+            if row["call_cost"]:
+                cell += f" {row['call_cost']['median_us']:.1f} µs"
+            if row["verdict"] == "refused":
+                reasons.append(f"  {guest} on {view}: {row['reason']}")
+            cells.append(cell)
+        declares = first["declares"] or "-"
+        lines.append(f"{guest:<34}{declares:>9}" + "".join(f"{c:>22}" for c in cells))
+    lines.append("out-of-process: not built (every guest, every view)")
+    if reasons:
+        lines += ["refusals:", *reasons]
+    return lines
+
+
+def overhead_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [f"{'variant':<24}{'median':>12}{'spread':>9}{'vs none':>9}"]
+    for r in rows:
+        lines.append(
+            f"{r['variant']:<24}{_fmt_us(r['median_us']):>12}{r['spread'] * 100:>8.0f}%"
+            f"{r['ratio_to_none']:>8.2f}x"
+        )
+    return lines
+
+
+def scaling_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [f"{'workload':<10}{'mode':<14}{'calls/s':>12}{'vs 1 thread':>13}"]
+    for r in rows:
+        if r["calls_per_s"] is None:
+            lines.append(f"{r['workload']:<10}{r['mode']:<14}  skipped: {r['skipped']}")
+        else:
+            lines.append(
+                f"{r['workload']:<10}{r['mode']:<14}{r['calls_per_s']:>12.0f}"
+                f"{r['vs_1_thread']:>12.2f}x"
+            )
+    return lines
+
+
+def render(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    out = [
+        f"wasihost bench ({'quick' if doc['settings']['quick'] else 'full'}): python "
+        f"{m['python']}, wasmtime {m['wasmtime']}, extism {m['extism'] or 'not installed'}, "
+        f"{m['cpus']} CPUs, load average {m['load_before'][0]:.2f} before, "
+        f"{m['load_after'][0]:.2f} after",
+    ]
+    if m["rust_backtrace_inherited"] not in (None, "0"):
+        out.append(
+            f"note: RUST_BACKTRACE={m['rust_backtrace_inherited']} was inherited; it was set "
+            "to 0 before wasmtime and extism loaded (a backtrace per trap slows calls)"
+        )
+    sections = (
+        (
+            "call_cost",
+            "Call cost: median per call over interleaved batches, ±spread "
+            "((max-min)/median), and the ratio to wasmtime-floor",
+            call_cost_table,
+        ),
+        ("compat", "Compatibility: guest x ABI view (in-process)", compat_table),
+        ("overhead", "Fuel and limits overhead (fixtures/compute)", overhead_table),
+        ("scaling", "Scaling: 2 extensions", scaling_table),
+    )
+    for key, title, table in sections:
+        if key in doc["not_run"]:
+            out += ["", f"{title}: not run ({doc['not_run'][key]})"]
+        elif doc[key]:
+            out += ["", title, *table(doc[key])]
+    return "\n".join(out)
+
+
+def write_json(doc: dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def plot_unavailable() -> str | None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "matplotlib is not installed (pip install 'wasihost[bench]')"
+    return None
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Grouped bars, one group per scenario, one bar per system, log scale (µs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    by = {(r["scenario"], r["system"]): r["median_us"] for r in rows}
+    fig, ax = plt.subplots(figsize=(max(8, len(scenarios) * 1.4), 5))
+    width = 0.8 / len(SYSTEMS)
+    for i, system in enumerate(SYSTEMS):
+        xs = [j + i * width for j, s in enumerate(scenarios) if by.get((s, system))]
+        ys = [by[(s, system)] for s in scenarios if by.get((s, system))]
+        ax.bar(xs, ys, width, label=system)
+    ax.set_yscale("log")
+    ax.set_ylabel("median µs per call (log)")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(scenarios))])
+    ax.set_xticklabels(scenarios, rotation=30, ha="right")
+    ax.legend()
+    ax.set_title("wasihost bench: call cost (missing bar = skipped)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
