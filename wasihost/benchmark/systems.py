@@ -4,6 +4,8 @@ wasihost's public API, wasmtime-py's generic API, the unchecked floor, and Extis
 from __future__ import annotations
 
 import hashlib
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +39,16 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()
 
 
+# Payloads above this cross as raw bytes (fixtures/rawecho's ``echo-bytes``, ABI 1.1), as
+# Extism's echo plugin takes them; smaller ones as CBOR, as the raw wasmtime contenders do.
+RAW_ECHO_ABOVE_BYTES = 4096
+# The raw echo package's payload limits: room for the 1 MiB scenario and its framing.
+RAW_ECHO_LIMIT_BYTES = 2 * 1024 * 1024
+
+
 class Wasihost:
-    """``Extension.call`` on fixtures/echo; an embedder function for host calls."""
+    """``Extension.call`` on fixtures/echo (and fixtures/rawecho's raw byte command for large
+    payloads); an embedder function for host calls."""
 
     def __init__(self, fixtures: Path) -> None:
         from ..package import Package, load_package
@@ -58,6 +68,9 @@ class Wasihost:
         self.echo_dir = fixtures / "echo"
         self.echo = self.host.load(self.echo_dir)
         self.echo_package = load_package(self.echo_dir, self.host.registry.capabilities())
+        self.fixtures = fixtures
+        self._raw_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._raw_echo: Any = None
         wasm = _wat(loop_guest_wat("bench_v1", "noop", request64(), "bench"))
         self.loop_package = Package("hostcall.wasm", None, wasm, hashlib.sha256(wasm).hexdigest())
         self.loop = self.host.admit(self.loop_package, grants=["bench"])
@@ -66,7 +79,30 @@ class Wasihost:
         ext = self.echo
         return _probe(lambda: ext.call("noop"), None)
 
+    def _raw(self) -> Any:
+        """fixtures/rawecho with payload limits room for the largest scenario (a copy of the
+        package with a ``[resources]`` table), loaded on first use."""
+        if self._raw_echo is None:
+            source = self.fixtures / "rawecho"
+            if not (source / "extension.toml").is_file():
+                return Skip(f"{source} is absent: no raw byte echo to measure")
+            self._raw_dir = tempfile.TemporaryDirectory(prefix="wasihost-bench-")
+            raw = Path(self._raw_dir.name) / "rawecho"
+            shutil.copytree(source, raw, ignore=shutil.ignore_patterns("src"))
+            with (raw / "extension.toml").open("a") as manifest:
+                manifest.write(
+                    f"\n[resources]\nmax_input_bytes = {RAW_ECHO_LIMIT_BYTES}\n"
+                    f"max_output_bytes = {RAW_ECHO_LIMIT_BYTES}\n"
+                )
+            self._raw_echo = self.host.load(raw)
+        return self._raw_echo
+
     def echo_op(self, payload: bytes) -> Op | Skip:
+        if len(payload) > RAW_ECHO_ABOVE_BYTES:
+            raw = self._raw()
+            if isinstance(raw, Skip):
+                return raw
+            return _probe(lambda: raw.call("echo-bytes", payload), payload)
         ext = self.echo
         return _probe(lambda: ext.call("echo", payload), payload)
 
@@ -92,6 +128,8 @@ class Wasihost:
 
     def close(self) -> None:
         self.host.close()
+        if self._raw_dir is not None:
+            self._raw_dir.cleanup()
 
 
 class RawSystems:
