@@ -144,25 +144,10 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("package", type=Path, metavar="FILE.whpkg")
     verify.add_argument("--trust", type=Path, metavar="TRUSTFILE")
     for parser in (run, inspect):
-        parser.add_argument(
-            "--trust",
-            type=Path,
-            metavar="TRUSTFILE",
-            help="trusted publishers ('ID ed25519 BASE64KEY' lines) to verify a .whpkg with",
-        )
-        parser.add_argument(
-            "--require-signed",
-            action="store_true",
-            help="refuse anything no trusted publisher signed (needs --trust)",
-        )
+        _trust_flags(parser)
     for parser in (run, inspect, verify):
         _ssh_flags(parser)
-        parser.add_argument(
-            "--revocations",
-            type=Path,
-            metavar="FILE",
-            help="signed revocation list; needs --trust (its 'revocations' keys sign it)",
-        )
+        _revocations_flag(parser)
 
     keygen = sub.add_parser("keygen", help="create a publisher's Ed25519 signing key pair")
     keygen.add_argument("--publisher", required=True, metavar="ID", help="publisher id")
@@ -235,24 +220,9 @@ def _parser() -> argparse.ArgumentParser:
     rollback.add_argument("extension")
     for parser in (install, update, rollback):
         state_opt(parser)
-        parser.add_argument(
-            "--trust",
-            type=Path,
-            metavar="TRUSTFILE",
-            help="trusted publishers to verify a .whpkg with (and installed ones again)",
-        )
-        parser.add_argument(
-            "--require-signed",
-            action="store_true",
-            help="refuse anything no trusted publisher signed (needs --trust)",
-        )
+        _trust_flags(parser)
         _ssh_flags(parser)
-        parser.add_argument(
-            "--revocations",
-            type=Path,
-            metavar="FILE",
-            help="signed revocation list; needs --trust (its 'revocations' keys sign it)",
-        )
+        _revocations_flag(parser)
     remove = sub.add_parser("remove", help="forget an installed package")
     remove.add_argument("extension")
     remove.add_argument(
@@ -325,6 +295,30 @@ def _revocations(args: argparse.Namespace) -> Revocations | None:
     state_dir = getattr(args, "state_dir", None)
     floor = StateDirFloor(state_dir) if state_dir is not None else None
     return Revocations(path, trust, floor=floor)
+
+
+def _trust_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trust",
+        type=Path,
+        metavar="TRUSTFILE",
+        help="trusted publishers ('ID ed25519 BASE64KEY' lines) to verify a .whpkg with "
+        "(and installed ones again at each start)",
+    )
+    parser.add_argument(
+        "--require-signed",
+        action="store_true",
+        help="refuse anything no trusted publisher signed (needs --trust)",
+    )
+
+
+def _revocations_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--revocations",
+        type=Path,
+        metavar="FILE",
+        help="signed revocation list; needs --trust (its 'revocations' keys sign it)",
+    )
 
 
 def _ssh_flags(parser: argparse.ArgumentParser) -> None:

@@ -58,14 +58,19 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _key_bytes(text: str, where: str) -> bytes:
+def _b64_exact(text: str, size: int, where: str, what: str) -> bytes:
+    """``text`` as base64 of exactly ``size`` bytes, or a ConfigError naming ``what``."""
     try:
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise ConfigError(f"{where}: the key is not base64") from None
-    if len(raw) != KEY_BYTES:
-        raise ConfigError(f"{where}: the key is {len(raw)} bytes, an Ed25519 key is {KEY_BYTES}")
+        raise ConfigError(f"{where}: the {what} is not base64") from None
+    if len(raw) != size:
+        raise ConfigError(f"{where}: the {what} is {len(raw)} bytes, not {size}")
     return raw
+
+
+def _key_bytes(text: str, where: str) -> bytes:
+    return _b64_exact(text, KEY_BYTES, where, "key")
 
 
 def check_publisher(publisher: str, where: str) -> None:
@@ -122,16 +127,6 @@ def _options(
         else:
             raise ConfigError(f"{where}: {LINE_FORM}; not {token[:40]!r}")
     return role, expires, endorsement
-
-
-def _b64_exact(text: str, size: int, where: str, what: str) -> bytes:
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise ConfigError(f"{where}: the {what} is not base64") from None
-    if len(raw) != size:
-        raise ConfigError(f"{where}: the {what} is {len(raw)} bytes, not {size}")
-    return raw
 
 
 def format_time(moment: float) -> str:
