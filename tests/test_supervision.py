@@ -3,7 +3,9 @@ quarantine with its report, release, metrics. Time is a fake clock: nothing slee
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import bare
@@ -159,3 +161,23 @@ def test_bad_restart_policies_are_refused() -> None:
         BoundedRetry(window_s=-1.0)
     with pytest.raises(ConfigError, match="not Never, OnCrash or BoundedRetry"):
         Supervisor().set_policy("x", "bounded")  # type: ignore[arg-type]
+
+
+def test_status_reports_quarantine_and_crashes_by_class_from_the_state(
+    tmp_path: Path, clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from wasihost.cli import main
+
+    state = tmp_path / "state"
+    supervisor = Supervisor(BoundedRetry(max_restarts=1, window_s=60.0), clock=clock)
+    with Host(Policy(), cache_dir=None, state_dir=state, supervisor=supervisor) as host:
+        ext = host.admit(bare(CRASHER, "crasher.wasm"))
+        crash(ext)
+        crash(ext)  # the one restart of the budget is spent: quarantined
+        assert ext.lifecycle.state is State.QUARANTINED
+    assert main(["status", "crasher", "--json", "--state-dir", str(state)]) == 0
+    (report,) = json.loads(capsys.readouterr().out)
+    assert report["state"] == "quarantined" and "its budget is 1" in report["why"]
+    assert report["crashes_by_class"] == {"trap": 2}
+    assert main(["status", "crasher", "--state-dir", str(state)]) == 0
+    assert "crashes in the journal: trap 2" in capsys.readouterr().out

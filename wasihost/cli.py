@@ -840,6 +840,7 @@ def _status_of(host: Host, ext: str) -> dict[str, Any]:
         "grants": sorted(grants.entries),
         "remaining": store.remaining_data(ext),
         "recent": [f"{e.kind}: {e.detail}" for e in store.events(ext, 5)],
+        "crashes_by_class": store.crash_counts(ext),
         "remove": f"wasihost remove {ext} --purge"
         + (f" --state-dir {store.directory}" if store.directory else ""),
     }
@@ -867,6 +868,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 f"  kept: package {rem['package'] or '-'}; data {rem['data_bytes']} bytes; "
                 f"{rem['journal_events']} journal events"
             )
+            if r["crashes_by_class"]:
+                counts = ", ".join(f"{c} {n}" for c, n in r["crashes_by_class"].items())
+                print(f"  crashes in the journal: {counts}")
             for line in r["recent"]:
                 print(f"  recent: {printable(line)}")
             print(f"  to remove everything: {r['remove']}")

@@ -38,7 +38,7 @@ from .package import Package
 from .planning import check_package_policy, plan_package
 from .policy import Grant
 from .registry import HostFunction
-from .supervision import BackingOff
+from .supervision import BackingOff, crash_class
 
 if TYPE_CHECKING:
     from .runtime import Host
@@ -334,7 +334,10 @@ class Extension:
 
     def _on_transition(self, before: State, event: Event, after: State) -> None:
         if self.host.state is not None:
-            self.host.state.record_state(self.id, after.value, self.lifecycle.reason)
+            # Closing a quarantined extension (the host shutting down) keeps the durable
+            # record saying why it was quarantined: that is what the operator must read.
+            if not (after is State.CLOSED and before is State.QUARANTINED):
+                self.host.state.record_state(self.id, after.value, self.lifecycle.reason)
             self.host.journal(
                 self.id,
                 "lifecycle",
@@ -1068,7 +1071,8 @@ class Extension:
         self._supervise(failure, reason)
 
     def _supervise(self, failure: FailureClass, reason: str) -> None:
-        self.host.journal(self.id, "crash", reason)
+        # The crash class leads the journal line: `wasihost status` counts crashes by it.
+        self.host.journal(self.id, "crash", f"{crash_class(failure).value}: {reason}")
         verdict = self.host.supervisor.on_crash(self.id, failure, reason)
         if verdict is not None:
             self.lifecycle.try_fire(Event.QUARANTINE, verdict)

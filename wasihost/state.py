@@ -381,6 +381,19 @@ class StateStore:
             ).fetchall()
         return [EventRecord(r[0], r[1], r[2]) for r in reversed(rows)]
 
+    def crash_counts(self, extension: str) -> dict[str, int]:
+        """Crashes of ``extension`` by class, over its journal (the last
+        ``MAX_EVENTS_PER_EXTENSION`` events): the leading word of each crash line."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT detail FROM events WHERE extension=? AND kind='crash'", (extension,)
+            ).fetchall()
+        counts: dict[str, int] = {}
+        for (detail,) in rows:
+            cls = detail.split(":", 1)[0]
+            counts[cls] = counts.get(cls, 0) + 1
+        return dict(sorted(counts.items()))
+
     def extensions(self) -> list[str]:
         """Every extension the state knows of, installed or not (revoked ones keep records)."""
         with self._lock:
