@@ -181,3 +181,28 @@ def test_status_reports_quarantine_and_crashes_by_class_from_the_state(
     assert report["crashes_by_class"] == {"trap": 2}
     assert main(["status", "crasher", "--state-dir", str(state)]) == 0
     assert "crashes in the journal: trap 2" in capsys.readouterr().out
+
+
+def test_a_quarantine_survives_a_host_restart_until_the_operator_releases_it(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    package = tmp_path / "crasher"
+    package.mkdir()
+    (package / "crasher.wasm").write_bytes(CRASHER)
+    (package / "extension.toml").write_text(
+        '[extension]\nschema = "wasihost-manifest/1"\nid = "org.test.wat"\n'
+        'version = "0.1.0"\nabi = "1.0"\nmodule = "crasher.wasm"\n\n'
+        '[commands]\nboom = {}\nok = {}\n'
+    )
+    state = tmp_path / "state"
+    with Host(Policy(), cache_dir=None, state_dir=state, supervisor=Supervisor(Never())) as host:
+        host.install(package)
+        ext = host.load_installed("org.test.wat")
+        crash(ext)
+        assert ext.lifecycle.state is State.QUARANTINED
+    with Host(Policy(), cache_dir=None, state_dir=state) as again:  # a new process, say
+        ext = again.load_installed("org.test.wat")
+        assert ext.lifecycle.state is State.QUARANTINED
+        assert "restart policy is Never" in str(refused(ext))
+        again.release(ext.id)
+        assert ext.call("ok") is None

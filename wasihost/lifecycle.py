@@ -53,6 +53,8 @@ S, E = State, Event
 # way out to RUNNING is a completed handshake.
 TRANSITIONS: Mapping[tuple[State, Event], State] = {
     (S.PROVISIONING, E.START): S.STARTING,
+    # Rebuilt from durable state that says quarantined: it stays so until the operator acts.
+    (S.PROVISIONING, E.QUARANTINE): S.QUARANTINED,
     (S.STARTING, E.READY): S.RUNNING,
     (S.STARTING, E.START_FAILED): S.FAILED,
     (S.RUNNING, E.PAUSE): S.PAUSED,

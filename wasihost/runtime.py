@@ -473,7 +473,12 @@ class Host:
         from . import updates
 
         package = updates.verify_installed(self, installed)
-        return self.admit(package, fuel=fuel, timeout_ms=timeout_ms)
+        recorded = store.lifecycle(extension)
+        ext = self.admit(package, fuel=fuel, timeout_ms=timeout_ms)
+        if recorded is not None and recorded[0] == State.QUARANTINED.value:
+            # A quarantine outlives the host that decided it: the operator releases it.
+            ext.quarantine(recorded[1] or "quarantined before the host restarted")
+        return ext
 
     def restore(self) -> dict[str, Extension | WasihostError]:
         """After a host restart: rebuild every installed extension from durable state.
