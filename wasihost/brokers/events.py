@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -30,6 +29,7 @@ from ..errors import CallError, CodecError, ConfigError
 from ..event_classes import MAX_CLASS_CHARS, MAX_SELECTORS, covered, is_class, is_selector, matches
 from ..lifecycle import State
 from ..status import HostStatus, Status
+from .dispatch import ExtensionDispatcher
 
 if TYPE_CHECKING:
     from ..extension import Extension
@@ -342,7 +342,7 @@ def _failure_text(exc: BaseException) -> str:
     return text[:MAX_FAILURE_CHARS]
 
 
-class EventsBroker:
+class EventsBroker(ExtensionDispatcher["ExtensionEvents", "Delivery"]):
     """Serves ``events_subscribe`` and ``events_unsubscribe`` and delivers what the embedder
     publishes (:meth:`publish`) on dispatcher threads it owns (stopped by :meth:`shutdown`,
     which the host calls when it closes)."""
@@ -354,18 +354,10 @@ class EventsBroker:
     def __init__(self, *, max_threads: int = MAX_DISPATCH_THREADS) -> None:
         if type(max_threads) is not int or not 1 <= max_threads <= MAX_DISPATCH_THREADS:
             raise ConfigError(f"max_threads must be an int in 1..{MAX_DISPATCH_THREADS}")
-        self._max_threads = max_threads
-        self._cond = threading.Condition()
+        super().__init__("wasihost-events", max_threads)
         self._states: dict[ExtensionEvents, None] = {}
-        self._ready: collections.deque[ExtensionEvents] = collections.deque()
-        self._workers: list[threading.Thread] = []
-        self._idle = 0
-        self._busy = 0  # extensions scheduled: waiting in _ready or being delivered to
         self._seq = 0
-        self._stopping = False
-        self._held = False
         self.delivered = 0
-        self.failed = 0
 
     # -- Broker protocol ---------------------------------------------------------------------
 
@@ -508,19 +500,6 @@ class EventsBroker:
                     return {sel: sub.stats() for sel, sub in state.subscriptions.items()}
         return {}
 
-    def drain(self, timeout: float) -> bool:
-        """Wait until no event is queued or being delivered (or ``timeout`` seconds pass);
-        True if drained. For tests and orderly shutdowns; never call it from a host function
-        (a delivery may be waiting on that very call), and it cannot drain while held."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stopping:
-                    return False
-                self._cond.wait(left)
-            return True
-
     def hold(self) -> None:
         """Stop starting deliveries (one in progress finishes) until :meth:`release`: events
         keep queuing under each subscription's overflow policy. For maintenance windows, and
@@ -556,65 +535,19 @@ class EventsBroker:
             if worker is not threading.current_thread():
                 worker.join(DISPATCHER_STOP_S)
 
-    @property
-    def threads(self) -> int:
-        """Dispatcher threads running now (at most ``max_threads``)."""
-        with self._cond:
-            return sum(1 for w in self._workers if w.is_alive())
-
     # -- dispatch ----------------------------------------------------------------------------
 
-    def _schedule(self, state: ExtensionEvents) -> None:
-        """Put ``state`` in the ready queue (caller holds the lock), starting a dispatcher if
-        none is idle and the pool has room."""
-        if state.scheduled:
-            return
-        state.scheduled = True
-        self._busy += 1
-        self._ready.append(state)
-        if len(self._ready) > self._idle and len(self._workers) < self._max_threads:
-            worker = threading.Thread(
-                target=self._work,
-                name=f"wasihost-events-{len(self._workers) + 1}",
-                daemon=True,
-            )
-            self._workers.append(worker)
-            worker.start()
-        self._cond.notify()
+    def _take(self, state: ExtensionEvents) -> Delivery | None:
+        return state.take()
 
-    def _unschedule(self, state: ExtensionEvents) -> None:
-        state.scheduled = False
-        self._busy -= 1
-        self._cond.notify_all()
+    def _process(self, state: ExtensionEvents, item: Delivery) -> None:
+        self._deliver(state, item)
 
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                while (not self._ready or self._held) and not self._stopping:
-                    self._idle += 1
-                    self._cond.wait()
-                    self._idle -= 1
-                if self._stopping:
-                    return
-                state = self._ready.popleft()
-                delivery = state.take()
-                if delivery is None:
-                    self._unschedule(state)
-                    continue
-            try:
-                self._deliver(state, delivery)
-            except Exception:  # a bug here must not end the dispatcher: say so and go on
-                LOG.exception("events dispatcher failed delivering to %s", state.ext.id)
-                with self._cond:
-                    delivery.subscription.failed += 1
-                    self.failed += 1
-            finally:
-                with self._cond:
-                    if state.pending() and not self._stopping:
-                        self._ready.append(state)
-                        self._cond.notify()
-                    else:
-                        self._unschedule(state)
+    def _count_failure(self, item: Delivery) -> None:
+        item.subscription.failed += 1
+
+    def _done(self, state: ExtensionEvents, item: Delivery) -> bool:
+        return state.pending()
 
     def _deliver(self, state: ExtensionEvents, delivery: Delivery) -> None:
         """Call the guest's event command with one event; any failure is this delivery's."""

@@ -37,6 +37,7 @@ from ..errors import CodecError, ConfigError
 from ..event_classes import MAX_CLASS_CHARS, covered, is_class, is_selector, matches
 from ..lifecycle import State
 from ..status import HostStatus, Status
+from .dispatch import ExtensionDispatcher
 from .events import PAYLOAD_LIMITS, ExtensionEvents, _failure_text
 
 if TYPE_CHECKING:
@@ -216,7 +217,7 @@ def _uint(request: dict[Any, Any], key: str, low: int, high: int) -> int | None:
     return value
 
 
-class JobsBroker:
+class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
     """Serves ``jobs_schedule`` and ``jobs_cancel`` and runs the jobs on worker threads it
     owns (stopped by :meth:`shutdown`, which the host calls when it closes)."""
 
@@ -229,20 +230,13 @@ class JobsBroker:
     ) -> None:
         if type(max_threads) is not int or not 1 <= max_threads <= MAX_JOB_THREADS:
             raise ConfigError(f"max_threads must be an int in 1..{MAX_JOB_THREADS}")
-        self._max_threads = max_threads
+        super().__init__("wasihost-jobs", max_threads)
         # Only the system clock gets a timer thread: an injected clock is ticked by its owner.
         self._timed = clock is None
         self.clock: JobClock = clock if clock is not None else SystemJobClock()
-        self._cond = threading.Condition()
         self._states: dict[ExtensionJobs, None] = {}
-        self._ready: collections.deque[ExtensionJobs] = collections.deque()
-        self._workers: list[threading.Thread] = []
         self._timer: threading.Thread | None = None
-        self._idle = 0
-        self._busy = 0  # extensions with runs queued or running
-        self._stopping = False
         self.runs = 0
-        self.failed = 0
         self.skipped = 0
 
     # -- Broker protocol ---------------------------------------------------------------------
@@ -447,18 +441,6 @@ class JobsBroker:
                     return {job_id: job.stats() for job_id, job in state.jobs.items()}
         return {}
 
-    def drain(self, timeout: float) -> bool:
-        """Wait until no run is queued or running (or ``timeout`` seconds pass); True if
-        drained. Never call it from a host function."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stopping:
-                    return False
-                self._cond.wait(left)
-            return True
-
     def quiesce(self) -> None:
         """Start nothing new: queued runs are dropped, later schedules answer ``UNAVAILABLE``
         and ticks and events queue nothing; a run in progress finishes (the host's shutdown
@@ -485,12 +467,6 @@ class JobsBroker:
             if thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
 
-    @property
-    def threads(self) -> int:
-        """Worker threads running now (at most ``max_threads``)."""
-        with self._cond:
-            return sum(1 for w in self._workers if w.is_alive())
-
     # -- workers -------------------------------------------------------------------------------
 
     def _start_timer(self) -> None:
@@ -512,55 +488,21 @@ class JobsBroker:
                     continue
             self.tick()
 
-    def _schedule(self, state: ExtensionJobs) -> None:
-        if state.scheduled:
-            return
-        state.scheduled = True
-        self._busy += 1
-        self._ready.append(state)
-        if len(self._ready) > self._idle and len(self._workers) < self._max_threads:
-            worker = threading.Thread(
-                target=self._work, name=f"wasihost-jobs-{len(self._workers) + 1}", daemon=True
-            )
-            self._workers.append(worker)
-            worker.start()
-        self._cond.notify()
+    def _take(self, state: ExtensionJobs) -> Run | None:
+        if not state.runs or state.closed:
+            state.runs.clear()
+            return None
+        return state.runs.popleft()
 
-    def _unschedule(self, state: ExtensionJobs) -> None:
-        state.scheduled = False
-        self._busy -= 1
-        self._cond.notify_all()
+    def _process(self, state: ExtensionJobs, item: Run) -> None:
+        self._run(state, item)
 
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                while not self._ready and not self._stopping:
-                    self._idle += 1
-                    self._cond.wait()
-                    self._idle -= 1
-                if self._stopping:
-                    return
-                state = self._ready.popleft()
-                if not state.runs or state.closed:
-                    state.runs.clear()
-                    self._unschedule(state)
-                    continue
-                run = state.runs.popleft()
-            try:
-                self._run(state, run)
-            except Exception:  # a bug here must not end the worker: say so and go on
-                LOG.exception("jobs worker failed running a job of %s", state.ext.id)
-                with self._cond:
-                    run.job.failed += 1
-                    self.failed += 1
-            finally:
-                with self._cond:
-                    run.job.outstanding = False
-                    if state.runs and not state.closed and not self._stopping:
-                        self._ready.append(state)
-                        self._cond.notify()
-                    else:
-                        self._unschedule(state)
+    def _count_failure(self, item: Run) -> None:
+        item.job.failed += 1
+
+    def _done(self, state: ExtensionJobs, item: Run) -> bool:
+        item.job.outstanding = False
+        return bool(state.runs) and not state.closed
 
     def _run(self, state: ExtensionJobs, run: Run) -> None:
         """Run one job as its command, under the [jobs] budget; any failure is this run's."""
