@@ -30,7 +30,6 @@ than generic.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import hashlib
 import importlib.metadata
 import json
@@ -45,148 +44,19 @@ os.environ["RUST_BACKTRACE"] = "0"  # trap paths are slower with it; set before 
 
 import cbor2
 import wasmtime
-from wasmtime import _bindings as raw
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from wasihost.benchmark.guests import loop_guest_wat
+from wasihost.engine.benchraw import PublicGuest, RawFloor, RawModule
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 
 ECHO = ROOT / "fixtures" / "echo"
 HOSTFLOOD = ROOT / "fixtures" / "hostflood"
 HOST_CALLS = 1000  # log calls per timed command
-UNSUPPORTED = -9
-FUEL = 10_000_000
 PAYLOAD = bytes(range(64))
-
-
-def _engine() -> wasmtime.Engine:
-    config = wasmtime.Config()
-    config.consume_fuel = True
-    config.epoch_interruption = True
-    return wasmtime.Engine(config)
-
-
-# The floor's host function: a bare unchecked callback that stores a status and returns.
-_RAW_CALLBACK = ctypes.CFUNCTYPE(
-    ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t
-)
-_RAW_FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-@_RAW_CALLBACK  # type: ignore[untyped-decorator]
-def _answer_unsupported(env: int, caller: int, args: int, nargs: int) -> int:
-    ctypes.c_int32.from_address(args).value = UNSUPPORTED
-    return 0
-
-
-@_RAW_FINALIZER  # type: ignore[untyped-decorator]
-def _no_finalizer(env: int) -> None:
-    pass
-
-
-class PublicGuest:
-    """A guest driven through wasmtime-py's public, generic API; its imports answer
-    UNSUPPORTED, through generic ``Func`` objects or (``raw_imports``) bare unchecked ones."""
-
-    def __init__(self, wasm: bytes, *, raw_imports: bool = False) -> None:
-        self.engine = _engine()
-        self.store = wasmtime.Store(self.engine)
-        module = wasmtime.Module(self.engine, wasm)
-        imports = []
-        for imp in module.imports:
-            ty = imp.type
-            assert isinstance(ty, wasmtime.FuncType)
-            if raw_imports:
-                imports.append(self._raw_func(ty))
-            else:
-                imports.append(wasmtime.Func(self.store, ty, lambda *a: UNSUPPORTED))
-        self.store.set_fuel(FUEL)
-        self.store.set_epoch_deadline(1_000_000)
-        instance = wasmtime.Instance(self.store, module, imports)
-        exports = instance.exports(self.store)
-        self.memory = exports["memory"]
-        self.alloc = exports["wasihost_alloc"]
-        self.call_fn = exports["wasihost_call"]
-        self.instance = instance
-
-    def _raw_func(self, ty: wasmtime.FuncType) -> wasmtime.Func:
-        new = raw.dll["wasmtime_func_new_unchecked"]
-        new.restype = None
-        vp = ctypes.c_void_p
-        new.argtypes = [vp, vp, _RAW_CALLBACK, vp, _RAW_FINALIZER, vp]
-        func = raw.wasmtime_func_t()
-        ctx = ctypes.cast(self.store._context(), vp)
-        new(ctx, ctypes.cast(ty.ptr(), vp), _answer_unsupported, None, _no_finalizer,
-            ctypes.addressof(func))  # fmt: skip
-        return wasmtime.Func._from_raw(func)
-
-    def call(self, command: bytes, payload: bytes) -> bytes:
-        store = self.store
-        store.set_fuel(FUEL)
-        store.set_epoch_deadline(1_000_000)
-        total = len(command) + len(payload)
-        ptr = self.alloc(store, total) & 0xFFFFFFFF
-        self.memory.write(store, command + payload, ptr)
-        packed = self.call_fn(store, ptr, len(command), len(payload)) & 0xFFFFFFFFFFFFFFFF
-        rp, rl = packed >> 32, packed & 0xFFFFFFFF
-        return bytes(self.memory.read(store, rp, rp + rl))
-
-
-class RawFloor:
-    """The same sequence with unchecked raw calls and nothing else: the floor."""
-
-    def __init__(self, guest: PublicGuest) -> None:
-        self.guest = guest
-        ctx = guest.store._context()
-        self.ctx = ctypes.cast(ctx, ctypes.c_void_p).value
-        vp = ctypes.c_void_p
-
-        def fn(name: str, restype: object, *args: object) -> Callable[..., object]:
-            f = raw.dll[name]
-            f.restype = restype
-            f.argtypes = list(args)
-            return f  # type: ignore[no-any-return]
-
-        self.call_unchecked = fn(
-            "wasmtime_func_call_unchecked", vp, vp, vp, vp, ctypes.c_size_t, vp
-        )
-        self.mem_data = fn("wasmtime_memory_data", vp, vp, vp)
-        self.set_fuel = fn("wasmtime_context_set_fuel", vp, vp, ctypes.c_uint64)
-        self.set_deadline = fn("wasmtime_context_set_epoch_deadline", None, vp, ctypes.c_uint64)
-        self.alloc = guest.alloc._func
-        self.callf = guest.call_fn._func
-        self.mem = guest.memory._memory
-        self.alloc_addr = ctypes.addressof(self.alloc)
-        self.call_addr = ctypes.addressof(self.callf)
-        self.mem_addr = ctypes.addressof(self.mem)
-        self.a1 = (raw.wasmtime_val_raw_t * 1)()
-        self.a3 = (raw.wasmtime_val_raw_t * 3)()
-        self.a1_addr = ctypes.addressof(self.a1)
-        self.a3_addr = ctypes.addressof(self.a3)
-        self.trap = ctypes.c_void_p(0)
-        self.trap_addr = ctypes.addressof(self.trap)
-
-    def call(self, command: bytes, payload: bytes) -> bytes:
-        ctx = self.ctx
-        self.set_fuel(ctx, FUEL)
-        self.set_deadline(ctx, 1_000_000)
-        data = command + payload
-        self.a1[0].i32 = len(data)
-        self.call_unchecked(ctx, self.alloc_addr, self.a1_addr, 1, self.trap_addr)
-        ptr = self.a1[0].i32 & 0xFFFFFFFF
-        base = self.mem_data(ctx, self.mem_addr)
-        ctypes.memmove(base + ptr, data, len(data))
-        a3 = self.a3
-        a3[0].i32 = ptr
-        a3[1].i32 = len(command)
-        a3[2].i32 = len(payload)
-        self.call_unchecked(ctx, self.call_addr, self.a3_addr, 3, self.trap_addr)
-        packed = a3[0].i64 & 0xFFFFFFFFFFFFFFFF
-        return ctypes.string_at(
-            self.mem_data(ctx, self.mem_addr) + (packed >> 32), packed & 0xFFFFFFFF
-        )
 
 
 def _time(fns: dict[str, Callable[[], object]], calls: int, repeats: int) -> dict[str, float]:
@@ -218,8 +88,9 @@ def handshake(guest: PublicGuest | RawFloor) -> None:
 def host_calls(host: Host, calls: int, repeats: int) -> dict[str, float]:
     """Per host call µs: (a command making HOST_CALLS calls - one making none) / HOST_CALLS."""
     wasm = (HOSTFLOOD / "hostflood.wasm").read_bytes()
-    public = PublicGuest(wasm)
-    floor_guest = PublicGuest(wasm, raw_imports=True)
+    module = RawModule(wasm)
+    public = module.instantiate()
+    floor_guest = module.instantiate(raw_imports=True)
     handshake(public)
     handshake(floor_guest)
     floor = RawFloor(floor_guest)
@@ -254,58 +125,6 @@ REQUEST64 = cbor2.dumps([2, "x" * 60])
 assert len(REQUEST64) == 64
 
 
-def _escaped(blob: bytes) -> str:
-    return "".join(f"\\{b:02x}" for b in blob)
-
-
-def _loop_guest(module: str, name: str) -> bytes:
-    """A guest whose command calls ``module.name`` with REQUEST64 as many times as its input
-    (a CBOR uint below 65,536) says, and answers null."""
-    status = b"\0\0\0\0"
-    hello = status + cbor2.dumps({"id": "bench", "version": "0.1.0", "abi": "1.0", "features": []})
-    welcome = status + cbor2.dumps({"status": "ready"})
-    return bytes(
-        wasmtime.wat2wasm(f"""
-(module
-  (@custom "wasihost_abi" "1.0")
-  (@custom "wasihost_abi.bench" "1.0")
-  (import "{module}" "{name}" (func $f (param i32 i32 i32 i32) (result i32)))
-  (memory (export "memory") 2)
-  (data (i32.const 1024) "{_escaped(hello)}")
-  (data (i32.const 2048) "{_escaped(welcome)}")
-  (data (i32.const 3072) "\\00\\00\\00\\00\\f6")
-  (data (i32.const 4096) "{_escaped(REQUEST64)}")
-  (func (export "wasihost_alloc") (param i32) (result i32) (i32.const 32768))
-  (func $count (param $p i32) (param $n i32) (result i32)
-    (local $b i32)
-    (if (i32.eqz (local.get $n)) (then (return (i32.const 0))))
-    (local.set $b (i32.load8_u (local.get $p)))
-    (if (i32.lt_u (local.get $b) (i32.const 24)) (then (return (local.get $b))))
-    (if (i32.eq (local.get $b) (i32.const 24))
-      (then (return (i32.load8_u offset=1 (local.get $p)))))
-    (i32.or (i32.shl (i32.load8_u offset=1 (local.get $p)) (i32.const 8))
-            (i32.load8_u offset=2 (local.get $p))))
-  (func (export "wasihost_call")
-    (param $ptr i32) (param $cmd_len i32) (param $in_len i32) (result i64)
-    (local $n i32)
-    (if (i32.eq (local.get $cmd_len) (i32.const 14))
-      (then (return (i64.or (i64.shl (i64.const 1024) (i64.const 32))
-                            (i64.const {len(hello)})))))
-    (if (i32.eq (local.get $cmd_len) (i32.const 16))
-      (then (return (i64.or (i64.shl (i64.const 2048) (i64.const 32))
-                            (i64.const {len(welcome)})))))
-    (local.set $n (call $count (i32.add (local.get $ptr) (local.get $cmd_len)) (local.get $in_len)))
-    (block $done
-      (loop $again
-        (br_if $done (i32.eqz (local.get $n)))
-        (drop (call $f (i32.const 4096) (i32.const 64) (i32.const 8192) (i32.const 16)))
-        (local.set $n (i32.sub (local.get $n) (i32.const 1)))
-        (br $again)))
-    (i64.or (i64.shl (i64.const 3072) (i64.const 32)) (i64.const 5))))
-""")
-    )
-
-
 def request_calls(calls: int, repeats: int) -> dict[str, dict[str, float]]:
     """Per host call µs of ``log`` and of an embedder function, each with a 64-byte request."""
     from wasihost.package import Package
@@ -325,7 +144,7 @@ def request_calls(calls: int, repeats: int) -> dict[str, dict[str, float]]:
         ("log64", "wasihost_v1", "log", "log"),
         ("embedder64", "bench_v1", "noop", "bench"),
     ):
-        wasm = _loop_guest(module, name)
+        wasm = bytes(wasmtime.wat2wasm(loop_guest_wat(module, name, REQUEST64, "bench")))
         package = Package(f"{case}.wasm", None, wasm, hashlib.sha256(wasm).hexdigest())
         exts[case] = host.admit(package, grants=[cap])
         assert exts[case].call("run", HOST_CALLS) is None
@@ -344,7 +163,7 @@ def request_calls(calls: int, repeats: int) -> dict[str, dict[str, float]]:
 
 def run(calls: int, repeats: int, only: frozenset[str] = frozenset()) -> dict[str, object]:
     wasm = (ECHO / "echo.wasm").read_bytes()
-    public = PublicGuest(wasm)
+    public = RawModule(wasm).instantiate()
     handshake(public)
     floor = RawFloor(public)
     null = cbor2.dumps(None)
