@@ -37,42 +37,13 @@ import wasmtime
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from wasihost.benchmark.guests import EXTISM_PLUGIN_WAT
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 
 RAWECHO = ROOT / "fixtures" / "rawecho"
 SIZES = {"64KiB": 64 * 1024, "1MiB": 1024 * 1024}
 TARGET_BYTES_PER_S = 2e9
-
-EXTISM_ECHO = """
-(module
-  (import "extism:host/env" "input_length" (func $input_length (result i64)))
-  (import "extism:host/env" "input_load_u64" (func $input_load_u64 (param i64) (result i64)))
-  (import "extism:host/env" "input_load_u8" (func $input_load_u8 (param i64) (result i32)))
-  (import "extism:host/env" "alloc" (func $alloc (param i64) (result i64)))
-  (import "extism:host/env" "store_u64" (func $store_u64 (param i64 i64)))
-  (import "extism:host/env" "store_u8" (func $store_u8 (param i64 i32)))
-  (import "extism:host/env" "output_set" (func $output_set (param i64 i64)))
-  (func (export "echo") (result i32)
-    (local $n i64) (local $off i64) (local $i i64)
-    (local.set $n (call $input_length))
-    (local.set $off (call $alloc (local.get $n)))
-    (block $words (loop $l
-      (br_if $words (i64.gt_u (i64.add (local.get $i) (i64.const 8)) (local.get $n)))
-      (call $store_u64 (i64.add (local.get $off) (local.get $i))
-                       (call $input_load_u64 (local.get $i)))
-      (local.set $i (i64.add (local.get $i) (i64.const 8)))
-      (br $l)))
-    (block $bytes (loop $l2
-      (br_if $bytes (i64.ge_u (local.get $i) (local.get $n)))
-      (call $store_u8 (i64.add (local.get $off) (local.get $i))
-                      (call $input_load_u8 (local.get $i)))
-      (local.set $i (i64.add (local.get $i) (i64.const 1)))
-      (br $l2)))
-    (call $output_set (local.get $off) (local.get $n))
-    (i32.const 0)))
-"""
-
 
 def _package(tmp: Path) -> Path:
     """fixtures/rawecho with 1 MiB input and output limits."""
@@ -90,7 +61,7 @@ def _extism() -> Callable[[bytes], bytes] | None:
         import extism  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         return None
-    plugin = extism.Plugin(bytes(wasmtime.wat2wasm(EXTISM_ECHO)), wasi=False)
+    plugin = extism.Plugin(bytes(wasmtime.wat2wasm(EXTISM_PLUGIN_WAT)), wasi=False)
     return lambda data: bytes(plugin.call("echo", data))
 
 

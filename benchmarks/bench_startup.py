@@ -3,8 +3,9 @@ job, the processes of every contender alternating round by round.
 
 Contenders, each one ``python`` process from exec to exit:
 
-- ``extism``: ``import extism``, load a small plugin (``EXTISM_PLUGIN_WAT`` below: an ``echo``
-  export using the ``extism:host/env`` kernel imports) and call it once with ``null``;
+- ``extism``: ``import extism``, load a small plugin (the installed harness's
+  ``EXTISM_PLUGIN_WAT``: an ``echo`` export using the ``extism:host/env`` kernel imports) and
+  call it once with ``null``;
 - ``run``: ``wasihost run fixtures/echo noop`` (a 44 KB Rust module, its compiled form in a
   warm disk cache);
 - ``wasi``: ``wasihost wasi fixtures/wasi-libc/wasi-libc.wasm hello`` (a 48 KB C program on
@@ -41,33 +42,12 @@ os.environ["RUST_BACKTRACE"] = "0"  # trap paths are slower with it; set before 
 
 import wasmtime
 
+from wasihost.benchmark.guests import EXTISM_PLUGIN_WAT
+
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_RATIO = 1.2
 TARGETS = ("run", "wasi")
 WARMUP_ROUNDS = 3
-
-# A minimal Extism plugin: echo its input through the kernel's memory (the PDK is not needed to
-# write one, and is not available offline). Extism links these imports from its kernel module.
-EXTISM_PLUGIN_WAT = """(module
-  (import "extism:host/env" "input_length" (func $input_length (result i64)))
-  (import "extism:host/env" "input_load_u8" (func $input_load_u8 (param i64) (result i32)))
-  (import "extism:host/env" "alloc" (func $alloc (param i64) (result i64)))
-  (import "extism:host/env" "store_u8" (func $store_u8 (param i64 i32)))
-  (import "extism:host/env" "output_set" (func $output_set (param i64 i64)))
-  (memory (export "memory") 1)
-  (func (export "echo") (result i32)
-    (local $n i64) (local $i i64) (local $out i64)
-    (local.set $n (call $input_length))
-    (local.set $out (call $alloc (local.get $n)))
-    (block $done
-      (loop $again
-        (br_if $done (i64.ge_u (local.get $i) (local.get $n)))
-        (call $store_u8 (i64.add (local.get $out) (local.get $i))
-                        (call $input_load_u8 (local.get $i)))
-        (local.set $i (i64.add (local.get $i) (i64.const 1)))
-        (br $again)))
-    (call $output_set (local.get $out) (local.get $n))
-    (i32.const 0)))"""
 
 EXTISM_SCRIPT = """import sys
 import extism
