@@ -1100,6 +1100,19 @@ class Extension:
         self._draining = True
         self._seen_grants = None  # so that the next call takes the slow path and is refused
 
+    def _wait_until_idle(self, deadline: float) -> bool:
+        """Caller holds ``_lock``: wait until no instance is in a call or being built, or
+        ``deadline`` (on ``time.monotonic()``) passes; True if idle."""
+        while self._in_use() and time.monotonic() < deadline:
+            self._waiting += 1
+            try:
+                # Polled: a hand-back's wake-up may go to a call waiting for an instance
+                # (which then refuses, closed) instead of this.
+                self._freed.wait(min(CLOSE_DRAIN_POLL_S, max(0.0, deadline - time.monotonic())))
+            finally:
+                self._waiting -= 1
+        return not self._in_use()
+
     def run_shutdown_hook(self, deadline: float) -> str:
         """Wait (until ``deadline``, on ``time.monotonic()``) for the calls in flight, then run
         the manifest's ``[lifecycle] on_shutdown`` command on an idle instance with what
@@ -1107,13 +1120,7 @@ class Extension:
         raises for the guest's sake. No hook, or no live instance: nothing to run."""
         hook = self.manifest.on_shutdown if self.manifest is not None else None
         with self._lock:
-            while self._in_use() and time.monotonic() < deadline:
-                self._waiting += 1
-                try:
-                    self._freed.wait(min(CLOSE_DRAIN_POLL_S, max(0.0, deadline - time.monotonic())))
-                finally:
-                    self._waiting -= 1
-            if self._in_use():
+            if not self._wait_until_idle(deadline):
                 return "a call was still running at the deadline"
             if hook is None or not self._idle or self.lifecycle.state is State.CLOSED:
                 return "no shutdown hook to run"
@@ -1143,16 +1150,8 @@ class Extension:
         # Instances in a call are freed by their own calls as they return (interrupted, within
         # a tick or so), never from here: a call may be about to enter its instance, and a
         # Store freed under it would crash the process.
-        give_up = time.monotonic() + CLOSE_DRAIN_S
         with self._lock:
-            while self._in_use() and time.monotonic() < give_up:
-                self._waiting += 1
-                try:
-                    # Polled: a hand-back's wake-up may go to a call waiting for an instance
-                    # (which then refuses, closed) instead of this.
-                    self._freed.wait(min(CLOSE_DRAIN_POLL_S, max(0.0, give_up - time.monotonic())))
-                finally:
-                    self._waiting -= 1
+            self._wait_until_idle(time.monotonic() + CLOSE_DRAIN_S)
             self._close_brokers()
         self.host.forget(self)
 
