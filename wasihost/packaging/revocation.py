@@ -26,8 +26,6 @@ is :class:`~wasihost.errors.RevocationListError`.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import calendar
 import os
 import re
@@ -40,7 +38,15 @@ from typing import TYPE_CHECKING, Final, Protocol
 import attrs
 
 from ..errors import RevocationListError, RevokedError
-from .trust import KEY_BYTES, PUBLISHER_ID, SigningKey, TrustStore, b64, format_time
+from .trust import (
+    KEY_BYTES,
+    PUBLISHER_ID,
+    SigningKey,
+    TrustStore,
+    b64,
+    b64_exact,
+    format_time,
+)
 
 if TYPE_CHECKING:
     from ..package import Package
@@ -144,12 +150,9 @@ def _expires(text: str) -> float:
 
 def _b64(text: str, size: int, what: str) -> bytes:
     try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise _fail(f"{what} is not base64") from None
-    if len(raw) != size:
-        raise _fail(f"{what} is {len(raw)} bytes, not {size}")
-    return raw
+        return b64_exact(text, size)
+    except ValueError as exc:
+        raise _fail(f"{what} {exc}") from None
 
 
 def parse(data: bytes, trust: TrustStore) -> RevocationList:

@@ -58,15 +58,23 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _b64_exact(text: str, size: int, where: str, what: str) -> bytes:
-    """``text`` as base64 of exactly ``size`` bytes, or a ConfigError naming ``what``."""
+def b64_exact(text: str, size: int) -> bytes:
+    """``text`` as strict base64 of exactly ``size`` bytes; a ValueError saying what is wrong
+    (``is not base64``, ``is N bytes, not SIZE``) otherwise, for the caller to name the field."""
     try:
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise ConfigError(f"{where}: the {what} is not base64") from None
+        raise ValueError("is not base64") from None
     if len(raw) != size:
-        raise ConfigError(f"{where}: the {what} is {len(raw)} bytes, not {size}")
+        raise ValueError(f"is {len(raw)} bytes, not {size}")
     return raw
+
+
+def _b64_exact(text: str, size: int, where: str, what: str) -> bytes:
+    try:
+        return b64_exact(text, size)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: the {what} {exc}") from None
 
 
 def _key_bytes(text: str, where: str) -> bytes:
