@@ -41,6 +41,7 @@ from .registry import HostFunction
 from .supervision import BackingOff, crash_class
 
 if TYPE_CHECKING:
+    from .governor import Usage
     from .runtime import Host
 
 T = TypeVar("T")
@@ -249,6 +250,9 @@ class Extension:
         self._broker_states: dict[int, tuple[Any, Any]] = {}
         # Set by the host's shutdown: every new call is refused (the one in flight finishes).
         self._draining = False
+        # budgets: this id's rate accounts (CPU fuel a minute, network bytes an hour).
+        self.account = host.governor.open(self)
+        self._add_fuel = self.account.add_fuel
 
     @property
     def id(self) -> str:
@@ -293,6 +297,30 @@ class Extension:
     def _record_fuel(self, used: int) -> None:
         self._local.state.fuel = used
         self._last_fuel = used
+        crossing = self._add_fuel(used)  # budgets: burnt, so counted
+        if crossing is not None:
+            self.host.governor.fuel_crossed(self, crossing)
+
+    # -- budgets (governor.py) ------------------------------------------------------------
+
+    def usage(self) -> Usage:
+        """This extension's usage now beside its budget: a frozen snapshot (docs/budgets.md)."""
+        with self._lock:
+            in_flight = self._in_use()
+            states = tuple(self._broker_states.values())
+        return self.host.governor.usage(self, in_flight, states)
+
+    def recheck(self) -> None:
+        """The next call takes the slow path (and so meets the governor's check)."""
+        self._seen_grants = None
+
+    def stop_calls(self, failure: CallError) -> None:
+        """Every call in flight ends at its next epoch tick with ``failure`` (the governor's
+        terminate); each then crashes the extension as any such failure does."""
+        with self._lock:
+            busy = [slot for slot in self._slots if slot not in self._idle]
+        for slot in busy:
+            slot.instance.stop(failure)
 
     def _set_task_fuel(self, used: int | None) -> None:
         """After an acall, in the awaiting task's context."""
@@ -693,6 +721,7 @@ class Extension:
             raise ExtensionRevoked(
                 f"{self.id} is revoked: {table.revoked or 'reinstated since; load it again'}"
             )
+        self.host.governor.check_call(self)  # budgets: over a rate, wait (or resume)
         state = self.lifecycle.state
         if state in (State.PAUSED, State.QUARANTINED, State.STOPPING, State.THROTTLED):
             raise ExtensionUnavailable(self.id, state, self.lifecycle.reason)
@@ -751,6 +780,7 @@ class Extension:
             self.log.max_bytes = resources.max_log_bytes
             self._input_limits = payload_limits(resources.max_input_bytes)
             self._output_limits = payload_limits(resources.max_output_bytes)
+            self.host.governor.rebudget(self)  # budgets
 
     def _raise_if_halted_during(self, instance: Instance, what: str) -> None:
         """A failure caused by an operator's revocation, or by a close, interrupting the guest
@@ -985,9 +1015,16 @@ class Extension:
                 elif not isinstance(exc, WasihostError):
                     self._crash(f"interrupted: {type(exc).__name__}")
                 raise
-            local.fuel = self._last_fuel = (
+            used = local.fuel = self._last_fuel = (
                 budget.used if budget is not None else result.fuel_used
             )
+            # budgets: count the fuel; a crossing under terminate ends this call too.
+            crossing = self._add_fuel(used)
+            if crossing is not None:
+                ended = self.host.governor.fuel_crossed(self, crossing)
+                if ended is not None:
+                    self._crash(f"{ended.failure.value}: {ended.message}", ended.failure)
+                    raise ended
             if result.status != 0:
                 cls, msg = _guest_error(result.body)
                 raise CallError(

@@ -526,6 +526,12 @@ class Instance:
         later one: the instance is not to be used again."""
         self._ctx.stop_now(CallError(FailureClass.CANCELLED, "cancelled by the caller"))
 
+    def stop(self, failure: CallError) -> None:
+        """From any thread: end the running call at its next epoch tick (a blocking host call
+        wakes at once) with ``failure``, and every later one: the resource governor's
+        ``terminate``. The instance is not to be used again."""
+        self._ctx.stop_now(failure)
+
     def defer_signal(self, handler: Callable[[int, Any], Any], signum: int) -> None:
         """A signal's Python handler deferred out of a host callback (see sigint.py): it runs
         as the call returns."""
