@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from strategies import BUDGET_TICKS, budget_steps
 
 from wasihost.brokers.http import HttpBroker
+from wasihost.brokers.jobs import JobsBroker, ManualClock
 from wasihost.budgets import (
     RATES,
     Account,
@@ -584,6 +585,7 @@ def test_usage_never_exceeds_a_hard_quota_without_throttle_or_terminate_firing(
             clock.now += step[1]
         elif step[0] == "call":
             refusal = account.admit_call()
+            saw(refusal)
             if refusal is None:
                 biggest[Resource.CPU_FUEL_PER_MINUTE] = max(
                     biggest[Resource.CPU_FUEL_PER_MINUTE], step[1]
@@ -669,3 +671,45 @@ def test_a_real_guest_never_exceeds_its_cpu_budget_unthrottled(
                 assert after.retry_after_s is not None and after.retry_after_s > 0
             else:
                 assert fired == 0 and after.retry_after_s is None
+
+
+# -- jobs: their level in the snapshot, their fuel in the budget, no run while throttled --------
+
+
+def test_jobs_count_in_the_snapshot_and_the_budget_and_skip_while_throttled(
+    cache: Path, clock: FakeClock
+) -> None:
+    jobs_clock = ManualClock()
+    with governed(
+        cache,
+        clock,
+        cpu=1_000_000_000,
+        allow={"jobs", "log", "events"},
+        brokers=[JobsBroker(clock=jobs_clock)],
+    ) as host:
+        ext = host.load(FIXTURES / "jobs")
+        broker = host.broker("jobs")
+        assert isinstance(broker, JobsBroker)
+        job = ext.call("schedule", {"command": "tick", "every_ms": 1000})
+        ext.call("schedule", {"command": "tick", "delay_ms": 10**6})
+        usage = ext.usage()
+        assert usage.background_jobs == 2 and usage.budget.background_jobs == 4
+        burnt = usage.cpu_fuel_last_minute
+        jobs_clock.advance(1.0)
+        assert broker.tick() == 1 and broker.drain(PROMPT_S)
+        # A job's run is a call of the extension: its fuel counts against the budget.
+        assert ext.usage().cpu_fuel_last_minute > burnt
+        # The operator lowers this extension's budget below what it has used: its next call
+        # fires the throttle (before running, not after) and is refused.
+        host.governor.set_policy(ext.id, BudgetPolicy(cpu_fuel_per_minute=1))
+        with pytest.raises(Throttled):
+            ext.call("cancel", 12345)
+        assert ext.lifecycle.state is State.THROTTLED
+        assert ext.usage().actions_fired["throttle"] == 1
+        # Throttled, its jobs' runs are skipped, not run.
+        runs = broker.stats(ext.id)[job].runs
+        jobs_clock.advance(1.0)
+        broker.tick()
+        assert broker.drain(PROMPT_S)
+        stats = broker.stats(ext.id)[job]
+        assert stats.runs == runs and stats.skipped >= 1 and stats.failed == 0

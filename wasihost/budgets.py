@@ -327,7 +327,7 @@ class Account:
             self._set_over(resource, True)
             if fired:
                 self.fired[action] += 1
-            elif refused:
+            if refused:
                 self.refusals += 1
             wait = window.wait_for(now, limit, amount if refused else 0)
             return Crossing(resource, action, used, limit, wait, fired, refused)
@@ -352,9 +352,11 @@ class Account:
             return window.wait_for(now, limit)
 
     def admit_call(self) -> Crossing | None:
-        """Before a call: under ``throttle`` or ``terminate``, a call is refused while the CPU
-        rate is over its budget (the Crossing says until when); None admits it. Network bytes
-        are refused where they are spent, request by request (:meth:`charge`), not here."""
+        """Before a call: None while the CPU rate is within its budget. Over it, the Crossing:
+        ``refused`` under ``throttle`` or ``terminate`` (it says until when); ``fired`` if no
+        episode was going on (a lowered budget put the usage over without a charge crossing
+        it), so that the action fires before the call, not after. Network bytes are refused
+        where they are spent, request by request (:meth:`charge`), not here."""
         resource = Resource.CPU_FUEL_PER_MINUTE
         with self._lock:
             now = self._clock()
@@ -365,10 +367,17 @@ class Account:
                 self._set_over(resource, False)
                 return None
             action = self.budget.actions[resource]
-            if action not in (Action.THROTTLE, Action.TERMINATE):
+            fired = not self._over[resource]
+            if fired:
+                self._set_over(resource, True)
+                self.fired[action] += 1
+            refused = action in (Action.THROTTLE, Action.TERMINATE)
+            if refused:
+                self.refusals += 1
+            if not (fired or refused):
                 return None
-            self.refusals += 1
-            return Crossing(resource, action, used, limit, window.wait_for(now, limit), False, True)
+            wait = window.wait_for(now, limit)
+            return Crossing(resource, action, used, limit, wait, fired, refused)
 
     def over(self, resource: Resource) -> bool:
         with self._lock:

@@ -314,10 +314,14 @@ class Extension:
         """The next call takes the slow path (and so meets the governor's check)."""
         self._seen_grants = None
 
-    def stop_calls(self, failure: CallError) -> None:
+    def stop_calls(self, failure: CallError, *, locked: bool = False) -> None:
         """Every call in flight ends at its next epoch tick with ``failure`` (the governor's
-        terminate); each then crashes the extension as any such failure does."""
-        with self._lock:
+        terminate); each then crashes the extension as any such failure does. ``locked``:
+        the caller holds ``_lock`` (a check before a call)."""
+        if not locked:
+            with self._lock:
+                busy = [slot for slot in self._slots if slot not in self._idle]
+        else:
             busy = [slot for slot in self._slots if slot not in self._idle]
         for slot in busy:
             slot.instance.stop(failure)

@@ -158,8 +158,10 @@ class Governor:
         return account
 
     def rebudget(self, ext: Extension) -> None:
-        """The extension's resources or the host's policy changed."""
+        """The extension's resources or the host's policy changed: its next call meets the
+        new budget (a lower one may already be crossed)."""
         self.open(ext)
+        ext.recheck()
 
     # -- charging -------------------------------------------------------------------------
 
@@ -206,20 +208,22 @@ class Governor:
         resumes."""
         crossing = ext.account.admit_call()
         if crossing is not None:
-            with self._lock:
-                self._refusals += 1
-            raise Throttled(ext.id, ext.lifecycle.state, crossing)
+            self._crossed(ext, crossing, locked=True)
+            if crossing.refused:
+                raise Throttled(ext.id, ext.lifecycle.state, crossing)
+            return  # warn: admitted; pause: the lifecycle refuses it
         if ext.lifecycle.state is State.THROTTLED:
             ext.lifecycle.try_fire(Event.RESUME, "back within its budget")
 
-    def _crossed(self, ext: Extension, crossing: Crossing) -> None:
-        if not crossing.fired:
-            if crossing.refused:
-                with self._lock:
-                    self._refusals += 1
-            return
+    def _crossed(self, ext: Extension, crossing: Crossing, *, locked: bool = False) -> None:
+        """Apply a crossing's action (``locked``: the caller holds ``ext``'s pool lock)."""
         with self._lock:
-            self._fired[crossing.action] += 1
+            if crossing.refused:
+                self._refusals += 1
+            if crossing.fired:
+                self._fired[crossing.action] += 1
+        if not crossing.fired:
+            return
         reason = crossing.describe()
         ext.host.journal(ext.id, "budget", reason)
         action = crossing.action
@@ -231,7 +235,7 @@ class Governor:
             ext.lifecycle.try_fire(Event.PAUSE, reason)
             ext.recheck()
         elif action is Action.TERMINATE:
-            ext.stop_calls(_termination(crossing))
+            ext.stop_calls(_termination(crossing), locked=locked)
             ext.recheck()
 
     # -- reading --------------------------------------------------------------------------
