@@ -6,6 +6,7 @@ that the tests move: nothing sleeps but the waits for a spinning call to be in f
 from __future__ import annotations
 
 import http.server
+import json
 import shutil
 import socket
 import threading
@@ -493,7 +494,10 @@ def test_usage_is_a_frozen_snapshot_with_the_levels_brokers_report(
         assert after.open_handles is None  # never used the files broker
         assert before.cpu_fuel_last_minute == 0 or before is not after  # a copy, not a view
         assert after.budget.storage_bytes == ext.resources.storage_max_bytes
-        assert after.to_json()["budget"]["cpu_fuel_per_minute"] == CPU_BUDGET  # type: ignore[index]
+        as_json = json.loads(json.dumps(after.to_json()))
+        assert as_json["budget"]["cpu_fuel_per_minute"] == CPU_BUDGET
+        assert as_json["budget"]["actions"]["cpu_fuel_per_minute"] == "throttle"
+        assert as_json["storage_bytes"] == after.storage_bytes
         with pytest.raises(ConfigError):
             host.usage("org.example.missing")
 
