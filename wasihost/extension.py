@@ -409,8 +409,12 @@ class Extension:
     def start(self) -> Handshake:
         """Instantiate and run the handshake now, under one call's budget (calls do it
         lazily, under their own). With an instance already started, return its handshake."""
-        slot, _, _ = self._checkout(None, None, None, None)
+        slot, budget, _ = self._checkout(None, None, None, None)
         self._checkin(slot)
+        if budget is not None:  # budgets: the start-up's fuel counts like a call's
+            crossing = self._add_fuel(budget.used)
+            if crossing is not None:
+                self.host.governor.fuel_crossed(self, crossing)
         assert self.handshake is not None
         return self.handshake
 
