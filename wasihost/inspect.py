@@ -177,6 +177,8 @@ def render_text(report: dict[str, Any]) -> str:
         sig = report["signature"]
         lines.append(f"signed:  by {sig['publisher']} (verified; package {sig['package_sha256']})")
     lines.append(f"abi:     {report.get('abi') or 'none declared'}")
+    if "features" in report:
+        lines.append(f"features: {', '.join(report['features']) or '(none)'}")
     lines.append("imports:")
     for imp in report.get("imports", []):
         entry = imp["entry"]
