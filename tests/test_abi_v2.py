@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import cbor2
 import pytest
 from conftest import FIXTURES, ROOT, bare
 from guests import build, escape, guest_wat, host_import
@@ -291,3 +292,54 @@ def test_v2_log_is_charged_fuel_per_byte(host: Host) -> None:
     finally:
         short.close()
         long.close()
+
+
+def _hello_recorder(marker: str) -> bytes:
+    """A guest that keeps the input of ``wasihost.hello`` and answers any later command with it
+    (status 0 + the CBOR the host sent), to see what crossed."""
+    hello = {"id": "org.test.hello", "version": "0.1.0", "abi": marker, "features": []}
+    hello_blob = b"\0\0\0\0" + cbor2.dumps(hello)
+    welcome_blob = b"\0\0\0\0" + cbor2.dumps({"status": "ready"})
+    kept = 20000  # status word at kept-4, the hello input after it
+    return build(f"""(module
+  (@custom "wasihost_abi" "{marker}")
+  (memory (export "memory") 2)
+  (global $kept_len (mut i32) (i32.const 0))
+  (data (i32.const 1024) "{escape(hello_blob)}")
+  (data (i32.const 2048) "{escape(welcome_blob)}")
+  (func $packed (param $ptr i32) (param $len i32) (result i64)
+    (i64.or (i64.shl (i64.extend_i32_u (local.get $ptr)) (i64.const 32))
+            (i64.extend_i32_u (local.get $len))))
+  (func (export "wasihost_alloc") (param i32) (result i32) (i32.const 40000))
+  (func (export "wasihost_call") (param $ptr i32) (param $cmd_len i32) (param $in_len i32)
+    (result i64)
+    (if (i32.eq (local.get $cmd_len) (i32.const 14))
+      (then
+        (memory.copy (i32.const {kept}) (i32.add (local.get $ptr) (local.get $cmd_len))
+                     (local.get $in_len))
+        (global.set $kept_len (local.get $in_len))
+        (return (call $packed (i32.const 1024) (i32.const {len(hello_blob)})))))
+    (if (i32.eq (local.get $cmd_len) (i32.const 16))
+      (then (return (call $packed (i32.const 2048) (i32.const {len(welcome_blob)})))))
+    (i32.store (i32.const {kept - 4}) (i32.const 0))
+    (call $packed (i32.const {kept - 4}) (i32.add (global.get $kept_len) (i32.const 4)))))""")
+
+
+@pytest.mark.parametrize(
+    ("marker", "features"),
+    [
+        ("1.0", []),
+        ("1.1", ["bytes-commands", "namespaces"]),
+        ("2.0", ["bytes-commands", "namespaces", "native-log"]),
+    ],
+)
+def test_the_hello_input_carries_the_views_feature_flags(
+    host: Host, marker: str, features: list[str]
+) -> None:
+    ext = host.admit(bare(_hello_recorder(marker)))
+    try:
+        sent = ext.call("what-did-hello-say")
+        assert sent == {"host": "wasihost", "abi": ["1.1", "2.0"], "features": features}
+        assert ext.handshake is not None and list(ext.handshake.features) == features
+    finally:
+        ext.close()
