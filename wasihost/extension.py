@@ -189,6 +189,8 @@ class Handshake:
     epoch: int
     readiness: str
     reason: str | None
+    # The feature flags the host offered in ``wasihost.hello``: those of the guest's view.
+    features: tuple[str, ...] = ()
 
 
 class Extension:
@@ -856,8 +858,14 @@ class Extension:
 
     def _run_handshake(self, instance: Instance, budget: Budget) -> Handshake:
         versions = [str(v) for v in self.host.registry.versions]
+        # Feature flags travel in the handshake (an additive field: guests ignore fields they
+        # do not know): those of the view the guest linked against, so what it may rely on.
+        offered = self.plan.view.features
         hello = self._reserved(
-            instance, "wasihost.hello", {"host": "wasihost", "abi": versions}, budget
+            instance,
+            "wasihost.hello",
+            {"host": "wasihost", "abi": versions, "features": list(offered)},
+            budget,
         )
         fields = _require_fields(
             hello, "wasihost.hello", {"id": str, "version": str, "abi": str, "features": list}
@@ -913,6 +921,7 @@ class Extension:
             epoch=self.grant.epoch,
             readiness=readiness,
             reason=reason,
+            features=offered,
         )
 
     def _check_command(self, command: str) -> CommandWire:

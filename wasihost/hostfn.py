@@ -89,6 +89,12 @@ class ScopedBroker(Broker, Protocol):
         ...
 
 
+def broker_conventions(broker: Broker) -> frozenset[str]:
+    """The calling conventions ``broker``'s handlers speak: ``cbor`` unless it says more in a
+    ``conventions`` attribute (the log broker also serves ABI 2.0's native ``log``)."""
+    return frozenset(getattr(broker, "conventions", ("cbor",)))
+
+
 class CallContext:
     """What an embedder's host function knows of the call it serves."""
 
@@ -289,15 +295,33 @@ class HostFunctions:
         """Serve ``broker.functions``: each must be a cbor entry of the registry with one of
         ``broker.capabilities``, not served yet. Before any extension is admitted."""
         self.registry.check_open(f"broker {broker.name}")
+        conventions = broker_conventions(broker)
         keys = []
+        entries = []
         for qualified in broker.functions:
             module, _, name = qualified.rpartition(".")
             entry = self.registry.lookup(module, name)
-            if entry is None or entry.convention != "cbor":
-                raise ConfigError(
-                    f"broker {broker.name} serves {qualified}, which is not a cbor entry of "
-                    "this host's registry"
+            if (
+                entry is None
+                or entry.convention not in conventions
+                or (
+                    # Profile entries (WASI) are their binding's, never a broker's.
+                    entry.convention != "cbor" and not self.registry.is_core(entry)
                 )
+            ):
+                raise ConfigError(
+                    f"broker {broker.name} serves {qualified}, which is not a "
+                    f"{' or '.join(sorted(conventions))} entry of this host's registry"
+                )
+            entries.append(entry)
+        # A core entry carried into a later major (``wasihost_v1.storage_get`` as
+        # ``wasihost_v2.storage_get``) is served by the same broker, unless another broker
+        # serves it already: an embedder's replacement broker serves every major at once.
+        for entry in self.registry.carried(entries, conventions):
+            if (entry.module, entry.name) not in self._brokers:
+                entries.append(entry)
+        for entry in entries:
+            module, name, qualified = entry.module, entry.name, entry.qualified_name
             if entry.capability not in broker.capabilities:
                 raise ConfigError(
                     f"broker {broker.name}: {qualified} needs capability {entry.capability!r}, "

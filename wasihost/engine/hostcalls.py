@@ -404,12 +404,15 @@ class HostContext:
         args: int,
     ) -> int:
         """An ungranted native call: it pays its base price and answers the entry's
-        ``denied_result`` through its ``write_result``, or ends the call if it has none."""
+        ``denied_result`` (or, for an entry admission refuses when ungranted, its
+        ``revoked_result``: the grant was revoked since) through its ``write_result``, or ends
+        the call if it has neither."""
         if not self.charge(caller, entry.fuel_base):
             return self.out_of_fuel(self.context_of(caller), entry)
-        if entry.denied_result is None or write_result is None:
+        answer = entry.denied_result if entry.denied_result is not None else entry.revoked_result
+        if answer is None or write_result is None:
             return self.fail(FailureClass.DENIED, f"{entry.qualified_name}: not granted")
-        write_result(args, entry.denied_result)
+        write_result(args, answer)
         return 0
 
     def call_unbound(self, dispatch: Dispatch, env: int, caller: int, args: int, n: int) -> int:
