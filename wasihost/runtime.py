@@ -35,6 +35,7 @@ from .errors import (
     RevocationError,
     WasihostError,
 )
+from .eviction import EvictionPolicy, Evictor, evictor_for
 from .extension import Extension, ProfileBinding, ProfileFactory
 from .extlog import LogSink
 from .grants import GrantTable
@@ -121,6 +122,7 @@ class Host:
         brokers: Iterable[Broker] = (),
         supervisor: Supervisor | None = None,
         async_workers: int = DEFAULT_CALL_WORKERS,
+        eviction: EvictionPolicy | Evictor | None = None,
     ) -> None:
         self.policy = policy if policy is not None else Policy()
         self.registry = registry if registry is not None else default_registry()
@@ -171,6 +173,8 @@ class Host:
         # Crash records, restart budgets and quarantine (``supervisor.set_policy(id, ...)``).
         self.supervisor = supervisor if supervisor is not None else Supervisor()
         self.engine = WasmEngine(settings or EngineSettings(), directory)
+        # [density] idle extensions' instances dropped under a policy (wasihost/eviction.py).
+        self.evictor = evictor_for(eviction, self.engine.release_memory)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.tokens = TokenIssuer()
         # Where extension logs go instead of each extension's bounded buffer (see ExtensionLog).
@@ -313,6 +317,8 @@ class Host:
             concurrent.futures.wait(flushing, timeout=TERMINATE_WAIT_S)
         self._call_workers.close()
         self.functions.close()
+        if self.evictor is not None:
+            self.evictor.close()  # [density]
         self.engine.close()
         if self.state is not None:
             self.state.close()
