@@ -48,6 +48,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "guard0": {"memory_guard_size": 0},
     "evict": {"evict": True},
     "python": {"tracemalloc": True},
+    "reload": {"reload": True},
 }
 DEFAULT_CONFIGS = ("cow", "default", "pooling", "reserve64m", "guard0")
 
@@ -76,6 +77,7 @@ def child(name: str, n: int) -> dict[str, Any]:
 
     spec = dict(CONFIGS[name])
     evict = bool(spec.pop("evict", False))
+    reload = bool(spec.pop("reload", False))
     trace = bool(spec.pop("tracemalloc", False))
     if spec.get("pooling_instances") == "n+16":
         spec["pooling_instances"] = n + 16
@@ -116,6 +118,18 @@ def child(name: str, n: int) -> dict[str, Any]:
     closed = usage()
     trim_native_heap()
     trimmed = usage()
+    reload_live = 0
+    if reload:  # the same again: does the second round reuse what the first freed?
+        again = []
+        for i in range(n):
+            ext = admit(f"again{i}")
+            assert ext.call("echo", b"x") == b"x"
+            again.append(ext)
+        reload_live = usage()["VmRSS"] - before["VmRSS"]
+        for ext in again:
+            ext.close()
+        del again, ext
+        gc.collect()
     host.close()
     gc.collect()
     after_host = usage()
@@ -135,6 +149,48 @@ def child(name: str, n: int) -> dict[str, Any]:
         "trimmed": diff(trimmed),
         "host_closed": diff(after_host),
         "python_bytes": traced,
+        "reload_live_rss": reload_live,
+        "load": os.getloadavg()[0],
+    }
+
+
+def startup_ratio(batches: int, batch: int) -> dict[str, Any]:
+    """Copy-on-write data images on vs off, in one process, interleaved batch by batch:
+    admit + first call + close of one echo extension, median per batch."""
+    import gc
+
+    from wasihost.package import Package, load_package
+    from wasihost.policy import Policy
+    from wasihost.runtime import Host
+    from wasihost.settings import EngineSettings
+
+    base = load_package(ROOT / "fixtures" / "echo", frozenset(), None, None)
+    hosts = {
+        cow: Host(Policy(), settings=EngineSettings(memory_init_cow=cow), cache_dir=None)
+        for cow in (True, False)
+    }
+    times: dict[bool, list[float]] = {True: [], False: []}
+    count = 0
+    gc.disable()
+    try:
+        for _ in range(batches):
+            for cow, host in hosts.items():
+                start = time.perf_counter()
+                for _ in range(batch):
+                    count += 1
+                    package = Package(f"s{count}.wasm", None, base.wasm, base.sha256)
+                    ext = host.admit(package, grants=())
+                    ext.call("echo", b"x")
+                    ext.close()
+                times[cow].append((time.perf_counter() - start) / batch)
+            gc.collect()
+    finally:
+        gc.enable()
+    on, off = statistics.median(times[True]), statistics.median(times[False])
+    return {
+        "cow_us": on * 1e6,
+        "nocow_us": off * 1e6,
+        "ratio_nocow_over_cow": off / on,
         "load": os.getloadavg()[0],
     }
 
@@ -182,6 +238,9 @@ def report(results: dict[str, list[dict[str, Any]]]) -> None:
             f"| {col('closed', 'maps', 1, '.0f')} "
             f"| {span([r['live_total_rss'] / MiB for r in runs], '.0f')} MiB |"
         )
+        again = [r["reload_live_rss"] / MiB for r in runs if r["reload_live_rss"]]
+        if again:
+            print(f"|   second round of {n:,} live: {span(again, '.0f')} MiB |")
         traced = [r["python_bytes"] for r in runs if r["python_bytes"]]
         if traced:
             print(f"|   Python objects: {span([t / n / KiB for t in traced], '.1f')} KiB/ext |")
@@ -195,10 +254,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS))
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--startup-ratio",
+        action="store_true",
+        help="copy-on-write on vs off: load + first call + close, interleaved in one process",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.n)))
+        return
+    if args.startup_ratio:
+        for _ in range(args.repeats):
+            print(json.dumps(startup_ratio(batches=15, batch=40)))
         return
     names = [c for c in args.configs.split(",") if c]
     for name in names:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import gc
 import random
 import threading
+import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -169,13 +171,44 @@ def test_the_live_count_never_exceeds_the_limit() -> None:
         assert host.evictor is not None and host.evictor.live_instances == live(*exts[4:])
 
 
+class StoreCounter:
+    """Counts the engine's open instances (made, not yet closed) at every instantiation, as a
+    ground truth independent of the evictor's own count."""
+
+    def __init__(self, host: Host) -> None:
+        self.lock = threading.Lock()
+        self.open = 0
+        self.peak = 0
+        engine = host.engine
+        make = engine.new_instance
+
+        def new_instance(*args: Any, **kwargs: Any) -> Any:
+            instance = make(*args, **kwargs)
+            close = instance.close
+
+            def counted_close() -> None:
+                with self.lock:
+                    if not instance.closed:
+                        self.open -= 1
+                close()
+
+            instance.close = counted_close  # type: ignore[method-assign]
+            with self.lock:
+                self.open += 1
+                self.peak = max(self.peak, self.open)
+            return instance
+
+        engine.new_instance = new_instance  # type: ignore[method-assign]
+
+
 def test_the_live_count_never_exceeds_the_limit_under_threads() -> None:
     limit = 2
     host, _ = evicting_host(limit=limit)
-    seen: list[int] = []
+    stores = StoreCounter(host)
     with host:
         exts = [echo(host) for _ in range(6)]
         failures: list[BaseException] = []
+        refused = []
 
         def worker(seed: int) -> None:
             rng = random.Random(seed)
@@ -183,11 +216,10 @@ def test_the_live_count_never_exceeds_the_limit_under_threads() -> None:
                 try:
                     assert rng.choice(exts).call("echo", b"%d" % i) == b"%d" % i
                 except HostFull:
-                    pass  # both live instances were in calls: refused, never over the limit
+                    refused.append(i)  # both live instances were in calls: never over it
                 except BaseException as exc:
                     failures.append(exc)
                     return
-                seen.append(live(*exts))
 
         threads = [threading.Thread(target=worker, args=(s,)) for s in range(3)]
         for t in threads:
@@ -195,8 +227,9 @@ def test_the_live_count_never_exceeds_the_limit_under_threads() -> None:
         for t in threads:
             t.join(WAIT_S * 4)
         assert failures == []
-        assert max(seen) <= limit
+        assert stores.peak == limit  # reached, never passed
         assert host.evictor is not None and host.evictor.live_instances == live(*exts)
+        assert stores.open == live(*exts)
 
 
 class Held:
@@ -320,3 +353,36 @@ def test_eviction_keeps_durable_data(tmp_path: Path) -> None:
         assert live(store) == 0
         assert store.call("get", {"key": "k"}) == b"kept"
         assert store.starts == 2
+
+
+def test_the_sweep_thread_runs_and_stops_with_its_host() -> None:
+    clock = FakeClock()
+    evictor = Evictor(EvictionPolicy(idle_evict_s=1.0), clock=clock)
+    host = Host(Policy(), cache_dir=None, eviction=evictor)
+    ext = echo(host)
+    assert ext.call("echo", b"x") == b"x"
+    clock.now += 2  # idle past the timeout: the thread's next sweep (within 0.25 s) evicts it
+    deadline = time.monotonic() + WAIT_S
+    while live(ext) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert live(ext) == 0
+    thread = evictor._thread
+    assert thread is not None and thread.is_alive()
+    host.close()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+
+
+def test_a_host_dropped_without_close_frees_its_evictor_and_extensions() -> None:
+    host = Host(Policy(), cache_dir=None, eviction=EvictionPolicy(idle_evict_s=60.0))
+    ext = echo(host)
+    assert ext.call("echo", b"x") == b"x"
+    assert host.evictor is not None
+    thread = host.evictor._thread
+    dropped = weakref.ref(ext)
+    del host, ext
+    gc.collect()
+    assert dropped() is None
+    assert thread is not None
+    thread.join(WAIT_S)
+    assert not thread.is_alive()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -157,12 +158,15 @@ class Evictor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if sweeper and policy.idle_evict_s is not None:
+            # The thread holds the evictor weakly: a host dropped without close() (and the
+            # extensions its evictor lists) is still collected, and its finalizer stops it.
             self._thread = threading.Thread(
-                target=self._sweep_loop,
-                args=(policy.idle_evict_s * SWEEP_FRACTION,),
+                target=_sweep_loop,
+                args=(weakref.ref(self), self._stop, policy.idle_evict_s * SWEEP_FRACTION),
                 name="wasihost-evict",
                 daemon=True,
             )
+            weakref.finalize(self, self._stop.set)
             self._thread.start()
 
     # -- hooks called by Extension ---------------------------------------------------------
@@ -256,10 +260,6 @@ class Evictor:
                 stale.append(ext)
         return sum(self._evict(ext, idle=True) for ext in stale)
 
-    def _sweep_loop(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            self.sweep()
-
     # -- for operators --------------------------------------------------------------------
 
     @property
@@ -278,3 +278,12 @@ class Evictor:
 
     def close(self) -> None:
         self._stop.set()
+
+
+def _sweep_loop(ref: weakref.ref[Evictor], stop: threading.Event, interval: float) -> None:
+    while not stop.wait(interval):
+        evictor = ref()
+        if evictor is None:
+            return
+        evictor.sweep()
+        del evictor
