@@ -195,6 +195,44 @@ def startup_ratio(batches: int, batch: int) -> dict[str, Any]:
     }
 
 
+def call_ratio(batches: int, batch: int) -> dict[str, Any]:
+    """A no-op call with idle eviction on (``max_live_instances``, each call then touches the
+    LRU order) vs off, in one process, interleaved batch by batch; median per batch."""
+    import gc
+
+    from wasihost.eviction import EvictionPolicy
+    from wasihost.package import Package, load_package
+    from wasihost.policy import Policy
+    from wasihost.runtime import Host
+
+    base = load_package(ROOT / "fixtures" / "echo", frozenset(), None, None)
+    exts = {}
+    for on in (False, True):
+        eviction = EvictionPolicy(max_live_instances=1000) if on else None
+        host = Host(Policy(), cache_dir=None, eviction=eviction)
+        exts[on] = host.admit(Package("c.wasm", None, base.wasm, base.sha256), grants=())
+        exts[on].call("noop")
+    times: dict[bool, list[float]] = {False: [], True: []}
+    gc.disable()
+    try:
+        for _ in range(batches):
+            for on, ext in exts.items():
+                call = ext.call
+                start = time.perf_counter()
+                for _ in range(batch):
+                    call("noop")
+                times[on].append((time.perf_counter() - start) / batch)
+    finally:
+        gc.enable()
+    off, on_ = statistics.median(times[False]), statistics.median(times[True])
+    return {
+        "off_us": off * 1e6,
+        "on_us": on_ * 1e6,
+        "ratio_on_over_off": on_ / off,
+        "load": os.getloadavg()[0],
+    }
+
+
 def run(name: str, n: int) -> dict[str, Any]:
     env = {**os.environ, "RUST_BACKTRACE": "0", "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
@@ -259,10 +297,19 @@ def main() -> None:
         action="store_true",
         help="copy-on-write on vs off: load + first call + close, interleaved in one process",
     )
+    parser.add_argument(
+        "--call-ratio",
+        action="store_true",
+        help="no-op call cost with idle eviction on vs off, interleaved in one process",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.n)))
+        return
+    if args.call_ratio:
+        for _ in range(args.repeats):
+            print(json.dumps(call_ratio(batches=21, batch=2000)))
         return
     if args.startup_ratio:
         for _ in range(args.repeats):
