@@ -41,6 +41,7 @@ from .registry import HostFunction
 from .supervision import BackingOff, crash_class
 
 if TYPE_CHECKING:
+    from .eviction import Room
     from .governor import Usage
     from .runtime import Host
 
@@ -113,7 +114,7 @@ class _Pooled:
     grant changed, the extension crashed or was stopped) is dropped when its call returns,
     never handed to another call."""
 
-    __slots__ = ("bindings", "epoch", "generation", "instance")
+    __slots__ = ("bindings", "epoch", "generation", "instance", "room")
 
     def __init__(
         self, instance: Instance, bindings: dict[str, ProfileBinding], generation: int
@@ -123,6 +124,8 @@ class _Pooled:
         self.generation = generation
         # The grant epoch its start-up ran under (and the call that started it runs under).
         self.epoch = -1
+        # [density] its place under the host's max_live_instances (eviction.py), if any.
+        self.room: Room | None = None
 
 
 class CallTicket:
@@ -255,6 +258,8 @@ class Extension:
         # budgets: this id's rate accounts (CPU fuel a minute, network bytes an hour).
         self.account = host.governor.open(self)
         self._add_fuel = self.account.add_fuel
+        # [density] the host's idle eviction (eviction.py), None without an eviction policy.
+        self._evictor = host.evictor
 
     @property
     def id(self) -> str:
@@ -531,7 +536,14 @@ class Extension:
                 if ticket is not None:
                     ticket.attach(reused.instance)
                 return reused, budget, self.grant.epoch
-        slot = self._start(budget, ticket)
+        room = self._make_room()  # [density]
+        try:
+            slot = self._start(budget, ticket)
+        except BaseException:
+            if room is not None:
+                room.release()
+            raise
+        slot.room = room
         return slot, budget, slot.epoch
 
     def _checkin(self, slot: _Pooled) -> None:
@@ -554,6 +566,8 @@ class Extension:
         lock.release()
         if not keep:
             _drop(slot)
+        elif self._evictor is not None:
+            self._evictor.touch(self)  # [density]
 
     def run_command(self) -> int:
         """Run a plain profile command (a WASI ``_start``) once, on a fresh instance; return
@@ -574,11 +588,15 @@ class Extension:
         local.epoch = self._last_epoch = epoch
         slot: _Pooled | None = None
         try:
+            room = self._make_room()  # [density]
             try:
                 slot = self._new_instance()
             except BaseException:
+                if room is not None:
+                    room.release()
                 self._unreserve()
                 raise
+            slot.room = room
             instance = slot.instance
             self._register(slot, None)  # so that a revocation or close can interrupt the run
             try:
@@ -686,6 +704,35 @@ class Extension:
             raise self._unavailable()
         self.handshake = handshake
         return slot
+
+    # -- [density] idle eviction (wasihost/eviction.py) ------------------------------------
+
+    def _make_room(self) -> Room | None:
+        """Before building an instance reserved by ``_reserve``: its place under the host's
+        ``max_live_instances`` (evicting another extension's idle instances if need be). If
+        the host is full, the reservation is undone and :class:`~.eviction.HostFull` raised,
+        before anything of the start-up (lifecycle, restart budget) has happened."""
+        if self._evictor is None:
+            return None
+        try:
+            return self._evictor.make_room(self)
+        except BaseException:
+            self._unreserve()
+            raise
+
+    def evict(self) -> int | None:
+        """Drop this extension's instances if none is in a call or being built (None if one
+        is): they go as after a stop, but the lifecycle stays where it is (a quarantined or
+        revoked extension stays so) and the next call instantiates it again, handshake
+        included. Broker state and durable data are untouched; guest memory is lost. Returns
+        how many instances were dropped."""
+        with self._lock:
+            if self._in_use():
+                return None
+            dropped = len(self._idle)
+            if dropped:
+                self._discard_locked()
+        return dropped
 
     def _unregister(self, slot: _Pooled) -> None:
         """An instance that will serve no more calls: out of the pool, freed."""
@@ -1077,6 +1124,8 @@ class Extension:
             lock.release()
             if not keep:
                 _drop(slot)
+            elif self._evictor is not None:
+                self._evictor.touch(self)  # [density]
 
     def call_cancellable(
         self,
@@ -1207,6 +1256,8 @@ class Extension:
         with self._lock:
             self._wait_until_idle(time.monotonic() + CLOSE_DRAIN_S)
             self._close_brokers()
+        if self._evictor is not None:
+            self._evictor.forget(self)  # [density]
         self.host.forget(self)
 
 
@@ -1221,6 +1272,9 @@ def _drop(slot: _Pooled) -> None:
     slot.instance.close()
     bindings, slot.bindings = slot.bindings, {}
     _close_bindings(bindings)
+    room, slot.room = slot.room, None
+    if room is not None:
+        room.release()  # [density]
 
 
 def _raw_input(command: str, value: Any, limit: int) -> bytes | bytearray | memoryview:

@@ -35,6 +35,7 @@ from .errors import (
     RevocationError,
     WasihostError,
 )
+from .eviction import EvictionPolicy, Evictor, evictor_for
 from .extension import Extension, ProfileBinding, ProfileFactory
 from .extlog import LogSink
 from .governor import Governor, Usage
@@ -123,6 +124,7 @@ class Host:
         supervisor: Supervisor | None = None,
         async_workers: int = DEFAULT_CALL_WORKERS,
         governor: Governor | None = None,
+        eviction: EvictionPolicy | Evictor | None = None,
     ) -> None:
         self.policy = policy if policy is not None else Policy()
         self.registry = registry if registry is not None else default_registry()
@@ -175,6 +177,8 @@ class Host:
         # budgets: rate accounts and their actions (docs/budgets.md).
         self.governor = governor if governor is not None else Governor()
         self.engine = WasmEngine(settings or EngineSettings(), directory)
+        # [density] idle extensions' instances dropped under a policy (wasihost/eviction.py).
+        self.evictor = evictor_for(eviction, self.engine.release_memory)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.tokens = TokenIssuer()
         # Where extension logs go instead of each extension's bounded buffer (see ExtensionLog).
@@ -317,6 +321,8 @@ class Host:
             concurrent.futures.wait(flushing, timeout=TERMINATE_WAIT_S)
         self._call_workers.close()
         self.functions.close()
+        if self.evictor is not None:
+            self.evictor.close()  # [density]
         self.engine.close()
         if self.state is not None:
             self.state.close()

@@ -16,6 +16,7 @@ from ..settings import EngineSettings
 from .cache import ModuleCache
 from .compile_worker import build_config
 from .compiler import ModuleCompiler
+from .density import trim_native_heap, use_pooling_allocator
 from .hostcalls import BoundImport, Gate
 from .instance import CompiledModule, Instance, StoreLimits
 from .sigint import install as install_sigint_handler
@@ -87,6 +88,8 @@ def engine_options(settings: EngineSettings) -> dict[str, object]:
         # Host calls keep a view of guest memory across calls (hostcalls.NativeCall), which is
         # only sound if a memory's base never changes: growth past the reservation fails.
         "memory_may_move": False,
+        # Data images copied, not mapped: 2 memory maps per instance instead of 4 (settings).
+        "memory_init_cow": settings.memory_init_cow,
         "cranelift_opt_level": settings.opt_level,
         "parallel_compilation": settings.parallel_compilation,
         "wasm_threads": False,
@@ -100,7 +103,10 @@ class WasmEngine:
     def __init__(self, settings: EngineSettings, cache_dir: Path | None = None) -> None:
         self.settings = settings
         options = engine_options(settings)
-        self._engine = wasmtime.Engine(build_config(options))
+        config = build_config(options)
+        if settings.pooling_instances:
+            use_pooling_allocator(config, settings)
+        self._engine = wasmtime.Engine(config)
         self._watchdog = _Watchdog(self._engine, settings.epoch_tick_ms)
         # A WasmEngine dropped without close() (its Host dropped) still stops its thread.
         weakref.finalize(self, self._watchdog.stop)
@@ -156,9 +162,15 @@ class WasmEngine:
         self._open.add(instance)
         return instance
 
+    def release_memory(self) -> None:
+        """Give the native heap's free pages back to the system (see trim_native_heap)."""
+        trim_native_heap()
+
     def close(self) -> None:
         self._watchdog.stop()
         self.cache.close()
+        # What the host's Stores freed is still in the C heap: give it back with the host.
+        trim_native_heap()
 
     @property
     def wasmtime_engine(self) -> wasmtime.Engine:
