@@ -132,9 +132,15 @@ class CompiledModule:
 
     module: wasmtime.Module = attrs.field(eq=False)
     sha256: str
+    # Read from the engine once per compiled module, not once per instance (about 12 µs).
+    _imports: tuple[tuple[str, str], ...] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        names = tuple((i.module, i.name or "") for i in self.module.imports)
+        object.__setattr__(self, "_imports", names)
 
     def import_names(self) -> list[tuple[str, str]]:
-        return [(i.module, i.name or "") for i in self.module.imports]
+        return list(self._imports)
 
 
 class Instance:
@@ -189,8 +195,8 @@ class Instance:
         self.closed = False
         self.fuel_used = 0
         self.last_call_fuel = 0
-        names = module.import_names()
-        expected = [(b.entry.module, b.entry.name) for b in imports]
+        names = module._imports
+        expected = tuple((b.entry.module, b.entry.name) for b in imports)
         if names != expected:
             # Admission read the imports from the bytes; the engine must agree exactly.
             raise CallError(FailureClass.ADMISSION, "engine and admission disagree on imports")

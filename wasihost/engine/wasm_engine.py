@@ -112,6 +112,10 @@ class WasmEngine:
         # another one (wasmtime asserts, aborting the process): one cache per engine.
         self._func_types: dict[tuple[tuple[str, ...], tuple[str, ...]], wasmtime.FuncType] = {}
         self._func_types_lock = threading.Lock()
+        # The CompiledModule of each digest while anything (an extension) still holds it.
+        self._compiled: weakref.WeakValueDictionary[str, CompiledModule] = (
+            weakref.WeakValueDictionary()
+        )
 
     def func_type(self, entry: HostFunction) -> wasmtime.FuncType:
         key = (entry.params, entry.results)
@@ -132,7 +136,11 @@ class WasmEngine:
             raise CallError(
                 FailureClass.ADMISSION, "the package's sha256 does not match its module bytes"
             )
-        return CompiledModule(module, digest)
+        known = self._compiled.get(digest)
+        if known is not None and known.module is module:
+            return known  # what is read once per module (its imports) stays read
+        compiled = self._compiled[digest] = CompiledModule(module, digest)
+        return compiled
 
     def new_instance(
         self,
