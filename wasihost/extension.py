@@ -1134,13 +1134,17 @@ class Extension:
             self._check_available()
             idle = self._idle
             slot: _Pooled | None = None
-            if idle and budget is None and ticket is None:
+            # An async call (a ticket, a deadline-made budget) takes it too: only a new
+            # instance or a wait needs _checkout's slow path.
+            if idle and (ticket is None or not ticket.cancelled):
                 slot = idle.pop()
                 epoch = self.grant.epoch
         finally:
             lock.release()
         if slot is None:
             slot, budget, epoch = self._checkout(fuel, timeout_ms, budget, ticket)
+        elif ticket is not None:
+            ticket.attach(slot.instance)
         instance = slot.instance
         outer = local.epoch
         local.epoch = self._last_epoch = epoch

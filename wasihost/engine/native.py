@@ -44,6 +44,7 @@ already allows. Above it (a 1 MiB read, a large random buffer), a native broker 
 """
 
 _EMPTY_VIEW = memoryview(bytearray())
+_WAKEUP_LOCK = threading.Lock()
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _U32X2 = struct.Struct("<II")
@@ -80,12 +81,12 @@ class NativeCall:
         "_owner",
         "_size",
         "_view",  # the engine's own copies use it too (instance.py, hostcalls.py); no broker
+        "_wakeup",
         "bound",
         "can_pay",
         "deadline",
         "moved",
         "per_byte",
-        "wakeup",
     )
 
     def __init__(self) -> None:
@@ -102,12 +103,25 @@ class NativeCall:
         # the HostContext serving this memory sets it.
         self.can_pay: Callable[[int], bool] = _always
         # Set by the instance's interrupt (from any thread): a broker waiting in sleep() wakes
-        # at once instead of at its deadline.
-        self.wakeup = threading.Event()
+        # at once instead of at its deadline. Made on first use (see ``wakeup``).
+        self._wakeup: threading.Event | None = None
         # The per-byte price reserve_fuel charges: the highest among the instance's native
         # entries (set by the host context), so no dispatch pays to store its own; the WASI
         # entries all share one price, so for them it is exact.
         self.per_byte = 0
+
+    @property
+    def wakeup(self) -> threading.Event:
+        """The event an interrupt sets. Made on first use, under a lock so that an interrupt
+        and a waiting broker always get the same one: a threading.Event costs about a tenth
+        of an instance's set-up, and most instances are never interrupted nor wait."""
+        event = self._wakeup
+        if event is None:
+            with _WAKEUP_LOCK:
+                event = self._wakeup
+                if event is None:
+                    event = self._wakeup = threading.Event()
+        return event
 
     def require_fuel(self, units: int) -> None:
         """Before work costing ``units`` fuel: raise :class:`GuestOutOfFuel` if the call's
