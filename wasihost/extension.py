@@ -90,6 +90,7 @@ class CommandWire:
     raw_output: bool = False
 
 
+@functools.lru_cache(maxsize=64)  # a few distinct limits per host; CodecLimits is frozen
 def payload_limits(max_payload: int) -> CodecLimits:
     """A CBOR command's codec limits: a string may fill the payload limit (not the ABI's 64
     KiB host-call string cap), the encoding may add its head; depth and items as the ABI."""
