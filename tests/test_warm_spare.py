@@ -11,6 +11,7 @@ from wasihost.errors import CallError, FailureClass
 from wasihost.lifecycle import ExtensionRevoked, State
 from wasihost.policy import Policy
 from wasihost.runtime import Host
+from wasihost.supervision import Never, Supervisor
 
 CAPS = frozenset({"log", "clock", "random"})
 # A spare is one instantiation and handshake on a call thread: milliseconds, even loaded.
@@ -118,3 +119,39 @@ def test_close_drops_the_spare() -> None:
         ext.close()
         assert spare.slot.instance.closed
         assert ext._spare is None
+
+
+def test_quarantine_drops_the_spare() -> None:
+    """A crash that exhausts the restart budget quarantines the extension and its spare goes:
+    released, it starts afresh."""
+    supervisor = Supervisor(Never())
+    with Host(Policy(allow=CAPS), cache_dir=None, supervisor=supervisor) as host:
+        ext = host.load(FIXTURES / "hello", grants=["log"])
+        ext.call("greet", {"name": "a"})
+        ext._want_spare = True  # as after an earlier crash: a spare is ready before this one
+        ext._schedule_spare()
+        assert ext.wait_for_spare(SPARE_WAIT_S)
+        spare = ext._spare
+        assert spare is not None
+        crash(ext)
+        assert ext.lifecycle.state is State.QUARANTINED
+        assert spare.slot.instance.closed
+        assert not ext.wait_for_spare(SPARE_WAIT_S)
+        host.release(ext.id)
+        assert ext.call("greet", {"name": "b"}) == {"greeting": "hello, b"}
+        assert ext.spare_starts == 0
+
+
+def test_close_while_a_spare_is_being_made_keeps_none() -> None:
+    """close() waits for (and interrupts) a spare being made: none survives it, whichever
+    comes first."""
+    with Host(Policy(allow=CAPS), cache_dir=None) as host:
+        for _ in range(5):
+            ext = host.load(FIXTURES / "hello", grants=["log"])
+            ext.call("greet", {"name": "a"})
+            crash(ext)  # schedules a spare on a call thread
+            ext.close()
+            assert ext._spare is None
+            assert not ext._spare_building
+            assert not ext.wait_for_spare(SPARE_WAIT_S)
+            assert ext._spare is None

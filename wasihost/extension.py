@@ -1264,6 +1264,8 @@ class Extension:
         verdict = self.host.supervisor.on_crash(self.id, failure, reason)
         if verdict is not None:
             self.lifecycle.try_fire(Event.QUARANTINE, verdict)
+            with self._lock:
+                self._drop_spare_locked()  # released, it starts afresh
 
     def _discard(self) -> None:
         with self._lock:
