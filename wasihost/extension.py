@@ -279,7 +279,9 @@ class Extension:
         # Bumped whenever spares must not be used any more (revocation, regrant, stop, close).
         self._spare_generation = 0
         self._want_spare = False
+        self._spare_due = False  # a spare was used: make the next after the call returns
         self.spare_starts = 0  # starts served by a warm spare (diagnostics, tests)
+        self._hello: tuple[int, bytes] | None = None  # see _hello_request
 
     @property
     def id(self) -> str:
@@ -410,6 +412,9 @@ class Extension:
         lazily, under their own). With an instance already started, return its handshake."""
         slot, _, _ = self._checkout(None, None, None, None)
         self._checkin(slot)
+        if self._spare_due:
+            self._spare_due = False
+            self._schedule_spare()
         assert self.handshake is not None
         return self.handshake
 
@@ -700,7 +705,9 @@ class Extension:
             self.spare_starts += 1
         self._register(slot, ticket)
         self.record_step("instantiate", f"start #{self.starts} (warm spare)")
-        self._schedule_spare()
+        # The next spare is asked for once this call has returned (see call()): a call
+        # thread starting it now would compete with this call for the GIL.
+        self._spare_due = True
         return self._started(slot, spare.handshake, owns_lifecycle)
 
     def _take_spare(self) -> _Spare | None:
@@ -997,9 +1004,19 @@ class Extension:
         except CodecError as exc:
             raise CallError(FailureClass.HANDSHAKE, f"{command}: {exc.message}") from None
 
+    def _hello_request(self) -> bytes:
+        """``wasihost.hello``'s request, remembered while the registry's majors stay as they
+        are (a major is never removed or replaced, so their count says whether they changed)."""
+        registry = self.host.registry
+        count = len(registry.majors)
+        known = self._hello
+        if known is None or known[0] != count:
+            versions = tuple(str(v) for v in registry.versions)
+            known = self._hello = (count, _hello_request(versions))
+        return known[1]
+
     def _run_handshake(self, instance: Instance, budget: Budget) -> Handshake:
-        versions = tuple(str(v) for v in self.host.registry.versions)
-        hello = self._reserved(instance, "wasihost.hello", _hello_request(versions), budget)
+        hello = self._reserved(instance, "wasihost.hello", self._hello_request(), budget)
         fields = _require_fields(
             hello, "wasihost.hello", {"id": str, "version": str, "abi": str, "features": list}
         )
@@ -1208,6 +1225,9 @@ class Extension:
             lock.release()
             if not keep:
                 _drop(slot)
+            if self._spare_due:
+                self._spare_due = False
+                self._schedule_spare()
 
     def call_cancellable(
         self,
