@@ -715,17 +715,17 @@ class Extension:
         plan, not interrupted, not too old. One that may not is dropped."""
         with self._lock:
             spare, self._spare = self._spare, None
-        if spare is None:
-            return None
-        instance = spare.slot.instance
-        if (
-            spare.slot.epoch == self.grant.epoch
-            and spare.plan is self.plan
-            and not instance.closed
-            and not instance.interrupted
-            and time.monotonic() - spare.born < SPARE_MAX_AGE_S
-        ):
-            return spare
+            if spare is None:
+                return None
+            instance = spare.slot.instance
+            if (
+                spare.slot.epoch == self.grant.epoch
+                and spare.plan is self.plan
+                and not instance.closed
+                and not instance.interrupted
+                and time.monotonic() - spare.born < SPARE_MAX_AGE_S
+            ):
+                return spare
         _drop(spare.slot)
         return None
 
@@ -735,6 +735,7 @@ class Extension:
         with self._lock:
             if (
                 not self._want_spare
+                or self.plan.is_command  # a plain command's instance runs once, never pooled
                 or self._spare is not None
                 or self._spare_building
                 or self._spare_pending
@@ -770,10 +771,12 @@ class Extension:
             plan = self.plan
         try:
             slot = self._new_instance()
-        except Exception as exc:
+        except BaseException as exc:
             with self._lock:
                 self._spare_building = False
                 self._freed.notify_all()
+            if not isinstance(exc, Exception):
+                raise
             self.record_step("warm spare", f"not made: {type(exc).__name__}")
             return
         slot.epoch = epoch
