@@ -46,6 +46,11 @@ if TYPE_CHECKING:
     from .wasm_engine import WasmEngine
 
 
+# Where a function sits in a wasmtime_extern_t (after its kind byte), and the struct's size.
+_EXTERN_OF = ffi.wasmtime_extern_t.of.offset
+_EXTERN_SIZE = ctypes.sizeof(ffi.wasmtime_extern_t)
+
+
 @attrs.frozen
 class StoreLimits:
     """Per-instance limits applied to the Store before instantiation."""
@@ -204,18 +209,18 @@ class Instance:
         # The C callbacks live exactly as long as this Instance, which owns the Store calling
         # them (nothing module-level refers to either: a dropped Instance is collected).
         self._callbacks = [host_callback(d) for d in self._ctx.dispatch]
+        # Each function is made in place, in its slot of the array instantiation reads: no
+        # wasmtime_func_t and no extern built and copied per import (two dozen for WASI).
+        slot = ctypes.addressof(externs) + _EXTERN_OF
         for i, bound in enumerate(imports):
-            func = ffi.wasmtime_func_t()
+            externs[i].kind = ffi.WASMTIME_EXTERN_FUNC
             func_new_unchecked(
                 self._ctx_addr,
-                ctypes.cast(engine.func_type(bound.entry).ptr(), ctypes.c_void_p),
+                engine.func_type_address(bound.entry),
                 self._callbacks[i],
                 None,
                 None,
-                ctypes.addressof(func),
-            )
-            externs[i] = ffi.wasmtime_extern_t(
-                ffi.WASMTIME_EXTERN_FUNC, ffi.wasmtime_extern_union(func=func)
+                slot + i * _EXTERN_SIZE,
             )
         # Kept alive until instantiation has linked them into the Store.
         self._externs: Any = externs

@@ -10,6 +10,7 @@ generated with its exact arity (a ``handler(call, *args)`` call costs about a te
 from __future__ import annotations
 
 import contextlib
+import functools
 import struct
 import threading
 from collections.abc import Callable
@@ -329,6 +330,7 @@ _put_u32 = struct.Struct("<I").pack_into
 MAX_NATIVE_PARAMS = 16
 
 
+@functools.cache  # one per value type (four)
 def result_writer(kind: str) -> Callable[[int, Any], None]:
     """Writes a host function's single result of ``kind`` into slot 0 of the raw value array
     at address ``args``."""
@@ -428,13 +430,25 @@ def _maker(arity: int) -> Callable[..., Dispatch]:
     return maker
 
 
+@functools.lru_cache(maxsize=256)  # one per distinct parameter list of the registry's entries
+def _unpacker(params: tuple[str, ...]) -> Callable[[Any, int], tuple[Any, ...]]:
+    """Reads ``params`` out of a raw value array; made once per parameter list, not once per
+    import of every instance (a WASI module imports two dozen)."""
+    if not params:
+        return _no_args  # the array may be empty: do not touch it
+    unpack: Callable[[Any, int], tuple[Any, ...]] = struct.Struct(
+        "<" + "".join(_ARG_CODES[t] for t in params)
+    ).unpack_from
+    return unpack
+
+
+def _no_args(memory: Any, args: int) -> tuple[Any, ...]:
+    return ()
+
+
 def native_dispatch(host: HostContext, entry: HostFunction, handler: Any) -> Dispatch:
     """The dispatch closure of one native import of ``host``'s instance."""
-    unpack: Callable[[Any, int], tuple[Any, ...]] = (
-        struct.Struct("<" + "".join(_ARG_CODES[t] for t in entry.params)).unpack_from
-        if entry.params
-        else lambda memory, args: ()  # the array may be empty: do not touch it
-    )
+    unpack = _unpacker(tuple(entry.params))
     write_result = result_writer(entry.results[0]) if entry.results else None
     dispatch = _maker(len(entry.params))(host, entry, handler, unpack, write_result)
     CALLBACK_CODES.add(dispatch.__code__)

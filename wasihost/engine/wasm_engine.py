@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import threading
 import weakref
@@ -112,6 +113,8 @@ class WasmEngine:
         # another one (wasmtime asserts, aborting the process): one cache per engine.
         self._func_types: dict[tuple[tuple[str, ...], tuple[str, ...]], wasmtime.FuncType] = {}
         self._func_types_lock = threading.Lock()
+        # Their addresses (the FuncTypes above never go while the engine lives).
+        self._func_type_addresses: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = {}
         # The CompiledModule of each digest while anything (an extension) still holds it.
         self._compiled: weakref.WeakValueDictionary[str, CompiledModule] = (
             weakref.WeakValueDictionary()
@@ -127,6 +130,16 @@ class WasmEngine:
                 )
                 self._func_types[key] = ft
             return ft
+
+    def func_type_address(self, entry: HostFunction) -> int:
+        """The address of ``entry``'s FuncType (kept alive by this engine's cache), read
+        without the lock once known: what every instance's imports are made with."""
+        address = self._func_type_addresses.get((entry.params, entry.results))
+        if address is None:
+            ft = self.func_type(entry)
+            address = ctypes.cast(ft.ptr(), ctypes.c_void_p).value or 0
+            self._func_type_addresses[(entry.params, entry.results)] = address
+        return address
 
     def compile(self, wasm: bytes, sha256: str | None = None) -> CompiledModule:
         """Compile (or fetch from the cache) under the compile budget. ``sha256``, when given,
