@@ -5,6 +5,7 @@ slot and fuel debt, and the cbor convention (the native one lives in :mod:`.nati
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import struct
 from collections.abc import Callable, Sequence
@@ -85,6 +86,11 @@ _BUFFER_TOO_SMALL = -Status.BUFFER_TOO_SMALL.value
 _NULL = b"\xf6"
 
 
+@functools.lru_cache(maxsize=64)  # one per distinct entry limit; CodecLimits is frozen
+def _request_limits(max_request_bytes: int) -> CodecLimits:
+    return CodecLimits(max_bytes=max(1, max_request_bytes))
+
+
 def host_callback(dispatch: Dispatch) -> Any:
     """A C callback for ``dispatch``; the caller keeps it alive as long as its Store."""
     return _CALLBACK(dispatch)
@@ -96,9 +102,7 @@ class HostContext:
 
     def __init__(self, imports: Sequence[BoundImport], gate: Gate) -> None:
         self.imports = tuple(imports)
-        self.codec_limits = tuple(
-            CodecLimits(max_bytes=max(1, b.entry.max_request_bytes)) for b in imports
-        )
+        self.codec_limits = tuple(_request_limits(b.entry.max_request_bytes) for b in imports)
         self.gate = gate
         # The error slot: set by a host function that ends the call, read by the caller of the
         # wasm function on the same thread, under the instance lock. Never global.

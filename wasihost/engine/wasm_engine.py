@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import threading
 import weakref
@@ -118,6 +119,12 @@ class WasmEngine:
         # another one (wasmtime asserts, aborting the process): one cache per engine.
         self._func_types: dict[tuple[tuple[str, ...], tuple[str, ...]], wasmtime.FuncType] = {}
         self._func_types_lock = threading.Lock()
+        # Their addresses (the FuncTypes above never go while the engine lives).
+        self._func_type_addresses: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = {}
+        # The CompiledModule of each digest while anything (an extension) still holds it.
+        self._compiled: weakref.WeakValueDictionary[str, CompiledModule] = (
+            weakref.WeakValueDictionary()
+        )
 
     def func_type(self, entry: HostFunction) -> wasmtime.FuncType:
         key = (entry.params, entry.results)
@@ -130,6 +137,16 @@ class WasmEngine:
                 self._func_types[key] = ft
             return ft
 
+    def func_type_address(self, entry: HostFunction) -> int:
+        """The address of ``entry``'s FuncType (kept alive by this engine's cache), read
+        without the lock once known: what every instance's imports are made with."""
+        address = self._func_type_addresses.get((entry.params, entry.results))
+        if address is None:
+            ft = self.func_type(entry)
+            address = ctypes.cast(ft.ptr(), ctypes.c_void_p).value or 0
+            self._func_type_addresses[(entry.params, entry.results)] = address
+        return address
+
     def compile(self, wasm: bytes, sha256: str | None = None) -> CompiledModule:
         """Compile (or fetch from the cache) under the compile budget. ``sha256``, when given,
         is the digest the caller believes ``wasm`` has; a mismatch is refused, never cached."""
@@ -138,7 +155,11 @@ class WasmEngine:
             raise CallError(
                 FailureClass.ADMISSION, "the package's sha256 does not match its module bytes"
             )
-        return CompiledModule(module, digest)
+        known = self._compiled.get(digest)
+        if known is not None and known.module is module:
+            return known  # what is read once per module (its imports) stays read
+        compiled = self._compiled[digest] = CompiledModule(module, digest)
+        return compiled
 
     def new_instance(
         self,
