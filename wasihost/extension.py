@@ -42,6 +42,7 @@ from .supervision import BackingOff, crash_class
 
 if TYPE_CHECKING:
     from .runtime import Host
+    from .scheduling import Waiter
 
 T = TypeVar("T")
 
@@ -129,12 +130,14 @@ class CallTicket:
     that call's instance (and no other) at its next epoch tick, or the call before it starts.
     Used by :meth:`Extension.acall` for a cancelled task."""
 
-    __slots__ = ("_ext", "cancelled", "instance")
+    __slots__ = ("_ext", "cancelled", "instance", "waiter")
 
     def __init__(self, ext: Extension) -> None:
         self._ext = ext
         self.cancelled = False
         self.instance: Instance | None = None
+        # Scheduling hook (wasihost.call_gate): the call's wait for a host call slot, if any.
+        self.waiter: Waiter | None = None
 
     def attach(self, instance: Instance) -> None:
         # Set, then look: with cancel() doing the reverse, one of the two sees the other.
@@ -147,6 +150,9 @@ class CallTicket:
         instance = self.instance
         if instance is not None:
             instance.cancel()
+        waiter = self.waiter
+        if waiter is not None:  # scheduling hook: stop waiting for a host call slot
+            waiter.cancel()
         self._ext._wake_waiters()
 
 
@@ -249,6 +255,8 @@ class Extension:
         self._broker_states: dict[int, tuple[Any, Any]] = {}
         # Set by the host's shutdown: every new call is refused (the one in flight finishes).
         self._draining = False
+        # Scheduling hook (wasihost.call_gate): the host's call slots, None without a scheduler.
+        self._call_gate = host.call_gate
 
     @property
     def id(self) -> str:
@@ -414,6 +422,7 @@ class Extension:
                 if self.plan.is_command and profile
                 else None,
             )
+            instance.count_host_calls(self.host.host_call_tally)  # operator metrics hook
         except BaseException:
             _close_bindings(bindings)
             raise
@@ -921,6 +930,9 @@ class Extension:
         ``max_concurrency`` calls are in flight. It is the extension's ``fuel_per_call`` and
         ``timeout_ms``, or ``fuel``/``timeout_ms`` for this call alone, which may lower them
         but never raise them."""
+        gate = self._call_gate  # scheduling hook: take a host call slot first (call_gate.py)
+        if gate is not None and not gate.holding():
+            return gate.call(self, command, value, fuel, timeout_ms)
         wire = self._check_command(command)
         name = wire.name
         if self._draining:  # refused at once, not after the call in flight

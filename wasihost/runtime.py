@@ -25,6 +25,7 @@ from .admission import AdmissionPlan
 from .aio import DEFAULT_CALL_WORKERS, CallWorkers
 from .brokers import builtin_brokers
 from .brokers.clock import Clock, SystemClock
+from .call_gate import CallGate
 from .codeshape import scan_module
 from .engine import WasmEngine
 from .errors import (
@@ -38,13 +39,16 @@ from .errors import (
 from .extension import Extension, ProfileBinding, ProfileFactory
 from .extlog import LogSink
 from .grants import GrantTable
+from .hostcall_metrics import HostCallTally
 from .hostfn import Broker, Function, HostFunctions
 from .lifecycle import ExtensionRevoked, State
 from .manifest import Resources
+from .opmetrics import MetricsPublisher
 from .package import Package, load_package
 from .planning import plan_package, unsigned_refusal
 from .policy import Grant, Policy
 from .registry import HostFunction, Profile, Registry, default_registry
+from .scheduling import Scheduler
 from .settings import EngineSettings
 from .supervision import Metrics, QuarantineReport, Supervisor
 from .tokens import TokenIssuer
@@ -121,6 +125,7 @@ class Host:
         brokers: Iterable[Broker] = (),
         supervisor: Supervisor | None = None,
         async_workers: int = DEFAULT_CALL_WORKERS,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.policy = policy if policy is not None else Policy()
         self.registry = registry if registry is not None else default_registry()
@@ -181,6 +186,18 @@ class Host:
         self.closed = False
         # The threads running Extension.acall's calls: started on first use.
         self._call_workers = CallWorkers(async_workers)
+        # Scheduling and operator-metrics hooks (docs/scheduling.md, docs/supervision.md):
+        # without a scheduler calls take no host-wide slot, as before it existed.
+        if scheduler is not None and not isinstance(scheduler, Scheduler):
+            raise ConfigError(f"scheduler must be a wasihost.scheduling.Scheduler: {scheduler!r}")
+        self.scheduler = scheduler
+        self.call_gate = CallGate(scheduler) if scheduler is not None else None
+        self.host_call_tally = HostCallTally()
+        self._metrics_publisher = (
+            MetricsPublisher(self.state, lambda: self.metrics().to_json())
+            if self.state is not None
+            else None
+        )
 
     def _has_entry(self, qualified: str) -> bool:
         module, _, name = qualified.rpartition(".")
@@ -314,6 +331,8 @@ class Host:
         self._call_workers.close()
         self.functions.close()
         self.engine.close()
+        if self._metrics_publisher is not None:  # operator metrics hook: the last snapshot
+            self._metrics_publisher.close()
         if self.state is not None:
             self.state.close()
 
@@ -618,6 +637,8 @@ class Host:
         finally:
             with self._lock:
                 self._admitting.discard(name)
+        if self._metrics_publisher is not None:  # operator metrics hook: publish from now on
+            self._metrics_publisher.start()
         return ext
 
     def _build(
@@ -796,11 +817,25 @@ class Host:
 
     def metrics(self) -> Metrics:
         """Counts for operators: extensions by lifecycle state, crashes by class, restarts,
-        quarantines and restarts refused during a backoff. Nothing about user content."""
+        quarantines, restarts refused during a backoff, host-call statuses and failures by
+        class, and the call scheduler's counts. Nothing about user content."""
         with self._lock:
             extensions = list(self._extensions.values())
         states = collections.Counter(ext.lifecycle.state.value for ext in extensions)
-        return self.supervisor.metrics(states)
+        errors = self.host_call_tally.snapshot()
+        return attrs.evolve(
+            self.supervisor.metrics(states),
+            host_call_errors={"statuses": errors.statuses, "failures": errors.failures},
+            scheduler=self.scheduler.stats().to_json() if self.scheduler is not None else {},
+        )
+
+    def publish_metrics(self) -> bool:
+        """Write :meth:`metrics` into the state directory now, for ``wasihost status --json``
+        in another process (a live host also does every couple of seconds, and as it closes).
+        False without a state directory, or with nothing counted yet."""
+        if self._metrics_publisher is None:
+            return False
+        return self._metrics_publisher.publish()
 
     def disable(self, extension: str, reason: str = "emergency disable") -> int:
         """Emergency stop: revoke everything and interrupt the call in flight."""

@@ -140,6 +140,13 @@ class Metrics:
     restarts: int
     quarantines: int
     backoff_refusals: int
+    # Filled by Host.metrics (wasihost.hostcall_metrics, wasihost.scheduling): host-call
+    # statuses answered and call-ending failures, each by class; the call scheduler's counts
+    # (empty without a scheduler).
+    host_call_errors: Mapping[str, Mapping[str, int]] = attrs.field(
+        factory=lambda: MappingProxyType({"statuses": {}, "failures": {}})
+    )
+    scheduler: Mapping[str, object] = attrs.field(factory=lambda: MappingProxyType({}))
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -148,6 +155,8 @@ class Metrics:
             "restarts": self.restarts,
             "quarantines": self.quarantines,
             "backoff_refusals": self.backoff_refusals,
+            "host_call_errors": {k: dict(v) for k, v in self.host_call_errors.items()},
+            "scheduler": dict(self.scheduler),
         }
 
 

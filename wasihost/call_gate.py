@@ -1,0 +1,143 @@
+"""Extension calls through the host's :class:`~wasihost.scheduling.Scheduler`.
+
+With ``Host(scheduler=Scheduler(max_concurrent_calls=N))`` every :meth:`Extension.call` (and
+so every ``acall``, event delivery and job run) first takes one of the host's N call slots,
+waiting for one by priority class and fair share, and gives it back when the call ends. The
+slot is taken before the extension's instance pool is entered and no lock is held while the
+call waits or runs.
+
+A call's class is the lower of its extension's class (the manifest's ``[scheduling]
+priority``, capped by the scheduler's ceiling, or the operator's :meth:`Scheduler.assign`)
+and the class of the calling context (:func:`calls_as`): the events and jobs brokers run
+their work as ``background``, so an interactive extension's jobs never compete with its
+interactive callers as equals. A call made while its thread already holds a slot (a host
+function calling another extension) goes on in that slot: waiting for a second one could
+deadlock a chain of nested calls.
+
+Waiting counts against the call's deadline (``timeout_ms``); a call still waiting at its
+deadline never starts and raises :class:`~wasihost.scheduling.HostBusy` with a retry hint. A
+cancelled ``acall`` stops waiting at once, and its slot (if it was granted meanwhile) goes to
+the next waiter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from .scheduling import Priority, Scheduler, Waiter, lower
+
+if TYPE_CHECKING:
+    from .extension import CallTicket, Extension
+
+# The class of the calls made in this context, when it is lower than their extensions' own
+# (None: the extension's class). Thread-local in effect: each thread starts in its own context.
+_CALLS_AS: contextvars.ContextVar[Priority | None] = contextvars.ContextVar(
+    "wasihost_calls_as", default=None
+)
+
+
+@contextlib.contextmanager
+def calls_as(priority: Priority | str) -> Iterator[None]:
+    """Run the calls made in this block at most in class ``priority``::
+
+    with calls_as("maintenance"):
+        ext.call("reindex")
+    """
+    token = _CALLS_AS.set(Priority.parse(priority))
+    try:
+        yield
+    finally:
+        _CALLS_AS.reset(token)
+
+
+def run_calls_as(priority: Priority) -> None:
+    """For a worker thread that does one kind of work for its whole life (the brokers'
+    dispatchers): its calls run at most in class ``priority``."""
+    _CALLS_AS.set(priority)
+
+
+class _Held(threading.local):
+    def __init__(self) -> None:
+        # True while this thread is inside a call that went through the gate.
+        self.inside = False
+
+
+class CallGate:
+    """The hook :meth:`Extension.call` goes through when the host has a scheduler."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._held = _Held()
+
+    def holding(self) -> bool:
+        """Whether this thread is inside a scheduled call (a nested call goes on in its slot)."""
+        return self._held.inside
+
+    def priority(self, ext: Extension) -> Priority:
+        """The class of a call of ``ext`` made now, on this thread."""
+        manifest = ext.manifest
+        claimed = manifest.priority if manifest is not None else Priority.INTERACTIVE
+        cls = self.scheduler.class_of(ext.id, Priority.parse(claimed))
+        context = _CALLS_AS.get()
+        return cls if context is None else lower(cls, context)
+
+    def call(
+        self,
+        ext: Extension,
+        command: str,
+        value: Any,
+        fuel: int | None,
+        timeout_ms: int | None,
+    ) -> Any:
+        """Take a slot (waiting until the call's deadline), run the call in it, give it back."""
+        local = ext._local.state
+        ticket: CallTicket | None = local.ticket
+        given: float | None = local.deadline
+        if timeout_ms is not None and (
+            isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 1
+        ):
+            timeout_ms = None  # the call itself refuses it, with its own message
+        limit = timeout_ms if timeout_ms is not None else ext.resources.timeout_ms
+        deadline = time.monotonic() + min(limit, ext.resources.timeout_ms) / 1000
+        if given is not None and given < deadline:
+            deadline = given
+        if (ticket is not None and ticket.cancelled) or ext._draining:
+            # Never queued: the call refuses it at once, with its own error.
+            return self._run(ext, command, value, fuel, timeout_ms)
+
+        def on_wait(waiter: Waiter | None) -> None:
+            if ticket is not None:
+                ticket.waiter = waiter
+                if waiter is not None and ticket.cancelled:  # set, then look (CallTicket)
+                    waiter.cancel()
+
+        slot = self.scheduler.acquire(
+            ext.id, self.priority(ext), self._clock_deadline(deadline), on_wait=on_wait
+        )
+        try:
+            if slot.queued:
+                # The wait counted: the call runs to the deadline taken before it. (Not
+                # waiting, the call keeps its fast path: its deadline starts as it starts.)
+                local.deadline = deadline
+            return self._run(ext, command, value, fuel, timeout_ms)
+        finally:
+            self.scheduler.release(slot)
+
+    def _run(
+        self, ext: Extension, command: str, value: Any, fuel: int | None, timeout_ms: int | None
+    ) -> Any:
+        held = self._held
+        held.inside = True
+        try:
+            return ext.call(command, value, fuel=fuel, timeout_ms=timeout_ms)
+        finally:
+            held.inside = False
+
+    def _clock_deadline(self, deadline: float) -> float:
+        """``deadline`` (on ``time.monotonic()``) on the scheduler's clock."""
+        return self.scheduler.now() + (deadline - time.monotonic())
