@@ -48,7 +48,7 @@ class FakeClock:
 def drain(sched: Scheduler, first: Slot, clock: FakeClock, hold_s: float = 0.0) -> list[Waiter]:
     """Release ``first`` and then every slot handed on, ``hold_s`` each: the grant order."""
     order: list[Waiter] = []
-    waiting = [w for c in sched._classes.values() for q in c.queues.values() for w in q]
+    waiting = [w for c in sched._classes for q in c.queues.values() for w in q]
     slot: Slot | None = first
     while slot is not None:
         clock.now += hold_s

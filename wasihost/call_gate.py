@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .scheduling import Priority, Scheduler, Waiter, lower
+from .scheduling import Priority, Scheduler, Slot, Waiter, lower
 
 if TYPE_CHECKING:
     from .extension import CallTicket, Extension
@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 _CALLS_AS: contextvars.ContextVar[Priority | None] = contextvars.ContextVar(
     "wasihost_calls_as", default=None
 )
+
+
+# A manifest's claim, by name (the manifest parser admitted only these).
+_CLAIMS = {p.value: p for p in Priority}
 
 
 @contextlib.contextmanager
@@ -81,8 +85,8 @@ class CallGate:
     def priority(self, ext: Extension) -> Priority:
         """The class of a call of ``ext`` made now, on this thread."""
         manifest = ext.manifest
-        claimed = manifest.priority if manifest is not None else Priority.INTERACTIVE
-        cls = self.scheduler.class_of(ext.id, Priority.parse(claimed))
+        claimed = _CLAIMS[manifest.priority] if manifest is not None else Priority.INTERACTIVE
+        cls = self.scheduler.class_of(ext.id, claimed)
         context = _CALLS_AS.get()
         return cls if context is None else lower(cls, context)
 
@@ -95,20 +99,39 @@ class CallGate:
         timeout_ms: int | None,
     ) -> Any:
         """Take a slot (waiting until the call's deadline), run the call in it, give it back."""
+        if ext._draining:
+            return self._run(ext, command, value, fuel, timeout_ms)  # refused at once
+        scheduler = self.scheduler
+        priority = self.priority(ext)
+        slot = scheduler.try_acquire(ext.id, priority)
+        if slot is None:
+            slot = self._wait(ext, priority, timeout_ms)
+            if slot is None:
+                return self._run(ext, command, value, fuel, timeout_ms)  # cancelled already
+        try:
+            return self._run(ext, command, value, fuel, timeout_ms)
+        finally:
+            scheduler.release(slot)
+
+    def _wait(self, ext: Extension, priority: Priority, timeout_ms: int | None) -> Slot | None:
+        """Queue for a slot until the call's deadline; None if the call was cancelled before
+        it queued (the call then refuses itself, with its own error)."""
         local = ext._local.state
         ticket: CallTicket | None = local.ticket
+        if ticket is not None and ticket.cancelled:
+            return None
         given: float | None = local.deadline
-        if timeout_ms is not None and (
-            isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 1
+        ceiling = ext.resources.timeout_ms
+        if (
+            timeout_ms is None
+            or isinstance(timeout_ms, bool)
+            or not isinstance(timeout_ms, int)
+            or not 1 <= timeout_ms <= ceiling
         ):
-            timeout_ms = None  # the call itself refuses it, with its own message
-        limit = timeout_ms if timeout_ms is not None else ext.resources.timeout_ms
-        deadline = time.monotonic() + min(limit, ext.resources.timeout_ms) / 1000
+            timeout_ms = ceiling  # a wrong one is refused by the call itself, in its words
+        deadline = time.monotonic() + timeout_ms / 1000
         if given is not None and given < deadline:
             deadline = given
-        if (ticket is not None and ticket.cancelled) or ext._draining:
-            # Never queued: the call refuses it at once, with its own error.
-            return self._run(ext, command, value, fuel, timeout_ms)
 
         def on_wait(waiter: Waiter | None) -> None:
             if ticket is not None:
@@ -116,17 +139,12 @@ class CallGate:
                 if waiter is not None and ticket.cancelled:  # set, then look (CallTicket)
                     waiter.cancel()
 
-        slot = self.scheduler.acquire(
-            ext.id, self.priority(ext), self._clock_deadline(deadline), on_wait=on_wait
-        )
-        try:
-            if slot.queued:
-                # The wait counted: the call runs to the deadline taken before it. (Not
-                # waiting, the call keeps its fast path: its deadline starts as it starts.)
-                local.deadline = deadline
-            return self._run(ext, command, value, fuel, timeout_ms)
-        finally:
-            self.scheduler.release(slot)
+        scheduler = self.scheduler
+        at = scheduler.now() + (deadline - time.monotonic())  # on the scheduler's clock
+        slot = scheduler.acquire(ext.id, priority, at, on_wait=on_wait)
+        # The wait counted: the call runs to the deadline taken before it.
+        local.deadline = deadline
+        return slot
 
     def _run(
         self, ext: Extension, command: str, value: Any, fuel: int | None, timeout_ms: int | None
@@ -137,7 +155,3 @@ class CallGate:
             return ext.call(command, value, fuel=fuel, timeout_ms=timeout_ms)
         finally:
             held.inside = False
-
-    def _clock_deadline(self, deadline: float) -> float:
-        """``deadline`` (on ``time.monotonic()``) on the scheduler's clock."""
-        return self.scheduler.now() + (deadline - time.monotonic())

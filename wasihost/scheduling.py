@@ -44,23 +44,24 @@ class Priority(enum.Enum):
     BACKGROUND = "background"
     MAINTENANCE = "maintenance"
 
-    @property
-    def rank(self) -> int:
-        """0 for the highest class; a larger rank is a lower class."""
-        return _RANK[self]
+    # 0 for the highest class; a larger rank is a lower class. A plain attribute, set below:
+    # every call reads it, and an enum's hash or property costs several times more.
+    rank: int
 
     @classmethod
     def parse(cls, value: object) -> Priority:
         if isinstance(value, Priority):
             return value
-        for member in cls:
-            if member.value == value:
-                return member
-        names = ", ".join(m.value for m in cls)
-        raise ConfigError(f"priority {value!r} is not one of {names}")
+        found = _BY_NAME.get(value) if isinstance(value, str) else None
+        if found is None:
+            names = ", ".join(m.value for m in cls)
+            raise ConfigError(f"priority {value!r} is not one of {names}")
+        return found
 
 
-_RANK: Mapping[Priority, int] = MappingProxyType({p: i for i, p in enumerate(Priority)})
+for _rank, _member in enumerate(Priority):
+    _member.rank = _rank
+_BY_NAME: Mapping[str, Priority] = MappingProxyType({p.value: p for p in Priority})
 PRIORITY_NAMES: tuple[str, ...] = tuple(p.value for p in Priority)
 
 # The share of contended slot time of each class is its weight over the sum of the weights of
@@ -173,9 +174,13 @@ class _Class:
     """One priority class: its virtual time, its waiting extensions (each a FIFO of its
     waiters), their use of the class, and the use floor a returning extension is lifted to."""
 
-    __slots__ = ("floor", "queues", "used", "vtime")
+    __slots__ = ("floor", "priority", "queues", "refused", "stride", "used", "vtime", "waited")
 
-    def __init__(self) -> None:
+    def __init__(self, priority: Priority) -> None:
+        self.priority = priority
+        self.stride = _STRIDE[priority]
+        self.waited = 0
+        self.refused = 0
         self.vtime = 0
         self.floor = 0
         self.queues: dict[str, collections.deque[Waiter]] = {}
@@ -211,15 +216,14 @@ class Scheduler:
         self._clock = clock
         self._lock = threading.Lock()
         self._free = max_concurrent_calls
-        self._classes = {p: _Class() for p in Priority}
+        # Indexed by rank.
+        self._classes = tuple(_Class(p) for p in Priority)
         self._class_floor = 0
         self._waiting = 0
         self._seq = 0
         self._assigned: dict[str, Priority] = {}
         self._hold_estimate = MIN_CHARGE_S
         self._granted = 0
-        self._waited: collections.Counter[Priority] = collections.Counter()
-        self._refused: collections.Counter[Priority] = collections.Counter()
         self._cancelled = 0
 
     def now(self) -> float:
@@ -245,6 +249,14 @@ class Scheduler:
 
     # -- the core, without blocking ----------------------------------------------------------------
 
+    def try_acquire(self, extension: str, priority: Priority) -> Slot | None:
+        """A slot if one is free now, else None (nothing queued): the uncontended path."""
+        with self._lock:
+            if self._free <= 0:
+                return None
+            self._free -= 1
+            return self._charge(extension, priority, queued=False)
+
     def request(self, extension: str, priority: Priority) -> Waiter:
         """Ask for a slot: the waiter comes back granted (``waiter.slot``) when one is free,
         else queued until :meth:`release` hands it one or :meth:`withdraw` takes it back."""
@@ -253,10 +265,10 @@ class Scheduler:
             waiter = Waiter(extension, priority, self._seq)
             if self._free > 0:
                 self._free -= 1
-                self._grant(waiter, queued=False)
+                waiter.slot = self._charge(extension, priority, queued=False)
                 return waiter
-            cls = self._classes[priority]
-            if not any(cls.queues.values()):
+            cls = self._classes[priority.rank]
+            if not cls.queues:
                 # Back from idle: no saved-up credit against the classes served meanwhile.
                 cls.vtime = max(cls.vtime, self._class_floor)
             queue = cls.queues.get(extension)
@@ -273,7 +285,7 @@ class Scheduler:
         with self._lock:
             if waiter.slot is not None:
                 return False
-            cls = self._classes[waiter.priority]
+            cls = self._classes[waiter.priority.rank]
             queue = cls.queues.get(waiter.extension)
             if queue is not None and waiter in queue:  # counted once, however often asked
                 queue.remove(waiter)
@@ -281,7 +293,7 @@ class Scheduler:
                 if not queue:
                     self._leave(cls, waiter.extension)
                 if refused:
-                    self._refused[waiter.priority] += 1
+                    cls.refused += 1
                 else:
                     self._cancelled += 1
             return True
@@ -297,8 +309,8 @@ class Scheduler:
             held = max(0.0, now - slot.granted_at)
             self._hold_estimate += HOLD_SMOOTHING * (held - self._hold_estimate)
             extra = max(0, round(held * 1e9) - _MIN_CHARGE_NS)
-            cls = self._classes[slot.priority]
-            cls.vtime += extra * _STRIDE[slot.priority]
+            cls = self._classes[slot.priority.rank]
+            cls.vtime += extra * cls.stride
             if slot.extension in cls.used:
                 cls.used[slot.extension] += extra
             else:
@@ -310,27 +322,27 @@ class Scheduler:
             if nxt is None:
                 self._free += 1
             else:
-                self._grant(nxt, queued=True)
+                nxt.slot = self._charge(nxt.extension, nxt.priority, queued=True)
+                nxt.event.set()
 
-    def _grant(self, waiter: Waiter, *, queued: bool) -> None:
-        """Caller holds the lock and has taken a slot for ``waiter``."""
-        cls = self._classes[waiter.priority]
-        cls.vtime += _MIN_CHARGE_NS * _STRIDE[waiter.priority]
-        cls.used[waiter.extension] = cls.used.get(waiter.extension, cls.floor) + _MIN_CHARGE_NS
-        waiter.slot = Slot(waiter.extension, waiter.priority, self._clock(), queued)
+    def _charge(self, extension: str, priority: Priority, *, queued: bool) -> Slot:
+        """Caller holds the lock and has taken a slot: charge the grant, make the slot."""
+        cls = self._classes[priority.rank]
+        cls.vtime += _MIN_CHARGE_NS * cls.stride
+        cls.used[extension] = cls.used.get(extension, cls.floor) + _MIN_CHARGE_NS
         self._granted += 1
         if queued:
-            self._waited[waiter.priority] += 1
-        waiter.event.set()
+            cls.waited += 1
+        return Slot(extension, priority, self._clock(), queued)
 
     def _next(self) -> Waiter | None:
         """Caller holds the lock: pop the waiter the next free slot goes to."""
         best: tuple[int, int] | None = None
         chosen: _Class | None = None
-        for priority, cls in self._classes.items():
+        for cls in self._classes:
             if not cls.queues:
                 continue
-            tag = (cls.vtime + _MIN_CHARGE_NS * _STRIDE[priority], priority.rank)
+            tag = (cls.vtime + _MIN_CHARGE_NS * cls.stride, cls.priority.rank)
             if best is None or tag < best:
                 best, chosen = tag, cls
         if chosen is None:
@@ -372,6 +384,9 @@ class Scheduler:
         scheduler's clock) or ``CallError(cancelled)`` once the waiter is cancelled. Neither
         leaves a slot taken. ``on_wait`` is told the waiter before the wait (so that another
         thread can cancel it) and None after."""
+        slot = self.try_acquire(extension, priority)
+        if slot is not None:
+            return slot
         waiter = self.request(extension, priority)
         slot = waiter.slot
         if slot is not None:
@@ -425,13 +440,13 @@ class Scheduler:
                 running=self.max_concurrent_calls - self._free,
                 waiting=self._waiting,
                 granted=self._granted,
-                waited=sum(self._waited.values()),
-                refused=sum(self._refused.values()),
+                waited=sum(c.waited for c in self._classes),
+                refused=sum(c.refused for c in self._classes),
                 cancelled=self._cancelled,
                 waited_by_class=MappingProxyType(
-                    {p.value: self._waited[p] for p in Priority if self._waited[p]}
+                    {c.priority.value: c.waited for c in self._classes if c.waited}
                 ),
                 refused_by_class=MappingProxyType(
-                    {p.value: self._refused[p] for p in Priority if self._refused[p]}
+                    {c.priority.value: c.refused for c in self._classes if c.refused}
                 ),
             )
