@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from pathlib import Path
 
 import cbor2
@@ -205,3 +206,25 @@ def test_an_older_state_schema_is_migrated(tmp_path: Path, old: str) -> None:
         str(SCHEMA_VERSION),
     )
     db.close()
+
+
+def test_the_publisher_writes_periodically_and_a_last_snapshot_as_it_closes(
+    tmp_path: Path,
+) -> None:
+    from wasihost.opmetrics import MetricsPublisher
+
+    store = StateStore(tmp_path / "state")
+    counts = {"restarts": 0}
+    publisher = MetricsPublisher(store, lambda: dict(counts), interval_s=0.005)
+    publisher.start()
+    assert not publisher.publish()  # nothing counted yet: nothing written
+    counts["restarts"] = 2
+    end = time.monotonic() + 10
+    while not store.metrics_snapshots():  # written by its thread, not by us
+        assert time.monotonic() < end
+        time.sleep(0.005)
+    publisher.close()
+    (last,) = store.metrics_snapshots()
+    assert last.closed and last.snapshot == {"restarts": 2}
+    assert not publisher.publish()  # closed for good
+    store.close()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -50,7 +49,7 @@ class MetricsPublisher:
     def __init__(
         self,
         store: StateStore,
-        snapshot: Callable[[], dict[str, Any]],
+        snapshot: Callable[[], dict[str, Any] | None],
         interval_s: float = METRICS_PUBLISH_S,
     ) -> None:
         self.store = store
@@ -73,15 +72,19 @@ class MetricsPublisher:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
+            if self._snapshot() is None:  # the host was dropped without close()
+                return
             self.publish()
 
     def publish(self, *, closed: bool = False) -> bool:
         """Write the snapshot now; True if written. A host that never counted anything and
         never published writes nothing (a `wasihost status` run must not shadow a live
         host with its zeros)."""
+        import sqlite3  # here: a host without a state directory never loads it
+
         snapshot = self._snapshot()
         with self._lock:
-            if self._closed:
+            if self._closed or snapshot is None:
                 return False
             if not self._published and not _counts_anything(snapshot):
                 return False

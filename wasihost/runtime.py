@@ -14,6 +14,7 @@ import concurrent.futures
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -98,6 +99,17 @@ def _ssh(allowed: AllowedSigners | None, signature: bytes | None) -> SshSigned |
     from .packaging.allowed_signers import SshSigned
 
     return SshSigned(allowed, signature)
+
+def _snapshot_of(host: weakref.ref[Host]) -> Callable[[], dict[str, Any] | None]:
+    """What the metrics publisher's thread reads: a weak reference, so that a host dropped
+    without close() is still collected (and its publisher stops)."""
+
+    def snapshot() -> dict[str, Any] | None:
+        found = host()
+        return found.metrics().to_json() if found is not None else None
+
+    return snapshot
+
 
 def _default_wasi_binding(ext: Extension) -> ProfileBinding:
     """The default WASI profile's binding (``wasi_profile()``'s factory), its modules imported
@@ -194,7 +206,7 @@ class Host:
         self.call_gate = CallGate(scheduler) if scheduler is not None else None
         self.host_call_tally = HostCallTally()
         self._metrics_publisher = (
-            MetricsPublisher(self.state, lambda: self.metrics().to_json())
+            MetricsPublisher(self.state, _snapshot_of(weakref.ref(self)))
             if self.state is not None
             else None
         )
