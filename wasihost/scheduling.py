@@ -318,7 +318,7 @@ class Scheduler:
                 # there, plus what this call held above its first charge.
                 cls.used[slot.extension] = cls.floor + extra
             self._prune(cls, slot.extension)
-            nxt = self._next()
+            nxt = self._next() if self._waiting else None
             if nxt is None:
                 self._free += 1
             else:
