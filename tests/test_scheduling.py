@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from wasihost.call_gate import calls_as
 from wasihost.errors import CallError, ConfigError, FailureClass, ManifestError
 from wasihost.extension import Extension
+from wasihost.lifecycle import ExtensionUnavailable
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.scheduling import (
@@ -524,3 +525,21 @@ def test_without_a_scheduler_calls_take_no_slot(host: Host) -> None:
     assert host.metrics().scheduler == {}
     with pytest.raises(ConfigError, match="scheduler must be"):
         Host(Policy(), cache_dir=None, scheduler=4)  # type: ignore[arg-type]
+
+
+def test_engine_host_close_wakes_calls_waiting_for_a_slot() -> None:
+    """Shutdown stays bounded: a call waiting for a slot is refused at once, not at its own
+    deadline (here 1 s)."""
+    host = Host(Policy(), cache_dir=None, scheduler=Scheduler(1))
+    echo = host.load(FIXTURES / "echo")
+    holder = hold_the_only_slot(host)
+    calls = Recorder(host)
+    calls.start("waiting", echo, "echo", "x")
+    started = time.monotonic()
+    host.close()
+    calls.threads[0].join(5)
+    assert time.monotonic() - started < 0.5
+    (refused,) = calls.errors
+    assert isinstance(refused, ExtensionUnavailable) and "shutting down" in str(refused)
+    scheduler_of(host).release(holder)
+    assert scheduler_of(host).stats().waiting == 0

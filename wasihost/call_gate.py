@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .errors import CallError
 from .scheduling import Priority, Scheduler, Slot, Waiter, lower
 
 if TYPE_CHECKING:
@@ -77,6 +78,19 @@ class CallGate:
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         self._held = _Held()
+        # The calls of this host waiting for a slot, for its shutdown to wake them.
+        self._lock = threading.Lock()
+        self._waiters: set[Waiter] = set()
+        self._closing = False
+
+    def close(self) -> None:
+        """The host is shutting down: every call waiting for a slot stops waiting now (and is
+        refused as the extension is, "the host is shutting down"), and none waits again."""
+        with self._lock:
+            self._closing = True
+            waiters = list(self._waiters)
+        for waiter in waiters:
+            waiter.cancel()
 
     def holding(self) -> bool:
         """Whether this thread is inside a scheduled call (a nested call goes on in its slot)."""
@@ -106,8 +120,8 @@ class CallGate:
         slot = scheduler.try_acquire(ext.id, priority)
         if slot is None:
             slot = self._wait(ext, priority, timeout_ms)
-            if slot is None:
-                return self._run(ext, command, value, fuel, timeout_ms)  # cancelled already
+            if slot is None:  # cancelled, or the host is closing: the call refuses itself
+                return self._run(ext, command, value, fuel, timeout_ms)
         try:
             return self._run(ext, command, value, fuel, timeout_ms)
         finally:
@@ -115,7 +129,8 @@ class CallGate:
 
     def _wait(self, ext: Extension, priority: Priority, timeout_ms: int | None) -> Slot | None:
         """Queue for a slot until the call's deadline; None if the call was cancelled before
-        it queued (the call then refuses itself, with its own error)."""
+        it queued or the host's shutdown woke it (the call then refuses itself, with its own
+        error)."""
         local = ext._local.state
         ticket: CallTicket | None = local.ticket
         if ticket is not None and ticket.cancelled:
@@ -133,15 +148,31 @@ class CallGate:
         if given is not None and given < deadline:
             deadline = given
 
+        waiting: list[Waiter] = []
+
         def on_wait(waiter: Waiter | None) -> None:
+            with self._lock:
+                if waiter is not None:
+                    waiting.append(waiter)
+                    self._waiters.add(waiter)
+                    closing = self._closing
+                else:
+                    self._waiters.difference_update(waiting)
+                    closing = False
             if ticket is not None:
                 ticket.waiter = waiter
-                if waiter is not None and ticket.cancelled:  # set, then look (CallTicket)
-                    waiter.cancel()
+            # Set, then look (as CallTicket does): a cancel or a close that came first.
+            if waiter is not None and (closing or (ticket is not None and ticket.cancelled)):
+                waiter.cancel()
 
         scheduler = self.scheduler
         at = scheduler.now() + (deadline - time.monotonic())  # on the scheduler's clock
-        slot = scheduler.acquire(ext.id, priority, at, on_wait=on_wait)
+        try:
+            slot = scheduler.acquire(ext.id, priority, at, on_wait=on_wait)
+        except CallError:
+            if ext._draining:  # woken by the host's shutdown: refused as the call says it
+                return None
+            raise
         # The wait counted: the call runs to the deadline taken before it.
         local.deadline = deadline
         return slot

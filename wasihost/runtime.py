@@ -320,6 +320,8 @@ class Host:
                 quiesce()
         for ext in extensions:
             ext.drain()
+        if self.call_gate is not None:  # scheduling hook: calls waiting for a slot give up
+            self.call_gate.close()
         flushing: list[concurrent.futures.Future[str]] = []
         pool: ThreadPoolExecutor | None = None
         if timeout_s > 0 and extensions:
