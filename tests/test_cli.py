@@ -209,7 +209,7 @@ def test_state_commands_end_to_end(capsys: pytest.CaptureFixture[str], tmp_path:
     code, _, err = run_cli(capsys, "run", ext, "greet", "--input", '{"name":"a"}', *state)
     assert code == 1 and err.strip().endswith("is revoked: key leak")
     code, out, _ = run_cli(capsys, "status", ext, "--json", *state)
-    (report,) = json.loads(out)
+    (report,) = json.loads(out)["extensions"]
     assert report["state"] == "revoked" and report["why"] == "key leak"
     assert report["remaining"]["package"] is not None
     assert report["remove"].startswith(f"wasihost remove {ext} --purge")

@@ -176,7 +176,7 @@ def test_status_reports_quarantine_and_crashes_by_class_from_the_state(
         crash(ext)  # the one restart of the budget is spent: quarantined
         assert ext.lifecycle.state is State.QUARANTINED
     assert main(["status", "crasher", "--json", "--state-dir", str(state)]) == 0
-    (report,) = json.loads(capsys.readouterr().out)
+    (report,) = json.loads(capsys.readouterr().out)["extensions"]
     assert report["state"] == "quarantined" and "its budget is 1" in report["why"]
     assert report["crashes_by_class"] == {"trap": 2}
     assert main(["status", "crasher", "--state-dir", str(state)]) == 0

@@ -846,16 +846,40 @@ def _status_of(host: Host, ext: str) -> dict[str, Any]:
     }
 
 
+def _metrics_line(metrics: dict[str, Any]) -> str:
+    """One line of host metrics for `wasihost status` (counts only)."""
+    source = {
+        "live": f"live, {metrics['live_hosts']} host(s)",
+        "last host": "last published by a host now closed",
+        "state": "from the journal",
+    }[metrics["source"]]
+    states = ", ".join(f"{s} {n}" for s, n in metrics["extensions_by_state"].items()) or "none"
+    errors = metrics["host_call_errors"]
+    refused = sum(errors["statuses"].values())
+    failed = sum(errors["failures"].values())
+    crashes = sum(metrics["crashes_by_class"].values())
+    return (
+        f"metrics ({source}): extensions {states}; crashes {crashes}; "
+        f"quarantines {metrics['quarantines']}; throttles {metrics['throttles']}; "
+        f"host calls refused {refused}, failed {failed}"
+    )
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     with _state_host(args) as host:
         store = host.require_state()
         names = [args.extension] if args.extension else store.extensions()
         reports = [_status_of(host, n) for n in names]
+        from .opmetrics import status_metrics
+
+        metrics = status_metrics(store)
         if args.json:
-            print(cbor_json.dumps(reports, indent=2))
+            # An object since the metrics joined (the list of reports is its "extensions").
+            print(cbor_json.dumps({"extensions": reports, "metrics": metrics}, indent=2))
             return 0
         if not reports:
             print(f"no extensions in {store.directory}")
+        print(_metrics_line(metrics))
         for r in reports:
             print(
                 f"{r['extension']} {r['version'] or ''}".rstrip()

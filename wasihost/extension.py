@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from .eviction import Room
     from .governor import Usage
     from .runtime import Host
+    from .scheduling import Waiter
 
 T = TypeVar("T")
 
@@ -153,12 +154,14 @@ class CallTicket:
     that call's instance (and no other) at its next epoch tick, or the call before it starts.
     Used by :meth:`Extension.acall` for a cancelled task."""
 
-    __slots__ = ("_ext", "cancelled", "instance")
+    __slots__ = ("_ext", "cancelled", "instance", "waiter")
 
     def __init__(self, ext: Extension) -> None:
         self._ext = ext
         self.cancelled = False
         self.instance: Instance | None = None
+        # Scheduling hook (wasihost.call_gate): the call's wait for a host call slot, if any.
+        self.waiter: Waiter | None = None
 
     def attach(self, instance: Instance) -> None:
         # Set, then look: with cancel() doing the reverse, one of the two sees the other.
@@ -171,6 +174,9 @@ class CallTicket:
         instance = self.instance
         if instance is not None:
             instance.cancel()
+        waiter = self.waiter
+        if waiter is not None:  # scheduling hook: stop waiting for a host call slot
+            waiter.cancel()
         self._ext._wake_waiters()
 
 
@@ -293,6 +299,8 @@ class Extension:
         self._spare_due = False  # a spare was used: make the next after the call returns
         self.spare_starts = 0  # starts served by a warm spare (diagnostics, tests)
         self._hello: tuple[tuple[int, tuple[str, ...]], bytes] | None = None  # see _hello_request
+        # Scheduling hook (wasihost.call_gate): the host's call slots, None without a scheduler.
+        self._call_gate = host.call_gate
 
     @property
     def id(self) -> str:
@@ -493,6 +501,7 @@ class Extension:
                 if self.plan.is_command and profile
                 else None,
             )
+            instance.count_host_calls(self.host.host_call_tally)  # operator metrics hook
         except BaseException:
             _close_bindings(bindings)
             raise
@@ -1218,6 +1227,9 @@ class Extension:
         ``max_concurrency`` calls are in flight. It is the extension's ``fuel_per_call`` and
         ``timeout_ms``, or ``fuel``/``timeout_ms`` for this call alone, which may lower them
         but never raise them."""
+        gate = self._call_gate  # scheduling hook: take a host call slot first (call_gate.py)
+        if gate is not None and not gate.holding():
+            return gate.call(self, command, value, fuel, timeout_ms)
         wire = self._check_command(command)
         name = wire.name
         if self._draining:  # refused at once, not after the call in flight

@@ -20,6 +20,7 @@ from wasihost import event_classes, limits
 from wasihost.errors import ConfigError, ManifestError
 from wasihost.netpolicy import NetPolicyError, Origin, parse_origin
 from wasihost.registry import AbiVersion
+from wasihost.scheduling import PRIORITY_NAMES
 
 # The one schema this parser understands; a new one gets a new parser branch, not a guess.
 SCHEMA: Final = "wasihost-manifest/1"
@@ -85,6 +86,7 @@ _TABLES: Final = (
     "http",
     "jobs",
     "lifecycle",
+    "scheduling",
 )
 _EXTENSION_KEYS: Final = (
     "schema",
@@ -109,6 +111,11 @@ _EVENTS_KEYS: Final = ("classes", "command", "on_overflow", "queue_depth")
 _HTTP_KEYS: Final = ("allowed_origins", "bytes_per_hour")
 _JOBS_KEYS: Final = ("commands", "max_jobs", "max_runtime_ms", "fuel")
 _LIFECYCLE_KEYS: Final = ("on_shutdown",)
+# The ``[scheduling]`` table (docs/scheduling.md): the priority class the extension claims for
+# its calls; the host's scheduler caps it. Silent manifests claim the highest class, as every
+# call had before scheduling existed.
+_SCHEDULING_KEYS: Final = ("priority",)
+DEFAULT_PRIORITY: Final = "interactive"
 
 _ID = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z0-9-]+)+")
 # SemVer 2.0.0, built from the grammar of semver.org: numeric identifiers without leading
@@ -288,6 +295,8 @@ class Manifest:
     # The ``[lifecycle] on_shutdown`` hook: a command the host calls once when it shuts down,
     # under what remains of the shutdown deadline.
     on_shutdown: str | None = None
+    # The ``[scheduling] priority`` claimed: interactive, background or maintenance.
+    priority: str = DEFAULT_PRIORITY
 
     def command(self, name: str) -> CommandSpec | None:
         """The declared command called ``name``, or None."""
@@ -772,6 +781,21 @@ def _parse_lifecycle(
     return hook
 
 
+def _parse_scheduling(table: Mapping[str, object] | None) -> str:
+    if table is None:
+        return DEFAULT_PRIORITY
+    _check_keys(table, "scheduling", _SCHEDULING_KEYS)
+    priority = _optional_string(table, "priority", "scheduling")
+    if priority is None:
+        return DEFAULT_PRIORITY
+    if priority not in PRIORITY_NAMES:
+        raise ManifestError(
+            "scheduling.priority",
+            f"unknown class {_show(priority)}, expected one of {', '.join(PRIORITY_NAMES)}",
+        )
+    return priority
+
+
 def _load_toml(text: str) -> dict[str, Any]:
     if len(text) > MAX_MANIFEST_CHARS:
         raise ManifestError("", f"manifest of {len(text)} characters exceeds {MAX_MANIFEST_CHARS}")
@@ -809,6 +833,7 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
     events = _parse_events(_optional_table(document, "events"), commands, required | optional)
     jobs = _parse_jobs(_optional_table(document, "jobs"), commands, required | optional, resources)
     on_shutdown = _parse_lifecycle(_optional_table(document, "lifecycle"), commands)
+    priority = _parse_scheduling(_optional_table(document, "scheduling"))
     return Manifest(
         schema=extension.schema,
         id=extension.id,
@@ -827,4 +852,5 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
         events=events,
         jobs=jobs,
         on_shutdown=on_shutdown,
+        priority=priority,
     )

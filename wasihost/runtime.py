@@ -14,6 +14,7 @@ import concurrent.futures
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +26,7 @@ from .admission import AdmissionPlan
 from .aio import DEFAULT_CALL_WORKERS, CallWorkers
 from .brokers import builtin_brokers
 from .brokers.clock import Clock, SystemClock
+from .call_gate import CallGate
 from .codeshape import scan_module
 from .engine import WasmEngine
 from .errors import (
@@ -40,13 +42,16 @@ from .extension import Extension, ProfileBinding, ProfileFactory
 from .extlog import LogSink
 from .governor import Governor, Usage
 from .grants import GrantTable
+from .hostcall_metrics import HostCallTally
 from .hostfn import Broker, Function, HostFunctions
 from .lifecycle import ExtensionRevoked, State
 from .manifest import Resources
+from .opmetrics import MetricsPublisher
 from .package import Package, load_package
 from .planning import plan_package, unsigned_refusal
 from .policy import Grant, Policy
 from .registry import HostFunction, Profile, Registry, default_registry
+from .scheduling import Scheduler
 from .settings import EngineSettings
 from .supervision import Metrics, QuarantineReport, Supervisor
 from .tokens import TokenIssuer
@@ -97,6 +102,17 @@ def _ssh(allowed: AllowedSigners | None, signature: bytes | None) -> SshSigned |
 
     return SshSigned(allowed, signature)
 
+def _snapshot_of(host: weakref.ref[Host]) -> Callable[[], dict[str, Any] | None]:
+    """What the metrics publisher's thread reads: a weak reference, so that a host dropped
+    without close() is still collected (and its publisher stops)."""
+
+    def snapshot() -> dict[str, Any] | None:
+        found = host()
+        return found.metrics().to_json() if found is not None else None
+
+    return snapshot
+
+
 def _default_wasi_binding(ext: Extension) -> ProfileBinding:
     """The default WASI profile's binding (``wasi_profile()``'s factory), its modules imported
     on the first WASI guest."""
@@ -125,6 +141,7 @@ class Host:
         async_workers: int = DEFAULT_CALL_WORKERS,
         governor: Governor | None = None,
         eviction: EvictionPolicy | Evictor | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.policy = policy if policy is not None else Policy()
         self.registry = registry if registry is not None else default_registry()
@@ -189,6 +206,18 @@ class Host:
         self.closed = False
         # The threads running Extension.acall's calls: started on first use.
         self._call_workers = CallWorkers(async_workers)
+        # Scheduling and operator-metrics hooks (docs/scheduling.md, docs/supervision.md):
+        # without a scheduler calls take no host-wide slot, as before it existed.
+        if scheduler is not None and not isinstance(scheduler, Scheduler):
+            raise ConfigError(f"scheduler must be a wasihost.scheduling.Scheduler: {scheduler!r}")
+        self.scheduler = scheduler
+        self.call_gate = CallGate(scheduler) if scheduler is not None else None
+        self.host_call_tally = HostCallTally()
+        self._metrics_publisher = (
+            MetricsPublisher(self.state, _snapshot_of(weakref.ref(self)))
+            if self.state is not None
+            else None
+        )
 
     def _has_entry(self, qualified: str) -> bool:
         module, _, name = qualified.rpartition(".")
@@ -299,6 +328,8 @@ class Host:
                 quiesce()
         for ext in extensions:
             ext.drain()
+        if self.call_gate is not None:  # scheduling hook: calls waiting for a slot give up
+            self.call_gate.close()
         flushing: list[concurrent.futures.Future[str]] = []
         pool: ThreadPoolExecutor | None = None
         if timeout_s > 0 and extensions:
@@ -324,6 +355,8 @@ class Host:
         if self.evictor is not None:
             self.evictor.close()  # [density]
         self.engine.close()
+        if self._metrics_publisher is not None:  # operator metrics hook: the last snapshot
+            self._metrics_publisher.close()
         if self.state is not None:
             self.state.close()
 
@@ -628,6 +661,8 @@ class Host:
         finally:
             with self._lock:
                 self._admitting.discard(name)
+        if self._metrics_publisher is not None:  # operator metrics hook: publish from now on
+            self._metrics_publisher.start()
         return ext
 
     def _build(
@@ -810,13 +845,19 @@ class Host:
 
     def metrics(self) -> Metrics:
         """Counts for operators: extensions by lifecycle state, crashes by class, restarts,
-        quarantines and restarts refused during a backoff. Nothing about user content."""
+        quarantines, restarts refused during a backoff, host-call statuses and failures by
+        class, and the call scheduler's counts. Nothing about user content."""
         with self._lock:
             extensions = list(self._extensions.values())
         states = collections.Counter(ext.lifecycle.state.value for ext in extensions)
         fired, refusals = self.governor.counts()  # budgets
+        errors = self.host_call_tally.snapshot()
         return attrs.evolve(
-            self.supervisor.metrics(states), budget_actions=fired, throttle_refusals=refusals
+            self.supervisor.metrics(states),
+            budget_actions=fired,
+            throttle_refusals=refusals,
+            host_call_errors={"statuses": errors.statuses, "failures": errors.failures},
+            scheduler=self.scheduler.stats().to_json() if self.scheduler is not None else {},
         )
 
     def usage(self, extension: str) -> Usage:
@@ -825,6 +866,14 @@ class Host:
         if ext is None:
             raise ConfigError(f"{extension} is not admitted")
         return ext.usage()
+
+    def publish_metrics(self) -> bool:
+        """Write :meth:`metrics` into the state directory now, for ``wasihost status --json``
+        in another process (a live host also does every couple of seconds, and as it closes).
+        False without a state directory, or with nothing counted yet."""
+        if self._metrics_publisher is None:
+            return False
+        return self._metrics_publisher.publish()
 
     def disable(self, extension: str, reason: str = "emergency disable") -> int:
         """Emergency stop: revoke everything and interrupt the call in flight."""

@@ -24,7 +24,11 @@ from .errors import ConfigError, PackageError
 from .grants import GrantEntry, GrantState
 
 DB_NAME = "state.sqlite3"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# Hosts keep their latest operator metrics here (wasihost.opmetrics); a state directory shared
+# by an application and many short CLI runs keeps the 16 most recent, enough to find the live
+# ones, and the table never grows with the runs.
+MAX_METRICS_SNAPSHOTS = 16
 # Events are for "what happened lately"; the journal keeps the last 1000 per extension so a
 # crash-looping guest cannot fill the disk.
 MAX_EVENTS_PER_EXTENSION = 1000
@@ -55,6 +59,10 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT NOT NULL, at INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_by_extension ON events (extension, id);
+CREATE TABLE IF NOT EXISTS metrics_snapshots (
+    host TEXT PRIMARY KEY, pid INTEGER NOT NULL, snapshot TEXT NOT NULL,
+    published_at INTEGER NOT NULL, closed INTEGER NOT NULL
+);
 """
 
 
@@ -151,6 +159,17 @@ class EventRecord:
     at: int
 
 
+@attrs.frozen
+class MetricsSnapshot:
+    """One host's latest published metrics (``published_at`` in ns since the epoch)."""
+
+    host: str
+    pid: int
+    snapshot: dict[str, Any]
+    published_at: int
+    closed: bool
+
+
 class StateStore:
     """The SQLite state file; one connection, serialised by a lock (calls are short)."""
 
@@ -170,9 +189,10 @@ class StateStore:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
             row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-            if row is not None and row[0] == "1":
-                # Schema 2 only adds the package_records table (created above): the install
-                # records of schema 1 are still whole, without signer or history.
+            if row is not None and row[0] in ("1", "2"):
+                # Schema 2 only adds the package_records table, schema 3 the metrics_snapshots
+                # table (both created above): the install records of schema 1 are still whole,
+                # without signer or history, and no host had published metrics.
                 self._db.execute(
                     "UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),)
                 )
@@ -393,6 +413,41 @@ class StateStore:
             cls = detail.split(":", 1)[0]
             counts[cls] = counts.get(cls, 0) + 1
         return dict(sorted(counts.items()))
+
+    # -- operator metrics ----------------------------------------------------------------------
+
+    def publish_metrics(
+        self, host: str, pid: int, snapshot: dict[str, Any], *, closed: bool
+    ) -> None:
+        """Keep ``snapshot`` (counts only, see wasihost.opmetrics) as host ``host``'s latest,
+        dropping all but the ``MAX_METRICS_SNAPSHOTS`` most recent hosts'."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO metrics_snapshots VALUES (?, ?, ?, ?, ?)",
+                (host, pid, json.dumps(snapshot, sort_keys=True), time.time_ns(), int(closed)),
+            )
+            db.execute(
+                "DELETE FROM metrics_snapshots WHERE host NOT IN (SELECT host FROM "
+                "metrics_snapshots ORDER BY published_at DESC LIMIT ?)",
+                (MAX_METRICS_SNAPSHOTS,),
+            )
+
+    def metrics_snapshots(self) -> list[MetricsSnapshot]:
+        """The hosts' latest metrics, most recent first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT host, pid, snapshot, published_at, closed FROM metrics_snapshots "
+                "ORDER BY published_at DESC"
+            ).fetchall()
+        return [MetricsSnapshot(r[0], r[1], json.loads(r[2]), r[3], bool(r[4])) for r in rows]
+
+    def lifecycle_counts(self) -> dict[str, int]:
+        """Extensions by recorded lifecycle state (what a closed host left)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT state, COUNT(*) FROM lifecycle GROUP BY state ORDER BY state"
+            ).fetchall()
+        return {r[0]: r[1] for r in rows}
 
     def extensions(self) -> list[str]:
         """Every extension the state knows of, installed or not (revoked ones keep records)."""

@@ -144,6 +144,13 @@ class Metrics:
     # calls or requests refused while over a budget (governor.py; Host.metrics fills them).
     budget_actions: Mapping[str, int] = attrs.field(factory=lambda: MappingProxyType({}))
     throttle_refusals: int = 0
+    # Filled by Host.metrics (wasihost.hostcall_metrics, wasihost.scheduling): host-call
+    # statuses answered and call-ending failures, each by class; the call scheduler's counts
+    # (empty without a scheduler).
+    host_call_errors: Mapping[str, Mapping[str, int]] = attrs.field(
+        factory=lambda: MappingProxyType({"statuses": {}, "failures": {}})
+    )
+    scheduler: Mapping[str, object] = attrs.field(factory=lambda: MappingProxyType({}))
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -153,7 +160,11 @@ class Metrics:
             "quarantines": self.quarantines,
             "backoff_refusals": self.backoff_refusals,
             "budget_actions": dict(self.budget_actions),
+            # Throttle actions fired: what `wasihost status` shows as `throttles`.
+            "throttles": self.budget_actions.get("throttle", 0),
             "throttle_refusals": self.throttle_refusals,
+            "host_call_errors": {k: dict(v) for k, v in self.host_call_errors.items()},
+            "scheduler": dict(self.scheduler),
         }
 
 

@@ -16,6 +16,9 @@ import threading
 import time
 from typing import Any, Generic, Protocol, TypeVar
 
+from ..call_gate import run_calls_as
+from ..scheduling import Priority
+
 LOG = logging.getLogger("wasihost")
 
 
@@ -93,6 +96,8 @@ class ExtensionDispatcher(Generic[S, I]):
         self._cond.notify_all()
 
     def _work(self) -> None:
+        # Scheduling hook: event deliveries and job runs are background work (docs/scheduling.md).
+        run_calls_as(Priority.BACKGROUND)
         while True:
             with self._cond:
                 while (not self._ready or self._held) and not self._stopping:

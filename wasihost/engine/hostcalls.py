@@ -9,7 +9,7 @@ import functools
 import logging
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from wasmtime import _ffi as ffi
@@ -37,6 +37,9 @@ from .lowlevel import (
 )
 from .native import SETTLE_FUEL, NativeCall, native_dispatch
 from .sigint import CALLBACK_CODES
+
+if TYPE_CHECKING:
+    from ..hostcall_metrics import HostCallTally
 
 HostHandler = Callable[[Any, Any], Any]
 """A broker entry point: ``handler(call, request)``, the instance's guest-memory accessor (a
@@ -122,6 +125,9 @@ class HostContext:
         self.fuel_debt = 0
         self.native = NativeCall()
         self.native.can_pay = self.can_pay
+        # Operator metrics hook (wasihost.hostcall_metrics): told every refusal and every
+        # call-ending failure of a host call, by class; None counts nothing.
+        self.tally: HostCallTally | None = None
         self.native.per_byte = max(
             (b.entry.fuel_per_byte for b in self.imports if b.entry.convention == "native"),
             default=0,
@@ -189,6 +195,8 @@ class HostContext:
 
     def fail(self, failure: FailureClass, message: str) -> int:
         self.failure = CallError(failure, message)
+        if self.tally is not None:  # operator metrics hook
+            self.tally.failure(failure)
         return new_trap(f"wasihost: {failure.value}")
 
     def crashed(self, exc: BaseException) -> int:
@@ -355,6 +363,8 @@ class HostContext:
                                     # shows is what was checked.
                                     mem._view[resp_ptr : resp_ptr + size] = body
                                     answer = size
+                if answer < 0 and self.tally is not None:  # operator metrics hook
+                    self.tally.status(answer)
                 _put_answer(PROCESS_MEMORY, args, answer)
                 if self.halt is not None:  # e.g. Ctrl-C during this call (see sigint.py)
                     return self.halt_trap()
@@ -416,6 +426,8 @@ class HostContext:
         answer = entry.denied_result if entry.denied_result is not None else entry.revoked_result
         if answer is None or write_result is None:
             return self.fail(FailureClass.DENIED, f"{entry.qualified_name}: not granted")
+        if self.tally is not None:  # operator metrics hook
+            self.tally.status(Status.DENIED)
         write_result(args, answer)
         return 0
 
@@ -434,6 +446,8 @@ class HostContext:
     def out_of_fuel(self, ctx: int, entry: HostFunction) -> int:
         set_fuel(ctx, 0)
         self.fuel_debt = 0
+        if self.tally is not None:  # operator metrics hook
+            self.tally.failure(FailureClass.OUT_OF_FUEL)
         self.failure = CallError(
             FailureClass.OUT_OF_FUEL, f"fuel ran out paying for host call {entry.qualified_name}"
         )

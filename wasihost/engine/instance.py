@@ -43,6 +43,7 @@ from .lowlevel import (
 from .stack import STACK_MARGIN, THREAD_STACK, check_thread_stack
 
 if TYPE_CHECKING:
+    from ..hostcall_metrics import HostCallTally
     from .wasm_engine import WasmEngine
 
 
@@ -518,6 +519,11 @@ class Instance:
     @property
     def interrupted(self) -> bool:
         return self._ctx.interrupted
+
+    def count_host_calls(self, tally: HostCallTally | None) -> None:
+        """Operator metrics hook: tell ``tally`` this instance's host-call refusals and
+        failures (counts by class only)."""
+        self._ctx.tally = tally
 
     def interrupt(self) -> None:
         """From any thread: the running call, if any, traps at its next epoch tick, and so does

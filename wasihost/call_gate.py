@@ -1,0 +1,188 @@
+"""Extension calls through the host's :class:`~wasihost.scheduling.Scheduler`.
+
+With ``Host(scheduler=Scheduler(max_concurrent_calls=N))`` every :meth:`Extension.call` (and
+so every ``acall``, event delivery and job run) first takes one of the host's N call slots,
+waiting for one by priority class and fair share, and gives it back when the call ends. The
+slot is taken before the extension's instance pool is entered and no lock is held while the
+call waits or runs.
+
+A call's class is the lower of its extension's class (the manifest's ``[scheduling]
+priority``, capped by the scheduler's ceiling, or the operator's :meth:`Scheduler.assign`)
+and the class of the calling context (:func:`calls_as`): the events and jobs brokers run
+their work as ``background``, so an interactive extension's jobs never compete with its
+interactive callers as equals. A call made while its thread already holds a slot (a host
+function calling another extension) goes on in that slot: waiting for a second one could
+deadlock a chain of nested calls.
+
+Waiting counts against the call's deadline (``timeout_ms``); a call still waiting at its
+deadline never starts and raises :class:`~wasihost.scheduling.HostBusy` with a retry hint. A
+cancelled ``acall`` stops waiting at once, and its slot (if it was granted meanwhile) goes to
+the next waiter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from .errors import CallError
+from .scheduling import Priority, Scheduler, Slot, Waiter, lower
+
+if TYPE_CHECKING:
+    from .extension import CallTicket, Extension
+
+# The class of the calls made in this context, when it is lower than their extensions' own
+# (None: the extension's class). Thread-local in effect: each thread starts in its own context.
+_CALLS_AS: contextvars.ContextVar[Priority | None] = contextvars.ContextVar(
+    "wasihost_calls_as", default=None
+)
+
+
+# A manifest's claim, by name (the manifest parser admitted only these).
+_CLAIMS = {p.value: p for p in Priority}
+
+
+@contextlib.contextmanager
+def calls_as(priority: Priority | str) -> Iterator[None]:
+    """Run the calls made in this block at most in class ``priority``::
+
+    with calls_as("maintenance"):
+        ext.call("reindex")
+    """
+    token = _CALLS_AS.set(Priority.parse(priority))
+    try:
+        yield
+    finally:
+        _CALLS_AS.reset(token)
+
+
+def run_calls_as(priority: Priority) -> None:
+    """For a worker thread that does one kind of work for its whole life (the brokers'
+    dispatchers): its calls run at most in class ``priority``."""
+    _CALLS_AS.set(priority)
+
+
+class _Held(threading.local):
+    def __init__(self) -> None:
+        # True while this thread is inside a call that went through the gate.
+        self.inside = False
+
+
+class CallGate:
+    """The hook :meth:`Extension.call` goes through when the host has a scheduler."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._held = _Held()
+        # The calls of this host waiting for a slot, for its shutdown to wake them.
+        self._lock = threading.Lock()
+        self._waiters: set[Waiter] = set()
+        self._closing = False
+
+    def close(self) -> None:
+        """The host is shutting down: every call waiting for a slot stops waiting now (and is
+        refused as the extension is, "the host is shutting down"), and none waits again."""
+        with self._lock:
+            self._closing = True
+            waiters = list(self._waiters)
+        for waiter in waiters:
+            waiter.cancel()
+
+    def holding(self) -> bool:
+        """Whether this thread is inside a scheduled call (a nested call goes on in its slot)."""
+        return self._held.inside
+
+    def priority(self, ext: Extension) -> Priority:
+        """The class of a call of ``ext`` made now, on this thread."""
+        manifest = ext.manifest
+        claimed = _CLAIMS[manifest.priority] if manifest is not None else Priority.INTERACTIVE
+        cls = self.scheduler.class_of(ext.id, claimed)
+        context = _CALLS_AS.get()
+        return cls if context is None else lower(cls, context)
+
+    def call(
+        self,
+        ext: Extension,
+        command: str,
+        value: Any,
+        fuel: int | None,
+        timeout_ms: int | None,
+    ) -> Any:
+        """Take a slot (waiting until the call's deadline), run the call in it, give it back."""
+        if ext._draining:
+            return self._run(ext, command, value, fuel, timeout_ms)  # refused at once
+        scheduler = self.scheduler
+        priority = self.priority(ext)
+        slot = scheduler.try_acquire(ext.id, priority)
+        if slot is None:
+            slot = self._wait(ext, priority, timeout_ms)
+            if slot is None:  # cancelled, or the host is closing: the call refuses itself
+                return self._run(ext, command, value, fuel, timeout_ms)
+        try:
+            return self._run(ext, command, value, fuel, timeout_ms)
+        finally:
+            scheduler.release(slot)
+
+    def _wait(self, ext: Extension, priority: Priority, timeout_ms: int | None) -> Slot | None:
+        """Queue for a slot until the call's deadline; None if the call was cancelled before
+        it queued or the host's shutdown woke it (the call then refuses itself, with its own
+        error)."""
+        local = ext._local.state
+        ticket: CallTicket | None = local.ticket
+        if ticket is not None and ticket.cancelled:
+            return None
+        given: float | None = local.deadline
+        ceiling = ext.resources.timeout_ms
+        if (
+            timeout_ms is None
+            or isinstance(timeout_ms, bool)
+            or not isinstance(timeout_ms, int)
+            or not 1 <= timeout_ms <= ceiling
+        ):
+            timeout_ms = ceiling  # a wrong one is refused by the call itself, in its words
+        deadline = time.monotonic() + timeout_ms / 1000
+        if given is not None and given < deadline:
+            deadline = given
+
+        waiting: list[Waiter] = []
+
+        def on_wait(waiter: Waiter | None) -> None:
+            with self._lock:
+                if waiter is not None:
+                    waiting.append(waiter)
+                    self._waiters.add(waiter)
+                    closing = self._closing
+                else:
+                    self._waiters.difference_update(waiting)
+                    closing = False
+            if ticket is not None:
+                ticket.waiter = waiter
+            # Set, then look (as CallTicket does): a cancel or a close that came first.
+            if waiter is not None and (closing or (ticket is not None and ticket.cancelled)):
+                waiter.cancel()
+
+        scheduler = self.scheduler
+        at = scheduler.now() + (deadline - time.monotonic())  # on the scheduler's clock
+        try:
+            slot = scheduler.acquire(ext.id, priority, at, on_wait=on_wait)
+        except CallError:
+            if ext._draining:  # woken by the host's shutdown: refused as the call says it
+                return None
+            raise
+        # The wait counted: the call runs to the deadline taken before it.
+        local.deadline = deadline
+        return slot
+
+    def _run(
+        self, ext: Extension, command: str, value: Any, fuel: int | None, timeout_ms: int | None
+    ) -> Any:
+        held = self._held
+        held.inside = True
+        try:
+            return ext.call(command, value, fuel=fuel, timeout_ms=timeout_ms)
+        finally:
+            held.inside = False
