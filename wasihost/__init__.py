@@ -16,29 +16,45 @@ __all__ = [
     "AsyncExtension",
     "AsyncHost",
     "Broker",
+    "BudgetPolicy",
     "CallContext",
     "CallError",
     "EngineSettings",
     "EnvSecretStore",
+    "EvictionPolicy",
     "Extension",
     "ExtensionRevoked",
     "ExtensionUnavailable",
     "FailureClass",
     "FileSecretStore",
+    "Governor",
     "Host",
+    "HostBusy",
+    "HostFull",
     "HostStatus",
     "LogRecord",
     "MemorySecretStore",
     "Policy",
+    "Priority",
+    "Scheduler",
     "SecretsBroker",
     "SignatureError",
     "Status",
+    "Throttled",
     "TrustStore",
     "WasihostError",
     "to_logging",
 ]
 
 _LAZY = {
+    "BudgetPolicy": "wasihost.budgets",
+    "EvictionPolicy": "wasihost.eviction",
+    "HostFull": "wasihost.eviction",
+    "Throttled": "wasihost.governor",
+    "Governor": "wasihost.governor",
+    "Scheduler": "wasihost.scheduling",
+    "Priority": "wasihost.scheduling",
+    "HostBusy": "wasihost.scheduling",
     "AsyncHost": "wasihost.aio",
     "AsyncExtension": "wasihost.aio",
     "Host": "wasihost.runtime",
@@ -68,14 +84,18 @@ _LAZY = {
 if TYPE_CHECKING:
     from .aio import AsyncExtension, AsyncHost
     from .brokers.secrets import SecretsBroker
+    from .budgets import BudgetPolicy
     from .errors import AdmissionError, CallError, FailureClass, SignatureError, WasihostError
+    from .eviction import EvictionPolicy, HostFull
     from .extension import Extension
     from .extlog import LogRecord, to_logging
+    from .governor import Governor, Throttled
     from .hostfn import Broker, CallContext
     from .lifecycle import ExtensionRevoked, ExtensionUnavailable
     from .packaging.trust import TrustStore
     from .policy import Policy
     from .runtime import Host
+    from .scheduling import HostBusy, Priority, Scheduler
     from .secrets import EnvSecretStore, FileSecretStore, MemorySecretStore
     from .settings import EngineSettings
     from .status import HostStatus, Status
