@@ -717,7 +717,7 @@ class Extension:
         capabilities = granted & requested & self.host.policy.allow
         # Profile brokers (WASI) shape per-instance state from the grant at start (preopened
         # mounts, stdio routing), so for them any change means a fresh instance.
-        stateful_brokers = any(e.convention == "native" for e in self.plan.imports)
+        stateful_brokers = any(e.module in self.host.profile_factories for e in self.plan.imports)
         # A policy update may lower resource ceilings; store limits are fixed per instance.
         resources = self.host.policy.cap(self.resources)
         if (

@@ -408,9 +408,29 @@ class HostContext:
         if not self.charge(caller, entry.fuel_base):
             return self.out_of_fuel(self.context_of(caller), entry)
         if entry.denied_result is None or write_result is None:
-            return self.fail(FailureClass.DENIED, f"{entry.qualified_name}: not granted")
+            return self.end_mid_guest(FailureClass.DENIED, f"{entry.qualified_name}: not granted")
         write_result(args, entry.denied_result)
         return 0
+
+    def end_mid_guest(self, failure: FailureClass, message: str) -> int:
+        """End the call with ``failure`` from inside a host call, and let the instance serve no
+        other: the trap unwinds the guest's frames without their epilogues (Rust's shadow stack
+        pointer stays lowered), which matters even for a class that otherwise keeps the
+        instance (``denied``)."""
+        self.interrupted = True
+        return self.fail(failure, message)
+
+    def status_trap(self, entry: HostFunction, status: Status) -> int:
+        """A native embedder function raised :class:`HostStatus`: it has no status slot, so
+        the call ends, with class ``denied`` for DENIED (``ctx.commit`` after a revocation)
+        and ``host_error`` for any other status."""
+        if status is Status.DENIED:
+            return self.end_mid_guest(FailureClass.DENIED, f"{entry.qualified_name}: denied")
+        return self.fail(
+            FailureClass.HOST_ERROR,
+            f"{entry.qualified_name} answered {Status(status).name}; a native function has no "
+            "status slot",
+        )
 
     def call_unbound(self, dispatch: Dispatch, env: int, caller: int, args: int, n: int) -> int:
         """A host call from a start function, before the Instance has resolved the memory

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import FailureClass
 from ..registry import CORE_CAPABILITY, HostFunction
-from ..status import GuestDeadline, GuestExit, GuestFault, GuestInterrupted, GuestOutOfFuel
+from ..status import (
+    GuestDeadline,
+    GuestExit,
+    GuestFault,
+    GuestInterrupted,
+    GuestOutOfFuel,
+    HostStatus,
+)
 from .lowlevel import PROCESS_MEMORY, U32, U64, memory_data, memory_data_size, new_trap
 from .sigint import CALLBACK_CODES
 
@@ -308,6 +315,7 @@ class MemoryMoved(Exception):
 
 # A wasmtime_val_raw_t is 16 bytes; scalars sit little-endian at its start.
 _ARG_CODES = {"i32": "I12x", "i64": "Q8x", "f32": "f12x", "f64": "d8x"}
+_SIGNED_ARG_CODES = {"i32": "i12x", "i64": "q8x"}  # an embedder's integers (signed_args)
 _RESULT_CODES = {"i32": ("<I", U32), "i64": ("<Q", U64), "f32": ("<f", None), "f64": ("<d", None)}
 _put_u32 = struct.Struct("<I").pack_into
 
@@ -362,6 +370,8 @@ def make(host, entry, handler, unpack, write_result):
                 return new_trap("wasihost: exit")
             except (MemoryMoved, MemoryGone) as moved:
                 return host.fail(FailureClass.HOST_ERROR, f"{name}: {moved}")
+            except HostStatus as status:  # an embedder's function: no status slot to answer
+                return host.status_trap(entry, status.status)
             if host.halt is not None:  # e.g. Ctrl-C during this call (see sigint.py): stop now
                 return host.halt_trap()
             # The price is paid after the handler, once the bytes moved are known; work done
@@ -401,6 +411,7 @@ def _maker(arity: int) -> Callable[..., Dispatch]:
             "GuestFault": GuestFault,
             "GuestInterrupted": GuestInterrupted,
             "GuestOutOfFuel": GuestOutOfFuel,
+            "HostStatus": HostStatus,
             "MemoryGone": MemoryGone,
             "MemoryMoved": MemoryMoved,
             "PROCESS_MEMORY": PROCESS_MEMORY,
@@ -416,8 +427,9 @@ def _maker(arity: int) -> Callable[..., Dispatch]:
 
 def native_dispatch(host: HostContext, entry: HostFunction, handler: Any) -> Dispatch:
     """The dispatch closure of one native import of ``host``'s instance."""
+    codes = _SIGNED_ARG_CODES if entry.signed_args else _ARG_CODES
     unpack: Callable[[Any, int], tuple[Any, ...]] = (
-        struct.Struct("<" + "".join(_ARG_CODES[t] for t in entry.params)).unpack_from
+        struct.Struct("<" + "".join(codes[t] for t in entry.params)).unpack_from
         if entry.params
         else lambda memory, args: ()  # the array may be empty: do not touch it
     )
