@@ -331,6 +331,10 @@ def decode(data: bytes | bytearray | memoryview, limits: CodecLimits = DEFAULT_L
             return True
         if initial == 0xF4:
             return False
+        if initial == 0x80:
+            return []
+        if initial == 0xA0:
+            return {}
 
     elif 0x80 <= initial < 0x98 or 0xA0 <= initial < 0xB8:
         # A small array or map of scalars (most host-call requests) is built in one loop.
