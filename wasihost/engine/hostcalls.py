@@ -14,6 +14,7 @@ import attrs
 from wasmtime import _ffi as ffi
 
 from ..codec import CodecLimits, decode, encode
+from ..codec_fast import UNSURE, flat
 from ..errors import CallError, CodecError, FailureClass
 from ..registry import HostFunction
 from ..status import (
@@ -246,6 +247,8 @@ class HostContext:
 
         handler = bound.handler
         limits = self.codec_limits[index]
+        max_items = limits.max_items
+        max_string = limits.max_string_bytes
         gate = self.gate
         mem = self.native
         settle = self.settle
@@ -308,10 +311,21 @@ class HostContext:
                     request: Any = None
                     answer = 0
                     if req_len:
-                        try:
-                            request = decode(mem._view[req_ptr:req_end].tobytes(), limits)
-                        except CodecError:
-                            answer = _INVALID_ARGUMENT
+                        raw = mem._view[req_ptr:req_end].tobytes()
+                        # A small flat array or map (most requests) straight to its builder,
+                        # without decode()'s dispatch; anything else, and anything it is
+                        # unsure of, to decode().
+                        head = raw[0]
+                        request = (
+                            flat(raw, max_items, max_string)
+                            if 0x81 <= head < 0x98 or 0xA1 <= head < 0xB8
+                            else UNSURE
+                        )
+                        if request is UNSURE:
+                            try:
+                                request = decode(raw, limits)
+                            except CodecError:
+                                answer = _INVALID_ARGUMENT
                     if not answer:
                         try:
                             response = handler(mem, request)
