@@ -307,3 +307,28 @@ def to_toml(document: dict[str, Any]) -> str:
             lines.append(f"[{_toml_key(key)}]")
             lines.extend(f"{_toml_key(k)} = {toml_value(v)}" for k, v in value.items())
     return "\n".join(lines) + "\n"
+
+
+# -- resource budgets (tests/test_budgets.py) ---------------------------------------------------
+
+# Clock steps that land inside a bucket, on bucket and window edges, and past whole windows.
+BUDGET_TICKS = st.one_of(
+    st.sampled_from([0.0, 0.5, 1.0, 59.0, 60.0, 61.0, 3599.0, 3600.0, 7200.0]),
+    st.floats(0.0, 4000.0, allow_nan=False),
+)
+
+
+@st.composite
+def budget_steps(draw: st.DrawFn, most: int = 10**6) -> list[tuple[Any, ...]]:
+    """What an extension does over time, as the host sees it: ``("tick", seconds)``,
+    ``("call", fuel)`` (admitted, then burns ``fuel``), ``("exchange", sent, received)`` (a
+    request's bytes charged before it goes, its answer's as they come), ``("received", n)``
+    (bytes counted with no request before them: more chunks of an answer)."""
+    amounts = st.integers(0, most)
+    step = st.one_of(
+        st.tuples(st.just("tick"), BUDGET_TICKS),
+        st.tuples(st.just("call"), amounts),
+        st.tuples(st.just("exchange"), amounts, amounts),
+        st.tuples(st.just("received"), amounts),
+    )
+    return draw(st.lists(step, max_size=60))

@@ -80,7 +80,8 @@ def test_missing_marker_and_bad_markers() -> None:
     assert "not MAJOR.MINOR" in _problems(build(guest_wat(marker="one")))
     for trailing in ("1.0\\n", "1.0\\0d", "1.0\\00", " 1.0"):
         assert "not MAJOR.MINOR" in _problems(build(guest_wat(marker=trailing)))
-    assert "this host serves 1.1" in _problems(build(guest_wat(marker="2.0")))
+    assert "this host serves 1.1, 2.0" in _problems(build(guest_wat(marker="3.0")))
+    assert "module declares ABI 2.5" in _problems(build(guest_wat(marker="2.5")))
     twice = guest_wat().replace(
         '(@custom "wasihost_abi" "1.0")', '(@custom "wasihost_abi" "1.0")' * 2
     )

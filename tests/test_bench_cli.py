@@ -116,7 +116,7 @@ def test_compat_matrix_runs_links_and_refuses_with_reasons(
     cells = {(r["guest"], r["view"], r["runtime"]): r for r in doc["compat"]}
     guests = {r["guest"] for r in doc["compat"]}
     assert {"echo", "events", "wat-1.0-noop", "wat-2.0-noop"} <= guests
-    assert {r["view"] for r in doc["compat"]} == {"1.0", "1.1"}
+    assert {r["view"] for r in doc["compat"]} == {"1.0", "1.1", "2.0"}
     # A 1.1 guest is refused by a 1.0 host, naming the imports 1.0 lacks; a 1.1 host runs it.
     refused = cells[("events", "1.0", "in-process")]
     assert refused["verdict"] == "refused"
@@ -134,7 +134,7 @@ def test_compat_matrix_runs_links_and_refuses_with_reasons(
     assert "declares ABI 2.0" in cells[("wat-2.0-noop", "1.1", "in-process")]["reason"]
     # Every guest x view has an out-of-process cell, reported as not built.
     for guest in guests:
-        for view in ("1.0", "1.1"):
+        for view in ("1.0", "1.1", "2.0"):
             assert cells[(guest, view, "out-of-process")]["verdict"] == "not built"
     assert "refusals:" in out and "events on 1.0: module declares ABI 1.1" in out
 

@@ -143,7 +143,12 @@ def test_inspect_refused_module(capsys: pytest.CaptureFixture[str], tmp_path: Pa
 def test_abi_lists_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "abi", "--json")
     doc = json.loads(out)
-    assert code == 0 and doc["versions"] == ["1.1"]
+    assert code == 0 and doc["versions"] == ["1.1", "2.0"]
+    assert doc["features"] == {
+        "1.0": [],
+        "1.1": ["bytes-commands", "namespaces"],
+        "2.0": ["bytes-commands", "namespaces", "native-log"],
+    }
     v1 = {f["name"] for f in doc["functions"] if f["module"] == "wasihost_v1"}
     assert {"abort", "log", "clock_now", "random_bytes"} < v1
     assert {f["name"] for f in doc["functions"] if f["since"] == "1.0"} >= {"log", "abort"}
@@ -154,6 +159,22 @@ def test_abi_lists_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
     assert "storage_get" not in out
     code, out, _ = run_cli(capsys, "abi", "--version", "1.1")
     assert "wasihost_v1.storage_get (i32, i32, i32, i32) -> (i32)" in out
+    # The v2 view: log changed to typed arguments, the rest carried over under wasihost_v2.
+    code, out, _ = run_cli(capsys, "abi", "--version", "2.0")
+    assert code == 0 and "view 2.0: features bytes-commands, namespaces, native-log" in out
+    assert "wasihost_v2.log (i32, i32, i32) -> (i32)  capability=log since=2.0" in out
+    assert "wasihost_v2.storage_get (i32, i32, i32, i32) -> (i32)" in out
+    assert "wasihost_v1." not in out
+    code, _, err = run_cli(capsys, "abi", "--version", "3.0")
+    assert code != 0 and "ABI 3.0 is not served by this host (serves 1.1, 2.0)" in err
+
+
+def test_inspect_shows_a_v2_guest_and_its_features(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "inspect", str(FIXTURES / "logger-v2"))
+    assert code == 0
+    assert "abi:     2.0" in out
+    assert "features: bytes-commands, namespaces, native-log" in out
+    assert "wasihost_v2.log (i32, i32, i32) -> (i32)  capability=log request<=4096B" in out
 
 
 def test_console_entry_point_never_prints_a_traceback(tmp_path: Path) -> None:

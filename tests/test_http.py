@@ -37,6 +37,7 @@ from wasihost.brokers.http import (
 from wasihost.brokers.secrets import SecretsBroker
 from wasihost.errors import AdmissionError, CallError, ConfigError, FailureClass, ManifestError
 from wasihost.extension import Extension
+from wasihost.governor import Governor
 from wasihost.lifecycle import ExtensionRevoked
 from wasihost.manifest import DEFAULT_HTTP_BYTES_PER_HOUR, parse_manifest
 from wasihost.netpolicy import (
@@ -204,7 +205,11 @@ class FakeClock:
 
 def http_host(cache: Path, clock: FakeClock | None = None) -> Host:
     broker = HttpBroker(resolver=resolve, clock=clock or time.monotonic)
-    return Host(Policy(allow={"http", "log"}), cache_dir=cache, brokers=[broker])
+    # The host's network budget (governor.py) counts the same bytes on its own clock.
+    governor = Governor(clock=clock or time.monotonic)
+    return Host(
+        Policy(allow={"http", "log"}), cache_dir=cache, brokers=[broker], governor=governor
+    )
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,10 @@ NORMATIVE = ROOT / "abi" / "v1" / "registry.json"
 SHIPPED = ROOT / "wasihost" / "abi_data" / "v1.json"
 
 
-def test_shipped_registry_is_the_normative_file() -> None:
-    assert SHIPPED.read_bytes() == NORMATIVE.read_bytes()
+@pytest.mark.parametrize("major", [1, 2])
+def test_shipped_registry_is_the_normative_file(major: int) -> None:
+    normative = ROOT / "abi" / f"v{major}" / "registry.json"
+    assert (ROOT / "wasihost" / "abi_data" / f"v{major}.json").read_bytes() == normative.read_bytes()
 
 
 def test_python_registry_agrees_with_json_entry_by_entry() -> None:
@@ -68,10 +70,13 @@ def test_views_hide_entries_newer_than_the_declared_minor() -> None:
 
 def test_unserved_versions_are_refused() -> None:
     registry = default_registry()
-    assert not registry.supports(AbiVersion(2, 0))
+    assert registry.supports(AbiVersion(2, 0))
+    assert not registry.supports(AbiVersion(2, 5))
+    assert not registry.supports(AbiVersion(3, 0))
     assert not registry.supports(AbiVersion(1, 99))
-    with pytest.raises(ConfigError, match="not served"):
-        registry.view(AbiVersion(2, 0))
+    for version in (AbiVersion(2, 5), AbiVersion(3, 0)):
+        with pytest.raises(ConfigError, match=f"ABI {version} is not served .*serves 1.1, 2.0"):
+            registry.view(version)
 
 
 def test_malformed_registry_fails_loudly() -> None:

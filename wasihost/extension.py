@@ -14,7 +14,7 @@ import functools
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
@@ -41,6 +41,8 @@ from .registry import HostFunction
 from .supervision import BackingOff, crash_class
 
 if TYPE_CHECKING:
+    from .eviction import Room
+    from .governor import Usage
     from .runtime import Host
 
 T = TypeVar("T")
@@ -74,6 +76,11 @@ CLOSE_DRAIN_POLL_S = 0.005
 # one string of max_input_bytes / max_output_bytes encodes to that many bytes plus its head,
 # and must still fit, so the encoded payload may exceed the limit by this much.
 CBOR_HEAD_BYTES = 9
+# The bounds of a reserved command's answer, made once (an attrs instance costs a few µs).
+HANDSHAKE_LIMITS = CodecLimits(max_bytes=MAX_HANDSHAKE_BYTES)
+# A warm spare older than this is dropped instead of used: its handshake (runtime id, token,
+# grant) should be as recent as a start's; a minute is far inside the token's lifetime.
+SPARE_MAX_AGE_S = 60.0
 
 
 @attrs.frozen
@@ -85,6 +92,7 @@ class CommandWire:
     raw_output: bool = False
 
 
+@functools.lru_cache(maxsize=64)  # a few distinct limits per host; CodecLimits is frozen
 def payload_limits(max_payload: int) -> CodecLimits:
     """A CBOR command's codec limits: a string may fill the payload limit (not the ABI's 64
     KiB host-call string cap), the encoding may add its head; depth and items as the ABI."""
@@ -112,7 +120,7 @@ class _Pooled:
     grant changed, the extension crashed or was stopped) is dropped when its call returns,
     never handed to another call."""
 
-    __slots__ = ("bindings", "epoch", "generation", "instance")
+    __slots__ = ("bindings", "epoch", "generation", "instance", "room")
 
     def __init__(
         self, instance: Instance, bindings: dict[str, ProfileBinding], generation: int
@@ -122,6 +130,22 @@ class _Pooled:
         self.generation = generation
         # The grant epoch its start-up ran under (and the call that started it runs under).
         self.epoch = -1
+        # [density] its place under the host's max_live_instances (eviction.py), if any.
+        self.room: Room | None = None
+
+
+class _Spare:
+    """A warm spare: an instance started (start function and handshake run) ahead of need,
+    its handshake, and the grant epoch and plan it was started under. It is used by the next
+    start only while those are still the extension's (see :meth:`Extension._take_spare`)."""
+
+    __slots__ = ("born", "handshake", "plan", "slot")
+
+    def __init__(self, slot: _Pooled, handshake: Handshake, plan: AdmissionPlan) -> None:
+        self.slot = slot
+        self.handshake = handshake
+        self.plan = plan
+        self.born = time.monotonic()
 
 
 class CallTicket:
@@ -188,6 +212,8 @@ class Handshake:
     epoch: int
     readiness: str
     reason: str | None
+    # The feature flags the host offered in ``wasihost.hello``: those of the guest's view.
+    features: tuple[str, ...] = ()
 
 
 class Extension:
@@ -250,6 +276,24 @@ class Extension:
         self._broker_states: dict[int, tuple[Any, Any]] = {}
         # Set by the host's shutdown: every new call is refused (the one in flight finishes).
         self._draining = False
+        # budgets: this id's rate accounts (CPU fuel a minute, network bytes an hour).
+        self.account = host.governor.open(self)
+        self._add_fuel = self.account.add_fuel
+        # [density] the host's idle eviction (eviction.py), None without an eviction policy.
+        self._evictor = host.evictor
+        # The warm spare (at most one, never shared: its own Store and memory), and the one
+        # being built on a call thread. Wanted once the extension has crashed: the instance
+        # that replaces a trapped one is then ready before the next call needs it.
+        self._spare: _Spare | None = None
+        self._spare_building = False
+        self._spare_slot: _Pooled | None = None  # the instance of the spare being built
+        self._spare_pending = False
+        # Bumped whenever spares must not be used any more (revocation, regrant, stop, close).
+        self._spare_generation = 0
+        self._want_spare = False
+        self._spare_due = False  # a spare was used: make the next after the call returns
+        self.spare_starts = 0  # starts served by a warm spare (diagnostics, tests)
+        self._hello: tuple[tuple[int, tuple[str, ...]], bytes] | None = None  # see _hello_request
 
     @property
     def id(self) -> str:
@@ -305,6 +349,34 @@ class Extension:
     def _record_fuel(self, used: int) -> None:
         self._local.state.fuel = used
         self._last_fuel = used
+        crossing = self._add_fuel(used)  # budgets: burnt, so counted
+        if crossing is not None:
+            self.host.governor.fuel_crossed(self, crossing)
+
+    # -- budgets (governor.py) ------------------------------------------------------------
+
+    def usage(self) -> Usage:
+        """This extension's usage now beside its budget: a frozen snapshot (docs/budgets.md)."""
+        with self._lock:
+            in_flight = self._in_use()
+            states = tuple(self._broker_states.values())
+        return self.host.governor.usage(self, in_flight, states)
+
+    def recheck(self) -> None:
+        """The next call takes the slow path (and so meets the governor's check)."""
+        self._seen_grants = None
+
+    def stop_calls(self, failure: CallError, *, locked: bool = False) -> None:
+        """Every call in flight ends at its next epoch tick with ``failure`` (the governor's
+        terminate); each then crashes the extension as any such failure does. ``locked``:
+        the caller holds ``_lock`` (a check before a call)."""
+        if not locked:
+            with self._lock:
+                busy = [slot for slot in self._slots if slot not in self._idle]
+        else:
+            busy = [slot for slot in self._slots if slot not in self._idle]
+        for slot in busy:
+            slot.instance.stop(failure)
 
     def _set_task_fuel(self, used: int | None) -> None:
         """After an acall, in the awaiting task's context."""
@@ -391,8 +463,15 @@ class Extension:
     def start(self) -> Handshake:
         """Instantiate and run the handshake now, under one call's budget (calls do it
         lazily, under their own). With an instance already started, return its handshake."""
-        slot, _, _ = self._checkout(None, None, None, None)
+        slot, budget, _ = self._checkout(None, None, None, None)
         self._checkin(slot)
+        if budget is not None:  # budgets: the start-up's fuel counts like a call's
+            crossing = self._add_fuel(budget.used)
+            if crossing is not None:
+                self.host.governor.fuel_crossed(self, crossing)
+        if self._spare_due:
+            self._spare_due = False
+            self._schedule_spare()
         assert self.handshake is not None
         return self.handshake
 
@@ -507,7 +586,14 @@ class Extension:
                 if ticket is not None:
                     ticket.attach(reused.instance)
                 return reused, budget, self.grant.epoch
-        slot = self._start(budget, ticket)
+        room = self._make_room()  # [density]
+        try:
+            slot = self._start(budget, ticket)
+        except BaseException:
+            if room is not None:
+                room.release()
+            raise
+        slot.room = room
         return slot, budget, slot.epoch
 
     def _checkin(self, slot: _Pooled) -> None:
@@ -530,6 +616,8 @@ class Extension:
         lock.release()
         if not keep:
             _drop(slot)
+        elif self._evictor is not None:
+            self._evictor.touch(self)  # [density]
 
     def run_command(self) -> int:
         """Run a plain profile command (a WASI ``_start``) once, on a fresh instance; return
@@ -550,11 +638,15 @@ class Extension:
         local.epoch = self._last_epoch = epoch
         slot: _Pooled | None = None
         try:
+            room = self._make_room()  # [density]
             try:
                 slot = self._new_instance()
             except BaseException:
+                if room is not None:
+                    room.release()
                 self._unreserve()
                 raise
+            slot.room = room
             instance = slot.instance
             self._register(slot, None)  # so that a revocation or close can interrupt the run
             try:
@@ -607,14 +699,18 @@ class Extension:
         owns_lifecycle = False
         try:
             owns_lifecycle = self._enter_start()
-            self.record_step("build sandbox", f"{len(self.plan.imports)} imports bound")
-            slot = self._new_instance()
+            spare = self._take_spare()
+            if spare is None:
+                self.record_step("build sandbox", f"{len(self.plan.imports)} imports bound")
+                slot = self._new_instance()
         except BaseException as exc:
             self._unreserve()
             # Whatever failed, start-up is over: never leave the extension in Starting.
             if owns_lifecycle:
                 self.lifecycle.try_fire(Event.START_FAILED, f"instantiate: {exc}")
             raise
+        if spare is not None:
+            return self._start_from_spare(spare, ticket, owns_lifecycle)
         instance = slot.instance
         self._register(slot, ticket)
         local = self._local.state
@@ -647,6 +743,10 @@ class Extension:
             raise
         finally:
             local.epoch = outer
+        return self._started(slot, handshake, owns_lifecycle)
+
+    def _started(self, slot: _Pooled, handshake: Handshake, owns_lifecycle: bool) -> _Pooled:
+        """A new instance of the pool is ready (its handshake done): the lifecycle says so."""
         self.record_step(
             "handshake",
             f"{handshake.readiness}, runtime {handshake.runtime_id.hex()[:8]}, "
@@ -662,6 +762,186 @@ class Extension:
             raise self._unavailable()
         self.handshake = handshake
         return slot
+
+    # -- [density] idle eviction (wasihost/eviction.py) ------------------------------------
+
+    def _make_room(self) -> Room | None:
+        """Before building an instance reserved by ``_reserve``: its place under the host's
+        ``max_live_instances`` (evicting another extension's idle instances if need be). If
+        the host is full, the reservation is undone and :class:`~.eviction.HostFull` raised,
+        before anything of the start-up (lifecycle, restart budget) has happened."""
+        if self._evictor is None:
+            return None
+        try:
+            return self._evictor.make_room(self)
+        except BaseException:
+            self._unreserve()
+            raise
+
+    def evict(self) -> int | None:
+        """Drop this extension's instances if none is in a call or being built (None if one
+        is): they go as after a stop, but the lifecycle stays where it is (a quarantined or
+        revoked extension stays so) and the next call instantiates it again, handshake
+        included. Broker state and durable data are untouched; guest memory is lost. Returns
+        how many instances were dropped."""
+        with self._lock:
+            if self._in_use():
+                return None
+            dropped = len(self._idle)
+            if dropped or self._spare is not None:
+                self._discard_locked()  # the warm spare too: it is a live instance as well
+        return dropped
+
+    def _start_from_spare(
+        self, spare: _Spare, ticket: CallTicket | None, owns_lifecycle: bool
+    ) -> _Pooled:
+        """``_start`` with the instance the warm spare already started: nothing runs here,
+        and a new spare is made off this call's path."""
+        slot = spare.slot
+        with self._lock:
+            slot.generation = self._generation
+            self.starts += 1
+            self.spare_starts += 1
+        self._register(slot, ticket)
+        self.record_step("instantiate", f"start #{self.starts} (warm spare)")
+        # The next spare is asked for once this call has returned (see call()): a call
+        # thread starting it now would compete with this call for the GIL.
+        self._spare_due = True
+        return self._started(slot, spare.handshake, owns_lifecycle)
+
+    def _take_spare(self) -> _Spare | None:
+        """The warm spare, if it may serve now: started under the current grant epoch and
+        plan, not interrupted, not too old. One that may not is dropped."""
+        with self._lock:
+            spare, self._spare = self._spare, None
+            if spare is None:
+                return None
+            instance = spare.slot.instance
+            if (
+                spare.slot.epoch == self.grant.epoch
+                and spare.plan is self.plan
+                and not instance.closed
+                and not instance.interrupted
+                and time.monotonic() - spare.born < SPARE_MAX_AGE_S
+            ):
+                return spare
+        _drop(spare.slot)
+        return None
+
+    def _schedule_spare(self) -> None:
+        """Have a call thread of the host make a warm spare, if one is wanted and none is
+        there or coming. Never on the caller's path."""
+        with self._lock:
+            if (
+                not self._want_spare
+                or self.plan.is_command  # a plain command's instance runs once, never pooled
+                # Under an eviction policy every live instance must hold a place under
+                # max_live_instances; a spare holds none, so such a host makes none.
+                or self._evictor is not None
+                or self._spare is not None
+                or self._spare_building
+                or self._spare_pending
+                or self._draining
+            ):
+                return
+            self._spare_pending = True
+        try:
+            self.host.call_workers().start(self._make_spare, (), _ignore_outcome)
+        except ConfigError:  # the host is closing: no spare
+            with self._lock:
+                self._spare_pending = False
+                self._freed.notify_all()
+
+    def _make_spare(self) -> None:
+        """On a call thread: instantiate and handshake an instance under a budget of its own
+        (an embedder's call does not pay for it), and keep it as the warm spare if nothing
+        changed meanwhile (grant epoch, plan, a revocation, stop or close)."""
+        with self._lock:
+            self._spare_pending = False
+            self._freed.notify_all()
+            if (
+                self._spare is not None
+                or self._spare_building
+                or self._draining
+                or self.lifecycle.state not in (State.RUNNING, State.FAILED)
+            ):
+                return
+            # From here close() waits for this build (it opens broker state).
+            self._spare_building = True
+            generation = self._spare_generation
+            epoch = self.grant.epoch
+            plan = self.plan
+        try:
+            slot = self._new_instance()
+        except BaseException as exc:
+            with self._lock:
+                self._spare_building = False
+                self._freed.notify_all()
+            if not isinstance(exc, Exception):
+                raise
+            self.record_step("warm spare", f"not made: {type(exc).__name__}")
+            return
+        slot.epoch = epoch
+        with self._lock:
+            self._spare_slot = slot
+        local = self._local.state
+        outer = local.epoch
+        local.epoch = epoch
+        keep = False
+        try:
+            self._interrupt_if_halted(slot.instance)
+            budget = self._budget()
+            with slot.instance.lock:
+                slot.instance.instantiate(budget)
+            handshake = self._run_handshake(slot.instance, budget)
+            # budgets: a spare's start-up is the extension's CPU like any other start's.
+            crossing = self._add_fuel(budget.used)
+            if crossing is not None:
+                self.host.governor.fuel_crossed(self, crossing)
+            with self._lock:
+                keep = (
+                    generation == self._spare_generation
+                    and epoch == self.grant.epoch == handshake.epoch
+                    and plan is self.plan
+                    and not self._draining
+                    and not slot.instance.interrupted
+                    and self.lifecycle.state in (State.RUNNING, State.FAILED)
+                    and self._spare is None
+                )
+                if keep:
+                    self._spare = _Spare(slot, handshake, plan)
+        except Exception as exc:  # a spare that fails to start is not a crash: no call ran
+            self.record_step("warm spare", f"failed to start: {type(exc).__name__}")
+        finally:
+            local.epoch = outer
+            with self._lock:
+                self._spare_building = False
+                self._spare_slot = None
+                self._freed.notify_all()
+            if not keep:
+                _drop(slot)
+
+    def wait_for_spare(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s`` seconds) until no warm spare is being made; True if one
+        is ready. For tests and for an embedder warming up after a crash."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._spare_pending or self._spare_building:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._freed.wait(left)
+            return self._spare is not None
+
+    def _drop_spare_locked(self) -> None:
+        """Caller holds ``_lock``: the spare goes, and one being built is not kept."""
+        self._spare_generation += 1
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            _drop(spare.slot)  # idle: nothing runs on it
+        building = self._spare_slot
+        if building is not None:
+            building.instance.interrupt()
 
     def _unregister(self, slot: _Pooled) -> None:
         """An instance that will serve no more calls: out of the pool, freed."""
@@ -707,6 +987,7 @@ class Extension:
             raise ExtensionRevoked(
                 f"{self.id} is revoked: {table.revoked or 'reinstated since; load it again'}"
             )
+        self.host.governor.check_call(self)  # budgets: over a rate, wait (or resume)
         state = self.lifecycle.state
         if state in (State.PAUSED, State.QUARANTINED, State.STOPPING, State.THROTTLED):
             raise ExtensionUnavailable(self.id, state, self.lifecycle.reason)
@@ -765,6 +1046,7 @@ class Extension:
             self.log.max_bytes = resources.max_log_bytes
             self._input_limits = payload_limits(resources.max_input_bytes)
             self._output_limits = payload_limits(resources.max_output_bytes)
+            self.host.governor.rebudget(self)  # budgets
 
     def _raise_if_halted_during(self, instance: Instance, what: str) -> None:
         """A failure caused by an operator's revocation, or by a close, interrupting the guest
@@ -784,8 +1066,11 @@ class Extension:
             slots = tuple(self._slots)
             # Calls waiting for an instance look at the extension again (and refuse).
             self._freed.notify_all()
+            building = self._spare_slot
         for slot in slots:
             slot.instance.interrupt()
+        if building is not None:
+            building.instance.interrupt()
 
     def pause(self, reason: str = "") -> None:
         self.lifecycle.fire(Event.PAUSE, reason or None)
@@ -811,10 +1096,10 @@ class Extension:
                 self._discard_locked()
                 self.lifecycle.fire(Event.STOPPED)
 
-    def _reserved(self, instance: Instance, command: str, value: Any, budget: Budget) -> Any:
+    def _reserved(self, instance: Instance, command: str, request: bytes, budget: Budget) -> Any:
         try:
             with instance.lock:
-                result = instance.call(command.encode(), encode(value), MAX_HANDSHAKE_BYTES, budget)
+                result = instance.call(command.encode(), request, MAX_HANDSHAKE_BYTES, budget)
         except CallError as exc:
             if exc.failure in (FailureClass.PROTOCOL, FailureClass.GUEST_ERROR):
                 raise CallError(FailureClass.HANDSHAKE, f"{command}: {exc.message}") from None
@@ -826,15 +1111,24 @@ class Extension:
                 f"({_guest_error_text(result.body)})",
             )
         try:
-            return decode(result.body, CodecLimits(max_bytes=MAX_HANDSHAKE_BYTES))
+            return decode(result.body, HANDSHAKE_LIMITS)
         except CodecError as exc:
             raise CallError(FailureClass.HANDSHAKE, f"{command}: {exc.message}") from None
 
+    def _hello_request(self) -> bytes:
+        """``wasihost.hello``'s request, remembered while the registry's majors and the view
+        the guest linked against stay as they are (a major is never removed or replaced, so
+        their count says whether they changed; a new plan may bring another view)."""
+        registry = self.host.registry
+        key = (len(registry.majors), self.plan.view.features)
+        known = self._hello
+        if known is None or known[0] != key:
+            versions = tuple(str(v) for v in registry.versions)
+            known = self._hello = (key, _hello_request(versions, self.plan.view.features))
+        return known[1]
+
     def _run_handshake(self, instance: Instance, budget: Budget) -> Handshake:
-        versions = [str(v) for v in self.host.registry.versions]
-        hello = self._reserved(
-            instance, "wasihost.hello", {"host": "wasihost", "abi": versions}, budget
-        )
+        hello = self._reserved(instance, "wasihost.hello", self._hello_request(), budget)
         fields = _require_fields(
             hello, "wasihost.hello", {"id": str, "version": str, "abi": str, "features": list}
         )
@@ -862,12 +1156,14 @@ class Extension:
         welcome = self._reserved(
             instance,
             "wasihost.welcome",
-            {
-                "runtime_id": runtime_id,
-                "granted": granted,
-                "epoch": self.grant.epoch,
-                "token": self.host.tokens.issue(self.id, runtime_id, self.grant.epoch),
-            },
+            encode(
+                {
+                    "runtime_id": runtime_id,
+                    "granted": granted,
+                    "epoch": self.grant.epoch,
+                    "token": self.host.tokens.issue(self.id, runtime_id, self.grant.epoch),
+                }
+            ),
             budget,
         )
         answer = _require_fields(welcome, "wasihost.welcome", {"status": str})
@@ -889,6 +1185,7 @@ class Extension:
             epoch=self.grant.epoch,
             readiness=readiness,
             reason=reason,
+            features=self.plan.view.features,
         )
 
     def _check_command(self, command: str) -> CommandWire:
@@ -968,13 +1265,17 @@ class Extension:
             self._check_available()
             idle = self._idle
             slot: _Pooled | None = None
-            if idle and budget is None and ticket is None:
+            # An async call (a ticket, a deadline-made budget) takes it too: only a new
+            # instance or a wait needs _checkout's slow path.
+            if idle and (ticket is None or not ticket.cancelled):
                 slot = idle.pop()
                 epoch = self.grant.epoch
         finally:
             lock.release()
         if slot is None:
             slot, budget, epoch = self._checkout(fuel, timeout_ms, budget, ticket)
+        elif ticket is not None:
+            ticket.attach(slot.instance)
         instance = slot.instance
         outer = local.epoch
         local.epoch = self._last_epoch = epoch
@@ -999,9 +1300,16 @@ class Extension:
                 elif not isinstance(exc, WasihostError):
                     self._crash(f"interrupted: {type(exc).__name__}")
                 raise
-            local.fuel = self._last_fuel = (
+            used = local.fuel = self._last_fuel = (
                 budget.used if budget is not None else result.fuel_used
             )
+            # budgets: count the fuel; a crossing under terminate ends this call too.
+            crossing = self._add_fuel(used)
+            if crossing is not None:
+                ended = self.host.governor.fuel_crossed(self, crossing)
+                if ended is not None:
+                    self._crash(f"{ended.failure.value}: {ended.message}", ended.failure)
+                    raise ended
             if result.status != 0:
                 cls, msg = _guest_error(result.body)
                 raise CallError(
@@ -1037,6 +1345,11 @@ class Extension:
             lock.release()
             if not keep:
                 _drop(slot)
+            elif self._evictor is not None:
+                self._evictor.touch(self)  # [density]
+            if self._spare_due:
+                self._spare_due = False
+                self._schedule_spare()
 
     def call_cancellable(
         self,
@@ -1080,9 +1393,12 @@ class Extension:
         a whole on the next call (every idle instance goes now, those in a call as they end),
         the lifecycle says so, and the supervisor decides between that restart (after its
         backoff) and quarantine."""
-        self._discard()
+        with self._lock:
+            self._discard_locked(keep_spare=True)
+            self._want_spare = True
         self.lifecycle.try_fire(Event.CRASH, reason)
         self._supervise(failure, reason)
+        self._schedule_spare()
 
     def _supervise(self, failure: FailureClass, reason: str) -> None:
         # The crash class leads the journal line: `wasihost status` counts crashes by it.
@@ -1090,14 +1406,20 @@ class Extension:
         verdict = self.host.supervisor.on_crash(self.id, failure, reason)
         if verdict is not None:
             self.lifecycle.try_fire(Event.QUARANTINE, verdict)
+            with self._lock:
+                self._drop_spare_locked()  # released, it starts afresh
 
     def _discard(self) -> None:
         with self._lock:
             self._discard_locked()
 
-    def _discard_locked(self) -> None:
+    def _discard_locked(self, *, keep_spare: bool = False) -> None:
         """Caller holds ``_lock``. Drop the idle instances now and retire those in a call
-        (a new generation): none serves another call."""
+        (a new generation): none serves another call. The warm spare goes too, unless
+        ``keep_spare`` (a crash: the spare never ran a call, and it is what replaces the
+        crashed instance)."""
+        if not keep_spare:
+            self._drop_spare_locked()
         self._generation += 1
         idle, self._idle = self._idle, []
         self._slots.difference_update(idle)
@@ -1117,7 +1439,7 @@ class Extension:
     def _wait_until_idle(self, deadline: float) -> bool:
         """Caller holds ``_lock``: wait until no instance is in a call or being built, or
         ``deadline`` (on ``time.monotonic()``) passes; True if idle."""
-        while self._in_use() and time.monotonic() < deadline:
+        while (self._in_use() or self._spare_building) and time.monotonic() < deadline:
             self._waiting += 1
             try:
                 # Polled: a hand-back's wake-up may go to a call waiting for an instance
@@ -1125,7 +1447,7 @@ class Extension:
                 self._freed.wait(min(CLOSE_DRAIN_POLL_S, max(0.0, deadline - time.monotonic())))
             finally:
                 self._waiting -= 1
-        return not self._in_use()
+        return not self._in_use() and not self._spare_building
 
     def run_shutdown_hook(self, deadline: float) -> str:
         """Wait (until ``deadline``, on ``time.monotonic()``) for the calls in flight, then run
@@ -1167,7 +1489,21 @@ class Extension:
         with self._lock:
             self._wait_until_idle(time.monotonic() + CLOSE_DRAIN_S)
             self._close_brokers()
+        if self._evictor is not None:
+            self._evictor.forget(self)  # [density]
         self.host.forget(self)
+
+
+@functools.lru_cache(maxsize=8)
+def _hello_request(versions: tuple[str, ...], features: Iterable[str]) -> bytes:
+    """``wasihost.hello``'s request. Feature flags travel in it (an additive field: guests
+    ignore fields they do not know): those of the view the guest linked against, so what it
+    may rely on."""
+    return encode({"host": "wasihost", "abi": list(versions), "features": list(features)})
+
+
+def _ignore_outcome(ok: bool, result: Any) -> None:
+    """A spare's build reports nothing: its failures are recorded as steps."""
 
 
 def _close_bindings(bindings: Mapping[str, ProfileBinding]) -> None:
@@ -1181,6 +1517,9 @@ def _drop(slot: _Pooled) -> None:
     slot.instance.close()
     bindings, slot.bindings = slot.bindings, {}
     _close_bindings(bindings)
+    room, slot.room = slot.room, None
+    if room is not None:
+        room.release()  # [density]
 
 
 def _raw_input(command: str, value: Any, limit: int) -> bytes | bytearray | memoryview:

@@ -89,6 +89,12 @@ class ScopedBroker(Broker, Protocol):
         ...
 
 
+def broker_conventions(broker: Broker) -> frozenset[str]:
+    """The calling conventions ``broker``'s handlers speak: ``cbor`` unless it says more in a
+    ``conventions`` attribute (the log broker also serves ABI 2.0's native ``log``)."""
+    return frozenset(getattr(broker, "conventions", ("cbor",)))
+
+
 class CallContext:
     """What an embedder's host function knows of the call it serves."""
 
@@ -248,6 +254,10 @@ class FunctionBroker:
         return (self.entry.qualified_name,)
 
     @property
+    def conventions(self) -> tuple[str, ...]:
+        return (self.entry.convention,)
+
+    @property
     def capabilities(self) -> frozenset[str]:
         return frozenset({self.entry.capability})
 
@@ -343,19 +353,35 @@ class HostFunctions:
         """Serve ``broker.functions``: each must be a cbor entry of the registry with one of
         ``broker.capabilities``, not served yet. Before any extension is admitted."""
         self.registry.check_open(f"broker {broker.name}")
+        conventions = broker_conventions(broker)
         keys = []
+        entries = []
         for qualified in broker.functions:
             module, _, name = qualified.rpartition(".")
             entry = self.registry.lookup(module, name)
-            # A profile's native entries (WASI) are served by its binding, per instance; an
-            # embedder's native entries by a broker like its cbor ones.
-            if entry is None or (
-                entry.convention != "cbor" and self.registry.profile_for_module(module) is not None
+            if (
+                entry is None
+                or entry.convention not in conventions
+                or (
+                    # Profile entries (WASI) are their binding's, never a broker's; an
+                    # embedder's native entries and ABI 2.0's are served by brokers.
+                    entry.convention != "cbor"
+                    and self.registry.profile_for_module(module) is not None
+                )
             ):
                 raise ConfigError(
-                    f"broker {broker.name} serves {qualified}, which is not an entry of this "
-                    "host's registry that a broker may serve"
+                    f"broker {broker.name} serves {qualified}, which is not a "
+                    f"{' or '.join(sorted(conventions))} entry of this host's registry"
                 )
+            entries.append(entry)
+        # A core entry carried into a later major (``wasihost_v1.storage_get`` as
+        # ``wasihost_v2.storage_get``) is served by the same broker, unless another broker
+        # serves it already: an embedder's replacement broker serves every major at once.
+        for entry in self.registry.carried(entries, conventions):
+            if (entry.module, entry.name) not in self._brokers:
+                entries.append(entry)
+        for entry in entries:
+            module, name, qualified = entry.module, entry.name, entry.qualified_name
             if entry.capability not in broker.capabilities:
                 raise ConfigError(
                     f"broker {broker.name}: {qualified} needs capability {entry.capability!r}, "

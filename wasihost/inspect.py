@@ -75,6 +75,8 @@ def inspect_package(
             report["abi"] = str(version)
             namespaces, _ = declared_namespaces(header, registry)
             view = registry.view(version, namespaces) if registry.supports(version) else None
+            if view is not None:
+                report["features"] = list(view.features)
         except AdmissionError:
             report["abi"] = None
     imports = []
@@ -177,6 +179,8 @@ def render_text(report: dict[str, Any]) -> str:
         sig = report["signature"]
         lines.append(f"signed:  by {sig['publisher']} (verified; package {sig['package_sha256']})")
     lines.append(f"abi:     {report.get('abi') or 'none declared'}")
+    if "features" in report:
+        lines.append(f"features: {', '.join(report['features']) or '(none)'}")
     lines.append("imports:")
     for imp in report.get("imports", []):
         entry = imp["entry"]
@@ -215,8 +219,16 @@ def abi_listing(registry: Registry, version: AbiVersion | None = None) -> dict[s
     else:
         entries = list(registry.functions())
         versions = [str(v) for v in registry.versions]
+    # Every view served (each minor of each major), with the feature flags its handshake
+    # offers: a host at 2.0 still serves the 1.0 view to a 1.0 guest.
+    views = (
+        [version]
+        if version is not None
+        else [AbiVersion(v.major, m) for v in registry.versions for m in range(v.minor + 1)]
+    )
     return {
         "versions": versions,
+        "features": {str(v): list(registry.view(v).features) for v in views},
         "namespaces": registry.namespace_versions() if version is None else {},
         "functions": [e.to_json() for e in entries],
     }
@@ -224,6 +236,8 @@ def abi_listing(registry: Registry, version: AbiVersion | None = None) -> dict[s
 
 def render_abi_text(listing: dict[str, Any]) -> str:
     lines = [f"ABI versions: {', '.join(listing['versions'])}"]
+    for view, flags in listing.get("features", {}).items():
+        lines.append(f"view {view}: features {', '.join(flags) or '(none)'}")
     for namespace, versions in listing["namespaces"].items():
         lines.append(f"namespace {namespace}: {', '.join(versions)}")
     for e in listing["functions"]:

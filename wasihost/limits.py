@@ -94,6 +94,16 @@ MIN_MAX_CONCURRENCY: Final = 1
 # and its own 1 GiB reservation); 64 is far more parallelism than a host has cores, and keeps
 # one extension from reserving more than 64 GiB of address space or 64 x its memory.
 MAX_MAX_CONCURRENCY: Final = 64
+# Fuel an extension may burn within a sliding minute, all its calls together (the resource
+# governor, wasihost/budgets.py): about one core for the whole minute, as wasm runs at roughly
+# 1e9 fuel a second here (MAX_FUEL_PER_CALL is "about ten seconds"). An extension that keeps a
+# core busy for a minute meets it; one doing interactive work never does.
+DEFAULT_CPU_FUEL_PER_MINUTE: Final = 60_000_000_000
+# One fuel: zero would refuse an extension everything, which is revocation's job.
+MIN_CPU_FUEL_PER_MINUTE: Final = 1
+# 64 cores for the whole minute (MAX_MAX_CONCURRENCY instances at full speed): more is not a
+# budget.
+MAX_CPU_FUEL_PER_MINUTE: Final = 64 * DEFAULT_CPU_FUEL_PER_MINUTE
 
 
 @attrs.frozen
@@ -132,6 +142,10 @@ RESOURCE_BOUNDS: Final[Mapping[str, ResourceBound]] = types.MappingProxyType(
         ),
         "max_concurrency": ResourceBound(
             MIN_MAX_CONCURRENCY, DEFAULT_MAX_CONCURRENCY, MAX_MAX_CONCURRENCY
+        ),
+        # budgets: the rate the resource governor accounts (docs/budgets.md).
+        "cpu_fuel_per_minute": ResourceBound(
+            MIN_CPU_FUEL_PER_MINUTE, DEFAULT_CPU_FUEL_PER_MINUTE, MAX_CPU_FUEL_PER_MINUTE
         ),
     }
 )

@@ -194,6 +194,10 @@ class Resources:
     max_concurrency: int = attrs.field(
         default=limits.DEFAULT_MAX_CONCURRENCY, validator=_in_range("max_concurrency")
     )
+    # budgets: fuel of all its calls within a sliding minute (see docs/budgets.md).
+    cpu_fuel_per_minute: int = attrs.field(
+        default=limits.DEFAULT_CPU_FUEL_PER_MINUTE, validator=_in_range("cpu_fuel_per_minute")
+    )
 
     @classmethod
     def default(cls) -> Resources:

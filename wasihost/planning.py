@@ -16,7 +16,7 @@ from .manifest import Manifest, Resources
 from .package import Package
 from .policy import Grant, Policy, effective_grant
 from .registry import AbiVersion, Registry
-from .wasmbin import WasmFormatError, read_header
+from .wasmbin import WasmFormatError, read_header_cached
 
 # The manifest schema names "wasm-process" (out of process) too; this release runs neither it
 # nor anything else but in-process wasm, and says so at admission.
@@ -64,7 +64,7 @@ def plan_package(
         )
     )
     try:
-        header = read_header(package.wasm)
+        header = read_header_cached(package.wasm)
     except WasmFormatError as exc:
         raise AdmissionError([f"not a valid module: {exc}"]) from None
     if granted is not None:

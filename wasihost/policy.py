@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from . import limits
+from .budgets import BudgetPolicy
 from .errors import AdmissionError, ConfigError
 from .manifest import Resources
 from .registry import CORE_CAPABILITY
@@ -97,6 +98,8 @@ class Policy:
     # Verifies again, at each start, the installed packages that an OpenSSH signature
     # verified at install.
     allowed_signers: AllowedSigners | None = None
+    # budgets: the rate ceilings and the action each crossing fires (docs/budgets.md).
+    budgets: BudgetPolicy = attrs.field(factory=BudgetPolicy)
 
     @classmethod
     def strict(cls, allow: Iterable[str] = ("log",)) -> Policy:

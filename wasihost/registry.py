@@ -118,6 +118,10 @@ class HostFunction:
     # Native entries of embedders: integer arguments reach the function as signed values (wasm's
     # i32 and i64 as Rust's), where WASI's arrive unsigned (pointers and lengths).
     signed_args: bool = False
+    # For native core entries (v2's ``log``): what a call answers when its capability is no
+    # longer granted (revoked after admission), e.g. -1 for -DENIED, as the cbor convention
+    # answers. None: the call ends with class ``denied`` (or answers ``denied_result``).
+    revoked_result: int | None = None
 
     @property
     def refused_when_ungranted(self) -> bool:
@@ -153,6 +157,8 @@ class HostFunction:
         }
         if self.convention != "cbor":
             doc |= {"convention": self.convention, "denied_result": self.denied_result}
+        if self.revoked_result is not None:
+            doc["revoked_result"] = self.revoked_result
         if self.never_returns:
             doc["never_returns"] = True
         if self.commits:
@@ -173,6 +179,16 @@ class ExportSpec:
 
 
 @attrs.frozen
+class Feature:
+    """A feature flag of an ABI major: a named behaviour the host offers a guest whose view
+    includes it (``since`` not newer than the guest's version), sent in ``wasihost.hello``."""
+
+    name: str
+    since: AbiVersion
+    doc: str = ""
+
+
+@attrs.frozen
 class MajorSpec:
     """Everything one ABI major fixes: its functions, required exports and status codes."""
 
@@ -184,6 +200,7 @@ class MajorSpec:
     exports: tuple[ExportSpec, ...]
     reserved_commands: tuple[str, ...]
     functions: tuple[HostFunction, ...]
+    features: tuple[Feature, ...] = ()
 
     @property
     def latest(self) -> AbiVersion:
@@ -241,6 +258,14 @@ class RegistryView:
 
     def lookup(self, module: str, name: str) -> HostFunction | None:
         return self.entries.get((module, name))
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The feature flags this view offers (sent in ``wasihost.hello``), sorted."""
+        if self.spec is None or self.version is None:
+            return ()
+        version = self.version
+        return tuple(sorted(f.name for f in self.spec.features if f.since <= version))
 
     @property
     def modules(self) -> frozenset[str]:
@@ -511,6 +536,42 @@ class Registry:
             )
         return RegistryView(version=version, spec=spec, entries=entries)
 
+    def is_core(self, entry: HostFunction) -> bool:
+        """Whether ``entry`` belongs to one of the ABI majors (not a profile or namespace)."""
+        spec = next((s for s in self.majors.values() if s.import_module == entry.module), None)
+        return spec is not None and entry in spec.functions
+
+    def carried(
+        self, entries: Iterable[HostFunction], conventions: Iterable[str] = ("cbor",)
+    ) -> list[HostFunction]:
+        """The entries of other core majors that carry ``entries`` over: the same name and
+        capability, and either the same convention and signature or a changed one the broker
+        speaks (``conventions``). Entries that are not core entries carry nothing."""
+        speaks = frozenset(conventions)
+        core = {spec.import_module: spec for spec in self.majors.values()}
+        given = {(e.module, e.name) for e in entries}
+        out: list[HostFunction] = []
+        for entry in entries:
+            if entry.module not in core:
+                continue
+            for spec in self.majors.values():
+                for later in spec.functions:
+                    if (
+                        (later.module, later.name) in given
+                        or later.name != entry.name
+                        or later.capability != entry.capability
+                        or later in out
+                    ):
+                        continue
+                    same = (later.convention, later.params, later.results) == (
+                        entry.convention,
+                        entry.params,
+                        entry.results,
+                    )
+                    if same or later.convention in speaks:
+                        out.append(later)
+        return out
+
     def capabilities(self) -> frozenset[str]:
         """Capability names a manifest may request (``core`` is implicit, never requested)."""
         names = {f.capability for f in self.functions()}
@@ -581,8 +642,15 @@ def major_from_json(doc: Mapping[str, Any]) -> MajorSpec:
                 response=raw.get("response", ""),
                 never_returns=_optional_flag(raw, "never_returns"),
                 commits=_optional_flag(raw, "commits"),
+                **_convention(raw, name),
             )
         )
+    features = []
+    for raw in doc.get("features", []):
+        since = AbiVersion.parse(_require(raw, "since", str))
+        if since.major != major:
+            raise ConfigError(f"registry: feature since {since} is not of major {major}")
+        features.append(Feature(_require(raw, "name", str), since, raw.get("doc", "")))
     exports = tuple(
         ExportSpec(
             name=_require(e, "name", str),
@@ -601,7 +669,32 @@ def major_from_json(doc: Mapping[str, Any]) -> MajorSpec:
         exports=exports,
         reserved_commands=tuple(_require(doc, "reserved_commands", list)),
         functions=tuple(functions),
+        features=tuple(features),
     )
+
+
+# The conventions a core entry may use: the uniform cbor one, or typed arguments whose broker
+# reads guest memory itself (ABI 2.0's ``log``). The native dispatch's arity bound applies.
+CORE_CONVENTIONS = ("cbor", "native")
+
+
+def _convention(raw: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The calling convention of a core entry and, for a native one, its ungranted answers."""
+    convention = raw.get("convention", "cbor")
+    if convention not in CORE_CONVENTIONS:
+        raise ConfigError(f"registry: {name}: convention {convention!r} is not one of "
+                          f"{', '.join(CORE_CONVENTIONS)}")  # fmt: skip
+    if convention == "cbor":
+        if "denied_result" in raw or "revoked_result" in raw:
+            raise ConfigError(f"registry: {name}: only a native entry has denied/revoked results")
+        return {}
+    out: dict[str, Any] = {"convention": convention}
+    for key in ("denied_result", "revoked_result"):
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"registry: {name}: {key} must be an int or null")
+        out[key] = value
+    return out
 
 
 def load_major_json(major: int) -> dict[str, Any]:
@@ -611,7 +704,7 @@ def load_major_json(major: int) -> dict[str, Any]:
     return doc
 
 
-SHIPPED_MAJORS = (1,)
+SHIPPED_MAJORS = (1, 2)
 
 
 def default_registry() -> Registry:

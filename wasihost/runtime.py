@@ -35,8 +35,10 @@ from .errors import (
     RevocationError,
     WasihostError,
 )
+from .eviction import EvictionPolicy, Evictor, evictor_for
 from .extension import Extension, ProfileBinding, ProfileFactory
 from .extlog import LogSink
+from .governor import Governor, Usage
 from .grants import GrantTable
 from .hostfn import Broker, Function, HostFunctions
 from .lifecycle import ExtensionRevoked, State
@@ -121,6 +123,8 @@ class Host:
         brokers: Iterable[Broker] = (),
         supervisor: Supervisor | None = None,
         async_workers: int = DEFAULT_CALL_WORKERS,
+        governor: Governor | None = None,
+        eviction: EvictionPolicy | Evictor | None = None,
     ) -> None:
         self.policy = policy if policy is not None else Policy()
         self.registry = registry if registry is not None else default_registry()
@@ -170,7 +174,11 @@ class Host:
         self.grants = GrantTable(self.state)
         # Crash records, restart budgets and quarantine (``supervisor.set_policy(id, ...)``).
         self.supervisor = supervisor if supervisor is not None else Supervisor()
+        # budgets: rate accounts and their actions (docs/budgets.md).
+        self.governor = governor if governor is not None else Governor()
         self.engine = WasmEngine(settings or EngineSettings(), directory)
+        # [density] idle extensions' instances dropped under a policy (wasihost/eviction.py).
+        self.evictor = evictor_for(eviction, self.engine.release_memory)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.tokens = TokenIssuer()
         # Where extension logs go instead of each extension's bounded buffer (see ExtensionLog).
@@ -320,6 +328,8 @@ class Host:
             concurrent.futures.wait(flushing, timeout=TERMINATE_WAIT_S)
         self._call_workers.close()
         self.functions.close()
+        if self.evictor is not None:
+            self.evictor.close()  # [density]
         self.engine.close()
         if self.state is not None:
             self.state.close()
@@ -709,6 +719,10 @@ class Host:
         the old policy commits under the new one, and each extension re-evaluates its grant
         (requested ∩ granted ∩ the new policy) before its next call."""
         self.policy = policy
+        with self._lock:
+            live = list(self._extensions.values())
+        for ext in live:
+            self.governor.rebudget(ext)  # budgets: new ceilings and actions at once
         names = set(self.grants.known())
         if self.state is not None:
             names.update(self.state.extensions())
@@ -807,7 +821,17 @@ class Host:
         with self._lock:
             extensions = list(self._extensions.values())
         states = collections.Counter(ext.lifecycle.state.value for ext in extensions)
-        return self.supervisor.metrics(states)
+        fired, refusals = self.governor.counts()  # budgets
+        return attrs.evolve(
+            self.supervisor.metrics(states), budget_actions=fired, throttle_refusals=refusals
+        )
+
+    def usage(self, extension: str) -> Usage:
+        """budgets: ``extension``'s usage now beside its budget, a frozen snapshot."""
+        ext = self.extension(extension)
+        if ext is None:
+            raise ConfigError(f"{extension} is not admitted")
+        return ext.usage()
 
     def disable(self, extension: str, reason: str = "emergency disable") -> int:
         """Emergency stop: revoke everything and interrupt the call in flight."""

@@ -32,6 +32,19 @@ MAX_MEMORY_RESERVATION = 4 * GiB
 # With a reservation under 4 GiB, bounds checks are explicit; a small guard is then enough.
 DEFAULT_MEMORY_GUARD_SIZE = 64 * KiB
 MAX_MEMORY_GUARD_SIZE = 2 * GiB
+# Copy-on-write initialisation maps a module's data image into each memory: it splits every
+# linear memory into 4 memory maps instead of 2, and vm.max_map_count (65,530 by default) then
+# caps a process at ~16,000 instances instead of ~32,000. Our guests' data images are a few KiB
+# (fixtures: 3-16 KiB), which copying costs nothing measurable; benchmarks/bench_density.py:
+# 2,000 echo extensions, same RSS and load time either way. An embedder running modules with
+# large data images may turn it on.
+DEFAULT_MEMORY_INIT_COW = False
+# The pooling allocator (0: off, the on-demand allocator) reserves this many instance slots up
+# front, each of memory_reservation plus its guard. Measured on 2,000 echo extensions: same
+# RSS and load time as on-demand, the whole pool's address space taken at start, and the used
+# slots' memory maps kept after close; so off by default. The cap bounds its reservation.
+DEFAULT_POOLING_INSTANCES = 0
+MAX_POOLING_INSTANCES = 100_000
 # 10 ms: deadlines are honoured within one tick, and the watchdog wakes 100 times a second.
 # benchmarks/bench_tick.py: with a busy Python thread every tick from 1 to 50 ms cost a
 # spinning guest 1.0-1.3x, with no trend to buy by ticking less; latency grows with the tick
@@ -77,6 +90,8 @@ class EngineSettings:
     memory_reservation: int = DEFAULT_MEMORY_RESERVATION
     memory_guard_size: int = DEFAULT_MEMORY_GUARD_SIZE
     epoch_tick_ms: int = DEFAULT_EPOCH_TICK_MS
+    memory_init_cow: bool = DEFAULT_MEMORY_INIT_COW
+    pooling_instances: int = DEFAULT_POOLING_INSTANCES
     opt_level: str = "speed"
     parallel_compilation: bool = True
     compile_cpu_seconds: int = DEFAULT_COMPILE_CPU_SECONDS
@@ -117,11 +132,15 @@ class EngineSettings:
             raise ConfigError(f"engine setting opt_level={self.opt_level!r} not in {OPT_LEVELS}")
         if not isinstance(self.parallel_compilation, bool):
             raise ConfigError("engine setting parallel_compilation must be a bool")
+        if not isinstance(self.memory_init_cow, bool):
+            raise ConfigError("engine setting memory_init_cow must be a bool")
+        _in_range("pooling_instances", self.pooling_instances, 0, MAX_POOLING_INSTANCES)
 
     def fingerprint(self) -> str:
         """What compiled code depends on (the tick and the compile budget do not)."""
         text = (
             f"stack={self.max_wasm_stack};res={self.memory_reservation};"
-            f"guard={self.memory_guard_size};opt={self.opt_level};fuel=1;epoch=1;move=0"
+            f"guard={self.memory_guard_size};opt={self.opt_level};fuel=1;epoch=1;move=0;"
+            f"cow={int(self.memory_init_cow)}"
         )
         return hashlib.sha256(text.encode()).hexdigest()[:16]

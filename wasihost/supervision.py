@@ -140,6 +140,10 @@ class Metrics:
     restarts: int
     quarantines: int
     backoff_refusals: int
+    # budgets: rate-budget actions fired by action (warn, throttle, pause, terminate), and
+    # calls or requests refused while over a budget (governor.py; Host.metrics fills them).
+    budget_actions: Mapping[str, int] = attrs.field(factory=lambda: MappingProxyType({}))
+    throttle_refusals: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -148,6 +152,8 @@ class Metrics:
             "restarts": self.restarts,
             "quarantines": self.quarantines,
             "backoff_refusals": self.backoff_refusals,
+            "budget_actions": dict(self.budget_actions),
+            "throttle_refusals": self.throttle_refusals,
         }
 
 

@@ -431,7 +431,7 @@ fn panic_hook(info: &std::panic::PanicInfo<'_>) {
         Some(at) => format!("{} (at {}:{}:{})", what, at.file(), at.line(), at.column()),
         None => what.to_owned(),
     };
-    crate::abort(&message)
+    super::abort(&message)
 }
 
 /// Compile-time checks of a [`guest!`](crate::guest!) invocation (a `const fn`, so mistakes

@@ -1,10 +1,16 @@
 """The compatibility matrix: every guest x every ABI view the host serves x runtime class.
 
-A view V is what a host whose newest ABI is V admits. For a guest declaring a version the
-view covers (same major, minor ≤ V's), the verdict is the real one: ``Host.admit`` (which links
-the guest at its declared version, a subset of V, ABI minors being additive), then a start
-(instantiate + handshake), then, for a guest with a ``noop`` command, its per-call cost. A
-guest declaring more than V is refused, naming the ABI version and every import V lacks.
+The host serves every minor of every major it knows (1.0, 1.1 and 2.0) from one registry, all
+at once. A view V covers a guest declaring the same major and a minor not newer than V's: for
+those cells the verdict is the real one, ``Host.admit`` (which links the guest at its declared
+version, a subset of V, minors being additive), then a start (instantiate + handshake), then,
+for a guest with a ``noop`` command, its per-call cost. Other cells are refused with the reason:
+a guest of another major (its imports are another import module: ABI majors do not mix), or one
+declaring a newer minor than V, naming every import V lacks.
+
+Each row has a ``reason_class`` a test can pin (timings and texts aside): None (ran),
+``wasi-command`` / ``start-failed`` (linked), ``other-major`` / ``newer-minor`` /
+``admission`` / ``package`` (refused), ``not-built`` (out-of-process).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from .guests import abi_guest_wat
+from .guests import V2_LOG_SIGNATURE, abi_guest_wat
 from .runner import Budget, interleave, median, spread
 
 RUNTIME_CLASSES = ("in-process", "out-of-process")
@@ -77,12 +83,21 @@ def _wat_guests(registry: Any) -> list[Guest]:
             "1.0", imports=((newer.module, newer.name),)
         ),
         "wat-2.0-noop": abi_guest_wat("2.0"),
+        # ABI 2.0's one breaking change, and the import that must never cross majors.
+        "wat-2.0-imports-log": abi_guest_wat(
+            "2.0", imports=(("wasihost_v2", "log"),), signature=V2_LOG_SIGNATURE
+        ),
+        "wat-2.0-imports-wasihost_v1": abi_guest_wat("2.0", imports=(("wasihost_v1", "log"),)),
     }
     guests = []
     for name, text in wat.items():
         wasm = wat_to_wasm(text)
         package = Package(f"{name}.wasm", None, wasm, hashlib.sha256(wasm).hexdigest())
-        grants = (newer.capability,) if "imports" in name else ()
+        grants = (
+            (("log",) if name.endswith(("-log", "wasihost_v1")) else (newer.capability,))
+            if "imports" in name
+            else ()
+        )
         guests.append(Guest(name, "built at run time", package, frozenset({"noop"}), grants=grants))
     return guests
 
@@ -114,10 +129,13 @@ def _declared(package: Any) -> Any:
 
 
 def _beyond(view: Any, declared: Any, header: Any, registry: Any) -> list[str]:
-    """Why a host whose newest ABI is ``view`` refuses a guest declaring ``declared``."""
-    problems = [
-        f"module declares ABI {declared}; a host at ABI {view} serves {view.major}.0 to {view}"
-    ]
+    """Why the ``view`` does not link a guest declaring ``declared``."""
+    if declared.major != view.major:
+        return [
+            f"module declares ABI {declared}; the {view} view serves major {view.major} "
+            f"(imports from wasihost_v{view.major}) only: majors do not mix"
+        ]
+    problems = [f"module declares ABI {declared}; the {view} view serves {view.major}.0 to {view}"]
     if declared.major == view.major:
         lacking = registry.view(view)
         problems += [
@@ -129,8 +147,15 @@ def _beyond(view: Any, declared: Any, header: Any, registry: Any) -> list[str]:
 
 
 class _Verdict:
-    def __init__(self, verdict: str, reason: str | None, cost: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        verdict: str,
+        reason: str | None,
+        cost: dict[str, Any] | None = None,
+        reason_class: str | None = None,
+    ) -> None:
         self.verdict, self.reason, self.cost = verdict, reason, cost
+        self.reason_class = reason_class
 
 
 def _admit_and_run(host: Any, guest: Guest, budget: Budget) -> _Verdict:
@@ -140,14 +165,22 @@ def _admit_and_run(host: Any, guest: Guest, budget: Budget) -> _Verdict:
     try:
         ext = host.admit(guest.package, grants=sorted({*required, *guest.grants}))
     except AdmissionError as exc:
-        return _Verdict("refused", "; ".join(exc.problems))
+        return _Verdict("refused", "; ".join(exc.problems), reason_class="admission")
     try:
         if ext.plan.is_command:
-            return _Verdict("linked", "a WASI command (_start): run it with `wasihost wasi`")
+            return _Verdict(
+                "linked",
+                "a WASI command (_start): run it with `wasihost wasi`",
+                reason_class="wasi-command",
+            )
         try:
             ext.start()
         except WasihostError as exc:
-            return _Verdict("linked", f"did not start here: {exc.error_class}: {exc.message}")
+            return _Verdict(
+                "linked",
+                f"did not start here: {exc.error_class}: {exc.message}",
+                reason_class="start-failed",
+            )
         if "noop" not in guest.commands:
             return _Verdict("ran", "started (instantiate + handshake); no no-op command to time")
         samples = interleave({"noop": lambda: ext.call("noop")}, budget)["noop"]
@@ -183,13 +216,18 @@ def matrix(fixtures: Path, budget: Budget) -> list[dict[str, Any]]:
                     declared.major == view.major and declared.minor <= view.minor
                 )
                 if guest.load_error is not None:
-                    verdict = _Verdict("refused", guest.load_error)
+                    verdict = _Verdict("refused", guest.load_error, reason_class="package")
                 elif covered:
                     real = real or _admit_and_run(host, guest, budget)
                     verdict = real
                 else:
+                    assert declared is not None  # a guest declaring nothing is covered
                     verdict = _Verdict(
-                        "refused", "; ".join(_beyond(view, declared, header, registry))
+                        "refused",
+                        "; ".join(_beyond(view, declared, header, registry)),
+                        reason_class="other-major"
+                        if declared.major != view.major
+                        else "newer-minor",
                     )
                 base = {
                     "guest": guest.name,
@@ -203,6 +241,7 @@ def matrix(fixtures: Path, budget: Budget) -> list[dict[str, Any]]:
                         "runtime": "in-process",
                         "verdict": verdict.verdict,
                         "reason": verdict.reason,
+                        "reason_class": verdict.reason_class,
                         "call_cost": verdict.cost,
                     }
                 )
@@ -212,6 +251,7 @@ def matrix(fixtures: Path, budget: Budget) -> list[dict[str, Any]]:
                         "runtime": "out-of-process",
                         "verdict": "not built",
                         "reason": NOT_BUILT,
+                        "reason_class": "not-built",
                         "call_cost": None,
                     }
                 )

@@ -46,20 +46,27 @@ def _hello(abi: str) -> bytes:
     return status + cbor2.dumps({"id": "bench", "version": "0.1.0", "abi": abi, "features": []})
 
 
+# The signature of ABI 2.0's native ``log`` (level, msg_ptr, msg_len) -> status.
+V2_LOG_SIGNATURE = "(param i32 i32 i32) (result i32)"
+CBOR_SIGNATURE = "(param i32 i32 i32 i32) (result i32)"
+
+
 def abi_guest_wat(
-    abi: str, *, imports: tuple[tuple[str, str], ...] = (), namespace: str | None = None
+    abi: str,
+    *,
+    imports: tuple[tuple[str, str], ...] = (),
+    namespace: str | None = None,
+    signature: str = CBOR_SIGNATURE,
 ) -> str:
     """A minimal ABI guest declaring ``abi``: answers the handshake, and every other command
-    (``noop``) with null. Each of ``imports`` is a (module, name) with the cbor-entry
-    signature; ``namespace`` adds an embedder-namespace marker for it."""
+    (``noop``) with null. Each of ``imports`` is a (module, name) with ``signature`` (the
+    cbor-entry one by default); ``namespace`` adds an embedder-namespace marker for it."""
     import cbor2
 
     hello = _hello(abi)
     welcome = b"\0\0\0\0" + cbor2.dumps({"status": "ready"})
     marker = f'(@custom "wasihost_abi.{namespace}" "{abi}")' if namespace else ""
-    lines = [
-        f'(import "{m}" "{n}" (func (param i32 i32 i32 i32) (result i32)))' for m, n in imports
-    ]
+    lines = [f'(import "{m}" "{n}" (func {signature}))' for m, n in imports]
     return f"""(module
   (@custom "wasihost_abi" "{abi}")
   {marker}

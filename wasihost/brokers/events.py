@@ -367,6 +367,13 @@ class EventsBroker(ExtensionDispatcher["ExtensionEvents", "Delivery"]):
             self._states[state] = None
         return state
 
+    def usage(self, state: ExtensionEvents) -> dict[str, int]:
+        """budgets: the deepest of the extension's subscription queues now, the level its
+        ``queue_depth`` bounds (Extension.usage)."""
+        with self._cond:
+            depth = max((len(s.queue) for s in state.subscriptions.values()), default=0)
+        return {"event_queue_depth": depth}
+
     def close(self, state: ExtensionEvents) -> None:
         with self._cond:
             state.closed = True

@@ -331,6 +331,11 @@ class FilesBroker:
     def open(self, ext: Extension) -> FilesState:
         return FilesState(ext)
 
+    def usage(self, state: FilesState) -> dict[str, int]:
+        """budgets: the handles the extension holds open now (Extension.usage)."""
+        with state.lock:
+            return {"open_handles": len(state.handles)}
+
     def close(self, state: FilesState) -> None:
         state.close()
 

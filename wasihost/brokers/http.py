@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from ..budgets import Resource
 from ..errors import ConfigError
 from ..hostfn import ASYNC_WAKE_CHECK_S
 from ..manifest import DEFAULT_HTTP_BYTES_PER_HOUR
@@ -187,6 +188,12 @@ class HttpState:
         self.ext = ext
         self.quota = quota
         self.inflight = threading.BoundedSemaphore(MAX_INFLIGHT_PER_EXTENSION)
+
+    def received(self, n: int) -> bool:
+        """``n`` bytes came in: counted by the host's budget (budgets: its action may fire)
+        and by the manifest's quota; False if either is now over (the response is withheld)."""
+        allowed = self.ext.host.governor.charge_received(self.ext, n)
+        return self.quota.add(n) and allowed
 
 
 class SecretRef:
@@ -440,17 +447,24 @@ class HttpBroker:
 
         if not state.inflight.acquire(blocking=False):
             raise HostStatus(Status.UNAVAILABLE)
+        governor = ext.host.governor
+        sent = parsed.wire_bytes()
+        try:
+            # budgets: the host's budget first; its action may refuse the request.
+            governor.charge_request(ext, sent)
+        except BaseException:
+            state.inflight.release()
+            raise
         try:
             # The request's bytes are counted before it is sent, through the grant table: none
             # is counted under a grant that a returned revocation withdrew.
-            authorised, fits = ext.commit(
-                capability, lambda: state.quota.reserve(parsed.wire_bytes())
-            )
+            authorised, fits = ext.commit(capability, lambda: state.quota.reserve(sent))
             if not authorised:
                 raise HostStatus(Status.DENIED)
             if not fits:
                 raise HostStatus(Status.QUOTA_EXCEEDED)
         except BaseException:
+            governor.refund(ext, Resource.NETWORK_BYTES_PER_HOUR, sent)
             state.inflight.release()
             raise
         cap = time.monotonic() + self.max_request_seconds
@@ -607,7 +621,7 @@ class HttpBroker:
                 raise HostStatus(Status.UNAVAILABLE) from None
         if len(headers) > MAX_RESPONSE_HEADERS or header_bytes > MAX_RESPONSE_HEADER_BYTES:
             raise HostStatus(Status.PAYLOAD_TOO_LARGE)
-        if not state.quota.add(header_bytes + HEADER_LINE_OVERHEAD * len(headers)):
+        if not state.received(header_bytes + HEADER_LINE_OVERHEAD * len(headers)):
             raise HostStatus(Status.QUOTA_EXCEEDED)
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         if forms and encoding != "identity":
@@ -623,7 +637,7 @@ class HttpBroker:
                 if not chunk:
                     break
                 body += chunk
-                if not state.quota.add(len(chunk)):
+                if not state.received(len(chunk)):
                     raise HostStatus(Status.QUOTA_EXCEEDED)
             if len(body) > MAX_RESPONSE_BODY_BYTES:
                 raise HostStatus(Status.PAYLOAD_TOO_LARGE)

@@ -247,6 +247,11 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
             self._states[state] = None
         return state
 
+    def usage(self, state: ExtensionJobs) -> dict[str, int]:
+        """budgets: the jobs the extension holds now (Extension.usage)."""
+        with self._cond:
+            return {"background_jobs": len(state.jobs)}
+
     def close(self, state: ExtensionJobs) -> None:
         with self._cond:
             state.closed = True

@@ -30,6 +30,7 @@ __all__ = [
     "LogRecord",
     "LogSink",
     "log_handler",
+    "native_log_handler",
     "to_logging",
 ]
 
@@ -82,6 +83,49 @@ def log_handler(log: ExtensionLog, commit: Commit | None = None) -> Callable[[An
     return handle
 
 
+# The answers of ABI 2.0's native ``log``, as the i32 it returns: 0 or a negated status.
+_NATIVE_OK = 0
+_NATIVE_INVALID = -int(Status.INVALID_ARGUMENT)
+_NATIVE_TOO_LARGE = -int(Status.PAYLOAD_TOO_LARGE)
+_NATIVE_DENIED = -int(Status.DENIED)
+_NATIVE_QUOTA = -int(Status.QUOTA_EXCEEDED)
+
+
+def native_log_handler(
+    log: ExtensionLog, max_message_bytes: int, commit: Commit | None = None
+) -> Callable[[Any, int, int, int], int]:
+    """ABI 2.0's ``log(level, msg_ptr, msg_len) -> i32``: the message is raw UTF-8 in guest
+    memory, no CBOR. The checks, in order: the range lies in memory (else the guest traps with
+    class ``protocol``, as for any v1 entry), ``msg_len`` is within ``max_message_bytes``
+    (``-PAYLOAD_TOO_LARGE``, nothing read), the level is 0..4 and the bytes are UTF-8
+    (``-INVALID_ARGUMENT``); then the append commits through the grant table (``-DENIED`` if
+    revoked meanwhile, ``-QUOTA_EXCEEDED`` over the log budget)."""
+    append = log.append
+    levels = _LEVELS
+    n_levels = len(levels)
+
+    def handle(call: Any, level: int, ptr: int, length: int) -> int:
+        # The engine passes i32 arguments as unsigned 32-bit ints: no negative values here.
+        call.require_range(ptr, length)
+        if length > max_message_bytes:
+            return _NATIVE_TOO_LARGE
+        if level >= n_levels:
+            return _NATIVE_INVALID
+        try:
+            message = call.read(ptr, length).decode("utf-8", "strict")
+        except UnicodeDecodeError:
+            return _NATIVE_INVALID
+        if commit is None:
+            ok = append(levels[level], message)
+        else:
+            authorised, ok = commit(append, levels[level], message)
+            if not authorised:
+                return _NATIVE_DENIED
+        return _NATIVE_OK if ok else _NATIVE_QUOTA
+
+    return handle
+
+
 class LogBroker:
     """Serves ``log``: appends to the extension's own log (or the embedder's sink), each record
     committed through the grant table under the call's epoch."""
@@ -89,12 +133,19 @@ class LogBroker:
     name = "log"
     functions = ("wasihost_v1.log",)
     capabilities = frozenset({"log"})
+    # ABI 2.0 changed ``log`` to the native convention: this broker serves it too (carried
+    # over from ``wasihost_v1.log`` by the host, see HostFunctions.add_broker).
+    conventions = frozenset({"cbor", "native"})
 
     def open(self, ext: Extension) -> Extension:
         return ext
 
-    def handler(self, entry: HostFunction, state: Extension) -> Callable[[Any, Any], Any]:
+    def handler(self, entry: HostFunction, state: Extension) -> Callable[..., Any]:
         ext = state
+        if entry.convention == "native":
+            return native_log_handler(
+                ext.log, entry.max_request_bytes, ext.committer(entry.capability)
+            )
         return log_handler(ext.log, ext.committer(entry.capability))
 
     def close(self, state: Extension) -> None:

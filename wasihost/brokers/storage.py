@@ -321,6 +321,15 @@ class StorageBroker:
     def handler(self, entry: HostFunction, state: ExtensionStorage) -> Handler:
         return _HANDLERS[entry.name](state)
 
+    def usage(self, state: ExtensionStorage) -> dict[str, int]:
+        """budgets: the bytes the extension's namespace holds now (Extension.usage); nothing
+        while its grant does not name one."""
+        try:
+            namespace, _ = state.where()
+            return {"storage_bytes": state.store.usage(namespace).bytes}
+        except (HostStatus, StoreError):
+            return {}
+
     def close(self, state: ExtensionStorage) -> None:
         with self._lock:
             self._users -= 1

@@ -43,6 +43,7 @@ CONFIG_OPTIONS = frozenset(
         "memory_reservation",
         "memory_guard_size",
         "memory_may_move",
+        "memory_init_cow",
         "cranelift_opt_level",
         "parallel_compilation",
         "wasm_threads",

@@ -5,6 +5,7 @@ slot and fuel debt, and the cbor convention (the native one lives in :mod:`.nati
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import struct
 from collections.abc import Callable, Sequence
@@ -86,6 +87,11 @@ _BUFFER_TOO_SMALL = -Status.BUFFER_TOO_SMALL.value
 _NULL = b"\xf6"
 
 
+@functools.lru_cache(maxsize=64)  # one per distinct entry limit; CodecLimits is frozen
+def _request_limits(max_request_bytes: int) -> CodecLimits:
+    return CodecLimits(max_bytes=max(1, max_request_bytes))
+
+
 def host_callback(dispatch: Dispatch) -> Any:
     """A C callback for ``dispatch``; the caller keeps it alive as long as its Store."""
     return _CALLBACK(dispatch)
@@ -97,9 +103,7 @@ class HostContext:
 
     def __init__(self, imports: Sequence[BoundImport], gate: Gate) -> None:
         self.imports = tuple(imports)
-        self.codec_limits = tuple(
-            CodecLimits(max_bytes=max(1, b.entry.max_request_bytes)) for b in imports
-        )
+        self.codec_limits = tuple(_request_limits(b.entry.max_request_bytes) for b in imports)
         self.gate = gate
         # The error slot: set by a host function that ends the call, read by the caller of the
         # wasm function on the same thread, under the instance lock. Never global.
@@ -418,12 +422,15 @@ class HostContext:
         args: int,
     ) -> int:
         """An ungranted native call: it pays its base price and answers the entry's
-        ``denied_result`` through its ``write_result``, or ends the call if it has none."""
+        ``denied_result`` (or, for an entry admission refuses when ungranted, its
+        ``revoked_result``: the grant was revoked since) through its ``write_result``, or ends
+        the call if it has neither."""
         if not self.charge(caller, entry.fuel_base):
             return self.out_of_fuel(self.context_of(caller), entry)
-        if entry.denied_result is None or write_result is None:
+        answer = entry.denied_result if entry.denied_result is not None else entry.revoked_result
+        if answer is None or write_result is None:
             return self.end_mid_guest(FailureClass.DENIED, f"{entry.qualified_name}: not granted")
-        write_result(args, entry.denied_result)
+        write_result(args, answer)
         return 0
 
     def end_mid_guest(self, failure: FailureClass, message: str) -> int:

@@ -46,6 +46,11 @@ if TYPE_CHECKING:
     from .wasm_engine import WasmEngine
 
 
+# Where a function sits in a wasmtime_extern_t (after its kind byte), and the struct's size.
+_EXTERN_OF = ffi.wasmtime_extern_t.of.offset
+_EXTERN_SIZE = ctypes.sizeof(ffi.wasmtime_extern_t)
+
+
 @attrs.frozen
 class StoreLimits:
     """Per-instance limits applied to the Store before instantiation."""
@@ -132,9 +137,15 @@ class CompiledModule:
 
     module: wasmtime.Module = attrs.field(eq=False)
     sha256: str
+    # Read from the engine once per compiled module, not once per instance (about 12 µs).
+    _imports: tuple[tuple[str, str], ...] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        names = tuple((i.module, i.name or "") for i in self.module.imports)
+        object.__setattr__(self, "_imports", names)
 
     def import_names(self) -> list[tuple[str, str]]:
-        return [(i.module, i.name or "") for i in self.module.imports]
+        return list(self._imports)
 
 
 class Instance:
@@ -189,8 +200,8 @@ class Instance:
         self.closed = False
         self.fuel_used = 0
         self.last_call_fuel = 0
-        names = module.import_names()
-        expected = [(b.entry.module, b.entry.name) for b in imports]
+        names = module._imports
+        expected = tuple((b.entry.module, b.entry.name) for b in imports)
         if names != expected:
             # Admission read the imports from the bytes; the engine must agree exactly.
             raise CallError(FailureClass.ADMISSION, "engine and admission disagree on imports")
@@ -198,18 +209,18 @@ class Instance:
         # The C callbacks live exactly as long as this Instance, which owns the Store calling
         # them (nothing module-level refers to either: a dropped Instance is collected).
         self._callbacks = [host_callback(d) for d in self._ctx.dispatch]
+        # Each function is made in place, in its slot of the array instantiation reads: no
+        # wasmtime_func_t and no extern built and copied per import (two dozen for WASI).
+        slot = ctypes.addressof(externs) + _EXTERN_OF
         for i, bound in enumerate(imports):
-            func = ffi.wasmtime_func_t()
+            externs[i].kind = ffi.WASMTIME_EXTERN_FUNC
             func_new_unchecked(
                 self._ctx_addr,
-                ctypes.cast(engine.func_type(bound.entry).ptr(), ctypes.c_void_p),
+                engine.func_type_address(bound.entry),
                 self._callbacks[i],
                 None,
                 None,
-                ctypes.addressof(func),
-            )
-            externs[i] = ffi.wasmtime_extern_t(
-                ffi.WASMTIME_EXTERN_FUNC, ffi.wasmtime_extern_union(func=func)
+                slot + i * _EXTERN_SIZE,
             )
         # Kept alive until instantiation has linked them into the Store.
         self._externs: Any = externs
@@ -525,6 +536,12 @@ class Instance:
         tick (a blocking host call wakes at once) with class ``cancelled``, and so does every
         later one: the instance is not to be used again."""
         self._ctx.stop_now(CallError(FailureClass.CANCELLED, "cancelled by the caller"))
+
+    def stop(self, failure: CallError) -> None:
+        """From any thread: end the running call at its next epoch tick (a blocking host call
+        wakes at once) with ``failure``, and every later one: the resource governor's
+        ``terminate``. The instance is not to be used again."""
+        self._ctx.stop_now(failure)
 
     def defer_signal(self, handler: Callable[[int, Any], Any], signum: int) -> None:
         """A signal's Python handler deferred out of a host callback (see sigint.py): it runs

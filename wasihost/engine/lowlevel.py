@@ -109,7 +109,11 @@ memory_data_size = private_fn("wasmtime_memory_data_size", ctypes.c_size_t, VP, 
 # host call, which on a loaded machine may not give it back for a time slice.
 set_fuel = private_fn("wasmtime_context_set_fuel", VP, VP, ctypes.c_uint64, keep_gil=True)
 get_fuel = private_fn("wasmtime_context_get_fuel", VP, VP, VP, keep_gil=True)
-set_epoch_deadline = private_fn("wasmtime_context_set_epoch_deadline", None, VP, ctypes.c_uint64)
+# Kept too: it stores one integer. Releasing the GIL for it was one of three hand-offs of a
+# command call, each a wake-up of another thread waiting for the GIL (see docs/engine.md).
+set_epoch_deadline = private_fn(
+    "wasmtime_context_set_epoch_deadline", None, VP, ctypes.c_uint64, keep_gil=True
+)
 error_new = private_fn("wasmtime_error_new", VP, ctypes.c_char_p)
 # wasmtime_error_t* (*)(wasmtime_context_t*, void* env, uint64_t* delta, uint8_t* update_kind)
 EPOCH_CALLBACK = ctypes.CFUNCTYPE(

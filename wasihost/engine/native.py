@@ -10,6 +10,7 @@ generated with its exact arity (a ``handler(call, *args)`` call costs about a te
 from __future__ import annotations
 
 import contextlib
+import functools
 import struct
 import threading
 from collections.abc import Callable
@@ -51,6 +52,7 @@ already allows. Above it (a 1 MiB read, a large random buffer), a native broker 
 """
 
 _EMPTY_VIEW = memoryview(bytearray())
+_WAKEUP_LOCK = threading.Lock()
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _U32X2 = struct.Struct("<II")
@@ -87,12 +89,12 @@ class NativeCall:
         "_owner",
         "_size",
         "_view",  # the engine's own copies use it too (instance.py, hostcalls.py); no broker
+        "_wakeup",
         "bound",
         "can_pay",
         "deadline",
         "moved",
         "per_byte",
-        "wakeup",
     )
 
     def __init__(self) -> None:
@@ -109,12 +111,25 @@ class NativeCall:
         # the HostContext serving this memory sets it.
         self.can_pay: Callable[[int], bool] = _always
         # Set by the instance's interrupt (from any thread): a broker waiting in sleep() wakes
-        # at once instead of at its deadline.
-        self.wakeup = threading.Event()
+        # at once instead of at its deadline. Made on first use (see ``wakeup``).
+        self._wakeup: threading.Event | None = None
         # The per-byte price reserve_fuel charges: the highest among the instance's native
         # entries (set by the host context), so no dispatch pays to store its own; the WASI
         # entries all share one price, so for them it is exact.
         self.per_byte = 0
+
+    @property
+    def wakeup(self) -> threading.Event:
+        """The event an interrupt sets. Made on first use, under a lock so that an interrupt
+        and a waiting broker always get the same one: a threading.Event costs about a tenth
+        of an instance's set-up, and most instances are never interrupted nor wait."""
+        event = self._wakeup
+        if event is None:
+            with _WAKEUP_LOCK:
+                event = self._wakeup
+                if event is None:
+                    event = self._wakeup = threading.Event()
+        return event
 
     def require_fuel(self, units: int) -> None:
         """Before work costing ``units`` fuel: raise :class:`GuestOutOfFuel` if the call's
@@ -323,6 +338,7 @@ _put_u32 = struct.Struct("<I").pack_into
 MAX_NATIVE_PARAMS = 16
 
 
+@functools.cache  # one per value type (four)
 def result_writer(kind: str) -> Callable[[int, Any], None]:
     """Writes a host function's single result of ``kind`` into slot 0 of the raw value array
     at address ``args``."""
@@ -425,14 +441,27 @@ def _maker(arity: int) -> Callable[..., Dispatch]:
     return maker
 
 
+@functools.lru_cache(maxsize=256)  # one per distinct parameter list of the registry's entries
+def _unpacker(params: tuple[str, ...], signed: bool) -> Callable[[Any, int], tuple[Any, ...]]:
+    """Reads ``params`` out of a raw value array (integers as signed values for an embedder's
+    entry, ``signed_args``); made once per parameter list, not once per import of every
+    instance (a WASI module imports two dozen)."""
+    if not params:
+        return _no_args  # the array may be empty: do not touch it
+    codes = _SIGNED_ARG_CODES if signed else _ARG_CODES
+    unpack: Callable[[Any, int], tuple[Any, ...]] = struct.Struct(
+        "<" + "".join(codes[t] for t in params)
+    ).unpack_from
+    return unpack
+
+
+def _no_args(memory: Any, args: int) -> tuple[Any, ...]:
+    return ()
+
+
 def native_dispatch(host: HostContext, entry: HostFunction, handler: Any) -> Dispatch:
     """The dispatch closure of one native import of ``host``'s instance."""
-    codes = _SIGNED_ARG_CODES if entry.signed_args else _ARG_CODES
-    unpack: Callable[[Any, int], tuple[Any, ...]] = (
-        struct.Struct("<" + "".join(codes[t] for t in entry.params)).unpack_from
-        if entry.params
-        else lambda memory, args: ()  # the array may be empty: do not touch it
-    )
+    unpack = _unpacker(tuple(entry.params), entry.signed_args)
     write_result = result_writer(entry.results[0]) if entry.results else None
     dispatch = _maker(len(entry.params))(host, entry, handler, unpack, write_result)
     CALLBACK_CODES.add(dispatch.__code__)

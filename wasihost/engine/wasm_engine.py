@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import threading
 import weakref
@@ -16,6 +17,7 @@ from ..settings import EngineSettings
 from .cache import ModuleCache
 from .compile_worker import build_config
 from .compiler import ModuleCompiler
+from .density import trim_native_heap, use_pooling_allocator
 from .hostcalls import BoundImport, Gate
 from .instance import CompiledModule, Instance, StoreLimits
 from .sigint import install as install_sigint_handler
@@ -87,6 +89,8 @@ def engine_options(settings: EngineSettings) -> dict[str, object]:
         # Host calls keep a view of guest memory across calls (hostcalls.NativeCall), which is
         # only sound if a memory's base never changes: growth past the reservation fails.
         "memory_may_move": False,
+        # Data images copied, not mapped: 2 memory maps per instance instead of 4 (settings).
+        "memory_init_cow": settings.memory_init_cow,
         "cranelift_opt_level": settings.opt_level,
         "parallel_compilation": settings.parallel_compilation,
         "wasm_threads": False,
@@ -100,7 +104,10 @@ class WasmEngine:
     def __init__(self, settings: EngineSettings, cache_dir: Path | None = None) -> None:
         self.settings = settings
         options = engine_options(settings)
-        self._engine = wasmtime.Engine(build_config(options))
+        config = build_config(options)
+        if settings.pooling_instances:
+            use_pooling_allocator(config, settings)
+        self._engine = wasmtime.Engine(config)
         self._watchdog = _Watchdog(self._engine, settings.epoch_tick_ms)
         # A WasmEngine dropped without close() (its Host dropped) still stops its thread.
         weakref.finalize(self, self._watchdog.stop)
@@ -112,6 +119,12 @@ class WasmEngine:
         # another one (wasmtime asserts, aborting the process): one cache per engine.
         self._func_types: dict[tuple[tuple[str, ...], tuple[str, ...]], wasmtime.FuncType] = {}
         self._func_types_lock = threading.Lock()
+        # Their addresses (the FuncTypes above never go while the engine lives).
+        self._func_type_addresses: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = {}
+        # The CompiledModule of each digest while anything (an extension) still holds it.
+        self._compiled: weakref.WeakValueDictionary[str, CompiledModule] = (
+            weakref.WeakValueDictionary()
+        )
 
     def func_type(self, entry: HostFunction) -> wasmtime.FuncType:
         key = (entry.params, entry.results)
@@ -124,6 +137,16 @@ class WasmEngine:
                 self._func_types[key] = ft
             return ft
 
+    def func_type_address(self, entry: HostFunction) -> int:
+        """The address of ``entry``'s FuncType (kept alive by this engine's cache), read
+        without the lock once known: what every instance's imports are made with."""
+        address = self._func_type_addresses.get((entry.params, entry.results))
+        if address is None:
+            ft = self.func_type(entry)
+            address = ctypes.cast(ft.ptr(), ctypes.c_void_p).value or 0
+            self._func_type_addresses[(entry.params, entry.results)] = address
+        return address
+
     def compile(self, wasm: bytes, sha256: str | None = None) -> CompiledModule:
         """Compile (or fetch from the cache) under the compile budget. ``sha256``, when given,
         is the digest the caller believes ``wasm`` has; a mismatch is refused, never cached."""
@@ -132,7 +155,11 @@ class WasmEngine:
             raise CallError(
                 FailureClass.ADMISSION, "the package's sha256 does not match its module bytes"
             )
-        return CompiledModule(module, digest)
+        known = self._compiled.get(digest)
+        if known is not None and known.module is module:
+            return known  # what is read once per module (its imports) stays read
+        compiled = self._compiled[digest] = CompiledModule(module, digest)
+        return compiled
 
     def new_instance(
         self,
@@ -156,9 +183,15 @@ class WasmEngine:
         self._open.add(instance)
         return instance
 
+    def release_memory(self) -> None:
+        """Give the native heap's free pages back to the system (see trim_native_heap)."""
+        trim_native_heap()
+
     def close(self) -> None:
         self._watchdog.stop()
         self.cache.close()
+        # What the host's Stores freed is still in the C heap: give it back with the host.
+        trim_native_heap()
 
     @property
     def wasmtime_engine(self) -> wasmtime.Engine:

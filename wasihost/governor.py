@@ -1,0 +1,284 @@
+"""The resource governor: each extension's rate budgets applied to the running extension.
+
+:mod:`wasihost.budgets` keeps the accounts (pure); this module opens one per extension id,
+charges it from the call path (fuel) and the http broker (bytes), and applies the action a
+crossing fires: ``warn`` journals and counts it; ``throttle`` refuses what would consume more
+(a call, while the CPU rate is over; a request, while the bytes would not fit) with a retry
+hint, and moves the lifecycle to Throttled until the window has room; ``pause`` pauses the
+extension until the operator resumes it; ``terminate`` stops every call in flight (class
+``out_of_fuel``, so the extension crashes as ``resource_limit`` and its restart policy
+decides) and refuses restarts while the rate is over.
+
+No engine import: it reaches instances only through the extension.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .budgets import (
+    Account,
+    Action,
+    BudgetPolicy,
+    Crossing,
+    Resource,
+    ResourceBudget,
+    budget_for,
+)
+from .errors import CallError, ConfigError, FailureClass
+from .lifecycle import Event, ExtensionUnavailable, State
+from .status import GuestInterrupted, HostStatus, Status
+
+if TYPE_CHECKING:
+    from .extension import Extension
+
+# The files broker's fixed number of open handles per extension (brokers/files.py
+# MAX_OPEN_FILES), read when the first budget is made: the core does not import brokers.
+_FILES_LIMIT: list[int] = []
+
+# The levels a broker may report through its optional ``usage(state)`` hook.
+LEVELS = frozenset(
+    {
+        Resource.STORAGE_BYTES.value,
+        Resource.OPEN_HANDLES.value,
+        Resource.BACKGROUND_JOBS.value,
+        Resource.EVENT_QUEUE_DEPTH.value,
+    }
+)
+
+
+def _open_handles_limit() -> int:
+    if not _FILES_LIMIT:
+        from .brokers.files import MAX_OPEN_FILES
+
+        _FILES_LIMIT.append(MAX_OPEN_FILES)
+    return _FILES_LIMIT[0]
+
+
+class Throttled(ExtensionUnavailable):
+    """A call refused because its extension is over a rate budget (``throttle`` or
+    ``terminate``): not the caller's fault; ``retry_after_s`` says when the window has room."""
+
+    def __init__(self, extension: str, state: State, crossing: Crossing) -> None:
+        super().__init__(
+            extension, state, crossing.describe(), retry_after_s=crossing.retry_after_s
+        )
+        self.resource = crossing.resource
+
+    @property
+    def error_class(self) -> str:
+        return "throttled"
+
+
+@attrs.frozen
+class Usage:
+    """One extension's usage now, beside its budget: a frozen snapshot, counts only.
+
+    The rates are over their sliding windows; the levels are what the brokers hold for it now
+    (None: the extension has not used that broker, or it reports no level)."""
+
+    extension: str
+    budget: ResourceBudget
+    cpu_fuel_last_minute: int
+    network_bytes_last_hour: int
+    fuel_last_call: int
+    calls_in_flight: int
+    storage_bytes: int | None
+    open_handles: int | None
+    background_jobs: int | None
+    event_queue_depth: int | None
+    # Actions fired for this extension since it was first admitted, by action name.
+    actions_fired: Mapping[str, int]
+    # Calls and requests refused while a rate was over its budget.
+    refusals: int
+    # Set while calls are refused by a rate budget: when to try again.
+    retry_after_s: float | None
+
+    def to_json(self) -> dict[str, object]:
+        out = attrs.asdict(self, recurse=False)
+        out["budget"] = self.budget.to_json()
+        out["actions_fired"] = dict(self.actions_fired)
+        return out
+
+
+class Governor:
+    """A host's rate budgets: one :class:`~wasihost.budgets.Account` per extension id (an
+    update or a restart does not reset it), the actions applied, the counts for operators.
+
+    ``clock`` (monotonic seconds) drives every window: tests inject one and never sleep.
+    ``set_policy(id, BudgetPolicy(...))`` gives one extension its own host-side ceilings and
+    actions instead of the host policy's ``budgets``."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._accounts: dict[str, Account] = {}
+        self._policies: dict[str, BudgetPolicy] = {}
+        # The live extension of each id, so that a new policy for one applies at once.
+        self._live: dict[str, weakref.ref[Extension]] = {}
+        self._fired: dict[Action, int] = dict.fromkeys(Action, 0)
+        self._refusals = 0
+
+    # -- configuration --------------------------------------------------------------------
+
+    def set_policy(self, extension: str, policy: BudgetPolicy) -> None:
+        if not isinstance(policy, BudgetPolicy):
+            raise ConfigError(f"budget policy {policy!r} is not a BudgetPolicy")
+        with self._lock:
+            self._policies[extension] = policy
+            live = self._live.get(extension)
+        ext = live() if live is not None else None
+        if ext is not None:
+            self.rebudget(ext)
+
+    def _budget(self, ext: Extension) -> ResourceBudget:
+        with self._lock:
+            policy = self._policies.get(ext.id)
+        if policy is None:
+            policy = ext.host.policy.budgets
+        return budget_for(ext.resources, ext.manifest, policy, _open_handles_limit())
+
+    def open(self, ext: Extension) -> Account:
+        """The account of ``ext``'s id (made on its first admission), on its current budget."""
+        budget = self._budget(ext)
+        with self._lock:
+            self._live[ext.id] = weakref.ref(ext)
+            account = self._accounts.get(ext.id)
+            if account is None:
+                account = self._accounts[ext.id] = Account(budget, self._clock)
+                return account
+        account.rebudget(budget)
+        return account
+
+    def rebudget(self, ext: Extension) -> None:
+        """The extension's resources or the host's policy changed: its next call meets the
+        new budget (a lower one may already be crossed)."""
+        self.open(ext)
+        ext.recheck()
+
+    # -- charging -------------------------------------------------------------------------
+
+    def charge(
+        self, ext: Extension, resource: Resource, amount: int, *, refusable: bool = False
+    ) -> Crossing | None:
+        """Count ``amount`` against ``ext``'s budget and apply what a crossing fires."""
+        crossing = ext.account.charge(resource, amount, refusable=refusable)
+        if crossing is not None:
+            self._crossed(ext, crossing)
+        return crossing
+
+    def fuel_crossed(self, ext: Extension, crossing: Crossing) -> CallError | None:
+        """A call's fuel crossed the CPU budget (``Account.add_fuel``): apply the action.
+        Under ``terminate`` the calls in flight are stopped, and the failure the crossing call
+        ends with is returned (its caller raises it)."""
+        self._crossed(ext, crossing)
+        if crossing.fired and crossing.action is Action.TERMINATE:
+            return _termination(crossing)
+        return None
+
+    def charge_request(self, ext: Extension, amount: int) -> None:
+        """The bytes of a request about to be sent: counted, or refused (raises the status
+        the guest gets, or stops the call under ``terminate``)."""
+        crossing = self.charge(ext, Resource.NETWORK_BYTES_PER_HOUR, amount, refusable=True)
+        if crossing is not None and crossing.refused:
+            if crossing.action is Action.TERMINATE and crossing.fired:
+                raise GuestInterrupted
+            raise HostStatus(Status.QUOTA_EXCEEDED)
+
+    def charge_received(self, ext: Extension, amount: int) -> bool:
+        """Bytes that came in, already moved: counted. False when they crossed the budget
+        under any action but ``warn``: what they belong to is not handed over."""
+        crossing = self.charge(ext, Resource.NETWORK_BYTES_PER_HOUR, amount)
+        return crossing is None or crossing.action is Action.WARN
+
+    def refund(self, ext: Extension, resource: Resource, amount: int) -> None:
+        """Bytes charged for a request that was then not sent."""
+        ext.account.refund(resource, amount)
+
+    def check_call(self, ext: Extension) -> None:
+        """Before a call (``ext``'s lock held): refuse it while its CPU rate is over budget
+        under ``throttle`` or ``terminate``; once back within it, a throttled extension
+        resumes."""
+        crossing = ext.account.admit_call()
+        if crossing is not None:
+            self._crossed(ext, crossing, locked=True)
+            if crossing.refused:
+                raise Throttled(ext.id, ext.lifecycle.state, crossing)
+            return  # warn: admitted; pause: the lifecycle refuses it
+        if ext.lifecycle.state is State.THROTTLED:
+            ext.lifecycle.try_fire(Event.RESUME, "back within its budget")
+
+    def _crossed(self, ext: Extension, crossing: Crossing, *, locked: bool = False) -> None:
+        """Apply a crossing's action (``locked``: the caller holds ``ext``'s pool lock)."""
+        with self._lock:
+            if crossing.refused:
+                self._refusals += 1
+            if crossing.fired:
+                self._fired[crossing.action] += 1
+        if not crossing.fired:
+            return
+        reason = crossing.describe()
+        ext.host.journal(ext.id, "budget", reason)
+        action = crossing.action
+        if action is Action.THROTTLE:
+            if crossing.resource is Resource.CPU_FUEL_PER_MINUTE:
+                ext.lifecycle.try_fire(Event.THROTTLE, reason)
+                ext.recheck()
+        elif action is Action.PAUSE:
+            ext.lifecycle.try_fire(Event.PAUSE, reason)
+            ext.recheck()
+        elif action is Action.TERMINATE:
+            ext.stop_calls(_termination(crossing), locked=locked)
+            ext.recheck()
+
+    # -- reading --------------------------------------------------------------------------
+
+    def usage(
+        self,
+        ext: Extension,
+        calls_in_flight: int,
+        broker_states: Iterable[tuple[Any, Any]],
+    ) -> Usage:
+        account = ext.account
+        levels: dict[str, int] = {}
+        for broker, state in broker_states:
+            report = getattr(broker, "usage", None)
+            if report is not None:
+                for key, value in report(state).items():
+                    if key in LEVELS and type(value) is int:
+                        levels[key] = value
+        waiting = account.wait()
+        return Usage(
+            extension=ext.id,
+            budget=account.budget,
+            cpu_fuel_last_minute=account.used(Resource.CPU_FUEL_PER_MINUTE),
+            network_bytes_last_hour=account.used(Resource.NETWORK_BYTES_PER_HOUR),
+            fuel_last_call=ext.last_fuel_used,
+            calls_in_flight=calls_in_flight,
+            storage_bytes=levels.get(Resource.STORAGE_BYTES.value),
+            open_handles=levels.get(Resource.OPEN_HANDLES.value),
+            background_jobs=levels.get(Resource.BACKGROUND_JOBS.value),
+            event_queue_depth=levels.get(Resource.EVENT_QUEUE_DEPTH.value),
+            actions_fired=MappingProxyType({a.value: n for a, n in account.fired.items()}),
+            refusals=account.refusals,
+            retry_after_s=waiting,
+        )
+
+    def counts(self) -> tuple[Mapping[str, int], int]:
+        """For the operator metrics: actions fired by name, and refusals, host-wide."""
+        with self._lock:
+            return (
+                MappingProxyType({a.value: n for a, n in self._fired.items()}),
+                self._refusals,
+            )
+
+
+def _termination(crossing: Crossing) -> CallError:
+    return CallError(FailureClass.OUT_OF_FUEL, f"terminated: {crossing.describe()}")
