@@ -5,6 +5,8 @@
 ;;
 ;;   log     wasihost_v1.log       [2, "x" * 60]    (a 64-byte info record)
 ;;   lookup  myapp_v1.lookup       {"key": "x" * 57}
+;;   native_i64  myapp_v1.sink     one i64 (the loop counter), no result: the native
+;;               convention, the same shape as Extism's host function in i64_plugin.wat
 ;;   any other command makes no call (its input is still read): the baseline.
 ;;
 ;; Hand-written rather than built on the guest SDK so that the loop around the host call is
@@ -14,6 +16,7 @@
   (@custom "wasihost_abi.myapp" "1.0")
   (import "wasihost_v1" "log" (func $log (param i32 i32 i32 i32) (result i32)))
   (import "myapp_v1" "lookup" (func $lookup (param i32 i32 i32 i32) (result i32)))
+  (import "myapp_v1" "sink" (func $sink (param i64)))
   (memory (export "memory") 2)
   ;; hello's response: status 0, {"id": "bench.hostcalls", "version": "0.1.0", "abi": "1.0",
   ;; "features": []}
@@ -51,15 +54,14 @@
 
   (func (export "wasihost_call")
     (param $ptr i32) (param $cmd_len i32) (param $in_len i32) (result i64)
-    (local $n i32) (local $first i32) (local $r i32)
+    (local $n i32) (local $r i32)
     (if (i32.eq (local.get $cmd_len) (i32.const 14))  ;; wasihost.hello
       (then (return (i64.const 0x0000040000000038))))  ;; 1024 << 32 | 56
     (if (i32.eq (local.get $cmd_len) (i32.const 16))  ;; wasihost.welcome
       (then (return (i64.const 0x0000080000000012))))  ;; 2048 << 32 | 18
     (local.set $n (call $count (i32.add (local.get $ptr) (local.get $cmd_len))
                                (local.get $in_len)))
-    (local.set $first (i32.load8_u (local.get $ptr)))
-    (if (i32.eq (local.get $first) (i32.const 0x6c))  ;; 'l': log
+    (if (i32.eq (local.get $cmd_len) (i32.const 3))  ;; log
       (then
         (block $done
           (loop $again
@@ -73,6 +75,14 @@
           (loop $again
             (br_if $done (i32.eqz (local.get $n)))
             (local.set $r (call $lookup (i32.const 4160) (i32.const 64) (i32.const 8192) (i32.const 64)))
+            (local.set $n (i32.sub (local.get $n) (i32.const 1)))
+            (br $again)))))
+    (if (i32.eq (local.get $cmd_len) (i32.const 10))  ;; native_i64
+      (then
+        (block $done
+          (loop $again
+            (br_if $done (i32.eqz (local.get $n)))
+            (call $sink (i64.extend_i32_u (local.get $n)))
             (local.set $n (i32.sub (local.get $n) (i32.const 1)))
             (br $again)))))
     (i32.store8 (i32.const 3076) (call $cbor_small_int (local.get $r)))

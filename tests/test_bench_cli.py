@@ -19,7 +19,8 @@ from wasihost.benchmark.names import SCENARIOS, SYSTEMS
 from wasihost.cli import EXIT_FAILURE, EXIT_USAGE, main
 
 REQUIRED_SCENARIOS = {"noop", "echo-0", "echo-64", "echo-4KiB", "echo-64KiB", "echo-1MiB",
-                      "host-call-64", "instantiate-cached", "cold-start"}  # fmt: skip
+                      "host-call-64", "host-call-native", "instantiate-cached",
+                      "cold-start"}  # fmt: skip
 ROW_KEYS = {"scenario", "system", "median_us", "spread", "runs", "skipped", "ratio_to_floor"}
 
 

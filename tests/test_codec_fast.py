@@ -217,3 +217,50 @@ def test_backend_is_used_only_when_it_can_keep_the_bounds(
     monkeypatch.setitem(sys.modules, "cbor2", FakeCbor2(loads, dumps))
     found = codec_fast.backend.__wrapped__()
     assert (found is not None) == usable
+
+
+FLAT = [
+    [2, "x" * 60],  # a log request
+    {"key": "x" * 57},  # the benchmark's lookup request
+    [],
+    {},
+    [0, 23, 24, 255, 256, 65535, 65536, 2**32, 2**64 - 1, -1, -24, -25, -(2**64)],
+    [True, False, None, b"", b"\x00" * 23, b"\x01" * 24, "", "é" * 11, "y" * 300],
+    {1: "a", -3: None, "k": b"v", "t": True},
+    list(range(23)),
+]
+
+
+@pytest.mark.parametrize("value", FLAT, ids=lambda v: repr(v)[:24])
+def test_small_flat_requests_are_built_without_scan_or_cbor2(spy: Spy, value: Any) -> None:
+    payload = reference_codec.encode(value)
+    built = codec_fast.flat(payload, 4096, 65536)
+    assert built == value and type(built) is type(value)
+    assert repr(codec.decode(payload)) == repr(reference_codec.decode(payload))
+    assert spy.decoded == []
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\x82\x62\xff\xfe\x00",  # bad UTF-8
+        b"\xa2\x61a\x00\x61a\x01",  # a duplicate key
+        b"\xa1\x41k\x00",  # a byte string key
+        b"\xa1\xf6\x00",  # a null key
+        b"\x82\x00",  # truncated
+        b"\x82\x00\x78\x05ab",  # a string cut short
+        b"\x81\x00\x00",  # trailing
+        b"\x81\x81\x00",  # nested: the scan's
+        b"\x81\xfb\x3f\xf8\x00\x00\x00\x00\x00\x00",  # a float: the scan's
+        b"\x81\xc2\x41\x01",  # a tag
+        b"\x81\xf8\x20",  # a two-byte simple value
+        b"\x81\x5f\x41\x00\xff",  # an indefinite string
+        b"\x81\x1c",  # a reserved head
+        b"\x81\x7a\xff\xff\xff\xff",  # a text claiming 4 GiB
+        b"\x97" + b"\x00" * 23,  # 24 items: over max_items=20 below
+        b"\x81\x78\x19" + b"z" * 25,  # a text over max_string=24 below
+    ],
+    ids=lambda p: p[:8].hex(),
+)
+def test_the_flat_path_leaves_everything_else_to_the_checked_paths(payload: bytes) -> None:
+    assert codec_fast.flat(payload, 20, 24) is codec_fast.UNSURE

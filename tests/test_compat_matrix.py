@@ -28,6 +28,8 @@ PACKAGE = (("refused", "package"),) * 3
 EXPECTED: dict[str, tuple[tuple[str, str | None], ...]] = {
     # appfns needs an embedder's namespace (myapp.read), which the bench's host lacks.
     "appfns": PACKAGE,
+    # nativefns likewise (myapp.math).
+    "nativefns": PACKAGE,
     **dict.fromkeys(
         (
             "badptr",

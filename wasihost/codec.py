@@ -331,14 +331,25 @@ def decode(data: bytes | bytearray | memoryview, limits: CodecLimits = DEFAULT_L
             return True
         if initial == 0xF4:
             return False
+        if initial == 0x80:
+            return []
+        if initial == 0xA0:
+            return {}
+
+    elif 0x80 <= initial < 0x98 or 0xA0 <= initial < 0xB8:
+        # A small array or map of scalars (most host-call requests) is built in one loop.
+        value = codec_fast.flat(buf, limits.max_items, limits.max_string_bytes)
+        if value is not codec_fast.UNSURE:
+            built: Value = value
+            return built
 
     # Any other payload that the scan vouches for is built by cbor2's C code. cbor2 still refuses
     # invalid UTF-8 and duplicate keys; for those, as for all the scan does not vouch for, the
     # exact decoder below says what is wrong.
     value = codec_fast.decode(buf, limits.max_depth, limits.max_items, limits.max_string_bytes)
     if value is not codec_fast.UNSURE:
-        built: Value = value
-        return built
+        scanned: Value = value
+        return scanned
 
     decoder = _Decoder(buf, limits)
     try:

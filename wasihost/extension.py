@@ -273,6 +273,7 @@ class Extension:
         self._authorizes = host.grants.authorizer(self._id)
         self._seen_grants: GrantState | None = None
         self.denied_capabilities: set[str] = set()
+        self._gate = self._make_gate()
         self._command_names: dict[str, CommandWire] = {}
         self.steps: collections.deque[tuple[str, str]] = collections.deque(maxlen=MAX_STEPS)
         self.lifecycle = Lifecycle(self.id, on_change=self._on_transition)
@@ -310,13 +311,24 @@ class Extension:
     def manifest(self) -> Manifest | None:
         return self.package.manifest
 
-    def _gate(self, entry: HostFunction) -> bool:
-        if self._authorizes(self.call_epoch, entry.capability):
-            return True
-        # Which capabilities the guest asked for and was refused: a front end turns that into
-        # a hint (e.g. "add --profile standard"). Bounded by the registry's capabilities.
-        self.denied_capabilities.add(entry.capability)
-        return False
+    def _make_gate(self) -> Callable[[HostFunction], bool]:
+        """The gate of every host call of this extension's instances: does the epoch of the
+        call in flight (:attr:`call_epoch`, read inline: the gate runs on every host call)
+        still authorise the entry's capability?"""
+        authorizes = self._authorizes
+        local = self._local
+        denied = self.denied_capabilities
+
+        def gate(entry: HostFunction) -> bool:
+            epoch = local.state.epoch
+            if authorizes(self._last_epoch if epoch is None else epoch, entry.capability):
+                return True
+            # Which capabilities the guest asked for and was refused: a front end turns that
+            # into a hint (e.g. "add --profile standard"). Bounded by the registry's.
+            denied.add(entry.capability)
+            return False
+
+        return gate
 
     def grant_scopes(self) -> dict[str, dict[str, Any]]:
         """The scopes of the capabilities this extension holds now (brokers shape from them)."""
@@ -399,11 +411,13 @@ class Extension:
         the same checks as :meth:`commit`, with the grant table's lookups bound once."""
         commit = self.host.grants.committer(self._id, capability)
         allowed = self.host.revocations_allow_commit
+        local = self._local
 
         def run(action: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
             if not allowed():
                 return False, None
-            return commit(self.call_epoch, action, *args)
+            epoch = local.state.epoch  # call_epoch, read inline: this runs on every host call
+            return commit(self._last_epoch if epoch is None else epoch, action, *args)
 
         return run
 
@@ -1007,7 +1021,7 @@ class Extension:
         capabilities = granted & requested & self.host.policy.allow
         # Profile brokers (WASI) shape per-instance state from the grant at start (preopened
         # mounts, stdio routing), so for them any change means a fresh instance.
-        stateful_brokers = any(e.convention == "native" for e in self.plan.imports)
+        stateful_brokers = any(e.module in self.host.profile_factories for e in self.plan.imports)
         # A policy update may lower resource ceilings; store limits are fixed per instance.
         resources = self.host.policy.cap(self.resources)
         if (

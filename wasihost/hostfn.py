@@ -143,8 +143,13 @@ class CallContext:
         return result  # type: ignore[return-value]
 
 
-Function = Callable[[CallContext, Any], Any]
-"""An embedder's host function: ``fn(ctx, request) -> response``, or ``async def``."""
+Function = Callable[..., Any]
+"""An embedder's host function: ``fn(ctx, request) -> response`` (cbor convention) or
+``fn(ctx, *ints) -> int | None`` (native convention), or ``async def``."""
+
+# The values a native result of each type may take: signed or unsigned, so that ``-1`` and
+# ``0xFFFF_FFFF`` both mean the i32 whose bits are all ones; anything else is the function's bug.
+NATIVE_RESULT_RANGE = {"i32": (-(1 << 31), (1 << 32) - 1), "i64": (-(1 << 63), (1 << 64) - 1)}
 
 
 class AsyncLoop:
@@ -249,6 +254,10 @@ class FunctionBroker:
         return (self.entry.qualified_name,)
 
     @property
+    def conventions(self) -> tuple[str, ...]:
+        return (self.entry.convention,)
+
+    @property
     def capabilities(self) -> frozenset[str]:
         return frozenset({self.entry.capability})
 
@@ -259,6 +268,8 @@ class FunctionBroker:
         pass
 
     def handler(self, entry: HostFunction, state: Extension) -> HostHandler:
+        if entry.convention == "native":
+            return self._native_handler(entry, state)
         ext = state
         fn = self.fn
         loop = self._loop
@@ -279,6 +290,53 @@ class FunctionBroker:
                     "host function %s failed serving extension %s", entry.qualified_name, ext.id
                 )
                 raise HostFunctionFailed(entry.qualified_name) from None
+
+        return handle
+
+    def _native_handler(self, entry: HostFunction, ext: Extension) -> HostHandler:
+        """``handle(call, *ints)`` for the native convention: the engine has checked the gate
+        and unpacked the arguments (signed); the function's result is checked against the
+        entry's result type here, since a wrong one must not reach the guest masked."""
+        fn = self.fn
+        loop = self._loop
+        is_async = self.is_async
+        name = entry.qualified_name
+        returns = bool(entry.results)
+        low, high = NATIVE_RESULT_RANGE[entry.results[0]] if returns else (0, 0)
+
+        def handle(call: Any, *args: int) -> Any:
+            result: Any
+            try:
+                if is_async:
+                    coro: Awaitable[Any] = fn(CallContext(ext, entry, call), *args)
+                    result = wait_for(loop.submit(coro), call)  # type: ignore[arg-type]
+                else:
+                    result = fn(CallContext(ext, entry, call), *args)
+            except (HostStatus, GuestDeadline, GuestInterrupted):
+                raise
+            except Exception:
+                LOG.exception("host function %s failed serving extension %s", name, ext.id)
+                raise HostFunctionFailed(name) from None
+            if returns:
+                if type(result) is int and low <= result <= high:
+                    return result
+                LOG.error(
+                    "host function %s returned %s, not an %s, to extension %s",
+                    name,
+                    type(result).__name__,
+                    entry.results[0],
+                    ext.id,
+                )
+            elif result is None:
+                return None
+            else:
+                LOG.error(
+                    "host function %s returned a %s to extension %s: it has no result",
+                    name,
+                    type(result).__name__,
+                    ext.id,
+                )
+            raise HostFunctionFailed(name)
 
         return handle
 
@@ -305,8 +363,10 @@ class HostFunctions:
                 entry is None
                 or entry.convention not in conventions
                 or (
-                    # Profile entries (WASI) are their binding's, never a broker's.
-                    entry.convention != "cbor" and not self.registry.is_core(entry)
+                    # Profile entries (WASI) are their binding's, never a broker's; an
+                    # embedder's native entries and ABI 2.0's are served by brokers.
+                    entry.convention != "cbor"
+                    and self.registry.profile_for_module(module) is not None
                 )
             ):
                 raise ConfigError(
@@ -340,23 +400,31 @@ class HostFunctions:
         *,
         capability: str,
         since: str = "1.0",
-        max_request_bytes: int,
-        max_response_bytes: int,
+        convention: str = "cbor",
+        params: tuple[str, ...] | None = None,
+        results: tuple[str, ...] | None = None,
+        max_request_bytes: int | None = None,
+        max_response_bytes: int | None = None,
         fuel_base: int,
-        fuel_per_byte: int,
+        fuel_per_byte: int | None = None,
         commits: bool = False,
         doc: str = "",
         request: str = "",
         response: str = "",
     ) -> HostFunction:
         """Add the embedder function ``name`` (``NAMESPACE.NAME``) to the registry and serve it
-        with ``fn``; returns its registry entry."""
+        with ``fn``; returns its registry entry. ``convention="native"`` with ``params`` and
+        ``results`` (``"i32"``/``"i64"``) makes it ``fn(ctx, *ints) -> int | None``, with no
+        payload limits (see :func:`wasihost.registry.embedder_function`)."""
         if not callable(fn):
             raise ConfigError(f"{name}: the host function must be callable")
         entry = embedder_function(
             name,
             capability=capability,
             since=since,
+            convention=convention,
+            params=params,
+            results=results,
             max_request_bytes=max_request_bytes,
             max_response_bytes=max_response_bytes,
             fuel_base=fuel_base,

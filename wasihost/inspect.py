@@ -97,6 +97,8 @@ def inspect_package(
                 "fuel_base": entry.fuel_base,
                 "fuel_per_byte": entry.fuel_per_byte,
             }
+            if entry.convention != "cbor":  # as the registry's JSON says it
+                row["entry"]["convention"] = entry.convention
         imports.append(row)
     report["imports"] = imports
     report["exports"] = [
@@ -239,11 +241,16 @@ def render_abi_text(listing: dict[str, Any]) -> str:
     for namespace, versions in listing["namespaces"].items():
         lines.append(f"namespace {namespace}: {', '.join(versions)}")
     for e in listing["functions"]:
+        # A native entry moves no payload (WASI's read and write guest memory themselves).
+        payload = (
+            f"native fuel={e['fuel_base']}/call"
+            if e.get("signed_args")
+            else f"request<={e['max_request_bytes']}B response<={e['max_response_bytes']}B "
+            f"fuel={e['fuel_base']}+{e['fuel_per_byte']}/B"
+        )
         lines.append(
             f"{e['module']}.{e['name']} ({', '.join(e['params'])}) -> ({', '.join(e['results'])})"
-            f"  capability={e['capability']} since={e['since']} "
-            f"request<={e['max_request_bytes']}B response<={e['max_response_bytes']}B "
-            f"fuel={e['fuel_base']}+{e['fuel_per_byte']}/B"
+            f"  capability={e['capability']} since={e['since']} {payload}"
         )
         if e["doc"]:
             lines.append(f"    {e['doc']}")

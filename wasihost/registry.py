@@ -47,6 +47,16 @@ MIN_FUEL_PER_BYTE = 1
 MAX_FUEL_PRICE = 10**12
 CBOR_PARAMS = ("i32", "i32", "i32", "i32")
 CBOR_RESULTS = ("i32",)
+CONVENTIONS = ("cbor", "native")
+# The native convention for embedders carries integers only: a float has no exact meaning a
+# host function could check (NaN payloads, signed zeros) and a pointer would hand the embedder
+# raw guest memory. Structured values and bytes are for the cbor convention.
+NATIVE_VALUE_TYPES = frozenset({"i32", "i64"})
+# Eight integers are more than any hot call needs (Extism's functions take one or two); past
+# that a request is structured and belongs in CBOR. Wasm's C ABI in Rust 1.63 returns at most
+# one value, so a native function has no result or one.
+MAX_NATIVE_FUNCTION_PARAMS = 8
+MAX_NATIVE_FUNCTION_RESULTS = 1
 
 
 @attrs.frozen(order=True)
@@ -105,6 +115,9 @@ class HostFunction:
     # convention answers BUFFER_TOO_SMALL before running it unless ``resp_cap`` can hold any
     # response, so a guest that retries with a bigger buffer does not commit twice.
     commits: bool = False
+    # Native entries of embedders: integer arguments reach the function as signed values (wasm's
+    # i32 and i64 as Rust's), where WASI's arrive unsigned (pointers and lengths).
+    signed_args: bool = False
     # For native core entries (v2's ``log``): what a call answers when its capability is no
     # longer granted (revoked after admission), e.g. -1 for -DENIED, as the cbor convention
     # answers. None: the call ends with class ``denied`` (or answers ``denied_result``).
@@ -150,6 +163,8 @@ class HostFunction:
             doc["never_returns"] = True
         if self.commits:
             doc["commits"] = True
+        if self.signed_args:
+            doc["signed_args"] = True
         return doc
 
 
@@ -289,24 +304,85 @@ def _bounded(name: str, value: object, low: int, high: int) -> int:
     return value
 
 
+def _native_types(qualified: str, what: str, values: object, most: int) -> tuple[str, ...]:
+    if not isinstance(values, (tuple, list)):
+        raise ConfigError(f"{qualified}: {what} must be a tuple of 'i32'/'i64', not {values!r}")
+    types = tuple(values)
+    if len(types) > most or not all(t in NATIVE_VALUE_TYPES for t in types):
+        raise ConfigError(
+            f"{qualified}: {what}={values!r}: at most {most} of 'i32' and 'i64' (the native "
+            "convention carries integers only; use the cbor convention for anything else)"
+        )
+    return types
+
+
 def embedder_function(
     qualified: str,
     *,
     capability: str,
     since: str,
-    max_request_bytes: int,
-    max_response_bytes: int,
+    convention: str = "cbor",
+    params: object = None,
+    results: object = None,
+    max_request_bytes: int | None = None,
+    max_response_bytes: int | None = None,
     fuel_base: int,
-    fuel_per_byte: int,
+    fuel_per_byte: int | None = None,
     blocking: bool = False,
     commits: bool = False,
     doc: str = "",
     request: str = "",
     response: str = "",
 ) -> HostFunction:
-    """The registry entry of an embedder function, checked: the same cbor convention, limits
-    and pricing as a core entry, under the import module ``<namespace>_v<major>``."""
+    """The registry entry of an embedder function, checked: the same limits and pricing as a
+    core entry, under the import module ``<namespace>_v<major>``.
+
+    ``convention="cbor"`` (the default) is the ABI's uniform ``(req_ptr, req_len, resp_ptr,
+    resp_cap) -> i32``, with its payload limits and per-byte price. ``convention="native"``
+    takes integer ``params`` and at most one integer result (``("i64", "i64")`` and
+    ``("i64",)``): nothing crosses through guest memory, so it has no payload limits, no
+    per-byte price and no status slot; its price is ``fuel_base`` per call."""
     namespace, name = split_function_name(qualified)
+    if convention not in CONVENTIONS:
+        raise ConfigError(f"{qualified}: convention={convention!r} is not one of {CONVENTIONS}")
+    if convention == "native":
+        cbor_only = {
+            "max_request_bytes": max_request_bytes,
+            "max_response_bytes": max_response_bytes,
+            "fuel_per_byte": fuel_per_byte,
+            "commits": commits or None,
+        }
+        given = sorted(k for k, v in cbor_only.items() if v is not None)
+        if given:
+            raise ConfigError(
+                f"{qualified}: {', '.join(given)}: for the cbor convention's payloads; a native "
+                "function moves no bytes (and commits through ctx.commit)"
+            )
+        signature = (
+            _native_types(qualified, "params", params, MAX_NATIVE_FUNCTION_PARAMS),
+            _native_types(qualified, "results", results, MAX_NATIVE_FUNCTION_RESULTS),
+        )
+        max_request_bytes = max_response_bytes = fuel_per_byte = 0
+        least_response, least_per_byte = 0, 0
+    else:
+        if params is not None or results is not None:
+            raise ConfigError(
+                f"{qualified}: params and results are for convention='native'; a cbor "
+                "function's signature is the ABI's"
+            )
+        missing = [
+            key
+            for key, value in (
+                ("max_request_bytes", max_request_bytes),
+                ("max_response_bytes", max_response_bytes),
+                ("fuel_per_byte", fuel_per_byte),
+            )
+            if value is None
+        ]
+        if missing:
+            raise ConfigError(f"{qualified}: a cbor function needs {', '.join(missing)}")
+        signature = (CBOR_PARAMS, CBOR_RESULTS)
+        least_response, least_per_byte = 1, MIN_FUEL_PER_BYTE
     try:
         version = AbiVersion.parse(since)
     except (TypeError, ValueError):
@@ -329,21 +405,23 @@ def embedder_function(
         name=name,
         capability=capability,
         since=version,
-        params=CBOR_PARAMS,
-        results=CBOR_RESULTS,
+        params=signature[0],
+        results=signature[1],
         max_request_bytes=_bounded(
             "max_request_bytes", max_request_bytes, 0, MAX_FUNCTION_PAYLOAD_BYTES
         ),
         max_response_bytes=_bounded(
-            "max_response_bytes", max_response_bytes, 1, MAX_FUNCTION_PAYLOAD_BYTES
+            "max_response_bytes", max_response_bytes, least_response, MAX_FUNCTION_PAYLOAD_BYTES
         ),
         fuel_base=_bounded("fuel_base", fuel_base, MIN_FUEL_BASE, MAX_FUEL_PRICE),
-        fuel_per_byte=_bounded("fuel_per_byte", fuel_per_byte, MIN_FUEL_PER_BYTE, MAX_FUEL_PRICE),
+        fuel_per_byte=_bounded("fuel_per_byte", fuel_per_byte, least_per_byte, MAX_FUEL_PRICE),
         blocking=bool(blocking),
         doc=doc,
         request=request,
         response=response,
         commits=bool(commits),
+        convention=convention,
+        signed_args=convention == "native",
     )
 
 

@@ -231,22 +231,29 @@ class Host:
         *,
         capability: str,
         since: str = "1.0",
-        max_request_bytes: int,
-        max_response_bytes: int,
+        convention: str = "cbor",
+        params: tuple[str, ...] | None = None,
+        results: tuple[str, ...] | None = None,
+        max_request_bytes: int | None = None,
+        max_response_bytes: int | None = None,
         fuel_base: int,
-        fuel_per_byte: int,
+        fuel_per_byte: int | None = None,
         commits: bool = False,
         doc: str = "",
         request: str = "",
         response: str = "",
     ) -> Callable[[Function], Function]:
         """Decorator: serve ``name`` (``NAMESPACE.NAME``, imported by guests from
-        ``<namespace>_v<major of since>``) with ``fn(ctx, request)``; see docs/host-functions.md.
-        Register before loading the extensions that import it."""
+        ``<namespace>_v<major of since>``) with ``fn(ctx, request)``, or with
+        ``fn(ctx, *ints)`` for ``convention="native"`` and its ``params``/``results``; see
+        docs/host-functions.md. Register before loading the extensions that import it."""
         return self.functions.function(
             name,
             capability=capability,
             since=since,
+            convention=convention,
+            params=params,
+            results=results,
             max_request_bytes=max_request_bytes,
             max_response_bytes=max_response_bytes,
             fuel_base=fuel_base,

@@ -17,6 +17,28 @@
 //! let found = lookup(&Value::map([("key", Value::from("sku-1"))]))?;
 //! ```
 //!
+//! A host function of the native convention (`convention="native"` on the host) takes and
+//! answers integers, with no CBOR and no guest memory: the cheapest host call there is. List it
+//! with its exact signature (`i32`/`i64` only, at most one result) and call it directly:
+//!
+//! ```no_run
+//! wasihost_guest::import! {
+//!     namespace "myapp", version "1.0", module "myapp_v1" {
+//!         fn lookup;
+//!         /// Add two numbers in the application (capability `myapp.math`).
+//!         fn add(a: i64, b: i64) -> i64;
+//!     }
+//! }
+//!
+//! let three = add(1, 2);
+//! # let _ = (three, lookup);
+//! ```
+//!
+//! A native function has no status slot: a refusal (a capability withdrawn while the module
+//! runs, a revocation) or a failure of the host function ends the guest's call, as a trap, with
+//! the class `denied` or `host_error` reported to the host's caller. A function that needs an
+//! answer the guest can act on says so in its result (for example a negative value).
+//!
 //! The module must match the version's major (`myapp_v1` for `1.x`); the host refuses a module
 //! that imports a function newer than the declared minor, or whose capability it was not
 //! granted, naming the import.
@@ -73,10 +95,17 @@ pub unsafe extern "C" fn unsupported(_req_ptr: i32, _req_len: i32, _resp_ptr: i3
 }
 
 /// Declares the embedder host functions of one namespace version; see [`import`](crate::import).
+///
+/// Two kinds of function may be listed, in any order:
+/// - `fn lookup;`: a cbor-convention function, called as `lookup(&Value) -> Result<Value>`;
+/// - `fn add(a: i64, b: i64) -> i64;`: a native-convention function (registered by the host with
+///   `convention="native"`), integers in and at most one integer out, called directly as
+///   `add(1, 2)`. Its types must be the host's exactly (`i32`/`i64`); the host refuses a module
+///   whose import differs, naming it.
 #[macro_export]
 macro_rules! import {
     (namespace $ns:literal, version $ver:literal, module $module:literal {
-        $( $(#[$attr:meta])* fn $name:ident; )*
+        $($items:tt)*
     }) => {
         #[doc(hidden)]
         #[cfg(target_arch = "wasm32")]
@@ -85,19 +114,51 @@ macro_rules! import {
         static __WASIHOST_NAMESPACE_MARKER: [u8; $ver.len()] =
             $crate::import::marker::<{ $ver.len() }>($ver);
 
-        $(
-            $(#[$attr])*
-            pub fn $name(request: &$crate::Value) -> $crate::Result<$crate::Value> {
-                #[cfg(target_arch = "wasm32")]
-                #[link(wasm_import_module = $module)]
-                extern "C" {
-                    #[link_name = stringify!($name)]
-                    fn raw(req_ptr: i32, req_len: i32, resp_ptr: i32, resp_cap: i32) -> i32;
-                }
-                #[cfg(not(target_arch = "wasm32"))]
-                use $crate::import::unsupported as raw;
-                $crate::import::call(stringify!($name), raw, request)
+        $crate::__wasihost_import_items! { $module; $($items)* }
+    };
+}
+
+/// One item of [`import!`](crate::import) at a time (cbor or native), then the rest.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __wasihost_import_items {
+    ($module:literal;) => {};
+    ($module:literal; $(#[$attr:meta])* fn $name:ident; $($rest:tt)*) => {
+        $(#[$attr])*
+        pub fn $name(request: &$crate::Value) -> $crate::Result<$crate::Value> {
+            #[cfg(target_arch = "wasm32")]
+            #[link(wasm_import_module = $module)]
+            extern "C" {
+                #[link_name = stringify!($name)]
+                fn raw(req_ptr: i32, req_len: i32, resp_ptr: i32, resp_cap: i32) -> i32;
             }
-        )*
+            #[cfg(not(target_arch = "wasm32"))]
+            use $crate::import::unsupported as raw;
+            $crate::import::call(stringify!($name), raw, request)
+        }
+        $crate::__wasihost_import_items! { $module; $($rest)* }
+    };
+    ($module:literal; $(#[$attr:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;
+     $($rest:tt)*) => {
+        $(#[$attr])*
+        #[allow(clippy::too_many_arguments)]
+        pub fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "wasm32")]
+            #[link(wasm_import_module = $module)]
+            extern "C" {
+                #[link_name = stringify!($name)]
+                fn raw($($arg: $ty),*) $(-> $ret)?;
+            }
+            // Off wasm there is no host to call (native unit tests): a native function has no
+            // status through which to say so, and no value to make up.
+            #[cfg(not(target_arch = "wasm32"))]
+            #[allow(unused_variables)]
+            unsafe fn raw($($arg: $ty),*) $(-> $ret)? {
+                panic!(concat!($module, ".", stringify!($name), " is a host import: only a wasm guest can call it"))
+            }
+            // Safety: integers only cross; the host checks the call and never touches memory.
+            unsafe { raw($($arg),*) }
+        }
+        $crate::__wasihost_import_items! { $module; $($rest)* }
     };
 }

@@ -85,10 +85,23 @@ def abi_guest_wat(
     (i64.or (i64.shl (i64.const 3072) (i64.const 32)) (i64.const 5))))"""
 
 
-def loop_guest_wat(module: str, name: str, request: bytes, namespace: str | None) -> str:
+def loop_guest_wat(
+    module: str, name: str, request: bytes, namespace: str | None, *, native: bool = False
+) -> str:
     """A guest whose command calls ``module.name`` with ``request`` as many times as its input
-    (a CBOR uint below 65,536) says, and answers null."""
+    (a CBOR uint below 65,536) says, and answers null. With ``native``, the import is a
+    native-convention ``(i64) -> (i64)`` called with the loop counter instead (no request)."""
     import cbor2
+
+    if native:
+        signature = "(param i64) (result i64)"
+        call = "(drop (call $f (i64.extend_i32_u (local.get $n))))"
+    else:
+        signature = "(param i32 i32 i32 i32) (result i32)"
+        call = (
+            f"(drop (call $f (i32.const 4096) (i32.const {len(request)}) (i32.const 8192) "
+            "(i32.const 16)))"
+        )
 
     hello = _hello("1.0")
     welcome = b"\0\0\0\0" + cbor2.dumps({"status": "ready"})
@@ -96,7 +109,7 @@ def loop_guest_wat(module: str, name: str, request: bytes, namespace: str | None
     return f"""(module
   (@custom "wasihost_abi" "1.0")
   {marker}
-  (import "{module}" "{name}" (func $f (param i32 i32 i32 i32) (result i32)))
+  (import "{module}" "{name}" (func $f {signature}))
   (memory (export "memory") 2)
   (data (i32.const 1024) "{escaped(hello)}")
   (data (i32.const 2048) "{escaped(welcome)}")
@@ -125,7 +138,7 @@ def loop_guest_wat(module: str, name: str, request: bytes, namespace: str | None
     (block $done
       (loop $again
         (br_if $done (i32.eqz (local.get $n)))
-        (drop (call $f (i32.const 4096) (i32.const {len(request)}) (i32.const 8192) (i32.const 16)))
+        {call}
         (local.set $n (i32.sub (local.get $n) (i32.const 1)))
         (br $again)))
     (i64.or (i64.shl (i64.const 3072) (i64.const 32)) (i64.const 5))))"""
@@ -145,6 +158,24 @@ def extism_hostcall_wat(calls: int) -> str:
       (loop $again
         (br_if $done (i32.eqz (local.get $n)))
         (drop (call $noop64 (local.get $block)))
+        (local.set $n (i32.sub (local.get $n) (i32.const 1)))
+        (br $again)))
+    (i32.const 0))
+  (func (export "many") (result i32) (call $loop (i32.const {calls})))
+  (func (export "none") (result i32) (call $loop (i32.const 0))))"""
+
+
+# Extism's side of ``host-call-native``: ``many`` passes the loop counter to the host function
+# ``native64`` (one i64 in, one out) HOST_CALLS times, ``none`` calls nothing.
+def extism_native_wat(calls: int) -> str:
+    return f"""(module
+  (import "extism:host/user" "native64" (func $native64 (param i64) (result i64)))
+  (memory (export "memory") 1)
+  (func $loop (param $n i32) (result i32)
+    (block $done
+      (loop $again
+        (br_if $done (i32.eqz (local.get $n)))
+        (drop (call $native64 (i64.extend_i32_u (local.get $n))))
         (local.set $n (i32.sub (local.get $n) (i32.const 1)))
         (br $again)))
     (i32.const 0))

@@ -10,6 +10,13 @@ ECHO_SIZES = {
     "echo-64KiB": 64 * 1024,
     "echo-1MiB": 1024 * 1024,
 }
-SCENARIOS = ("noop", *ECHO_SIZES, "host-call-64", "instantiate-cached", "cold-start")
+SCENARIOS = (
+    "noop",
+    *ECHO_SIZES,
+    "host-call-64",
+    "host-call-native",
+    "instantiate-cached",
+    "cold-start",
+)
 SECTIONS = ("call_cost", "compat", "overhead", "scaling")
 FLOOR = "wasmtime-floor"

@@ -58,16 +58,18 @@ class Contenders:
             return self.raw.echo_op(system, data)
         if scenario == "host-call-64":
             return self._pick(system, "hostcall")
+        if scenario == "host-call-native":
+            return self._pick(system, "hostcall", native=True)
         if scenario == "instantiate-cached":
             return self._pick(system, "instantiate")
         raise ValueError(scenario)
 
-    def _pick(self, system: str, what: str) -> Any:
+    def _pick(self, system: str, what: str, **options: Any) -> Any:
         if system == "wasihost":
-            return getattr(self.wasihost, what)()
+            return getattr(self.wasihost, what)(**options)
         if system == "extism":
-            return getattr(self.extism, what)()
-        return getattr(self.raw, what)(system)
+            return getattr(self.extism, what)(**options)
+        return getattr(self.raw, what)(system, **options)
 
     def close(self) -> None:
         self.wasihost.close()

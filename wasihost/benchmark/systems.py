@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from .guests import EXTISM_PLUGIN_WAT, extism_hostcall_wat, loop_guest_wat
+from .guests import EXTISM_PLUGIN_WAT, extism_hostcall_wat, extism_native_wat, loop_guest_wat
 from .runner import Op
 
 # Host calls per timed command of ``host-call-64``: one call is (a command making this many
@@ -65,6 +65,16 @@ class Wasihost:
             fuel_base=500,
             fuel_per_byte=2,
         )
+        # host-call-native: the native convention's counterpart of Extism's i64 function.
+        self.host.add_function(
+            "bench.native",
+            lambda ctx, x: 0,
+            capability="bench",
+            convention="native",
+            params=("i64",),
+            results=("i64",),
+            fuel_base=100,
+        )
         self.echo_dir = fixtures / "echo"
         self.echo = self.host.load(self.echo_dir)
         self.echo_package = load_package(self.echo_dir, self.host.registry.capabilities())
@@ -74,6 +84,11 @@ class Wasihost:
         wasm = _wat(loop_guest_wat("bench_v1", "noop", request64(), "bench"))
         self.loop_package = Package("hostcall.wasm", None, wasm, hashlib.sha256(wasm).hexdigest())
         self.loop = self.host.admit(self.loop_package, grants=["bench"])
+        wasm = _wat(loop_guest_wat("bench_v1", "native", b"", "bench", native=True))
+        self.native_package = Package(
+            "hostcall-native.wasm", None, wasm, hashlib.sha256(wasm).hexdigest()
+        )
+        self.native_loop = self.host.admit(self.native_package, grants=["bench"])
 
     def noop(self) -> Op | Skip:
         ext = self.echo
@@ -106,8 +121,8 @@ class Wasihost:
         ext = self.echo
         return _probe(lambda: ext.call("echo", payload), payload)
 
-    def hostcall(self) -> tuple[Op, Op] | Skip:
-        ext = self.loop
+    def hostcall(self, native: bool = False) -> tuple[Op, Op] | Skip:
+        ext = self.native_loop if native else self.loop
         many = _probe(lambda: ext.call("run", HOST_CALLS), None)
         if isinstance(many, Skip):
             return many
@@ -146,6 +161,9 @@ class RawSystems:
         loop = RawModule(_wat(loop_guest_wat("bench_v1", "noop", request64(), "bench")))
         self.loop_generic = loop.instantiate()
         self.loop_floor = RawFloor(loop.instantiate(raw_imports=True))
+        native = RawModule(_wat(loop_guest_wat("bench_v1", "native", b"", "bench", native=True)))
+        self.native_generic = native.instantiate()
+        self.native_floor = RawFloor(native.instantiate(raw_imports=True))
 
     def guest(self, system: str) -> Any:
         return self.generic if system == "wasmtime-generic" else self.floor
@@ -163,10 +181,13 @@ class RawSystems:
         expected = b"\0\0\0\0" + encoded
         return _probe(lambda: guest.call(b"echo", encoded), expected, raw_status=True)
 
-    def hostcall(self, system: str) -> tuple[Op, Op] | Skip:
+    def hostcall(self, system: str, native: bool = False) -> tuple[Op, Op] | Skip:
         import cbor2
 
-        guest = self.loop_generic if system == "wasmtime-generic" else self.loop_floor
+        if native:
+            guest = self.native_generic if system == "wasmtime-generic" else self.native_floor
+        else:
+            guest = self.loop_generic if system == "wasmtime-generic" else self.loop_floor
         many, none = cbor2.dumps(HOST_CALLS), cbor2.dumps(0)
         expected = b"\0\0\0\0" + cbor2.dumps(None)
         probed = _probe(lambda: guest.call(b"run", many), expected)
@@ -219,6 +240,16 @@ class Extism:
             _wat(extism_hostcall_wat(HOST_CALLS)), functions=[noop64]
         )
 
+        @extism.host_fn(  # type: ignore[untyped-decorator]
+            name="native64", namespace="extism:host/user", signature=([i64], [i64])
+        )
+        def native64(plugin: Any, inputs: Any, outputs: Any, *user: Any) -> None:
+            outputs[0].value = 0
+
+        self.native_plugin = extism.Plugin(
+            _wat(extism_native_wat(HOST_CALLS)), functions=[native64]
+        )
+
     def noop(self) -> Op | Skip:
         plugin = self.plugin
         return _probe(lambda: plugin.call("noop", b""), b"", as_bytes=True)
@@ -227,8 +258,8 @@ class Extism:
         plugin = self.plugin
         return _probe(lambda: plugin.call("echo", payload), payload, as_bytes=True)
 
-    def hostcall(self) -> tuple[Op, Op] | Skip:
-        plugin = self.hostcall_plugin
+    def hostcall(self, native: bool = False) -> tuple[Op, Op] | Skip:
+        plugin = self.native_plugin if native else self.hostcall_plugin
         many = _probe(lambda: plugin.call("many", b""), b"", as_bytes=True)
         if isinstance(many, Skip):
             return many

@@ -15,6 +15,7 @@ import attrs
 from wasmtime import _ffi as ffi
 
 from ..codec import CodecLimits, decode, encode
+from ..codec_fast import UNSURE, flat
 from ..errors import CallError, CodecError, FailureClass
 from ..registry import HostFunction
 from ..status import (
@@ -258,6 +259,8 @@ class HostContext:
 
         handler = bound.handler
         limits = self.codec_limits[index]
+        max_items = limits.max_items
+        max_string = limits.max_string_bytes
         gate = self.gate
         mem = self.native
         settle = self.settle
@@ -320,10 +323,21 @@ class HostContext:
                     request: Any = None
                     answer = 0
                     if req_len:
-                        try:
-                            request = decode(mem._view[req_ptr:req_end].tobytes(), limits)
-                        except CodecError:
-                            answer = _INVALID_ARGUMENT
+                        raw = mem._view[req_ptr:req_end].tobytes()
+                        # A small flat array or map (most requests) straight to its builder,
+                        # without decode()'s dispatch; anything else, and anything it is
+                        # unsure of, to decode().
+                        head = raw[0]
+                        request = (
+                            flat(raw, max_items, max_string)
+                            if 0x81 <= head < 0x98 or 0xA1 <= head < 0xB8
+                            else UNSURE
+                        )
+                        if request is UNSURE:
+                            try:
+                                request = decode(raw, limits)
+                            except CodecError:
+                                answer = _INVALID_ARGUMENT
                     if not answer:
                         try:
                             response = handler(mem, request)
@@ -425,11 +439,31 @@ class HostContext:
             return self.out_of_fuel(self.context_of(caller), entry)
         answer = entry.denied_result if entry.denied_result is not None else entry.revoked_result
         if answer is None or write_result is None:
-            return self.fail(FailureClass.DENIED, f"{entry.qualified_name}: not granted")
+            return self.end_mid_guest(FailureClass.DENIED, f"{entry.qualified_name}: not granted")
         if self.tally is not None:  # operator metrics hook
             self.tally.status(Status.DENIED)
         write_result(args, answer)
         return 0
+
+    def end_mid_guest(self, failure: FailureClass, message: str) -> int:
+        """End the call with ``failure`` from inside a host call, and let the instance serve no
+        other: the trap unwinds the guest's frames without their epilogues (Rust's shadow stack
+        pointer stays lowered), which matters even for a class that otherwise keeps the
+        instance (``denied``)."""
+        self.interrupted = True
+        return self.fail(failure, message)
+
+    def status_trap(self, entry: HostFunction, status: Status) -> int:
+        """A native embedder function raised :class:`HostStatus`: it has no status slot, so
+        the call ends, with class ``denied`` for DENIED (``ctx.commit`` after a revocation)
+        and ``host_error`` for any other status."""
+        if status is Status.DENIED:
+            return self.end_mid_guest(FailureClass.DENIED, f"{entry.qualified_name}: denied")
+        return self.fail(
+            FailureClass.HOST_ERROR,
+            f"{entry.qualified_name} answered {Status(status).name}; a native function has no "
+            "status slot",
+        )
 
     def call_unbound(self, dispatch: Dispatch, env: int, caller: int, args: int, n: int) -> int:
         """A host call from a start function, before the Instance has resolved the memory

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import FailureClass
 from ..registry import CORE_CAPABILITY, HostFunction
-from ..status import GuestDeadline, GuestExit, GuestFault, GuestInterrupted, GuestOutOfFuel
+from ..status import (
+    GuestDeadline,
+    GuestExit,
+    GuestFault,
+    GuestInterrupted,
+    GuestOutOfFuel,
+    HostStatus,
+)
 from .lowlevel import PROCESS_MEMORY, U32, U64, memory_data, memory_data_size, new_trap
 from .sigint import CALLBACK_CODES
 
@@ -323,6 +330,7 @@ class MemoryMoved(Exception):
 
 # A wasmtime_val_raw_t is 16 bytes; scalars sit little-endian at its start.
 _ARG_CODES = {"i32": "I12x", "i64": "Q8x", "f32": "f12x", "f64": "d8x"}
+_SIGNED_ARG_CODES = {"i32": "i12x", "i64": "q8x"}  # an embedder's integers (signed_args)
 _RESULT_CODES = {"i32": ("<I", U32), "i64": ("<Q", U64), "f32": ("<f", None), "f64": ("<d", None)}
 _put_u32 = struct.Struct("<I").pack_into
 
@@ -378,6 +386,8 @@ def make(host, entry, handler, unpack, write_result):
                 return new_trap("wasihost: exit")
             except (MemoryMoved, MemoryGone) as moved:
                 return host.fail(FailureClass.HOST_ERROR, f"{name}: {moved}")
+            except HostStatus as status:  # an embedder's function: no status slot to answer
+                return host.status_trap(entry, status.status)
             if host.halt is not None:  # e.g. Ctrl-C during this call (see sigint.py): stop now
                 return host.halt_trap()
             # The price is paid after the handler, once the bytes moved are known; work done
@@ -417,6 +427,7 @@ def _maker(arity: int) -> Callable[..., Dispatch]:
             "GuestFault": GuestFault,
             "GuestInterrupted": GuestInterrupted,
             "GuestOutOfFuel": GuestOutOfFuel,
+            "HostStatus": HostStatus,
             "MemoryGone": MemoryGone,
             "MemoryMoved": MemoryMoved,
             "PROCESS_MEMORY": PROCESS_MEMORY,
@@ -431,13 +442,15 @@ def _maker(arity: int) -> Callable[..., Dispatch]:
 
 
 @functools.lru_cache(maxsize=256)  # one per distinct parameter list of the registry's entries
-def _unpacker(params: tuple[str, ...]) -> Callable[[Any, int], tuple[Any, ...]]:
-    """Reads ``params`` out of a raw value array; made once per parameter list, not once per
-    import of every instance (a WASI module imports two dozen)."""
+def _unpacker(params: tuple[str, ...], signed: bool) -> Callable[[Any, int], tuple[Any, ...]]:
+    """Reads ``params`` out of a raw value array (integers as signed values for an embedder's
+    entry, ``signed_args``); made once per parameter list, not once per import of every
+    instance (a WASI module imports two dozen)."""
     if not params:
         return _no_args  # the array may be empty: do not touch it
+    codes = _SIGNED_ARG_CODES if signed else _ARG_CODES
     unpack: Callable[[Any, int], tuple[Any, ...]] = struct.Struct(
-        "<" + "".join(_ARG_CODES[t] for t in params)
+        "<" + "".join(codes[t] for t in params)
     ).unpack_from
     return unpack
 
@@ -448,7 +461,7 @@ def _no_args(memory: Any, args: int) -> tuple[Any, ...]:
 
 def native_dispatch(host: HostContext, entry: HostFunction, handler: Any) -> Dispatch:
     """The dispatch closure of one native import of ``host``'s instance."""
-    unpack = _unpacker(tuple(entry.params))
+    unpack = _unpacker(tuple(entry.params), entry.signed_args)
     write_result = result_writer(entry.results[0]) if entry.results else None
     dispatch = _maker(len(entry.params))(host, entry, handler, unpack, write_result)
     CALLBACK_CODES.add(dispatch.__code__)
