@@ -34,6 +34,7 @@ from wasihost.budgets import (
     ResourceBudget,
     budget_for,
 )
+from wasihost.cli import main
 from wasihost.errors import CallError, ConfigError, FailureClass
 from wasihost.extension import Extension
 from wasihost.governor import Governor, Throttled, Usage
@@ -719,3 +720,22 @@ def test_jobs_count_in_the_snapshot_and_the_budget_and_skip_while_throttled(
         assert broker.drain(PROMPT_S)
         stats = broker.stats(ext.id)[job]
         assert stats.runs == runs and stats.skipped >= 1 and stats.failed == 0
+
+
+def test_throttles_reach_the_operators_status_json(
+    cache: Path, clock: FakeClock, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "state"
+    with governed(cache, clock, state_dir=state) as host:
+        hungry = host.load(COMPUTE)
+        assert isinstance(hungry_until_refused(hungry), Throttled)
+        with pytest.raises(Throttled):
+            hungry.call("run", {"n": 1})
+        assert host.publish_metrics()
+        # Another process's view: the CLI opens the state directory on its own.
+        assert main(["status", "--json", "--state-dir", str(state)]) == 0
+        metrics = json.loads(capsys.readouterr().out)["metrics"]
+        assert metrics["source"] == "live"
+        assert metrics["throttles"] == 1 and metrics["budget_actions"]["throttle"] == 1
+        assert metrics["throttle_refusals"] == 2
+        assert metrics["extensions_by_state"] == {"throttled": 1}
