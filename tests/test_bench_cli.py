@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from conftest import FIXTURES
 
-from wasihost.benchmark import scenarios, systems
+from wasihost.benchmark import scenarios, systems, targets
 from wasihost.benchmark.names import SCENARIOS, SYSTEMS
 from wasihost.cli import EXIT_FAILURE, EXIT_USAGE, main
 
@@ -193,3 +193,63 @@ def test_an_unwritable_results_path_is_refused_before_measuring(
     code, out, err = _bench(capsys, "--quick", "--json", str(tmp_path / "no" / "r.json"))
     assert code == EXIT_FAILURE
     assert "its directory does not exist" in err and out == ""
+
+
+def _cost(scenario: str, system: str, median_us: float | None) -> dict[str, Any]:
+    return {"scenario": scenario, "system": system, "median_us": median_us, "spread": 0.1}
+
+
+def test_the_target_table_judges_a_results_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = {
+        "machine": {"cpus": 2, "load_before": [1.0], "load_after": [1.5], "wasmtime": "x"},
+        "settings": {"quick": False},
+        "call_cost": [
+            _cost("noop", "wasihost", 4.0),
+            _cost("noop", "extism", 10.0),  # 0.40x: met
+            _cost("echo-64", "wasihost", 7.0),
+            _cost("echo-64", "extism", 10.0),  # 0.70x: missed
+            _cost("echo-1MiB", "wasihost", 1024 * 1024 / 2500),  # 2,500 MB/s: met
+            _cost("host-call-native", "wasihost", 2.0),
+            _cost("host-call-native", "extism", 5.0),
+            _cost("host-call-64", "wasihost", 5.5),  # judged against Extism's i64 call: 1.10x
+            _cost("host-call-64", "extism", 20.0),
+        ],
+        "scaling": [
+            {"workload": "noop", "mode": "2 threads", "vs_1_thread": 1.6, "skipped": None},
+        ],
+    }
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(doc))
+    assert targets.main([str(path)]) == 0
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| ") and "---" not in line
+    }
+    assert rows["no-op call"].endswith("0.40x | ≤ 0.5x Extism | yes |")
+    assert rows["echo 64 B"].endswith("0.70x | ≤ 0.6x Extism | no |")
+    assert "2,500 MB/s" in rows["echo 1 MiB, one call"] and rows["echo 1 MiB, one call"].endswith(
+        "yes |"
+    )
+    assert rows["native host function, one i64"].endswith(
+        "0.40x | ≤ 0.8x Extism's i64 host function | yes |"
+    )
+    assert "1.10x" in rows["CBOR host call, 64 B request"]
+    assert rows["CBOR host call, 64 B request"].endswith("| no |")
+    assert rows["echo 4 KiB"].endswith("not measured | ≤ 0.6x Extism | — |")
+    assert rows["2 threads, 2 extensions, small calls"].endswith(
+        "1.60x of 1 thread | ≥ 1.5x | yes |"
+    )
+
+
+def test_the_target_table_refuses_what_is_not_a_results_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "other.json"
+    path.write_text('{"call_cost": 3}')
+    assert targets.main([str(path)]) == 2
+    assert "not a `wasihost bench --json` results file" in capsys.readouterr().err
+    assert targets.main([str(tmp_path / "missing.json")]) == 2
+    assert "missing.json" in capsys.readouterr().err
