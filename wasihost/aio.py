@@ -223,8 +223,8 @@ class CallWorkers:
                     name=f"wasihost-call-{len(shared.threads)}",
                     daemon=True,
                 )
+                thread.start()  # it takes no lock before its first job is done
                 shared.threads.append(thread)
-                thread.start()
             else:
                 shared.queue.append(job)
                 job.queued = True
