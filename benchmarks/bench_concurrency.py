@@ -20,6 +20,9 @@ The asyncio path: ``await ext.acall("noop")`` in a loop against ``ext.call("noop
 on the same extension, one after the other on the event loop's thread; the difference per call
 is what the async path adds (target: <= 20 us).
 
+The control: two threads of GIL-free hashing over one, each round. On a shared machine it says
+how many cores the round really had; a 2-thread ratio is only as good as the control beside it.
+
 Every round runs every scenario, in an order that rotates round by round, so that drift on a
 shared machine falls on all of them; ratios are taken within a round, and the median and the
 range over rounds are reported. ``RUST_BACKTRACE=0``. The load average is printed before and
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import statistics
@@ -117,6 +121,24 @@ def loop(ext: Extension, command: str, value: Any, calls: int) -> Callable[[], N
             ext.call(command, value)
 
     return work
+
+
+# The control: GIL-free C work (hashlib releases the GIL for buffers over 2 KiB), what two
+# threads get from this machine now whatever wasihost does.
+CONTROL_BUFFER = b"\x5a" * (1 << 20)
+CONTROL_HASHES = 40
+
+
+def control_round() -> float:
+    """Two threads of GIL-free hashing over one: how many cores the machine gives now."""
+
+    def work() -> None:
+        for _ in range(CONTROL_HASHES):
+            hashlib.sha256(CONTROL_BUFFER).digest()
+
+    one, _ = timed([work])
+    two, _ = timed([work, work])
+    return 2 * one / two
 
 
 def throughput_round(
@@ -275,7 +297,9 @@ def main() -> None:
         sync_cost: list[float] = []
         hand_offs: list[float] = []
         shares: list[float] = []
+        controls: list[float] = []
         for r in range(args.rounds):
+            controls.append(control_round())
             for name, (exts, command, value, calls) in workloads.items():
                 result = throughput_round(exts, command, value, calls, r)
                 for scenario, (rate, used) in result.items():
@@ -302,6 +326,7 @@ def main() -> None:
     report["async_added_us"] = spread([x * 1e6 for x in async_added])
     report["hand_off_us"] = spread([x * 1e6 for x in hand_offs])
     report["released_share"] = spread(shares)
+    report["control"] = spread(controls)
     report["sync_call_us"] = spread([x * 1e6 for x in sync_cost])
     if args.json:
         print(json.dumps(report, indent=2))
@@ -309,6 +334,11 @@ def main() -> None:
     print(
         f"load average before {load_before[0]:.2f} / after {load_after[0]:.2f} "
         f"on {os.cpu_count()} CPUs; {args.rounds} rounds, median [min - max]"
+    )
+    control = report["control"]
+    print(
+        f"control (GIL-free hashing): 2 threads {control['median']:.2f}x one "
+        f"[{control['min']:.2f} - {control['max']:.2f}]: the cores this machine gave"
     )
     targets = {"two extensions": 1.8, "pooled": 1.7, "serialised": None}
     for w in workloads:
