@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import run_child
 
-from wasihost import cli
+from wasihost import brokers, cli
 from wasihost.engine.lowlevel import WASMTIME_VERSION, installed_version
 
 # What a plain run never needs: package archives, signatures and their crypto, revocation lists,
@@ -30,6 +30,14 @@ NOT_FOR_A_PLAIN_RUN = (
     "wasihost.packaging.trust",
     "wasihost.state",
     "wasihost.updates",
+    # The built-in brokers of ABI 1.1 are made on first use (brokers.DeferredBroker).
+    "socket",
+    "wasihost.brokers.events",
+    "wasihost.brokers.files",
+    "wasihost.brokers.http",
+    "wasihost.brokers.jobs",
+    "wasihost.brokers.secrets",
+    "wasihost.brokers.storage",
 )
 
 LOADED = """
@@ -113,3 +121,36 @@ def test_help_and_unknown_commands_still_see_every_command() -> None:
     assert cli._command_of([]) is None
     with pytest.raises(cli.UsageError, match="invalid choice: 'bogus'.*'abi'"):
         cli._parser(cli._command_of(["bogus"])).parse_args(["bogus"])
+
+
+def test_each_deferred_broker_says_what_its_class_says() -> None:
+    # What the host reads before a deferred broker is made must be its class's own.
+    for name, module, cls_name, functions, caps in brokers.DEFERRED:
+        cls = getattr(importlib.import_module(f"wasihost.brokers.{module}"), cls_name)
+        assert (cls.name, tuple(cls.functions), frozenset(cls.capabilities)) == (
+            name,
+            functions,
+            caps,
+        )
+        assert frozenset(getattr(cls, "conventions", ("cbor",))) == frozenset({"cbor"})
+
+
+def test_a_deferred_broker_is_made_on_first_use_and_served_as_itself() -> None:
+    from wasihost.brokers.storage import StorageBroker
+    from wasihost.policy import Policy
+    from wasihost.runtime import Host
+
+    host = Host(Policy(allow={"storage"}), cache_dir=None)
+    try:
+        assert "storage" not in {b.name for b in host.functions.made_brokers()}
+        made = host.broker("storage")
+        assert isinstance(made, StorageBroker)
+        assert host.broker("storage") is made
+        assert made in host.functions.made_brokers()
+        # Every broker, for what needs them all (an update's checkpoint), made on the way.
+        assert {"events", "files", "http", "jobs", "secrets"} <= {
+            b.name for b in host.functions.brokers()
+        }
+        assert all(not isinstance(b, brokers.DeferredBroker) for b in host.functions.brokers())
+    finally:
+        host.close()
