@@ -110,3 +110,12 @@ def test_capabilities_exclude_core() -> None:
         "log", "clock", "random", "storage", "secrets", "http", "files", "events", "jobs"
     } | set(WASI_CAPABILITIES)
     assert "core" not in caps
+
+
+def test_default_registries_are_separate_but_share_the_shipped_specs() -> None:
+    # A CLI run makes two registries; the shipped JSON is parsed once per process (a MajorSpec
+    # is frozen), while each registry's own tables stay its own.
+    first, second = default_registry(), default_registry()
+    assert first is not second and first.majors is not second.majors
+    assert all(first.majors[m] is second.majors[m] for m in first.majors)
+    assert first.versions == second.versions

@@ -3,10 +3,14 @@ it). Each case runs the real CLI in a fresh interpreter and looks at what it loa
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
+from pathlib import Path
 
+import pytest
 from conftest import run_child
 
+from wasihost import brokers, cli
 from wasihost.engine.lowlevel import WASMTIME_VERSION, installed_version
 
 # What a plain run never needs: package archives, signatures and their crypto, revocation lists,
@@ -26,6 +30,14 @@ NOT_FOR_A_PLAIN_RUN = (
     "wasihost.packaging.trust",
     "wasihost.state",
     "wasihost.updates",
+    # The built-in brokers of ABI 1.1 are made on first use (brokers.DeferredBroker).
+    "socket",
+    "wasihost.brokers.events",
+    "wasihost.brokers.files",
+    "wasihost.brokers.http",
+    "wasihost.brokers.jobs",
+    "wasihost.brokers.secrets",
+    "wasihost.brokers.storage",
 )
 
 LOADED = """
@@ -61,3 +73,84 @@ def test_wasi_run_imports_the_wasi_handlers_and_no_packaging_or_state() -> None:
 
 def test_the_wasmtime_version_read_beside_the_package_is_the_installed_one() -> None:
     assert installed_version() == WASMTIME_VERSION == importlib.metadata.version("wasmtime")
+
+
+def test_a_run_from_a_warm_cache_starts_no_subprocess_nor_loads_the_benchmark(
+    tmp_path: Path,
+) -> None:
+    # The cold-start scenario of issue 12: a new process, the module already in the disk
+    # cache. Closing the host once looked libc up with ctypes.util.find_library, which runs
+    # ldconfig in a subprocess (10-30 ms of every run); the benchmark's code is for `bench`.
+    cache = str(tmp_path / "modules")
+    args = ("run", "fixtures/echo", "noop", "--cache-dir", cache)
+    run_child(LOADED, *args)  # fills the cache (compiling may use a worker process)
+    report, _ = run_child(LOADED, *args)
+    assert (report["code"], report["out"]) == (0, "null\n")
+    loaded = set(report["modules"])
+    unwanted = {"subprocess", "ctypes.util", "wasihost.benchmark.cli", *NOT_FOR_A_PLAIN_RUN}
+    assert loaded.isdisjoint(unwanted), loaded & unwanted
+
+
+def _choices(parser: argparse.ArgumentParser) -> set[str]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return set(action.choices)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "fixtures/echo", "noop", "--input", "[1]", "--grant", "log", "--fuel", "5"],
+        ["wasi", "--dir", "/tmp::/data", "x.wasm", "a", "b"],
+        ["grants", "grant", "ext", "cap", "--scope", "{}"],
+        ["bench", "--quick", "--sections", "calls"],
+        ["abi", "--version", "1.0", "--json"],
+    ],
+)
+def test_the_parser_of_one_command_parses_as_the_full_parser_does(argv: list[str]) -> None:
+    # A short command builds only its own subcommand's parser (argparse's set-up was a tenth
+    # of a cold run): the result must be the same, and every command must be known.
+    assert cli._command_of(argv) == argv[0]
+    assert vars(cli._parser(argv[0]).parse_args(argv)) == vars(cli._parser().parse_args(argv))
+    assert _choices(cli._parser()) == cli.COMMANDS
+    assert _choices(cli._parser(argv[0])) == {argv[0]}
+
+
+def test_help_and_unknown_commands_still_see_every_command() -> None:
+    assert cli._command_of(["-h"]) is None
+    assert cli._command_of(["bogus"]) is None
+    assert cli._command_of([]) is None
+    with pytest.raises(cli.UsageError, match="invalid choice: 'bogus'.*'abi'"):
+        cli._parser(cli._command_of(["bogus"])).parse_args(["bogus"])
+
+
+def test_each_deferred_broker_says_what_its_class_says() -> None:
+    # What the host reads before a deferred broker is made must be its class's own.
+    for name, module, cls_name, functions, caps in brokers.DEFERRED:
+        cls = getattr(importlib.import_module(f"wasihost.brokers.{module}"), cls_name)
+        assert (cls.name, tuple(cls.functions), frozenset(cls.capabilities)) == (
+            name,
+            functions,
+            caps,
+        )
+        assert frozenset(getattr(cls, "conventions", ("cbor",))) == frozenset({"cbor"})
+
+
+def test_a_deferred_broker_is_made_on_first_use_and_served_as_itself() -> None:
+    from wasihost.brokers.storage import StorageBroker
+    from wasihost.policy import Policy
+    from wasihost.runtime import Host
+
+    host = Host(Policy(allow={"storage"}), cache_dir=None)
+    try:
+        assert "storage" not in {b.name for b in host.functions.made_brokers()}
+        made = host.broker("storage")
+        assert isinstance(made, StorageBroker)
+        assert host.broker("storage") is made
+        assert made in host.functions.made_brokers()
+        # Every broker, for what needs them all (an update's checkpoint), made on the way.
+        assert {"events", "files", "http", "jobs", "secrets"} <= {
+            b.name for b in host.functions.brokers()
+        }
+        assert all(not isinstance(b, brokers.DeferredBroker) for b in host.functions.brokers())
+    finally:
+        host.close()

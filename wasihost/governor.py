@@ -34,14 +34,11 @@ from .budgets import (
 )
 from .errors import CallError, ConfigError, FailureClass
 from .lifecycle import Event, ExtensionUnavailable, State
+from .limits import MAX_OPEN_FILES
 from .status import GuestInterrupted, HostStatus, Status
 
 if TYPE_CHECKING:
     from .extension import Extension
-
-# The files broker's fixed number of open handles per extension (brokers/files.py
-# MAX_OPEN_FILES), read when the first budget is made: the core does not import brokers.
-_FILES_LIMIT: list[int] = []
 
 # The levels a broker may report through its optional ``usage(state)`` hook.
 LEVELS = frozenset(
@@ -55,11 +52,8 @@ LEVELS = frozenset(
 
 
 def _open_handles_limit() -> int:
-    if not _FILES_LIMIT:
-        from .brokers.files import MAX_OPEN_FILES
-
-        _FILES_LIMIT.append(MAX_OPEN_FILES)
-    return _FILES_LIMIT[0]
+    """The files broker's fixed number of open handles per extension."""
+    return MAX_OPEN_FILES
 
 
 class Throttled(ExtensionUnavailable):

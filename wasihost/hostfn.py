@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from .errors import ConfigError
 from .policy import Grant
@@ -458,23 +458,42 @@ class HostFunctions:
         capability no broker reads is left to the embedder's functions (``ctx.scope``)."""
         checked = set()
         for broker in self._brokers.values():
+            # The capability first: asking a deferred built-in for check_scope makes it.
+            if capability not in broker.capabilities or id(broker) in checked:
+                continue
             check = getattr(broker, "check_scope", None)
-            if check is None or capability not in broker.capabilities or id(broker) in checked:
+            if check is None:
                 continue
             checked.add(id(broker))
             check(capability, scope)
 
     def brokers(self) -> list[Broker]:
-        """Every broker serving this host, once each."""
+        """Every broker serving this host, once each (a deferred built-in is made now)."""
+        return self._unique(made_only=False)
+
+    def made_brokers(self) -> list[Broker]:
+        """The brokers serving this host that exist: a built-in not made yet (see
+        brokers.DeferredBroker) is left out, as no extension used it and it holds nothing to
+        quiesce or shut down."""
+        return self._unique(made_only=True)
+
+    def _unique(self, made_only: bool) -> list[Broker]:
+        from .brokers import DeferredBroker, resolved
+
         unique: dict[int, Broker] = {}
-        for broker in self._brokers.values():
+        for serving in self._brokers.values():
+            if made_only and isinstance(serving, DeferredBroker) and not serving.loaded:
+                continue
+            broker = cast("Broker", resolved(serving))
             unique.setdefault(id(broker), broker)
         return list(unique.values())
 
     def broker(self, name: str) -> Broker:
+        from .brokers import resolved
+
         for broker in self._brokers.values():
             if broker.name == name:
-                return broker
+                return cast("Broker", resolved(broker))
         raise ConfigError(f"no broker named {name!r} serves this host")
 
     def close(self) -> None:
@@ -482,7 +501,7 @@ class HostFunctions:
         broker with a ``shutdown()`` stop what it runs (the events dispatchers)."""
         self.loop.close()
         done = set()
-        for broker in self._brokers.values():
+        for broker in self.made_brokers():
             shutdown = getattr(broker, "shutdown", None)
             if shutdown is not None and id(broker) not in done:
                 done.add(id(broker))

@@ -149,3 +149,8 @@ RESOURCE_BOUNDS: Final[Mapping[str, ResourceBound]] = types.MappingProxyType(
         ),
     }
 )
+
+# Open handles of one extension in the files broker (temporary files included): each is a host
+# file descriptor, and the host process has about a thousand of those for every extension it
+# runs. Here, not in brokers/files.py, so that the budgets read it without importing the broker.
+MAX_OPEN_FILES: Final = 16

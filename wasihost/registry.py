@@ -8,6 +8,7 @@ Implementations are bound elsewhere (brokers); this module only describes.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -707,12 +708,18 @@ def load_major_json(major: int) -> dict[str, Any]:
 SHIPPED_MAJORS = (1, 2)
 
 
+@functools.cache  # the shipped JSON never changes; a CLI run makes two registries
+def shipped_major(major: int) -> MajorSpec:
+    """The spec of a shipped major, parsed once per process (a MajorSpec is immutable)."""
+    return major_from_json(load_major_json(major))
+
+
 def default_registry() -> Registry:
     """A registry serving every ABI major this release ships, and the WASI preview1 profile."""
     from .wasi.registry import PROFILE as WASI_PROFILE  # the profile builds on this module
 
     registry = Registry()
     for major in SHIPPED_MAJORS:
-        registry.add_major(major_from_json(load_major_json(major)))
+        registry.add_major(shipped_major(major))
     registry.add_profile(WASI_PROFILE)
     return registry

@@ -329,7 +329,7 @@ class Host:
                 return
             self.closed = True
             extensions = list(self._extensions.values())
-        for broker in self.functions.brokers():
+        for broker in self.functions.made_brokers():  # one never made has nothing running
             quiesce = getattr(broker, "quiesce", None)
             if quiesce is not None:
                 quiesce()

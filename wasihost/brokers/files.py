@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from ..errors import ConfigError
+from ..limits import MAX_OPEN_FILES  # open handles per extension (see there)
 from ..status import HostStatus, Status
 from ..wasi import limits as wasi_limits
 from ..wasi.errno import Errno, WasiError, from_oserror
@@ -61,9 +62,6 @@ __all__ = [
 CAPABILITY: Final = "files"
 MiB: Final = 1024 * 1024
 
-# Open handles of one extension (temporary files included): each is a host file descriptor,
-# and the host process has about a thousand of those for every extension it runs.
-MAX_OPEN_FILES: Final = 16
 # Bytes one file_read returns or one file_write takes: the registry's bound (file_read's
 # response limit, file_write's request limit, less CBOR framing). Bigger files take more calls.
 MAX_IO_BYTES: Final = 32768

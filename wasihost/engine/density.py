@@ -7,7 +7,6 @@ See docs/density.md for the measurements behind each choice.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 from collections.abc import Callable
 from typing import cast
@@ -61,12 +60,12 @@ def use_pooling_allocator(config: wasmtime.Config, settings: EngineSettings) -> 
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, looked up once; None on a C library without it."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
     try:
-        found = getattr(ctypes.CDLL(name), "malloc_trim", None)
-    except OSError:
+        # The process's own symbols, libc's among them (as stack.py binds its calls):
+        # ctypes.util.find_library("c") runs ldconfig in a subprocess, 10-30 ms that every
+        # `wasihost run` paid when its host closed.
+        found = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except OSError:  # pragma: no cover - a platform without dlopen(NULL)
         return None
     if found is None:
         return None
