@@ -70,6 +70,17 @@ def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[BaseExc
     return worker, outcome
 
 
+class FakeClock:
+    """Monotonic seconds that move only when a test sets ``now``: injected wherever a host
+    part takes a clock, so no test sleeps to see time pass."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 _BARE_IDS = itertools.count(1)
 
 

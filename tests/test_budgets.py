@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 import pytest
-from conftest import FIXTURES, bare, run_in_thread
+from conftest import FIXTURES, FakeClock, bare, run_in_thread
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import BUDGET_TICKS, budget_steps
@@ -56,14 +56,6 @@ HUNGRY_ROUNDS = 100_000
 CPU_BUDGET = 9_000_000
 # How long a test waits for a call to be in flight, or for an interrupt to land.
 PROMPT_S = 5.0
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

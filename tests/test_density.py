@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ALL_CAPS, FIXTURES, bare, run_in_thread
+from conftest import ALL_CAPS, FIXTURES, FakeClock, bare, run_in_thread
 
 from wasihost.errors import CallError, ConfigError
 from wasihost.eviction import EvictionPolicy, Evictor, HostFull
@@ -49,14 +49,6 @@ MAPS_PER_INSTANCE = 2
 def maps() -> int:
     with open("/proc/self/maps", "rb") as lines:
         return sum(1 for _ in lines)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def evicting_host(

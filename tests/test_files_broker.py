@@ -14,7 +14,7 @@ from typing import Any
 
 import cbor2
 import pytest
-from conftest import FIXTURES, bare, run_in_thread
+from conftest import FIXTURES, FakeClock, bare, run_in_thread
 from files_support import PROXY, call, proxy_wasm, raw_call
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,16 +31,6 @@ from wasihost.wasi import fs as wasi_fs
 FILES = FIXTURES / "files"
 SECRET = b"top secret\n"
 TTL_S = 60.0
-
-
-class FakeClock:
-    """Monotonic seconds that only move when the test says so."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

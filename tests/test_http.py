@@ -23,7 +23,7 @@ from typing import Any
 
 import cbor2
 import pytest
-from conftest import FIXTURES, bare, run_in_thread
+from conftest import FIXTURES, FakeClock, bare, run_in_thread
 from guests import build, escape, guest_wat, host_import
 from hypothesis import given
 from hypothesis import strategies as st
@@ -193,14 +193,6 @@ def resolve(name: str, port: int) -> list[str]:
     if name not in ADDRESSES:
         raise socket.gaierror(socket.EAI_NONAME, "unknown name")
     return ADDRESSES[name]
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def http_host(cache: Path, clock: FakeClock | None = None) -> Host:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import bare
+from conftest import FakeClock, bare
 from guests import build, guest_wat
 
 from wasihost.errors import CallError, ConfigError, FailureClass
@@ -27,14 +27,6 @@ CRASHER = build(
     (i64.load (i32.const -8))"""
     )
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
