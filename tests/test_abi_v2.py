@@ -343,3 +343,56 @@ def test_the_hello_input_carries_the_views_feature_flags(
         assert ext.handshake is not None and list(ext.handshake.features) == features
     finally:
         ext.close()
+
+
+# -- feature flags a guest requires --------------------------------------------------------------
+
+
+def _requiring(features: str, marker: str) -> bytes:
+    return build(guest_wat(marker=marker, extra=f'(@custom "wasihost_features" "{features}")'))
+
+
+def test_a_guest_requiring_a_feature_its_view_offers_is_admitted_and_runs(host: Host) -> None:
+    ext = host.admit(bare(_requiring("native-log,bytes-commands", "2.0")), grants=["log"])
+    try:
+        assert ext.call("noop") is None
+        assert ext.handshake is not None and "native-log" in ext.handshake.features
+    finally:
+        ext.close()
+    ext = host.admit(bare(_requiring("bytes-commands", "1.1")), grants=["log"])
+    ext.close()
+
+
+@pytest.mark.parametrize(
+    ("features", "marker", "missing", "label"),
+    [
+        ("native-log", "1.1", "native-log", "ABI 1.1"),
+        ("bytes-commands", "1.0", "bytes-commands", "ABI 1.0"),
+        ("native-log,teleport", "2.0", "teleport", "ABI 2.0"),
+    ],
+)
+def test_a_guest_requiring_a_feature_its_view_lacks_is_refused_naming_it(
+    host: Host, features: str, marker: str, missing: str, label: str
+) -> None:
+    text = _refusal(host, _requiring(features, marker))
+    assert f"module requires feature {missing!r}, which {label} of this host does not offer" in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ('(@custom "wasihost_features" "Native-Log")', "is not a feature name"),
+        ('(@custom "wasihost_features" "native-log, bytes-commands")', "is not a feature name"),
+        ('(@custom "wasihost_features" "")', "is not a feature name"),
+        ('(@custom "wasihost_features" "\\ff")', "is not ASCII"),
+        (f'(@custom "wasihost_features" "{"a," * 200}a")', "over 256"),
+        (
+            '(@custom "wasihost_features" "native-log") (@custom "wasihost_features" "x")',
+            "2 'wasihost_features' sections; at most one",
+        ),
+    ],
+)
+def test_a_malformed_features_section_is_refused_before_any_code_runs(
+    host: Host, extra: str, says: str
+) -> None:
+    assert says in _refusal(host, build(guest_wat(marker="2.0", extra=extra)))

@@ -7,6 +7,8 @@ problem found is reported, each naming the import, export or declaration at faul
 
 from __future__ import annotations
 
+import re
+
 import attrs
 
 from .errors import AdmissionError
@@ -24,6 +26,12 @@ from .wasmbin import PAGE_BYTES, ModuleHeader
 
 MARKER_SECTION = "wasihost_abi"
 MARKER_MAX_BYTES = 16
+# Feature flags a guest cannot run without: a custom section of comma-separated names, read
+# before compiling like the marker. A view offers a handful of flags; 256 bytes names dozens.
+FEATURES_SECTION = "wasihost_features"
+FEATURES_MAX_BYTES = 256
+# A flag's name as the registries spell them ("bytes-commands", "native-log").
+_FEATURE_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
 # Every guest built on the SDK (and every wasi-libc program) has exactly one table; a second
 # one buys a guest nothing this ABI offers.
 MAX_TABLES = 1
@@ -80,6 +88,42 @@ def declared_version(header: ModuleHeader) -> AbiVersion:
         return AbiVersion.parse(raw.decode("ascii"))
     except (UnicodeDecodeError, ValueError):
         raise AdmissionError([f"{MARKER_SECTION!r} section {raw!r} is not MAJOR.MINOR"]) from None
+
+
+def required_features(header: ModuleHeader) -> tuple[tuple[str, ...], list[str]]:
+    """The feature flags the module's ``wasihost_features`` section requires, and what is
+    wrong with the section (at most one, ASCII, comma-separated names, bounded)."""
+    sections = header.custom(FEATURES_SECTION)
+    if not sections:
+        return (), []
+    if len(sections) > 1:
+        return (), [f"module has {len(sections)} {FEATURES_SECTION!r} sections; at most one"]
+    raw = sections[0]
+    if len(raw) > FEATURES_MAX_BYTES:
+        return (), [f"{FEATURES_SECTION!r} section is {len(raw)} bytes, over {FEATURES_MAX_BYTES}"]
+    try:
+        names = raw.decode("ascii").split(",")
+    except UnicodeDecodeError:
+        return (), [f"{FEATURES_SECTION!r} section is not ASCII"]
+    bad = [n for n in names if not _FEATURE_NAME.fullmatch(n)]
+    if bad:
+        return (), [
+            f"{FEATURES_SECTION!r} section: {bad[0][:40]!r} is not a feature name "
+            "(comma-separated, lowercase letters, digits and '-', no spaces)"
+        ]
+    return tuple(dict.fromkeys(names)), []
+
+
+def _missing_features(header: ModuleHeader, view: RegistryView) -> list[str]:
+    required, problems = required_features(header)
+    offered = view.features
+    for name in required:
+        if name not in offered:
+            problems.append(
+                f"module requires feature {name!r}, which {view.label} of this host does not "
+                f"offer (it offers: {', '.join(offered) or 'none'})"
+            )
+    return problems
 
 
 def declared_namespaces(
@@ -277,10 +321,12 @@ def admit(
         served = ", ".join(str(v) for v in registry.versions)
         raise AdmissionError([f"module declares ABI {version}; this host serves {served}"])
     declared, problems = declared_namespaces(header, registry)
+    view = registry.view(version, declared)
+    problems += _missing_features(header, view)
     return _admit_with(
         header,
         registry,
-        registry.view(version, declared),
+        view,
         grant,
         max_memory_bytes,
         max_table_elements,
