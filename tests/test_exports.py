@@ -30,7 +30,8 @@ def test_pure_core_imports_without_the_engine() -> None:
         "import sys; import wasihost.registry, wasihost.admission, wasihost.codec, "
         "wasihost.manifest, wasihost.policy, wasihost.grants, wasihost.lifecycle, "
         "wasihost.wasmbin, wasihost.tokens, wasihost.planning, wasihost.inspect, "
-        "wasihost.package, wasihost.packaging.archive, wasihost.packaging.signing; "
+        "wasihost.package, wasihost.packaging.archive, wasihost.packaging.signing, "
+        "wasihost.budgets, wasihost.scheduling, wasihost.supervision; "
         "assert 'wasmtime' not in sys.modules, 'the pure core imported wasmtime'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
