@@ -368,9 +368,14 @@ class Extension:
     def _record_fuel(self, used: int) -> None:
         self._local.state.fuel = used
         self._last_fuel = used
-        crossing = self._add_fuel(used)  # budgets: burnt, so counted
-        if crossing is not None:
-            self.host.governor.fuel_crossed(self, crossing)
+        self._charge_fuel(used)
+
+    def _charge_fuel(self, used: int) -> CallError | None:
+        """budgets: count fuel already burnt against the CPU budget and apply the action of a
+        crossing; under terminate, the failure the burning call ends with. (The call path
+        does this inline, with its own handling of that failure.)"""
+        crossing = self._add_fuel(used)
+        return None if crossing is None else self.host.governor.fuel_crossed(self, crossing)
 
     # -- budgets (governor.py) ------------------------------------------------------------
 
@@ -485,9 +490,7 @@ class Extension:
         slot, budget, _ = self._checkout(None, None, None, None)
         self._checkin(slot)
         if budget is not None:  # budgets: the start-up's fuel counts like a call's
-            crossing = self._add_fuel(budget.used)
-            if crossing is not None:
-                self.host.governor.fuel_crossed(self, crossing)
+            self._charge_fuel(budget.used)
         if self._spare_due:
             self._spare_due = False
             self._schedule_spare()
@@ -915,9 +918,7 @@ class Extension:
                 slot.instance.instantiate(budget)
             handshake = self._run_handshake(slot.instance, budget)
             # budgets: a spare's start-up is the extension's CPU like any other start's.
-            crossing = self._add_fuel(budget.used)
-            if crossing is not None:
-                self.host.governor.fuel_crossed(self, crossing)
+            self._charge_fuel(budget.used)
             with self._lock:
                 keep = (
                     generation == self._spare_generation
