@@ -125,13 +125,15 @@ def test_help_and_unknown_commands_still_see_every_command() -> None:
 
 def test_each_deferred_broker_says_what_its_class_says() -> None:
     # What the host reads before a deferred broker is made must be its class's own.
-    for name, module, cls_name, functions, caps in brokers.DEFERRED:
-        cls = getattr(importlib.import_module(f"wasihost.brokers.{module}"), cls_name)
+    for name, cls_name in brokers.DEFERRED:
+        deferred = brokers.DeferredBroker(name, cls_name)
+        cls = getattr(importlib.import_module(f"wasihost.brokers.{name}"), cls_name)
         assert (cls.name, tuple(cls.functions), frozenset(cls.capabilities)) == (
-            name,
-            functions,
-            caps,
+            deferred.name,
+            deferred.functions,
+            deferred.capabilities,
         )
+        assert deferred.functions, name
         assert frozenset(getattr(cls, "conventions", ("cbor",))) == frozenset({"cbor"})
 
 

@@ -12,53 +12,18 @@ import importlib
 import threading
 from typing import Any
 
-# The built-in brokers most modules never use, with what the host needs to know of each before
-# any extension uses it (the registry entries it serves and their capabilities): their modules
-# (threads, sockets, the key-value store, the file code) are imported on first use. Each row
-# equals its class's own attributes (tests/test_startup.py checks).
-DEFERRED: tuple[tuple[str, str, str, tuple[str, ...], frozenset[str]], ...] = (
-    ("secrets", "secrets", "SecretsBroker", ("wasihost_v1.secret_hmac",), frozenset({"secrets"})),
-    (
-        "events",
-        "events",
-        "EventsBroker",
-        ("wasihost_v1.events_subscribe", "wasihost_v1.events_unsubscribe"),
-        frozenset({"events"}),
-    ),
-    (
-        "files",
-        "files",
-        "FilesBroker",
-        (
-            "wasihost_v1.file_open",
-            "wasihost_v1.file_temp",
-            "wasihost_v1.file_read",
-            "wasihost_v1.file_write",
-            "wasihost_v1.file_close",
-        ),
-        frozenset({"files"}),
-    ),
-    ("http", "http", "HttpBroker", ("wasihost_v1.http_request",), frozenset({"http"})),
-    (
-        "storage",
-        "storage",
-        "StorageBroker",
-        (
-            "wasihost_v1.storage_get",
-            "wasihost_v1.storage_put",
-            "wasihost_v1.storage_delete",
-            "wasihost_v1.storage_list",
-            "wasihost_v1.storage_cas",
-        ),
-        frozenset({"storage"}),
-    ),
-    (
-        "jobs",
-        "jobs",
-        "JobsBroker",
-        ("wasihost_v1.jobs_schedule", "wasihost_v1.jobs_cancel"),
-        frozenset({"jobs"}),
-    ),
+# The built-in brokers most modules never use, by name (also their module's) and class: their
+# modules (threads, sockets, the key-value store, the file code) are imported on first use.
+# What the host needs to know of each before then, the registry entries it serves and their
+# capability, is read from the shipped registry: each serves the ABI 1.x entries of the
+# capability named like it (tests/test_startup.py checks that this is its class's own).
+DEFERRED: tuple[tuple[str, str], ...] = (
+    ("secrets", "SecretsBroker"),
+    ("events", "EventsBroker"),
+    ("files", "FilesBroker"),
+    ("http", "HttpBroker"),
+    ("storage", "StorageBroker"),
+    ("jobs", "JobsBroker"),
 )
 
 
@@ -68,14 +33,16 @@ class DeferredBroker:
     it holds nothing: no extension has opened it, so there is nothing to quiesce, checkpoint
     or shut down (:meth:`loaded` tells; the host skips it then)."""
 
-    def __init__(
-        self, name: str, module: str, cls: str, functions: tuple[str, ...], caps: frozenset[str]
-    ) -> None:
+    def __init__(self, name: str, cls: str) -> None:
+        from ..registry import shipped_major  # parsed once per process
+
         self.name = name
-        self.functions = functions
-        self.capabilities = caps
+        self.functions = tuple(
+            f.qualified_name for f in shipped_major(1).functions if f.capability == name
+        )
+        self.capabilities = frozenset({name})
         self.conventions = frozenset({"cbor"})  # every deferred built-in speaks cbor only
-        self._where = (f"{__name__}.{module}", cls)
+        self._where = (f"{__name__}.{name}", cls)
         self._broker: Any = None
         self._lock = threading.Lock()
 
