@@ -37,7 +37,7 @@ from .manifest import PAYLOAD_BYTES, Manifest, Resources
 from .package import Package
 from .planning import check_package_policy, plan_package
 from .policy import Grant
-from .registry import HostFunction
+from .registry import HostFunction, RegistryView
 from .supervision import BackingOff, crash_class
 
 if TYPE_CHECKING:
@@ -310,7 +310,7 @@ class Extension:
         self._want_spare = False
         self._spare_due = False  # a spare was used: make the next after the call returns
         self.spare_starts = 0  # starts served by a warm spare (diagnostics, tests)
-        self._hello: tuple[tuple[int, tuple[str, ...]], bytes] | None = None  # see _hello_request
+        self._hello: tuple[int, RegistryView, bytes] | None = None  # see _hello_request
         # Scheduling hook (wasihost.call_gate): the host's call slots, None without a scheduler.
         self._call_gate = host.call_gate
 
@@ -1139,14 +1139,18 @@ class Extension:
     def _hello_request(self) -> bytes:
         """``wasihost.hello``'s request, remembered while the registry's majors and the view
         the guest linked against stay as they are (a major is never removed or replaced, so
-        their count says whether they changed; a new plan may bring another view)."""
+        their count says whether they changed; a new plan brings a new view object)."""
         registry = self.host.registry
-        key = (len(registry.majors), self.plan.view.features)
+        view = self.plan.view
         known = self._hello
-        if known is None or known[0] != key:
+        if known is None or known[0] != len(registry.majors) or known[1] is not view:
             versions = tuple(str(v) for v in registry.versions)
-            known = self._hello = (key, _hello_request(versions, self.plan.view.features))
-        return known[1]
+            known = self._hello = (
+                len(registry.majors),
+                view,
+                _hello_request(versions, view.features),
+            )
+        return known[2]
 
     def _run_handshake(self, instance: Instance, budget: Budget) -> Handshake:
         hello = self._reserved(instance, "wasihost.hello", self._hello_request(), budget)
