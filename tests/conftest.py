@@ -72,13 +72,40 @@ def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[BaseExc
 
 class FakeClock:
     """Monotonic seconds that move only when a test sets ``now``: injected wherever a host
-    part takes a clock, so no test sleeps to see time pass."""
+    part takes a clock, so no test sleeps to see time pass.
+
+    :meth:`sleep` is the governor's wait for room (``Governor(sleep=clock.sleep)``): it moves
+    the clock on by the wait at once, unless ``hold`` is set; then it returns only once the
+    test has moved ``now`` past the wait's end or something woke it (``sleeping`` is set
+    meanwhile, so that a test can act while a call waits)."""
+
+    # A held sleep that nothing ends within this (real) time is a broken test, not a wait.
+    HOLD_LIMIT_S = 10.0
 
     def __init__(self) -> None:
         self.now = 1000.0
+        self.hold = False
+        self.sleeps: list[float] = []
+        self.sleeping = threading.Event()
 
     def __call__(self) -> float:
         return self.now
+
+    def sleep(self, seconds: float, wake: threading.Event) -> None:
+        self.sleeps.append(seconds)
+        if not self.hold:
+            if not wake.is_set():
+                self.now += seconds
+            return
+        end = self.now + seconds
+        self.sleeping.set()
+        try:
+            for _ in range(int(self.HOLD_LIMIT_S / 0.002)):
+                if self.now >= end or wake.wait(0.002):
+                    return
+            raise AssertionError("a held sleep was never ended")
+        finally:
+            self.sleeping.clear()
 
 
 _BARE_IDS = itertools.count(1)

@@ -32,6 +32,7 @@ from wasihost.budgets import (
     Crossing,
     Resource,
     ResourceBudget,
+    ThrottleMode,
     budget_for,
 )
 from wasihost.cli import main
@@ -505,10 +506,22 @@ def test_budget_policies_refuse_what_they_cannot_mean() -> None:
     with pytest.raises(ConfigError):
         BudgetPolicy(actions={"cpu_fuel_per_minute": "explode"})
     with pytest.raises(ConfigError):
-        BudgetPolicy(actions={"memory_bytes": "throttle"})  # a level takes no action
-    named = BudgetPolicy(actions={"network_bytes_per_hour": "terminate"})
+        BudgetPolicy(actions={"disk_bytes": "throttle"})  # no such resource
+    with pytest.raises(ConfigError):
+        BudgetPolicy(actions={3: "throttle"})
+    with pytest.raises(ConfigError):
+        BudgetPolicy(throttle_mode="sometimes")
+    named = BudgetPolicy(
+        actions={"network_bytes_per_hour": "terminate", "memory_bytes": "pause"},
+        throttle_mode="delay",
+    )
     assert named.actions[Resource.NETWORK_BYTES_PER_HOUR] is Action.TERMINATE
     assert named.actions[Resource.CPU_FUEL_PER_MINUTE] is Action.THROTTLE
+    assert named.actions[Resource.MEMORY_BYTES] is Action.PAUSE
+    # The levels warn unless told otherwise: their static limits refuse as they always did.
+    assert named.actions[Resource.STORAGE_BYTES] is Action.WARN
+    assert named.throttle_mode is ThrottleMode.DELAY
+    assert BudgetPolicy().throttle_mode is ThrottleMode.REFUSE
 
 
 # -- the host's own work always wins ------------------------------------------------------------

@@ -1,12 +1,14 @@
 """Per-extension resource budgets over time, and what crossing one does: pure bookkeeping.
 
 An extension's :class:`ResourceBudget` is its manifest's request intersected with the host's
-:class:`BudgetPolicy` (each number the smaller of the two). Most of its resources are levels
-that a static limit already holds (fuel per call, memory, storage bytes, open handles,
+:class:`BudgetPolicy` (each number the smaller of the two). Seven of its resources are
+levels that a static limit holds (fuel per call, memory, storage bytes, open handles,
 background jobs, event-queue depth, concurrent calls: the engine or a broker refuses past
-them). Two are rates, accounted here over a sliding window: **CPU fuel per minute** and
-**network bytes per hour**. Crossing one fires the policy's :class:`Action` for it: ``warn``,
-``throttle``, ``pause`` or ``terminate`` (docs/budgets.md says what each does).
+them, and reports the refusal here). Two are rates, accounted here over a sliding window:
+**CPU fuel per minute** and **network bytes per hour**. Crossing any of them fires the
+policy's :class:`Action` for it: ``warn``, ``throttle``, ``pause`` or ``terminate``
+(docs/budgets.md says what each does). Under ``throttle`` a call is refused with a retry hint
+or, in :attr:`ThrottleMode.DELAY`, waits for room (bounded).
 
 No engine, no I/O, an injectable clock: :class:`Account` answers what a charge or a call
 means, and :mod:`wasihost.governor` applies the answer to a running extension.
@@ -43,17 +45,28 @@ class Resource(enum.Enum):
 
 
 class Action(enum.Enum):
-    """What crossing a rate budget does, from mildest to hardest."""
+    """What crossing a budget does, from mildest to hardest."""
 
     # Journal it and count it; nothing is refused.
     WARN = "warn"
-    # Refuse what would consume more until the window has room again, with a retry hint.
+    # Refuse what would consume more until the window has room again (a level: for
+    # LEVEL_COOL_OFF_S), with a retry hint; or, in ThrottleMode.DELAY, let a call wait for it.
     THROTTLE = "throttle"
     # Refuse every call until the operator resumes the extension.
     PAUSE = "pause"
     # Stop every call in flight; the extension crashes (class resource_limit) and may not
-    # restart until the window has room.
+    # restart until the window has room (a level: for LEVEL_COOL_OFF_S).
     TERMINATE = "terminate"
+
+
+class ThrottleMode(enum.Enum):
+    """What ``throttle`` does to a call made while its extension is throttled."""
+
+    # Refused at once with Throttled and its retry hint: the caller decides what to do.
+    REFUSE = "refuse"
+    # Waits for room, with no lock held, at most until the call's own deadline and
+    # MAX_THROTTLE_DELAY_S; refused as under REFUSE if room would come later than that.
+    DELAY = "delay"
 
 
 # The two rate budgets and the length of their windows.
@@ -63,6 +76,9 @@ WINDOWS: Final[Mapping[Resource, float]] = MappingProxyType(
     {Resource.CPU_FUEL_PER_MINUTE: CPU_WINDOW_S, Resource.NETWORK_BYTES_PER_HOUR: NETWORK_WINDOW_S}
 )
 RATES: Final = tuple(WINDOWS)
+# The seven levels: a static limit refuses past each (the engine, the pool or a broker), and
+# the refusal is reported to the governor, which fires the level's action.
+LEVELS: Final = tuple(r for r in Resource if r not in WINDOWS)
 # Waits are rounded up by this much: a clock moved on by a retry hint has surely reached it,
 # whatever the float arithmetic of bucket boundaries.
 WAIT_MARGIN_S: Final = 1e-6
@@ -80,6 +96,24 @@ MIN_NETWORK_BYTES_PER_HOUR: Final = 1
 MAX_NETWORK_BYTES_PER_HOUR: Final = 64 * 1024 * 1024 * 1024
 # Both rates throttle by default: an extension over its budget waits, and nothing is lost.
 DEFAULT_ACTION: Final = Action.THROTTLE
+# The levels warn by default: their static limits already refuse what is past them (as they
+# did before levels fired actions), and the crossing is journaled and counted on top.
+DEFAULT_LEVEL_ACTION: Final = Action.WARN
+# How long a level's crossing lasts as an episode: under throttle (and terminate) the
+# extension's calls are refused (or delayed) this long; under any action, further crossings
+# of that level within it fire nothing more, so a guest retrying a refused write in a loop
+# makes one journal line, not thousands. Ten seconds: long enough for a well-behaved guest's
+# caller to notice and back off, short enough that an honest mistake (a full store, a burst
+# of events) costs little.
+LEVEL_COOL_OFF_S: Final = 10.0
+# Refusing stays the default: a delayed call holds its caller's thread (for acall, one of the
+# host's call threads) while it waits, which an embedder should choose knowingly, and every
+# caller written against Throttled keeps working.
+DEFAULT_THROTTLE_MODE: Final = ThrottleMode.REFUSE
+# The longest a call may wait for room under ThrottleMode.DELAY, whatever its deadline: half a
+# minute covers a CPU window's oldest buckets leaving (one a second) and a level's cool-off,
+# and no interactive caller should be held longer; past it the call is refused with the hint.
+MAX_THROTTLE_DELAY_S: Final = 30.0
 
 
 def _rate_in(low: int, high: int) -> Callable[[object, attrs.Attribute[int], int], None]:
@@ -92,26 +126,47 @@ def _rate_in(low: int, high: int) -> Callable[[object, attrs.Attribute[int], int
 
 def _actions(value: Mapping[Any, Any]) -> Mapping[Resource, Action]:
     actions = dict.fromkeys(RATES, DEFAULT_ACTION)
+    actions.update(dict.fromkeys(LEVELS, DEFAULT_LEVEL_ACTION))
     for key, action in dict(value).items():
         try:
             resource = Resource(key) if isinstance(key, str) else key
             chosen = Action(action) if isinstance(action, str) else action
         except ValueError:
             raise ConfigError(f"budget action {key!r}={action!r}: unknown name") from None
-        if resource not in WINDOWS or not isinstance(chosen, Action):
+        if not isinstance(resource, Resource) or not isinstance(chosen, Action):
             raise ConfigError(
-                f"budget action {key!r}: only {', '.join(r.value for r in RATES)} take an "
-                f"action, one of {', '.join(a.value for a in Action)}"
+                f"budget action {key!r}={action!r}: a resource "
+                f"({', '.join(r.value for r in Resource)}) takes one of "
+                f"{', '.join(a.value for a in Action)}"
             )
         actions[resource] = chosen
     return MappingProxyType(actions)
 
 
+def _throttle_mode(value: object) -> ThrottleMode:
+    try:
+        return ThrottleMode(value)
+    except ValueError:
+        raise ConfigError(
+            f"throttle mode {value!r}: one of {', '.join(m.value for m in ThrottleMode)}"
+        ) from None
+
+
+def stricter_mode(policy: ThrottleMode, requested: ThrottleMode | None) -> ThrottleMode:
+    """The intersection of the host's throttle mode and a manifest's request: a call waits
+    only if both allow it (a silent manifest follows the host)."""
+    if requested is ThrottleMode.REFUSE:
+        return ThrottleMode.REFUSE
+    return policy
+
+
 @attrs.frozen
 class BudgetPolicy:
-    """The host's side of the rate budgets: a ceiling on each rate and the action its
-    crossing fires. ``actions`` maps a rate (its :class:`Resource` or its name) to an
-    :class:`Action` (or its name); a rate not named keeps :data:`DEFAULT_ACTION`."""
+    """The host's side of the budgets: a ceiling on each rate, the action each resource's
+    crossing fires, and what ``throttle`` does to a call. ``actions`` maps a resource (its
+    :class:`Resource` or its name) to an :class:`Action` (or its name); a rate not named keeps
+    :data:`DEFAULT_ACTION`, a level :data:`DEFAULT_LEVEL_ACTION`. ``throttle_mode``
+    (:class:`ThrottleMode` or its name) is :data:`DEFAULT_THROTTLE_MODE` unless set."""
 
     cpu_fuel_per_minute: int = attrs.field(
         default=limits.DEFAULT_CPU_FUEL_PER_MINUTE,
@@ -123,6 +178,9 @@ class BudgetPolicy:
     )
     actions: Mapping[Resource, Action] = attrs.field(
         converter=_actions, factory=dict, eq=False, hash=False
+    )
+    throttle_mode: ThrottleMode = attrs.field(
+        default=DEFAULT_THROTTLE_MODE, converter=_throttle_mode
     )
 
 
@@ -142,6 +200,7 @@ class ResourceBudget:
     event_queue_depth: int | None
     concurrent_calls: int
     actions: Mapping[Resource, Action] = attrs.field(eq=False, hash=False)
+    throttle_mode: ThrottleMode = DEFAULT_THROTTLE_MODE
 
     def limit(self, resource: Resource) -> int | None:
         value: int | None = getattr(self, resource.value)
@@ -150,6 +209,7 @@ class ResourceBudget:
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {r.value: self.limit(r) for r in Resource}
         out["actions"] = {r.value: a.value for r, a in self.actions.items()}
+        out["throttle_mode"] = self.throttle_mode.value
         return out
 
 
@@ -168,8 +228,16 @@ class Crossing:
     retry_after_s: float
     fired: bool
     refused: bool
+    # A level's crossing: what its static limit refused (``used`` is then what was in use
+    # or asked for, as far as the refusing part knows it; ``limit`` the limit).
+    refusal: str | None = None
 
     def describe(self) -> str:
+        if self.refusal is not None:
+            return (
+                f"{self.resource.value} limit {self.limit} reached: {self.refusal} "
+                f"(action {self.action.value}; cool-off {self.retry_after_s:.3f} s)"
+            )
         return (
             f"{self.resource.value} budget crossed: {self.used} of {self.limit} "
             f"(action {self.action.value}; room again in {self.retry_after_s:.3f} s)"
@@ -258,6 +326,10 @@ class Account:
         self._cpu_over = False
         self.fired: dict[Action, int] = dict.fromkeys(Action, 0)
         self.refusals = 0
+        # Calls that waited for room under ThrottleMode.DELAY (whatever came of the wait).
+        self.delays = 0
+        # The episode of each level crossed lately: (until, crossing), on the clock.
+        self._cool: dict[Resource, tuple[float, Crossing]] = {}
         # For add_fuel, on every call: the CPU window and its limit, looked up once.
         self._cpu = self._windows[Resource.CPU_FUEL_PER_MINUTE]
         self._cpu_limit = budget.cpu_fuel_per_minute
@@ -338,25 +410,35 @@ class Account:
             self._windows[resource].remove(self._clock(), amount)
 
     def wait(self) -> float | None:
-        """While calls are refused (the CPU rate over budget under ``throttle`` or
-        ``terminate``): seconds until they are admitted again; else None. Counts nothing."""
+        """While calls are refused (the CPU rate over budget, or a level's cool-off, under
+        ``throttle`` or ``terminate``): seconds until they are admitted again; else None.
+        Counts nothing."""
         resource = Resource.CPU_FUEL_PER_MINUTE
-        if self.budget.actions[resource] not in (Action.THROTTLE, Action.TERMINATE):
-            return None
+        refusing = (Action.THROTTLE, Action.TERMINATE)
         with self._lock:
             now = self._clock()
-            window = self._windows[resource]
-            limit = self.budget.cpu_fuel_per_minute
-            if window.used(now) <= limit:
-                return None
-            return window.wait_for(now, limit)
+            waits = [
+                until - now + WAIT_MARGIN_S
+                for r, (until, _) in self._cool.items()
+                if now < until and self.budget.actions[r] in refusing
+            ]
+            if self.budget.actions[resource] in refusing:
+                window = self._windows[resource]
+                limit = self.budget.cpu_fuel_per_minute
+                if window.used(now) > limit:
+                    waits.append(window.wait_for(now, limit))
+            return max(waits) if waits else None
 
-    def admit_call(self) -> Crossing | None:
-        """Before a call: None while the CPU rate is within its budget. Over it, the Crossing:
-        ``refused`` under ``throttle`` or ``terminate`` (it says until when); ``fired`` if no
-        episode was going on (a lowered budget put the usage over without a charge crossing
-        it), so that the action fires before the call, not after. Network bytes are refused
-        where they are spent, request by request (:meth:`charge`), not here."""
+    def admit_call(self, *, count: bool = True) -> Crossing | None:
+        """Before a call: None while the CPU rate is within its budget and no level's
+        cool-off refuses calls. Over the rate, the Crossing: ``refused`` under ``throttle`` or
+        ``terminate`` (it says until when); ``fired`` if no episode was going on (a lowered
+        budget put the usage over without a charge crossing it), so that the action fires
+        before the call, not after. Within a level's cool-off under ``throttle`` or
+        ``terminate``, that level's Crossing, refused until the cool-off ends. Network bytes
+        are refused where they are spent, request by request (:meth:`charge`), not here.
+        ``count``: a refusal is counted now (not when the caller may wait instead: it counts
+        with :meth:`count_refusal` if the wait gives up)."""
         resource = Resource.CPU_FUEL_PER_MINUTE
         with self._lock:
             now = self._clock()
@@ -365,19 +447,66 @@ class Account:
             used = window.used(now)
             if used <= limit:
                 self._set_over(resource, False)
-                return None
+                return self._cooling(now, count) if self._cool else None
             action = self.budget.actions[resource]
             fired = not self._over[resource]
             if fired:
                 self._set_over(resource, True)
                 self.fired[action] += 1
             refused = action in (Action.THROTTLE, Action.TERMINATE)
-            if refused:
+            if refused and count:
                 self.refusals += 1
             if not (fired or refused):
-                return None
+                return self._cooling(now, count) if self._cool else None
             wait = window.wait_for(now, limit)
             return Crossing(resource, action, used, limit, wait, fired, refused)
+
+    def _cooling(self, now: float, count: bool) -> Crossing | None:
+        """Lock held: the level cool-off that refuses calls now (the longest), if any; the
+        episodes that are over are forgotten."""
+        refusing: Crossing | None = None
+        for resource, (until, crossing) in list(self._cool.items()):
+            if now >= until:
+                del self._cool[resource]
+            elif self.budget.actions[resource] in (Action.THROTTLE, Action.TERMINATE):
+                left = until - now + WAIT_MARGIN_S
+                if refusing is None or left > refusing.retry_after_s:
+                    refusing = attrs.evolve(
+                        crossing, retry_after_s=left, fired=False, refused=True
+                    )
+        if refusing is not None and count:
+            self.refusals += 1
+        return refusing
+
+    def level_crossed(
+        self, resource: Resource, used: int, limit: int, refusal: str
+    ) -> Crossing | None:
+        """A level's static limit refused something (``refusal`` says what). The first
+        crossing of an episode fires the level's action and starts its cool-off
+        (:data:`LEVEL_COOL_OFF_S`); a crossing within it returns None (nothing more fires)."""
+        if resource in WINDOWS:
+            raise ValueError(f"{resource.value} is a rate: charge it")
+        with self._lock:
+            now = self._clock()
+            episode = self._cool.get(resource)
+            if episode is not None and now < episode[0]:
+                return None
+            action = self.budget.actions[resource]
+            crossing = Crossing(
+                resource, action, used, limit, LEVEL_COOL_OFF_S, True, False, refusal
+            )
+            self._cool[resource] = (now + LEVEL_COOL_OFF_S, crossing)
+            self.fired[action] += 1
+            return crossing
+
+    def count_refusal(self) -> None:
+        """A call that waited for room (ThrottleMode.DELAY) and was refused after all."""
+        with self._lock:
+            self.refusals += 1
+
+    def count_delay(self) -> None:
+        with self._lock:
+            self.delays += 1
 
     def over(self, resource: Resource) -> bool:
         with self._lock:
@@ -388,8 +517,9 @@ def budget_for(
     resources: Resources, manifest: Manifest | None, policy: BudgetPolicy, open_handles: int
 ) -> ResourceBudget:
     """An extension's budget: its (already policy-capped) resources, its manifest's
-    ``[http]``, ``[jobs]`` and ``[events]`` requests, each rate lowered to the host's
-    ceiling. ``open_handles`` is the files broker's fixed limit."""
+    ``[http]``, ``[jobs]``, ``[events]`` and ``[budget]`` requests, each rate lowered to the
+    host's ceiling and the throttle mode the stricter of the two. ``open_handles`` is the
+    files broker's fixed limit."""
     http = manifest.http.bytes_per_hour if manifest is not None else DEFAULT_HTTP_BYTES_PER_HOUR
     jobs = manifest.jobs if manifest is not None else None
     events = manifest.events if manifest is not None else None
@@ -404,4 +534,8 @@ def budget_for(
         event_queue_depth=events.queue_depth if events is not None else None,
         concurrent_calls=resources.max_concurrency,
         actions=policy.actions,
+        throttle_mode=stricter_mode(
+            policy.throttle_mode,
+            ThrottleMode(manifest.throttle) if manifest is not None and manifest.throttle else None,
+        ),
     )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import attrs
 
 from .admission import AdmissionPlan
+from .budgets import Resource
 from .codec import CodecLimits, decode, encode
 from .engine import BoundImport, Budget, CompiledModule, Instance, StoreLimits
 from .errors import (
@@ -31,6 +32,7 @@ from .errors import (
     WasihostError,
 )
 from .extlog import ExtensionLog, LogRecord
+from .governor import TERMINATED_PREFIX, Delayed, DelayState
 from .grants import GrantState
 from .lifecycle import Event, ExtensionRevoked, ExtensionUnavailable, Lifecycle, State
 from .manifest import PAYLOAD_BYTES, Manifest, Resources
@@ -212,6 +214,16 @@ def _load_call_async() -> Callable[..., Coroutine[Any, Any, Any]]:
     return call_async
 
 
+# The failures of a call that may be at a level's static limit, reported to the governor
+# (a trap or panic only with the memory at its limit, see Extension._level_failure).
+_LEVEL_FAILURES = frozenset(
+    {FailureClass.OUT_OF_FUEL, FailureClass.MEMORY_LIMIT, FailureClass.TRAP, FailureClass.PANIC}
+)
+# One wasm page: a guest's memory within this of its limit could not grow by one more page,
+# so a trap there is taken for the refused growth's (budgets: the memory_bytes level).
+MEMORY_NEAR_LIMIT_BYTES = 64 * 1024
+
+
 def _cancelled() -> CallError:
     return CallError(FailureClass.CANCELLED, "cancelled by the caller")
 
@@ -296,6 +308,11 @@ class Extension:
         # budgets: this id's rate accounts (CPU fuel a minute, network bytes an hour).
         self.account = host.governor.open(self)
         self._add_fuel = self.account.add_fuel
+        # Calls waiting for room under ThrottleMode.DELAY, each with the event that ends its
+        # wait early (a cancel, close, stop, pause, revocation, shutdown). A lock of its own:
+        # lifecycle changes set them, and some happen under _lock.
+        self._delay_lock = threading.Lock()
+        self._delay_wakes: set[threading.Event] = set()
         # [density] the host's idle eviction (eviction.py), None without an eviction policy.
         self._evictor = host.evictor
         # The warm spare (at most one, never shared: its own Store and memory), and the one
@@ -390,10 +407,10 @@ class Extension:
         """The next call takes the slow path (and so meets the governor's check)."""
         self._seen_grants = None
 
-    def stop_calls(self, failure: CallError, *, locked: bool = False) -> None:
+    def stop_calls(self, failure: CallError, *, locked: bool = False) -> int:
         """Every call in flight ends at its next epoch tick with ``failure`` (the governor's
         terminate); each then crashes the extension as any such failure does. ``locked``:
-        the caller holds ``_lock`` (a check before a call)."""
+        the caller holds ``_lock`` (a check before a call). Returns how many it stopped."""
         if not locked:
             with self._lock:
                 busy = [slot for slot in self._slots if slot not in self._idle]
@@ -401,6 +418,32 @@ class Extension:
             busy = [slot for slot in self._slots if slot not in self._idle]
         for slot in busy:
             slot.instance.stop(failure)
+        return len(busy)
+
+    def terminate(self, failure: CallError) -> None:
+        """The governor's ``terminate`` with no call in flight to end: the extension crashes
+        as that call would have (its restart policy decides what follows)."""
+        self._crash(f"{failure.failure.value}: {failure.message}", failure.failure)
+
+    def delay_wake(self) -> threading.Event:
+        """A call starts waiting for room: the event that ends its wait early."""
+        wake = threading.Event()
+        with self._delay_lock:
+            self._delay_wakes.add(wake)
+        if self._draining or self.lifecycle.state is State.CLOSED:
+            wake.set()  # landed before the wait could be woken
+        return wake
+
+    def delay_done(self, wake: threading.Event) -> None:
+        with self._delay_lock:
+            self._delay_wakes.discard(wake)
+
+    def _wake_delays(self) -> None:
+        """Every call waiting for room looks at the extension again now."""
+        if self._delay_wakes:  # read without the lock: a wait registers before it sleeps
+            with self._delay_lock:
+                for wake in self._delay_wakes:
+                    wake.set()
 
     def _set_task_fuel(self, used: int | None) -> None:
         """After an acall, in the awaiting task's context."""
@@ -443,6 +486,7 @@ class Extension:
         self.host.journal(self.id, "step", f"{step}: {detail}")
 
     def _on_transition(self, before: State, event: Event, after: State) -> None:
+        self._wake_delays()  # a call waiting for room sees the change at once
         if self.host.state is not None:
             # Closing a quarantined extension (the host shutting down) keeps the durable
             # record saying why it was quarantined: that is what the operator must read.
@@ -586,6 +630,7 @@ class Extension:
     def _wake_waiters(self) -> None:
         with self._lock:
             self._freed.notify_all()
+        self._wake_delays()
 
     def _checkout(
         self,
@@ -596,19 +641,46 @@ class Extension:
     ) -> tuple[_Pooled, Budget | None, int]:
         """An instance ready for a command, the call's budget (None on the fast path: an idle
         instance taken at once, its deadline set as the command starts) and the grant epoch
-        the call runs under. A new instance is started under the call's own budget."""
-        with self._lock:
-            self._check_available()
-            if budget is None and self._idle and (ticket is None or not ticket.cancelled):
-                return self._idle.pop(), None, self.grant.epoch
-            if budget is None:
-                # The deadline runs from here: waiting for a free instance counts.
-                budget = self._budget(fuel, timeout_ms)
-            reused = self._reserve(budget, ticket)
-            if reused is not None:
-                if ticket is not None:
-                    ticket.attach(reused.instance)
-                return reused, budget, self.grant.epoch
+        the call runs under. A new instance is started under the call's own budget. Over a
+        budget under ``ThrottleMode.DELAY``, the call waits here for room, with no lock
+        held (governor.wait_for_room)."""
+        delay: DelayState | None = None
+        while True:
+            try:
+                with self._lock:
+                    self._check_available()
+                    if budget is None and self._idle and (ticket is None or not ticket.cancelled):
+                        return self._idle.pop(), None, self.grant.epoch
+                    if budget is None:
+                        # The deadline runs from here: waiting for room or for a free instance
+                        # counts.
+                        budget = self._budget(fuel, timeout_ms)
+                    reused = self._reserve(budget, ticket)
+                    if reused is not None:
+                        if ticket is not None:
+                            ticket.attach(reused.instance)
+                        return reused, budget, self.grant.epoch
+                break
+            except Delayed as delayed:
+                if budget is None:
+                    budget = self._budget(fuel, timeout_ms)
+                if delay is None:
+                    delay = DelayState()
+                self.host.governor.wait_for_room(self, delayed, budget.deadline, ticket, delay)
+            except CallError as exc:
+                if exc.failure is FailureClass.DEADLINE:
+                    # Only _reserve fails deadline here: max_concurrency calls held every
+                    # instance until this call's deadline (budgets: the level's action).
+                    limit = self.resources.max_concurrency
+                    self.host.governor.level_crossed(
+                        self,
+                        Resource.CONCURRENT_CALLS,
+                        limit,
+                        limit,
+                        "a call found no free instance before its deadline",
+                        in_call=False,
+                    )
+                raise
         room = self._make_room()  # [density]
         try:
             slot = self._start(budget, ticket)
@@ -651,10 +723,13 @@ class Extension:
         if not self.plan.is_command:
             raise ConfigError(f"{self.id} is a wasihost ABI guest: call its commands instead")
         budget = self._budget()
-        with self._lock:
-            self._check_available()
-            reused = self._reserve(budget, None)
-            epoch = self.grant.epoch
+        try:
+            with self._lock:
+                self._check_available()
+                reused = self._reserve(budget, None)
+                epoch = self.grant.epoch
+        except Delayed as delayed:
+            raise self.host.governor.refuse(self, delayed) from None  # a command never waits
         assert reused is None  # a command's instances never return to the pool
         local = self._local.state
         outer = local.epoch
@@ -1092,6 +1167,7 @@ class Extension:
             slot.instance.interrupt()
         if building is not None:
             building.instance.interrupt()
+        self._wake_delays()
 
     def pause(self, reason: str = "") -> None:
         self.lifecycle.fire(Event.PAUSE, reason or None)
@@ -1289,15 +1365,17 @@ class Extension:
         # notices every method call and context manager.
         lock = self._lock
         lock.acquire()
+        slot: _Pooled | None = None
         try:
             self._check_available()
             idle = self._idle
-            slot: _Pooled | None = None
             # An async call (a ticket, a deadline-made budget) takes it too: only a new
             # instance or a wait needs _checkout's slow path.
             if idle and (ticket is None or not ticket.cancelled):
                 slot = idle.pop()
                 epoch = self.grant.epoch
+        except Delayed:
+            pass  # budgets: _checkout below waits for room, with the lock released
         finally:
             lock.release()
         if slot is None:
@@ -1323,6 +1401,8 @@ class Extension:
                 # before the guest ran (a ConfigError: the caller's stack is too small) keeps
                 # it.
                 if isinstance(exc, CallError):
+                    if exc.failure in _LEVEL_FAILURES:
+                        self._level_failure(exc, budget, instance)
                     if exc.failure.discards_instance:
                         self._crash(f"{exc.failure.value}: {exc.message}", exc.failure)
                 elif not isinstance(exc, WasihostError):
@@ -1417,6 +1497,30 @@ class Extension:
         call_async = _CALL_ASYNC[0] if _CALL_ASYNC else _load_call_async()
         return call_async(self, command, value, fuel=fuel, timeout_ms=timeout_ms)
 
+    def _level_failure(self, exc: CallError, budget: Budget | None, instance: Instance) -> None:
+        """budgets: a call failed at a level's static limit (out of fuel, memory): the
+        governor fires that level's action (the call crashes the extension anyway). A trap
+        or panic counts as memory's when the guest's memory had grown to within a page of
+        its limit: wasmtime answers the refused ``memory.grow`` with -1 and tells the host
+        nothing, so that is the trace a guest that died of it leaves."""
+        r = self.resources
+        if exc.failure in (FailureClass.TRAP, FailureClass.PANIC):
+            size = instance.memory_bytes()
+            if size is None or size + MEMORY_NEAR_LIMIT_BYTES <= r.max_memory_bytes:
+                return
+            resource, limit, what = Resource.MEMORY_BYTES, r.max_memory_bytes, "memory"
+        elif exc.failure is FailureClass.MEMORY_LIMIT:
+            resource, limit, what = Resource.MEMORY_BYTES, r.max_memory_bytes, "memory"
+        elif exc.message.startswith(TERMINATED_PREFIX):
+            return  # the governor's own terminate, not the guest's fuel running out
+        else:
+            resource, limit, what = Resource.FUEL_PER_CALL, r.fuel_per_call, "fuel"
+            if budget is not None:
+                limit = budget.used  # this call's own, perhaps lower, fuel
+        self.host.governor.level_crossed(
+            self, resource, limit, limit, f"a call ran out of {what}", in_call=False, ending=True
+        )
+
     def _crash(self, reason: str, failure: FailureClass = FailureClass.TRAP) -> None:
         """An instance failed in a way that may have corrupted it: the extension restarts as
         a whole on the next call (every idle instance goes now, those in a call as they end),
@@ -1464,6 +1568,7 @@ class Extension:
         (if any) goes on until the host's deadline."""
         self._draining = True
         self._seen_grants = None  # so that the next call takes the slow path and is refused
+        self._wake_delays()
 
     def _wait_until_idle(self, deadline: float) -> bool:
         """Caller holds ``_lock``: wait until no instance is in a call or being built, or

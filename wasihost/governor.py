@@ -1,13 +1,16 @@
-"""The resource governor: each extension's rate budgets applied to the running extension.
+"""The resource governor: each extension's budgets applied to the running extension.
 
 :mod:`wasihost.budgets` keeps the accounts (pure); this module opens one per extension id,
-charges it from the call path (fuel) and the http broker (bytes), and applies the action a
-crossing fires: ``warn`` journals and counts it; ``throttle`` refuses what would consume more
-(a call, while the CPU rate is over; a request, while the bytes would not fit) with a retry
-hint, and moves the lifecycle to Throttled until the window has room; ``pause`` pauses the
-extension until the operator resumes it; ``terminate`` stops every call in flight (class
-``out_of_fuel``, so the extension crashes as ``resource_limit`` and its restart policy
-decides) and refuses restarts while the rate is over.
+charges it from the call path (fuel) and the http broker (bytes), hears from the engine, the
+pool and the brokers when a level's static limit refused something (:meth:`Governor.level_crossed`),
+and applies the action a crossing fires: ``warn`` journals and counts it; ``throttle`` refuses
+what would consume more (a call, while the CPU rate is over or a level cools off; a request,
+while the bytes would not fit) with a retry hint, or lets the call wait for room in
+``ThrottleMode.DELAY`` (:meth:`Governor.wait_for_room`), and moves the lifecycle to Throttled
+until then; ``pause`` pauses the extension until the operator resumes it; ``terminate`` stops
+every call in flight (class ``out_of_fuel``, so the extension crashes as ``resource_limit``
+and its restart policy decides) and refuses restarts while the rate is over or the level
+cools off.
 
 No engine import: it reaches instances only through the extension.
 """
@@ -24,12 +27,14 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .budgets import (
+    MAX_THROTTLE_DELAY_S,
     Account,
     Action,
     BudgetPolicy,
     Crossing,
     Resource,
     ResourceBudget,
+    ThrottleMode,
     budget_for,
 )
 from .errors import CallError, ConfigError, FailureClass
@@ -38,7 +43,15 @@ from .limits import MAX_OPEN_FILES
 from .status import GuestInterrupted, HostStatus, Status
 
 if TYPE_CHECKING:
-    from .extension import Extension
+    from .extension import CallTicket, Extension
+
+# What waits for room under ThrottleMode.DELAY: ``sleep(seconds, wake)`` returns once
+# ``seconds`` have passed on the governor's clock or ``wake`` is set, whichever comes first.
+Sleep = Callable[[float, threading.Event], object]
+
+
+def _sleep(seconds: float, wake: threading.Event) -> None:
+    wake.wait(seconds)
 
 # The levels a broker may report through its optional ``usage(state)`` hook.
 LEVELS = frozenset(
@@ -65,10 +78,28 @@ class Throttled(ExtensionUnavailable):
             extension, state, crossing.describe(), retry_after_s=crossing.retry_after_s
         )
         self.resource = crossing.resource
+        self.crossing = crossing
 
     @property
     def error_class(self) -> str:
         return "throttled"
+
+
+class Delayed(Throttled):
+    """Internal: a call over its budget under ``ThrottleMode.DELAY``. The call path catches it
+    (outside every lock) and waits for room (:meth:`Governor.wait_for_room`); nothing is
+    counted as a refusal until that wait gives up."""
+
+
+class DelayState:
+    """One call's wait for room: when it began (governor clock) and whether something other
+    than time (a cancel, close, stop, pause) woke it, after which it waits no more."""
+
+    __slots__ = ("since", "woken")
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.woken = False
 
 
 @attrs.frozen
@@ -90,8 +121,10 @@ class Usage:
     event_queue_depth: int | None
     # Actions fired for this extension since it was first admitted, by action name.
     actions_fired: Mapping[str, int]
-    # Calls and requests refused while a rate was over its budget.
+    # Calls and requests refused while a rate was over its budget or a level cooled off.
     refusals: int
+    # Calls that waited for room (ThrottleMode.DELAY), whatever came of the wait.
+    delays: int
     # Set while calls are refused by a rate budget: when to try again.
     retry_after_s: float | None
 
@@ -106,12 +139,17 @@ class Governor:
     """A host's rate budgets: one :class:`~wasihost.budgets.Account` per extension id (an
     update or a restart does not reset it), the actions applied, the counts for operators.
 
-    ``clock`` (monotonic seconds) drives every window: tests inject one and never sleep.
+    ``clock`` (monotonic seconds) drives every window and cool-off, and ``sleep`` every wait for
+    room (``sleep(seconds, wake)``, see :data:`Sleep`): tests inject both and never sleep.
     ``set_policy(id, BudgetPolicy(...))`` gives one extension its own host-side ceilings and
     actions instead of the host policy's ``budgets``."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, *, clock: Callable[[], float] = time.monotonic, sleep: Sleep = _sleep
+    ) -> None:
         self._clock = clock
+        self._sleep = sleep
+        self._delays = 0
         self._lock = threading.Lock()
         self._accounts: dict[str, Account] = {}
         self._policies: dict[str, BudgetPolicy] = {}
@@ -197,40 +235,132 @@ class Governor:
         ext.account.refund(resource, amount)
 
     def check_call(self, ext: Extension) -> None:
-        """Before a call (``ext``'s lock held): refuse it while its CPU rate is over budget
-        under ``throttle`` or ``terminate``; once back within it, a throttled extension
-        resumes."""
-        crossing = ext.account.admit_call()
+        """Before a call (``ext``'s lock held): refuse it while its CPU rate is over budget,
+        or a level cools off, under ``throttle`` or ``terminate`` (in ``ThrottleMode.DELAY``,
+        raise :class:`Delayed` for the call path to wait instead); once back within, a
+        throttled extension resumes."""
+        account = ext.account
+        delay = account.budget.throttle_mode is ThrottleMode.DELAY
+        crossing = account.admit_call(count=not delay)
         if crossing is not None:
-            self._crossed(ext, crossing, locked=True)
+            self._crossed(ext, crossing, locked=True, count_refusal=not delay)
             if crossing.refused:
+                if delay and crossing.action is Action.THROTTLE:
+                    raise Delayed(ext.id, ext.lifecycle.state, crossing)
+                if delay:  # terminate never waits: its refusal is counted here
+                    self._refused(ext)
                 raise Throttled(ext.id, ext.lifecycle.state, crossing)
             return  # warn: admitted; pause: the lifecycle refuses it
         if ext.lifecycle.state is State.THROTTLED:
             ext.lifecycle.try_fire(Event.RESUME, "back within its budget")
 
-    def _crossed(self, ext: Extension, crossing: Crossing, *, locked: bool = False) -> None:
-        """Apply a crossing's action (``locked``: the caller holds ``ext``'s pool lock)."""
+    def _refused(self, ext: Extension) -> None:
+        ext.account.count_refusal()
         with self._lock:
-            if crossing.refused:
+            self._refusals += 1
+
+    def refuse(self, ext: Extension, delayed: Delayed) -> Throttled:
+        """A :class:`Delayed` call that will not wait after all: counted, and the refusal it
+        raises instead."""
+        self._refused(ext)
+        return Throttled(ext.id, ext.lifecycle.state, delayed.crossing)
+
+    def wait_for_room(
+        self,
+        ext: Extension,
+        delayed: Delayed,
+        deadline: float,
+        ticket: CallTicket | None,
+        state: DelayState,
+    ) -> None:
+        """Wait (no lock held) for the room ``delayed`` says will come, then return for the
+        call to check again. ``deadline`` is the call's, on ``time.monotonic()``. Raises the
+        refusal (:class:`Throttled`) instead when room would come after the call's deadline
+        or :data:`MAX_THROTTLE_DELAY_S` of waiting in all, or when a wake-up (a cancel,
+        close, stop, pause, revocation, shutdown) already ended an earlier wait of this call;
+        ``cancelled`` when the caller gave up."""
+        if ticket is not None and ticket.cancelled:
+            raise CallError(FailureClass.CANCELLED, "cancelled by the caller")
+        now = self._clock()
+        since = now if state.since is None else state.since
+        left = min(MAX_THROTTLE_DELAY_S - (now - since), deadline - time.monotonic())
+        if state.woken or delayed.crossing.retry_after_s > left:
+            raise self.refuse(ext, delayed)
+        if state.since is None:  # the call's first wait: it counts as one delayed call
+            state.since = now
+            ext.account.count_delay()
+            with self._lock:
+                self._delays += 1
+        wake = ext.delay_wake()
+        try:
+            self._sleep(delayed.crossing.retry_after_s, wake)
+        finally:
+            ext.delay_done(wake)
+        if ticket is not None and ticket.cancelled:
+            raise CallError(FailureClass.CANCELLED, "cancelled by the caller")
+        state.woken = wake.is_set()
+
+    def level_crossed(
+        self,
+        ext: Extension,
+        resource: Resource,
+        used: int,
+        limit: int,
+        refusal: str,
+        *,
+        in_call: bool,
+        ending: bool = False,
+    ) -> None:
+        """A level's static limit refused something of ``ext`` (``refusal`` says what, as
+        counts): the level's action fires, once per episode (budgets.LEVEL_COOL_OFF_S).
+        ``in_call``: reported from a host function of a call on this thread, which under
+        ``terminate`` ends at once (raises GuestInterrupted). ``ending``: the call that hit
+        the limit fails and crashes the extension anyway (out of fuel, memory), so
+        ``terminate`` has nothing more to end. Otherwise ``terminate`` with no call in flight
+        crashes the extension here (class resource_limit)."""
+        crossing = ext.account.level_crossed(resource, used, limit, refusal)
+        if crossing is None:
+            return
+        busy = self._crossed(ext, crossing)
+        if crossing.action is Action.TERMINATE:
+            if in_call:
+                raise GuestInterrupted
+            if not ending and not busy:
+                ext.terminate(_termination(crossing))
+
+    def _crossed(
+        self,
+        ext: Extension,
+        crossing: Crossing,
+        *,
+        locked: bool = False,
+        count_refusal: bool = True,
+    ) -> int:
+        """Apply a crossing's action (``locked``: the caller holds ``ext``'s pool lock);
+        under ``terminate``, how many calls in flight it stopped."""
+        with self._lock:
+            if crossing.refused and count_refusal:
                 self._refusals += 1
             if crossing.fired:
                 self._fired[crossing.action] += 1
         if not crossing.fired:
-            return
+            return 0
         reason = crossing.describe()
         ext.host.journal(ext.id, "budget", reason)
         action = crossing.action
         if action is Action.THROTTLE:
-            if crossing.resource is Resource.CPU_FUEL_PER_MINUTE:
+            # Network bytes throttle request by request; the others refuse (or delay) calls.
+            if crossing.resource is not Resource.NETWORK_BYTES_PER_HOUR:
                 ext.lifecycle.try_fire(Event.THROTTLE, reason)
                 ext.recheck()
         elif action is Action.PAUSE:
             ext.lifecycle.try_fire(Event.PAUSE, reason)
             ext.recheck()
         elif action is Action.TERMINATE:
-            ext.stop_calls(_termination(crossing), locked=locked)
+            stopped = ext.stop_calls(_termination(crossing), locked=locked)
             ext.recheck()
+            return stopped
+        return 0
 
     # -- reading --------------------------------------------------------------------------
 
@@ -262,6 +392,7 @@ class Governor:
             event_queue_depth=levels.get(Resource.EVENT_QUEUE_DEPTH.value),
             actions_fired=MappingProxyType({a.value: n for a, n in account.fired.items()}),
             refusals=account.refusals,
+            delays=account.delays,
             retry_after_s=waiting,
         )
 
@@ -273,6 +404,16 @@ class Governor:
                 self._refusals,
             )
 
+    def delays(self) -> int:
+        """For the operator metrics: calls that waited for room, host-wide."""
+        with self._lock:
+            return self._delays
+
+
+# How the governor's terminate failures begin: the call path tells them from a guest's own
+# fuel running out (which is a level crossing of fuel_per_call) by it.
+TERMINATED_PREFIX = "terminated: "
+
 
 def _termination(crossing: Crossing) -> CallError:
-    return CallError(FailureClass.OUT_OF_FUEL, f"terminated: {crossing.describe()}")
+    return CallError(FailureClass.OUT_OF_FUEL, f"{TERMINATED_PREFIX}{crossing.describe()}")

@@ -87,6 +87,7 @@ _TABLES: Final = (
     "jobs",
     "lifecycle",
     "scheduling",
+    "budget",
 )
 _EXTENSION_KEYS: Final = (
     "schema",
@@ -116,6 +117,11 @@ _LIFECYCLE_KEYS: Final = ("on_shutdown",)
 # call had before scheduling existed.
 _SCHEDULING_KEYS: Final = ("priority",)
 DEFAULT_PRIORITY: Final = "interactive"
+# The ``[budget]`` table (docs/budgets.md): what the extension asks ``throttle`` to do to its
+# calls. A silent manifest follows the host's policy; "refuse" asks for its calls to be
+# refused at once even where the host would let them wait (the stricter of the two applies).
+_BUDGET_KEYS: Final = ("throttle",)
+THROTTLE_MODES: Final = ("refuse", "delay")
 
 _ID = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z0-9-]+)+")
 # SemVer 2.0.0, built from the grammar of semver.org: numeric identifiers without leading
@@ -297,6 +303,8 @@ class Manifest:
     on_shutdown: str | None = None
     # The ``[scheduling] priority`` claimed: interactive, background or maintenance.
     priority: str = DEFAULT_PRIORITY
+    # The ``[budget] throttle`` mode asked for ("refuse" or "delay"), None when silent.
+    throttle: str | None = None
 
     def command(self, name: str) -> CommandSpec | None:
         """The declared command called ``name``, or None."""
@@ -796,6 +804,19 @@ def _parse_scheduling(table: Mapping[str, object] | None) -> str:
     return priority
 
 
+def _parse_budget(table: Mapping[str, object] | None) -> str | None:
+    if table is None:
+        return None
+    _check_keys(table, "budget", _BUDGET_KEYS)
+    mode = _optional_string(table, "throttle", "budget")
+    if mode is not None and mode not in THROTTLE_MODES:
+        raise ManifestError(
+            "budget.throttle",
+            f"unknown mode {_show(mode)}, expected one of {', '.join(THROTTLE_MODES)}",
+        )
+    return mode
+
+
 def _load_toml(text: str) -> dict[str, Any]:
     if len(text) > MAX_MANIFEST_CHARS:
         raise ManifestError("", f"manifest of {len(text)} characters exceeds {MAX_MANIFEST_CHARS}")
@@ -834,6 +855,7 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
     jobs = _parse_jobs(_optional_table(document, "jobs"), commands, required | optional, resources)
     on_shutdown = _parse_lifecycle(_optional_table(document, "lifecycle"), commands)
     priority = _parse_scheduling(_optional_table(document, "scheduling"))
+    throttle = _parse_budget(_optional_table(document, "budget"))
     return Manifest(
         schema=extension.schema,
         id=extension.id,
@@ -853,4 +875,5 @@ def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
         jobs=jobs,
         on_shutdown=on_shutdown,
         priority=priority,
+        throttle=throttle,
     )

@@ -38,11 +38,12 @@ METRICS_PUBLISH_S = 2.0
 # snapshot is no longer added to the live ones.
 LIVE_WITHIN_S = 5 * METRICS_PUBLISH_S
 # What `status --json` always shows, at zero when nobody counted it. ``throttles`` (throttle
-# actions fired), ``throttle_refusals`` and ``budget_actions`` come from the per-extension
-# budgets (governor.py).
+# actions fired), ``throttle_refusals``, ``throttle_delays`` (calls that waited for room) and
+# ``budget_actions`` come from the per-extension budgets (governor.py).
 TOP_LEVEL_COUNTS = (
     "throttles",
     "throttle_refusals",
+    "throttle_delays",
     "quarantines",
     "restarts",
     "backoff_refusals",

@@ -863,6 +863,7 @@ class Host:
             self.supervisor.metrics(states),
             budget_actions=fired,
             throttle_refusals=refusals,
+            throttle_delays=self.governor.delays(),
             host_call_errors={"statuses": errors.statuses, "failures": errors.failures},
             scheduler=self.scheduler.stats().to_json() if self.scheduler is not None else {},
         )

@@ -144,6 +144,8 @@ class Metrics:
     # calls or requests refused while over a budget (governor.py; Host.metrics fills them).
     budget_actions: Mapping[str, int] = attrs.field(factory=lambda: MappingProxyType({}))
     throttle_refusals: int = 0
+    # budgets: calls that waited for room under the delay throttle mode.
+    throttle_delays: int = 0
     # Filled by Host.metrics (wasihost.hostcall_metrics, wasihost.scheduling): host-call
     # statuses answered and call-ending failures, each by class; the call scheduler's counts
     # (empty without a scheduler).
@@ -163,6 +165,7 @@ class Metrics:
             # Throttle actions fired: what `wasihost status` shows as `throttles`.
             "throttles": self.budget_actions.get("throttle", 0),
             "throttle_refusals": self.throttle_refusals,
+            "throttle_delays": self.throttle_delays,
             "host_call_errors": {k: dict(v) for k, v in self.host_call_errors.items()},
             "scheduler": dict(self.scheduler),
         }

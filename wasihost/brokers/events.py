@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from ..budgets import Resource
 from ..codec import CodecLimits, decode, encode
 from ..errors import CallError, CodecError, ConfigError
 from ..event_classes import MAX_CLASS_CHARS, MAX_SELECTORS, covered, is_class, is_selector, matches
@@ -116,6 +117,8 @@ class Subscription:
         self.accepted = self.delivered = self.failed = 0
         self.dropped = self.missed = self.coalesced = 0
         self.last_failure: str | None = None
+        # Events offered while the queue was full (or paused by it): each met the depth.
+        self.overflows = 0
 
     def _full_for(self, event: QueuedEvent) -> bool:
         return (
@@ -135,6 +138,7 @@ class Subscription:
     def offer(self, event: QueuedEvent) -> bool:
         """Apply the overflow policy to ``event``; True if it now waits in the queue."""
         if self.paused:
+            self.overflows += 1
             return self._miss()
         if self.on_overflow == "coalesce" and not event.critical:
             same = (event.event_class, event.key)
@@ -149,6 +153,8 @@ class Subscription:
                         self.accepted += 1
                         return True
                     break
+        if self._full_for(event):
+            self.overflows += 1
         while self._full_for(event):
             if self.on_overflow == "pause":
                 self.paused = True
@@ -485,6 +491,7 @@ class EventsBroker(ExtensionDispatcher["ExtensionEvents", "Delivery"]):
         # The grant table is consulted outside the broker's lock (see the lock order above).
         views = [(state, state.allowed(), state.halted()) for state in states]
         accepted = 0
+        full: list[tuple[ExtensionEvents, int]] = []
         with self._cond:
             for state, allowed, halted in views:
                 if state.closed:
@@ -494,9 +501,23 @@ class EventsBroker(ExtensionDispatcher["ExtensionEvents", "Delivery"]):
                 if sub is None:
                     continue
                 self._seq += 1
+                overflows = sub.overflows
                 if sub.offer(QueuedEvent(self._seq, event_class, data, key, critical)):
                     accepted += 1
                     self._schedule(state)
+                if sub.overflows != overflows:
+                    full.append((state, sub.depth))
+        for state, depth in full:
+            # budgets: the event_queue_depth level met; its action fires (out of the
+            # broker's lock: the governor may stop calls and move the lifecycle).
+            state.ext.host.governor.level_crossed(
+                state.ext,
+                Resource.EVENT_QUEUE_DEPTH,
+                depth,
+                depth,
+                "an event met a full subscription queue",
+                in_call=False,
+            )
         return accepted
 
     def stats(self, extension: str) -> dict[str, SubscriptionStats]:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from ..budgets import Resource
 from ..errors import ConfigError
 from ..limits import MAX_OPEN_FILES  # open handles per extension (see there)
 from ..status import HostStatus, Status
@@ -194,6 +195,11 @@ class OpenFile:
             os.close(fd)
 
 
+class _HandlesFull(HostStatus):
+    """QUOTA_EXCEEDED for a handle over MAX_OPEN_FILES: the handler reports it to the
+    governor once out of the state's lock."""
+
+
 class FilesState:
     """One extension's handles, bytes written and temporary directory."""
 
@@ -226,7 +232,7 @@ class FilesState:
 
     def require_room(self) -> None:
         if len(self.handles) >= MAX_OPEN_FILES:
-            raise HostStatus(Status.QUOTA_EXCEEDED)
+            raise _HandlesFull(Status.QUOTA_EXCEEDED)
 
     def add(self, f: OpenFile) -> int:
         handle = self.next_handle
@@ -347,7 +353,21 @@ class FilesBroker:
         }[entry.name]
 
         def handle(call: Any, request: Any) -> Any:
-            return serve(state, request)
+            try:
+                return serve(state, request)
+            except _HandlesFull:
+                # budgets: the open_handles level refused one; its action fires (here, out
+                # of the state's lock: the governor may stop calls and move the lifecycle).
+                ext = state.ext
+                ext.host.governor.level_crossed(
+                    ext,
+                    Resource.OPEN_HANDLES,
+                    MAX_OPEN_FILES,
+                    MAX_OPEN_FILES,
+                    "an open was refused: the extension holds its maximum of handles",
+                    in_call=True,
+                )
+                raise
 
         return handle
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
 
+from ..budgets import Resource
 from ..codec import CodecLimits, decode, encode
 from ..errors import CodecError, ConfigError
 from ..event_classes import MAX_CLASS_CHARS, covered, is_class, is_selector, matches
@@ -322,8 +323,19 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
             if not authorised:
                 raise HostStatus(Status.DENIED)
             if added is None:
-                unavailable = state.closed or self._stopping
-                raise HostStatus(Status.UNAVAILABLE if unavailable else Status.QUOTA_EXCEEDED)
+                if state.closed or self._stopping:
+                    raise HostStatus(Status.UNAVAILABLE)
+                # budgets: the background_jobs level refused one; its action fires.
+                ext = state.ext
+                ext.host.governor.level_crossed(
+                    ext,
+                    Resource.BACKGROUND_JOBS,
+                    spec.max_jobs,
+                    spec.max_jobs,
+                    "a job was refused: the extension holds its maximum",
+                    in_call=True,
+                )
+                raise HostStatus(Status.QUOTA_EXCEEDED)
             return added
 
         return handle

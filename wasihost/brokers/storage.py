@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from .. import limits
+from ..budgets import Resource
 from ..errors import ConfigError
 from ..grants import GrantEntry
 from ..kvtypes import (
@@ -185,14 +186,36 @@ class ExtensionStorage:
         return result
 
 
-def _serving(action: Callable[[], Any]) -> Any:
+def _serving(action: Callable[[], Any], state: ExtensionStorage | None = None) -> Any:
+    """``action``'s answer, its failures as the guest's status; a write past the quota
+    (``state`` given: a write) also reports the storage_bytes level to the governor."""
     try:
         return action()
     except QuotaExceeded:
+        if state is not None:
+            _quota_crossed(state)
         raise HostStatus(Status.QUOTA_EXCEEDED) from None
     except StoreError:
         LOG.exception("storage database failed")
         raise HostStatus(Status.UNAVAILABLE) from None
+
+
+def _quota_crossed(state: ExtensionStorage) -> None:
+    """budgets: the storage_bytes level refused a write; its action fires."""
+    ext = state.ext
+    try:
+        namespace, quota = state.where()
+        used = state.store.usage(namespace).bytes
+    except (HostStatus, StoreError):
+        return  # nothing to say it with: the refusal stands on its own
+    ext.host.governor.level_crossed(
+        ext,
+        Resource.STORAGE_BYTES,
+        used,
+        quota.max_bytes,
+        "a write over the storage quota was refused",
+        in_call=True,
+    )
 
 
 def _get(state: ExtensionStorage) -> Handler:
@@ -214,7 +237,7 @@ def _put(state: ExtensionStorage) -> Handler:
         value = _value(raw_value)
         assert value is not None
         ns, quota = state.where()
-        _serving(lambda: state.commit(lambda: state.store.put(ns, key, value, quota)))
+        _serving(lambda: state.commit(lambda: state.store.put(ns, key, value, quota)), state)
 
     return handle
 
@@ -253,7 +276,10 @@ def _cas(state: ExtensionStorage) -> Handler:
         new = _value(raw_new, nullable=True)
         ns, quota = state.where()
         return bool(
-            _serving(lambda: state.commit(lambda: state.store.cas(ns, key, expected, new, quota)))
+            _serving(
+                lambda: state.commit(lambda: state.store.cas(ns, key, expected, new, quota)),
+                state,
+            )
         )
 
     return handle

@@ -525,6 +525,14 @@ class Instance:
         failures (counts by class only)."""
         self._ctx.tally = tally
 
+    def memory_bytes(self) -> int | None:
+        """The size of the guest's memory now (None: it has none, or it is gone). Only on the
+        thread that owns the instance, between or right after its calls."""
+        try:
+            return self._ctx.native.size()
+        except Exception:  # no memory bound, or the instance closed: nothing to measure
+            return None
+
     def interrupt(self) -> None:
         """From any thread: the running call, if any, traps at its next epoch tick, and so does
         every later one; a broker waiting in a blocking host call wakes at once. Only Python
