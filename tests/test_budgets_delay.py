@@ -9,6 +9,7 @@ but for a call to have reached its wait."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from wasihost.budgets import (
     budget_for,
     stricter_mode,
 )
+from wasihost.cli import main
 from wasihost.errors import CallError, FailureClass, ManifestError
 from wasihost.extension import CallTicket, Extension
 from wasihost.governor import Governor, Throttled
@@ -281,3 +283,33 @@ def test_terminate_never_delays(cache: Path, clock: FakeClock) -> None:
         assert refused.value.state is State.FAILED
         assert clock.sleeps == []
         assert host.metrics().throttle_refusals == 1
+
+
+def test_delays_and_level_actions_reach_the_operators_status_json(
+    cache: Path, clock: FakeClock, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "state"
+    budgets = BudgetPolicy(
+        cpu_fuel_per_minute=CPU_BUDGET,
+        throttle_mode="delay",
+        actions={Resource.FUEL_PER_CALL: "warn"},
+    )
+    with Host(
+        Policy(allow={"log"}, budgets=budgets),
+        cache_dir=cache,
+        governor=Governor(clock=clock, sleep=clock.sleep),
+        state_dir=state,
+    ) as host:
+        ext = compute(host)
+        throttled_for(ext, clock, 20.0)
+        ext.call("run", {"n": 10})  # waits, then runs
+        with pytest.raises(CallError):
+            ext.call("run", {"n": HUNGRY_ROUNDS}, fuel=1000)  # a level: fuel per call
+        assert host.publish_metrics()
+        # Another process's view: the CLI opens the state directory on its own.
+        assert main(["status", "--json", "--state-dir", str(state)]) == 0
+        metrics = json.loads(capsys.readouterr().out)["metrics"]
+        assert metrics["source"] == "live"
+        assert metrics["throttle_delays"] == 1 and metrics["throttle_refusals"] == 0
+        assert metrics["budget_actions"]["throttle"] == 1
+        assert metrics["budget_actions"]["warn"] == 1

@@ -156,7 +156,7 @@ class CallTicket:
     that call's instance (and no other) at its next epoch tick, or the call before it starts.
     Used by :meth:`Extension.acall` for a cancelled task."""
 
-    __slots__ = ("_ext", "cancelled", "instance", "waiter")
+    __slots__ = ("_ext", "cancelled", "delay_wake", "instance", "waiter")
 
     def __init__(self, ext: Extension) -> None:
         self._ext = ext
@@ -164,6 +164,8 @@ class CallTicket:
         self.instance: Instance | None = None
         # Scheduling hook (wasihost.call_gate): the call's wait for a host call slot, if any.
         self.waiter: Waiter | None = None
+        # budgets: the call's wait for room (ThrottleMode.DELAY), if it waits.
+        self.delay_wake: threading.Event | None = None
 
     def attach(self, instance: Instance) -> None:
         # Set, then look: with cancel() doing the reverse, one of the two sees the other.
@@ -179,6 +181,9 @@ class CallTicket:
         waiter = self.waiter
         if waiter is not None:  # scheduling hook: stop waiting for a host call slot
             waiter.cancel()
+        wake = self.delay_wake
+        if wake is not None:  # budgets: stop waiting for room
+            wake.set()
         self._ext._wake_waiters()
 
 
@@ -313,6 +318,9 @@ class Extension:
         # lifecycle changes set them, and some happen under _lock.
         self._delay_lock = threading.Lock()
         self._delay_wakes: set[threading.Event] = set()
+        # Bumped by every such wake-up: a wait that registers after one it should have seen
+        # (its check came before the change, its registration after the wake) sees the bump.
+        self.wake_generation = 0
         # [density] the host's idle eviction (eviction.py), None without an eviction policy.
         self._evictor = host.evictor
         # The warm spare (at most one, never shared: its own Store and memory), and the one
@@ -425,13 +433,15 @@ class Extension:
         as that call would have (its restart policy decides what follows)."""
         self._crash(f"{failure.failure.value}: {failure.message}", failure.failure)
 
-    def delay_wake(self) -> threading.Event:
-        """A call starts waiting for room: the event that ends its wait early."""
+    def delay_wake(self, seen_generation: int) -> threading.Event:
+        """A call starts waiting for room, having checked the extension when the wake-up
+        generation was ``seen_generation``: the event that ends its wait early (set already
+        if something changed since that check)."""
         wake = threading.Event()
         with self._delay_lock:
             self._delay_wakes.add(wake)
-        if self._draining or self.lifecycle.state is State.CLOSED:
-            wake.set()  # landed before the wait could be woken
+            if self.wake_generation != seen_generation:
+                wake.set()
         return wake
 
     def delay_done(self, wake: threading.Event) -> None:
@@ -440,10 +450,10 @@ class Extension:
 
     def _wake_delays(self) -> None:
         """Every call waiting for room looks at the extension again now."""
-        if self._delay_wakes:  # read without the lock: a wait registers before it sleeps
-            with self._delay_lock:
-                for wake in self._delay_wakes:
-                    wake.set()
+        with self._delay_lock:
+            self.wake_generation += 1
+            for wake in self._delay_wakes:
+                wake.set()
 
     def _set_task_fuel(self, used: int | None) -> None:
         """After an acall, in the awaiting task's context."""
@@ -630,7 +640,6 @@ class Extension:
     def _wake_waiters(self) -> None:
         with self._lock:
             self._freed.notify_all()
-        self._wake_delays()
 
     def _checkout(
         self,
@@ -646,6 +655,7 @@ class Extension:
         held (governor.wait_for_room)."""
         delay: DelayState | None = None
         while True:
+            seen = self.wake_generation  # before the check: see delay_wake
             try:
                 with self._lock:
                     self._check_available()
@@ -666,6 +676,7 @@ class Extension:
                     budget = self._budget(fuel, timeout_ms)
                 if delay is None:
                     delay = DelayState()
+                delay.generation = seen
                 self.host.governor.wait_for_room(self, delayed, budget.deadline, ticket, delay)
             except CallError as exc:
                 if exc.failure is FailureClass.DEADLINE:

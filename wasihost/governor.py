@@ -92,13 +92,16 @@ class Delayed(Throttled):
 
 
 class DelayState:
-    """One call's wait for room: when it began (governor clock) and whether something other
-    than time (a cancel, close, stop, pause) woke it, after which it waits no more."""
+    """One call's wait for room: when it began (governor clock), the extension's wake-up
+    generation when the call last checked it, and whether a wake-up left the extension in a
+    state other than running or throttled (a stop, pause, quarantine), after which the call
+    waits no more."""
 
-    __slots__ = ("since", "woken")
+    __slots__ = ("generation", "since", "woken")
 
     def __init__(self) -> None:
         self.since: float | None = None
+        self.generation = 0
         self.woken = False
 
 
@@ -291,14 +294,22 @@ class Governor:
             ext.account.count_delay()
             with self._lock:
                 self._delays += 1
-        wake = ext.delay_wake()
+        wake = ext.delay_wake(state.generation)
+        if ticket is not None:
+            ticket.delay_wake = wake  # set, then look: cancel() does the reverse
         try:
-            self._sleep(delayed.crossing.retry_after_s, wake)
+            if ticket is None or not ticket.cancelled:
+                self._sleep(delayed.crossing.retry_after_s, wake)
         finally:
             ext.delay_done(wake)
+            if ticket is not None:
+                ticket.delay_wake = None
         if ticket is not None and ticket.cancelled:
             raise CallError(FailureClass.CANCELLED, "cancelled by the caller")
-        state.woken = wake.is_set()
+        # Woken by a change that leaves the extension throttled or running (another call
+        # resumed it, a new crossing): check again and wait on if need be. Any other state
+        # (stopped, paused, quarantined...) ends the wait: the next check refuses.
+        state.woken = wake.is_set() and ext.lifecycle.state not in _WAITING_STATES
 
     def level_crossed(
         self,
@@ -409,6 +420,9 @@ class Governor:
         with self._lock:
             return self._delays
 
+
+# The states in which a woken call may go on waiting for room.
+_WAITING_STATES = frozenset({State.RUNNING, State.THROTTLED})
 
 # How the governor's terminate failures begin: the call path tells them from a guest's own
 # fuel running out (which is a level crossing of fuel_per_call) by it.
