@@ -332,3 +332,23 @@ def budget_steps(draw: st.DrawFn, most: int = 10**6) -> list[tuple[Any, ...]]:
         st.tuples(st.just("received"), amounts),
     )
     return draw(st.lists(step, max_size=60))
+
+
+# Clock steps around a level's cool-off: exactly on its end, just before and after, and beyond.
+LEVEL_TICKS = st.one_of(
+    st.sampled_from([0.0, 5.0, 9.999, 10.0, 10.001, 20.0]),
+    st.floats(0.0, 25.0, allow_nan=False),
+)
+
+
+@st.composite
+def level_steps(draw: st.DrawFn, levels: tuple[Any, ...]) -> list[tuple[str, Any]]:
+    """What the host sees of an extension's levels over time (tests/test_budgets_levels.py):
+    ``("cross", level)`` (a static limit refused something), ``("tick", seconds)``,
+    ``("call", None)`` (a call asks to be admitted)."""
+    step = st.one_of(
+        st.tuples(st.just("cross"), st.sampled_from(levels)),
+        st.tuples(st.just("tick"), LEVEL_TICKS),
+        st.tuples(st.just("call"), st.none()),
+    )
+    return draw(st.lists(step, max_size=40))

@@ -19,6 +19,7 @@ from conftest import FIXTURES, FakeClock, bare, run_in_thread
 from guests import build, guest_wat
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import level_steps
 
 from wasihost.brokers.events import EventsBroker
 from wasihost.brokers.files import FilesBroker
@@ -353,14 +354,7 @@ def test_a_guest_that_dies_at_its_memory_limit_fires_the_memory_action(
 @settings(max_examples=200, deadline=None)
 @given(
     actions=st.fixed_dictionaries({r: st.sampled_from(list(Action)) for r in LEVELS}),
-    steps=st.lists(
-        st.one_of(
-            st.tuples(st.just("cross"), st.sampled_from(LEVELS)),
-            st.tuples(st.just("tick"), st.floats(0, 2 * LEVEL_COOL_OFF_S)),
-            st.tuples(st.just("call"), st.just(None)),
-        ),
-        max_size=40,
-    ),
+    steps=level_steps(LEVELS),
 )
 def test_a_level_fires_once_per_episode_and_refuses_calls_only_under_throttle_or_terminate(
     actions: dict[Resource, Action], steps: list[tuple[str, Any]]

@@ -304,6 +304,14 @@ class Extension:
         self._gate = self._make_gate()
         self._command_names: dict[str, CommandWire] = {}
         self.steps: collections.deque[tuple[str, str]] = collections.deque(maxlen=MAX_STEPS)
+        # budgets: calls waiting for room under ThrottleMode.DELAY, each with the event that
+        # ends its wait early (a close, stop, pause, revocation, shutdown). A lock of its own:
+        # lifecycle changes set them, and some happen under _lock.
+        self._delay_lock = threading.Lock()
+        self._delay_wakes: set[threading.Event] = set()
+        # Bumped by every such wake-up: a wait that registers after one it should have seen
+        # (its check came before the change, its registration after the wake) sees the bump.
+        self.wake_generation = 0
         self.lifecycle = Lifecycle(self.id, on_change=self._on_transition)
         # Per-extension state of each broker serving its imports, opened on first use
         # (Broker.open) and closed with the extension (Broker.close).
@@ -313,14 +321,6 @@ class Extension:
         # budgets: this id's rate accounts (CPU fuel a minute, network bytes an hour).
         self.account = host.governor.open(self)
         self._add_fuel = self.account.add_fuel
-        # Calls waiting for room under ThrottleMode.DELAY, each with the event that ends its
-        # wait early (a cancel, close, stop, pause, revocation, shutdown). A lock of its own:
-        # lifecycle changes set them, and some happen under _lock.
-        self._delay_lock = threading.Lock()
-        self._delay_wakes: set[threading.Event] = set()
-        # Bumped by every such wake-up: a wait that registers after one it should have seen
-        # (its check came before the change, its registration after the wake) sees the bump.
-        self.wake_generation = 0
         # [density] the host's idle eviction (eviction.py), None without an eviction policy.
         self._evictor = host.evictor
         # The warm spare (at most one, never shared: its own Store and memory), and the one
