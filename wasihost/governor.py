@@ -245,6 +245,11 @@ class Governor:
         account = ext.account
         delay = account.budget.throttle_mode is ThrottleMode.DELAY
         crossing = account.admit_call(count=not delay)
+        if crossing is not None and not crossing.refused:
+            # warn or pause fired on the CPU rate: applied now; a level's cool-off may still
+            # refuse the call (the rate's episode is marked, so this asks only that).
+            self._crossed(ext, crossing, locked=True)
+            crossing = account.admit_call(count=not delay)
         if crossing is not None:
             self._crossed(ext, crossing, locked=True, count_refusal=not delay)
             if crossing.refused:
