@@ -5,6 +5,8 @@ follows renumbering, rights dropped and closing, and the shortcut keeps every ra
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 import wasmtime
 from wasi_support import run_wasihost
@@ -24,6 +26,8 @@ _IMPORTS = """
   (data (i32.const 100) "a\\n")
   (data (i32.const 200) "\\64\\00\\00\\00\\02\\00\\00\\00")
   (data (i32.const 208) "\\ff\\ff\\00\\00\\02\\00\\00\\00")
+  (data (i32.const 216) "\\90\\01\\00\\00\\40\\00\\00\\00")
+  (data (i32.const 400) "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde\\n")
 """
 
 # Each step's errno lands in the exit code, one decimal digit per step (BADF is 8).
@@ -98,3 +102,52 @@ def test_a_wild_pointer_faults_before_any_output(iovs: int, nwritten: int) -> No
         run_wasihost(_wild(iovs, nwritten), config=config)
     assert info.value.failure is FailureClass.PROTOCOL
     assert out == b"a\n"
+
+
+# A line to stderr first (it meets no memory view yet, so it takes the general way), then the
+# line to stdout whose errno is the exit code: the shortcut's.
+_WRITE_AND_EXIT = _IMPORTS + """
+  (func (export "_start")
+    (drop (call $write (i32.const 2) (i32.const 200) (i32.const 1) (i32.const 300)))
+    (call $exit (call $write (i32.const 1) (i32.const 200) (i32.const 1) (i32.const 300))))
+"""
+
+
+def test_a_failing_sink_is_answered_as_the_handler_answers_it() -> None:
+    # An OSError of the caller's sink is the guest's errno (EPIPE for a closed pipe), through
+    # the shortcut as through the handler; any other exception is a host error, never guest
+    # data, and ends the run.
+    def broken(data: bytes) -> None:
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    run = run_wasihost(
+        bytes(wasmtime.wat2wasm(_WRITE_AND_EXIT)), config=WasiOptions(stdout=broken)
+    )
+    assert run.code == int(Errno.PIPE)
+
+    def failing(data: bytes) -> None:
+        raise RuntimeError("/secret/host/path")
+
+    with pytest.raises(CallError) as info:
+        run_wasihost(bytes(wasmtime.wat2wasm(_WRITE_AND_EXIT)), config=WasiOptions(stdout=failing))
+    assert info.value.failure is FailureClass.HOST_ERROR
+
+
+def test_the_shortcut_charges_what_the_handler_charged() -> None:
+    # fd_write's price: its base plus one fuel unit per byte moved (the line, the iovec, the
+    # count), the same through the shortcut as through the general dispatch. The first write
+    # of a run meets no memory view yet and goes the general way; the second is the shortcut's.
+    from wasihost.wasi.registry import FUNCTIONS_BY_NAME
+
+    entry = FUNCTIONS_BY_NAME["fd_write"]
+    write = "(drop (call $write (i32.const 1) (i32.const 216) (i32.const 1) (i32.const 300)))"
+    line = b"0123456789abcdef" * 3 + b"0123456789abcde\n"
+    fuel = []
+    for writes in (1, 2):
+        body = f'(func (export "_start") {write * writes} (call $exit (i32.const 0)))'
+        run = run_wasihost(bytes(wasmtime.wat2wasm(_IMPORTS + body)))
+        assert run.ext is not None and run.stdout == line * writes
+        fuel.append(run.ext.last_fuel_used)
+    # What is left over is the guest's own few instructions around the call.
+    moved = len(line) + 12
+    assert fuel[1] - fuel[0] - entry.fuel_base - entry.fuel_per_byte * moved in range(0, 8)
