@@ -349,3 +349,71 @@ def test_differential_encode_cycles_and_depth() -> None:
     for value in (cycle, mapping, [[[[]]]], {"a": {"b": {"c": {}}}}):
         for depth in (1, 2, 3, 4, 32, 256):
             check_encode(value, CodecLimits(max_bytes=1 << 20, max_depth=depth))
+
+
+# Shapes the fast paths take inside their parent's loop (a map in an array, an array in a map,
+# an array in a map in an array: records and their lists), with every kind of child in each,
+# nested below a varying number of lists, so that each depth and item limit falls on each level.
+_RECORD_CHILDREN: list[Any] = [
+    0,
+    -30,
+    2**40,
+    "t",
+    "x" * 30,
+    "y" * 300,
+    "\u00e9" * 7,
+    b"b" * 30,
+    b"c" * 300,
+    None,
+    True,
+    1.5,
+    [],
+    [0, "tag", b"z"],
+    ["x" * 30, [1], {"k": 0}],
+    {"inner": [0]},
+    {},
+]
+
+
+def _records(child: Any) -> list[Any]:
+    return [
+        [{"k": child}],
+        [{"a": 0, 7: [child, child]}],
+        [{"a": [child]}, {"b": [1, child]}],
+        [{"a": child, "b": [child], "c": {"d": [child]}}],
+    ]
+
+
+def _depth_and_items(value: Any) -> tuple[int, int]:
+    """The depth and the data items of ``value``, counted as the ABI counts them."""
+    if isinstance(value, list):
+        below = [_depth_and_items(element) for element in value]
+        return 1 + max((d for d, _ in below), default=0), 1 + sum(n for _, n in below)
+    if isinstance(value, dict):
+        below = [_depth_and_items(element) for element in value.values()]
+        return 1 + max((d for d, _ in below), default=0), 1 + len(value) + sum(n for _, n in below)
+    return 0, 1
+
+
+def test_differential_records_at_every_limit() -> None:
+    # Each limit at every value from 1 to one past what the value needs, so that it runs out
+    # at each position of each level; the string limit around each string's size.
+    for child in _RECORD_CHILDREN:
+        for record in _records(child):
+            for wraps in range(3):
+                value: Any = record
+                for _ in range(wraps):
+                    value = [value]
+                payload = reference_codec.encode(value)
+                depth, items = _depth_and_items(value)
+                every = [CodecLimits(max_bytes=1 << 20, max_depth=d) for d in range(1, depth + 2)]
+                every += [CodecLimits(max_bytes=1 << 20, max_items=n) for n in range(1, items + 2)]
+                every += [
+                    CodecLimits(max_bytes=1 << 20, max_string_bytes=size)
+                    for size in (20, 29, 30, 299, 300, 400)
+                ]
+                for limits in every:
+                    check_decode(payload, limits)
+                    check_encode(value, limits)
+                check_decode(payload)
+                check_encode(value)

@@ -158,13 +158,12 @@ for _ in range(32):
         [2**64],
         [{True: 1}],
         [{(1,): 1}],
-        ["\ud800"],
         NESTED_33,
         list(range(5000)),
         [set()],
         ["x" * 70000],
     ],
-    ids=["nan", "bigint", "boolkey", "tuplekey", "surrogate", "deep", "items", "set", "long"],
+    ids=["nan", "bigint", "boolkey", "tuplekey", "deep", "items", "set", "long"],
 )
 def test_walk_refuses_what_cbor2_would_encode_otherwise(spy: Spy, value: Any) -> None:
     # Each is encoded (the NaN) or refused by the exact encoder alone, as before.
@@ -179,6 +178,30 @@ def test_walk_refuses_what_cbor2_would_encode_otherwise(spy: Spy, value: Any) ->
         got = exc.message
     assert got == expected
     assert spy.encoded == []
+
+
+@pytest.mark.parametrize("value", [["\ud800"], {"k": "a\udfff"}, {"\ud800": 1}])
+def test_a_text_without_utf8_form_is_refused_by_cbor2_then_the_exact_encoder(
+    spy: Spy, value: Any
+) -> None:
+    # The one rule the quick walk leaves to cbor2 (so that no text is encoded or asked whether
+    # it is ASCII twice): cbor2 refuses a lone surrogate itself, and the exact encoder names it.
+    with pytest.raises(CodecError) as got:
+        codec.encode(value)
+    with pytest.raises(CodecError) as expected:
+        reference_codec.encode(value)
+    assert got.value.message == expected.value.message
+    assert spy.encoded == [value]
+
+
+def test_the_quick_walk_bound_hands_over_to_the_exact_count(spy: Spy) -> None:
+    # Four bytes counted per character of text: over max_bytes by that bound, the exact count
+    # decides, so text that fits still goes to cbor2 and text that does not never does.
+    limits = CodecLimits(max_bytes=1000)
+    assert codec_fast.walk(["\u00e9" * 200, "x" * 300], 1000, 32, 4096, 65536)
+    assert not codec_fast.walk(["\u00e9" * 300, "x" * 401], 1000, 32, 4096, 65536)
+    assert codec.decode(codec.encode(["\u00e9" * 200, "x" * 300], limits), limits)[1] == "x" * 300
+    assert len(spy.encoded) == 1
 
 
 def python_loads(data: bytes, **options: Any) -> Any:
@@ -228,6 +251,8 @@ FLAT = [
     [True, False, None, b"", b"\x00" * 23, b"\x01" * 24, "", "é" * 11, "y" * 300],
     {1: "a", -3: None, "k": b"v", "t": True},
     list(range(23)),
+    {"level": 2, "message": "disk 81% full on /var", "ok": True, "n": None, "t": 1.5},
+    [0.1, -2.5e300, float("inf"), 5e-324],  # float64, as the exact decoder reads it
 ]
 
 
@@ -251,7 +276,10 @@ def test_small_flat_requests_are_built_without_scan_or_cbor2(spy: Spy, value: An
         b"\x82\x00\x78\x05ab",  # a string cut short
         b"\x81\x00\x00",  # trailing
         b"\x81\x81\x00",  # nested: the scan's
-        b"\x81\xfb\x3f\xf8\x00\x00\x00\x00\x00\x00",  # a float: the scan's
+        b"\x81\xf9\x3c\x00",  # a float16: the scan's
+        b"\x81\xfa\x3f\xc0\x00\x00",  # a float32: the scan's
+        b"\xa1\xfb\x3f\xf8\x00\x00\x00\x00\x00\x00\x00",  # a float key
+        b"\x81\xfb\x3f\xf8\x00\x00",  # a float64 cut short
         b"\x81\xc2\x41\x01",  # a tag
         b"\x81\xf8\x20",  # a two-byte simple value
         b"\x81\x5f\x41\x00\xff",  # an indefinite string

@@ -14,7 +14,10 @@ and encoder for everything they do not vouch for, so every error still comes fro
   subclass goes to the exact encoder), integers in range, finite floats (cbor2 writes NaN and
   infinities as float16, the profile as float64), every string within the limit, nesting and
   items within the limits, and the string bytes within ``max_bytes``: so cbor2 builds at most
-  ``max_bytes + 9 * max_items`` bytes before the caller checks the length.
+  ``max_bytes + 9 * max_items`` bytes before the caller checks the length. One rule is left to
+  cbor2, which refuses it itself: a text with no UTF-8 form (a lone surrogate), so that the
+  walk need not encode a short text, nor ask whether it is ASCII, to know its size is within
+  the limit (four bytes a character at most).
 
 Both are conservative: when unsure they say no, and the exact codec decides. The step tables say,
 per initial byte, how long an item is when the byte alone tells, or how to read it.
@@ -23,6 +26,7 @@ per initial byte, how long an item is when the byte alone tells, or how to read 
 from __future__ import annotations
 
 import functools
+import struct
 import types
 from collections.abc import Callable
 from typing import Any, Final
@@ -33,6 +37,7 @@ __all__ = ["UNSURE", "Backend", "backend", "decode", "encode", "flat", "scan", "
 _INT_MIN: Final = -(1 << 64)
 _INT_MAX: Final = (1 << 64) - 1
 _INF: Final = float("inf")
+_FLOAT64: Final = struct.Struct(">d").unpack_from
 # A head is at most nine bytes: the walk's bound on what one item adds beyond its string bytes.
 MAX_HEAD_BYTES: Final = 9
 
@@ -82,6 +87,12 @@ def backend() -> Backend | None:
         return None
     if dumps(1.5) != b"\xfb\x3f\xf8\x00\x00\x00\x00\x00\x00":  # pragma: no cover
         return None
+    try:
+        dumps("\ud800")
+    except UnicodeEncodeError:
+        pass
+    else:  # pragma: no cover - the walk leaves texts without a UTF-8 form to cbor2 to refuse
+        return None
 
     return Backend(functools.partial(loads, allow_duplicate_keys=False), dumps)
 
@@ -122,14 +133,18 @@ def _steps(max_string: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 class _Scanner:
-    """The scan under one pair of limits: two functions closing over the tables and limits (no
-    attribute loads per container). ``left``, the item budget, is threaded through the calls.
+    """The scan under one pair of limits: functions closing over the tables and limits (no
+    attribute loads per item), one loop for arrays and one for maps (no test per child of which
+    it is), the common children taken inline by their head; ``left``, the item budget, is
+    threaded through the calls. A small map in an array (a record) and a small array in a map
+    (a record's list of tags) are scanned inside their parent's loop, with the same checks as
+    on their own: an array of records costs no call per record.
 
     A buffer cut short needs no check of its own: a length read past the end puts ``pos``
     past it for good, so the next head read raises IndexError or the final offset is not the
     end; and a count is compared with the bytes left before any loop runs."""
 
-    __slots__ = ("container", "item", "values")
+    __slots__ = ("item", "values")
 
     def __init__(self, max_depth: int, max_string: int) -> None:
         steps, keys = _steps(max_string)
@@ -148,12 +163,14 @@ class _Scanner:
             else:
                 raise _Unsure  # reserved, indefinite or break
             major = initial >> 5
-            if major in (2, 3):
+            if major == 2 or major == 3:  # noqa: PLR1714 (a tuple costs more here)
                 if arg > max_string:
                     raise _Unsure
                 return pos + arg, left
-            if major in (4, 5):
-                return container(buf, pos, arg, major == 5, depth, left)
+            if major == 4:
+                return array(buf, pos, arg, depth, left)
+            if major == 5:
+                return mapping(buf, pos, arg, depth, left)
             if major <= 1:
                 return pos, left
             # float16 and float32 (the others are in the tables or refused): an infinity or a
@@ -165,52 +182,123 @@ class _Scanner:
                 return pos, left
             raise _Unsure  # a tag, undefined, another simple value, a float for the exact path
 
-        def container(
-            buf: bytes, pos: int, count: int, is_map: bool, depth: int, left: int
-        ) -> tuple[int, int]:
-            """The children of a container whose head ends at ``pos``, charged to the budget."""
+        def array(buf: bytes, pos: int, count: int, depth: int, left: int) -> tuple[int, int]:
+            """The elements of an array whose head ends at ``pos``, charged to the budget."""
             depth += 1
-            children = 2 * count if is_map else count
-            left -= children
+            left -= count
             # Every child takes at least one byte, as in the exact decoder.
-            if depth > max_depth or left < 0 or children > len(buf) - pos:
+            if depth > max_depth or left < 0 or count > len(buf) - pos:
                 raise _Unsure
             for _ in range(count):
-                if is_map:
-                    # A map's key first, on its own table: text or an integer only.
-                    initial = buf[pos]
-                    step = keys[initial]
-                    if step > 0:
-                        pos += step
-                    elif 0x60 <= initial < 0x80:  # text with a longer head (or refused)
-                        pos, left = item(buf, pos, depth, left)
-                    else:
-                        raise _Unsure
-                initial = buf[pos]
-                step = steps[initial]
+                step = steps[buf[pos]]
                 if step > 0:
                     pos += step
-                elif step == _STRING_1:
+                elif step == -1:  # _STRING_1
                     length = buf[pos + 1]
                     if length > max_string:
                         raise _Unsure
                     pos += 2 + length
-                elif step == _STRING_2:
+                elif step == -2:  # _STRING_2
                     length = buf[pos + 1] << 8 | buf[pos + 2]
                     if length > max_string:
                         raise _Unsure
                     pos += 3 + length
-                elif step == _MAP:
-                    pos, left = container(buf, pos + 1, initial - 0xA0, True, depth, left)
-                elif step == _ARRAY:
-                    pos, left = container(buf, pos + 1, initial - 0x80, False, depth, left)
+                elif step == -4:  # _MAP, a record: its entries here, as mapping() does them
+                    count_in = buf[pos] - 0xA0
+                    left -= 2 * count_in
+                    if depth >= max_depth or left < 0 or 2 * count_in >= len(buf) - pos:
+                        raise _Unsure
+                    pos += 1
+                    inner = depth + 1
+                    for _ in range(count_in):
+                        step = keys[buf[pos]]
+                        if step > 0:
+                            pos += step
+                        elif 0x60 <= buf[pos] < 0x80:
+                            pos, left = item(buf, pos, inner, left)
+                        else:
+                            raise _Unsure
+                        step = steps[buf[pos]]
+                        if step > 0:
+                            pos += step
+                        elif step == -2:  # _STRING_2
+                            length = buf[pos + 1] << 8 | buf[pos + 2]
+                            if length > max_string:
+                                raise _Unsure
+                            pos += 3 + length
+                        elif step == -1:  # _STRING_1
+                            length = buf[pos + 1]
+                            if length > max_string:
+                                raise _Unsure
+                            pos += 2 + length
+                        elif step == -3:  # _ARRAY, a record's list: here too
+                            count_in = buf[pos] - 0x80
+                            left -= count_in
+                            if inner >= max_depth or left < 0 or count_in >= len(buf) - pos:
+                                raise _Unsure
+                            pos += 1
+                            for _ in range(count_in):
+                                step = steps[buf[pos]]
+                                if step > 0:
+                                    pos += step
+                                else:
+                                    pos, left = item(buf, pos, inner + 1, left)
+                        else:
+                            pos, left = item(buf, pos, inner, left)
+                elif step == -3:  # _ARRAY
+                    pos, left = array(buf, pos + 1, buf[pos] - 0x80, depth, left)
+                else:
+                    pos, left = item(buf, pos, depth, left)
+            return pos, left
+
+        def mapping(buf: bytes, pos: int, count: int, depth: int, left: int) -> tuple[int, int]:
+            """The entries of a map whose head ends at ``pos``, charged to the budget."""
+            depth += 1
+            left -= 2 * count
+            if depth > max_depth or left < 0 or 2 * count > len(buf) - pos:
+                raise _Unsure
+            for _ in range(count):
+                # The key first, on its own table: text or an integer only.
+                step = keys[buf[pos]]
+                if step > 0:
+                    pos += step
+                elif 0x60 <= buf[pos] < 0x80:  # text with a longer head (or refused)
+                    pos, left = item(buf, pos, depth, left)
+                else:
+                    raise _Unsure
+                step = steps[buf[pos]]
+                if step > 0:
+                    pos += step
+                elif step == -2:  # _STRING_2
+                    length = buf[pos + 1] << 8 | buf[pos + 2]
+                    if length > max_string:
+                        raise _Unsure
+                    pos += 3 + length
+                elif step == -1:  # _STRING_1
+                    length = buf[pos + 1]
+                    if length > max_string:
+                        raise _Unsure
+                    pos += 2 + length
+                elif step == -3:  # _ARRAY, its elements here: one level deeper
+                    count_in = buf[pos] - 0x80
+                    left -= count_in
+                    if depth >= max_depth or left < 0 or count_in >= len(buf) - pos:
+                        raise _Unsure
+                    pos += 1
+                    for _ in range(count_in):
+                        step = steps[buf[pos]]
+                        if step > 0:
+                            pos += step
+                        else:
+                            pos, left = item(buf, pos, depth + 1, left)
+                elif step == -4:  # _MAP
+                    pos, left = mapping(buf, pos + 1, buf[pos] - 0xA0, depth, left)
                 else:
                     pos, left = item(buf, pos, depth, left)
             return pos, left
 
         self.values = steps
         self.item = item
-        self.container = container
 
 
 # Scanners by (max_depth, max_string), built once: nearly every payload has the default limits.
@@ -358,14 +446,231 @@ class _Walker:
         self.string_bytes += total
 
 
+class _QuickWalk:
+    """The walk under one pair of limits, as functions closing over them (no attribute loads
+    per item), for the common case: every string short enough that it is within the string
+    limit whatever its characters (a character is at most four UTF-8 bytes), so no string is
+    encoded or even asked whether it is ASCII. Each function answers an upper bound of the
+    string bytes under it (four per character of text, the exact size of byte strings and of a
+    long text, which it encodes) and the item budget left. When that bound passes
+    ``max_bytes`` the caller asks :class:`_Walker` for the exact count."""
+
+    __slots__ = ("item",)
+
+    def __init__(self, max_depth: int, max_string: int) -> None:
+        # A text of at most this many characters is within max_string, whatever they are.
+        short = max_string // 4
+
+        def text(value: str) -> int:
+            """The UTF-8 size of a text too long to vouch for by its length."""
+            if len(value) > max_string:
+                raise _Unsure
+            try:
+                size = len(value.encode("utf-8"))
+            except UnicodeEncodeError:
+                raise _Unsure from None
+            if size > max_string:
+                raise _Unsure
+            return size
+
+        def item(value: Any, depth: int, left: int) -> tuple[int, int]:
+            kind = type(value)
+            if kind is list or kind is tuple:
+                return sequence(value, depth, left)
+            if kind is dict:
+                return mapping(value, depth, left)
+            if kind is str:
+                size = len(value)
+                return (4 * size if size <= short else text(value)), left
+            if kind is bytes or kind is bytearray:
+                if len(value) > max_string:
+                    raise _Unsure
+                return len(value), left
+            if kind is int:
+                if not -0x1_0000_0000_0000_0000 <= value <= 0xFFFF_FFFF_FFFF_FFFF:
+                    raise _Unsure
+            elif kind is float:
+                if value - value != 0.0:  # an infinity or a NaN
+                    raise _Unsure
+            elif value is not None and kind is not bool:
+                raise _Unsure  # a subclass, or a type outside the profile
+            return 0, left
+
+        def sequence(value: list[Any] | tuple[Any, ...], depth: int, left: int) -> tuple[int, int]:
+            depth += 1
+            left -= len(value)
+            if depth > max_depth or left < 0:
+                raise _Unsure
+            chars = 0
+            total = 0
+            for element in value:
+                kind = type(element)
+                if kind is str:
+                    size = len(element)
+                    if size <= short:
+                        chars += size
+                    else:
+                        total += text(element)
+                elif kind is int:
+                    if not -0x1_0000_0000_0000_0000 <= element <= 0xFFFF_FFFF_FFFF_FFFF:
+                        raise _Unsure
+                elif kind is dict:  # a record: its entries here, as mapping() does them
+                    left -= 2 * len(element)
+                    if depth >= max_depth or left < 0:
+                        raise _Unsure
+                    for key, entry in element.items():
+                        kind = type(key)
+                        if kind is str:
+                            size = len(key)
+                            if size <= short:
+                                chars += size
+                            else:
+                                total += text(key)
+                        elif kind is not int or not (
+                            -0x1_0000_0000_0000_0000 <= key <= 0xFFFF_FFFF_FFFF_FFFF
+                        ):
+                            raise _Unsure
+                        kind = type(entry)
+                        if kind is str:
+                            size = len(entry)
+                            if size <= short:
+                                chars += size
+                            else:
+                                total += text(entry)
+                        elif kind is int:
+                            if not -0x1_0000_0000_0000_0000 <= entry <= 0xFFFF_FFFF_FFFF_FFFF:
+                                raise _Unsure
+                        elif entry is None or kind is bool:
+                            pass
+                        elif kind is float:
+                            if entry - entry != 0.0:
+                                raise _Unsure
+                        elif kind is bytes:
+                            size = len(entry)
+                            if size > max_string:
+                                raise _Unsure
+                            total += size
+                        elif kind is list:  # the record's list: here too, two levels down
+                            left -= len(entry)
+                            if depth + 1 >= max_depth or left < 0:
+                                raise _Unsure
+                            for part in entry:
+                                kind = type(part)
+                                if kind is str:
+                                    size = len(part)
+                                    if size <= short:
+                                        chars += size
+                                    else:
+                                        total += text(part)
+                                else:
+                                    more, left = item(part, depth + 2, left)
+                                    total += more
+                        else:
+                            more, left = item(entry, depth + 1, left)
+                            total += more
+                elif element is None or kind is bool:
+                    pass
+                elif kind is float:
+                    if element - element != 0.0:
+                        raise _Unsure
+                else:
+                    more, left = item(element, depth, left)
+                    total += more
+            return total + 4 * chars, left
+
+        def mapping(value: dict[Any, Any], depth: int, left: int) -> tuple[int, int]:
+            depth += 1
+            left -= 2 * len(value)
+            if depth > max_depth or left < 0:
+                raise _Unsure
+            chars = 0
+            total = 0
+            for key, element in value.items():
+                kind = type(key)
+                if kind is str:
+                    size = len(key)
+                    if size <= short:
+                        chars += size
+                    else:
+                        total += text(key)
+                elif kind is not int or not (
+                    -0x1_0000_0000_0000_0000 <= key <= 0xFFFF_FFFF_FFFF_FFFF
+                ):
+                    raise _Unsure  # refused by the profile, or a subclass: the exact encoder says
+                kind = type(element)
+                if kind is str:
+                    size = len(element)
+                    if size <= short:
+                        chars += size
+                    else:
+                        total += text(element)
+                elif kind is int:
+                    if not -0x1_0000_0000_0000_0000 <= element <= 0xFFFF_FFFF_FFFF_FFFF:
+                        raise _Unsure
+                elif element is None or kind is bool:
+                    pass
+                elif kind is float:
+                    if element - element != 0.0:
+                        raise _Unsure
+                elif kind is bytes:
+                    size = len(element)
+                    if size > max_string:
+                        raise _Unsure
+                    total += size
+                elif kind is list:  # a list as a value: its elements here, one level down
+                    left -= len(element)
+                    if depth >= max_depth or left < 0:
+                        raise _Unsure
+                    for entry in element:
+                        kind = type(entry)
+                        if kind is str:
+                            size = len(entry)
+                            if size <= short:
+                                chars += size
+                            else:
+                                total += text(entry)
+                        else:
+                            more, left = item(entry, depth + 1, left)
+                            total += more
+                else:
+                    more, left = item(element, depth, left)
+                    total += more
+            return total + 4 * chars, left
+
+        self.item = item
+
+
+# Quick walks by (max_depth, max_string), bounded as the scanners are.
+_QUICK: dict[tuple[int, int], _QuickWalk] = {}
+
+
+def _quick(max_depth: int, max_string: int) -> _QuickWalk:
+    key = (max_depth, max_string)
+    quick = _QUICK.get(key)
+    if quick is None:
+        if len(_QUICK) >= _MAX_SCANNERS:
+            _QUICK.clear()
+        quick = _QUICK[key] = _QuickWalk(max_depth, max_string)
+    return quick
+
+
 def walk(value: object, max_bytes: int, max_depth: int, max_items: int, max_string: int) -> bool:
     """True when the exact encoder would encode ``value`` within the limits (but for the total
     size, which the caller checks on cbor2's output) and cbor2 would write the same bytes, and
-    when its string bytes fit in ``max_bytes``. Never raises."""
+    when its string bytes fit in ``max_bytes``. Never raises.
+
+    The quick walk's bound of the string bytes settles it when it fits; when it does not, the
+    exact count does (a payload of text over a quarter of ``max_bytes`` walks twice)."""
+    try:
+        bound, _ = _quick(max_depth, max_string).item(value, 0, max_items - 1)
+    except (_Unsure, RecursionError):
+        return False
+    if bound <= max_bytes:
+        return True
     walker = _Walker(max_depth, max_items, max_string)
     try:
         walker.item(value, 0)
-    except (_Unsure, RecursionError):
+    except (_Unsure, RecursionError):  # pragma: no cover - the quick walk refused these already
         return False
     return walker.string_bytes <= max_bytes
 
@@ -375,10 +680,10 @@ def walk(value: object, max_bytes: int, max_depth: int, max_items: int, max_stri
 
 def flat(buf: bytes, max_items: int, max_string: int) -> Any:
     """The value of ``buf`` when it is one array or map of fewer than 24 children, each an
-    integer, a string, false, true or null (keys an integer or text), filling ``buf``; else
-    UNSURE. Built here in one loop, with no scan and no cbor2: the common shape of a small
-    host-call request (``[2, "text"]``, ``{"key": "sku-1"}``), for which the scan, the call
-    into cbor2 and its decoder object cost about twice this loop. Never raises.
+    integer, a string, a float64, false, true or null (keys an integer or text), filling
+    ``buf``; else UNSURE. Built here in one loop, with no scan and no cbor2: the common shape
+    of a small host-call request (``[2, "text"]``, ``{"key": "sku-1"}``), for which the scan,
+    the call into cbor2 and its decoder object cost about twice this loop. Never raises.
 
     The bounds hold by construction: depth 1, ``1 + children`` items (checked), every string
     within ``max_string`` (checked) and inside ``buf`` (a slice cut short leaves ``pos`` past
@@ -407,6 +712,12 @@ def flat(buf: bytes, max_items: int, max_string: int) -> Any:
             elif 0x60 <= head < 0x78:  # text of fewer than 24 bytes
                 stop = pos + head - 0x60
                 value = buf[pos:stop].decode()
+                pos = stop
+            elif head == 0xFB and not want_key:  # float64, as the exact decoder reads it
+                stop = pos + 8
+                if stop > end:
+                    return UNSURE
+                (value,) = _FLOAT64(buf, pos)
                 pos = stop
             else:
                 major = head >> 5

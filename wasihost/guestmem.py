@@ -4,7 +4,8 @@ stay free of the engine and their tests can use :class:`BytearrayMemory`."""
 from __future__ import annotations
 
 import threading
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from .status import GuestFault, GuestInterrupted, GuestOutOfFuel
 
@@ -64,6 +65,42 @@ class GuestMemory(Protocol):
         """Wait, or raise :class:`~wasihost.status.GuestInterrupted` as soon as the host
         interrupts the instance. Blocking brokers wait here, never in ``time.sleep``."""
         ...
+
+
+class WriteRoute:
+    """A native write entry's handler with a shortcut for its commonest call: one iovec to a
+    byte sink (WASI's ``fd_write`` of a line to stdout).
+
+    The entry takes ``(fd, iovs, iovs_len, count_ptr)`` and answers an i32. ``sinks`` is a
+    live table its owner keeps in step with its descriptors: fd -> the sink a one-iovec write
+    to that fd goes to. For such a call the engine copies the iovec at ``iovs`` (at most
+    ``cap`` bytes; both ranges checked first, the count written at ``count_ptr``), passes it to
+    the sink and answers ``ok``, or ``answer(exc)`` when the sink raises one of ``answered``;
+    every other call goes to ``handler``, which serves them all the same way. The shortcut saves
+    the handler's Python frame and its descriptor checks on a path taken once per printed line;
+    a table lookup needs no frame of its own.
+    """
+
+    __slots__ = ("answer", "answered", "cap", "handler", "ok", "sinks")
+
+    def __init__(
+        self,
+        handler: Callable[..., int],
+        sinks: dict[int, Callable[[bytes], object]],
+        cap: int,
+        ok: int,
+        answered: tuple[type[BaseException], ...],
+        answer: Callable[[Any], int],
+    ) -> None:
+        self.handler = handler
+        self.sinks = sinks
+        self.cap = cap
+        self.ok = ok
+        self.answered = answered
+        self.answer = answer
+
+    def __call__(self, mem: GuestMemory, *args: int) -> int:
+        return self.handler(mem, *args)
 
 
 class BytearrayMemory:

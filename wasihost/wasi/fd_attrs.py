@@ -123,8 +123,7 @@ def fd_fdstat_set_rights(
     desc = descriptor(st, fd)
     if base & ~desc.rights_base or inheriting & ~desc.rights_inheriting:
         return Errno.NOTCAPABLE  # rights only ever shrink
-    desc.rights_base = base
-    desc.rights_inheriting = inheriting
+    st.fds.set_rights(fd, base, inheriting)
     return Errno.SUCCESS
 
 

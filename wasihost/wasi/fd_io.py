@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..guestmem import GuestMemory
+from ..guestmem import GuestMemory, WriteRoute
 from . import limits
 from .abi import (
     FDFLAG_APPEND,
@@ -176,7 +176,16 @@ def _committed_fd_write(
     return result if authorised and result is not None else Errno.NOTCAPABLE
 
 
-def fast_fd_write(st: WasiState) -> Callable[..., int]:
+def _sink_errno(exc: WasiError | OSError) -> int:
+    """The errno of a sink's failure, as the handler below answers it."""
+    return exc.errno if isinstance(exc, WasiError) else from_oserror(exc)
+
+
+def fast_fd_write(st: WasiState) -> WriteRoute:
+    """fd_write with the engine's shortcut for a line to stdout or stderr (``WriteRoute``): the
+    descriptor table's ``sinks`` names the sink of each output descriptor with the write right,
+    and the engine copies a one-iovec write to it without calling the handler; the handler
+    serves the rest (and takes the same shortcut itself, for a caller that is not the engine)."""
     get = st.fds.lookup
 
     def handler(mem: GuestMemory, fd: int, iovs: int, iovs_len: int, nwritten_ptr: int) -> int:
@@ -192,7 +201,7 @@ def fast_fd_write(st: WasiState) -> Callable[..., int]:
         except OSError as exc:
             return from_oserror(exc)
 
-    return handler
+    return WriteRoute(handler, st.fds.sinks, _MAX_IO, _SUCCESS, (WasiError, OSError), _sink_errno)
 
 
 def fast_fd_read(st: WasiState) -> Callable[..., int]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
-from .abi import Filetype
+from .abi import R_FD_WRITE, Filetype
 from .errno import Errno, WasiError
 from .fs import Ident
 
@@ -80,6 +80,10 @@ class FdTable:
         self._fds: dict[int, Descriptor] = {}
         # get() without a Python frame, for the per-line hot paths.
         self.lookup = self._fds.get
+        # fd -> sink of each output descriptor with the write right, kept in step with the
+        # table by every method below that changes it: fd_write's engine shortcut
+        # (guestmem.WriteRoute) reads it with one lookup per printed line.
+        self.sinks: dict[int, Callable[[bytes], object]] = {}
 
     def __len__(self) -> int:
         return len(self._fds)
@@ -95,6 +99,14 @@ class FdTable:
         if len(self._fds) >= self.max_fds:
             raise WasiError(Errno.MFILE)
 
+    def _route(self, fd: int) -> None:
+        """Bring ``sinks`` in step with what ``fd`` now holds."""
+        desc = self._fds.get(fd)
+        if type(desc) is OutputDescriptor and desc.rights_base & R_FD_WRITE:
+            self.sinks[fd] = desc.sink
+        else:
+            self.sinks.pop(fd, None)
+
     def insert(self, desc: Descriptor) -> int:
         """The lowest free number, as POSIX open() would give."""
         self.require_room()
@@ -102,10 +114,12 @@ class FdTable:
         while fd in self._fds:
             fd += 1
         self._fds[fd] = desc
+        self._route(fd)
         return fd
 
     def close(self, fd: int) -> None:
         desc = self._fds.pop(fd, None)
+        self.sinks.pop(fd, None)
         if desc is None:
             raise WasiError(Errno.BADF)
         desc.close()
@@ -118,8 +132,20 @@ class FdTable:
             return
         self._fds[dst].close()
         self._fds[dst] = self._fds.pop(src)
+        self._route(src)
+        self._route(dst)
+
+    def set_rights(self, fd: int, base: int, inheriting: int) -> None:
+        """Set the rights of the open descriptor ``fd`` (the caller checked they only shrink)."""
+        desc = self._fds[fd]
+        desc.rights_base = base
+        desc.rights_inheriting = inheriting
+        self._route(fd)
 
     def close_all(self) -> None:
-        fds, self._fds = self._fds, {}
-        for desc in fds.values():
+        # Emptied in place: ``lookup`` and ``sinks`` stay the tables' own.
+        descs = list(self._fds.values())
+        self._fds.clear()
+        self.sinks.clear()
+        for desc in descs:
             desc.close()
