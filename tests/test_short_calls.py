@@ -17,6 +17,7 @@ from conftest import bare
 from guests import build, guest_wat
 
 from wasihost.engine import Instance, ticker
+from wasihost.engine.ticker import GIL_WANTED
 from wasihost.errors import CallError, FailureClass
 from wasihost.policy import Policy
 from wasihost.runtime import Extension, Host
@@ -104,6 +105,44 @@ def test_a_spinning_call_that_keeps_the_gil_ends_at_its_deadline_and_lets_thread
         ext.call("run")
         replacement = only_instance(ext)  # the deadline discarded the spinning instance
         assert not replacement.keeps_gil(b"run")
+
+
+def test_no_call_keeps_the_gil_while_another_thread_runs_guest_code_without_it() -> None:
+    """A thread whose guest returns must get the GIL back at once, not after a switch
+    interval of another thread's short calls: while one is in guest code with the GIL
+    released, short calls release it too."""
+    with Host(Policy(), cache_dir=None) as host:
+        ext = load(host)
+        spinner = load(host)
+        ext.call("run")
+        ext.call("run")
+        instance = only_instance(ext)
+        assert instance.kept_gil
+        failures: list[BaseException] = []
+
+        def spin() -> None:
+            try:
+                spinner.call("spins", True)  # never seen short: released
+            except BaseException as exc:  # the test inspects it
+                failures.append(exc)
+
+        thread = threading.Thread(target=spin)
+        thread.start()
+        give_up = time.monotonic() + LATE_S
+        while not GIL_WANTED and time.monotonic() < give_up:
+            time.sleep(0.001)
+        assert GIL_WANTED
+        ext.call("run")
+        assert instance.keeps_gil(b"run") and not instance.kept_gil
+        thread.join(TIMEOUT_MS / 1000 + LATE_S)
+        assert len(failures) == 1 and isinstance(failures[0], CallError)
+        # The spinner's warm spare may be instantiating (released too) for a moment.
+        give_up = time.monotonic() + LATE_S
+        while GIL_WANTED and time.monotonic() < give_up:
+            time.sleep(0.001)
+        assert not GIL_WANTED
+        ext.call("run")
+        assert instance.kept_gil
 
 
 def test_without_native_ticks_no_call_keeps_the_gil_and_deadlines_hold(

@@ -42,6 +42,7 @@ from .lowlevel import (
     trap_failure,
 )
 from .stack import STACK_MARGIN, THREAD_STACK, check_thread_stack
+from .ticker import GIL_WANTED
 
 if TYPE_CHECKING:
     from ..hostcall_metrics import HostCallTally
@@ -101,6 +102,7 @@ EPOCH_TARGET_IDS = itertools.count(1)
 # Commands remembered as short per instance (see Instance.call): the names an embedder calls
 # come from a manifest's few commands; past this many, newcomers just release the GIL.
 MAX_SHORT_COMMANDS = 64
+
 
 # How long close() waits for a call in flight on another thread to stop after interrupting it;
 # past that the Store is freed by that call when it returns (see Instance.close).
@@ -280,14 +282,18 @@ class Instance:
         try:
             self._arm(budget)
             trap = POINTER(ffi.wasm_trap_t)()
-            err = raw._wasmtime_instance_new(
-                self._context,
-                module.module.ptr(),
-                externs,
-                len(self._ctx.imports),
-                byref(instance),
-                byref(trap),
-            )
+            GIL_WANTED.add(self)
+            try:
+                err = raw._wasmtime_instance_new(
+                    self._context,
+                    module.module.ptr(),
+                    externs,
+                    len(self._ctx.imports),
+                    byref(instance),
+                    byref(trap),
+                )
+            finally:
+                GIL_WANTED.discard(self)
             overran = self._account(budget)
             failure: BaseException | None = None
             if err or trap:
@@ -416,7 +422,11 @@ class Instance:
         return CallError(FailureClass.TRAP, message)
 
     def _invoke(self, func_addr: int, args_addr: int, n: int) -> None:
-        err = call_unchecked(self._ctx_addr, func_addr, args_addr, n, self._trap_slot_addr)
+        GIL_WANTED.add(self)
+        try:
+            err = call_unchecked(self._ctx_addr, func_addr, args_addr, n, self._trap_slot_addr)
+        finally:
+            GIL_WANTED.discard(self)
         if err or self._trap_slot.value:
             self._raise_failure(err)
 
@@ -470,6 +480,17 @@ class Instance:
         except IndexError:
             raise _in_use() from None
         ctx = self._ctx_addr
+        # A short call keeps the GIL through both crossings: releasing it costs more than its
+        # guest work, and hands it to any other thread waiting (see docs/engine.md). The
+        # ticker needs no GIL, so the deadline holds either way.
+        keep = host.keep_gil = (
+            command in self._short_commands and self._gil_trust.kept and not GIL_WANTED
+        )
+        if keep:
+            cross = call_keeping_gil
+        else:
+            cross = call_unchecked
+            GIL_WANTED.add(self)
         try:
             set_fuel(ctx, fuel - input_price)
             set_epoch_deadline(ctx, 1)
@@ -479,11 +500,6 @@ class Instance:
             total = cmd_len + len(payload)
             args1 = self._args1
             args1[0].i32 = total
-            # A short call keeps the GIL through both crossings: releasing it costs more than
-            # its guest work, and hands it to any other thread waiting (see docs/engine.md).
-            # The ticker needs no GIL, so the deadline holds either way.
-            keep = host.keep_gil = command in self._short_commands and self._gil_trust.kept
-            cross = call_keeping_gil if keep else call_unchecked
             # _invoke inlined: two method calls are a measurable share of a no-op call.
             err = cross(ctx, self._alloc_addr, self._args1_addr, 1, self._trap_slot_addr)
             if err or self._trap_slot.value:
@@ -534,6 +550,8 @@ class Instance:
             status = int.from_bytes(view[resp_ptr : resp_ptr + 4], "little")
             body = view[resp_ptr + 4 : resp_ptr + resp_len].tobytes()  # the one copy out
         finally:
+            if not keep:
+                GIL_WANTED.discard(self)
             get_fuel(ctx, self._fuel_left_addr)
             left = self._fuel_left.value
             debt, host.fuel_debt = host.fuel_debt, 0
@@ -564,8 +582,14 @@ class Instance:
             raise _overrun()
         return CallResult(status, body, used)
 
+    @property
+    def kept_gil(self) -> bool:
+        """Whether the last call kept the GIL through its guest crossings (diagnostics)."""
+        return self._ctx.keep_gil
+
     def keeps_gil(self, command: bytes) -> bool:
-        """Whether the next call of ``command`` keeps the GIL (diagnostics and tests)."""
+        """Whether the next call of ``command`` keeps the GIL, unless another thread is then in
+        guest code with it released (diagnostics and tests)."""
         return command in self._short_commands and self._gil_trust.kept
 
     @property

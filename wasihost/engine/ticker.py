@@ -148,6 +148,18 @@ _REGISTRY_LOCK = threading.Lock()
 _AT_EXIT: list[bool] = []
 # Set once the exit hook ran: an engine stopped after it (by a finalizer) is never freed.
 _EXITING: list[bool] = []
+# Set in a forked child (see _after_fork_in_child).
+_FORKED_CHILD: list[bool] = []
+# What a forked child keeps in GIL_WANTED.
+FORKED_CHILD_TICKS = "a forked child ticks from Python"
+
+GIL_WANTED: set[object] = set()
+"""While not empty, no call keeps the GIL (Instance.call): someone needs it back promptly.
+An Instance is in it while its thread runs guest code with the GIL released: once its guest
+returns that thread waits for the GIL, which a loop of short calls keeping it would give up
+only at the interpreter's switch interval (5 ms) instead of at its next crossing. A forked
+child is in it for good (its ticks need the GIL). ``set.add`` and ``discard`` are single
+operations under the GIL, safe from every thread."""
 
 
 class NativeTicker:
@@ -162,6 +174,7 @@ class NativeTicker:
         self._timer: int | None = None
         self._lock = threading.Lock()
         self._stopped = False
+        self._fallback: ThreadTicker | None = None  # ticking in a forked child
 
     def ensure_running(self) -> None:
         if self._timer is not None:
@@ -196,6 +209,8 @@ class NativeTicker:
     def stop(self) -> None:
         with self._lock:
             self._stopped = True
+            if self._fallback is not None:
+                self._fallback.stop()
             timer, self._timer = self._timer, None
             if timer is None:
                 return
@@ -210,11 +225,16 @@ class NativeTicker:
                 if _EXITING:
                     ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._engine))
 
-    def _rearm_in_child(self) -> None:
-        """After fork: the child has no timer; it gets its own if the parent's ran."""
+    def _tick_from_python_in_child(self) -> None:
+        """After fork: the child inherits no timer, and must not make one (see
+        ``_after_fork_in_child``); if the parent's ran, a Python thread ticks instead."""
         self._lock = threading.Lock()
-        if self._timer is not None and not self._stopped:
-            self._timer = self._arm()
+        running = self._timer is not None and not self._stopped
+        self._timer = None
+        self._stopped = True  # nothing to delete, ever: the timer was the parent's
+        if running:
+            self._fallback = ThreadTicker(self._engine, self._tick_ms)
+            self._fallback.ensure_running()
 
 
 def _stop_all_at_exit() -> None:
@@ -231,11 +251,18 @@ def _stop_all_at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # Another thread of the parent may have held the lock at the fork: the child's is new.
+    """A forked child never touches a POSIX timer: the C library's helper thread may have held
+    its list lock at the fork (it does at every expiry), and ``timer_create`` or
+    ``timer_delete`` in the child would then wait for it forever (seen about once in twenty
+    forks under load). Every engine of the child ticks from Python, the running ones at once,
+    and since those ticks need the GIL, no call of the child keeps it."""
     global _REGISTRY_LOCK  # noqa: PLW0603
-    _REGISTRY_LOCK = threading.Lock()
+    _REGISTRY_LOCK = threading.Lock()  # another thread may have held it at the fork
+    _FORKED_CHILD.append(True)
+    GIL_WANTED.add(FORKED_CHILD_TICKS)
     for ticker in list(_RUNNING):
-        ticker._rearm_in_child()
+        _RUNNING.discard(ticker)
+        ticker._tick_from_python_in_child()
 
 
 if _TIMER is not None and hasattr(os, "register_at_fork"):
@@ -243,7 +270,7 @@ if _TIMER is not None and hasattr(os, "register_at_fork"):
 
 
 def native_ticks_available() -> bool:
-    return _TIMER is not None and _INCREMENT_EPOCH is not None
+    return _TIMER is not None and _INCREMENT_EPOCH is not None and not _FORKED_CHILD
 
 
 def make_ticker(engine: wasmtime.Engine, tick_ms: int, *, native: bool = True) -> Ticker:
