@@ -50,11 +50,11 @@ MAX_POOLING_INSTANCES = 100_000
 # spinning guest 1.0-1.3x, with no trend to buy by ticking less; latency grows with the tick
 # and the idle watchdog's CPU with its rate (5% of a CPU at 1 ms, 0.7% at 10 ms).
 DEFAULT_EPOCH_TICK_MS = 10
-# A call keeps the GIL through its guest crossings when the instance's previous call burnt less
-# fuel than this (engine/instance.py, docs/engine.md). Releasing and re-taking the GIL costs
-# about as much as KEEP_GIL_BELOW_FUEL_DEFAULT fuel of guest work on one thread, and with two
-# threads each release hands the GIL over (a thread wake-up, tens of µs): under it, a call's
-# guest work is too short for another thread's Python to overlap it usefully.
+# A call keeps the GIL through its guest crossings when the instance's previous call of that
+# command burnt less fuel than this (engine/instance.py, docs/engine.md). 20,000 fuel is about
+# 20 µs of guest work here (fixtures/compute: ~1 fuel a ns): below it a release costs about as
+# much as the guest's work on one thread, and with two threads each release hands the GIL over
+# (a thread wake-up, tens of µs) for less overlap than that costs.
 DEFAULT_KEEP_GIL_BELOW_FUEL = 20_000
 MAX_KEEP_GIL_BELOW_FUEL = 10_000_000
 MIN_EPOCH_TICK_MS = 1
