@@ -14,7 +14,11 @@ Throughput (calls per second of wall clock) of:
 each for two workloads: ``small`` (``fixtures/echo``'s ``noop``, a few microseconds, mostly
 host-side Python) and ``compute`` (``fixtures/compute`` running ``--rounds`` xorshift rounds,
 a few milliseconds of guest code per call). Both threads start together at a barrier; a
-scenario's time is from the barrier to the last thread's end.
+scenario's time is from the barrier to the last thread's end. ``small, GIL released`` repeats
+the small calls on a second host with ``keep_gil_below_fuel=0`` (every call releases the GIL
+across guest code, as before short calls kept it), and ``compute calls beside a thread of
+small calls`` says what a compute thread keeps of its throughput next to a small-call loop,
+under either setting.
 
 The asyncio path: ``await ext.acall("noop")`` in a loop against ``ext.call("noop")`` in a loop
 on the same extension, one after the other on the event loop's thread; the difference per call
@@ -59,6 +63,7 @@ from wasihost.extension import Extension
 from wasihost.package import Package, load_package
 from wasihost.policy import Policy
 from wasihost.runtime import Host
+from wasihost.settings import EngineSettings
 
 ECHO = ROOT / "fixtures" / "echo"
 COMPUTE = ROOT / "fixtures" / "compute"
@@ -215,34 +220,68 @@ def async_round(ext: Extension, calls: int, order: int) -> tuple[float, float, f
 
 
 def released_share(ext: Extension, calls: int) -> float:
-    """The share of a no-op call spent inside its two guest entries (``call_unchecked``,
-    with the GIL released), less the timer's own cost. The rest of each call holds the GIL,
-    so two threads need at least 2 x (1 - share) of one call's time per two calls: at most
-    min(2, 1 / (1 - share)) times one thread's throughput, whatever the GIL hand-offs cost."""
-    real = instance_module.call_unchecked
+    """The share of a no-op call spent inside its two guest entries (``call_unchecked`` or
+    ``call_keeping_gil``), less the timer's own cost. Were the GIL released there, the rest of
+    each call would still hold it, so two threads need at least 2 x (1 - share) of one call's
+    time per two calls: at most min(2, 1 / (1 - share)) times one thread's throughput,
+    whatever the GIL hand-offs cost."""
     inside = [0.0]
     clock = time.perf_counter
 
-    def timed_entry(*args: Any) -> Any:
-        start = clock()
-        result = real(*args)
-        inside[0] += clock() - start
-        return result
+    def timed(real: Callable[..., Any]) -> Callable[..., Any]:
+        def timed_entry(*args: Any) -> Any:
+            start = clock()
+            result = real(*args)
+            inside[0] += clock() - start
+            return result
+
+        return timed_entry
 
     start = clock()
     for _ in range(calls):
         clock()
         clock()
     timer_cost = (clock() - start) / calls
-    instance_module.call_unchecked = timed_entry
+    names = ("call_unchecked", "call_keeping_gil")
+    reals = {name: getattr(instance_module, name) for name in names}
+    for name, real in reals.items():
+        setattr(instance_module, name, timed(real))
     try:
         start = clock()
         for _ in range(calls):
             ext.call("noop")
         total = clock() - start
     finally:
-        instance_module.call_unchecked = real
+        for name, real in reals.items():
+            setattr(instance_module, name, real)
     return max(0.0, inside[0] - 2 * calls * timer_cost) / total
+
+
+def beside_small_calls(compute: Extension, small: Extension, value: Any, calls: int) -> float:
+    """What a thread of compute calls keeps of its throughput while another thread loops on
+    small calls: its time alone over its time beside them. Short calls that keep the GIL
+    give it up only at the interpreter's switch interval, like any Python loop."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        compute.call("run", value)
+    alone = time.perf_counter() - start
+    stop = threading.Event()
+
+    def small_loop() -> None:
+        while not stop.is_set():
+            small.call("noop")
+
+    thread = threading.Thread(target=small_loop)
+    thread.start()
+    try:
+        start = time.perf_counter()
+        for _ in range(calls):
+            compute.call("run", value)
+        beside = time.perf_counter() - start
+    finally:
+        stop.set()
+        thread.join()
+    return alone / beside
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -260,10 +299,18 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     report: dict[str, Any] = {"load_before": load_before, "cpus": os.cpu_count()}
-    with Host(Policy(allow={"log", "clock", "random"}), cache_dir=None) as host:
+    # The same small calls on a host whose calls always release the GIL across guest code
+    # (keep_gil_below_fuel=0): what keeping it for short calls changes, in the same rounds.
+    released = Host(
+        Policy(allow={"log", "clock", "random"}),
+        cache_dir=None,
+        settings=EngineSettings(keep_gil_below_fuel=0),
+    )
+    with released, Host(Policy(allow={"log", "clock", "random"}), cache_dir=None) as host:
         workloads: dict[str, tuple[dict[str, Extension], str, Any, int]] = {}
         for name, fixture, command, value, calls, resources in (
             ("small", ECHO, "noop", None, args.small_calls, {}),
+            ("small, GIL released", ECHO, "noop", None, args.small_calls, {}),
             (
                 "compute",
                 COMPUTE,
@@ -273,11 +320,12 @@ def main() -> None:
                 {"fuel_per_call": COMPUTE_FUEL, "timeout_ms": COMPUTE_TIMEOUT_MS},
             ),
         ):
+            on = released if "released" in name else host
             exts = {
-                "a": copy(host, fixture, f"{name}-a", **resources),
-                "b": copy(host, fixture, f"{name}-b", **resources),
-                "single": copy(host, fixture, f"{name}-single", **resources),
-                "pool": pooled(host, fixture, 2, **resources),
+                "a": copy(on, fixture, f"{name}-a", **resources),
+                "b": copy(on, fixture, f"{name}-b", **resources),
+                "single": copy(on, fixture, f"{name}-single", **resources),
+                "pool": pooled(on, fixture, 2, **resources),
             }
             for ext in exts.values():
                 ext.call(command, value)
@@ -293,6 +341,7 @@ def main() -> None:
         cores: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}
         # CPU seconds per call: what contention costs, whether or not a core was free.
         cpu: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}
+        mixed: dict[str, list[float]] = {"short calls keep the GIL": [], "GIL released": []}
         async_added: list[float] = []
         sync_cost: list[float] = []
         hand_offs: list[float] = []
@@ -308,6 +357,14 @@ def main() -> None:
                     cpu[name].setdefault(scenario, []).append(used / rate)
                     if scenario != "one":
                         ratios[name][scenario].append(rate / result["one"][0])
+            compute_exts, _, compute_value, compute_calls = workloads["compute"]
+            for scenario, small_ext in (
+                ("short calls keep the GIL", workloads["small"][0]["a"]),
+                ("GIL released", workloads["small, GIL released"][0]["a"]),
+            ):
+                mixed[scenario].append(
+                    beside_small_calls(compute_exts["a"], small_ext, compute_value, compute_calls)
+                )
             s, a, h = async_round(echo, args.async_calls, r)
             sync_cost.append(s)
             async_added.append(a - s)
@@ -323,6 +380,7 @@ def main() -> None:
     report["cpu_per_call_us"] = {
         w: {s: spread([x * 1e6 for x in v]) for s, v in scen.items()} for w, scen in cpu.items()
     }
+    report["compute_beside_small_calls"] = {k: spread(v) for k, v in mixed.items()}
     report["async_added_us"] = spread([x * 1e6 for x in async_added])
     report["hand_off_us"] = spread([x * 1e6 for x in hand_offs])
     report["released_share"] = spread(shares)
@@ -358,11 +416,17 @@ def main() -> None:
                 f"{report['cpu_per_call_us'][w][scenario]['median']:.1f} us CPU per call"
                 + (f" (target >= {target}x{met})" if target else "")
             )
+    for scenario, stats in report["compute_beside_small_calls"].items():
+        print(
+            f"compute calls beside a thread of small calls ({scenario}): "
+            f"{stats['median']:.2f}x their throughput alone "
+            f"[{stats['min']:.2f} - {stats['max']:.2f}]"
+        )
     share = report["released_share"]
     print(
-        f"share of a no-op call with the GIL released (in the guest): {share['median']:.0%} "
-        f"[{share['min']:.0%} - {share['max']:.0%}]: two threads on such calls can reach at "
-        f"most {min(2.0, 1 / (1 - share['median'])):.2f}x"
+        f"share of a no-op call inside the guest: {share['median']:.0%} "
+        f"[{share['min']:.0%} - {share['max']:.0%}]: releasing the GIL there, two threads on "
+        f"such calls could reach at most {min(2.0, 1 / (1 - share['median'])):.2f}x"
     )
     a = report["async_added_us"]
     s = report["sync_call_us"]

@@ -1,5 +1,6 @@
-"""Threads on the call path, through the real engine: guest code runs with the GIL released
-and under no host-wide lock, and an ``await acall`` loop keeps to one warm call thread."""
+"""Threads on the call path, through the real engine: guest code of a call not known to be
+short runs with the GIL released and under no host-wide lock (short calls: test_short_calls.py),
+and an ``await acall`` loop keeps to one warm call thread."""
 
 from __future__ import annotations
 

@@ -50,6 +50,13 @@ MAX_POOLING_INSTANCES = 100_000
 # spinning guest 1.0-1.3x, with no trend to buy by ticking less; latency grows with the tick
 # and the idle watchdog's CPU with its rate (5% of a CPU at 1 ms, 0.7% at 10 ms).
 DEFAULT_EPOCH_TICK_MS = 10
+# A call keeps the GIL through its guest crossings when the instance's previous call of that
+# command burnt less fuel than this (engine/instance.py, docs/engine.md). 20,000 fuel is about
+# 20 µs of guest work here (fixtures/compute: ~1 fuel a ns): below it a release costs about as
+# much as the guest's work on one thread, and with two threads each release hands the GIL over
+# (a thread wake-up, tens of µs) for less overlap than that costs.
+DEFAULT_KEEP_GIL_BELOW_FUEL = 20_000
+MAX_KEEP_GIL_BELOW_FUEL = 10_000_000
 MIN_EPOCH_TICK_MS = 1
 MAX_EPOCH_TICK_MS = 1000
 
@@ -90,6 +97,7 @@ class EngineSettings:
     memory_reservation: int = DEFAULT_MEMORY_RESERVATION
     memory_guard_size: int = DEFAULT_MEMORY_GUARD_SIZE
     epoch_tick_ms: int = DEFAULT_EPOCH_TICK_MS
+    keep_gil_below_fuel: int = DEFAULT_KEEP_GIL_BELOW_FUEL
     memory_init_cow: bool = DEFAULT_MEMORY_INIT_COW
     pooling_instances: int = DEFAULT_POOLING_INSTANCES
     opt_level: str = "speed"
@@ -109,6 +117,7 @@ class EngineSettings:
         )
         _in_range("memory_guard_size", self.memory_guard_size, 0, MAX_MEMORY_GUARD_SIZE)
         _in_range("epoch_tick_ms", self.epoch_tick_ms, MIN_EPOCH_TICK_MS, MAX_EPOCH_TICK_MS)
+        _in_range("keep_gil_below_fuel", self.keep_gil_below_fuel, 0, MAX_KEEP_GIL_BELOW_FUEL)
         _in_range("compile_cpu_seconds", self.compile_cpu_seconds, 1, MAX_COMPILE_CPU_SECONDS)
         _in_range(
             "compile_timeout_seconds",

@@ -124,6 +124,11 @@ class HostContext:
         self.deferred: list[tuple[Callable[[int, Any], Any], int]] = []
         # Host-call fuel charged but not yet taken from the Store (see SETTLE_FUEL).
         self.fuel_debt = 0
+        # Whether the next call keeps the GIL through its guest crossings (Instance.call),
+        # and whether a call that kept it ever ran into an epoch tick: then none does again.
+        self.keep_gil = False
+        self.gil_demoted = False
+        self.ticked_deadline = 0.0  # the deadline of the call that saw the last tick
         self.native = NativeCall()
         self.native.can_pay = self.can_pay
         # Operator metrics hook (wasihost.hostcall_metrics): told every refusal and every

@@ -31,6 +31,7 @@ from .lowlevel import (
     U32,
     U64,
     UPDATE_DEADLINE_CONTINUE,
+    call_keeping_gil,
     call_unchecked,
     error_new,
     get_fuel,
@@ -41,6 +42,7 @@ from .lowlevel import (
     trap_failure,
 )
 from .stack import STACK_MARGIN, THREAD_STACK, check_thread_stack
+from .ticker import GIL_WANTED
 
 if TYPE_CHECKING:
     from ..hostcall_metrics import HostCallTally
@@ -97,6 +99,11 @@ class Budget:
 EPOCH_TARGETS: weakref.WeakValueDictionary[int, HostContext] = weakref.WeakValueDictionary()
 EPOCH_TARGET_IDS = itertools.count(1)
 
+# Commands remembered as short per instance (see Instance.call): the names an embedder calls
+# come from a manifest's few commands; past this many, newcomers just release the GIL.
+MAX_SHORT_COMMANDS = 64
+
+
 # How long close() waits for a call in flight on another thread to stop after interrupting it;
 # past that the Store is freed by that call when it returns (see Instance.close).
 CLOSE_WAIT_S = 0.5
@@ -121,6 +128,14 @@ def _epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
         if time.monotonic() >= host.native.deadline:
             host.failure = CallError(FailureClass.DEADLINE, "wall-clock deadline passed")
             return int(error_new(b"wasihost: deadline") or 0)
+        if host.keep_gil:
+            # Other threads get the GIL here (this is Python code, where a waiting thread's
+            # request is served). A tick may fall into any call; a second one in the same call
+            # (same deadline) means it ran a whole tick: not short, and no later call of this
+            # instance keeps the GIL.
+            if host.ticked_deadline == host.native.deadline:
+                host.gil_demoted = True
+            host.ticked_deadline = host.native.deadline
         delta[0] = 1
         kind[0] = UPDATE_DEADLINE_CONTINUE
         return 0
@@ -132,12 +147,24 @@ on_epoch_tick = EPOCH_CALLBACK(_epoch_tick)
 sigint.CALLBACK_CODES.add(_epoch_tick.__code__)
 
 
+class GilTrust:
+    """Whether a module's short calls may keep the GIL (a mutable cell of a frozen record)."""
+
+    __slots__ = ("kept",)
+
+    def __init__(self) -> None:
+        self.kept = True
+
+
 @attrs.frozen
 class CompiledModule:
     """A compiled module and the digest of its bytes."""
 
     module: wasmtime.Module = attrs.field(eq=False)
     sha256: str
+    # Cleared for good once a call of any of its instances kept the GIL for a whole epoch
+    # tick (see Instance.call): that module's calls always release it from then on.
+    gil_trust: GilTrust = attrs.field(factory=GilTrust, eq=False, repr=False)
     # Read from the engine once per compiled module, not once per instance (about 12 µs).
     _imports: tuple[tuple[str, str], ...] = attrs.field(init=False, eq=False, repr=False)
 
@@ -195,6 +222,12 @@ class Instance:
             ctypes.cast(self._store.ptr(), ctypes.c_void_p).value, on_epoch_tick, epoch_env, None
         )
         self._timeout_s = limits.timeout_ms / 1000
+        # 0 when the engine's ticks need the GIL (then no call may keep it).
+        self._keep_gil_below = engine.keep_gil_below_fuel if module.gil_trust.kept else 0
+        self._gil_trust = module.gil_trust
+        # The commands whose last call here burnt less fuel than that: their next call keeps
+        # the GIL. A command is trusted only once seen short, so a long one never starts so.
+        self._short_commands: set[bytes] = set()
         self._has_native = any(b.entry.convention == "native" for b in imports)
         self._fuel_left = ctypes.c_uint64(0)
         self._fuel_left_addr = ctypes.addressof(self._fuel_left)
@@ -249,14 +282,18 @@ class Instance:
         try:
             self._arm(budget)
             trap = POINTER(ffi.wasm_trap_t)()
-            err = raw._wasmtime_instance_new(
-                self._context,
-                module.module.ptr(),
-                externs,
-                len(self._ctx.imports),
-                byref(instance),
-                byref(trap),
-            )
+            GIL_WANTED.add(self)
+            try:
+                err = raw._wasmtime_instance_new(
+                    self._context,
+                    module.module.ptr(),
+                    externs,
+                    len(self._ctx.imports),
+                    byref(instance),
+                    byref(trap),
+                )
+            finally:
+                GIL_WANTED.discard(self)
             overran = self._account(budget)
             failure: BaseException | None = None
             if err or trap:
@@ -340,6 +377,7 @@ class Instance:
             raise CallError(FailureClass.DEADLINE, "interrupted by the host")
         set_fuel(self._ctx_addr, budget.fuel)
         self._ctx.fuel_debt = 0
+        self._ctx.keep_gil = False  # only Instance.call keeps it
         # One tick, renewed by on_epoch_tick until the wall-clock deadline or an interrupt.
         set_epoch_deadline(self._ctx_addr, 1)
         self._ctx.native.deadline = budget.deadline
@@ -384,7 +422,11 @@ class Instance:
         return CallError(FailureClass.TRAP, message)
 
     def _invoke(self, func_addr: int, args_addr: int, n: int) -> None:
-        err = call_unchecked(self._ctx_addr, func_addr, args_addr, n, self._trap_slot_addr)
+        GIL_WANTED.add(self)
+        try:
+            err = call_unchecked(self._ctx_addr, func_addr, args_addr, n, self._trap_slot_addr)
+        finally:
+            GIL_WANTED.discard(self)
         if err or self._trap_slot.value:
             self._raise_failure(err)
 
@@ -438,6 +480,17 @@ class Instance:
         except IndexError:
             raise _in_use() from None
         ctx = self._ctx_addr
+        # A short call keeps the GIL through both crossings: releasing it costs more than its
+        # guest work, and hands it to any other thread waiting (see docs/engine.md). The
+        # ticker needs no GIL, so the deadline holds either way.
+        keep = host.keep_gil = (
+            command in self._short_commands and self._gil_trust.kept and not GIL_WANTED
+        )
+        if keep:
+            cross = call_keeping_gil
+        else:
+            cross = call_unchecked
+            GIL_WANTED.add(self)
         try:
             set_fuel(ctx, fuel - input_price)
             set_epoch_deadline(ctx, 1)
@@ -448,7 +501,7 @@ class Instance:
             args1 = self._args1
             args1[0].i32 = total
             # _invoke inlined: two method calls are a measurable share of a no-op call.
-            err = call_unchecked(ctx, self._alloc_addr, self._args1_addr, 1, self._trap_slot_addr)
+            err = cross(ctx, self._alloc_addr, self._args1_addr, 1, self._trap_slot_addr)
             if err or self._trap_slot.value:
                 self._raise_failure(err)
             ptr = args1[0].i32 & U32
@@ -468,7 +521,7 @@ class Instance:
             args3[0].i32 = ptr
             args3[1].i32 = cmd_len
             args3[2].i32 = total - cmd_len
-            err = call_unchecked(ctx, self._call_addr, self._args3_addr, 3, self._trap_slot_addr)
+            err = cross(ctx, self._call_addr, self._args3_addr, 3, self._trap_slot_addr)
             if err or self._trap_slot.value:
                 self._raise_failure(err)
             packed = args3[0].i64 & U64
@@ -497,12 +550,25 @@ class Instance:
             status = int.from_bytes(view[resp_ptr : resp_ptr + 4], "little")
             body = view[resp_ptr + 4 : resp_ptr + resp_len].tobytes()  # the one copy out
         finally:
+            if not keep:
+                GIL_WANTED.discard(self)
             get_fuel(ctx, self._fuel_left_addr)
             left = self._fuel_left.value
             debt, host.fuel_debt = host.fuel_debt, 0
             used = fuel - left + debt
             self.fuel_used += used
             self.last_call_fuel = used
+            if used < self._keep_gil_below and not host.gil_demoted:
+                if not keep and len(self._short_commands) < MAX_SHORT_COMMANDS:
+                    self._short_commands.add(command)
+            elif host.gil_demoted:
+                # A call that kept the GIL ran a whole tick: no call of this module (in any
+                # instance, now or later) keeps it again.
+                self._gil_trust.kept = False
+                self._keep_gil_below = 0
+                self._short_commands.clear()
+            else:
+                self._short_commands.discard(command)
             if budget is not None:
                 budget.spend(used)
             token.append(True)
@@ -515,6 +581,16 @@ class Instance:
         if debt > left:
             raise _overrun()
         return CallResult(status, body, used)
+
+    @property
+    def kept_gil(self) -> bool:
+        """Whether the last call kept the GIL through its guest crossings (diagnostics)."""
+        return self._ctx.keep_gil
+
+    def keeps_gil(self, command: bytes) -> bool:
+        """Whether the next call of ``command`` keeps the GIL, unless another thread is then in
+        guest code with it released (diagnostics and tests)."""
+        return command in self._short_commands and self._gil_trust.kept
 
     @property
     def interrupted(self) -> bool:

@@ -24,7 +24,6 @@ U64 = 0xFFFF_FFFF_FFFF_FFFF
 MAX_TRAP_MESSAGE_CHARS = 400
 
 
-
 def installed_version() -> str:
     """The version of the wasmtime-py imported, read from the name of its ``.dist-info``
     directory beside it. ``importlib.metadata`` answers the same, but importing it (and the
@@ -99,6 +98,12 @@ VP = ctypes.c_void_p
 # address too); it is only ever indexed at those arrays.
 PROCESS_MEMORY = memoryview((ctypes.c_char * (1 << 62)).from_address(0)).cast("B")
 call_unchecked = private_fn("wasmtime_func_call_unchecked", VP, VP, VP, VP, ctypes.c_size_t, VP)
+# The same call keeping the GIL, for calls known to be short (Instance.call). Only sound with a
+# ticker that needs no GIL (ticker.NativeTicker): else nothing could end the call at its
+# deadline while it holds the GIL.
+call_keeping_gil = private_fn(
+    "wasmtime_func_call_unchecked", VP, VP, VP, VP, ctypes.c_size_t, VP, keep_gil=True
+)
 # With the GIL held: a Store is closed (from Python, holding the GIL) only after its memory's
 # NativeCall was unbound, so a bound check followed by one of these calls cannot race a close.
 memory_data = private_fn("wasmtime_memory_data", VP, VP, VP, keep_gil=True)

@@ -22,6 +22,7 @@ from .hostcalls import BoundImport, Gate
 from .instance import CompiledModule, Instance, StoreLimits
 from .sigint import install as install_sigint_handler
 from .sigint import install_unraisable_hook
+from .ticker import make_ticker
 
 GC_NUDGE_STORES = 64
 """Instances left open that trigger a cyclic garbage collection at the next instantiation.
@@ -42,40 +43,6 @@ _VALTYPES = {
     "f32": wasmtime.ValType.f32,
     "f64": wasmtime.ValType.f64,
 }
-
-
-class _Watchdog:
-    """Ticks the engine epoch so that per-call deadlines fire while wasm runs.
-
-    Python signal handlers do not run while wasm executes, so a timer thread is the only way
-    to interrupt a guest; the GIL is released during wasm, so this thread does get to run.
-    The thread refers to the wasmtime Engine only, never to the WasmEngine owning it, so a
-    dropped WasmEngine is collected and its finalizer stops the thread.
-    """
-
-    def __init__(self, engine: wasmtime.Engine, tick_ms: int) -> None:
-        self._engine = engine
-        self._tick = tick_ms / 1000
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def ensure_running(self) -> None:
-        if self._thread is not None:
-            return
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="wasihost-epoch", daemon=True
-                )
-                self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._tick):
-            self._engine.increment_epoch()
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 def engine_options(settings: EngineSettings) -> dict[str, object]:
@@ -108,8 +75,10 @@ class WasmEngine:
         if settings.pooling_instances:
             use_pooling_allocator(config, settings)
         self._engine = wasmtime.Engine(config)
-        self._watchdog = _Watchdog(self._engine, settings.epoch_tick_ms)
-        # A WasmEngine dropped without close() (its Host dropped) still stops its thread.
+        self._watchdog = make_ticker(self._engine, settings.epoch_tick_ms)
+        # Whether a short call may keep the GIL (Instance.call): only if ticks need none.
+        self.keep_gil_below_fuel = settings.keep_gil_below_fuel if self._watchdog.gil_free else 0
+        # A WasmEngine dropped without close() (its Host dropped) still stops its ticker.
         weakref.finalize(self, self._watchdog.stop)
         self._open: weakref.WeakSet[Instance] = weakref.WeakSet()
         self._nudge_at = GC_NUDGE_STORES
