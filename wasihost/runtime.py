@@ -662,9 +662,12 @@ class Host:
         try:
             ext = self._build(package, grants, fuel, timeout_ms, replacing)
             with self._lock:
-                if self.closed:
-                    raise ConfigError("this host is closed")
-                self._extensions[name] = ext
+                closed = self.closed
+                if not closed:
+                    self._extensions[name] = ext
+            if closed:
+                ext.close("the host closed during its admission")
+                raise ConfigError("this host is closed")
         finally:
             with self._lock:
                 self._admitting.discard(name)
@@ -673,6 +676,23 @@ class Host:
         return ext
 
     def _build(
+        self,
+        package: Package,
+        grants: Iterable[str] | None,
+        fuel: int | None,
+        timeout_ms: int | None,
+        replacing: Extension | None,
+    ) -> Extension:
+        # The extension holds its id's grant record from here to its close (GrantTable.hold);
+        # an admission that fails lets go of it here.
+        self.grants.hold(package.name)
+        try:
+            return self._build_held(package, grants, fuel, timeout_ms, replacing)
+        except BaseException:
+            self.grants.release(package.name)
+            raise
+
+    def _build_held(
         self,
         package: Package,
         grants: Iterable[str] | None,
