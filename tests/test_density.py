@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from conftest import ALL_CAPS, FIXTURES, FakeClock, bare, run_in_thread
 
+from wasihost import runtime
 from wasihost.errors import CallError, ConfigError
 from wasihost.eviction import EvictionPolicy, Evictor, HostFull
 from wasihost.extension import Extension
@@ -198,6 +199,18 @@ def test_closing_many_extensions_leaves_none_of_their_python_objects(
         assert not {k: n for k, n in grown.items() if k.startswith("wasihost")}, grown
         assert not {k: n for k, n in grown.items() if n >= CLOSED // 4}, grown
         assert held <= CLOSED * PYTHON_SLACK_BYTES, held
+
+
+def test_closes_trim_the_native_heap_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "TRIM_EVERY_CLOSES", 3)
+    with Host(Policy(), cache_dir=None) as host:
+        trims: list[int] = []
+        monkeypatch.setattr(host.engine, "release_memory", lambda: trims.append(1))
+        exts = [echo(host) for _ in range(7)]
+        for ext in exts:
+            ext.close()
+            ext.close()  # a second close is no close
+        assert len(trims) == 2
 
 
 def test_copy_on_write_is_an_engine_setting_in_the_cache_key() -> None:

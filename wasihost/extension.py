@@ -1534,6 +1534,8 @@ class Extension:
             host.scheduler.forget(self.id)
         if held and idle:
             host.grants.release(self.id)
+        if held:
+            host.closed_one()
 
 
 @functools.lru_cache(maxsize=8)

@@ -89,6 +89,10 @@ MAX_SHUTDOWN_S = 600.0
 # threads to see it: an interrupt reaches a running guest within one epoch tick (10 ms), so
 # this is slack for a loaded machine, not time a guest can use.
 TERMINATE_WAIT_S = 1.0
+# [density] The C heap is trimmed (engine.density.trim_native_heap) once this many extensions
+# have closed since the last trim: a trim after 256 closes took under a millisecond with
+# 10,000 live, ~3 us a close beside the ~80 us a close costs, and RSS follows closes down.
+TRIM_EVERY_CLOSES = 256
 
 
 
@@ -202,6 +206,7 @@ class Host:
         self.log_sink = log_sink
         self._extensions: dict[str, Extension] = {}
         self._admitting: set[str] = set()
+        self._closes_since_trim = 0  # [density]
         self._lock = threading.Lock()
         self.closed = False
         # The threads running Extension.acall's calls: started on first use.
@@ -376,6 +381,17 @@ class Host:
         with self._lock:
             if self._extensions.get(ext.id) is ext:
                 del self._extensions[ext.id]
+
+    def closed_one(self) -> None:
+        """[density] An extension finished closing: every TRIM_EVERY_CLOSES of them, give the
+        memory their Stores freed back to the system."""
+        with self._lock:
+            self._closes_since_trim += 1
+            due = self._closes_since_trim >= TRIM_EVERY_CLOSES
+            if due:
+                self._closes_since_trim = 0
+        if due and not self.closed:  # Host.close trims once at its end
+            self.engine.release_memory()
 
     def __enter__(self) -> Host:
         return self
