@@ -189,7 +189,7 @@ def test_closing_many_extensions_leaves_none_of_their_python_objects(
             # until then (a close and re-admission does not reset a budget).
             assert len(host.governor._accounts) == CLOSED + tables["rate accounts"]
             clock.now += WINDOWS_S
-            assert host.governor.prune() == CLOSED
+            assert host.release_memory() == CLOSED
             gc.collect()
             held = tracemalloc.get_traced_memory()[0]
         finally:
@@ -211,6 +211,8 @@ def test_closes_trim_the_native_heap_in_batches(monkeypatch: pytest.MonkeyPatch)
             ext.close()
             ext.close()  # a second close is no close
         assert len(trims) == 2
+        assert host.release_memory() == 0  # nothing was used: the accounts went at the closes
+        assert len(trims) == 3
 
 
 def test_copy_on_write_is_an_engine_setting_in_the_cache_key() -> None:
