@@ -190,3 +190,20 @@ def test_a_failed_admission_lets_go_of_the_record(tmp_path: Path) -> None:
         with pytest.raises(AdmissionError, match="'log', which is not granted"):
             host.admit(Package("x.wasm", None, LOGGER, bare(LOGGER).sha256))
         assert host.grants.known() == [] and host.grants.held() == 0
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["in-memory", "state-dir"])
+def test_looking_at_an_id_no_extension_holds_keeps_nothing(durable: bool, tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state") if durable else None
+    try:
+        table = GrantTable(store)
+        assert table.state("a").epoch == 0 and table.snapshot("b").capabilities == frozenset()
+        assert table.authorizes("c", 0, "core") and table.authorizer("d")(0, "core")
+        assert table.commit("e", 0, "core", lambda: "done") == (True, "done")
+        assert table.known() == [] and table._locks == {}
+        epoch = table.grant("f", "log")  # an operator's change: kept without a store
+        assert table.known() == ([] if durable else ["f"])
+        assert table.epoch("f") == epoch
+    finally:
+        if store is not None:
+            store.close()

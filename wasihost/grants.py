@@ -21,6 +21,7 @@ persist a change before the change becomes visible in memory.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections.abc import Callable, Mapping
@@ -140,11 +141,14 @@ class GrantTable:
         return epoch
 
     def _get(self, extension: str) -> GrantState:
+        """Caller holds the id's lock. Kept in memory only while an extension holds the id:
+        a look at another id (a status query, a closed extension's) leaves nothing behind."""
         state = self._states.get(extension)
         if state is None:
             loaded = self._store.load_grants(extension) if self._store is not None else None
             state = loaded if loaded is not None else GrantState()
-            self._states[extension] = state
+            if extension in self._holders:
+                self._states[extension] = state
         return state
 
     def _put(self, extension: str, state: GrantState) -> int:
@@ -154,10 +158,13 @@ class GrantTable:
         return state.epoch
 
     def _done(self, extension: str, lock: threading.Lock) -> None:
-        """End of an operation under ``lock`` (held): a durable table keeps no record of an
-        id that no open extension holds (the store has it all); then release the lock."""
+        """End of an operation under ``lock`` (held), then release it. For an id no open
+        extension holds, a durable table keeps nothing (the store has it all), and one
+        without a store keeps only a record an operator's change made (and its lock)."""
         try:
-            if self._store is not None and extension not in self._holders:
+            if extension not in self._holders and (
+                self._store is not None or extension not in self._states
+            ):
                 self._forget(extension, lock)
         finally:
             lock.release()
@@ -339,21 +346,23 @@ class GrantTable:
         authorises ``capability``."""
         lock = self._lock_for(extension)
         states = self._states
-        load = self._get
+        slow = self.commit
         core = capability == CORE_CAPABILITY
 
         def commit(epoch: int, action: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
             with lock:
                 state = states.get(extension)
-                if state is None:
-                    state = load(extension)
-                if (
-                    state.revoked is not None
-                    or state.epoch != epoch
-                    or not (core or capability in state.entries)
-                ):
-                    return False, None
-                return True, action(*args)
+                if state is not None:
+                    if (
+                        state.revoked is not None
+                        or state.epoch != epoch
+                        or not (core or capability in state.entries)
+                    ):
+                        return False, None
+                    return True, action(*args)
+            # Not in memory: no extension holds the id (so its lock may have been replaced
+            # since this was made): the checked path, under the id's lock of now.
+            return slow(extension, epoch, capability, functools.partial(action, *args))
 
         return commit
 
@@ -368,9 +377,7 @@ class GrantTable:
                 return False, None
             return True, action()
         finally:
-            if self._store is not None and extension not in self._holders:
-                self._forget(extension, lock)
-            lock.release()
+            self._done(extension, lock)
 
 
 def _forgettable(state: GrantState) -> bool:
