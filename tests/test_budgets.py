@@ -194,6 +194,36 @@ def test_the_window_rolls_over_and_the_throttled_extension_resumes(
         assert ext.usage().actions_fired["throttle"] == 2
 
 
+def test_a_closed_extensions_account_outlives_it_only_while_its_window_holds_usage(
+    cache: Path, clock: FakeClock
+) -> None:
+    """A close and re-admission does not reset a budget: the throttled id is refused again at
+    once. Once closed with its window empty, its account is dropped (docs/density.md)."""
+    with governed(cache, clock, cpu=3_000_000) as host:
+        package = load_package(COMPUTE, host.registry.capabilities())
+        ext = host.admit(package)
+        refused = hungry_until_refused(ext)
+        assert refused.retry_after_s is not None
+        ext.close()
+        assert host.governor.prune() == 0  # its window still holds the last minute's fuel
+        again = host.admit(package)
+        with pytest.raises(Throttled):
+            again.call("run", {"n": 1})
+        assert again.usage().actions_fired["throttle"] == 1
+        clock.now += refused.retry_after_s
+        assert "result" in again.call("run", {"n": 1})
+        again.close()
+        assert host.governor.prune() == 0
+        clock.now += 61.0  # past the minute: nothing of it is in the window any more
+        assert host.governor.prune() == 1
+        fresh = host.admit(package)
+        usage = fresh.usage()
+        assert usage.cpu_fuel_last_minute == 0 and usage.actions_fired["throttle"] == 0
+        fresh.close()  # nothing used: the account goes at once
+        assert host.governor.prune() == 0 and ext.id not in host.governor._accounts
+        assert host.metrics().budget_actions["throttle"] == 1  # the host-wide count stays
+
+
 def test_the_manifest_may_ask_for_less_cpu_than_the_policy_never_more(
     cache: Path, clock: FakeClock, tmp_path: Path
 ) -> None:

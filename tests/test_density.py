@@ -7,10 +7,12 @@ an embedder host function (fixtures/appfns' ``myapp.lookup``) that waits for the
 
 from __future__ import annotations
 
+import collections
 import gc
 import random
 import threading
 import time
+import tracemalloc
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,14 +21,17 @@ from typing import Any
 import pytest
 from conftest import ALL_CAPS, FIXTURES, FakeClock, bare, run_in_thread
 
+from wasihost import runtime
 from wasihost.errors import CallError, ConfigError
 from wasihost.eviction import EvictionPolicy, Evictor, HostFull
 from wasihost.extension import Extension
+from wasihost.governor import Governor
 from wasihost.hostfn import CallContext
 from wasihost.lifecycle import ExtensionRevoked, ExtensionUnavailable, State
 from wasihost.package import load_package
 from wasihost.policy import Policy
 from wasihost.runtime import Host
+from wasihost.scheduling import Scheduler
 from wasihost.settings import EngineSettings
 
 ECHO = (FIXTURES / "echo" / "echo.wasm").read_bytes()
@@ -44,6 +49,17 @@ MAP_SLACK = 20
 # Maps a live echo instance may add: its linear memory's accessible part and its reserved
 # rest (copy-on-write data images, main's old default, made it 4).
 MAPS_PER_INSTANCE = 2
+# Extensions loaded and closed by the Python-objects test: a record kept per extension shows
+# as CLOSED more of something, far outside the slack of a few constant ones.
+CLOSED = 100
+# Past the longest budget window (the network's hour): a closed extension's account is gone.
+WINDOWS_S = 3601.0
+# Python bytes that may stay per extension loaded and closed: dict tables keep the size their
+# most entries needed (one slot per id, some 100 bytes all told); a kept per-id record is
+# several KiB (the grant record, lock and rate account alone were 3.5 KiB).
+PYTHON_SLACK_BYTES = 1024
+# What a record kept per extension is made of, beside our own classes.
+RECORD_KINDS = (dict, list, collections.deque, weakref.ref, type(threading.Lock()))
 
 
 def maps() -> int:
@@ -91,6 +107,112 @@ def test_closing_many_extensions_gives_their_memory_maps_back() -> None:
         after = maps()
     assert grown <= MANY * MAPS_PER_INSTANCE + MAP_SLACK, grown
     assert after - before <= MAP_SLACK, (before, after)
+
+
+def _census() -> collections.Counter[str]:
+    """Live objects the collector tracks, by type: ours by qualified name, and the builtin
+    kinds a per-extension record is made of."""
+    counts: collections.Counter[str] = collections.Counter()
+    for obj in gc.get_objects():
+        kind = type(obj)
+        if kind is weakref.ref and obj() is None:
+            continue  # sqlite3 keeps its dead cursors' weak references, cleared every 200
+        module = kind.__module__
+        if not isinstance(module, str):
+            continue  # a class whose __module__ is a descriptor (some of the test run's own)
+        if module.startswith("wasihost") or kind in RECORD_KINDS:
+            counts[f"{module}.{kind.__qualname__}"] += 1
+    return counts
+
+
+def _per_id_tables(host: Host) -> dict[str, int]:
+    """The sizes of every table the host keys by extension id."""
+    tables = {
+        "host extensions": len(host._extensions),
+        "grant records": len(host.grants.known()),
+        "grant locks": len(host.grants._locks),
+        "grant holders": host.grants.held(),
+        "rate accounts": len(host.governor._accounts),
+        "governor live": len(host.governor._live),
+        "evictor order": len(host.evictor._used) if host.evictor is not None else 0,
+    }
+    if host.scheduler is not None:
+        for cls in host.scheduler._classes:
+            tables[f"scheduler {cls.priority.value} use"] = len(cls.used)
+    return tables
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["in-memory", "state-dir"])
+def test_closing_many_extensions_leaves_none_of_their_python_objects(
+    durable: bool, tmp_path: Path
+) -> None:
+    """Each of CLOSED extensions is admitted with a grant (an operator's, with a state
+    directory), commits log lines through the grant table, is scheduled and evicted, and is
+    closed. Once the budget windows of its last calls have passed, nothing of it is left:
+    every table keyed by extension id is back to its size before, and so is the count of
+    every kind of object that makes up a per-extension record; the bytes Python still holds
+    stay within a small slack per extension (tables keep their size)."""
+    clock = FakeClock()
+    host = Host(
+        Policy(allow=ALL_CAPS),
+        cache_dir=None,
+        state_dir=tmp_path / "state" if durable else None,
+        governor=Governor(clock=clock),
+        scheduler=Scheduler(4),
+        eviction=Evictor(
+            EvictionPolicy(max_live_instances=CLOSED // 4), clock=clock, sweeper=False
+        ),
+    )
+    logger = (FIXTURES / "logger" / "logger.wasm").read_bytes()
+
+    def run(name: str) -> Extension:
+        if durable:
+            host.grant(name, "log")
+        ext = host.admit(bare(logger, f"{name}.wasm"), grants=["log"])
+        assert ext.call("run", {"lines": 2}) == {"logged": 2}
+        return ext
+
+    with host:
+        run("warm").close()
+        clock.now += WINDOWS_S
+        host.governor.prune()
+        gc.collect()
+        tables, objects = _per_id_tables(host), _census()
+        tracemalloc.start()
+        try:
+            exts = [run(f"x{i}") for i in range(CLOSED)]
+            assert host.evictor is not None and host.evictor.stats().evictions > 0
+            for ext in exts:
+                ext.close()
+            del exts, ext
+            # Closed, but their CPU windows hold the last minute's fuel: the accounts stay
+            # until then (a close and re-admission does not reset a budget).
+            assert len(host.governor._accounts) == CLOSED + tables["rate accounts"]
+            clock.now += WINDOWS_S
+            assert host.release_memory() == CLOSED
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert _per_id_tables(host) == tables
+        grown = {k: n - objects[k] for k, n in _census().items() if n > objects[k]}
+        assert not {k: n for k, n in grown.items() if k.startswith("wasihost")}, grown
+        assert not {k: n for k, n in grown.items() if n >= CLOSED // 4}, grown
+        assert held <= CLOSED * PYTHON_SLACK_BYTES, held
+
+
+def test_closes_trim_the_native_heap_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "TRIM_EVERY_CLOSES", 3)
+    with Host(Policy(), cache_dir=None) as host:
+        trims: list[int] = []
+        monkeypatch.setattr(host.engine, "release_memory", lambda: trims.append(1))
+        exts = [echo(host) for _ in range(7)]
+        for ext in exts:
+            ext.close()
+            ext.close()  # a second close is no close
+        assert len(trims) == 2
+        assert host.release_memory() == 0  # nothing was used: the accounts went at the closes
+        assert len(trims) == 3
 
 
 def test_copy_on_write_is_an_engine_setting_in_the_cache_key() -> None:

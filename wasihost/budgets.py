@@ -279,6 +279,14 @@ class Window:
         self._slide(now)
         return self.total
 
+    def empty_after(self, now: float) -> float:
+        """Seconds until nothing counted so far is left in the window (0 if nothing is)."""
+        self._slide(now)
+        if not self.total:
+            return 0.0
+        # The newest bucket leaves once the window's current bucket is WINDOW_BUCKETS past it.
+        return max(0.0, (self._buckets[-1][0] + WINDOW_BUCKETS) * self._span - now)
+
     def remove(self, now: float, amount: int) -> None:
         """Take ``amount`` back, newest bucket first (never below zero)."""
         self._slide(now)
@@ -507,6 +515,15 @@ class Account:
     def count_delay(self) -> None:
         with self._lock:
             self.delays += 1
+
+    def empty_after(self) -> float:
+        """Seconds until every window is empty and every level's cool-off over (0 if they
+        are): from then on this account counts nothing a new one would not (its action counts
+        aside)."""
+        with self._lock:
+            now = self._clock()
+            cooling = max((until - now for until, _ in self._cool.values()), default=0.0)
+            return max(cooling, *(w.empty_after(now) for w in self._windows.values()))
 
     def over(self, resource: Resource) -> bool:
         with self._lock:

@@ -338,6 +338,9 @@ class Extension:
         self._hello: tuple[int, RegistryView, bytes] | None = None  # see _hello_request
         # Scheduling hook (wasihost.call_gate): the host's call slots, None without a scheduler.
         self._call_gate = host.call_gate
+        # The host's grant table holds this id's record for it (Host._build): let go once, at
+        # close.
+        self._holds_grants = True
 
     @property
     def id(self) -> str:
@@ -1632,11 +1635,23 @@ class Extension:
         # a tick or so), never from here: a call may be about to enter its instance, and a
         # Store freed under it would crash the process.
         with self._lock:
-            self._wait_until_idle(time.monotonic() + CLOSE_DRAIN_S)
+            idle = self._wait_until_idle(time.monotonic() + CLOSE_DRAIN_S)
             self._close_brokers()
+            held, self._holds_grants = self._holds_grants, False
         if self._evictor is not None:
             self._evictor.forget(self)  # [density]
-        self.host.forget(self)
+        host = self.host
+        host.forget(self)
+        # [density] What the host keeps per id goes with the last extension of the id, unless
+        # a call was still running when the wait above gave up (it may still use its grant
+        # view: the record stays, as before this existed).
+        host.governor.close(self)
+        if host.scheduler is not None:
+            host.scheduler.forget(self.id)
+        if held and idle:
+            host.grants.release(self.id)
+        if held:
+            host.closed_one()
 
 
 @functools.lru_cache(maxsize=8)

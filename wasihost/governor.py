@@ -17,6 +17,7 @@ No engine import: it reaches instances only through the extension.
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 import weakref
@@ -142,6 +143,11 @@ class Governor:
     """A host's rate budgets: one :class:`~wasihost.budgets.Account` per extension id (an
     update or a restart does not reset it), the actions applied, the counts for operators.
 
+    Once no extension of an id is open, its account is kept while its windows hold usage or a
+    level's cool-off runs (a close and re-admission does not reset either), and dropped when
+    they are over: at the close, or later by :meth:`prune` (which :meth:`open` and
+    :meth:`close` run).
+
     ``clock`` (monotonic seconds) drives every window and cool-off, and ``sleep`` every wait for
     room (``sleep(seconds, wake)``, see :data:`Sleep`): tests inject both and never sleep.
     ``set_policy(id, BudgetPolicy(...))`` gives one extension its own host-side ceilings and
@@ -160,6 +166,9 @@ class Governor:
         self._live: dict[str, weakref.ref[Extension]] = {}
         self._fired: dict[Action, int] = dict.fromkeys(Action, 0)
         self._refusals = 0
+        # [density] Accounts of closed ids that still hold usage: (when to look again, id),
+        # soonest first. At most one entry per close within the longest window (an hour).
+        self._retired: list[tuple[float, str]] = []
 
     # -- configuration --------------------------------------------------------------------
 
@@ -184,6 +193,8 @@ class Governor:
         """The account of ``ext``'s id (made on its first admission), on its current budget."""
         budget = self._budget(ext)
         with self._lock:
+            if self._retired:
+                self._prune_locked()
             self._live[ext.id] = weakref.ref(ext)
             account = self._accounts.get(ext.id)
             if account is None:
@@ -191,6 +202,47 @@ class Governor:
                 return account
         account.rebudget(budget)
         return account
+
+    def close(self, ext: Extension) -> None:
+        """``ext`` closed. Unless another extension of its id is open, its account goes now if
+        its windows are empty, else once they are (:meth:`prune`)."""
+        account = ext.account
+        empty_after = account.empty_after()
+        with self._lock:
+            live = self._live.get(ext.id)
+            if live is not None and live() not in (ext, None):
+                return  # the id's account is another open extension's now
+            self._live.pop(ext.id, None)
+            if self._accounts.get(ext.id) is account:
+                if empty_after <= 0:
+                    del self._accounts[ext.id]
+                else:
+                    heapq.heappush(self._retired, (self._clock() + empty_after, ext.id))
+            if self._retired:
+                self._prune_locked()
+
+    def prune(self) -> int:
+        """Drop the accounts of closed ids whose windows have emptied; returns how many."""
+        with self._lock:
+            return self._prune_locked()
+
+    def _prune_locked(self) -> int:
+        retired = self._retired
+        now = self._clock()
+        dropped = 0
+        while retired and retired[0][0] <= now:
+            _, extension = heapq.heappop(retired)
+            account = self._accounts.get(extension)
+            live = self._live.get(extension)
+            if account is None or (live is not None and live() is not None):
+                continue  # dropped already, or open again (its close looks again)
+            empty_after = account.empty_after()
+            if empty_after <= 0:
+                del self._accounts[extension]
+                dropped += 1
+            else:  # used again and closed again since: its last close's entry is later
+                heapq.heappush(retired, (now + empty_after, extension))
+        return dropped
 
     def rebudget(self, ext: Extension) -> None:
         """The extension's resources or the host's policy changed: its next call meets the

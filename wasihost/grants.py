@@ -8,12 +8,20 @@ which re-checks the epoch and the capability under the same (per-extension) lock
 revocation takes. So once
 ``revoke`` has returned, nothing authorised before it can commit.
 
+Epochs are drawn from one counter per table (host-wide), above every epoch the table has
+given out or its store holds, so one id never shows the same epoch with two different grant
+states: not across a revocation, and not across its record leaving memory and coming back.
+That is what lets the table forget an extension's record once its last open extension has
+closed (:meth:`GrantTable.release`): a view kept from before (an epoch, a committer) can
+never match what the id is granted later.
+
 Pure apart from the optional write-through store (a :class:`GrantStore`), which is asked to
 persist a change before the change becomes visible in memory.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections.abc import Callable, Mapping
@@ -85,6 +93,11 @@ class GrantStore(Protocol):
 
     def load_grants(self, extension: str) -> GrantState | None: ...
 
+    def highest_grant_epoch(self) -> int:
+        """The highest epoch this store has ever held, for any id: those of ids deleted since
+        included, so that a table opened on it later never draws one again."""
+        ...
+
 
 class GrantTable:
     """The host's grants, per extension; the single owner of grant state in memory."""
@@ -93,9 +106,17 @@ class GrantTable:
         self._store = store
         self._states: dict[str, GrantState] = {}
         # One lock per extension: a commit (which may be a file write) holds it while it runs,
-        # and must not hold up other extensions' calls or grant changes.
+        # and must not hold up other extensions' calls or grant changes. An id's lock leaves
+        # with its record (release), so a lock user checks, once it holds the lock, that it is
+        # still the id's (_locked).
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
+        # How many open extensions hold each id's record: from admission (Host._build) to
+        # Extension.close. An id is here only while held.
+        self._holders: dict[str, int] = {}
+        # The highest epoch given out or held: every new epoch is drawn above it (under
+        # _locks_lock), for every id, so an epoch is never given to one id twice.
+        self._high = store.highest_grant_epoch() if store is not None else 0
 
     def _lock_for(self, extension: str) -> threading.Lock:
         lock = self._locks.get(extension)
@@ -104,12 +125,30 @@ class GrantTable:
                 lock = self._locks.setdefault(extension, threading.Lock())
         return lock
 
+    def _locked(self, extension: str) -> threading.Lock:
+        """The id's lock, acquired: the caller releases it. A lock taken just as the id's
+        record left memory is no longer the id's: then take the new one."""
+        while True:
+            lock = self._lock_for(extension)
+            lock.acquire()
+            if self._locks.get(extension) is lock:
+                return lock
+            lock.release()
+
+    def _next_epoch(self, old: GrantState) -> int:
+        with self._locks_lock:
+            epoch = self._high = max(self._high, old.epoch) + 1
+        return epoch
+
     def _get(self, extension: str) -> GrantState:
+        """Caller holds the id's lock. Kept in memory only while an extension holds the id:
+        a look at another id (a status query, a closed extension's) leaves nothing behind."""
         state = self._states.get(extension)
         if state is None:
             loaded = self._store.load_grants(extension) if self._store is not None else None
             state = loaded if loaded is not None else GrantState()
-            self._states[extension] = state
+            if extension in self._holders:
+                self._states[extension] = state
         return state
 
     def _put(self, extension: str, state: GrantState) -> int:
@@ -118,9 +157,66 @@ class GrantTable:
         self._states[extension] = state
         return state.epoch
 
+    def _done(self, extension: str, lock: threading.Lock) -> None:
+        """End of an operation under ``lock`` (held), then release it. For an id no open
+        extension holds, a durable table keeps nothing (the store has it all), and one
+        without a store keeps only a record an operator's change made (and its lock)."""
+        try:
+            if extension not in self._holders and (
+                self._store is not None or extension not in self._states
+            ):
+                self._forget(extension, lock)
+        finally:
+            lock.release()
+
+    def _forget(self, extension: str, lock: threading.Lock) -> None:
+        """Caller holds ``lock``, the id's: drop its record and its lock from memory."""
+        with self._locks_lock:
+            if extension in self._holders:
+                return  # held again meanwhile (admitted while this ran)
+            self._states.pop(extension, None)
+            if self._locks.get(extension) is lock:
+                del self._locks[extension]
+
+    # -- open extensions hold their id's record ----------------------------------------------
+
+    def hold(self, extension: str) -> None:
+        """An extension of this id is being admitted: its record stays in memory (and its
+        lock stays the same, as its committers need) until :meth:`release`."""
+        with self._locks_lock:
+            self._holders[extension] = self._holders.get(extension, 0) + 1
+
+    def release(self, extension: str) -> bool:
+        """An extension of this id closed (or its admission failed). Once none is open, the
+        record leaves memory if nothing would be lost: with a store always (it is there);
+        without one if it carries nothing a later admission keeps (no revocation, no scope).
+        Returns True if it left. Later epochs of the id are drawn above every one it had."""
+        lock = self._locked(extension)
+        try:
+            with self._locks_lock:
+                count = self._holders.get(extension, 0) - 1
+                if count > 0:
+                    self._holders[extension] = count
+                    return False
+                self._holders.pop(extension, None)
+            state = self._states.get(extension)
+            if state is not None and self._store is None and not _forgettable(state):
+                return False
+            self._forget(extension, lock)
+            return extension not in self._states
+        finally:
+            lock.release()
+
+    def held(self) -> int:
+        """How many ids open extensions hold (diagnostics, tests)."""
+        return len(self._holders)
+
     def state(self, extension: str) -> GrantState:
-        with self._lock_for(extension):
+        lock = self._locked(extension)
+        try:
             return self._get(extension)
+        finally:
+            self._done(extension, lock)
 
     def current(self, extension: str) -> GrantState | None:
         """The extension's state without taking the lock, for hot paths that only compare it
@@ -129,45 +225,50 @@ class GrantTable:
         return self._states.get(extension)
 
     def snapshot(self, extension: str) -> Grant:
-        with self._lock_for(extension):
-            return self._get(extension).snapshot()
+        return self.state(extension).snapshot()
 
     def epoch(self, extension: str) -> int:
-        with self._lock_for(extension):
-            return self._get(extension).epoch
+        return self.state(extension).epoch
 
     def grant(self, extension: str, capability: str, scope: Mapping[str, Any] | None = None) -> int:
         """Grant (or re-scope) ``capability``; returns the new epoch."""
         if capability == CORE_CAPABILITY:
             raise ConfigError("'core' is implicit and cannot be granted or revoked")
         text = canonical_scope(scope)
-        with self._lock_for(extension):
+        lock = self._locked(extension)
+        try:
             old = self._get(extension)
             current = old.entries.get(capability)
             if current is not None and current.scope == text and old.revoked is None:
                 return old.epoch
-            epoch = old.epoch + 1
+            epoch = self._next_epoch(old)
             entries = dict(old.entries)
             entries[capability] = GrantEntry(capability, text, epoch)
             return self._put(extension, GrantState(entries, epoch, old.revoked))
+        finally:
+            self._done(extension, lock)
 
     def reset(self, extension: str, capabilities: frozenset[str]) -> int:
         """Make ``capabilities`` the extension's whole grant (a stateless host's admission).
         Bumps the epoch only if something changes; a revoked extension stays revoked."""
-        with self._lock_for(extension):
+        lock = self._locked(extension)
+        try:
             old = self._get(extension)
             if old.revoked is None and frozenset(old.entries) == capabilities and old.epoch:
                 return old.epoch
-            epoch = old.epoch + 1
+            epoch = self._next_epoch(old)
             entries = {
                 c: old.entries.get(c, GrantEntry(c, "{}", epoch)) for c in sorted(capabilities)
             }
             return self._put(extension, GrantState(entries, epoch, old.revoked))
+        finally:
+            self._done(extension, lock)
 
     def revoke(self, extension: str, capability: str | None = None, reason: str = "") -> int:
         """Withdraw one capability, or (``capability=None``) all of them: the extension is
         then revoked as a whole until :meth:`reinstate`. Returns the new epoch."""
-        with self._lock_for(extension):
+        lock = self._locked(extension)
+        try:
             old = self._get(extension)
             entries = dict(old.entries)
             if capability is None:
@@ -178,23 +279,33 @@ class GrantTable:
                     raise ConfigError(f"{extension} holds no grant for {capability!r}")
                 del entries[capability]
                 revoked = old.revoked
-            return self._put(extension, GrantState(entries, old.epoch + 1, revoked))
+            return self._put(extension, GrantState(entries, self._next_epoch(old), revoked))
+        finally:
+            self._done(extension, lock)
 
     def reinstate(self, extension: str) -> int:
         """Lift a whole-extension revocation; grants must be given again one by one."""
-        with self._lock_for(extension):
+        lock = self._locked(extension)
+        try:
             old = self._get(extension)
-            return self._put(extension, GrantState(old.entries, old.epoch + 1, None))
+            return self._put(extension, GrantState(old.entries, self._next_epoch(old), None))
+        finally:
+            self._done(extension, lock)
 
     def known(self) -> list[str]:
-        """Extensions whose grants this table has loaded."""
+        """Extensions whose grants this table holds in memory: those open extensions hold,
+        and (without a store) those given a grant, a scope or a revocation while none was
+        open. A durable table's other ids are in its store."""
         return list(self._states)
 
     def bump(self, extension: str) -> int:
         """A security-policy update: every authorisation made so far is void."""
-        with self._lock_for(extension):
+        lock = self._locked(extension)
+        try:
             old = self._get(extension)
-            return self._put(extension, attrs.evolve(old, epoch=old.epoch + 1))
+            return self._put(extension, attrs.evolve(old, epoch=self._next_epoch(old)))
+        finally:
+            self._done(extension, lock)
 
     def authorizes(self, extension: str, epoch: int, capability: str) -> bool:
         """The gate of every host call. Lock-free once the extension is loaded (states are
@@ -202,8 +313,7 @@ class GrantTable:
         :meth:`commit`, which holds the lock."""
         state = self._states.get(extension)
         if state is None:
-            with self._lock_for(extension):
-                state = self._get(extension)
+            state = self.state(extension)
         return self._authorizes(state, epoch, capability)
 
     @staticmethod
@@ -230,26 +340,29 @@ class GrantTable:
 
     def committer(self, extension: str, capability: str) -> Committer:
         """:meth:`commit` for one extension and capability, ``(epoch, action, *args)``, with
-        the extension's lock and the lookups bound once (the lock of an extension is never
-        replaced): for brokers that commit on every call. ``action(*args)`` runs under the
-        lock, as for :meth:`commit`, only if ``epoch`` still authorises ``capability``."""
+        the extension's lock and the lookups bound once (an id's lock is not replaced while an
+        extension holds it, see :meth:`hold`): for brokers that commit on every call.
+        ``action(*args)`` runs under the lock, as for :meth:`commit`, only if ``epoch`` still
+        authorises ``capability``."""
         lock = self._lock_for(extension)
         states = self._states
-        load = self._get
+        slow = self.commit
         core = capability == CORE_CAPABILITY
 
         def commit(epoch: int, action: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
             with lock:
                 state = states.get(extension)
-                if state is None:
-                    state = load(extension)
-                if (
-                    state.revoked is not None
-                    or state.epoch != epoch
-                    or not (core or capability in state.entries)
-                ):
-                    return False, None
-                return True, action(*args)
+                if state is not None:
+                    if (
+                        state.revoked is not None
+                        or state.epoch != epoch
+                        or not (core or capability in state.entries)
+                    ):
+                        return False, None
+                    return True, action(*args)
+            # Not in memory: no extension holds the id (so its lock may have been replaced
+            # since this was made): the checked path, under the id's lock of now.
+            return slow(extension, epoch, capability, functools.partial(action, *args))
 
         return commit
 
@@ -258,7 +371,17 @@ class GrantTable:
     ) -> tuple[bool, T | None]:
         """Run ``action`` only if ``epoch`` still authorises ``capability``, atomically with
         respect to every grant change. ``action`` must be short: it holds the table's lock."""
-        with self._lock_for(extension):
+        lock = self._locked(extension)
+        try:
             if not self._authorizes(self._get(extension), epoch, capability):
                 return False, None
             return True, action()
+        finally:
+            self._done(extension, lock)
+
+
+def _forgettable(state: GrantState) -> bool:
+    """Without a store, whether a closed id's record holds nothing a later admission would
+    keep: an admission resets the capabilities to its own answer, and keeps only a
+    revocation and the operator's scopes. (Its epochs need no keeping: see _next_epoch.)"""
+    return state.revoked is None and all(e.scope == "{}" for e in state.entries.values())

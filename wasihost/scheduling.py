@@ -241,6 +241,15 @@ class Scheduler:
             else:
                 self._assigned[extension] = Priority.parse(priority)
 
+    def forget(self, extension: str) -> None:
+        """``extension``'s last extension closed: its use is forgotten (if admitted again it
+        starts at each class's floor, as one back from idle does). Waiters it still has keep
+        theirs. The operator's :meth:`assign` is kept."""
+        with self._lock:
+            for cls in self._classes:
+                if extension not in cls.queues:
+                    cls.used.pop(extension, None)
+
     def class_of(self, extension: str, claimed: Priority) -> Priority:
         """The class ``extension``'s calls run in: the operator's assignment, else its claim
         capped by the ceiling."""

@@ -34,6 +34,9 @@ MAX_METRICS_SNAPSHOTS = 16
 MAX_EVENTS_PER_EXTENSION = 1000
 # An event's detail is one line for a human.
 MAX_EVENT_DETAIL_CHARS = 500
+# The high-water key of grant epochs deleted with a purged extension: a later grant of any id
+# is drawn above them (grants.py), so a re-installed id never repeats an epoch it had.
+GRANT_EPOCH_KEY = "grant_epoch"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -64,6 +67,13 @@ CREATE TABLE IF NOT EXISTS metrics_snapshots (
     published_at INTEGER NOT NULL, closed INTEGER NOT NULL
 );
 """
+
+
+def _raise_in(db: sqlite3.Connection, key: str, value: int) -> None:
+    """In a transaction: record ``value`` under high-water ``key`` unless a higher one is."""
+    row = db.execute("SELECT value FROM meta WHERE key=?", (f"hw:{key}",)).fetchone()
+    if row is None or int(row[0]) < value:
+        db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"hw:{key}", str(value)))
 
 
 def _installed(row: Any, record: Any) -> InstalledPackage | None:
@@ -232,9 +242,7 @@ class StateStore:
     def raise_high_water(self, key: str, value: int) -> None:
         """Record ``value`` under ``key`` unless a higher one is recorded (atomically)."""
         with self._tx() as db:
-            row = db.execute("SELECT value FROM meta WHERE key=?", (f"hw:{key}",)).fetchone()
-            if row is None or int(row[0]) < value:
-                db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"hw:{key}", str(value)))
+            _raise_in(db, key, value)
 
     # -- packages ---------------------------------------------------------------------------
 
@@ -332,6 +340,12 @@ class StateStore:
             db.execute("DELETE FROM packages WHERE id=?", (extension,))
             db.execute("DELETE FROM package_records WHERE id=?", (extension,))
             if purge:
+                # The purged epoch stays the floor of every later one (highest_grant_epoch).
+                row = db.execute(
+                    "SELECT epoch FROM grant_epochs WHERE extension=?", (extension,)
+                ).fetchone()
+                if row is not None:
+                    _raise_in(db, GRANT_EPOCH_KEY, int(row[0]))
                 for table in ("grants", "grant_epochs", "lifecycle", "events"):
                     db.execute(f"DELETE FROM {table} WHERE extension=?", (extension,))  # noqa: S608
         if purge:
@@ -350,6 +364,12 @@ class StateStore:
                 "INSERT INTO grants VALUES (?, ?, ?, ?)",
                 [(extension, e.capability, e.scope, e.since_epoch) for e in state.entries.values()],
             )
+
+    def highest_grant_epoch(self) -> int:
+        """The highest grant epoch held now or purged before (GrantStore)."""
+        with self._lock:
+            row = self._db.execute("SELECT MAX(epoch) FROM grant_epochs").fetchone()
+        return max(int(row[0] or 0), self.high_water(GRANT_EPOCH_KEY))
 
     def load_grants(self, extension: str) -> GrantState | None:
         with self._lock:
