@@ -260,3 +260,24 @@ def test_fuel_used_is_per_calling_thread(app: App) -> None:
     worker.join(WAIT_S)
     assert not errors
     assert ext.last_fuel_used == small  # this thread's last call, not the other thread's
+
+
+def test_once_two_calls_overlapped_no_call_of_the_extension_keeps_the_gil(app: App) -> None:
+    """Threads sharing an extension share its pool lock: one keeping the GIL across guest
+    code would make the other wait a switch interval whenever it blocked on that lock. Short
+    calls keep the GIL while they come one at a time, and never again once two overlapped."""
+    ext = app.load(2)
+    for _ in range(3):
+        ext.call("lookup", "x")
+    (instance,) = ext._instances()
+    assert instance.keeps_gil(b"lookup") and instance.kept_gil
+    worker, errors = run_in_thread(lambda: ext.call("lookup", "hold"))
+    assert app.inside.acquire(timeout=WAIT_S)
+    ext.call("lookup", "x")  # overlaps the held call: a second instance
+    app.release.set()
+    worker.join(WAIT_S)
+    assert not errors
+    for _ in range(3):
+        ext.call("lookup", "x")
+    assert len(ext._instances()) == 2
+    assert all(i.keeps_gil(b"lookup") and not i.kept_gil for i in ext._instances())

@@ -283,6 +283,8 @@ class Extension:
         # Instances between calls, and those checked out (starting, calling, running a plain
         # command): an interrupt (revocation, close) must reach both, in every phase.
         self._idle: list[_Pooled] = []
+        # Set once two calls of this extension were in flight at once (Extension.call).
+        self._overlapped = False
         self._slots: set[_Pooled] = set()
         # Instances being built for a call. Those in calls plus these (_in_use()) stay within
         # resources.max_concurrency.
@@ -668,6 +670,8 @@ class Extension:
                         # The deadline runs from here: waiting for room or for a free instance
                         # counts.
                         budget = self._budget(fuel, timeout_ms)
+                    if self._slots and not self._idle:
+                        self._overlapped = True  # every instance is in a call: see call()
                     reused = self._reserve(budget, ticket)
                     if reused is not None:
                         if ticket is not None:
@@ -1380,6 +1384,7 @@ class Extension:
         lock = self._lock
         lock.acquire()
         slot: _Pooled | None = None
+        alone = False  # no other call of this extension ever overlapped one (see below)
         try:
             self._check_available()
             idle = self._idle
@@ -1388,6 +1393,13 @@ class Extension:
             if idle and (ticket is None or not ticket.cancelled):
                 slot = idle.pop()
                 epoch = self.grant.epoch
+                # A short call may keep the GIL unless calls of this extension have run
+                # at once: threads sharing this lock, one keeping the GIL, made the other
+                # wait a switch interval whenever it blocked on the lock (0.27-0.37x one
+                # thread; benchmarks/README.md, Concurrency).
+                if not self._overlapped and len(self._slots) - len(idle) > 1:
+                    self._overlapped = True
+                alone = not self._overlapped
         except Delayed:
             pass  # budgets: _checkout below waits for room, with the lock released
         finally:
@@ -1402,7 +1414,7 @@ class Extension:
         try:
             try:
                 # No lock here: the instance is this call's alone until it is checked in.
-                result = instance.call(name, payload, max_body, budget)
+                result = instance.call(name, payload, max_body, budget, alone)
             except BaseException as exc:
                 self._record_fuel(budget.used if budget is not None else instance.last_call_fuel)
                 self._raise_if_halted_during(instance, "call")

@@ -444,9 +444,12 @@ class Instance:
         payload: bytes | bytearray | memoryview,
         max_output_bytes: int,
         budget: Budget | None = None,
+        may_keep_gil: bool = True,
     ) -> CallResult:
         """Run one command per the ABI calling convention, under what is left of ``budget``
-        (a fresh per-call budget when None). One thread at a time.
+        (a fresh per-call budget when None). One thread at a time. ``may_keep_gil`` False
+        releases the GIL across guest code even for a short call (the owner knows another
+        thread is busy with something this call shares).
 
         ``payload`` (bytes-like, one byte per item) is copied once into the guest's block and
         the response body once out of guest memory; each copy costs ``COMMAND_FUEL_PER_BYTE`` a
@@ -484,7 +487,10 @@ class Instance:
         # guest work, and hands it to any other thread waiting (see docs/engine.md). The
         # ticker needs no GIL, so the deadline holds either way.
         keep = host.keep_gil = (
-            command in self._short_commands and self._gil_trust.kept and not GIL_WANTED
+            may_keep_gil
+            and command in self._short_commands
+            and self._gil_trust.kept
+            and not GIL_WANTED
         )
         if keep:
             cross = call_keeping_gil
