@@ -226,6 +226,54 @@ def test_a_waiting_call_holds_no_lock_and_ends_at_once_on_cancel_stop_and_close(
         assert clock.now == pytest.approx(1040.0)  # no wait ran its course
 
 
+def waits_again(clock: FakeClock, sleeps: int) -> None:
+    """The waiting call was woken and has gone back to its wait (its ``sleeps + 1``-th)."""
+    give_up = time.monotonic() + PROMPT_S
+    while len(clock.sleeps) <= sleeps or not clock.sleeping.is_set():
+        assert time.monotonic() < give_up, "the woken call never waited again"
+        time.sleep(0.002)
+
+
+def test_a_call_woken_by_a_pause_or_quarantine_gets_that_states_refusal(
+    cache: Path, clock: FakeClock
+) -> None:
+    clock.hold = True
+    with delaying(cache, clock) as host:
+        ext = compute(host)
+        throttled_for(ext, clock, 20.0)
+        worker, outcome = waiting_call(ext, clock, lambda: ext.call("run", {"n": 10}))
+        # The operator resumes it: still over its budget, so the call waits on...
+        sleeps = len(clock.sleeps)
+        ext.resume()
+        waits_again(clock, sleeps)
+        assert ext.lifecycle.state is State.RUNNING and worker.is_alive()
+        # ... then pauses it: the wait ends with the pause's own refusal, as a fresh call's.
+        ext.pause("the operator looks into it")
+        worker.join(PROMPT_S)
+        assert not worker.is_alive()
+        (paused,) = outcome
+        assert not isinstance(paused, Throttled)
+        assert isinstance(paused, ExtensionUnavailable) and paused.state is State.PAUSED
+        assert "the operator looks into it" in str(paused) and paused.retry_after_s is None
+        with pytest.raises(ExtensionUnavailable) as fresh:
+            ext.call("run", {"n": 10})  # over its budget too, and still refused as paused
+        assert not isinstance(fresh.value, Throttled)
+        assert (type(fresh.value), str(fresh.value)) == (type(paused), str(paused))
+
+        ext.resume()
+        worker, outcome = waiting_call(ext, clock, lambda: ext.call("run", {"n": 10}))
+        ext.quarantine("crash loop")
+        worker.join(PROMPT_S)
+        assert not worker.is_alive()
+        (quarantined,) = outcome
+        assert not isinstance(quarantined, Throttled)
+        assert isinstance(quarantined, ExtensionUnavailable)
+        assert quarantined.state is State.QUARANTINED and "crash loop" in str(quarantined)
+        assert clock.now == pytest.approx(1040.0)  # no wait ran its course
+        # Those calls waited, and were refused by their state, not by the budget.
+        assert (host.metrics().throttle_delays, ext.usage().refusals) == (2, 0)
+
+
 def test_an_acall_waits_off_the_event_loop_and_its_cancellation_ends_the_wait(
     cache: Path, clock: FakeClock
 ) -> None:

@@ -224,6 +224,9 @@ def _load_call_async() -> Callable[..., Coroutine[Any, Any, Any]]:
 _LEVEL_FAILURES = frozenset(
     {FailureClass.OUT_OF_FUEL, FailureClass.MEMORY_LIMIT, FailureClass.TRAP, FailureClass.PANIC}
 )
+# The states that refuse every call whatever the budgets say: the operator's or the
+# supervisor's word (a pause, a quarantine) or a stop under way.
+_HELD_STATES = frozenset({State.PAUSED, State.QUARANTINED, State.STOPPING})
 # One wasm page: a guest's memory within this of its limit could not grow by one more page,
 # so a trap there is taken for the refused growth's (budgets: the memory_bytes level).
 MEMORY_NEAR_LIMIT_BYTES = 64 * 1024
@@ -1101,9 +1104,15 @@ class Extension:
             raise ExtensionRevoked(
                 f"{self.id} is revoked: {table.revoked or 'reinstated since; load it again'}"
             )
+        state = self.lifecycle.state
+        if state in _HELD_STATES:
+            # Refused for its state before the budgets are asked: no wait for room (nor its
+            # hint) would let the call run, and a call woken from its wait by the move here
+            # meets the same refusal as a fresh one.
+            raise ExtensionUnavailable(self.id, state, self.lifecycle.reason)
         self.host.governor.check_call(self)  # budgets: over a rate, wait (or resume)
         state = self.lifecycle.state
-        if state in (State.PAUSED, State.QUARANTINED, State.STOPPING, State.THROTTLED):
+        if state in _HELD_STATES or state is State.THROTTLED:
             raise ExtensionUnavailable(self.id, state, self.lifecycle.reason)
         if table.epoch != self.grant.epoch:
             self._regrant(frozenset(table.entries), table.epoch)
