@@ -689,18 +689,7 @@ class Extension:
                 delay.generation = seen
                 self.host.governor.wait_for_room(self, delayed, budget.deadline, ticket, delay)
             except CallError as exc:
-                if exc.failure is FailureClass.DEADLINE:
-                    # Only _reserve fails deadline here: max_concurrency calls held every
-                    # instance until this call's deadline (budgets: the level's action).
-                    limit = self.resources.max_concurrency
-                    self.host.governor.level_crossed(
-                        self,
-                        Resource.CONCURRENT_CALLS,
-                        limit,
-                        limit,
-                        "a call found no free instance before its deadline",
-                        in_call=False,
-                    )
+                self._no_free_instance(exc)
                 raise
         room = self._make_room()  # [density]
         try:
@@ -711,6 +700,21 @@ class Extension:
             raise
         slot.room = room
         return slot, budget, slot.epoch
+
+    def _no_free_instance(self, exc: CallError) -> None:
+        """``exc`` came out of :meth:`_reserve` (no lock held now): a ``deadline`` there means
+        max_concurrency calls held every instance until this call's deadline, which is the
+        concurrent-calls level's crossing (budgets: its action fires)."""
+        if exc.failure is FailureClass.DEADLINE:
+            limit = self.resources.max_concurrency
+            self.host.governor.level_crossed(
+                self,
+                Resource.CONCURRENT_CALLS,
+                limit,
+                limit,
+                "a call found no free instance before its deadline",
+                in_call=False,
+            )
 
     def _checkin(self, slot: _Pooled) -> None:
         """The call on ``slot`` is over: back to the pool, unless it belongs to an older
@@ -735,15 +739,21 @@ class Extension:
         elif self._evictor is not None:
             self._evictor.touch(self)  # [density]
 
-    def run_command(self) -> int:
+    def run_command(self, *, fuel: int | None = None, timeout_ms: int | None = None) -> int:
         """Run a plain profile command (a WASI ``_start``) once, on a fresh instance; return
         its exit code.
 
         Its start function and its entry point share one budget: ``fuel_per_call`` and
-        ``timeout_ms`` bound the run as a whole (waiting for a free instance included)."""
+        ``timeout_ms`` bound the run as a whole (waiting for a free instance included), or
+        ``fuel``/``timeout_ms`` for this run alone, which may lower them but never raise
+        them (as for :meth:`call`)."""
         if not self.plan.is_command:
             raise ConfigError(f"{self.id} is a wasihost ABI guest: call its commands instead")
-        budget = self._budget()
+        r = self.resources
+        budget = self._budget(
+            _override("fuel", fuel, r.fuel_per_call, "fuel_per_call"),
+            _override("timeout_ms", timeout_ms, r.timeout_ms, "timeout_ms"),
+        )
         try:
             with self._lock:
                 self._check_available()
@@ -751,6 +761,9 @@ class Extension:
                 epoch = self.grant.epoch
         except Delayed as delayed:
             raise self.host.governor.refuse(self, delayed) from None  # a command never waits
+        except CallError as exc:
+            self._no_free_instance(exc)  # budgets: the concurrent-calls level, as for a call
+            raise
         assert reused is None  # a command's instances never return to the pool
         local = self._local.state
         outer = local.epoch
