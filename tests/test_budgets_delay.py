@@ -35,6 +35,7 @@ from wasihost.manifest import parse_manifest
 from wasihost.package import load_package
 from wasihost.policy import Policy
 from wasihost.runtime import Host
+from wasihost.scheduling import Scheduler
 
 COMPUTE = FIXTURES / "compute"
 ECHO = FIXTURES / "echo"
@@ -308,6 +309,53 @@ def test_an_acall_waits_off_the_event_loop_and_its_cancellation_ends_the_wait(
         assert "result" in asyncio.run(waits())
         assert host.metrics().throttle_delays == 2
         assert ext.lifecycle.state is State.RUNNING
+
+
+def test_a_delayed_call_holds_no_scheduler_slot_while_it_waits(
+    cache: Path, clock: FakeClock
+) -> None:
+    clock.hold = True
+    scheduler = Scheduler(max_concurrent_calls=1)
+    budgets = BudgetPolicy(cpu_fuel_per_minute=CPU_BUDGET, throttle_mode="delay")
+    with Host(
+        Policy(allow={"log"}, budgets=budgets),
+        cache_dir=cache,
+        governor=Governor(clock=clock, sleep=clock.sleep),
+        scheduler=scheduler,
+    ) as host:
+        ext = compute(host)
+        other = host.load(ECHO)
+        throttled_for(ext, clock, 20.0)
+        worker, outcome = waiting_call(ext, clock, lambda: ext.call("run", {"n": 10}))
+        # The host's only slot is free while the call waits for room: another extension's
+        # call takes it at once (were it held, this would wait out its deadline: HostBusy).
+        assert other.call("echo", 7) == 7  # its own deadline: 1 s
+        assert scheduler.stats().running == 0
+        assert worker.is_alive() and not outcome
+        # Room comes: the call takes a slot again and runs in it.
+        granted = scheduler.stats().granted
+        clock.now += clock.sleeps[-1]  # the hint: 20 s (and a microsecond)
+        worker.join(PROMPT_S)
+        assert not worker.is_alive() and not outcome
+        stats = scheduler.stats()
+        assert (stats.running, stats.granted) == (0, granted + 1)
+        assert ext.lifecycle.state is State.RUNNING
+        assert host.metrics().throttle_delays == 1
+
+        # Its deadline and ticket stay its own: a cancel ends the wait as cancelled, and
+        # the slot it gave back is not taken again.
+        throttled_for(ext, clock, 20.0)
+        ticket = CallTicket(ext)
+        worker, outcome = waiting_call(
+            ext, clock, lambda: ext.call_cancellable(ticket, "run", {"n": 10})
+        )
+        assert scheduler.stats().running == 0
+        ticket.cancel()
+        worker.join(PROMPT_S)
+        assert not worker.is_alive()
+        (cancelled,) = outcome
+        assert isinstance(cancelled, CallError) and cancelled.failure is FailureClass.CANCELLED
+        assert scheduler.stats().running == 0
 
 
 def test_terminate_never_delays(cache: Path, clock: FakeClock) -> None:

@@ -687,7 +687,16 @@ class Extension:
                 if delay is None:
                     delay = DelayState()
                 delay.generation = seen
+                # With a scheduler, the host call slot this call took is given back for the
+                # wait (not by a call nested in one of this extension's: its slot is the
+                # outer call's, whose instance is held) and taken again after it.
+                gate = self._call_gate
+                queue_in = None
+                if gate is not None and self._local.state.epoch is None:
+                    queue_in = gate.suspend(self)
                 self.host.governor.wait_for_room(self, delayed, budget.deadline, ticket, delay)
+                if gate is not None and queue_in is not None:
+                    gate.resume(self, queue_in, budget.deadline, ticket)
             except CallError as exc:
                 self._no_free_instance(exc)
                 raise
