@@ -35,10 +35,11 @@ from wasihost.manifest import parse_manifest
 from wasihost.package import load_package
 from wasihost.policy import Policy
 from wasihost.runtime import Host
-from wasihost.scheduling import Scheduler
+from wasihost.scheduling import HostBusy, Scheduler
 
 COMPUTE = FIXTURES / "compute"
 ECHO = FIXTURES / "echo"
+SPIN = FIXTURES / "spin"
 # compute's "run" with this many rounds burns about 2.5M fuel; two of them cross CPU_BUDGET.
 HUNGRY_ROUNDS = 100_000
 CPU_BUDGET = 3_000_000
@@ -355,6 +356,56 @@ def test_a_delayed_call_holds_no_scheduler_slot_while_it_waits(
         assert not worker.is_alive()
         (cancelled,) = outcome
         assert isinstance(cancelled, CallError) and cancelled.failure is FailureClass.CANCELLED
+        assert scheduler.stats().running == 0
+
+
+def test_a_delayed_call_queues_for_a_slot_again_on_its_own_deadline(
+    cache: Path, clock: FakeClock
+) -> None:
+    clock.hold = True
+    scheduler = Scheduler(max_concurrent_calls=1)
+    budgets = BudgetPolicy(cpu_fuel_per_minute=CPU_BUDGET, throttle_mode="delay")
+    with Host(
+        Policy(allow={"log"}, budgets=budgets),
+        cache_dir=cache,
+        governor=Governor(clock=clock, sleep=clock.sleep),
+        scheduler=scheduler,
+    ) as host:
+        ext = compute(host)
+        package = load_package(SPIN, host.registry.capabilities())
+        assert package.manifest is not None
+        resources = attrs.evolve(
+            package.manifest.resources, fuel_per_call=10**10, timeout_ms=LONG_TIMEOUT_MS
+        )
+        spin = host.admit(
+            attrs.evolve(package, manifest=attrs.evolve(package.manifest, resources=resources))
+        )
+        throttled_for(ext, clock, 0.5)  # room in half a (fake) second: within a 1 s deadline
+        started = time.monotonic()
+        worker, outcome = waiting_call(
+            ext, clock, lambda: ext.call("run", {"n": 10}, timeout_ms=1_000)
+        )
+        # While it waits, a spinning call takes the only slot, and keeps it.
+        ticket = CallTicket(spin)
+        spinner, spun = run_in_thread(lambda: spin.call_cancellable(ticket, "run"))
+        give_up = time.monotonic() + PROMPT_S
+        while scheduler.stats().running < 1 or spin.usage().calls_in_flight < 1:
+            assert time.monotonic() < give_up, "the spinning call never took the slot"
+            time.sleep(0.005)
+        # Room comes: the delayed call queues for a slot, and at its own deadline (1 s from
+        # its start, the wait for room included) it is refused busy, never run.
+        clock.now += clock.sleeps[-1]
+        worker.join(PROMPT_S)
+        assert not worker.is_alive()
+        (busy,) = outcome
+        assert isinstance(busy, HostBusy) and busy.retry_after_s > 0
+        assert time.monotonic() - started < PROMPT_S
+        assert ext.usage().calls_in_flight == 0
+        stats = scheduler.stats()
+        assert (stats.running, stats.refused) == (1, 1)
+        ticket.cancel()
+        spinner.join(PROMPT_S)
+        assert not spinner.is_alive() and len(spun) == 1
         assert scheduler.stats().running == 0
 
 
