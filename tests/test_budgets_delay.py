@@ -359,39 +359,51 @@ def test_a_delayed_call_holds_no_scheduler_slot_while_it_waits(
         assert scheduler.stats().running == 0
 
 
+def scheduled(cache: Path, clock: FakeClock, scheduler: Scheduler) -> tuple[Host, Extension]:
+    """A delaying host with ``scheduler``, and fixtures/spin on it with time to spin long."""
+    budgets = BudgetPolicy(cpu_fuel_per_minute=CPU_BUDGET, throttle_mode="delay")
+    host = Host(
+        Policy(allow={"log"}, budgets=budgets),
+        cache_dir=cache,
+        governor=Governor(clock=clock, sleep=clock.sleep),
+        scheduler=scheduler,
+    )
+    package = load_package(SPIN, host.registry.capabilities())
+    assert package.manifest is not None
+    resources = attrs.evolve(
+        package.manifest.resources, fuel_per_call=10**10, timeout_ms=LONG_TIMEOUT_MS
+    )
+    spin = host.admit(
+        attrs.evolve(package, manifest=attrs.evolve(package.manifest, resources=resources))
+    )
+    return host, spin
+
+
+def holds_the_slot(scheduler: Scheduler, spin: Extension) -> tuple[Any, list[BaseException]]:
+    """A spinning call on its own thread, once it holds the scheduler's only slot."""
+    spinner, spun = run_in_thread(lambda: spin.call("run"))
+    give_up = time.monotonic() + PROMPT_S
+    while scheduler.stats().running < 1 or spin.usage().calls_in_flight < 1:
+        assert time.monotonic() < give_up, "the spinning call never took the slot"
+        time.sleep(0.005)
+    return spinner, spun
+
+
 def test_a_delayed_call_queues_for_a_slot_again_on_its_own_deadline(
     cache: Path, clock: FakeClock
 ) -> None:
     clock.hold = True
     scheduler = Scheduler(max_concurrent_calls=1)
-    budgets = BudgetPolicy(cpu_fuel_per_minute=CPU_BUDGET, throttle_mode="delay")
-    with Host(
-        Policy(allow={"log"}, budgets=budgets),
-        cache_dir=cache,
-        governor=Governor(clock=clock, sleep=clock.sleep),
-        scheduler=scheduler,
-    ) as host:
+    host, spin = scheduled(cache, clock, scheduler)
+    with host:
         ext = compute(host)
-        package = load_package(SPIN, host.registry.capabilities())
-        assert package.manifest is not None
-        resources = attrs.evolve(
-            package.manifest.resources, fuel_per_call=10**10, timeout_ms=LONG_TIMEOUT_MS
-        )
-        spin = host.admit(
-            attrs.evolve(package, manifest=attrs.evolve(package.manifest, resources=resources))
-        )
         throttled_for(ext, clock, 0.5)  # room in half a (fake) second: within a 1 s deadline
         started = time.monotonic()
         worker, outcome = waiting_call(
             ext, clock, lambda: ext.call("run", {"n": 10}, timeout_ms=1_000)
         )
         # While it waits, a spinning call takes the only slot, and keeps it.
-        ticket = CallTicket(spin)
-        spinner, spun = run_in_thread(lambda: spin.call_cancellable(ticket, "run"))
-        give_up = time.monotonic() + PROMPT_S
-        while scheduler.stats().running < 1 or spin.usage().calls_in_flight < 1:
-            assert time.monotonic() < give_up, "the spinning call never took the slot"
-            time.sleep(0.005)
+        spinner, spun = holds_the_slot(scheduler, spin)
         # Room comes: the delayed call queues for a slot, and at its own deadline (1 s from
         # its start, the wait for room included) it is refused busy, never run.
         clock.now += clock.sleeps[-1]
@@ -403,10 +415,37 @@ def test_a_delayed_call_queues_for_a_slot_again_on_its_own_deadline(
         assert ext.usage().calls_in_flight == 0
         stats = scheduler.stats()
         assert (stats.running, stats.refused) == (1, 1)
-        ticket.cancel()
+        spin.stop_calls(CallError(FailureClass.CANCELLED, "the test is over"))
         spinner.join(PROMPT_S)
         assert not spinner.is_alive() and len(spun) == 1
         assert scheduler.stats().running == 0
+
+
+def test_the_hosts_shutdown_ends_a_delayed_calls_new_wait_for_a_slot(
+    cache: Path, clock: FakeClock
+) -> None:
+    clock.hold = True
+    scheduler = Scheduler(max_concurrent_calls=1)
+    host, spin = scheduled(cache, clock, scheduler)
+    with host:
+        ext = compute(host)
+        throttled_for(ext, clock, 0.5)
+        worker, outcome = waiting_call(ext, clock, lambda: ext.call("run", {"n": 10}))
+        spinner, _ = holds_the_slot(scheduler, spin)
+        clock.now += clock.sleeps[-1]  # room: the call queues for the slot the spinner holds
+        give_up = time.monotonic() + PROMPT_S
+        while scheduler.stats().waiting < 1:
+            assert time.monotonic() < give_up, "the delayed call never queued for a slot"
+            time.sleep(0.005)
+        started = time.monotonic()
+        host.close()
+        worker.join(PROMPT_S)
+        assert not worker.is_alive() and time.monotonic() - started < PROMPT_S
+        (refused,) = outcome
+        assert isinstance(refused, ExtensionUnavailable)
+        assert "the host is shutting down" in str(refused)
+        spinner.join(PROMPT_S)
+        assert not spinner.is_alive()
 
 
 def test_terminate_never_delays(cache: Path, clock: FakeClock) -> None:
