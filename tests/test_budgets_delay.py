@@ -35,9 +35,11 @@ from wasihost.manifest import parse_manifest
 from wasihost.package import load_package
 from wasihost.policy import Policy
 from wasihost.runtime import Host
+from wasihost.scheduling import HostBusy, Scheduler
 
 COMPUTE = FIXTURES / "compute"
 ECHO = FIXTURES / "echo"
+SPIN = FIXTURES / "spin"
 # compute's "run" with this many rounds burns about 2.5M fuel; two of them cross CPU_BUDGET.
 HUNGRY_ROUNDS = 100_000
 CPU_BUDGET = 3_000_000
@@ -226,6 +228,54 @@ def test_a_waiting_call_holds_no_lock_and_ends_at_once_on_cancel_stop_and_close(
         assert clock.now == pytest.approx(1040.0)  # no wait ran its course
 
 
+def waits_again(clock: FakeClock, sleeps: int) -> None:
+    """The waiting call was woken and has gone back to its wait (its ``sleeps + 1``-th)."""
+    give_up = time.monotonic() + PROMPT_S
+    while len(clock.sleeps) <= sleeps or not clock.sleeping.is_set():
+        assert time.monotonic() < give_up, "the woken call never waited again"
+        time.sleep(0.002)
+
+
+def test_a_call_woken_by_a_pause_or_quarantine_gets_that_states_refusal(
+    cache: Path, clock: FakeClock
+) -> None:
+    clock.hold = True
+    with delaying(cache, clock) as host:
+        ext = compute(host)
+        throttled_for(ext, clock, 20.0)
+        worker, outcome = waiting_call(ext, clock, lambda: ext.call("run", {"n": 10}))
+        # The operator resumes it: still over its budget, so the call waits on...
+        sleeps = len(clock.sleeps)
+        ext.resume()
+        waits_again(clock, sleeps)
+        assert ext.lifecycle.state is State.RUNNING and worker.is_alive()
+        # ... then pauses it: the wait ends with the pause's own refusal, as a fresh call's.
+        ext.pause("the operator looks into it")
+        worker.join(PROMPT_S)
+        assert not worker.is_alive()
+        (paused,) = outcome
+        assert not isinstance(paused, Throttled)
+        assert isinstance(paused, ExtensionUnavailable) and paused.state is State.PAUSED
+        assert "the operator looks into it" in str(paused) and paused.retry_after_s is None
+        with pytest.raises(ExtensionUnavailable) as fresh:
+            ext.call("run", {"n": 10})  # over its budget too, and still refused as paused
+        assert not isinstance(fresh.value, Throttled)
+        assert (type(fresh.value), str(fresh.value)) == (type(paused), str(paused))
+
+        ext.resume()
+        worker, outcome = waiting_call(ext, clock, lambda: ext.call("run", {"n": 10}))
+        ext.quarantine("crash loop")
+        worker.join(PROMPT_S)
+        assert not worker.is_alive()
+        (quarantined,) = outcome
+        assert not isinstance(quarantined, Throttled)
+        assert isinstance(quarantined, ExtensionUnavailable)
+        assert quarantined.state is State.QUARANTINED and "crash loop" in str(quarantined)
+        assert clock.now == pytest.approx(1040.0)  # no wait ran its course
+        # Those calls waited, and were refused by their state, not by the budget.
+        assert (host.metrics().throttle_delays, ext.usage().refusals) == (2, 0)
+
+
 def test_an_acall_waits_off_the_event_loop_and_its_cancellation_ends_the_wait(
     cache: Path, clock: FakeClock
 ) -> None:
@@ -260,6 +310,142 @@ def test_an_acall_waits_off_the_event_loop_and_its_cancellation_ends_the_wait(
         assert "result" in asyncio.run(waits())
         assert host.metrics().throttle_delays == 2
         assert ext.lifecycle.state is State.RUNNING
+
+
+def test_a_delayed_call_holds_no_scheduler_slot_while_it_waits(
+    cache: Path, clock: FakeClock
+) -> None:
+    clock.hold = True
+    scheduler = Scheduler(max_concurrent_calls=1)
+    budgets = BudgetPolicy(cpu_fuel_per_minute=CPU_BUDGET, throttle_mode="delay")
+    with Host(
+        Policy(allow={"log"}, budgets=budgets),
+        cache_dir=cache,
+        governor=Governor(clock=clock, sleep=clock.sleep),
+        scheduler=scheduler,
+    ) as host:
+        ext = compute(host)
+        other = host.load(ECHO)
+        throttled_for(ext, clock, 20.0)
+        worker, outcome = waiting_call(ext, clock, lambda: ext.call("run", {"n": 10}))
+        # The host's only slot is free while the call waits for room: another extension's
+        # call takes it at once (were it held, this would wait out its deadline: HostBusy).
+        assert other.call("echo", 7) == 7  # its own deadline: 1 s
+        assert scheduler.stats().running == 0
+        assert worker.is_alive() and not outcome
+        # Room comes: the call takes a slot again and runs in it.
+        granted = scheduler.stats().granted
+        clock.now += clock.sleeps[-1]  # the hint: 20 s (and a microsecond)
+        worker.join(PROMPT_S)
+        assert not worker.is_alive() and not outcome
+        stats = scheduler.stats()
+        assert (stats.running, stats.granted) == (0, granted + 1)
+        assert ext.lifecycle.state is State.RUNNING
+        assert host.metrics().throttle_delays == 1
+
+        # Its deadline and ticket stay its own: a cancel ends the wait as cancelled, and
+        # the slot it gave back is not taken again.
+        throttled_for(ext, clock, 20.0)
+        ticket = CallTicket(ext)
+        worker, outcome = waiting_call(
+            ext, clock, lambda: ext.call_cancellable(ticket, "run", {"n": 10})
+        )
+        assert scheduler.stats().running == 0
+        ticket.cancel()
+        worker.join(PROMPT_S)
+        assert not worker.is_alive()
+        (cancelled,) = outcome
+        assert isinstance(cancelled, CallError) and cancelled.failure is FailureClass.CANCELLED
+        assert scheduler.stats().running == 0
+
+
+def scheduled(cache: Path, clock: FakeClock, scheduler: Scheduler) -> tuple[Host, Extension]:
+    """A delaying host with ``scheduler``, and fixtures/spin on it with time to spin long."""
+    budgets = BudgetPolicy(cpu_fuel_per_minute=CPU_BUDGET, throttle_mode="delay")
+    host = Host(
+        Policy(allow={"log"}, budgets=budgets),
+        cache_dir=cache,
+        governor=Governor(clock=clock, sleep=clock.sleep),
+        scheduler=scheduler,
+    )
+    package = load_package(SPIN, host.registry.capabilities())
+    assert package.manifest is not None
+    resources = attrs.evolve(
+        package.manifest.resources, fuel_per_call=10**10, timeout_ms=LONG_TIMEOUT_MS
+    )
+    spin = host.admit(
+        attrs.evolve(package, manifest=attrs.evolve(package.manifest, resources=resources))
+    )
+    return host, spin
+
+
+def holds_the_slot(scheduler: Scheduler, spin: Extension) -> tuple[Any, list[BaseException]]:
+    """A spinning call on its own thread, once it holds the scheduler's only slot."""
+    spinner, spun = run_in_thread(lambda: spin.call("run"))
+    give_up = time.monotonic() + PROMPT_S
+    while scheduler.stats().running < 1 or spin.usage().calls_in_flight < 1:
+        assert time.monotonic() < give_up, "the spinning call never took the slot"
+        time.sleep(0.005)
+    return spinner, spun
+
+
+def test_a_delayed_call_queues_for_a_slot_again_on_its_own_deadline(
+    cache: Path, clock: FakeClock
+) -> None:
+    clock.hold = True
+    scheduler = Scheduler(max_concurrent_calls=1)
+    host, spin = scheduled(cache, clock, scheduler)
+    with host:
+        ext = compute(host)
+        throttled_for(ext, clock, 0.5)  # room in half a (fake) second: within a 1 s deadline
+        started = time.monotonic()
+        worker, outcome = waiting_call(
+            ext, clock, lambda: ext.call("run", {"n": 10}, timeout_ms=1_000)
+        )
+        # While it waits, a spinning call takes the only slot, and keeps it.
+        spinner, spun = holds_the_slot(scheduler, spin)
+        # Room comes: the delayed call queues for a slot, and at its own deadline (1 s from
+        # its start, the wait for room included) it is refused busy, never run.
+        clock.now += clock.sleeps[-1]
+        worker.join(PROMPT_S)
+        assert not worker.is_alive()
+        (busy,) = outcome
+        assert isinstance(busy, HostBusy) and busy.retry_after_s > 0
+        assert time.monotonic() - started < PROMPT_S
+        assert ext.usage().calls_in_flight == 0
+        stats = scheduler.stats()
+        assert (stats.running, stats.refused) == (1, 1)
+        spin.stop_calls(CallError(FailureClass.CANCELLED, "the test is over"))
+        spinner.join(PROMPT_S)
+        assert not spinner.is_alive() and len(spun) == 1
+        assert scheduler.stats().running == 0
+
+
+def test_the_hosts_shutdown_ends_a_delayed_calls_new_wait_for_a_slot(
+    cache: Path, clock: FakeClock
+) -> None:
+    clock.hold = True
+    scheduler = Scheduler(max_concurrent_calls=1)
+    host, spin = scheduled(cache, clock, scheduler)
+    with host:
+        ext = compute(host)
+        throttled_for(ext, clock, 0.5)
+        worker, outcome = waiting_call(ext, clock, lambda: ext.call("run", {"n": 10}))
+        spinner, _ = holds_the_slot(scheduler, spin)
+        clock.now += clock.sleeps[-1]  # room: the call queues for the slot the spinner holds
+        give_up = time.monotonic() + PROMPT_S
+        while scheduler.stats().waiting < 1:
+            assert time.monotonic() < give_up, "the delayed call never queued for a slot"
+            time.sleep(0.005)
+        started = time.monotonic()
+        host.close()
+        worker.join(PROMPT_S)
+        assert not worker.is_alive() and time.monotonic() - started < PROMPT_S
+        (refused,) = outcome
+        assert isinstance(refused, ExtensionUnavailable)
+        assert "the host is shutting down" in str(refused)
+        spinner.join(PROMPT_S)
+        assert not spinner.is_alive()
 
 
 def test_terminate_never_delays(cache: Path, clock: FakeClock) -> None:

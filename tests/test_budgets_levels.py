@@ -32,7 +32,7 @@ from wasihost.budgets import (
     Resource,
     budget_for,
 )
-from wasihost.errors import CallError, FailureClass
+from wasihost.errors import CallError, ConfigError, FailureClass
 from wasihost.extension import Extension
 from wasihost.governor import Governor, Throttled
 from wasihost.lifecycle import ExtensionUnavailable, State
@@ -41,6 +41,7 @@ from wasihost.package import Package, load_package
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.supervision import CrashClass
+from wasihost.wasi import wasi_profile
 
 STORAGE = FIXTURES / "storage"
 FILES = FIXTURES / "files"
@@ -60,6 +61,10 @@ MEMORY_EATER = build(
     )
 )
 PLAIN_TRAP = build(guest_wat("(unreachable)"))
+# A plain WASI command (run_command) that spins until its fuel or deadline ends it.
+SPINNING_COMMAND = build(
+    '(module (memory (export "memory") 1) (func (export "_start") (loop $l (br $l))))'
+)
 
 
 @pytest.fixture
@@ -300,6 +305,48 @@ def test_the_concurrency_limit_under_terminate_stops_the_calls_in_flight(
             ext.call("run", fuel=1000)  # restarted: it spins out of its own small fuel
         assert fresh.value.failure is FailureClass.OUT_OF_FUEL
         assert "terminated" not in fresh.value.message
+
+
+def test_a_wasi_command_finding_no_free_instance_crosses_the_concurrency_level(
+    cache: Path, clock: FakeClock
+) -> None:
+    with levels_host(
+        cache, clock, {Resource.CONCURRENT_CALLS: Action.TERMINATE}, profiles=[wasi_profile()]
+    ) as host:
+        ext = host.admit(bare(SPINNING_COMMAND), fuel=10**10, timeout_ms=30_000)
+        assert ext.plan.is_command and ext.resources.max_concurrency == 1
+        worker, spinning = run_in_thread(ext.run_command)
+        in_flight(ext, 1)
+        give_up = time.monotonic() + PROMPT_S
+        while not ext._instances():  # registered: the terminate below can reach it
+            assert time.monotonic() < give_up, "the spinning run never started"
+            time.sleep(0.01)
+        started = time.monotonic()
+        # No free instance before this run's deadline: refused as always (deadline)...
+        with pytest.raises(CallError) as refused:
+            ext.run_command(timeout_ms=5)
+        assert refused.value.failure is FailureClass.DEADLINE
+        assert "max_concurrency 1" in refused.value.message
+        with pytest.raises(ConfigError):
+            ext.run_command(timeout_ms=60_000)  # a run may lower its deadline, never raise it
+        # ... and reported as the level's crossing, as for a call: terminate stops the run
+        # that held the instance, at its next tick.
+        assert ext.usage().actions_fired["terminate"] == 1
+        worker.join(PROMPT_S)
+        assert not worker.is_alive() and time.monotonic() - started < PROMPT_S
+        (stopped,) = spinning
+        assert isinstance(stopped, CallError) and stopped.failure is FailureClass.OUT_OF_FUEL
+        assert "terminated: concurrent_calls limit 1 reached" in stopped.message
+        # No run during the cool-off; after it, a run goes (and spins out of its own fuel).
+        with pytest.raises(Throttled) as cooling:
+            ext.run_command(fuel=1000)
+        assert cooling.value.resource is Resource.CONCURRENT_CALLS
+        clock.now += LEVEL_COOL_OFF_S
+        with pytest.raises(CallError) as fresh:
+            ext.run_command(fuel=1000)
+        assert fresh.value.failure is FailureClass.OUT_OF_FUEL
+        assert "terminated" not in fresh.value.message
+        assert host.metrics().budget_actions["terminate"] == 1
 
 
 # -- fuel per call: throttle, delayed through the cool-off ----------------------------------

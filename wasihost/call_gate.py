@@ -18,6 +18,12 @@ Waiting counts against the call's deadline (``timeout_ms``); a call still waitin
 deadline never starts and raises :class:`~wasihost.scheduling.HostBusy` with a retry hint. A
 cancelled ``acall`` stops waiting at once, and its slot (if it was granted meanwhile) goes to
 the next waiter.
+
+A call that must wait for room under its budget (``ThrottleMode.DELAY``, see
+docs/budgets.md) gives its slot back for the wait (:meth:`CallGate.suspend`) and queues for
+one again once the wait is over (:meth:`CallGate.resume`), on the same deadline and ticket: a
+delayed extension does not keep others from the host's slots. A nested call keeps the slot
+it goes on in (the call that took the slot is still in guest code, its instance held).
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .errors import CallError
+from .errors import CallError, FailureClass
+from .lifecycle import ExtensionUnavailable
 from .scheduling import Priority, Scheduler, Slot, Waiter, lower
 
 if TYPE_CHECKING:
@@ -70,6 +77,11 @@ class _Held(threading.local):
     def __init__(self) -> None:
         # True while this thread is inside a call that went through the gate.
         self.inside = False
+        # The slot that call holds (None: none yet, or given back for a wait for room), the
+        # extension whose call took it, and its class.
+        self.slot: Slot | None = None
+        self.owner: Extension | None = None
+        self.priority = Priority.INTERACTIVE
 
 
 class CallGate:
@@ -122,10 +134,50 @@ class CallGate:
             slot = self._wait(ext, priority, timeout_ms)
             if slot is None:  # cancelled, or the host is closing: the call refuses itself
                 return self._run(ext, command, value, fuel, timeout_ms)
+        held = self._held
+        held.slot, held.owner, held.priority = slot, ext, priority
         try:
             return self._run(ext, command, value, fuel, timeout_ms)
         finally:
-            scheduler.release(slot)
+            # The slot held now: a wait for room may have given it back and taken another.
+            slot = held.slot
+            held.slot = held.owner = None
+            if slot is not None:
+                scheduler.release(slot)
+
+    def suspend(self, ext: Extension) -> Priority | None:
+        """A call of ``ext`` on this thread, in no call of ``ext`` already, is about to wait
+        for room under its budget: give its slot back for the wait, if this call took one
+        (not a nested call going on in another's slot). Returns the class to queue in again
+        (:meth:`resume`), or None when no slot was given back."""
+        held = self._held
+        slot = held.slot
+        if slot is None or held.owner is not ext:
+            return None
+        held.slot = None
+        self.scheduler.release(slot)
+        return held.priority
+
+    def resume(
+        self,
+        ext: Extension,
+        priority: Priority,
+        deadline: float,
+        ticket: CallTicket | None,
+    ) -> None:
+        """The wait for room is over: take a slot again, queueing for it until the call's
+        ``deadline`` (``time.monotonic()``) as any call does (:class:`HostBusy` then). A
+        cancel or the host's shutdown while queued ends the call as it would end any."""
+        slot = self.scheduler.try_acquire(ext.id, priority)
+        if slot is None:
+            if ticket is not None and ticket.cancelled:
+                raise CallError(FailureClass.CANCELLED, "cancelled by the caller")
+            slot = self._queue(ext, priority, deadline, ticket)
+            if slot is None:  # woken by the host's shutdown
+                from .extension import SHUTTING_DOWN  # at run time only: it imports this
+
+                raise ExtensionUnavailable(ext.id, ext.lifecycle.state, SHUTTING_DOWN)
+        self._held.slot = slot
 
     def _wait(self, ext: Extension, priority: Priority, timeout_ms: int | None) -> Slot | None:
         """Queue for a slot until the call's deadline; None if the call was cancelled before
@@ -147,7 +199,17 @@ class CallGate:
         deadline = time.monotonic() + timeout_ms / 1000
         if given is not None and given < deadline:
             deadline = given
+        slot = self._queue(ext, priority, deadline, ticket)
+        if slot is not None:
+            # The wait counted: the call runs to the deadline taken before it.
+            local.deadline = deadline
+        return slot
 
+    def _queue(
+        self, ext: Extension, priority: Priority, deadline: float, ticket: CallTicket | None
+    ) -> Slot | None:
+        """Wait in the scheduler's queue until ``deadline`` (``time.monotonic()``); None if
+        the host's shutdown woke the call."""
         waiting: list[Waiter] = []
 
         def on_wait(waiter: Waiter | None) -> None:
@@ -173,8 +235,6 @@ class CallGate:
             if ext._draining:  # woken by the host's shutdown: refused as the call says it
                 return None
             raise
-        # The wait counted: the call runs to the deadline taken before it.
-        local.deadline = deadline
         return slot
 
     def _run(

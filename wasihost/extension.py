@@ -224,6 +224,9 @@ def _load_call_async() -> Callable[..., Coroutine[Any, Any, Any]]:
 _LEVEL_FAILURES = frozenset(
     {FailureClass.OUT_OF_FUEL, FailureClass.MEMORY_LIMIT, FailureClass.TRAP, FailureClass.PANIC}
 )
+# The states that refuse every call whatever the budgets say: the operator's or the
+# supervisor's word (a pause, a quarantine) or a stop under way.
+_HELD_STATES = frozenset({State.PAUSED, State.QUARANTINED, State.STOPPING})
 # One wasm page: a guest's memory within this of its limit could not grow by one more page,
 # so a trap there is taken for the refused growth's (budgets: the memory_bytes level).
 MEMORY_NEAR_LIMIT_BYTES = 64 * 1024
@@ -684,20 +687,18 @@ class Extension:
                 if delay is None:
                     delay = DelayState()
                 delay.generation = seen
+                # With a scheduler, the host call slot this call took is given back for the
+                # wait (not by a call nested in one of this extension's: its slot is the
+                # outer call's, whose instance is held) and taken again after it.
+                gate = self._call_gate
+                queue_in = None
+                if gate is not None and self._local.state.epoch is None:
+                    queue_in = gate.suspend(self)
                 self.host.governor.wait_for_room(self, delayed, budget.deadline, ticket, delay)
+                if gate is not None and queue_in is not None:
+                    gate.resume(self, queue_in, budget.deadline, ticket)
             except CallError as exc:
-                if exc.failure is FailureClass.DEADLINE:
-                    # Only _reserve fails deadline here: max_concurrency calls held every
-                    # instance until this call's deadline (budgets: the level's action).
-                    limit = self.resources.max_concurrency
-                    self.host.governor.level_crossed(
-                        self,
-                        Resource.CONCURRENT_CALLS,
-                        limit,
-                        limit,
-                        "a call found no free instance before its deadline",
-                        in_call=False,
-                    )
+                self._no_free_instance(exc)
                 raise
         room = self._make_room()  # [density]
         try:
@@ -708,6 +709,21 @@ class Extension:
             raise
         slot.room = room
         return slot, budget, slot.epoch
+
+    def _no_free_instance(self, exc: CallError) -> None:
+        """``exc`` came out of :meth:`_reserve` (no lock held now): a ``deadline`` there means
+        max_concurrency calls held every instance until this call's deadline, which is the
+        concurrent-calls level's crossing (budgets: its action fires)."""
+        if exc.failure is FailureClass.DEADLINE:
+            limit = self.resources.max_concurrency
+            self.host.governor.level_crossed(
+                self,
+                Resource.CONCURRENT_CALLS,
+                limit,
+                limit,
+                "a call found no free instance before its deadline",
+                in_call=False,
+            )
 
     def _checkin(self, slot: _Pooled) -> None:
         """The call on ``slot`` is over: back to the pool, unless it belongs to an older
@@ -732,15 +748,21 @@ class Extension:
         elif self._evictor is not None:
             self._evictor.touch(self)  # [density]
 
-    def run_command(self) -> int:
+    def run_command(self, *, fuel: int | None = None, timeout_ms: int | None = None) -> int:
         """Run a plain profile command (a WASI ``_start``) once, on a fresh instance; return
         its exit code.
 
         Its start function and its entry point share one budget: ``fuel_per_call`` and
-        ``timeout_ms`` bound the run as a whole (waiting for a free instance included)."""
+        ``timeout_ms`` bound the run as a whole (waiting for a free instance included), or
+        ``fuel``/``timeout_ms`` for this run alone, which may lower them but never raise
+        them (as for :meth:`call`)."""
         if not self.plan.is_command:
             raise ConfigError(f"{self.id} is a wasihost ABI guest: call its commands instead")
-        budget = self._budget()
+        r = self.resources
+        budget = self._budget(
+            _override("fuel", fuel, r.fuel_per_call, "fuel_per_call"),
+            _override("timeout_ms", timeout_ms, r.timeout_ms, "timeout_ms"),
+        )
         try:
             with self._lock:
                 self._check_available()
@@ -748,6 +770,9 @@ class Extension:
                 epoch = self.grant.epoch
         except Delayed as delayed:
             raise self.host.governor.refuse(self, delayed) from None  # a command never waits
+        except CallError as exc:
+            self._no_free_instance(exc)  # budgets: the concurrent-calls level, as for a call
+            raise
         assert reused is None  # a command's instances never return to the pool
         local = self._local.state
         outer = local.epoch
@@ -1101,9 +1126,15 @@ class Extension:
             raise ExtensionRevoked(
                 f"{self.id} is revoked: {table.revoked or 'reinstated since; load it again'}"
             )
+        state = self.lifecycle.state
+        if state in _HELD_STATES:
+            # Refused for its state before the budgets are asked: no wait for room (nor its
+            # hint) would let the call run, and a call woken from its wait by the move here
+            # meets the same refusal as a fresh one.
+            raise ExtensionUnavailable(self.id, state, self.lifecycle.reason)
         self.host.governor.check_call(self)  # budgets: over a rate, wait (or resume)
         state = self.lifecycle.state
-        if state in (State.PAUSED, State.QUARANTINED, State.STOPPING, State.THROTTLED):
+        if state in _HELD_STATES or state is State.THROTTLED:
             raise ExtensionUnavailable(self.id, state, self.lifecycle.reason)
         if table.epoch != self.grant.epoch:
             self._regrant(frozenset(table.entries), table.epoch)
