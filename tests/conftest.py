@@ -170,3 +170,15 @@ def toolchain_present() -> bool:
         and Path("/usr/include/wasm32-wasi/stdio.h").exists()  # wasi-libc
         and bool(glob.glob("/usr/lib/llvm-*/lib/clang/*/lib/wasi/libclang_rt.builtins-wasm32.a"))
     )
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One compiled-module cache per test module: its hosts compile each fixture once."""
+    return tmp_path_factory.mktemp("compiled")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """The injected clock of budget, supervision and broker tests (FakeClock above)."""
+    return FakeClock()

@@ -61,16 +61,6 @@ POLITE_CALLS = 500
 PROMPT_S = 5.0
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("compiled")
-
-
 def governed(
     cache: Path,
     clock: FakeClock,

@@ -49,16 +49,6 @@ LONG_TIMEOUT_MS = 60_000
 PROMPT_S = 5.0
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("compiled")
-
-
 def delaying(cache: Path, clock: FakeClock, mode: str = "delay") -> Host:
     budgets = BudgetPolicy(cpu_fuel_per_minute=CPU_BUDGET, throttle_mode=mode)
     return Host(

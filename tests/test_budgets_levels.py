@@ -67,16 +67,6 @@ SPINNING_COMMAND = build(
 )
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("compiled")
-
-
 def levels_host(
     cache: Path,
     clock: FakeClock,

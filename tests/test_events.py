@@ -75,12 +75,6 @@ class Gate:
             self.opened.wait(WAIT_S)
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One module cache for the file: the fixture compiles once, not once per test."""
-    return tmp_path_factory.mktemp("module-cache")
-
-
 @pytest.fixture
 def host(cache: Path) -> Iterator[Host]:
     with Host(POLICY, cache_dir=cache) as h:

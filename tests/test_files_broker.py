@@ -70,18 +70,6 @@ def outside_state(world: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in (world / "outside").iterdir() if p.is_file()}
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One compiled-module cache for the module: each test's host loads the guests from it
-    instead of compiling them again."""
-    return tmp_path_factory.mktemp("cache")
-
-
 def make_host(world: Path, clock: FakeClock, cache: Path, **options: Any) -> Host:
     options.setdefault("temp_dir", world / "tmp")
     broker = FilesBroker(clock=clock, temp_ttl_s=TTL_S, **options)

@@ -204,12 +204,6 @@ def http_host(cache: Path, clock: FakeClock | None = None) -> Host:
     )
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One compiled-module cache for the module's hosts: the fixture compiles once."""
-    return tmp_path_factory.mktemp("cache")
-
-
 @pytest.fixture
 def host(cache: Path) -> Iterator[Host]:
     with http_host(cache) as h:

@@ -59,11 +59,6 @@ class Gate:
         return [m for m in self.messages if m.startswith("run ")]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("module-cache")
-
-
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()

@@ -32,11 +32,6 @@ SPIN_FUEL = 10_000_000_000
 SPIN_TIMEOUT_MS = 10_000
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("module-cache")
-
-
 def call_in_thread(fn: Any, *args: Any) -> tuple[threading.Thread, list[BaseException]]:
     errors: list[BaseException] = []
 

@@ -42,12 +42,6 @@ RESP_CAP = 40_000  # more than storage_get's 32,771-byte response
 RAW_AT = 50_000  # a fixed request, below the bump heap at 64 KiB
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Compiled modules, shared by this module's hosts: the fixture compiles once."""
-    return tmp_path_factory.mktemp("compiled")
-
-
 def new_host(cache: Path, policy: Policy | None = None, **kw: Any) -> Host:
     return Host(policy or Policy(allow=CAPS), cache_dir=cache, **kw)
 

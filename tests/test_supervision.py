@@ -29,11 +29,6 @@ CRASHER = build(
 )
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
 def host_with(default: Never | OnCrash | BoundedRetry | None, clock: FakeClock) -> Host:
     supervisor = Supervisor(default, clock=clock, wall_clock=lambda: 1_767_225_600.0)
     return Host(Policy(), cache_dir=None, supervisor=supervisor)
