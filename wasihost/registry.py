@@ -242,6 +242,15 @@ class RegistryView:
     spec: MajorSpec | None
     entries: Mapping[tuple[str, str], HostFunction]
     profile: Profile | None = None
+    # Read at every admission and start (three times per fresh extension): sorted once.
+    _features: tuple[str, ...] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        features: tuple[str, ...] = ()
+        if self.spec is not None and self.version is not None:
+            version = self.version
+            features = tuple(sorted(f.name for f in self.spec.features if f.since <= version))
+        object.__setattr__(self, "_features", features)
 
     @property
     def required_exports(self) -> tuple[ExportSpec, ...]:
@@ -263,10 +272,7 @@ class RegistryView:
     @property
     def features(self) -> tuple[str, ...]:
         """The feature flags this view offers (sent in ``wasihost.hello``), sorted."""
-        if self.spec is None or self.version is None:
-            return ()
-        version = self.version
-        return tuple(sorted(f.name for f in self.spec.features if f.since <= version))
+        return self._features
 
     @property
     def modules(self) -> frozenset[str]:
