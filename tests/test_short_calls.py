@@ -189,14 +189,18 @@ def test_closed_and_dropped_hosts_delete_their_timers() -> None:
 FORK_SCRIPT = """
 import os, sys, time
 sys.path[:0] = [sys.argv[1]]
-from test_short_calls import load
+from guests import build, guest_wat
+from test_short_calls import TIMEOUT_MS, WASM, bare, load
 from wasihost.errors import CallError, FailureClass
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 
-with Host(Policy(), cache_dir=None) as host:
+with Host(Policy(), cache_dir=None) as host, Host(Policy(), cache_dir=None) as unused:
     ext = load(host)
     ext.call("spins", False)
+    # Compiled before the fork (a compile in a forked child may wait on the parent's compile
+    # threads), not started: its ticker first runs in the child.
+    later = unused.admit(bare(WASM), grants=(), timeout_ms=TIMEOUT_MS, fuel=10**10)
     pid = os.fork()
     if pid == 0:
         code = 3
@@ -206,6 +210,20 @@ with Host(Policy(), cache_dir=None) as host:
             code = 0 if exc.failure is FailureClass.DEADLINE else 4
         except BaseException:
             code = 5
+        # A host made before the fork and first used after it ticks from Python too.
+        try:
+            later.call("spins", True)
+            code = code or 6
+        except CallError as exc:
+            code = code or (0 if exc.failure is FailureClass.DEADLINE else 7)
+        if unused.engine._watchdog._fallback is None:
+            code = code or 8
+        # A compile in the child goes to a fresh worker: in-process, it would wait forever
+        # for the parent's compile threads.
+        try:
+            unused.admit(bare(build(guest_wat(extra="(func $more)"))), grants=())
+        except BaseException:
+            code = code or 9
         os._exit(code)
     give_up = time.monotonic() + float(sys.argv[2])
     while True:
@@ -215,7 +233,7 @@ with Host(Policy(), cache_dir=None) as host:
         if time.monotonic() > give_up:
             os.kill(pid, 9)
             os.waitpid(pid, 0)
-            print("the child's spinning call never reached its deadline")
+            print("the child never finished: a spinning call past its deadline, or a compile")
             sys.exit(1)
         time.sleep(0.02)
     print("child exit", os.waitstatus_to_exitcode(status))
@@ -224,7 +242,10 @@ with Host(Policy(), cache_dir=None) as host:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_ticks_on_its_own() -> None:
-    """A child inherits no timer: without its own, a spinning call there would never end."""
+    """A child inherits no timer and no compile threads: without ticks of its own a spinning
+    call there would never end, and an in-process compile would wait forever. Hosts running
+    at the fork, and hosts first used after it, tick from Python there; compiles go to a
+    fresh worker process."""
     tests = str(Path(__file__).parent)
     wait = TIMEOUT_MS / 1000 + 10 * LATE_S
     done = subprocess.run(

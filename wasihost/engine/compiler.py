@@ -40,6 +40,7 @@ from ..settings import EngineSettings
 from ..wasmbin import WasmFormatError, read_header
 from .compile_worker import EXIT_INVALID, EXIT_NO_MEMORY, FRAME_MAGIC, options_digest
 from .lowlevel import short_message
+from .ticker import in_forked_child
 
 # The worker's process plumbing is imported on a compile, not at start-up: a module found in the
 # cache (every start after the first) never needs it.
@@ -159,7 +160,11 @@ class ModuleCompiler:
         except WasmFormatError as exc:
             raise _refuse(f"not a valid module: {exc}") from None
         shape = scan_code(wasm, imported)
-        if len(wasm) <= self._settings.compile_in_process_max_bytes and cheap(shape):
+        # A forked child compiles in the worker whatever the size: wasmtime's parallel compile
+        # threads of the parent are not in the child, and a compile there waits for them
+        # forever (tests/test_short_calls.py::test_a_forked_child_ticks_on_its_own).
+        small = len(wasm) <= self._settings.compile_in_process_max_bytes
+        if small and cheap(shape) and not in_forked_child():
             try:
                 return wasmtime.Module(self._engine, wasm), None
             except wasmtime.WasmtimeError as exc:

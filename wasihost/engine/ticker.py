@@ -140,9 +140,11 @@ class ThreadTicker:
         self._stop.set()
 
 
-# Every NativeTicker with a live timer (re-armed after fork, stopped at exit), and engines
-# whose timers were deleted less than RETIRE_GRACE_S ago, with when.
+# Every NativeTicker with a live timer (stopped at exit), every NativeTicker (their locks are
+# new in a forked child), and engines whose timers were deleted less than RETIRE_GRACE_S ago,
+# with when.
 _RUNNING: weakref.WeakSet[NativeTicker] = weakref.WeakSet()
+_ALL: weakref.WeakSet[NativeTicker] = weakref.WeakSet()
 _RETIRED: list[tuple[float, wasmtime.Engine]] = []
 _REGISTRY_LOCK = threading.Lock()
 _AT_EXIT: list[bool] = []
@@ -175,18 +177,25 @@ class NativeTicker:
         self._lock = threading.Lock()
         self._stopped = False
         self._fallback: ThreadTicker | None = None  # ticking in a forked child
+        with _REGISTRY_LOCK:
+            _ALL.add(self)
 
     def ensure_running(self) -> None:
-        if self._timer is not None:
+        if self._timer is not None or self._fallback is not None:
             return
         with self._lock:
-            if self._timer is None and not self._stopped:
-                self._timer = self._arm()
-                with _REGISTRY_LOCK:
-                    _RUNNING.add(self)
-                    if not _AT_EXIT:
-                        atexit.register(_stop_all_at_exit)
-                        _AT_EXIT.append(True)
+            if self._timer is not None or self._fallback is not None or self._stopped:
+                return
+            if _FORKED_CHILD:  # made before a fork, first used after it
+                self._fallback = ThreadTicker(self._engine, self._tick_ms)
+                self._fallback.ensure_running()
+                return
+            self._timer = self._arm()
+            with _REGISTRY_LOCK:
+                _RUNNING.add(self)
+                if not _AT_EXIT:
+                    atexit.register(_stop_all_at_exit)
+                    _AT_EXIT.append(True)
 
     def _arm(self) -> int:
         assert _TIMER is not None
@@ -227,11 +236,11 @@ class NativeTicker:
 
     def _tick_from_python_in_child(self) -> None:
         """After fork: the child inherits no timer, and must not make one (see
-        ``_after_fork_in_child``); if the parent's ran, a Python thread ticks instead."""
-        self._lock = threading.Lock()
+        ``_after_fork_in_child``); if the parent's ran, a Python thread ticks instead, and one
+        first used in the child starts one then (``ensure_running``)."""
+        self._lock = threading.Lock()  # another thread may have held it at the fork
         running = self._timer is not None and not self._stopped
-        self._timer = None
-        self._stopped = True  # nothing to delete, ever: the timer was the parent's
+        self._timer = None  # the parent's: nothing to delete here, ever
         if running:
             self._fallback = ThreadTicker(self._engine, self._tick_ms)
             self._fallback.ensure_running()
@@ -260,13 +269,19 @@ def _after_fork_in_child() -> None:
     _REGISTRY_LOCK = threading.Lock()  # another thread may have held it at the fork
     _FORKED_CHILD.append(True)
     GIL_WANTED.add(FORKED_CHILD_TICKS)
-    for ticker in list(_RUNNING):
+    for ticker in list(_ALL):
         _RUNNING.discard(ticker)
         ticker._tick_from_python_in_child()
 
 
-if _TIMER is not None and hasattr(os, "register_at_fork"):
+if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def in_forked_child() -> bool:
+    """True in a child forked from a process that imported this module: its ticks need the
+    GIL, and what threads of the parent did (wasmtime's compile threads) is not there."""
+    return bool(_FORKED_CHILD)
 
 
 def native_ticks_available() -> bool:
