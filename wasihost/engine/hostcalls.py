@@ -100,6 +100,17 @@ def host_callback(dispatch: Dispatch) -> Any:
     return _CALLBACK(dispatch)
 
 
+class GilTrust:
+    """Whether a module's short calls may keep the GIL: shared by its instances (through
+    CompiledModule), withdrawn for good by the first call that keeps it through a whole epoch
+    tick."""
+
+    __slots__ = ("kept",)
+
+    def __init__(self) -> None:
+        self.kept = True
+
+
 class HostContext:
     """Per-instance state shared by its host functions: imports, gate, memory, error slot,
     and the host-call fuel not yet taken from the Store."""
@@ -124,10 +135,11 @@ class HostContext:
         self.deferred: list[tuple[Callable[[int, Any], Any], int]] = []
         # Host-call fuel charged but not yet taken from the Store (see SETTLE_FUEL).
         self.fuel_debt = 0
-        # Whether the next call keeps the GIL through its guest crossings (Instance.call),
-        # and whether a call that kept it ever ran into an epoch tick: then none does again.
+        # Whether the running call keeps the GIL through its guest crossings (Instance.call),
+        # and its module's trust, which the epoch callback withdraws from a call that kept it
+        # through a whole tick.
         self.keep_gil = False
-        self.gil_demoted = False
+        self.gil_trust = GilTrust()
         self.ticked_deadline = 0.0  # the deadline of the call that saw the last tick
         self.native = NativeCall()
         self.native.can_pay = self.can_pay

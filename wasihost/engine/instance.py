@@ -22,6 +22,7 @@ from . import sigint
 from .hostcalls import (
     BoundImport,
     Gate,
+    GilTrust,
     HostContext,
     func_new_unchecked,
     host_callback,
@@ -131,10 +132,10 @@ def _epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
         if host.keep_gil:
             # Other threads get the GIL here (this is Python code, where a waiting thread's
             # request is served). A tick may fall into any call; a second one in the same call
-            # (same deadline) means it ran a whole tick: not short, and no later call of this
-            # instance keeps the GIL.
+            # (same deadline) means it ran a whole tick: not short, and no later call of its
+            # module (any instance, now or later) keeps the GIL.
             if host.ticked_deadline == host.native.deadline:
-                host.gil_demoted = True
+                host.gil_trust.kept = False
             host.ticked_deadline = host.native.deadline
         delta[0] = 1
         kind[0] = UPDATE_DEADLINE_CONTINUE
@@ -147,22 +148,13 @@ on_epoch_tick = EPOCH_CALLBACK(_epoch_tick)
 sigint.CALLBACK_CODES.add(_epoch_tick.__code__)
 
 
-class GilTrust:
-    """Whether a module's short calls may keep the GIL (a mutable cell of a frozen record)."""
-
-    __slots__ = ("kept",)
-
-    def __init__(self) -> None:
-        self.kept = True
-
-
 @attrs.frozen
 class CompiledModule:
     """A compiled module and the digest of its bytes."""
 
     module: wasmtime.Module = attrs.field(eq=False)
     sha256: str
-    # Cleared for good once a call of any of its instances kept the GIL for a whole epoch
+    # Withdrawn for good once a call of any of its instances kept the GIL for a whole epoch
     # tick (see Instance.call): that module's calls always release it from then on.
     gil_trust: GilTrust = attrs.field(factory=GilTrust, eq=False, repr=False)
     # Read from the engine once per compiled module, not once per instance (about 12 µs).
@@ -223,8 +215,8 @@ class Instance:
         )
         self._timeout_s = limits.timeout_ms / 1000
         # 0 when the engine's ticks need the GIL (then no call may keep it).
-        self._keep_gil_below = engine.keep_gil_below_fuel if module.gil_trust.kept else 0
-        self._gil_trust = module.gil_trust
+        self._keep_gil_below = engine.keep_gil_below_fuel
+        self._gil_trust = self._ctx.gil_trust = module.gil_trust
         # The commands whose last call here burnt less fuel than that: their next call keeps
         # the GIL. A command is trusted only once seen short, so a long one never starts so.
         self._short_commands: set[bytes] = set()
@@ -564,15 +556,9 @@ class Instance:
             used = fuel - left + debt
             self.fuel_used += used
             self.last_call_fuel = used
-            if used < self._keep_gil_below and not host.gil_demoted:
+            if used < self._keep_gil_below:
                 if not keep and len(self._short_commands) < MAX_SHORT_COMMANDS:
                     self._short_commands.add(command)
-            elif host.gil_demoted:
-                # A call that kept the GIL ran a whole tick: no call of this module (in any
-                # instance, now or later) keeps it again.
-                self._gil_trust.kept = False
-                self._keep_gil_below = 0
-                self._short_commands.clear()
             else:
                 self._short_commands.discard(command)
             if budget is not None:
