@@ -147,7 +147,6 @@ _RUNNING: weakref.WeakSet[NativeTicker] = weakref.WeakSet()
 _ALL: weakref.WeakSet[NativeTicker] = weakref.WeakSet()
 _RETIRED: list[tuple[float, wasmtime.Engine]] = []
 _REGISTRY_LOCK = threading.Lock()
-_AT_EXIT: list[bool] = []
 # Set once the exit hook ran: an engine stopped after it (by a finalizer) is never freed.
 _EXITING: list[bool] = []
 # Set in a forked child (see _after_fork_in_child).
@@ -193,9 +192,6 @@ class NativeTicker:
             self._timer = self._arm()
             with _REGISTRY_LOCK:
                 _RUNNING.add(self)
-                if not _AT_EXIT:
-                    atexit.register(_stop_all_at_exit)
-                    _AT_EXIT.append(True)
 
     def _arm(self) -> int:
         assert _TIMER is not None
@@ -276,6 +272,9 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+# Registered at import, so it runs after the engines' own finalizers at exit (atexit is last in,
+# first out): what they retire is kept too.
+atexit.register(_stop_all_at_exit)
 
 
 def in_forked_child() -> bool:
