@@ -228,7 +228,7 @@ def released_share(ext: Extension, calls: int) -> float:
     inside = [0.0]
     clock = time.perf_counter
 
-    def timed(real: Callable[..., Any]) -> Callable[..., Any]:
+    def clocked(real: Callable[..., Any]) -> Callable[..., Any]:
         def timed_entry(*args: Any) -> Any:
             start = clock()
             result = real(*args)
@@ -245,7 +245,7 @@ def released_share(ext: Extension, calls: int) -> float:
     names = ("call_unchecked", "call_keeping_gil")
     reals = {name: getattr(instance_module, name) for name in names}
     for name, real in reals.items():
-        setattr(instance_module, name, timed(real))
+        setattr(instance_module, name, clocked(real))
     try:
         start = clock()
         for _ in range(calls):

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import bare
+from conftest import bare, run_in_thread
 from guests import build, guest_wat
 
 from wasihost.engine import Instance, ticker
@@ -118,16 +118,8 @@ def test_no_call_keeps_the_gil_while_another_thread_runs_guest_code_without_it()
         ext.call("run")
         instance = only_instance(ext)
         assert instance.kept_gil
-        failures: list[BaseException] = []
-
-        def spin() -> None:
-            try:
-                spinner.call("spins", True)  # never seen short: released
-            except BaseException as exc:  # the test inspects it
-                failures.append(exc)
-
-        thread = threading.Thread(target=spin)
-        thread.start()
+        # Never seen short: released.
+        thread, failures = run_in_thread(lambda: spinner.call("spins", True))
         give_up = time.monotonic() + LATE_S
         while not GIL_WANTED and time.monotonic() < give_up:
             time.sleep(0.001)
