@@ -182,3 +182,21 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def clock() -> FakeClock:
     """The injected clock of budget, supervision and broker tests (FakeClock above)."""
     return FakeClock()
+
+
+# fixtures/appfns' two embedder functions as the pool and density tests declare them (each
+# test brings its own handlers).
+APPFNS_LOOKUP: dict[str, Any] = {
+    "capability": "myapp.read",
+    "max_request_bytes": 64,
+    "max_response_bytes": 1024,
+    "fuel_base": 1000,
+    "fuel_per_byte": 1,
+}
+APPFNS_REMEMBER: dict[str, Any] = {
+    "capability": "myapp.write",
+    "max_request_bytes": 64,
+    "max_response_bytes": 16,
+    "fuel_base": 1000,
+    "fuel_per_byte": 1,
+}

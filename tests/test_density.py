@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ALL_CAPS, FIXTURES, FakeClock, bare, run_in_thread
+from conftest import (
+    ALL_CAPS,
+    APPFNS_LOOKUP,
+    APPFNS_REMEMBER,
+    FIXTURES,
+    FakeClock,
+    bare,
+    run_in_thread,
+)
 
 from wasihost import runtime
 from wasihost.errors import CallError, ConfigError
@@ -356,28 +364,14 @@ class Held:
         self.inside = threading.Semaphore(0)
         self.release = threading.Event()
 
-        @self.host.function(
-            "myapp.lookup",
-            capability="myapp.read",
-            max_request_bytes=64,
-            max_response_bytes=1024,
-            fuel_base=1000,
-            fuel_per_byte=1,
-        )
+        @self.host.function("myapp.lookup", **APPFNS_LOOKUP)
         def lookup(ctx: CallContext, request: Any) -> Any:
             if request == "hold":
                 self.inside.release()
                 assert self.release.wait(WAIT_S)
             return {"ok": request}
 
-        @self.host.function(
-            "myapp.remember",
-            capability="myapp.write",
-            max_request_bytes=64,
-            max_response_bytes=16,
-            fuel_base=1000,
-            fuel_per_byte=1,
-        )
+        @self.host.function("myapp.remember", **APPFNS_REMEMBER)
         def remember(ctx: CallContext, request: Any) -> Any:
             return None
 

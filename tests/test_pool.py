@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 import pytest
-from conftest import ALL_CAPS, FIXTURES, run_in_thread
+from conftest import ALL_CAPS, APPFNS_LOOKUP, APPFNS_REMEMBER, FIXTURES, run_in_thread
 
 from wasihost.errors import CallError, ConfigError, FailureClass, ManifestError
 from wasihost.extension import Extension
@@ -53,14 +53,7 @@ class App:
         self.seen: dict[str, tuple[int, int]] = {}
         self.barrier = threading.Barrier(2, timeout=WAIT_S)
 
-        @self.host.function(
-            "myapp.lookup",
-            capability="myapp.read",
-            max_request_bytes=64,
-            max_response_bytes=1024,
-            fuel_base=1000,
-            fuel_per_byte=1,
-        )
+        @self.host.function("myapp.lookup", **APPFNS_LOOKUP)
         def lookup(ctx: CallContext, request: Any) -> Any:
             if request == "boom":
                 raise KeyError("boom")
@@ -73,14 +66,7 @@ class App:
             self.seen[str(request)] = (ctx.epoch, self.ext.call_epoch)
             return {"ok": request}
 
-        @self.host.function(
-            "myapp.remember",
-            capability="myapp.write",
-            max_request_bytes=64,
-            max_response_bytes=16,
-            fuel_base=1000,
-            fuel_per_byte=1,
-        )
+        @self.host.function("myapp.remember", **APPFNS_REMEMBER)
         def remember(ctx: CallContext, request: Any) -> Any:
             return None
 
