@@ -292,6 +292,41 @@ def _check_exports(header: ModuleHeader, view: RegistryView) -> list[str]:
     return problems
 
 
+# A host admits one module again and again (an extension closed and loaded anew, many tenants
+# of one package): its plan depends only on the module, the sealed registry, the capabilities
+# granted, the memory and table caps and the manifest's ABI, so it is worked out once and kept
+# in the registry's memo (bounded by registry.MEMO_ENTRIES).
+
+
+def admit_cached(
+    header: ModuleHeader,
+    registry: Registry,
+    grant: Grant,
+    *,
+    max_memory_bytes: int,
+    max_table_elements: int,
+    manifest_abi: AbiVersion | None = None,
+) -> AdmissionPlan:
+    """:func:`admit`, remembered once ``registry`` is sealed. A refusal is never remembered:
+    it is worked out (and raised) every time."""
+    # The header object itself is the module's identity (read_header_cached hands out one per
+    # module): held in the entry, so its id cannot be reused while the entry lives.
+    key = (id(header), grant.capabilities, max_memory_bytes, max_table_elements, manifest_abi)
+    hit = registry.memo.get(key)
+    if hit is not None and hit[0] is header:
+        return hit[1]  # type: ignore[no-any-return]
+    plan = admit(
+        header,
+        registry,
+        grant,
+        max_memory_bytes=max_memory_bytes,
+        max_table_elements=max_table_elements,
+        manifest_abi=manifest_abi,
+    )
+    registry.remember(key, (header, plan))
+    return plan
+
+
 def admit(
     header: ModuleHeader,
     registry: Registry,

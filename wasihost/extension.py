@@ -39,7 +39,7 @@ from .manifest import PAYLOAD_BYTES, Manifest, Resources
 from .package import Package
 from .planning import check_package_policy, plan_package
 from .policy import Grant
-from .registry import HostFunction, RegistryView
+from .registry import HostFunction
 from .supervision import BackingOff, crash_class
 
 if TYPE_CHECKING:
@@ -340,7 +340,6 @@ class Extension:
         self._want_spare = False
         self._spare_due = False  # a spare was used: make the next after the call returns
         self.spare_starts = 0  # starts served by a warm spare (diagnostics, tests)
-        self._hello: tuple[int, RegistryView, bytes] | None = None  # see _hello_request
         # Scheduling hook (wasihost.call_gate): the host's call slots, None without a scheduler.
         self._call_gate = host.call_gate
         # The host's grant table holds this id's record for it (Host._build): let go once, at
@@ -1262,20 +1261,17 @@ class Extension:
             raise CallError(FailureClass.HANDSHAKE, f"{command}: {exc.message}") from None
 
     def _hello_request(self) -> bytes:
-        """``wasihost.hello``'s request, remembered while the registry's majors and the view
-        the guest linked against stay as they are (a major is never removed or replaced, so
-        their count says whether they changed; a new plan brings a new view object)."""
+        """``wasihost.hello``'s request: the same for every guest of one view while the
+        registry's majors stay as they are (a major is never removed or replaced, so their
+        count says whether they changed), so worked out once per host."""
         registry = self.host.registry
-        view = self.plan.view
-        known = self._hello
-        if known is None or known[0] != len(registry.majors) or known[1] is not view:
+        key = ("hello", len(registry.majors), self.plan.view.features)
+        request: bytes | None = registry.memo.get(key)
+        if request is None:
             versions = tuple(str(v) for v in registry.versions)
-            known = self._hello = (
-                len(registry.majors),
-                view,
-                _hello_request(versions, view.features),
-            )
-        return known[2]
+            request = _hello_request(versions, self.plan.view.features)
+            registry.remember(key, request)
+        return request
 
     def _run_handshake(self, instance: Instance, budget: Budget) -> Handshake:
         hello = self._reserved(instance, "wasihost.hello", self._hello_request(), budget)

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from .admission import AdmissionPlan, admit
+from .admission import AdmissionPlan, admit_cached
 from .errors import AdmissionError
 from .manifest import Manifest, Resources
 from .package import Package
@@ -92,7 +92,7 @@ def plan_package(
         if unknown:
             raise AdmissionError([f"unknown capability {c!r}" for c in unknown])
         grant = effective_grant(requested, (), policy)
-    plan = admit(
+    plan = admit_cached(
         header,
         registry,
         grant,

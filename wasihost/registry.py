@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from typing import Any
@@ -25,6 +26,12 @@ WASM_VALUE_TYPES = frozenset({"i32", "i64", "f32", "f64"})
 # Each number is at most 4 digits (a marker is at most 16 bytes) without leading zeros, and
 # the pattern must match the whole text: ``$`` alone would admit a trailing newline.
 _VERSION_RE = re.compile(r"(0|[1-9][0-9]{0,3})\.(0|[1-9][0-9]{0,3})")
+
+# What a host works out from its sealed registry and keeps (Registry.memo): one admission plan
+# per distinct module, grant and caps, one hello request per view's features. A host admitting
+# more distinct combinations than this works the oldest out again.
+MEMO_ENTRIES = 256
+_MEMO_LOCK = threading.Lock()
 
 CORE_CAPABILITY = "core"
 """Always granted: the ABI's own plumbing (``abort``) that every guest needs."""
@@ -444,9 +451,24 @@ class Registry:
     # Set once a host admits its first extension: what guests were admitted against must not
     # change under them (and admission on another thread must not see a half-added entry).
     sealed: bool = False
+    # What was worked out from the sealed registry (admission plans, handshake requests): never
+    # stale, because nothing they depend on changes once sealed (a major may still be added:
+    # keys that depend on the majors include their count).
+    memo: dict[Any, Any] = attrs.field(factory=dict, init=False, repr=False, eq=False)
 
     def seal(self) -> None:
         self.sealed = True
+
+    def remember(self, key: Any, value: Any) -> None:
+        """Keep ``value`` in :attr:`memo` (only once sealed: before, what it was worked out
+        from may still change). Bounded: beyond MEMO_ENTRIES the oldest goes."""
+        if not self.sealed:
+            return
+        with _MEMO_LOCK:
+            memo = self.memo
+            while len(memo) >= MEMO_ENTRIES:
+                del memo[next(iter(memo))]
+            memo[key] = value
 
     def check_open(self, what: str) -> None:
         if self.sealed:

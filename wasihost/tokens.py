@@ -8,7 +8,6 @@ Pure: the key and the clock are injected.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 import time
@@ -47,7 +46,8 @@ class TokenIssuer:
 
     def _mac(self, head: bytes, extension: str, runtime_id: bytes, epoch: int) -> bytes:
         message = b"".join([head, extension.encode(), b"\0", runtime_id, epoch.to_bytes(8, "big")])
-        return hmac.new(self._key, message, hashlib.sha256).digest()[:MAC_BYTES]
+        # The one-shot C digest: hmac.new() builds a Python HMAC object, 4 µs more per start.
+        return hmac.digest(self._key, message, "sha256")[:MAC_BYTES]
 
     def issue(self, extension: str, runtime_id: bytes, epoch: int) -> bytes:
         expiry = self._clock() + self.ttl_ns

@@ -200,7 +200,7 @@ class HostContext:
         if reraise is not None and self.reraise is None:
             self.reraise = reraise
         self.interrupted = True
-        self.native.wakeup.set()  # a broker blocked in sleep() stops waiting too
+        self.native.wake()  # a broker blocked in sleep() stops waiting too
 
     def interrupted_failure(self) -> CallError:
         if self.halt is not None:

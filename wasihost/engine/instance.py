@@ -606,7 +606,7 @@ class Instance:
         every later one; a broker waiting in a blocking host call wakes at once. Only Python
         objects are touched, never the Store."""
         self._ctx.interrupted = True
-        self._ctx.native.wakeup.set()
+        self._ctx.native.wake()
 
     def interrupt_by_signal(self) -> None:
         """Ctrl-C deferred out of a host callback (see sigint.py): the call ends at once with

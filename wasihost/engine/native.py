@@ -91,6 +91,7 @@ class NativeCall:
         "_size",
         "_view",  # the engine's own copies use it too (instance.py, hostcalls.py); no broker
         "_wakeup",
+        "_woken",
         "bound",
         "can_pay",
         "deadline",
@@ -114,6 +115,7 @@ class NativeCall:
         # Set by the instance's interrupt (from any thread): a broker waiting in sleep() wakes
         # at once instead of at its deadline. Made on first use (see ``wakeup``).
         self._wakeup: threading.Event | None = None
+        self._woken = False  # wake() came before anyone made the event: it is made set
         # The per-byte price reserve_fuel charges: the highest among the instance's native
         # entries (set by the host context), so no dispatch pays to store its own; the WASI
         # entries all share one price, so for them it is exact.
@@ -130,7 +132,21 @@ class NativeCall:
                 event = self._wakeup
                 if event is None:
                     event = self._wakeup = threading.Event()
+                    if self._woken:
+                        event.set()
         return event
+
+    def wake(self) -> None:
+        """Set :attr:`wakeup`. Without making it when nobody made it yet: it is then made set
+        (an instance closing, the common case, was never waited on)."""
+        event = self._wakeup
+        if event is None:
+            with _WAKEUP_LOCK:
+                event = self._wakeup
+                if event is None:
+                    self._woken = True
+                    return
+        event.set()
 
     def require_fuel(self, units: int) -> None:
         """Before work costing ``units`` fuel: raise :class:`GuestOutOfFuel` if the call's
