@@ -1241,7 +1241,10 @@ class Extension:
                 self._discard_locked()
                 self.lifecycle.fire(Event.STOPPED)
 
-    def _reserved(self, instance: Instance, command: str, request: bytes, budget: Budget) -> Any:
+    def _reserved(
+        self, instance: Instance, command: str, request: bytes, budget: Budget
+    ) -> bytes:
+        """The body of a reserved command's OK answer (any other status fails the handshake)."""
         try:
             with instance.lock:
                 result = instance.call(command.encode(), request, MAX_HANDSHAKE_BYTES, budget)
@@ -1255,10 +1258,7 @@ class Extension:
                 f"{command}: guest answered status {result.status} "
                 f"({_guest_error_text(result.body)})",
             )
-        try:
-            return decode(result.body, HANDSHAKE_LIMITS)
-        except CodecError as exc:
-            raise CallError(FailureClass.HANDSHAKE, f"{command}: {exc.message}") from None
+        return result.body
 
     def _hello_request(self) -> bytes:
         """``wasihost.hello``'s request: the same for every guest of one view while the
@@ -1274,59 +1274,48 @@ class Extension:
         return request
 
     def _run_handshake(self, instance: Instance, budget: Budget) -> Handshake:
-        hello = self._reserved(instance, "wasihost.hello", self._hello_request(), budget)
-        fields = _require_fields(
-            hello, "wasihost.hello", {"id": str, "version": str, "abi": str, "features": list}
+        guest_id, guest_version, abi, features = _hello_answer(
+            self._reserved(instance, "wasihost.hello", self._hello_request(), budget)
         )
-        features = fields["features"]
-        if not all(isinstance(f, str) for f in features):
-            raise CallError(FailureClass.HANDSHAKE, "wasihost.hello: features must be text")
-        if fields["abi"] != str(self.plan.version):
+        if abi != str(self.plan.version):
             raise CallError(
                 FailureClass.HANDSHAKE,
-                f"wasihost.hello: guest says ABI {fields['abi']!r}, its marker says "
-                f"{self.plan.version}",
+                f"wasihost.hello: guest says ABI {abi!r}, its marker says {self.plan.version}",
             )
         manifest = self.manifest
-        if manifest is not None and (fields["id"], fields["version"]) != (
-            manifest.id,
-            manifest.version,
-        ):
+        if manifest is not None and (guest_id, guest_version) != (manifest.id, manifest.version):
             raise CallError(
                 FailureClass.HANDSHAKE,
-                f"wasihost.hello: guest says {fields['id']} {fields['version']}, the manifest "
+                f"wasihost.hello: guest says {guest_id} {guest_version}, the manifest "
                 f"says {manifest.id} {manifest.version}",
             )
         runtime_id = secrets.token_bytes(RUNTIME_ID_BYTES)
         granted = sorted(self.grant.capabilities)
-        welcome = self._reserved(
-            instance,
-            "wasihost.welcome",
-            encode(
-                {
-                    "runtime_id": runtime_id,
-                    "granted": granted,
-                    "epoch": self.grant.epoch,
-                    "token": self.host.tokens.issue(self.id, runtime_id, self.grant.epoch),
-                }
-            ),
-            budget,
+        readiness, reason = _welcome_answer(
+            self._reserved(
+                instance,
+                "wasihost.welcome",
+                encode(
+                    {
+                        "runtime_id": runtime_id,
+                        "granted": granted,
+                        "epoch": self.grant.epoch,
+                        "token": self.host.tokens.issue(self.id, runtime_id, self.grant.epoch),
+                    }
+                ),
+                budget,
+            )
         )
-        answer = _require_fields(welcome, "wasihost.welcome", {"status": str})
-        readiness = answer["status"]
-        reason = welcome.get("reason")
-        if readiness not in READINESS or (reason is not None and not isinstance(reason, str)):
-            raise CallError(FailureClass.HANDSHAKE, f"wasihost.welcome: bad answer {welcome!r}")
         if readiness == "failed":
             raise CallError(
                 FailureClass.HANDSHAKE, f"guest reported failed start-up: {reason or 'no reason'}"
             )
         return Handshake(
             runtime_id=runtime_id,
-            guest_id=fields["id"],
-            guest_version=fields["version"],
-            abi=fields["abi"],
-            requested=tuple(features),
+            guest_id=guest_id,
+            guest_version=guest_version,
+            abi=abi,
+            requested=features,
             granted=tuple(granted),
             epoch=self.grant.epoch,
             readiness=readiness,
@@ -1693,7 +1682,6 @@ class Extension:
             host.closed_one()
 
 
-@functools.lru_cache(maxsize=8)
 def _hello_request(versions: tuple[str, ...], features: Iterable[str]) -> bytes:
     """``wasihost.hello``'s request. Feature flags travel in it (an additive field: guests
     ignore fields they do not know): those of the view the guest linked against, so what it
@@ -1747,6 +1735,47 @@ def _override(name: str, value: int | None, ceiling: int, key: str) -> int:
             f"extension's {key} (raise it in the manifest, Host.load({name}=...) or the policy)"
         )
     return value
+
+
+# A module's instances give the same handshake answers, byte for byte: the answers' checks
+# are pure functions of those bytes, so each is worked out once per distinct answer (an
+# answer that fails them is worked out, and refused, every time). Bounded by entries, each
+# at most MAX_HANDSHAKE_BYTES.
+HANDSHAKE_ANSWERS_KEPT = 64
+
+
+@functools.lru_cache(maxsize=HANDSHAKE_ANSWERS_KEPT)
+def _hello_answer(body: bytes) -> tuple[str, str, str, tuple[str, ...]]:
+    """``wasihost.hello``'s answer checked: (guest id, version, ABI, feature flags)."""
+    fields = _require_fields(
+        _decode_answer(body, "wasihost.hello"),
+        "wasihost.hello",
+        {"id": str, "version": str, "abi": str, "features": list},
+    )
+    features = fields["features"]
+    if not all(isinstance(f, str) for f in features):
+        raise CallError(FailureClass.HANDSHAKE, "wasihost.hello: features must be text")
+    return fields["id"], fields["version"], fields["abi"], tuple(features)
+
+
+@functools.lru_cache(maxsize=HANDSHAKE_ANSWERS_KEPT)
+def _welcome_answer(body: bytes) -> tuple[str, str | None]:
+    """``wasihost.welcome``'s answer checked: (readiness, reason)."""
+    welcome = _require_fields(
+        _decode_answer(body, "wasihost.welcome"), "wasihost.welcome", {"status": str}
+    )
+    readiness = welcome["status"]
+    reason = welcome.get("reason")
+    if readiness not in READINESS or (reason is not None and not isinstance(reason, str)):
+        raise CallError(FailureClass.HANDSHAKE, f"wasihost.welcome: bad answer {welcome!r}")
+    return readiness, reason
+
+
+def _decode_answer(body: bytes, command: str) -> Any:
+    try:
+        return decode(body, HANDSHAKE_LIMITS)
+    except CodecError as exc:
+        raise CallError(FailureClass.HANDSHAKE, f"{command}: {exc.message}") from None
 
 
 def _require_fields(value: Any, where: str, fields: Mapping[str, type]) -> dict[str, Any]:
