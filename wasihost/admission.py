@@ -303,27 +303,35 @@ def admit_cached(
     registry: Registry,
     grant: Grant,
     *,
+    module_digest: str,
     max_memory_bytes: int,
     max_table_elements: int,
     manifest_abi: AbiVersion | None = None,
 ) -> AdmissionPlan:
-    """:func:`admit`, remembered once ``registry`` is sealed. A refusal is never remembered:
-    it is worked out (and raised) every time."""
-    # The header object itself is the module's identity (read_header_cached hands out one per
-    # module): held in the entry, so its id cannot be reused while the entry lives.
-    key = (id(header), grant.capabilities, max_memory_bytes, max_table_elements, manifest_abi)
-    hit = registry.memo.get(key)
-    if hit is not None and hit[0] is header:
-        return hit[1]  # type: ignore[no-any-return]
-    plan = admit(
-        header,
-        registry,
-        grant,
-        max_memory_bytes=max_memory_bytes,
-        max_table_elements=max_table_elements,
-        manifest_abi=manifest_abi,
+    """:func:`admit` of the module whose sha256 is ``module_digest``, remembered once
+    ``registry`` is sealed. A refusal is never remembered: it is worked out (and raised)
+    every time."""
+    # The digest names the bytes, so the header they give; the header itself is not kept
+    # (its custom sections may be large).
+    key = (
+        "plan",
+        module_digest,
+        grant.capabilities,
+        max_memory_bytes,
+        max_table_elements,
+        manifest_abi,
     )
-    registry.remember(key, (header, plan))
+    plan: AdmissionPlan | None = registry.memo.get(key)
+    if plan is None:
+        plan = admit(
+            header,
+            registry,
+            grant,
+            max_memory_bytes=max_memory_bytes,
+            max_table_elements=max_table_elements,
+            manifest_abi=manifest_abi,
+        )
+        registry.remember(key, plan)
     return plan
 
 

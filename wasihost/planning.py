@@ -96,6 +96,7 @@ def plan_package(
         header,
         registry,
         grant,
+        module_digest=package.sha256,
         max_memory_bytes=resources.max_memory_bytes,
         max_table_elements=resources.max_table_elements,
         manifest_abi=_manifest_abi(manifest),
