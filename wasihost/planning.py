@@ -6,6 +6,7 @@ compiles anything, and again when an extension's grant changes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import attrs
@@ -119,7 +120,14 @@ def unsigned_refusal(package: Package) -> str:
 
 
 def _manifest_abi(manifest: Manifest | None) -> AbiVersion | None:
-    return AbiVersion.parse(manifest.abi) if manifest is not None else None
+    return _abi_version(manifest.abi) if manifest is not None else None
+
+
+# Manifests name a handful of versions; parsing one anew was a few µs of every admission.
+# Only valid versions are kept (a parse error is raised, never remembered).
+@functools.lru_cache(maxsize=64)
+def _abi_version(text: str) -> AbiVersion:
+    return AbiVersion.parse(text)
 
 
 def _with_overrides(resources: Resources, fuel: int | None, timeout_ms: int | None) -> Resources:
