@@ -38,6 +38,12 @@ NOT_FOR_A_PLAIN_RUN = (
     "wasihost.brokers.jobs",
     "wasihost.brokers.secrets",
     "wasihost.brokers.storage",
+    # Imported where they are used (issue 12 section 4, third pass): thread pools for a
+    # shutdown flush, several closes or an async call's future; Python logging for the host's
+    # own error records (wasihost.hostlog); the origin parser for a manifest with [http].
+    "concurrent.futures",
+    "logging",
+    "wasihost.netpolicy",
 )
 
 LOADED = """
@@ -156,3 +162,18 @@ def test_a_deferred_broker_is_made_on_first_use_and_served_as_itself() -> None:
         assert all(not isinstance(b, brokers.DeferredBroker) for b in host.functions.brokers())
     finally:
         host.close()
+
+
+def test_the_log_sinks_levels_are_pythons_logging_levels() -> None:
+    # extlog writes logging's level numbers out so as not to import logging at start-up.
+    import logging
+
+    from wasihost.extlog import _LOGGING_LEVELS, TRACE_LOGGING_LEVEL, Level
+
+    assert _LOGGING_LEVELS == {
+        Level.TRACE: TRACE_LOGGING_LEVEL,
+        Level.DEBUG: logging.DEBUG,
+        Level.INFO: logging.INFO,
+        Level.WARN: logging.WARNING,
+        Level.ERROR: logging.ERROR,
+    }

@@ -20,9 +20,7 @@ says the caller stopped waiting, as everywhere in asyncio.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import functools
-import logging
 import threading
 import time
 import weakref
@@ -32,10 +30,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import CallError, ConfigError, FailureClass
 from .extension import CallTicket, Extension, _override
+from .hostlog import host_logger
 from .lifecycle import State
 
 if TYPE_CHECKING:
     import asyncio
+    import concurrent.futures
 
     from .extension import Handshake
     from .extlog import LogRecord
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
     from .runtime import Host
 
 T = TypeVar("T")
-
-LOG = logging.getLogger("wasihost")
 
 # Threads running guest calls for coroutines, per host. Guest code runs without the GIL, so
 # threads beyond the cores only help calls that wait (in async host functions, or for an
@@ -176,7 +174,7 @@ def _work(shared: _Shared, slot: _Thread) -> None:
             try:
                 done(ok, result)
             except BaseException:  # pragma: no cover - a done callback must not kill us
-                LOG.exception("wasihost: a call thread's completion failed")
+                host_logger().exception("wasihost: a call thread's completion failed")
             del done, result
         if sleep:
             slot.wake.acquire()
@@ -232,6 +230,8 @@ class CallWorkers:
 
     def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
         """``fn(*args)`` on a call thread, as a concurrent future."""
+        import concurrent.futures  # here: a host that makes no such future never loads it
+
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def run() -> T | None:

@@ -12,15 +12,17 @@ import datetime
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
 from wasihost import event_classes, limits
 from wasihost.errors import ConfigError, ManifestError
-from wasihost.netpolicy import NetPolicyError, Origin, parse_origin
 from wasihost.registry import AbiVersion
 from wasihost.scheduling import PRIORITY_NAMES
+
+if TYPE_CHECKING:
+    from wasihost.netpolicy import Origin
 
 # The one schema this parser understands; a new one gets a new parser branch, not a guess.
 SCHEMA: Final = "wasihost-manifest/1"
@@ -616,6 +618,9 @@ def _parse_http(table: Mapping[str, object] | None) -> HttpSpec:
     if table is None:
         return HttpSpec()
     _check_keys(table, "http", _HTTP_KEYS)
+    # Here: the origin parser (3 attrs classes, 4 patterns) is for a manifest with [http].
+    from wasihost.netpolicy import NetPolicyError, parse_origin
+
     origins: list[Origin] = []
     value = table.get("allowed_origins")
     if value is not None:

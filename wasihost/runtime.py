@@ -10,13 +10,11 @@ table and (with a state directory) the durable state.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +61,8 @@ from .wasmbin import read_header
 # directory, installs and updates, the signature code with trust material, the WASI binding
 # when a module imports WASI. A short `wasihost run` pays for none of it at start-up.
 if TYPE_CHECKING:
+    import concurrent.futures
+
     from .packaging.allowed_signers import AllowedSigners, SshSigned
     from .packaging.revocation import VersionFloor
     from .packaging.trust import TrustStore
@@ -343,9 +343,13 @@ class Host:
         if self.call_gate is not None:  # scheduling hook: calls waiting for a slot give up
             self.call_gate.close()
         flushing: list[concurrent.futures.Future[str]] = []
-        pool: ThreadPoolExecutor | None = None
+        pool: concurrent.futures.ThreadPoolExecutor | None = None
+        if (timeout_s > 0 and extensions) or len(extensions) > 1:
+            # Threads for a flush or for several closes; a lone extension closes on this
+            # thread, and a short `wasihost run` never loads concurrent.futures.
+            import concurrent.futures
         if timeout_s > 0 and extensions:
-            pool = ThreadPoolExecutor(
+            pool = concurrent.futures.ThreadPoolExecutor(
                 min(MAX_CLOSING_THREADS, len(extensions)), thread_name_prefix="wasihost-shutdown"
             )
             flushing = [pool.submit(ext.run_shutdown_hook, deadline) for ext in extensions]
@@ -354,7 +358,8 @@ class Host:
                 if future.done() and future.exception() is None:
                     self.journal(ext.id, "shutdown", future.result())
         if len(extensions) > 1:
-            with ThreadPoolExecutor(min(MAX_CLOSING_THREADS, len(extensions))) as closing:
+            closers = min(MAX_CLOSING_THREADS, len(extensions))
+            with concurrent.futures.ThreadPoolExecutor(closers) as closing:
                 list(closing.map(Extension.close, extensions))
         elif extensions:
             extensions[0].close()
