@@ -44,7 +44,14 @@ NOT_FOR_A_PLAIN_RUN = (
     "concurrent.futures",
     "logging",
     "wasihost.netpolicy",
+    # A host with no eviction policy, no scheduler, no state directory (published metrics).
+    "wasihost.call_gate",
+    "wasihost.eviction",
+    "wasihost.opmetrics",
+    "wasihost.scheduling",
 )
+# What only `wasihost wasi` (and a WASI grant's scope) needs: its options and their checks.
+WASI_COMMAND_ONLY = ("wasihost.wasi.cli", "wasihost.wasi.config", "wasihost.wasi.scopes")
 
 LOADED = """
 import contextlib, io, json, sys
@@ -65,6 +72,7 @@ def test_run_of_a_package_directory_imports_no_packaging_state_or_asyncio() -> N
     assert loaded.isdisjoint(NOT_FOR_A_PLAIN_RUN), loaded & set(NOT_FOR_A_PLAIN_RUN)
     # The guest imports no WASI: the WASI handlers are not loaded either.
     assert "wasihost.wasi.binding" not in loaded
+    assert loaded.isdisjoint(WASI_COMMAND_ONLY), loaded & set(WASI_COMMAND_ONLY)
 
 
 def test_wasi_run_imports_the_wasi_handlers_and_no_packaging_or_state() -> None:

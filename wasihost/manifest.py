@@ -19,7 +19,6 @@ import attrs
 from wasihost import event_classes, limits
 from wasihost.errors import ConfigError, ManifestError
 from wasihost.registry import AbiVersion
-from wasihost.scheduling import PRIORITY_NAMES
 
 if TYPE_CHECKING:
     from wasihost.netpolicy import Origin
@@ -801,6 +800,9 @@ def _parse_scheduling(table: Mapping[str, object] | None) -> str:
     priority = _optional_string(table, "priority", "scheduling")
     if priority is None:
         return DEFAULT_PRIORITY
+    # Here: the scheduler's module is for a manifest that names a class, or a host with one.
+    from wasihost.scheduling import PRIORITY_NAMES
+
     if priority not in PRIORITY_NAMES:
         raise ManifestError(
             "scheduling.priority",
