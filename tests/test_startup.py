@@ -43,6 +43,7 @@ NOT_FOR_A_PLAIN_RUN = (
     # own error records (wasihost.hostlog); the origin parser for a manifest with [http].
     "concurrent.futures",
     "logging",
+    "wasihost.aio",  # asyncio's front end; the Host's call threads are wasihost.callworkers
     "wasihost.netpolicy",
     # A host with no eviction policy, no scheduler, no state directory (published metrics).
     "wasihost.call_gate",

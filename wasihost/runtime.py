@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .admission import AdmissionPlan
-from .aio import DEFAULT_CALL_WORKERS, CallWorkers
 from .brokers import builtin_brokers
 from .brokers.clock import Clock, SystemClock
+from .callworkers import DEFAULT_CALL_WORKERS, CallWorkers
 from .codeshape import scan_module
 from .engine import WasmEngine
 from .errors import (
@@ -389,7 +389,7 @@ class Host:
             self.state.close()
 
     def call_workers(self) -> CallWorkers:
-        """The bounded pool of threads on which async calls run (see :mod:`wasihost.aio`)."""
+        """The bounded pool of threads on which async calls run (:mod:`wasihost.callworkers`)."""
         return self._call_workers
 
     def forget(self, ext: Extension) -> None:
