@@ -84,6 +84,8 @@ def test_wasi_run_imports_the_wasi_handlers_and_no_packaging_or_state() -> None:
     loaded = set(report["modules"])
     assert "wasihost.wasi.binding" in loaded
     assert loaded.isdisjoint(NOT_FOR_A_PLAIN_RUN), loaded & set(NOT_FOR_A_PLAIN_RUN)
+    # A bare module has no manifest: no TOML parser (nor the datetime module it imports).
+    assert loaded.isdisjoint({"tomllib", "datetime"}), loaded & {"tomllib", "datetime"}
 
 
 def test_the_wasmtime_version_read_beside_the_package_is_the_installed_one() -> None:

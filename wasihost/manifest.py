@@ -8,9 +8,7 @@ wrong type or an out-of-range value is an error, never ignored. Every error is a
 
 from __future__ import annotations
 
-import datetime
 import re
-import tomllib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -369,6 +367,8 @@ def _type_name(value: object) -> str:
         return "array"
     if isinstance(value, dict):
         return "table"
+    import datetime  # loaded already: only tomllib, which imports it, makes such values
+
     if isinstance(value, datetime.datetime):
         return "datetime"
     if isinstance(value, datetime.date):
@@ -827,6 +827,10 @@ def _parse_budget(table: Mapping[str, object] | None) -> str | None:
 def _load_toml(text: str) -> dict[str, Any]:
     if len(text) > MAX_MANIFEST_CHARS:
         raise ManifestError("", f"manifest of {len(text)} characters exceeds {MAX_MANIFEST_CHARS}")
+    # Here: a bare module (`wasihost wasi x.wasm`) has no manifest, and tomllib with the
+    # datetime module it imports is a few milliseconds of start-up.
+    import tomllib
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
