@@ -44,6 +44,7 @@ NOT_FOR_A_PLAIN_RUN = (
     "concurrent.futures",
     "logging",
     "wasihost.aio",  # asyncio's front end; the Host's call threads are wasihost.callworkers
+    "wasihost.event_classes",  # the manifest's [events] patterns
     "wasihost.netpolicy",
     # A host with no eviction policy, no scheduler, no state directory (published metrics).
     "wasihost.call_gate",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
-from wasihost import event_classes, limits
+from wasihost import limits
 from wasihost.errors import ConfigError, ManifestError
 from wasihost.registry import AbiVersion
 
@@ -682,6 +682,8 @@ def _parse_events(
 ) -> EventsSpec | None:
     if table is None:
         return None
+    from wasihost import event_classes  # here: its patterns are for a manifest with [events]
+
     _check_keys(table, "events", _EVENTS_KEYS)
     if "events" not in requested:
         raise ManifestError(
