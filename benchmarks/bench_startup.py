@@ -21,8 +21,13 @@ process and its children, from ``wait4``) is less disturbed by other load on a s
 Each round's ratio is taken against Extism's process of the same round. ``RUST_BACKTRACE`` is
 ``0`` for every process.
 
-Usage: ``python benchmarks/bench_startup.py [--rounds N] [--json]``. Target (issue 12): ``run``
-and ``wasi`` within 1.2x of Extism's whole process. Needs ``pip install -e '.[bench]'`` (Extism).
+With ``--baseline DIR`` (another wasihost source tree, e.g. ``git archive BASE wasihost |
+tar -x -C DIR``), DIR's ``run`` and ``wasi`` join the same rounds, started from DIR with their
+own module cache, and each round's ratio to them is printed: an A/B under one machine load.
+
+Usage: ``python benchmarks/bench_startup.py [--rounds N] [--baseline DIR] [--json]``. Target
+(issue 12): ``run`` and ``wasi`` within 1.2x of Extism's whole process. Needs
+``pip install -e '.[bench]'`` (Extism).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from wasihost.benchmark.guests import EXTISM_PLUGIN_WAT
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_RATIO = 1.2
 TARGETS = ("run", "wasi")
+BASELINE_SUFFIX = " (baseline)"
 WARMUP_ROUNDS = 3
 
 EXTISM_SCRIPT = """import sys
@@ -61,30 +67,45 @@ print(out.decode())
 WASIHOST_SCRIPT = "import sys\nfrom wasihost.cli import main\nsys.exit(main())\n"
 
 
-def contenders(plugin: Path, cache: Path) -> dict[str, tuple[list[str], str]]:
-    """name -> (argv, the stdout the process must print)."""
-    py = sys.executable
-    cli = [py, "-c", WASIHOST_SCRIPT]
+def wasihost_cases(cache: Path, suffix: str = "") -> dict[str, tuple[list[str], str]]:
+    """The two target commands, named ``run`` and ``wasi`` plus ``suffix``."""
+    cli = [sys.executable, "-c", WASIHOST_SCRIPT]
     cache_flag = ["--cache-dir", str(cache)]
     return {
-        "extism": ([py, "-c", EXTISM_SCRIPT, str(plugin)], "null\n"),
-        "run": ([*cli, "run", str(ROOT / "fixtures/echo"), "noop", *cache_flag], "null\n"),
-        "wasi": (
+        f"run{suffix}": (
+            [*cli, "run", str(ROOT / "fixtures/echo"), "noop", *cache_flag],
+            "null\n",
+        ),
+        f"wasi{suffix}": (
             [*cli, "wasi", *cache_flag, str(ROOT / "fixtures/wasi-libc/wasi-libc.wasm"), "hello"],
             "hello: hello from wasi-libc\n",
         ),
-        "python": ([py, "-c", "pass"], ""),
-        "import wasmtime": ([py, "-c", "import wasmtime"], ""),
     }
 
 
-def child_env(pycache: Path) -> dict[str, str]:
+def contenders(
+    plugin: Path, cache: Path, baseline: Path | None = None
+) -> dict[str, tuple[list[str], str, Path]]:
+    """name -> (argv, the stdout the process must print, the source tree it runs from)."""
+    py = sys.executable
+    cases = {"extism": ([py, "-c", EXTISM_SCRIPT, str(plugin)], "null\n")}
+    cases.update(wasihost_cases(cache))
+    cases["python"] = ([py, "-c", "pass"], "")
+    cases["import wasmtime"] = ([py, "-c", "import wasmtime"], "")
+    found = {name: (argv, out, ROOT) for name, (argv, out) in cases.items()}
+    if baseline is not None:
+        for name, (argv, out) in wasihost_cases(cache / "baseline", BASELINE_SUFFIX).items():
+            found[name] = (argv, out, baseline)
+    return found
+
+
+def child_env(pycache: Path, root: Path = ROOT) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = str(pycache)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )
+    # ``root`` first: the editable install points at another checkout.
+    others = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(ROOT)]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *others])
     env["RUST_BACKTRACE"] = "0"
     return env
 
@@ -116,17 +137,17 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-def measure(rounds: int) -> dict[str, object]:
+def measure(rounds: int, baseline: Path | None = None) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         plugin = Path(tmp) / "echo-plugin.wasm"
         plugin.write_bytes(bytes(wasmtime.wat2wasm(EXTISM_PLUGIN_WAT)))
-        env = child_env(Path(tmp) / "pycache")
-        cases = contenders(plugin, Path(tmp) / "modules")
+        cases = contenders(plugin, Path(tmp) / "modules", baseline)
+        envs = {root: child_env(Path(tmp) / "pycache", root) for _, _, root in cases.values()}
         names = list(cases)
         # Warm-up: bytecode, wasihost's module cache, Extism's own cache; outputs checked.
         for _ in range(WARMUP_ROUNDS):
-            for name, (argv, expected) in cases.items():
-                _, _, stdout = one_process(argv, env)
+            for name, (argv, expected, root) in cases.items():
+                _, _, stdout = one_process(argv, envs[root], root)
                 if stdout != expected:
                     raise SystemExit(f"{name} printed {stdout!r}, expected {expected!r}")
         load_before = os.getloadavg()
@@ -135,7 +156,8 @@ def measure(rounds: int) -> dict[str, object]:
         for r in range(rounds):
             # Each round starts with a different contender, so none always runs first.
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                w, c, _ = one_process(cases[name][0], env)
+                argv, _, root = cases[name]
+                w, c, _ = one_process(argv, envs[root], root)
                 wall[name].append(w)
                 cpu[name].append(c)
         load_after = os.getloadavg()
@@ -149,12 +171,21 @@ def measure(rounds: int) -> dict[str, object]:
             row["cpu_ratio"] = spread(cpu_ratio)
             if name in TARGETS:
                 row["within_target"] = statistics.median(wall_ratio) <= TARGET_RATIO
+            if name + BASELINE_SUFFIX in wall:
+                base_wall, base_cpu = wall[name + BASELINE_SUFFIX], cpu[name + BASELINE_SUFFIX]
+                row["wall_vs_baseline"] = spread(
+                    [a / b for a, b in zip(wall[name], base_wall, strict=True)]
+                )
+                row["cpu_vs_baseline"] = spread(
+                    [a / b for a, b in zip(cpu[name], base_cpu, strict=True)]
+                )
         results[name] = row
     return {
         "python": sys.version.split()[0],
         "wasmtime": importlib.metadata.version("wasmtime"),
         "extism": importlib.metadata.version("extism"),
         "rounds": rounds,
+        "baseline": str(baseline) if baseline is not None else None,
         "target_ratio": TARGET_RATIO,
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in load_after],
@@ -167,6 +198,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="another wasihost source tree whose run and wasi join the same rounds",
+    )
     args = parser.parse_args()
     try:
         importlib.metadata.version("extism")
@@ -174,7 +211,7 @@ def main() -> int:
         raise SystemExit(
             "extism is not installed (pip install -e '.[bench]', or pip install extism==1.1.1)"
         ) from None
-    doc = measure(args.rounds)
+    doc = measure(args.rounds, args.baseline)
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
@@ -204,6 +241,14 @@ def main() -> int:
         if row.get("within_target") is False:
             line += f"  OVER the {TARGET_RATIO}x target"
         print(line)
+    for name, row in results.items():
+        if "wall_vs_baseline" in row:
+            wb, cb = row["wall_vs_baseline"], row["cpu_vs_baseline"]
+            print(
+                f"{name} / {name}{BASELINE_SUFFIX}, per round: wall {wb['median']:.3f}x "
+                f"({wb['min']:.3f}-{wb['max']:.3f}), CPU {cb['median']:.3f}x "
+                f"({cb['min']:.3f}-{cb['max']:.3f})"
+            )
     return 0
 
 

@@ -38,7 +38,22 @@ NOT_FOR_A_PLAIN_RUN = (
     "wasihost.brokers.jobs",
     "wasihost.brokers.secrets",
     "wasihost.brokers.storage",
+    # Imported where they are used (issue 12 section 4, third pass): thread pools for a
+    # shutdown flush, several closes or an async call's future; Python logging for the host's
+    # own error records (wasihost.hostlog); the origin parser for a manifest with [http].
+    "concurrent.futures",
+    "logging",
+    "wasihost.aio",  # asyncio's front end; the Host's call threads are wasihost.callworkers
+    "wasihost.event_classes",  # the manifest's [events] patterns
+    "wasihost.netpolicy",
+    # A host with no eviction policy, no scheduler, no state directory (published metrics).
+    "wasihost.call_gate",
+    "wasihost.eviction",
+    "wasihost.opmetrics",
+    "wasihost.scheduling",
 )
+# What only `wasihost wasi` (and a WASI grant's scope) needs: its options and their checks.
+WASI_COMMAND_ONLY = ("wasihost.wasi.cli", "wasihost.wasi.config", "wasihost.wasi.scopes")
 
 LOADED = """
 import contextlib, io, json, sys
@@ -59,6 +74,7 @@ def test_run_of_a_package_directory_imports_no_packaging_state_or_asyncio() -> N
     assert loaded.isdisjoint(NOT_FOR_A_PLAIN_RUN), loaded & set(NOT_FOR_A_PLAIN_RUN)
     # The guest imports no WASI: the WASI handlers are not loaded either.
     assert "wasihost.wasi.binding" not in loaded
+    assert loaded.isdisjoint(WASI_COMMAND_ONLY), loaded & set(WASI_COMMAND_ONLY)
 
 
 def test_wasi_run_imports_the_wasi_handlers_and_no_packaging_or_state() -> None:
@@ -69,6 +85,8 @@ def test_wasi_run_imports_the_wasi_handlers_and_no_packaging_or_state() -> None:
     loaded = set(report["modules"])
     assert "wasihost.wasi.binding" in loaded
     assert loaded.isdisjoint(NOT_FOR_A_PLAIN_RUN), loaded & set(NOT_FOR_A_PLAIN_RUN)
+    # A bare module has no manifest: no TOML parser (nor the datetime module it imports).
+    assert loaded.isdisjoint({"tomllib", "datetime"}), loaded & {"tomllib", "datetime"}
 
 
 def test_the_wasmtime_version_read_beside_the_package_is_the_installed_one() -> None:
@@ -156,3 +174,18 @@ def test_a_deferred_broker_is_made_on_first_use_and_served_as_itself() -> None:
         assert all(not isinstance(b, brokers.DeferredBroker) for b in host.functions.brokers())
     finally:
         host.close()
+
+
+def test_the_log_sinks_levels_are_pythons_logging_levels() -> None:
+    # extlog writes logging's level numbers out so as not to import logging at start-up.
+    import logging
+
+    from wasihost.extlog import _LOGGING_LEVELS, TRACE_LOGGING_LEVEL, Level
+
+    assert _LOGGING_LEVELS == {
+        Level.TRACE: TRACE_LOGGING_LEVEL,
+        Level.DEBUG: logging.DEBUG,
+        Level.INFO: logging.INFO,
+        Level.WARN: logging.WARNING,
+        Level.ERROR: logging.ERROR,
+    }

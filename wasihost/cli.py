@@ -40,7 +40,6 @@ from .package import (
 from .packaging.names import PACKAGE_SUFFIX
 from .policy import Policy
 from .registry import AbiVersion, default_registry
-from .wasi import cli as wasi_cli
 
 # Each command imports what only it needs (the package archive, signature and key code, the
 # runtime): `wasihost run` of a directory or module loads none of the packaging modules, and
@@ -313,7 +312,10 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true")
     state_opt(status)
 
-    wasi_cli.add_parser(sub)
+    if only in (None, "wasi"):
+        from .wasi import cli as wasi_cli  # its options' types, for its command only
+
+        wasi_cli.add_parser(sub)
     if only in (None, "bench"):
         from .benchmark import cli as bench_cli  # the benchmark's code, for its command only
 
@@ -1000,6 +1002,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(argv)
 
 
+def _cmd_wasi(args: argparse.Namespace) -> int:
+    from .wasi import cli as wasi_cli
+
+    return wasi_cli.run(args)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .benchmark import cli as bench_cli
 
@@ -1026,7 +1034,7 @@ def _main(argv: Sequence[str] | None) -> int:
             "remove": _cmd_remove,
             "grants": _cmd_grants,
             "status": _cmd_status,
-            "wasi": wasi_cli.run,
+            "wasi": _cmd_wasi,
             "bench": _cmd_bench,
         }[args.cmd]
         return handler(args)

@@ -7,13 +7,14 @@ it, ``abort`` its panic, the WASI profile its stdout and stderr.
 from __future__ import annotations
 
 import enum
-import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import attrs
+
+from .hostlog import host_logger
 
 
 class Level(enum.IntEnum):
@@ -64,18 +65,22 @@ LogSink = Callable[[str, LogRecord], None]
 
 # Python logging has no TRACE; 5 sits below DEBUG (10) as TRACE does in most libraries.
 TRACE_LOGGING_LEVEL = 5
+# logging's own DEBUG, INFO, WARNING and ERROR (fixed by the standard library, checked by
+# tests/test_startup.py), written out so that this module need not import logging.
 _LOGGING_LEVELS = {
     Level.TRACE: TRACE_LOGGING_LEVEL,
-    Level.DEBUG: logging.DEBUG,
-    Level.INFO: logging.INFO,
-    Level.WARN: logging.WARNING,
-    Level.ERROR: logging.ERROR,
+    Level.DEBUG: 10,
+    Level.INFO: 20,
+    Level.WARN: 30,
+    Level.ERROR: 40,
 }
 
 
 def to_logging(extension: str, record: LogRecord) -> None:
     """A :data:`LogSink` for Python's ``logging``: the logger is named after the extension id,
     and the record's source (``guest``, ``host``, ``stdout``...) is an ``extra`` field."""
+    import logging  # here: only an embedder that chose this sink pays for the import
+
     logging.getLogger(extension).log(
         _LOGGING_LEVELS[record.level],
         "%s",
@@ -117,7 +122,7 @@ class ExtensionLog:
                 self._sink(_record(level, message, self._clock(), source))
             except Exception:
                 self.sink_errors += 1
-                logging.getLogger("wasihost").exception("log sink failed; record lost")
+                host_logger().exception("log sink failed; record lost")
             return True
         # Its UTF-8 size; for ASCII text (most log lines) that is its length, read without
         # encoding a copy.

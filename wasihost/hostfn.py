@@ -13,27 +13,25 @@ fuel and epochs are the registry's, and there is no second path.
 
 from __future__ import annotations
 
-import concurrent.futures
 import inspect
-import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from .errors import ConfigError
+from .hostlog import host_logger
 from .policy import Grant
 from .registry import HostFunction, Registry, embedder_function
 from .status import GuestDeadline, GuestInterrupted, HostFunctionFailed, HostStatus, Status
 
 if TYPE_CHECKING:
     import asyncio
+    import concurrent.futures
 
     from .extension import Extension
 
 T = TypeVar("T")
-
-LOG = logging.getLogger("wasihost")
 
 HostHandler = Callable[[Any, Any], Any]
 """What the engine calls for a cbor entry: ``handler(call, request) -> response``. ``call`` is
@@ -228,6 +226,8 @@ def wait_for(future: concurrent.futures.Future[T], call: Any) -> T:
             raise GuestDeadline
         if done.wait(min(left, ASYNC_WAKE_CHECK_S)):
             break
+    import concurrent.futures  # loaded already: the future is one
+
     try:
         return future.result()
     except concurrent.futures.CancelledError:
@@ -286,7 +286,7 @@ class FunctionBroker:
                 raise
             except Exception:
                 # The details are the host's: they go to its log, never to the guest.
-                LOG.exception(
+                host_logger().exception(
                     "host function %s failed serving extension %s", entry.qualified_name, ext.id
                 )
                 raise HostFunctionFailed(entry.qualified_name) from None
@@ -315,12 +315,14 @@ class FunctionBroker:
             except (HostStatus, GuestDeadline, GuestInterrupted):
                 raise
             except Exception:
-                LOG.exception("host function %s failed serving extension %s", name, ext.id)
+                host_logger().exception(
+                    "host function %s failed serving extension %s", name, ext.id
+                )
                 raise HostFunctionFailed(name) from None
             if returns:
                 if type(result) is int and low <= result <= high:
                     return result
-                LOG.error(
+                host_logger().error(
                     "host function %s returned %s, not an %s, to extension %s",
                     name,
                     type(result).__name__,
@@ -330,7 +332,7 @@ class FunctionBroker:
             elif result is None:
                 return None
             else:
-                LOG.error(
+                host_logger().error(
                     "host function %s returned a %s to extension %s: it has no result",
                     name,
                     type(result).__name__,

@@ -8,19 +8,18 @@ wrong type or an out-of-range value is an error, never ignored. Every error is a
 
 from __future__ import annotations
 
-import datetime
 import re
-import tomllib
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
-from wasihost import event_classes, limits
+from wasihost import limits
 from wasihost.errors import ConfigError, ManifestError
-from wasihost.netpolicy import NetPolicyError, Origin, parse_origin
 from wasihost.registry import AbiVersion
-from wasihost.scheduling import PRIORITY_NAMES
+
+if TYPE_CHECKING:
+    from wasihost.netpolicy import Origin
 
 # The one schema this parser understands; a new one gets a new parser branch, not a guess.
 SCHEMA: Final = "wasihost-manifest/1"
@@ -368,6 +367,8 @@ def _type_name(value: object) -> str:
         return "array"
     if isinstance(value, dict):
         return "table"
+    import datetime  # loaded already: only tomllib, which imports it, makes such values
+
     if isinstance(value, datetime.datetime):
         return "datetime"
     if isinstance(value, datetime.date):
@@ -616,6 +617,9 @@ def _parse_http(table: Mapping[str, object] | None) -> HttpSpec:
     if table is None:
         return HttpSpec()
     _check_keys(table, "http", _HTTP_KEYS)
+    # Here: the origin parser (3 attrs classes, 4 patterns) is for a manifest with [http].
+    from wasihost.netpolicy import NetPolicyError, parse_origin
+
     origins: list[Origin] = []
     value = table.get("allowed_origins")
     if value is not None:
@@ -678,6 +682,8 @@ def _parse_events(
 ) -> EventsSpec | None:
     if table is None:
         return None
+    from wasihost import event_classes  # here: its patterns are for a manifest with [events]
+
     _check_keys(table, "events", _EVENTS_KEYS)
     if "events" not in requested:
         raise ManifestError(
@@ -796,6 +802,9 @@ def _parse_scheduling(table: Mapping[str, object] | None) -> str:
     priority = _optional_string(table, "priority", "scheduling")
     if priority is None:
         return DEFAULT_PRIORITY
+    # Here: the scheduler's module is for a manifest that names a class, or a host with one.
+    from wasihost.scheduling import PRIORITY_NAMES
+
     if priority not in PRIORITY_NAMES:
         raise ManifestError(
             "scheduling.priority",
@@ -820,6 +829,10 @@ def _parse_budget(table: Mapping[str, object] | None) -> str | None:
 def _load_toml(text: str) -> dict[str, Any]:
     if len(text) > MAX_MANIFEST_CHARS:
         raise ManifestError("", f"manifest of {len(text)} characters exceeds {MAX_MANIFEST_CHARS}")
+    # Here: a bare module (`wasihost wasi x.wasm`) has no manifest, and tomllib with the
+    # datetime module it imports is a few milliseconds of start-up.
+    import tomllib
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -16,7 +16,6 @@ data, log or message is in a snapshot.
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import threading
@@ -25,11 +24,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .errors import WasihostError
+from .hostlog import host_logger
 
 if TYPE_CHECKING:
     from .state import StateStore
-
-LOG = logging.getLogger("wasihost")
 
 # A status reader sees counts at most this old: often enough to watch a host, rare enough that
 # one small SQLite write every two seconds is nothing beside the host's own journal.
@@ -99,7 +97,7 @@ class MetricsPublisher:
             try:
                 self.store.publish_metrics(self.host_id, os.getpid(), snapshot, closed=closed)
             except (sqlite3.Error, WasihostError) as exc:  # metrics never break the host
-                LOG.warning("wasihost: metrics not published: %s", exc)
+                host_logger().warning("wasihost: metrics not published: %s", exc)
                 return False
             self._published = True
             return True

@@ -10,23 +10,20 @@ table and (with a state directory) the durable state.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .admission import AdmissionPlan
-from .aio import DEFAULT_CALL_WORKERS, CallWorkers
 from .brokers import builtin_brokers
 from .brokers.clock import Clock, SystemClock
-from .call_gate import CallGate
+from .callworkers import DEFAULT_CALL_WORKERS, CallWorkers
 from .codeshape import scan_module
 from .engine import WasmEngine
 from .errors import (
@@ -37,7 +34,6 @@ from .errors import (
     RevocationError,
     WasihostError,
 )
-from .eviction import EvictionPolicy, Evictor, evictor_for
 from .extension import Extension, ProfileBinding, ProfileFactory
 from .extlog import LogSink
 from .governor import Governor, Usage
@@ -46,26 +42,30 @@ from .hostcall_metrics import HostCallTally
 from .hostfn import Broker, Function, HostFunctions
 from .lifecycle import ExtensionRevoked, State
 from .manifest import Resources
-from .opmetrics import MetricsPublisher
 from .package import Package, load_package
 from .planning import plan_package, unsigned_refusal
 from .policy import Grant, Policy
 from .registry import HostFunction, Profile, Registry, default_registry
-from .scheduling import Scheduler
 from .settings import EngineSettings
 from .supervision import Metrics, QuarantineReport, Supervisor
 from .tokens import TokenIssuer
 from .wasi.registry import MODULE as WASI_MODULE
-from .wasi.scopes import check_scope as check_wasi_scope
 from .wasmbin import read_header
 
 # What only some hosts use is imported where it is used: the state store (sqlite3) with a state
 # directory, installs and updates, the signature code with trust material, the WASI binding
-# when a module imports WASI. A short `wasihost run` pays for none of it at start-up.
+# when a module imports WASI, eviction, scheduling and published metrics when configured, WASI
+# scopes at a WASI grant. A short `wasihost run` pays for none of it at start-up.
 if TYPE_CHECKING:
+    import concurrent.futures
+
+    from .call_gate import CallGate
+    from .eviction import EvictionPolicy, Evictor
+    from .opmetrics import MetricsPublisher
     from .packaging.allowed_signers import AllowedSigners, SshSigned
     from .packaging.revocation import VersionFloor
     from .packaging.trust import TrustStore
+    from .scheduling import Scheduler
     from .state import InstalledPackage, StateStore
 
 
@@ -199,7 +199,11 @@ class Host:
         self.governor = governor if governor is not None else Governor()
         self.engine = WasmEngine(settings or EngineSettings(), directory)
         # [density] idle extensions' instances dropped under a policy (wasihost/eviction.py).
-        self.evictor = evictor_for(eviction, self.engine.release_memory)
+        self.evictor: Evictor | None = None
+        if eviction is not None:
+            from .eviction import evictor_for
+
+            self.evictor = evictor_for(eviction, self.engine.release_memory)
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.tokens = TokenIssuer()
         # Where extension logs go instead of each extension's bounded buffer (see ExtensionLog).
@@ -213,16 +217,23 @@ class Host:
         self._call_workers = CallWorkers(async_workers)
         # Scheduling and operator-metrics hooks (docs/scheduling.md, docs/supervision.md):
         # without a scheduler calls take no host-wide slot, as before it existed.
-        if scheduler is not None and not isinstance(scheduler, Scheduler):
-            raise ConfigError(f"scheduler must be a wasihost.scheduling.Scheduler: {scheduler!r}")
         self.scheduler = scheduler
-        self.call_gate = CallGate(scheduler) if scheduler is not None else None
+        self.call_gate: CallGate | None = None
+        if scheduler is not None:
+            from .call_gate import CallGate
+            from .scheduling import Scheduler
+
+            if not isinstance(scheduler, Scheduler):
+                raise ConfigError(
+                    f"scheduler must be a wasihost.scheduling.Scheduler: {scheduler!r}"
+                )
+            self.call_gate = CallGate(scheduler)
         self.host_call_tally = HostCallTally()
-        self._metrics_publisher = (
-            MetricsPublisher(self.state, _snapshot_of(weakref.ref(self)))
-            if self.state is not None
-            else None
-        )
+        self._metrics_publisher: MetricsPublisher | None = None
+        if self.state is not None:
+            from .opmetrics import MetricsPublisher
+
+            self._metrics_publisher = MetricsPublisher(self.state, _snapshot_of(weakref.ref(self)))
 
     def _has_entry(self, qualified: str) -> bool:
         module, _, name = qualified.rpartition(".")
@@ -343,9 +354,13 @@ class Host:
         if self.call_gate is not None:  # scheduling hook: calls waiting for a slot give up
             self.call_gate.close()
         flushing: list[concurrent.futures.Future[str]] = []
-        pool: ThreadPoolExecutor | None = None
+        pool: concurrent.futures.ThreadPoolExecutor | None = None
+        if (timeout_s > 0 and extensions) or len(extensions) > 1:
+            # Threads for a flush or for several closes; a lone extension closes on this
+            # thread, and a short `wasihost run` never loads concurrent.futures.
+            import concurrent.futures
         if timeout_s > 0 and extensions:
-            pool = ThreadPoolExecutor(
+            pool = concurrent.futures.ThreadPoolExecutor(
                 min(MAX_CLOSING_THREADS, len(extensions)), thread_name_prefix="wasihost-shutdown"
             )
             flushing = [pool.submit(ext.run_shutdown_hook, deadline) for ext in extensions]
@@ -354,7 +369,8 @@ class Host:
                 if future.done() and future.exception() is None:
                     self.journal(ext.id, "shutdown", future.result())
         if len(extensions) > 1:
-            with ThreadPoolExecutor(min(MAX_CLOSING_THREADS, len(extensions))) as closing:
+            closers = min(MAX_CLOSING_THREADS, len(extensions))
+            with concurrent.futures.ThreadPoolExecutor(closers) as closing:
                 list(closing.map(Extension.close, extensions))
         elif extensions:
             extensions[0].close()
@@ -373,7 +389,7 @@ class Host:
             self.state.close()
 
     def call_workers(self) -> CallWorkers:
-        """The bounded pool of threads on which async calls run (see :mod:`wasihost.aio`)."""
+        """The bounded pool of threads on which async calls run (:mod:`wasihost.callworkers`)."""
         return self._call_workers
 
     def forget(self, ext: Extension) -> None:
@@ -771,6 +787,8 @@ class Host:
         if capability not in self.registry.capabilities():
             raise ConfigError(f"unknown capability {capability!r}")
         if capability.startswith("wasi."):
+            from .wasi.scopes import check_scope as check_wasi_scope
+
             check_wasi_scope(capability, scope or {})
         else:
             self.functions.check_scope(capability, scope or {})

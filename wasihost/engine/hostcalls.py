@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 import struct
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,7 @@ from wasmtime import _ffi as ffi
 from ..codec import CodecLimits, decode, encode
 from ..codec_fast import UNSURE, flat
 from ..errors import CallError, CodecError, FailureClass
+from ..hostlog import host_logger
 from ..registry import HostFunction
 from ..status import (
     GuestAbort,
@@ -46,8 +46,6 @@ HostHandler = Callable[[Any, Any], Any]
 """A broker entry point: ``handler(call, request)``, the instance's guest-memory accessor (a
 :class:`NativeCall`, for its deadline and interrupt) and the decoded, bounded request value in,
 response value out."""
-
-LOG = logging.getLogger("wasihost")
 
 Gate = Callable[[HostFunction], bool]
 """Decides, at call time, whether the caller still holds the entry's capability."""
@@ -223,7 +221,7 @@ class HostContext:
         if not isinstance(exc, Exception):
             self.reraise = exc  # KeyboardInterrupt/SystemExit: re-raised after the call
         elif not isinstance(exc, HostFunctionFailed):  # that one was logged where it happened
-            LOG.error("host call failed", exc_info=exc)
+            host_logger().error("host call failed", exc_info=exc)
         return self.fail(FailureClass.HOST_ERROR, f"host function failed: {type(exc).__name__}")
 
     def can_pay(self, cost: int) -> bool:
