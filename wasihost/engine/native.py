@@ -432,7 +432,7 @@ _MAKERS: dict[int, Callable[..., Dispatch]] = {}
 # again and answers faults. A sink's failure is answered as the handler would: ``answer`` for
 # what the handler answers, the general dispatch's mapping for the rest.
 _ROUTED_DISPATCH_SOURCE = """
-def make(host, entry, general, unpack, sink_of, cap, ok, answered, answer):
+def make(host, entry, general, unpack, sinks, cap, ok, answered, answer):
     call = host.native
     settle = host.settle
     name = entry.qualified_name
@@ -449,8 +449,9 @@ def make(host, entry, general, unpack, sink_of, cap, ok, answered, answer):
             size = call._size
             if iovs_len != 1 or iovs + 8 > size or count_ptr + 4 > size:
                 return general(env, caller, args, nargs)
-            sink = sink_of(fd)
-            if sink is None:
+            try:
+                sink = sinks[fd]  # a subscript, not a get() call: a miss is a rare, dearer way
+            except KeyError:
                 return general(env, caller, args, nargs)
             view = call._view
             start, length = iovec_of(view, iovs)
@@ -581,7 +582,7 @@ def native_dispatch(host: HostContext, entry: HostFunction, handler: Any) -> Dis
             entry,
             general,
             unpack,
-            handler.sinks.get,
+            handler.sinks,
             handler.cap,
             handler.ok,
             handler.answered,
