@@ -151,3 +151,122 @@ def test_the_shortcut_charges_what_the_handler_charged() -> None:
     # What is left over is the guest's own few instructions around the call.
     moved = len(line) + 12
     assert fuel[1] - fuel[0] - entry.fuel_base - entry.fuel_per_byte * moved in range(0, 8)
+
+
+# Hostile iovecs, each after a good line (so that the shortcut holds its memory view): the
+# shortcut takes none of them, and each gets what the handler answers. Memory is 18 pages, so a
+# write of more than the 1 MiB cap fits in it. The exit code is errno * 2**24 + the count the
+# guest was told.
+_HOSTILE = """
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (memory (export "memory") 18)
+  (data (i32.const 100) "a\\n")
+  (data (i32.const 200) "\\64\\00\\00\\00\\02\\00\\00\\00")
+  (func (export "_start") (local $errno i32)
+    (drop (call $write (i32.const 1) (i32.const 200) (i32.const 1) (i32.const 300)))
+    (i32.store (i32.const 300) (i32.const 0))
+    (i32.store (i32.const 400) (i32.const {buf0}))
+    (i32.store (i32.const 404) (i32.const {len0}))
+    (i32.store (i32.const 408) (i32.const {buf1}))
+    (i32.store (i32.const 412) (i32.const {len1}))
+    (local.set $errno (call $write (i32.const 1) (i32.const 400) (i32.const {count})
+      (i32.const 300)))
+    (call $exit (i32.add (i32.shl (local.get $errno) (i32.const 24))
+      (i32.load (i32.const 300)))))
+"""
+_MIB = 1 << 20
+_MEMORY = 18 * 65536
+
+
+def _hostile(buf0: int, len0: int, count: int = 1, buf1: int = 0, len1: int = 0) -> bytes:
+    text = _HOSTILE.format(buf0=buf0, len0=len0, buf1=buf1, len1=len1, count=count)
+    return bytes(wasmtime.wat2wasm(text))
+
+
+@pytest.mark.parametrize(
+    ("buf", "length"),
+    [
+        (0xFFFF_FF00, 0x200),  # buf + len wraps past 2**32 to a small address
+        # a length whose sum wraps below the buffer; clamped to the 1 MiB cap, still past the end
+        (_MEMORY - 0x100, 0xFFFF_FFF8),
+        (_MEMORY - 8, 16),  # starts inside, ends past the end
+        (_MEMORY, 0),  # empty, but at the end of memory: inside (nothing to read)
+    ],
+)
+def test_a_wrapping_or_outside_iovec_faults_or_writes_nothing(buf: int, length: int) -> None:
+    out = bytearray()
+    config = WasiOptions(stdout=out.extend)
+    if length == 0:
+        run = run_wasihost(_hostile(buf, length), config=config)
+        assert (run.code, out) == (0, bytearray(b"a\n"))
+        return
+    with pytest.raises(CallError) as info:
+        run_wasihost(_hostile(buf, length), config=config)
+    assert info.value.failure is FailureClass.PROTOCOL
+    assert out == b"a\n"
+
+
+def test_too_many_iovecs_are_refused_before_any_is_read() -> None:
+    # 1025 iovecs (over MAX_IOVECS) at an address where 1025 of them would run past memory:
+    # INVAL, nothing read, nothing written.
+    out = bytearray()
+    run = run_wasihost(_hostile(100, 2, count=1025), config=WasiOptions(stdout=out.extend))
+    assert (run.code >> 24, run.code & 0xFF_FFFF) == (int(Errno.INVAL), 0)
+    assert out == b"a\n"
+
+
+@pytest.mark.parametrize(
+    ("buf0", "len0", "count", "buf1", "len1", "written"),
+    [
+        (0, _MIB + 1, 1, 0, 0, _MIB),  # one iovec over the cap: a short write of the cap
+        (0, _MIB - 10, 2, 0, 100, _MIB),  # two whose total is over it: the same
+        (0, 5000, 1, 0, 0, 5000),  # a long line (past the shortcut's copy size): all of it
+        (0, 0, 0, 0, 0, 0),  # no iovec at all: nothing
+    ],
+)
+def test_long_and_multiple_iovecs_write_what_the_handler_writes(
+    buf0: int, len0: int, count: int, buf1: int, len1: int, written: int
+) -> None:
+    out = bytearray()
+    run = run_wasihost(
+        _hostile(buf0, len0, count, buf1, len1), config=WasiOptions(stdout=out.extend)
+    )
+    assert run.code == written  # errno 0, the count told to the guest
+    assert len(out) == 2 + written
+
+
+_GROWN = _IMPORTS + """
+  (func (export "_start")
+    (drop (call $write (i32.const 1) (i32.const 200) (i32.const 1) (i32.const 300)))
+    ;; a second page, and a line and its iovec in it: past the view the shortcut holds
+    (drop (memory.grow (i32.const 1)))
+    (i32.store (i32.const 70000) (i32.const 0x0a626262))
+    (i32.store (i32.const 70008) (i32.const 70000))
+    (i32.store (i32.const 70012) (i32.const 4))
+    (drop (call $write (i32.const 1) (i32.const 70008) (i32.const 1) (i32.const 70016)))
+    (drop (call $write (i32.const 1) (i32.const 70008) (i32.const 1) (i32.const 70016)))
+    (call $exit (i32.load (i32.const 70016))))
+"""
+
+
+def test_lines_in_memory_grown_during_the_run_are_written() -> None:
+    run = run_wasihost(bytes(wasmtime.wat2wasm(_GROWN)))
+    assert (run.code, run.stdout) == (4, b"a\nbbb\nbbb\n")
+
+
+_FROM_START = _IMPORTS + """
+  (func $init
+    (drop (call $write (i32.const 1) (i32.const 200) (i32.const 1) (i32.const 300))))
+  (start $init)
+  (func (export "_start")
+    (drop (call $write (i32.const 1) (i32.const 200) (i32.const 1) (i32.const 300)))
+    (call $exit (i32.load (i32.const 300))))
+"""
+
+
+def test_a_line_from_the_start_function_is_written_before_the_memory_is_bound() -> None:
+    # The start function runs during instantiation, before the instance holds its memory: the
+    # shortcut sees no memory (size 0) and the general way serves it, looking memory up by name.
+    run = run_wasihost(bytes(wasmtime.wat2wasm(_FROM_START)))
+    assert (run.code, run.stdout) == (2, b"a\na\n")

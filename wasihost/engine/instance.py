@@ -340,8 +340,16 @@ class Instance:
         overran = False
         try:
             self._arm(budget)
+            # A command crosses into Python at each host call (each printed line): with no other
+            # Python thread to hand the GIL to, releasing and taking it back there is pure cost
+            # (a tenth of a line). Kept only then, with ticks that need no GIL (the setting is 0
+            # otherwise, or off); a thread that appears during the run gets the GIL at the next
+            # host call or tick, as beside a short call (docs/engine.md).
+            keep = self._ctx.keep_gil = (
+                self._keep_gil_below > 0 and not GIL_WANTED and threading.active_count() == 1
+            )
             try:
-                self._invoke(self._call_addr, self._args1_addr, 0)
+                self._invoke(self._call_addr, self._args1_addr, 0, keep)
             except CallError as exc:
                 if self._ctx.exit_code is None or exc.failure is FailureClass.INTERRUPTED:
                     raise
@@ -369,7 +377,7 @@ class Instance:
             raise CallError(FailureClass.DEADLINE, "interrupted by the host")
         set_fuel(self._ctx_addr, budget.fuel)
         self._ctx.fuel_debt = 0
-        self._ctx.keep_gil = False  # only Instance.call keeps it
+        self._ctx.keep_gil = False  # only Instance.call and run_command keep it
         # One tick, renewed by on_epoch_tick until the wall-clock deadline or an interrupt.
         set_epoch_deadline(self._ctx_addr, 1)
         self._ctx.native.deadline = budget.deadline
@@ -413,12 +421,17 @@ class Instance:
             return CallError(FailureClass.MEMORY_LIMIT, message)
         return CallError(FailureClass.TRAP, message)
 
-    def _invoke(self, func_addr: int, args_addr: int, n: int) -> None:
-        GIL_WANTED.add(self)
-        try:
-            err = call_unchecked(self._ctx_addr, func_addr, args_addr, n, self._trap_slot_addr)
-        finally:
-            GIL_WANTED.discard(self)
+    def _invoke(self, func_addr: int, args_addr: int, n: int, keep_gil: bool = False) -> None:
+        if keep_gil:
+            err = call_keeping_gil(self._ctx_addr, func_addr, args_addr, n, self._trap_slot_addr)
+        else:
+            GIL_WANTED.add(self)
+            try:
+                err = call_unchecked(
+                    self._ctx_addr, func_addr, args_addr, n, self._trap_slot_addr
+                )
+            finally:
+                GIL_WANTED.discard(self)
         if err or self._trap_slot.value:
             self._raise_failure(err)
 

@@ -10,6 +10,7 @@ generated with its exact arity (a ``handler(call, *args)`` call costs about a te
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import struct
 import threading
@@ -53,6 +54,12 @@ already allows. Above it (a 1 MiB read, a large random buffer), a native broker 
 """
 
 _EMPTY_VIEW = memoryview(bytearray())
+# The guest's memory as a ctypes char array at its base, for copies out of it: slicing one makes
+# the bytes in one step, where a memoryview slice makes a view and then its copy. One array type
+# for every memory (ctypes keeps each type it makes), as long as any address space; only ever
+# sliced inside the size checked beside it (``_size``).
+_GUEST_BYTES = ctypes.c_char * (1 << 48)
+_NO_BYTES = (ctypes.c_char * 0)()
 _WAKEUP_LOCK = threading.Lock()
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -85,6 +92,7 @@ class NativeCall:
 
     __slots__ = (
         "_base",
+        "_bytes",  # the same memory as _view, for the routed write's copy out (see _GUEST_BYTES)
         "_ctx",
         "_mem",
         "_owner",
@@ -106,6 +114,7 @@ class NativeCall:
         self._base = 0
         self._size = 0
         self._view = _EMPTY_VIEW
+        self._bytes: ctypes.Array[ctypes.c_char] = _NO_BYTES
         self.bound = False
         self.moved = 0
         self.deadline = 0.0
@@ -198,6 +207,7 @@ class NativeCall:
         self._drop_view()
 
     def _drop_view(self) -> None:
+        self._bytes = _NO_BYTES
         view, self._view = self._view, _EMPTY_VIEW
         if view is not _EMPTY_VIEW:
             # Anything still holding it now fails instead of reading. BufferError: only if the
@@ -232,6 +242,8 @@ class NativeCall:
         # A slice of the process view: no new ctypes array type per size (ctypes caches every
         # one it makes, so a memory growing page by page would leave one behind per page).
         self._view = PROCESS_MEMORY[base : base + size] if size else _EMPTY_VIEW
+        if size:
+            self._bytes = _GUEST_BYTES.from_address(base)
 
     def _check(self, ptr: int, length: int) -> None:
         """Slow path of an access: the memory may have grown since the view was made, and a
@@ -436,35 +448,40 @@ _MAKERS: dict[int, Callable[..., Dispatch]] = {}
 # again and answers faults. A sink's failure is answered as the handler would: ``answer`` for
 # what the handler answers, the general dispatch's mapping for the rest.
 _ROUTED_DISPATCH_SOURCE = """
-def make(host, entry, general, unpack, sink_of, cap, ok, answered, answer):
+def make(host, entry, general, unpack, sinks, cap, ok, answered, answer):
     call = host.native
     settle = host.settle
     name = entry.qualified_name
     per_byte = entry.fuel_per_byte
     price = entry.fuel_base + 12 * per_byte  # the iovec (8 bytes) and the count (4) it moves
+    # Longer lines go the general way, which clamps them to ``cap`` (a short write).
+    most = cap if cap < BULK_BYTES else BULK_BYTES
 
     def dispatch(env, caller, args, nargs):
         try:
             fd, iovs, iovs_len, count_ptr = unpack(PROCESS_MEMORY, args)
-            sink = sink_of(fd) if iovs_len == 1 else None
+            # The size is 0 whenever the memory is not bound (NativeCall.forget), so an unbound
+            # call goes the general way too. Unsigned arguments: only the ends need checking.
             size = call._size
-            # Unsigned arguments: only the ends need checking.
-            if sink is None or not call.bound or iovs + 8 > size or count_ptr + 4 > size:
+            if iovs_len != 1 or iovs + 8 > size or count_ptr + 4 > size:
+                return general(env, caller, args, nargs)
+            try:
+                sink = sinks[fd]  # a subscript, not a get() call: a miss is a rare, dearer way
+            except KeyError:
                 return general(env, caller, args, nargs)
             view = call._view
             start, length = iovec_of(view, iovs)
-            if length > cap:
-                length = cap
             end = start + length
-            if end > size or length > BULK_BYTES:
+            if end > size or length > most:
                 return general(env, caller, args, nargs)
-            data = view[start:end].tobytes()  # before the count lands, as take_iovec does
+            # A copy (bytes), from the same memory the view covers: ``_bytes`` is its base.
+            data = call._bytes[start:end]  # before the count lands, as take_iovec does
             put_u32(view, count_ptr, length)
             try:
                 sink(data)
                 result = ok
             except answered as failure:
-                result = answer(failure)
+                result = answer(failure) & U32
             except GuestFault as fault:
                 return host.fail(FailureClass.PROTOCOL, f"{name}: {fault}")
             except GuestDeadline:
@@ -486,7 +503,7 @@ def make(host, entry, general, unpack, sink_of, cap, ok, answered, answer):
             host.fuel_debt = debt
             if debt >= SETTLE_FUEL and not settle(host.context_of(caller), debt):
                 return host.out_of_fuel(host.context_of(caller), entry)
-            put_u32(PROCESS_MEMORY, args, result & U32)
+            put_u32(PROCESS_MEMORY, args, result)
             return 0
         except BaseException as exc:
             return host.crashed(exc)
@@ -570,6 +587,8 @@ def native_dispatch(host: HostContext, entry: HostFunction, handler: Any) -> Dis
     if type(handler) is WriteRoute:
         if tuple(entry.params) != _WRITE_PARAMS or tuple(entry.results) != ("i32",):
             raise ValueError(f"{entry.qualified_name}: a write route needs (i32 x 4) -> i32")
+        if not 0 <= handler.ok <= U32:
+            raise ValueError(f"{entry.qualified_name}: a write route's answer must fit a u32")
         general = _maker(len(entry.params))(host, entry, handler.handler, unpack, write_result)
         CALLBACK_CODES.add(general.__code__)
         if entry.capability != CORE_CAPABILITY:
@@ -579,7 +598,7 @@ def native_dispatch(host: HostContext, entry: HostFunction, handler: Any) -> Dis
             entry,
             general,
             unpack,
-            handler.sinks.get,
+            handler.sinks,
             handler.cap,
             handler.ok,
             handler.answered,
