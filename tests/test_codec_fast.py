@@ -292,3 +292,147 @@ def test_small_flat_requests_are_built_without_scan_or_cbor2(spy: Spy, value: An
 )
 def test_the_flat_path_leaves_everything_else_to_the_checked_paths(payload: bytes) -> None:
     assert codec_fast.flat(payload, 20, 24) is codec_fast.UNSURE
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xa1\x62a",  # a key cut short
+        b"\xa1\x61a",  # a value missing
+        b"\xa1\x61\xff\x00",  # a key that is not UTF-8
+        b"\xa1\x61a\x62\xff\xfe",  # a value that is not UTF-8
+        b"\xa2\x61a\x00\x61a\x01",  # a duplicate key
+        b"\xa1\x61a\x00\x00",  # trailing
+        b"\xa1\x61a\x81\x00",  # a nested value: the scan's
+        b"\xa1\x61a\x78\x19" + b"z" * 25,  # a text over max_string=24 below
+        b"\xa1\x61a\x59\x00\x19" + b"z" * 25,  # a byte string over it, with a two-byte length
+        b"\xa1\x61a\x78\x05ab",  # a value cut short
+        b"\xa1\x61a\xfb\x3f\xf8",  # a float64 cut short
+        b"\xa1\x61a\x1b\x00\x00",  # an integer argument cut short
+        b"\xa1\x61a\xf7",  # undefined
+        b"\xa1\x61a\xc2\x41\x01",  # a tag
+        b"\xa1\x61a\x1f",  # a reserved head
+        b"\xab" + b"\x61a\x00" * 11,  # 23 items: over max_items=20 below
+    ],
+    ids=lambda p: p[:8].hex(),
+)
+def test_the_text_keyed_map_path_refuses_what_the_exact_decoder_must_name(
+    spy: Spy, payload: bytes
+) -> None:
+    # Maps whose keys are short text take their own loop in flat(): anything it cannot vouch
+    # for is UNSURE, and decode() then gives the exact decoder's value or error.
+    assert codec_fast.flat(payload, 20, 24) is codec_fast.UNSURE
+    limits = CodecLimits(max_bytes=1024, max_items=20, max_string_bytes=24)
+    assert repr(outcome(codec.decode, payload, limits)) == repr(
+        outcome(reference_codec.decode, payload, limits)
+    )
+
+
+@pytest.mark.parametrize(
+    ("payload", "value"),
+    [
+        (b"\xa1\x61a\x18\x05", {"a": 5}),  # a non-minimal head: read as the exact decoder does
+        (b"\xa1\x61a\x19\x00\x05", {"a": 5}),
+        (b"\xa1\x61a\x3b" + b"\xff" * 8, {"a": -(2**64)}),
+        (b"\xa2\x61a\x00\x01\x00", {"a": 0, 1: 0}),  # an int key after a text key: the general loop
+        (b"\xa2\x01\x00\x61a\x00", {1: 0, "a": 0}),
+        (b"\xa1\x78\x01a\x00", {"a": 0}),  # a text key with a one-byte length: the general loop
+    ],
+    ids=lambda p: p.hex() if isinstance(p, bytes) else "",
+)
+def test_the_text_keyed_map_path_reads_what_the_exact_decoder_reads(
+    spy: Spy, payload: bytes, value: Any
+) -> None:
+    built = codec_fast.flat(payload, 4096, 65536)
+    assert built == value and list(built) == list(value)
+    assert repr(codec.decode(payload)) == repr(reference_codec.decode(payload))
+    assert spy.decoded == []
+
+
+def outcome(function: Any, *args: Any) -> tuple[str, Any]:
+    try:
+        return ("value", function(*args))
+    except CodecError as exc:
+        return ("error", exc.message)
+
+
+FLAT_ANSWERS = [
+    {"level": 2, "message": "disk 81% full on /var", "ok": True, "n": None, "t": 1.5},
+    [2, "x" * 60],
+    [],
+    {},
+    (1, "a"),
+    [0, 23, 24, 255, -1, -24, -25, -256],
+    [b"", b"\x00" * 23, b"\x01" * 24, b"\x02" * 255, "", "y" * 23, "y" * 24, "y" * 255],
+    ["\u00e9" * 11, "\u20ac" * 85],  # 255 bytes of UTF-8
+    {"\u00e9t\u00e9": "\U0001f600", "k" * 255: b"v"},
+    [0.0, -0.0, 1e300, float("inf"), float("-inf"), float("nan")],  # float64, as written
+    list(range(23)),
+    {f"k{i}": i for i in range(23)},
+]
+
+
+@pytest.mark.parametrize("value", FLAT_ANSWERS, ids=lambda v: repr(v)[:24])
+def test_small_flat_answers_are_written_without_walk_or_cbor2(spy: Spy, value: Any) -> None:
+    expected = reference_codec.encode(value)
+    assert codec_fast.flat_encode(value, 1 << 20, 4096, 65536) == expected
+    assert codec.encode(value) == expected
+    assert spy.encoded == []
+
+
+class Text(str):
+    pass
+
+
+DEFAULT = codec.DEFAULT_LIMITS
+
+
+@pytest.mark.parametrize(
+    ("value", "limits"),
+    [
+        ({1: "a"}, DEFAULT),  # an int key: the walk's (cbor2 writes it)
+        ({Text("k"): 1}, DEFAULT),  # a subclass key: the exact encoder's
+        ({"k": Text("v")}, DEFAULT),  # a subclass value
+        ({True: 1}, DEFAULT),  # refused by the exact encoder
+        ({None: 1}, DEFAULT),
+        ([[1]], DEFAULT),  # nested
+        ([256], DEFAULT),  # integers past the one-byte heads: the walk's
+        ([-257], DEFAULT),
+        ([2**64], DEFAULT),  # refused
+        (["x" * 256], DEFAULT),  # longer strings: the walk's
+        ([b"x" * 256], DEFAULT),
+        (["\u00e9" * 128], DEFAULT),  # 256 bytes in UTF-8
+        ({"k" * 256: 1}, DEFAULT),
+        ([bytearray(b"x")], DEFAULT),
+        (["\ud800"], DEFAULT),  # no UTF-8 form: refused
+        ({"\ud800": 1}, DEFAULT),
+        ([object()], DEFAULT),
+        (list(range(24)), DEFAULT),  # 24 children: the walk's
+        ([1, 2, 3, 4, 5], CodecLimits(max_bytes=64, max_items=5)),  # 6 items: over the limit
+        ({"a": 1, "b": 2}, CodecLimits(max_bytes=64, max_items=4)),
+        (["abc"], CodecLimits(max_bytes=64, max_string_bytes=254)),  # a lower string limit
+        (["x" * 100], CodecLimits(max_bytes=100)),  # over max_bytes
+        ({"k": b"x" * 200, "l": b"y" * 200}, CodecLimits(max_bytes=400)),
+    ],
+    ids=lambda v: repr(v)[:24],
+)
+def test_the_flat_writer_leaves_everything_else_to_the_checked_paths(
+    value: Any, limits: CodecLimits
+) -> None:
+    assert (
+        codec_fast.flat_encode(value, limits.max_bytes, limits.max_items, limits.max_string_bytes)
+        is None
+    )
+    assert repr(outcome(codec.encode, value, limits)) == repr(
+        outcome(reference_codec.encode, value, limits)
+    )
+
+
+def test_the_flat_writer_keeps_a_bounded_set_of_keys() -> None:
+    codec_fast._KEYS.clear()
+    for index in range(3 * codec_fast._MAX_KEYS):
+        value = {f"key-{index}": index % 256, "k": None}
+        assert codec.encode(value) == reference_codec.encode(value)
+        assert len(codec_fast._KEYS) <= codec_fast._MAX_KEYS
+    # A key seen before and a new one encode the same whether or not the cache holds them.
+    assert codec.encode({"key-0": 1}) == reference_codec.encode({"key-0": 1})

@@ -562,6 +562,13 @@ def encode(value: object, limits: CodecLimits = DEFAULT_LIMITS) -> bytes:
     elif item is False:
         return b"\xf4"
     else:
+        if (kind is dict or kind is list or kind is tuple) and len(item) < 24:
+            # A small array or map of scalars (most answers) is written in one loop.
+            written = codec_fast.flat_encode(
+                item, limits.max_bytes, limits.max_items, limits.max_string_bytes
+            )
+            if written is not None:
+                return written
         # A value the walk vouches for is encoded by cbor2's C code, which writes the same bytes
         # (shortest heads, float64); one too long for max_bytes goes to the exact encoder for
         # its error, having cost at most max_bytes + 9 * max_items bytes.

@@ -31,13 +31,24 @@ import types
 from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["UNSURE", "Backend", "backend", "decode", "encode", "flat", "scan", "walk"]
+__all__ = [
+    "UNSURE",
+    "Backend",
+    "backend",
+    "decode",
+    "encode",
+    "flat",
+    "flat_encode",
+    "scan",
+    "walk",
+]
 
 # Integers the profile's majors 0 and 1 can carry.
 _INT_MIN: Final = -(1 << 64)
 _INT_MAX: Final = (1 << 64) - 1
 _INF: Final = float("inf")
 _FLOAT64: Final = struct.Struct(">d").unpack_from
+_PACK_FLOAT64: Final = struct.Struct(">d").pack
 # A head is at most nine bytes: the walk's bound on what one item adds beyond its string bytes.
 MAX_HEAD_BYTES: Final = 9
 
@@ -695,6 +706,11 @@ def flat(buf: bytes, max_items: int, max_string: int) -> Any:
     # A limit below the short strings' 23 bytes is rare enough to leave to the scan.
     if count > 23 or left >= max_items or max_string < 23:
         return UNSURE
+    if is_map:
+        # Nearly every map request has short text keys: its own loop, a key and a value a turn.
+        built = _text_keyed(buf, count, max_string)
+        if built is not None:
+            return built
     end = len(buf)
     pos = 1
     out: Any = {} if is_map else []
@@ -772,6 +788,173 @@ def flat(buf: bytes, max_items: int, max_string: int) -> Any:
     if pos != end or (is_map and len(out) != count):
         return UNSURE
     return out
+
+
+def _text_keyed(buf: bytes, count: int, max_string: int) -> Any:
+    """flat() for a map whose keys are all text of fewer than 24 bytes: its value, UNSURE when
+    some part of ``buf`` is not of flat()'s shape, or None when a key is not short text (then
+    flat()'s general loop decides). The same checks as that loop, one entry a turn."""
+    end = len(buf)
+    pos = 1
+    out: dict[str, Any] = {}
+    try:
+        for _ in range(count):
+            head = buf[pos]
+            if not 0x60 <= head < 0x78:
+                return None
+            stop = pos + head - 0x5F
+            key = buf[pos + 1 : stop].decode()
+            head = buf[stop]
+            pos = stop + 1
+            value: Any
+            if head < 0x18:
+                value = head
+            elif 0x60 <= head < 0x78:  # text of fewer than 24 bytes
+                stop = pos + head - 0x60
+                value = buf[pos:stop].decode()
+                pos = stop
+            elif head == 0xF6:
+                value = None
+            elif head == 0xF5:
+                value = True
+            elif head == 0xF4:
+                value = False
+            elif head == 0xFB:  # float64, as the exact decoder reads it
+                stop = pos + 8
+                if stop > end:
+                    return UNSURE
+                (value,) = _FLOAT64(buf, pos)
+                pos = stop
+            else:
+                major = head >> 5
+                arg = head & 0x1F
+                if arg >= 24:
+                    if arg == 24:
+                        arg = buf[pos]
+                        pos += 1
+                    elif arg == 25:
+                        arg = buf[pos] << 8 | buf[pos + 1]
+                        pos += 2
+                    elif arg == 26 or arg == 27:  # noqa: PLR1714 (a tuple costs more here)
+                        width = 4 if arg == 26 else 8
+                        if pos + width > end:
+                            return UNSURE
+                        arg = int.from_bytes(buf[pos : pos + width], "big")
+                        pos += width
+                    else:
+                        return UNSURE  # indefinite lengths and reserved values
+                if major == 3 or major == 2:  # noqa: PLR1714
+                    stop = pos + arg
+                    if arg > max_string or stop > end:
+                        return UNSURE  # too long, or cut short
+                    value = buf[pos:stop].decode() if major == 3 else buf[pos:stop]
+                    pos = stop
+                elif major == 0:
+                    value = arg
+                elif major == 1:
+                    value = -1 - arg
+                else:
+                    return UNSURE  # containers, floats, tags, other simple values: the scan's
+            out[key] = value
+    except (IndexError, UnicodeDecodeError):
+        return UNSURE  # cut short, or bad UTF-8: the exact decoder says which
+    # Trailing bytes, a string cut short, or a duplicate key (fewer entries than the head's
+    # count): the exact decoder names which.
+    if pos != end or len(out) != count:
+        return UNSURE
+    return out
+
+
+# Whole heads for flat_encode(): strings of up to 255 bytes, integers in [-256, 255], and the
+# arrays and maps of fewer than 24 children it takes.
+_FLAT_STRING_MAX: Final = 255
+_TEXT_HEADS: Final = tuple(bytes((0x60 | n,) if n < 24 else (0x78, n)) for n in range(256))
+_BYTES_HEADS: Final = tuple(bytes((0x40 | n,) if n < 24 else (0x58, n)) for n in range(256))
+_UINTS: Final = tuple(bytes((n,) if n < 24 else (0x18, n)) for n in range(256))
+_NEGATIVES: Final = tuple(bytes((0x20 | n,) if n < 24 else (0x38, n)) for n in range(256))
+_ARRAY_HEADS: Final = tuple(bytes((0x80 | n,)) for n in range(24))
+_MAP_HEADS: Final = tuple(bytes((0xA0 | n,)) for n in range(24))
+# An array's children paired with no key, so that one loop writes arrays and maps (not None:
+# None is a key the exact encoder refuses).
+_NO_KEY: Final = object()
+_NO_KEYS: Final = (_NO_KEY,) * 23
+
+
+def flat_encode(value: Any, max_bytes: int, max_items: int, max_string: int) -> bytes | None:
+    """The exact encoder's bytes for ``value``, a dict, list or tuple (exactly those types) of
+    fewer than 24 children, when each child is None, a bool, an int in [-256, 255], a float,
+    a str or a bytes of at most 255 bytes (a dict's keys str only); else None. Written here
+    piece by piece with no walk and no cbor2: the common shape of a small answer, for which
+    the walk, the call into cbor2 and their dispatch cost more than this loop. Never raises.
+
+    The bounds hold by construction: depth 1, ``1 + children`` items (checked), every string
+    at most 255 bytes (so within ``max_string``, checked once), the whole at most 23 children
+    of 257 bytes at most, then checked against ``max_bytes``. Floats are written as float64
+    whatever their value, as the exact encoder writes them."""
+    count = len(value)
+    is_map = type(value) is dict
+    if count > 23 or (2 * count if is_map else count) >= max_items or max_string < _FLAT_STRING_MAX:
+        return None
+    parts = [_MAP_HEADS[count] if is_map else _ARRAY_HEADS[count]]
+    append = parts.append
+    keys = _KEYS
+    # Pieces are appended, not concatenated: join() copies each once, a concatenation twice.
+    try:
+        for key, item in value.items() if is_map else zip(_NO_KEYS, value, strict=False):
+            if key is not _NO_KEY:
+                if type(key) is not str:
+                    return None  # an int key or a subclass: the walk's
+                # Keys are few and repeat from answer to answer: their encodings are kept.
+                head = keys.get(key)
+                if head is None:
+                    data = key.encode()
+                    if len(data) > _FLAT_STRING_MAX:
+                        return None
+                    head = _TEXT_HEADS[len(data)] + data
+                    if len(keys) >= _MAX_KEYS:
+                        keys.clear()
+                    keys[key] = head
+                append(head)
+            kind = type(item)
+            if kind is str:
+                data = item.encode()  # a text with no UTF-8 form raises: the walk's
+                if len(data) > _FLAT_STRING_MAX:
+                    return None
+                append(_TEXT_HEADS[len(data)])
+                append(data)
+            elif kind is int:
+                if 0 <= item <= 0xFF:
+                    append(_UINTS[item])
+                elif -0x100 <= item < 0:
+                    append(_NEGATIVES[-1 - item])
+                else:
+                    return None
+            elif item is None:
+                append(b"\xf6")
+            elif item is True:
+                append(b"\xf5")
+            elif item is False:
+                append(b"\xf4")
+            elif kind is float:
+                append(b"\xfb")
+                append(_PACK_FLOAT64(item))
+            elif kind is bytes:
+                if len(item) > _FLAT_STRING_MAX:
+                    return None
+                append(_BYTES_HEADS[len(item)])
+                append(item)
+            else:
+                return None  # containers, subclasses, other types: the walk's
+    except (UnicodeEncodeError, RuntimeError):
+        return None  # no UTF-8 form, or the dict changed size: the exact encoder says so
+    out = b"".join(parts)
+    return out if len(out) <= max_bytes else None
+
+
+# flat_encode()'s keys: text -> its head and UTF-8 bytes. Bounded, should answers vary their
+# keys endlessly; cleared whole when full (a key is re-encoded at its next use, nothing else).
+_KEYS: dict[str, bytes] = {}
+_MAX_KEYS: Final = 1024
 
 
 def decode(buf: bytes, max_depth: int, max_items: int, max_string: int) -> Any:
