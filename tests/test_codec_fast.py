@@ -436,3 +436,36 @@ def test_the_flat_writer_keeps_a_bounded_set_of_keys() -> None:
         assert len(codec_fast._KEYS) <= codec_fast._MAX_KEYS
     # A key seen before and a new one encode the same whether or not the cache holds them.
     assert codec.encode({"key-0": 1}) == reference_codec.encode({"key-0": 1})
+
+
+RUNS = [
+    b"\x98\x19" + b"\x61a" * 25,  # one-letter texts (24 elements and more: not flat()'s)
+    b"\x98\x20" + b"\x18\x30" * 32,  # integers with a one-byte argument
+    b"\x98\x18" + b"\xfb\x3f\xf8\x00\x00\x00\x00\x00\x00" * 24,  # float64s
+    b"\x98\x18" + b"\xf6" * 24,  # nulls
+    b"\x98\x18" + b"\x43abc" * 24,  # short byte strings
+    b"\xa1\x61k\x90" + b"\x00" * 16,  # a run of 16 inside a map
+]
+
+
+@pytest.mark.parametrize("payload", RUNS, ids=lambda p: p[:4].hex())
+def test_runs_of_same_sized_scalars_are_scanned_in_one_step(spy: Spy, payload: bytes) -> None:
+    # A run's elements are vouched for by their heads at the first one's stride; any damage
+    # to a head, a length or the end of the buffer must still give the exact decoder's answer.
+    assert codec_fast.scan(payload, 32, 4096, 65536)
+    assert repr(codec.decode(payload)) == repr(reference_codec.decode(payload))
+    assert spy.decoded == [payload]
+    limits = CodecLimits(max_bytes=1024, max_items=30, max_string_bytes=2)
+    for damaged in (
+        *(payload[:cut] for cut in range(len(payload))),
+        payload + b"\x00",
+        *(
+            payload[:at] + bytes((byte,)) + payload[at + 1 :]
+            for at in range(len(payload))
+            for byte in (0x00, 0x18, 0x43, 0x61, 0x62, 0x78, 0x81, 0xC2, 0xF6, 0xF7, 0xFB, 0xFF)
+        ),
+    ):
+        for bounds in (codec.DEFAULT_LIMITS, limits):
+            assert repr(outcome(codec.decode, damaged, bounds)) == repr(
+                outcome(reference_codec.decode, damaged, bounds)
+            ), damaged.hex()

@@ -53,6 +53,10 @@ _PACK_FLOAT64: Final = struct.Struct(">d").pack
 MAX_HEAD_BYTES: Final = 9
 
 
+# The length from which the scan checks an array for a run of same-sized scalars in C: below
+# it the slice costs about what the Python loop would.
+_RUN_MIN: Final = 16
+
 # What decode() answers when the exact decoder must decide (None is a value).
 UNSURE: Final = object()
 
@@ -200,6 +204,16 @@ class _Scanner:
             # Every child takes at least one byte, as in the exact decoder.
             if depth > max_depth or left < 0 or count > len(buf) - pos:
                 raise _Unsure
+            if count >= _RUN_MIN:
+                # A long run of same-sized scalars (ids, names of one width, numbers): when
+                # every element's head, taken at the first one's stride, is the same byte,
+                # each element is that whole item. One slice and one count, in C.
+                step = steps[buf[pos]]
+                if step > 0:
+                    stop = pos + step * count
+                    heads = buf[pos:stop:step]
+                    if stop <= len(buf) and heads.count(heads[0]) == count:
+                        return stop, left
             for _ in range(count):
                 step = steps[buf[pos]]
                 if step > 0:
