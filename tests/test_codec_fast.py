@@ -469,3 +469,30 @@ def test_runs_of_same_sized_scalars_are_scanned_in_one_step(spy: Spy, payload: b
             assert repr(outcome(codec.decode, damaged, bounds)) == repr(
                 outcome(reference_codec.decode, damaged, bounds)
             ), damaged.hex()
+
+
+@pytest.mark.parametrize(
+    ("value", "vouched"),
+    [
+        ([{"a": "x" * 10, "b": "y" * 10}], True),  # texts sum past 16 characters, each within
+        ([{"a": "\u00e9" * 20}], True),  # 20 characters, 40 bytes: within 64
+        ([{"a": "\u00e9" * 40}], False),  # 80 bytes: past the limit
+        ([{"k": ["x" * 10, "y" * 10]}], True),  # the record's list counts with the record
+        ([{"k": ["x" * 65]}], False),
+        ([{"a": 1, 5: "z" * 20}], True),  # an int key
+        ([{"a": 1}, {"b": "x" * 65}], False),
+        ([{"\u00e9" * 33: 1}], False),  # a key past the limit
+    ],
+    ids=lambda v: repr(v)[:24],
+)
+def test_a_records_texts_are_bounded_together_then_one_by_one(
+    spy: Spy, value: Any, vouched: bool
+) -> None:
+    # The walk sums a record's text lengths without testing each: a sum within a quarter of
+    # the string limit bounds them all; past it, the record is walked again text by text.
+    limits = CodecLimits(max_bytes=4096, max_string_bytes=64)
+    assert codec_fast.walk(value, 4096, 32, 4096, 64) is vouched
+    assert repr(outcome(codec.encode, value, limits)) == repr(
+        outcome(reference_codec.encode, value, limits)
+    )
+    assert len(spy.encoded) == int(vouched)

@@ -19,7 +19,11 @@ and encoder for everything they do not vouch for, so every error still comes fro
   walk need not encode a short text, nor ask whether it is ASCII, to know its size is within
   the limit (four bytes a character at most).
 
-Both are conservative: when unsure they say no, and the exact codec decides. The step tables say,
+- :func:`flat` and :func:`flat_encode` take the commonest small shape, an array or map of fewer
+  than 24 scalars, without cbor2 at all: built or written in one Python loop whose bounds hold
+  by construction (depth 1, a counted number of items, strings checked as they are read).
+
+All are conservative: when unsure they say no, and the exact codec decides. The step tables say,
 per initial byte, how long an item is when the byte alone tells, or how to read it.
 """
 
@@ -540,28 +544,24 @@ class _QuickWalk:
                     if not -0x1_0000_0000_0000_0000 <= element <= 0xFFFF_FFFF_FFFF_FFFF:
                         raise _Unsure
                 elif kind is dict:  # a record: its entries here, as mapping() does them
+                    before = left, total
                     left -= 2 * len(element)
                     if depth >= max_depth or left < 0:
                         raise _Unsure
-                    for key, entry in element.items():
-                        kind = type(key)
-                        if kind is str:
-                            size = len(key)
-                            if size <= short:
-                                chars += size
-                            else:
-                                total += text(key)
-                        elif kind is not int or not (
+                    # The record's texts are summed without a test each: a sum within the
+                    # short length bounds every one of them. Keys first, then values.
+                    texts = 0
+                    for key in element:
+                        if type(key) is str:
+                            texts += len(key)
+                        elif type(key) is not int or not (
                             -0x1_0000_0000_0000_0000 <= key <= 0xFFFF_FFFF_FFFF_FFFF
                         ):
                             raise _Unsure
+                    for entry in element.values():
                         kind = type(entry)
                         if kind is str:
-                            size = len(entry)
-                            if size <= short:
-                                chars += size
-                            else:
-                                total += text(entry)
+                            texts += len(entry)
                         elif kind is int:
                             if not -0x1_0000_0000_0000_0000 <= entry <= 0xFFFF_FFFF_FFFF_FFFF:
                                 raise _Unsure
@@ -580,19 +580,21 @@ class _QuickWalk:
                             if depth + 1 >= max_depth or left < 0:
                                 raise _Unsure
                             for part in entry:
-                                kind = type(part)
-                                if kind is str:
-                                    size = len(part)
-                                    if size <= short:
-                                        chars += size
-                                    else:
-                                        total += text(part)
+                                if type(part) is str:
+                                    texts += len(part)
                                 else:
                                     more, left = item(part, depth + 2, left)
                                     total += more
                         else:
                             more, left = item(entry, depth + 1, left)
                             total += more
+                    if texts <= short:
+                        chars += texts
+                    else:
+                        # Some text may be past the limit: the record again, text by text.
+                        left, total = before
+                        more, left = mapping(element, depth, left)
+                        total += more
                 elif element is None or kind is bool:
                     pass
                 elif kind is float:
