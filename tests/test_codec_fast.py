@@ -482,6 +482,15 @@ def test_runs_of_same_sized_scalars_are_scanned_in_one_step(spy: Spy, payload: b
         ([{"a": 1, 5: "z" * 20}], True),  # an int key
         ([{"a": 1}, {"b": "x" * 65}], False),
         ([{"\u00e9" * 33: 1}], False),  # a key past the limit
+        ([{"k": ["x"] * 65}], True),  # a long list in a record: walked on its own
+        ([{"k": ["x" * 65] * 65}], False),
+        ({"a": "x" * 10, "b": "y" * 10}, True),  # a map on its own: the same
+        ({"a": "\u00e9" * 40}, False),
+        ({"k": ["x" * 10, "y" * 10]}, True),
+        ({"k": ["x" * 10] * 65}, True),
+        ({"k": ["x" * 10] * 64 + ["x" * 65]}, False),
+        ({f"k{i}": "x" * 10 for i in range(65)}, True),  # a big map: text by text
+        ({**{f"k{i}": 1 for i in range(64)}, "z": "x" * 65}, False),
     ],
     ids=lambda v: repr(v)[:24],
 )

@@ -61,6 +61,11 @@ MAX_HEAD_BYTES: Final = 9
 # it the slice costs about what the Python loop would.
 _RUN_MIN: Final = 16
 
+# The walk sums the texts of a map or list of at most this many entries (a record, its list of
+# tags) and tests the sum once; a bigger one tests each text, so that a sum past the limit
+# never walks a long list twice.
+_RECORD_MAX: Final = 64
+
 # What decode() answers when the exact decoder must decide (None is a value).
 UNSURE: Final = object()
 
@@ -549,7 +554,8 @@ class _QuickWalk:
                     if depth >= max_depth or left < 0:
                         raise _Unsure
                     # The record's texts are summed without a test each: a sum within the
-                    # short length bounds every one of them. Keys first, then values.
+                    # short length bounds every one of them. Keys first, then values; a long
+                    # list is walked on its own, so that it is never walked twice.
                     texts = 0
                     for key in element:
                         if type(key) is str:
@@ -575,7 +581,7 @@ class _QuickWalk:
                             if size > max_string:
                                 raise _Unsure
                             total += size
-                        elif kind is list:  # the record's list: here too, two levels down
+                        elif kind is list and len(entry) <= _RECORD_MAX:  # its short list
                             left -= len(entry)
                             if depth + 1 >= max_depth or left < 0:
                                 raise _Unsure
@@ -593,7 +599,7 @@ class _QuickWalk:
                     else:
                         # Some text may be past the limit: the record again, text by text.
                         left, total = before
-                        more, left = mapping(element, depth, left)
+                        more, left = each(element, depth, left)
                         total += more
                 elif element is None or kind is bool:
                     pass
@@ -606,6 +612,59 @@ class _QuickWalk:
             return total + 4 * chars, left
 
         def mapping(value: dict[Any, Any], depth: int, left: int) -> tuple[int, int]:
+            if len(value) > _RECORD_MAX:
+                return each(value, depth, left)
+            # As a record in sequence(): texts summed, then tested together.
+            before = left
+            depth += 1
+            left -= 2 * len(value)
+            if depth > max_depth or left < 0:
+                raise _Unsure
+            texts = 0
+            total = 0
+            for key in value:
+                if type(key) is str:
+                    texts += len(key)
+                elif type(key) is not int or not (
+                    -0x1_0000_0000_0000_0000 <= key <= 0xFFFF_FFFF_FFFF_FFFF
+                ):
+                    raise _Unsure  # refused by the profile, or a subclass: the exact encoder says
+            for element in value.values():
+                kind = type(element)
+                if kind is str:
+                    texts += len(element)
+                elif kind is int:
+                    if not -0x1_0000_0000_0000_0000 <= element <= 0xFFFF_FFFF_FFFF_FFFF:
+                        raise _Unsure
+                elif element is None or kind is bool:
+                    pass
+                elif kind is float:
+                    if element - element != 0.0:
+                        raise _Unsure
+                elif kind is bytes:
+                    size = len(element)
+                    if size > max_string:
+                        raise _Unsure
+                    total += size
+                elif kind is list and len(element) <= _RECORD_MAX:  # a short list, one level down
+                    left -= len(element)
+                    if depth >= max_depth or left < 0:
+                        raise _Unsure
+                    for entry in element:
+                        if type(entry) is str:
+                            texts += len(entry)
+                        else:
+                            more, left = item(entry, depth + 1, left)
+                            total += more
+                else:
+                    more, left = item(element, depth, left)
+                    total += more
+            if texts <= short:
+                return total + 4 * texts, left
+            return each(value, depth - 1, before)  # some text may be past the limit
+
+        def each(value: dict[Any, Any], depth: int, left: int) -> tuple[int, int]:
+            """A map, its texts tested one by one."""
             depth += 1
             left -= 2 * len(value)
             if depth > max_depth or left < 0:
