@@ -292,3 +292,216 @@ def test_small_flat_requests_are_built_without_scan_or_cbor2(spy: Spy, value: An
 )
 def test_the_flat_path_leaves_everything_else_to_the_checked_paths(payload: bytes) -> None:
     assert codec_fast.flat(payload, 20, 24) is codec_fast.UNSURE
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xa1\x62a",  # a key cut short
+        b"\xa1\x61a",  # a value missing
+        b"\xa1\x61\xff\x00",  # a key that is not UTF-8
+        b"\xa1\x61a\x62\xff\xfe",  # a value that is not UTF-8
+        b"\xa2\x61a\x00\x61a\x01",  # a duplicate key
+        b"\xa1\x61a\x00\x00",  # trailing
+        b"\xa1\x61a\x81\x00",  # a nested value: the scan's
+        b"\xa1\x61a\x78\x19" + b"z" * 25,  # a text over max_string=24 below
+        b"\xa1\x61a\x59\x00\x19" + b"z" * 25,  # a byte string over it, with a two-byte length
+        b"\xa1\x61a\x78\x05ab",  # a value cut short
+        b"\xa1\x61a\xfb\x3f\xf8",  # a float64 cut short
+        b"\xa1\x61a\x1b\x00\x00",  # an integer argument cut short
+        b"\xa1\x61a\xf7",  # undefined
+        b"\xa1\x61a\xc2\x41\x01",  # a tag
+        b"\xa1\x61a\x1f",  # a reserved head
+        b"\xab" + b"\x61a\x00" * 11,  # 23 items: over max_items=20 below
+    ],
+    ids=lambda p: p[:8].hex(),
+)
+def test_the_text_keyed_map_path_refuses_what_the_exact_decoder_must_name(
+    spy: Spy, payload: bytes
+) -> None:
+    # Maps whose keys are short text take their own loop in flat(): anything it cannot vouch
+    # for is UNSURE, and decode() then gives the exact decoder's value or error.
+    assert codec_fast.flat(payload, 20, 24) is codec_fast.UNSURE
+    limits = CodecLimits(max_bytes=1024, max_items=20, max_string_bytes=24)
+    assert repr(outcome(codec.decode, payload, limits)) == repr(
+        outcome(reference_codec.decode, payload, limits)
+    )
+
+
+@pytest.mark.parametrize(
+    ("payload", "value"),
+    [
+        (b"\xa1\x61a\x18\x05", {"a": 5}),  # a non-minimal head: read as the exact decoder does
+        (b"\xa1\x61a\x19\x00\x05", {"a": 5}),
+        (b"\xa1\x61a\x3b" + b"\xff" * 8, {"a": -(2**64)}),
+        (b"\xa2\x61a\x00\x01\x00", {"a": 0, 1: 0}),  # an int key after a text key: the general loop
+        (b"\xa2\x01\x00\x61a\x00", {1: 0, "a": 0}),
+        (b"\xa1\x78\x01a\x00", {"a": 0}),  # a text key with a one-byte length: the general loop
+    ],
+    ids=lambda p: p.hex() if isinstance(p, bytes) else "",
+)
+def test_the_text_keyed_map_path_reads_what_the_exact_decoder_reads(
+    spy: Spy, payload: bytes, value: Any
+) -> None:
+    built = codec_fast.flat(payload, 4096, 65536)
+    assert built == value and list(built) == list(value)
+    assert repr(codec.decode(payload)) == repr(reference_codec.decode(payload))
+    assert spy.decoded == []
+
+
+def outcome(function: Any, *args: Any) -> tuple[str, Any]:
+    try:
+        return ("value", function(*args))
+    except CodecError as exc:
+        return ("error", exc.message)
+
+
+FLAT_ANSWERS = [
+    {"level": 2, "message": "disk 81% full on /var", "ok": True, "n": None, "t": 1.5},
+    [2, "x" * 60],
+    [],
+    {},
+    (1, "a"),
+    [0, 23, 24, 255, -1, -24, -25, -256],
+    [b"", b"\x00" * 23, b"\x01" * 24, b"\x02" * 255, "", "y" * 23, "y" * 24, "y" * 255],
+    ["\u00e9" * 11, "\u20ac" * 85],  # 255 bytes of UTF-8
+    {"\u00e9t\u00e9": "\U0001f600", "k" * 255: b"v"},
+    [0.0, -0.0, 1e300, float("inf"), float("-inf"), float("nan")],  # float64, as written
+    list(range(23)),
+    {f"k{i}": i for i in range(23)},
+]
+
+
+@pytest.mark.parametrize("value", FLAT_ANSWERS, ids=lambda v: repr(v)[:24])
+def test_small_flat_answers_are_written_without_walk_or_cbor2(spy: Spy, value: Any) -> None:
+    expected = reference_codec.encode(value)
+    assert codec_fast.flat_encode(value, 1 << 20, 4096, 65536) == expected
+    assert codec.encode(value) == expected
+    assert spy.encoded == []
+
+
+class Text(str):
+    pass
+
+
+DEFAULT = codec.DEFAULT_LIMITS
+
+
+@pytest.mark.parametrize(
+    ("value", "limits"),
+    [
+        ({1: "a"}, DEFAULT),  # an int key: the walk's (cbor2 writes it)
+        ({Text("k"): 1}, DEFAULT),  # a subclass key: the exact encoder's
+        ({"k": Text("v")}, DEFAULT),  # a subclass value
+        ({True: 1}, DEFAULT),  # refused by the exact encoder
+        ({None: 1}, DEFAULT),
+        ([[1]], DEFAULT),  # nested
+        ([256], DEFAULT),  # integers past the one-byte heads: the walk's
+        ([-257], DEFAULT),
+        ([2**64], DEFAULT),  # refused
+        (["x" * 256], DEFAULT),  # longer strings: the walk's
+        ([b"x" * 256], DEFAULT),
+        (["\u00e9" * 128], DEFAULT),  # 256 bytes in UTF-8
+        ({"k" * 256: 1}, DEFAULT),
+        ([bytearray(b"x")], DEFAULT),
+        (["\ud800"], DEFAULT),  # no UTF-8 form: refused
+        ({"\ud800": 1}, DEFAULT),
+        ([object()], DEFAULT),
+        (list(range(24)), DEFAULT),  # 24 children: the walk's
+        ([1, 2, 3, 4, 5], CodecLimits(max_bytes=64, max_items=5)),  # 6 items: over the limit
+        ({"a": 1, "b": 2}, CodecLimits(max_bytes=64, max_items=4)),
+        (["abc"], CodecLimits(max_bytes=64, max_string_bytes=254)),  # a lower string limit
+        (["x" * 100], CodecLimits(max_bytes=100)),  # over max_bytes
+        ({"k": b"x" * 200, "l": b"y" * 200}, CodecLimits(max_bytes=400)),
+    ],
+    ids=lambda v: repr(v)[:24],
+)
+def test_the_flat_writer_leaves_everything_else_to_the_checked_paths(
+    value: Any, limits: CodecLimits
+) -> None:
+    assert (
+        codec_fast.flat_encode(value, limits.max_bytes, limits.max_items, limits.max_string_bytes)
+        is None
+    )
+    assert repr(outcome(codec.encode, value, limits)) == repr(
+        outcome(reference_codec.encode, value, limits)
+    )
+
+
+def test_the_flat_writer_keeps_a_bounded_set_of_keys() -> None:
+    codec_fast._KEYS.clear()
+    for index in range(3 * codec_fast._MAX_KEYS):
+        value = {f"key-{index}": index % 256, "k": None}
+        assert codec.encode(value) == reference_codec.encode(value)
+        assert len(codec_fast._KEYS) <= codec_fast._MAX_KEYS
+    # A key seen before and a new one encode the same whether or not the cache holds them.
+    assert codec.encode({"key-0": 1}) == reference_codec.encode({"key-0": 1})
+
+
+RUNS = [
+    b"\x98\x19" + b"\x61a" * 25,  # one-letter texts (24 elements and more: not flat()'s)
+    b"\x98\x20" + b"\x18\x30" * 32,  # integers with a one-byte argument
+    b"\x98\x18" + b"\xfb\x3f\xf8\x00\x00\x00\x00\x00\x00" * 24,  # float64s
+    b"\x98\x18" + b"\xf6" * 24,  # nulls
+    b"\x98\x18" + b"\x43abc" * 24,  # short byte strings
+    b"\xa1\x61k\x90" + b"\x00" * 16,  # a run of 16 inside a map
+]
+
+
+@pytest.mark.parametrize("payload", RUNS, ids=lambda p: p[:4].hex())
+def test_runs_of_same_sized_scalars_are_scanned_in_one_step(spy: Spy, payload: bytes) -> None:
+    # A run's elements are vouched for by their heads at the first one's stride; any damage
+    # to a head, a length or the end of the buffer must still give the exact decoder's answer.
+    assert codec_fast.scan(payload, 32, 4096, 65536)
+    assert repr(codec.decode(payload)) == repr(reference_codec.decode(payload))
+    assert spy.decoded == [payload]
+    limits = CodecLimits(max_bytes=1024, max_items=30, max_string_bytes=2)
+    for damaged in (
+        *(payload[:cut] for cut in range(len(payload))),
+        payload + b"\x00",
+        *(
+            payload[:at] + bytes((byte,)) + payload[at + 1 :]
+            for at in range(len(payload))
+            for byte in (0x00, 0x18, 0x43, 0x61, 0x62, 0x78, 0x81, 0xC2, 0xF6, 0xF7, 0xFB, 0xFF)
+        ),
+    ):
+        for bounds in (codec.DEFAULT_LIMITS, limits):
+            assert repr(outcome(codec.decode, damaged, bounds)) == repr(
+                outcome(reference_codec.decode, damaged, bounds)
+            ), damaged.hex()
+
+
+@pytest.mark.parametrize(
+    ("value", "vouched"),
+    [
+        ([{"a": "x" * 10, "b": "y" * 10}], True),  # texts sum past 16 characters, each within
+        ([{"a": "\u00e9" * 20}], True),  # 20 characters, 40 bytes: within 64
+        ([{"a": "\u00e9" * 40}], False),  # 80 bytes: past the limit
+        ([{"k": ["x" * 10, "y" * 10]}], True),  # the record's list counts with the record
+        ([{"k": ["x" * 65]}], False),
+        ([{"a": 1, 5: "z" * 20}], True),  # an int key
+        ([{"a": 1}, {"b": "x" * 65}], False),
+        ([{"\u00e9" * 33: 1}], False),  # a key past the limit
+        ([{"k": ["x"] * 65}], True),  # a long list in a record: walked on its own
+        ([{"k": ["x" * 65] * 65}], False),
+        ({"a": "x" * 10, "b": "y" * 10}, True),  # a map on its own: the same
+        ({"a": "\u00e9" * 40}, False),
+        ({"k": ["x" * 10, "y" * 10]}, True),
+        ({"k": ["x" * 10] * 65}, True),
+        ({"k": ["x" * 10] * 64 + ["x" * 65]}, False),
+        ({f"k{i}": "x" * 10 for i in range(65)}, True),  # a big map: text by text
+        ({**{f"k{i}": 1 for i in range(64)}, "z": "x" * 65}, False),
+    ],
+    ids=lambda v: repr(v)[:24],
+)
+def test_a_records_texts_are_bounded_together_then_one_by_one(
+    spy: Spy, value: Any, vouched: bool
+) -> None:
+    # The walk sums a record's text lengths without testing each: a sum within a quarter of
+    # the string limit bounds them all; past it, the record is walked again text by text.
+    limits = CodecLimits(max_bytes=4096, max_string_bytes=64)
+    assert codec_fast.walk(value, 4096, 32, 4096, 64) is vouched
+    assert repr(outcome(codec.encode, value, limits)) == repr(
+        outcome(reference_codec.encode, value, limits)
+    )
+    assert len(spy.encoded) == int(vouched)

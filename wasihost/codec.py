@@ -11,9 +11,10 @@ Counting rules shared with the guest SDK (and pinned by ``abi/vectors/cbor.json`
   map value, so ``[0, 0]`` is three items and ``{"a": 0}`` three as well.
 
 Speed (``benchmarks/bench_codec.py``): a payload that is one scalar (a string, a small integer,
-null, a boolean) is handled by :func:`decode` and :func:`encode` themselves; any other payload is
-first checked against every bound by :mod:`wasihost.codec_fast` (a scan of its heads, or a walk
-of the value) and then built by cbor2's C code. Whatever those paths do not vouch for, and so
+null, a boolean) is handled by :func:`decode` and :func:`encode` themselves; a small array or map
+of scalars by one loop of :mod:`wasihost.codec_fast` (``flat``, ``flat_encode``); any other
+payload is first checked against every bound there (a scan of its heads, or a walk of the value)
+and then built by cbor2's C code. Whatever those paths do not vouch for, and so
 every error, goes to the exact decoder and encoder below, the codec as it always was:
 ``tests/test_codec_differential.py`` proves the whole gives the same value, bytes or error as
 that codec alone (kept as ``tests/reference_codec.py``).
@@ -562,6 +563,13 @@ def encode(value: object, limits: CodecLimits = DEFAULT_LIMITS) -> bytes:
     elif item is False:
         return b"\xf4"
     else:
+        if (kind is dict or kind is list or kind is tuple) and len(item) < 24:
+            # A small array or map of scalars (most answers) is written in one loop.
+            written = codec_fast.flat_encode(
+                item, limits.max_bytes, limits.max_items, limits.max_string_bytes
+            )
+            if written is not None:
+                return written
         # A value the walk vouches for is encoded by cbor2's C code, which writes the same bytes
         # (shortest heads, float64); one too long for max_bytes goes to the exact encoder for
         # its error, having cost at most max_bytes + 9 * max_items bytes.

@@ -19,7 +19,11 @@ and encoder for everything they do not vouch for, so every error still comes fro
   walk need not encode a short text, nor ask whether it is ASCII, to know its size is within
   the limit (four bytes a character at most).
 
-Both are conservative: when unsure they say no, and the exact codec decides. The step tables say,
+- :func:`flat` and :func:`flat_encode` take the commonest small shape, an array or map of fewer
+  than 24 scalars, without cbor2 at all: built or written in one Python loop whose bounds hold
+  by construction (depth 1, a counted number of items, strings checked as they are read).
+
+All are conservative: when unsure they say no, and the exact codec decides. The step tables say,
 per initial byte, how long an item is when the byte alone tells, or how to read it.
 """
 
@@ -31,16 +35,36 @@ import types
 from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["UNSURE", "Backend", "backend", "decode", "encode", "flat", "scan", "walk"]
+__all__ = [
+    "UNSURE",
+    "Backend",
+    "backend",
+    "decode",
+    "encode",
+    "flat",
+    "flat_encode",
+    "scan",
+    "walk",
+]
 
 # Integers the profile's majors 0 and 1 can carry.
 _INT_MIN: Final = -(1 << 64)
 _INT_MAX: Final = (1 << 64) - 1
 _INF: Final = float("inf")
 _FLOAT64: Final = struct.Struct(">d").unpack_from
+_PACK_FLOAT64: Final = struct.Struct(">d").pack
 # A head is at most nine bytes: the walk's bound on what one item adds beyond its string bytes.
 MAX_HEAD_BYTES: Final = 9
 
+
+# The length from which the scan checks an array for a run of same-sized scalars in C: below
+# it the slice costs about what the Python loop would.
+_RUN_MIN: Final = 16
+
+# The walk sums the texts of a map or list of at most this many entries (a record, its list of
+# tags) and tests the sum once; a bigger one tests each text, so that a sum past the limit
+# never walks a long list twice.
+_RECORD_MAX: Final = 64
 
 # What decode() answers when the exact decoder must decide (None is a value).
 UNSURE: Final = object()
@@ -189,6 +213,16 @@ class _Scanner:
             # Every child takes at least one byte, as in the exact decoder.
             if depth > max_depth or left < 0 or count > len(buf) - pos:
                 raise _Unsure
+            if count >= _RUN_MIN:
+                # A long run of same-sized scalars (ids, names of one width, numbers): when
+                # every element's head, taken at the first one's stride, is the same byte,
+                # each element is that whole item. One slice and one count, in C.
+                step = steps[buf[pos]]
+                if step > 0:
+                    stop = pos + step * count
+                    heads = buf[pos:stop:step]
+                    if stop <= len(buf) and heads.count(heads[0]) == count:
+                        return stop, left
             for _ in range(count):
                 step = steps[buf[pos]]
                 if step > 0:
@@ -515,28 +549,25 @@ class _QuickWalk:
                     if not -0x1_0000_0000_0000_0000 <= element <= 0xFFFF_FFFF_FFFF_FFFF:
                         raise _Unsure
                 elif kind is dict:  # a record: its entries here, as mapping() does them
+                    before = left, total
                     left -= 2 * len(element)
                     if depth >= max_depth or left < 0:
                         raise _Unsure
-                    for key, entry in element.items():
-                        kind = type(key)
-                        if kind is str:
-                            size = len(key)
-                            if size <= short:
-                                chars += size
-                            else:
-                                total += text(key)
-                        elif kind is not int or not (
+                    # The record's texts are summed without a test each: a sum within the
+                    # short length bounds every one of them. Keys first, then values; a long
+                    # list is walked on its own, so that it is never walked twice.
+                    texts = 0
+                    for key in element:
+                        if type(key) is str:
+                            texts += len(key)
+                        elif type(key) is not int or not (
                             -0x1_0000_0000_0000_0000 <= key <= 0xFFFF_FFFF_FFFF_FFFF
                         ):
                             raise _Unsure
+                    for entry in element.values():
                         kind = type(entry)
                         if kind is str:
-                            size = len(entry)
-                            if size <= short:
-                                chars += size
-                            else:
-                                total += text(entry)
+                            texts += len(entry)
                         elif kind is int:
                             if not -0x1_0000_0000_0000_0000 <= entry <= 0xFFFF_FFFF_FFFF_FFFF:
                                 raise _Unsure
@@ -550,24 +581,26 @@ class _QuickWalk:
                             if size > max_string:
                                 raise _Unsure
                             total += size
-                        elif kind is list:  # the record's list: here too, two levels down
+                        elif kind is list and len(entry) <= _RECORD_MAX:  # its short list
                             left -= len(entry)
                             if depth + 1 >= max_depth or left < 0:
                                 raise _Unsure
                             for part in entry:
-                                kind = type(part)
-                                if kind is str:
-                                    size = len(part)
-                                    if size <= short:
-                                        chars += size
-                                    else:
-                                        total += text(part)
+                                if type(part) is str:
+                                    texts += len(part)
                                 else:
                                     more, left = item(part, depth + 2, left)
                                     total += more
                         else:
                             more, left = item(entry, depth + 1, left)
                             total += more
+                    if texts <= short:
+                        chars += texts
+                    else:
+                        # Some text may be past the limit: the record again, text by text.
+                        left, total = before
+                        more, left = each(element, depth, left)
+                        total += more
                 elif element is None or kind is bool:
                     pass
                 elif kind is float:
@@ -579,6 +612,59 @@ class _QuickWalk:
             return total + 4 * chars, left
 
         def mapping(value: dict[Any, Any], depth: int, left: int) -> tuple[int, int]:
+            if len(value) > _RECORD_MAX:
+                return each(value, depth, left)
+            # As a record in sequence(): texts summed, then tested together.
+            before = left
+            depth += 1
+            left -= 2 * len(value)
+            if depth > max_depth or left < 0:
+                raise _Unsure
+            texts = 0
+            total = 0
+            for key in value:
+                if type(key) is str:
+                    texts += len(key)
+                elif type(key) is not int or not (
+                    -0x1_0000_0000_0000_0000 <= key <= 0xFFFF_FFFF_FFFF_FFFF
+                ):
+                    raise _Unsure  # refused by the profile, or a subclass: the exact encoder says
+            for element in value.values():
+                kind = type(element)
+                if kind is str:
+                    texts += len(element)
+                elif kind is int:
+                    if not -0x1_0000_0000_0000_0000 <= element <= 0xFFFF_FFFF_FFFF_FFFF:
+                        raise _Unsure
+                elif element is None or kind is bool:
+                    pass
+                elif kind is float:
+                    if element - element != 0.0:
+                        raise _Unsure
+                elif kind is bytes:
+                    size = len(element)
+                    if size > max_string:
+                        raise _Unsure
+                    total += size
+                elif kind is list and len(element) <= _RECORD_MAX:  # a short list, one level down
+                    left -= len(element)
+                    if depth >= max_depth or left < 0:
+                        raise _Unsure
+                    for entry in element:
+                        if type(entry) is str:
+                            texts += len(entry)
+                        else:
+                            more, left = item(entry, depth + 1, left)
+                            total += more
+                else:
+                    more, left = item(element, depth, left)
+                    total += more
+            if texts <= short:
+                return total + 4 * texts, left
+            return each(value, depth - 1, before)  # some text may be past the limit
+
+        def each(value: dict[Any, Any], depth: int, left: int) -> tuple[int, int]:
+            """A map, its texts tested one by one."""
             depth += 1
             left -= 2 * len(value)
             if depth > max_depth or left < 0:
@@ -695,6 +781,11 @@ def flat(buf: bytes, max_items: int, max_string: int) -> Any:
     # A limit below the short strings' 23 bytes is rare enough to leave to the scan.
     if count > 23 or left >= max_items or max_string < 23:
         return UNSURE
+    if is_map:
+        # Nearly every map request has short text keys: its own loop, a key and a value a turn.
+        built = _text_keyed(buf, count, max_string)
+        if built is not None:
+            return built
     end = len(buf)
     pos = 1
     out: Any = {} if is_map else []
@@ -772,6 +863,173 @@ def flat(buf: bytes, max_items: int, max_string: int) -> Any:
     if pos != end or (is_map and len(out) != count):
         return UNSURE
     return out
+
+
+def _text_keyed(buf: bytes, count: int, max_string: int) -> Any:
+    """flat() for a map whose keys are all text of fewer than 24 bytes: its value, UNSURE when
+    some part of ``buf`` is not of flat()'s shape, or None when a key is not short text (then
+    flat()'s general loop decides). The same checks as that loop, one entry a turn."""
+    end = len(buf)
+    pos = 1
+    out: dict[str, Any] = {}
+    try:
+        for _ in range(count):
+            head = buf[pos]
+            if not 0x60 <= head < 0x78:
+                return None
+            stop = pos + head - 0x5F
+            key = buf[pos + 1 : stop].decode()
+            head = buf[stop]
+            pos = stop + 1
+            value: Any
+            if head < 0x18:
+                value = head
+            elif 0x60 <= head < 0x78:  # text of fewer than 24 bytes
+                stop = pos + head - 0x60
+                value = buf[pos:stop].decode()
+                pos = stop
+            elif head == 0xF6:
+                value = None
+            elif head == 0xF5:
+                value = True
+            elif head == 0xF4:
+                value = False
+            elif head == 0xFB:  # float64, as the exact decoder reads it
+                stop = pos + 8
+                if stop > end:
+                    return UNSURE
+                (value,) = _FLOAT64(buf, pos)
+                pos = stop
+            else:
+                major = head >> 5
+                arg = head & 0x1F
+                if arg >= 24:
+                    if arg == 24:
+                        arg = buf[pos]
+                        pos += 1
+                    elif arg == 25:
+                        arg = buf[pos] << 8 | buf[pos + 1]
+                        pos += 2
+                    elif arg == 26 or arg == 27:  # noqa: PLR1714 (a tuple costs more here)
+                        width = 4 if arg == 26 else 8
+                        if pos + width > end:
+                            return UNSURE
+                        arg = int.from_bytes(buf[pos : pos + width], "big")
+                        pos += width
+                    else:
+                        return UNSURE  # indefinite lengths and reserved values
+                if major == 3 or major == 2:  # noqa: PLR1714
+                    stop = pos + arg
+                    if arg > max_string or stop > end:
+                        return UNSURE  # too long, or cut short
+                    value = buf[pos:stop].decode() if major == 3 else buf[pos:stop]
+                    pos = stop
+                elif major == 0:
+                    value = arg
+                elif major == 1:
+                    value = -1 - arg
+                else:
+                    return UNSURE  # containers, floats, tags, other simple values: the scan's
+            out[key] = value
+    except (IndexError, UnicodeDecodeError):
+        return UNSURE  # cut short, or bad UTF-8: the exact decoder says which
+    # Trailing bytes, a string cut short, or a duplicate key (fewer entries than the head's
+    # count): the exact decoder names which.
+    if pos != end or len(out) != count:
+        return UNSURE
+    return out
+
+
+# Whole heads for flat_encode(): strings of up to 255 bytes, integers in [-256, 255], and the
+# arrays and maps of fewer than 24 children it takes.
+_FLAT_STRING_MAX: Final = 255
+_TEXT_HEADS: Final = tuple(bytes((0x60 | n,) if n < 24 else (0x78, n)) for n in range(256))
+_BYTES_HEADS: Final = tuple(bytes((0x40 | n,) if n < 24 else (0x58, n)) for n in range(256))
+_UINTS: Final = tuple(bytes((n,) if n < 24 else (0x18, n)) for n in range(256))
+_NEGATIVES: Final = tuple(bytes((0x20 | n,) if n < 24 else (0x38, n)) for n in range(256))
+_ARRAY_HEADS: Final = tuple(bytes((0x80 | n,)) for n in range(24))
+_MAP_HEADS: Final = tuple(bytes((0xA0 | n,)) for n in range(24))
+# An array's children paired with no key, so that one loop writes arrays and maps (not None:
+# None is a key the exact encoder refuses).
+_NO_KEY: Final = object()
+_NO_KEYS: Final = (_NO_KEY,) * 23
+
+
+def flat_encode(value: Any, max_bytes: int, max_items: int, max_string: int) -> bytes | None:
+    """The exact encoder's bytes for ``value``, a dict, list or tuple (exactly those types) of
+    fewer than 24 children, when each child is None, a bool, an int in [-256, 255], a float,
+    a str or a bytes of at most 255 bytes (a dict's keys str only); else None. Written here
+    piece by piece with no walk and no cbor2: the common shape of a small answer, for which
+    the walk, the call into cbor2 and their dispatch cost more than this loop. Never raises.
+
+    The bounds hold by construction: depth 1, ``1 + children`` items (checked), every string
+    at most 255 bytes (so within ``max_string``, checked once), the whole at most 23 children
+    of 257 bytes at most, then checked against ``max_bytes``. Floats are written as float64
+    whatever their value, as the exact encoder writes them."""
+    count = len(value)
+    is_map = type(value) is dict
+    if count > 23 or (2 * count if is_map else count) >= max_items or max_string < _FLAT_STRING_MAX:
+        return None
+    parts = [_MAP_HEADS[count] if is_map else _ARRAY_HEADS[count]]
+    append = parts.append
+    keys = _KEYS
+    # Pieces are appended, not concatenated: join() copies each once, a concatenation twice.
+    try:
+        for key, item in value.items() if is_map else zip(_NO_KEYS, value, strict=False):
+            if key is not _NO_KEY:
+                if type(key) is not str:
+                    return None  # an int key or a subclass: the walk's
+                # Keys are few and repeat from answer to answer: their encodings are kept.
+                head = keys.get(key)
+                if head is None:
+                    data = key.encode()
+                    if len(data) > _FLAT_STRING_MAX:
+                        return None
+                    head = _TEXT_HEADS[len(data)] + data
+                    if len(keys) >= _MAX_KEYS:
+                        keys.clear()
+                    keys[key] = head
+                append(head)
+            kind = type(item)
+            if kind is str:
+                data = item.encode()  # a text with no UTF-8 form raises: the walk's
+                if len(data) > _FLAT_STRING_MAX:
+                    return None
+                append(_TEXT_HEADS[len(data)])
+                append(data)
+            elif kind is int:
+                if 0 <= item <= 0xFF:
+                    append(_UINTS[item])
+                elif -0x100 <= item < 0:
+                    append(_NEGATIVES[-1 - item])
+                else:
+                    return None
+            elif item is None:
+                append(b"\xf6")
+            elif item is True:
+                append(b"\xf5")
+            elif item is False:
+                append(b"\xf4")
+            elif kind is float:
+                append(b"\xfb")
+                append(_PACK_FLOAT64(item))
+            elif kind is bytes:
+                if len(item) > _FLAT_STRING_MAX:
+                    return None
+                append(_BYTES_HEADS[len(item)])
+                append(item)
+            else:
+                return None  # containers, subclasses, other types: the walk's
+    except (UnicodeEncodeError, RuntimeError):
+        return None  # no UTF-8 form, or the dict changed size: the exact encoder says so
+    out = b"".join(parts)
+    return out if len(out) <= max_bytes else None
+
+
+# flat_encode()'s keys: text -> its head and UTF-8 bytes. Bounded, should answers vary their
+# keys endlessly; cleared whole when full (a key is re-encoded at its next use, nothing else).
+_KEYS: dict[str, bytes] = {}
+_MAX_KEYS: Final = 1024
 
 
 def decode(buf: bytes, max_depth: int, max_items: int, max_string: int) -> Any:
