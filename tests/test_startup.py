@@ -51,7 +51,16 @@ NOT_FOR_A_PLAIN_RUN = (
     "wasihost.eviction",
     "wasihost.opmetrics",
     "wasihost.scheduling",
+    # Records a plain run defines but never makes (issue 12 section 4, fourth pass): they live
+    # where they are made: a crash, an operator's question, a restart policy an embedder sets,
+    # a manifest's [events] or [jobs], a budget crossed.
+    "wasihost.budget_crossing",
+    "wasihost.manifest_tables",
+    "wasihost.reports",
+    "wasihost.restart_policies",
 )
+# What a module found in the cache never needs: the shape scan runs before a compile.
+NOT_FOR_A_WARM_RUN = ("wasihost.codeshape",)
 # What only `wasihost wasi` (and a WASI grant's scope) needs: its options and their checks.
 WASI_COMMAND_ONLY = ("wasihost.wasi.cli", "wasihost.wasi.config", "wasihost.wasi.scopes")
 
@@ -105,7 +114,13 @@ def test_a_run_from_a_warm_cache_starts_no_subprocess_nor_loads_the_benchmark(
     report, _ = run_child(LOADED, *args)
     assert (report["code"], report["out"]) == (0, "null\n")
     loaded = set(report["modules"])
-    unwanted = {"subprocess", "ctypes.util", "wasihost.benchmark.cli", *NOT_FOR_A_PLAIN_RUN}
+    unwanted = {
+        "subprocess",
+        "ctypes.util",
+        "wasihost.benchmark.cli",
+        *NOT_FOR_A_PLAIN_RUN,
+        *NOT_FOR_A_WARM_RUN,
+    }
     assert loaded.isdisjoint(unwanted), loaded & unwanted
 
 
@@ -189,3 +204,36 @@ def test_the_log_sinks_levels_are_pythons_logging_levels() -> None:
         Level.WARN: logging.WARNING,
         Level.ERROR: logging.ERROR,
     }
+
+
+# (module, name, where it is defined now): each old import path still gives the same class.
+MOVED = [
+    ("wasihost.supervision", "CrashRecord", "wasihost.reports"),
+    ("wasihost.supervision", "Metrics", "wasihost.reports"),
+    ("wasihost.supervision", "QuarantineReport", "wasihost.reports"),
+    ("wasihost.supervision", "Never", "wasihost.restart_policies"),
+    ("wasihost.supervision", "BoundedRetry", "wasihost.restart_policies"),
+    ("wasihost.governor", "Usage", "wasihost.reports"),
+    ("wasihost.hostcall_metrics", "HostCallErrors", "wasihost.reports"),
+    ("wasihost.manifest", "EventsSpec", "wasihost.manifest_tables"),
+    ("wasihost.manifest", "JobsSpec", "wasihost.manifest_tables"),
+    ("wasihost.budgets", "Crossing", "wasihost.budget_crossing"),
+]
+
+
+@pytest.mark.parametrize(("module", "name", "home"), MOVED)
+def test_a_class_moved_off_the_start_up_path_is_still_exported_where_it_was(
+    module: str, name: str, home: str
+) -> None:
+    old = importlib.import_module(module)
+    assert getattr(old, name) is getattr(importlib.import_module(home), name)
+    assert getattr(old, name).__module__ == home
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        old.NoSuchName  # the lookup is the test
+
+
+def test_the_restart_policy_union_is_still_exported() -> None:
+    from wasihost.restart_policies import BoundedRetry, Never
+    from wasihost.supervision import OnCrash, RestartPolicy
+
+    assert RestartPolicy == Never | OnCrash | BoundedRetry
