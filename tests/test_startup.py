@@ -8,10 +8,14 @@ import importlib.metadata
 from pathlib import Path
 
 import pytest
-from conftest import run_child
+from conftest import FIXTURES, run_child
+from guests import build, guest_wat
 
-from wasihost import brokers, cli
+from wasihost import brokers, cli, registry
+from wasihost.admission import admit
 from wasihost.engine.lowlevel import WASMTIME_VERSION, installed_version
+from wasihost.errors import AdmissionError, ConfigError
+from wasihost.policy import Grant
 
 # What a plain run never needs: package archives, signatures and their crypto, revocation lists,
 # the durable state (sqlite3), installs and updates, asyncio (async host functions only), and an
@@ -61,6 +65,14 @@ NOT_FOR_A_PLAIN_RUN = (
 )
 # What a module found in the cache never needs: the shape scan runs before a compile.
 NOT_FOR_A_WARM_RUN = ("wasihost.codeshape",)
+# The WASI profile's table, its errno and layout tables: made when a guest imports WASI or a
+# listing needs every entry (registry.DeferredProfile), not for a guest importing no WASI.
+WASI_PROFILE_TABLES = (
+    "wasihost.wasi",
+    "wasihost.wasi.abi",
+    "wasihost.wasi.errno",
+    "wasihost.wasi.registry",
+)
 # What only `wasihost wasi` (and a WASI grant's scope) needs: its options and their checks.
 WASI_COMMAND_ONLY = ("wasihost.wasi.cli", "wasihost.wasi.config", "wasihost.wasi.scopes")
 
@@ -81,8 +93,9 @@ def test_run_of_a_package_directory_imports_no_packaging_state_or_asyncio() -> N
     assert (report["code"], report["out"]) == (0, "null\n")
     loaded = set(report["modules"])
     assert loaded.isdisjoint(NOT_FOR_A_PLAIN_RUN), loaded & set(NOT_FOR_A_PLAIN_RUN)
-    # The guest imports no WASI: the WASI handlers are not loaded either.
+    # The guest imports no WASI: the WASI handlers and the profile's table are not loaded.
     assert "wasihost.wasi.binding" not in loaded
+    assert loaded.isdisjoint(WASI_PROFILE_TABLES), loaded & set(WASI_PROFILE_TABLES)
     assert loaded.isdisjoint(WASI_COMMAND_ONLY), loaded & set(WASI_COMMAND_ONLY)
 
 
@@ -120,6 +133,7 @@ def test_a_run_from_a_warm_cache_starts_no_subprocess_nor_loads_the_benchmark(
         "wasihost.benchmark.cli",
         *NOT_FOR_A_PLAIN_RUN,
         *NOT_FOR_A_WARM_RUN,
+        *WASI_PROFILE_TABLES,
     }
     assert loaded.isdisjoint(unwanted), loaded & unwanted
 
@@ -237,3 +251,116 @@ def test_the_restart_policy_union_is_still_exported() -> None:
     from wasihost.supervision import OnCrash, RestartPolicy
 
     assert RestartPolicy == Never | OnCrash | BoundedRetry
+
+
+def test_the_deferred_wasi_profile_says_what_the_table_says() -> None:
+    from wasihost.wasi.registry import MODULE, PROFILE, PROFILE_NAME
+
+    assert (registry.WASI_PROFILE_NAME, registry.WASI_IMPORT_MODULE) == (PROFILE_NAME, MODULE)
+    assert registry.profile_capabilities(PROFILE) == registry.WASI_CAPABILITIES
+
+
+def _made_registry() -> registry.Registry:
+    """The default registry as it was before the profile was deferred: made up front."""
+    from wasihost.wasi.registry import PROFILE
+
+    made = registry.Registry()
+    for major in registry.SHIPPED_MAJORS:
+        made.add_major(registry.shipped_major(major))
+    made.add_profile(PROFILE)
+    return made
+
+
+_FD_WRITE = (
+    '(import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))'
+)
+_OPEN = (
+    '(import "wasi_snapshot_preview1" "path_open" '
+    "(func (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))"
+)
+_COMMAND = '(memory (export "memory") 1) (func (export "_start"))'
+ADMISSION_CASES = {
+    "an ABI guest importing no WASI": guest_wat(),
+    "an ABI guest importing fd_write": guest_wat(imports=_FD_WRITE),
+    "an ABI guest importing path_open": guest_wat(imports=_OPEN),
+    "an ABI guest importing a name WASI lacks": guest_wat(
+        imports='(import "wasi_snapshot_preview1" "fd_nope" (func (param i32) (result i32)))'
+    ),
+    "an ABI guest importing fd_write with a wrong signature": guest_wat(
+        imports='(import "wasi_snapshot_preview1" "fd_write" (func (param i32) (result i32)))'
+    ),
+    "an ABI guest importing an unknown module": guest_wat(
+        imports='(import "wasi_unstable" "fd_write" (func (param i32 i32 i32 i32) (result i32)))'
+    ),
+    "a plain WASI command": f"(module {_FD_WRITE} {_COMMAND})",
+    "a plain WASI command importing path_open": f"(module {_OPEN} {_COMMAND})",
+    "a WASI module without _start": f'(module {_FD_WRITE} (memory (export "memory") 1))',
+}
+
+
+def _outcome(wasm: bytes, reg: registry.Registry, caps: frozenset[str]) -> object:
+    from wasihost.wasmbin import read_header
+
+    try:
+        plan = admit(
+            read_header(wasm),
+            reg,
+            Grant(caps),
+            max_memory_bytes=1 << 24,
+            max_table_elements=1000,
+        )
+    except AdmissionError as exc:
+        return ("refused", exc.problems, exc.ungranted)
+    return ("admitted", plan.version, plan.view.label, plan.imports, plan.view.profile)
+
+
+@pytest.mark.parametrize("case", sorted(ADMISSION_CASES))
+@pytest.mark.parametrize("caps", [frozenset(), frozenset({"wasi.fs.read", "wasi.stdio"})])
+def test_a_deferred_wasi_profile_admits_and_refuses_as_the_made_one(
+    case: str, caps: frozenset[str]
+) -> None:
+    wasm = build(ADMISSION_CASES[case])
+    deferred = registry.default_registry()
+    assert deferred.deferred  # not made yet
+    assert _outcome(wasm, deferred, caps) == _outcome(wasm, _made_registry(), caps)
+
+
+def test_a_deferred_profile_is_listed_without_being_made_and_made_on_first_need() -> None:
+    from wasihost.wasi.registry import PROFILE
+
+    echo = (FIXTURES / "echo" / "echo.wasm").read_bytes()
+    made = _made_registry()
+    deferred = registry.default_registry()
+    # What a run reads of the registry before admission needs no entry of the profile.
+    assert deferred.capabilities() == made.capabilities()
+    assert deferred.serves_profile("wasi_snapshot_preview1")
+    assert _outcome(echo, deferred, frozenset()) == _outcome(echo, made, frozenset())
+    assert set(deferred.deferred) == {"wasi"}
+    # Sealed (a host admitted an extension): nothing may be added, the profile is still made
+    # when a guest imports it, and a listing has every entry.
+    deferred.seal()
+    with pytest.raises(ConfigError, match="cannot add profile"):
+        deferred.add_profile(PROFILE)
+    wasm = build(ADMISSION_CASES["an ABI guest importing fd_write"])
+    assert _outcome(wasm, deferred, frozenset())[0] == "admitted"
+    assert not deferred.deferred
+    assert deferred.profiles == made.profiles
+    assert list(deferred.functions()) == list(made.functions())
+    assert (
+        registry.default_registry().lookup("wasi_snapshot_preview1", "fd_write")
+        is (PROFILE.functions[[f.name for f in PROFILE.functions].index("fd_write")])
+    )
+
+
+def test_a_deferred_profile_that_makes_another_is_refused() -> None:
+    from wasihost.wasi.registry import PROFILE
+
+    reg = registry.Registry()
+    reg.add_profile(
+        registry.DeferredProfile("wasi", PROFILE.module, frozenset({"wasi.stdio"}), lambda: PROFILE)
+    )
+    assert reg.capabilities() == {"wasi.stdio"}
+    with pytest.raises(ConfigError, match="made a different profile"):
+        reg.profile_for_module(PROFILE.module)
+    with pytest.raises(ConfigError, match="registered twice"):
+        reg.add_profile(PROFILE)

@@ -44,11 +44,11 @@ from .manifest import Resources
 from .package import Package, load_package
 from .planning import plan_package, unsigned_refusal
 from .policy import Grant, Policy
+from .registry import WASI_IMPORT_MODULE as WASI_MODULE
 from .registry import HostFunction, Profile, Registry, default_registry
 from .settings import EngineSettings
 from .supervision import Supervisor
 from .tokens import TokenIssuer
-from .wasi.registry import MODULE as WASI_MODULE
 from .wasmbin import read_header
 
 # What only some hosts use is imported where it is used: the state store (sqlite3) with a state
@@ -155,7 +155,7 @@ class Host:
                 self.registry.add_profile(profile)
             self.profile_factories[profile.module] = factory
         if (
-            self.registry.profile_for_module(WASI_MODULE)
+            self.registry.serves_profile(WASI_MODULE)
             and WASI_MODULE not in self.profile_factories
         ):
             # WASI is served by default with nothing configured: no mounts, no args or env,
