@@ -4,7 +4,9 @@ it). Each case runs the real CLI in a fresh interpreter and looks at what it loa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
+import threading
 from pathlib import Path
 
 import pytest
@@ -364,3 +366,40 @@ def test_a_deferred_profile_that_makes_another_is_refused() -> None:
         reg.profile_for_module(PROFILE.module)
     with pytest.raises(ConfigError, match="registered twice"):
         reg.add_profile(PROFILE)
+
+
+def test_a_deferred_profile_is_made_once_whatever_the_threads_asking() -> None:
+    from wasihost.wasi.registry import PROFILE
+
+    made: list[int] = []
+    start = threading.Barrier(8)
+    # A second maker, if one got in beside the first, would meet it here; the first alone waits
+    # out the timeout (the lock keeps the others out).
+    inside = threading.Barrier(2, timeout=0.1)
+
+    def make() -> registry.Profile:
+        made.append(1)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            inside.wait()
+        return PROFILE
+
+    capabilities = registry.profile_capabilities(PROFILE)
+    reg = registry.Registry()
+    reg.add_profile(registry.DeferredProfile("wasi", PROFILE.module, capabilities, make))
+    reg.seal()
+    fd_write = PROFILE.functions[[f.name for f in PROFILE.functions].index("fd_write")]
+    found: list[object] = []
+
+    def ask() -> None:
+        start.wait()
+        found.append(reg.profile_for_module(PROFILE.module))
+        found.append(reg.lookup(PROFILE.module, "fd_write"))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert made == [1]
+    assert (found.count(PROFILE), found.count(fd_write)) == (8, 8)
+    assert registry.default_registry() == registry.default_registry()

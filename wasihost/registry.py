@@ -866,13 +866,17 @@ def _wasi_profile() -> Profile:
     return PROFILE
 
 
+# One for every default registry, so that two of them compare equal, as with the table itself.
+_WASI_DEFERRED = DeferredProfile(
+    WASI_PROFILE_NAME, WASI_IMPORT_MODULE, WASI_CAPABILITIES, _wasi_profile
+)
+
+
 def default_registry() -> Registry:
     """A registry serving every ABI major this release ships, and the WASI preview1 profile
     (made when a guest imports it or a listing needs its entries)."""
     registry = Registry()
     for major in SHIPPED_MAJORS:
         registry.add_major(shipped_major(major))
-    registry.add_profile(
-        DeferredProfile(WASI_PROFILE_NAME, WASI_IMPORT_MODULE, WASI_CAPABILITIES, _wasi_profile)
-    )
+    registry.add_profile(_WASI_DEFERRED)
     return registry
