@@ -9,6 +9,7 @@ import importlib.metadata
 import threading
 from pathlib import Path
 
+import attrs
 import pytest
 from conftest import FIXTURES, run_child
 from guests import build, guest_wat
@@ -364,8 +365,12 @@ def test_a_deferred_profile_that_makes_another_is_refused() -> None:
     assert reg.capabilities() == {"wasi.stdio"}
     with pytest.raises(ConfigError, match="made a different profile"):
         reg.profile_for_module(PROFILE.module)
-    with pytest.raises(ConfigError, match="registered twice"):
+    with pytest.raises(
+        ConfigError, match="import module wasi_snapshot_preview1 is registered twice"
+    ):
         reg.add_profile(PROFILE)
+    with pytest.raises(ConfigError, match="profile wasi is registered twice"):
+        reg.add_profile(attrs.evolve(PROFILE, module="wasi_other"))
 
 
 def test_a_deferred_profile_is_made_once_whatever_the_threads_asking() -> None:

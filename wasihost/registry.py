@@ -560,13 +560,14 @@ class Registry:
     def add_profile(self, profile: Profile | DeferredProfile) -> None:
         """Serve ``profile``; a :class:`DeferredProfile` is made when first needed."""
         self.check_open(f"profile {profile.name}")
-        if (
-            profile.module in self._modules()
-            or profile.name in self._profiles
-            or profile.name in self.deferred
-            or any(profile.module == f.module for fs in self.namespaces.values() for f in fs)
+        if profile.module in self._modules() or any(
+            profile.module == f.module for fs in self.namespaces.values() for f in fs
         ):
             raise ConfigError(f"import module {profile.module} is registered twice")
+        # One name, one profile: a made one and a deferred one of the same name would each
+        # hide the other.
+        if profile.name in self._profiles or profile.name in self.deferred:
+            raise ConfigError(f"profile {profile.name} is registered twice")
         if isinstance(profile, DeferredProfile):
             self.deferred = {**self.deferred, profile.name: profile}
         else:
