@@ -4,14 +4,21 @@ it). Each case runs the real CLI in a fresh interpreter and looks at what it loa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
+import threading
 from pathlib import Path
 
+import attrs
 import pytest
-from conftest import run_child
+from conftest import FIXTURES, run_child
+from guests import build, guest_wat
 
-from wasihost import brokers, cli
+from wasihost import brokers, cli, registry
+from wasihost.admission import admit
 from wasihost.engine.lowlevel import WASMTIME_VERSION, installed_version
+from wasihost.errors import AdmissionError, ConfigError
+from wasihost.policy import Grant
 
 # What a plain run never needs: package archives, signatures and their crypto, revocation lists,
 # the durable state (sqlite3), installs and updates, asyncio (async host functions only), and an
@@ -51,6 +58,23 @@ NOT_FOR_A_PLAIN_RUN = (
     "wasihost.eviction",
     "wasihost.opmetrics",
     "wasihost.scheduling",
+    # Records a plain run defines but never makes (issue 12 section 4, fourth pass): they live
+    # where they are made: a crash, an operator's question, a restart policy an embedder sets,
+    # a manifest's [events] or [jobs], a budget crossed.
+    "wasihost.budget_crossing",
+    "wasihost.manifest_tables",
+    "wasihost.reports",
+    "wasihost.restart_policies",
+)
+# What a module found in the cache never needs: the shape scan runs before a compile.
+NOT_FOR_A_WARM_RUN = ("wasihost.codeshape",)
+# The WASI profile's table, its errno and layout tables: made when a guest imports WASI or a
+# listing needs every entry (registry.DeferredProfile), not for a guest importing no WASI.
+WASI_PROFILE_TABLES = (
+    "wasihost.wasi",
+    "wasihost.wasi.abi",
+    "wasihost.wasi.errno",
+    "wasihost.wasi.registry",
 )
 # What only `wasihost wasi` (and a WASI grant's scope) needs: its options and their checks.
 WASI_COMMAND_ONLY = ("wasihost.wasi.cli", "wasihost.wasi.config", "wasihost.wasi.scopes")
@@ -72,8 +96,9 @@ def test_run_of_a_package_directory_imports_no_packaging_state_or_asyncio() -> N
     assert (report["code"], report["out"]) == (0, "null\n")
     loaded = set(report["modules"])
     assert loaded.isdisjoint(NOT_FOR_A_PLAIN_RUN), loaded & set(NOT_FOR_A_PLAIN_RUN)
-    # The guest imports no WASI: the WASI handlers are not loaded either.
+    # The guest imports no WASI: the WASI handlers and the profile's table are not loaded.
     assert "wasihost.wasi.binding" not in loaded
+    assert loaded.isdisjoint(WASI_PROFILE_TABLES), loaded & set(WASI_PROFILE_TABLES)
     assert loaded.isdisjoint(WASI_COMMAND_ONLY), loaded & set(WASI_COMMAND_ONLY)
 
 
@@ -105,7 +130,14 @@ def test_a_run_from_a_warm_cache_starts_no_subprocess_nor_loads_the_benchmark(
     report, _ = run_child(LOADED, *args)
     assert (report["code"], report["out"]) == (0, "null\n")
     loaded = set(report["modules"])
-    unwanted = {"subprocess", "ctypes.util", "wasihost.benchmark.cli", *NOT_FOR_A_PLAIN_RUN}
+    unwanted = {
+        "subprocess",
+        "ctypes.util",
+        "wasihost.benchmark.cli",
+        *NOT_FOR_A_PLAIN_RUN,
+        *NOT_FOR_A_WARM_RUN,
+        *WASI_PROFILE_TABLES,
+    }
     assert loaded.isdisjoint(unwanted), loaded & unwanted
 
 
@@ -189,3 +221,190 @@ def test_the_log_sinks_levels_are_pythons_logging_levels() -> None:
         Level.WARN: logging.WARNING,
         Level.ERROR: logging.ERROR,
     }
+
+
+# (module, name, where it is defined now): each old import path still gives the same class.
+MOVED = [
+    ("wasihost.supervision", "CrashRecord", "wasihost.reports"),
+    ("wasihost.supervision", "Metrics", "wasihost.reports"),
+    ("wasihost.supervision", "QuarantineReport", "wasihost.reports"),
+    ("wasihost.supervision", "Never", "wasihost.restart_policies"),
+    ("wasihost.supervision", "BoundedRetry", "wasihost.restart_policies"),
+    ("wasihost.governor", "Usage", "wasihost.reports"),
+    ("wasihost.hostcall_metrics", "HostCallErrors", "wasihost.reports"),
+    ("wasihost.manifest", "EventsSpec", "wasihost.manifest_tables"),
+    ("wasihost.manifest", "JobsSpec", "wasihost.manifest_tables"),
+    ("wasihost.budgets", "Crossing", "wasihost.budget_crossing"),
+]
+
+
+@pytest.mark.parametrize(("module", "name", "home"), MOVED)
+def test_a_class_moved_off_the_start_up_path_is_still_exported_where_it_was(
+    module: str, name: str, home: str
+) -> None:
+    old = importlib.import_module(module)
+    assert getattr(old, name) is getattr(importlib.import_module(home), name)
+    assert getattr(old, name).__module__ == home
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        old.NoSuchName  # the lookup is the test
+
+
+def test_the_restart_policy_union_is_still_exported() -> None:
+    from wasihost.restart_policies import BoundedRetry, Never
+    from wasihost.supervision import OnCrash, RestartPolicy
+
+    assert RestartPolicy == Never | OnCrash | BoundedRetry
+
+
+def test_the_deferred_wasi_profile_says_what_the_table_says() -> None:
+    from wasihost.wasi.registry import MODULE, PROFILE, PROFILE_NAME
+
+    assert (registry.WASI_PROFILE_NAME, registry.WASI_IMPORT_MODULE) == (PROFILE_NAME, MODULE)
+    assert registry.profile_capabilities(PROFILE) == registry.WASI_CAPABILITIES
+
+
+def _made_registry() -> registry.Registry:
+    """The default registry as it was before the profile was deferred: made up front."""
+    from wasihost.wasi.registry import PROFILE
+
+    made = registry.Registry()
+    for major in registry.SHIPPED_MAJORS:
+        made.add_major(registry.shipped_major(major))
+    made.add_profile(PROFILE)
+    return made
+
+
+_FD_WRITE = (
+    '(import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))'
+)
+_OPEN = (
+    '(import "wasi_snapshot_preview1" "path_open" '
+    "(func (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))"
+)
+_COMMAND = '(memory (export "memory") 1) (func (export "_start"))'
+ADMISSION_CASES = {
+    "an ABI guest importing no WASI": guest_wat(),
+    "an ABI guest importing fd_write": guest_wat(imports=_FD_WRITE),
+    "an ABI guest importing path_open": guest_wat(imports=_OPEN),
+    "an ABI guest importing a name WASI lacks": guest_wat(
+        imports='(import "wasi_snapshot_preview1" "fd_nope" (func (param i32) (result i32)))'
+    ),
+    "an ABI guest importing fd_write with a wrong signature": guest_wat(
+        imports='(import "wasi_snapshot_preview1" "fd_write" (func (param i32) (result i32)))'
+    ),
+    "an ABI guest importing an unknown module": guest_wat(
+        imports='(import "wasi_unstable" "fd_write" (func (param i32 i32 i32 i32) (result i32)))'
+    ),
+    "a plain WASI command": f"(module {_FD_WRITE} {_COMMAND})",
+    "a plain WASI command importing path_open": f"(module {_OPEN} {_COMMAND})",
+    "a WASI module without _start": f'(module {_FD_WRITE} (memory (export "memory") 1))',
+}
+
+
+def _outcome(wasm: bytes, reg: registry.Registry, caps: frozenset[str]) -> object:
+    from wasihost.wasmbin import read_header
+
+    try:
+        plan = admit(
+            read_header(wasm),
+            reg,
+            Grant(caps),
+            max_memory_bytes=1 << 24,
+            max_table_elements=1000,
+        )
+    except AdmissionError as exc:
+        return ("refused", exc.problems, exc.ungranted)
+    return ("admitted", plan.version, plan.view.label, plan.imports, plan.view.profile)
+
+
+@pytest.mark.parametrize("case", sorted(ADMISSION_CASES))
+@pytest.mark.parametrize("caps", [frozenset(), frozenset({"wasi.fs.read", "wasi.stdio"})])
+def test_a_deferred_wasi_profile_admits_and_refuses_as_the_made_one(
+    case: str, caps: frozenset[str]
+) -> None:
+    wasm = build(ADMISSION_CASES[case])
+    deferred = registry.default_registry()
+    assert deferred.deferred  # not made yet
+    assert _outcome(wasm, deferred, caps) == _outcome(wasm, _made_registry(), caps)
+
+
+def test_a_deferred_profile_is_listed_without_being_made_and_made_on_first_need() -> None:
+    from wasihost.wasi.registry import PROFILE
+
+    echo = (FIXTURES / "echo" / "echo.wasm").read_bytes()
+    made = _made_registry()
+    deferred = registry.default_registry()
+    # What a run reads of the registry before admission needs no entry of the profile.
+    assert deferred.capabilities() == made.capabilities()
+    assert deferred.serves_profile("wasi_snapshot_preview1")
+    assert _outcome(echo, deferred, frozenset()) == _outcome(echo, made, frozenset())
+    assert set(deferred.deferred) == {"wasi"}
+    # Sealed (a host admitted an extension): nothing may be added, the profile is still made
+    # when a guest imports it, and a listing has every entry.
+    deferred.seal()
+    with pytest.raises(ConfigError, match="cannot add profile"):
+        deferred.add_profile(PROFILE)
+    wasm = build(ADMISSION_CASES["an ABI guest importing fd_write"])
+    assert _outcome(wasm, deferred, frozenset())[0] == "admitted"
+    assert not deferred.deferred
+    assert deferred.profiles == made.profiles
+    assert list(deferred.functions()) == list(made.functions())
+    assert (
+        registry.default_registry().lookup("wasi_snapshot_preview1", "fd_write")
+        is (PROFILE.functions[[f.name for f in PROFILE.functions].index("fd_write")])
+    )
+
+
+def test_a_deferred_profile_that_makes_another_is_refused() -> None:
+    from wasihost.wasi.registry import PROFILE
+
+    reg = registry.Registry()
+    reg.add_profile(
+        registry.DeferredProfile("wasi", PROFILE.module, frozenset({"wasi.stdio"}), lambda: PROFILE)
+    )
+    assert reg.capabilities() == {"wasi.stdio"}
+    with pytest.raises(ConfigError, match="made a different profile"):
+        reg.profile_for_module(PROFILE.module)
+    with pytest.raises(
+        ConfigError, match="import module wasi_snapshot_preview1 is registered twice"
+    ):
+        reg.add_profile(PROFILE)
+    with pytest.raises(ConfigError, match="profile wasi is registered twice"):
+        reg.add_profile(attrs.evolve(PROFILE, module="wasi_other"))
+
+
+def test_a_deferred_profile_is_made_once_whatever_the_threads_asking() -> None:
+    from wasihost.wasi.registry import PROFILE
+
+    made: list[int] = []
+    start = threading.Barrier(8)
+    # A second maker, if one got in beside the first, would meet it here; the first alone waits
+    # out the timeout (the lock keeps the others out).
+    inside = threading.Barrier(2, timeout=0.1)
+
+    def make() -> registry.Profile:
+        made.append(1)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            inside.wait()
+        return PROFILE
+
+    capabilities = registry.profile_capabilities(PROFILE)
+    reg = registry.Registry()
+    reg.add_profile(registry.DeferredProfile("wasi", PROFILE.module, capabilities, make))
+    reg.seal()
+    fd_write = PROFILE.functions[[f.name for f in PROFILE.functions].index("fd_write")]
+    found: list[object] = []
+
+    def ask() -> None:
+        start.wait()
+        found.append(reg.profile_for_module(PROFILE.module))
+        found.append(reg.lookup(PROFILE.module, "fd_write"))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert made == [1]
+    assert (found.count(PROFILE), found.count(fd_write)) == (8, 8)
+    assert registry.default_registry() == registry.default_registry()

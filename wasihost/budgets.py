@@ -21,13 +21,25 @@ import enum
 import threading
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
 from . import limits
 from .errors import ConfigError
 from .manifest import DEFAULT_HTTP_BYTES_PER_HOUR, Manifest, Resources
+
+if TYPE_CHECKING:
+    from .budget_crossing import Crossing
+
+
+def __getattr__(name: str) -> Any:
+    # Made when a budget is crossed, defined there (issue 12 section 4); exported here too.
+    if name == "Crossing":
+        from .budget_crossing import Crossing
+
+        return Crossing
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Resource(enum.Enum):
@@ -213,37 +225,6 @@ class ResourceBudget:
         return out
 
 
-@attrs.frozen
-class Crossing:
-    """What one charge (or one call's admission) met: a rate over its budget.
-
-    ``fired``: this is the first crossing of an episode (the usage was within the budget
-    before): the action fires now. ``refused``: nothing was counted; the caller refuses what
-    it was about to do. ``retry_after_s``: when the window will have room again."""
-
-    resource: Resource
-    action: Action
-    used: int
-    limit: int
-    retry_after_s: float
-    fired: bool
-    refused: bool
-    # A level's crossing: what its static limit refused (``used`` is then what was in use
-    # or asked for, as far as the refusing part knows it; ``limit`` the limit).
-    refusal: str | None = None
-
-    def describe(self) -> str:
-        if self.refusal is not None:
-            return (
-                f"{self.resource.value} limit {self.limit} reached: {self.refusal} "
-                f"(action {self.action.value}; cool-off {self.retry_after_s:.3f} s)"
-            )
-        return (
-            f"{self.resource.value} budget crossed: {self.used} of {self.limit} "
-            f"(action {self.action.value}; room again in {self.retry_after_s:.3f} s)"
-        )
-
-
 class Window:
     """A count over the last ``window_s`` seconds, in :data:`WINDOW_BUCKETS` buckets kept
     oldest first (so sliding is O(1) per charge). Not locked: its :class:`Account` is."""
@@ -410,6 +391,8 @@ class Account:
             if refused:
                 self.refusals += 1
             wait = window.wait_for(now, limit, amount if refused else 0)
+            from .budget_crossing import Crossing
+
             return Crossing(resource, action, used, limit, wait, fired, refused)
 
     def refund(self, resource: Resource, amount: int) -> None:
@@ -467,6 +450,8 @@ class Account:
             if not (fired or refused):
                 return self._cooling(now, count) if self._cool else None
             wait = window.wait_for(now, limit)
+            from .budget_crossing import Crossing
+
             return Crossing(resource, action, used, limit, wait, fired, refused)
 
     def _cooling(self, now: float, count: bool) -> Crossing | None:
@@ -500,6 +485,8 @@ class Account:
             if episode is not None and now < episode[0]:
                 return None
             action = self.budget.actions[resource]
+            from .budget_crossing import Crossing
+
             crossing = Crossing(
                 resource, action, used, limit, LEVEL_COOL_OFF_S, True, False, refusal
             )

@@ -44,7 +44,7 @@ from .supervision import BackingOff, crash_class
 
 if TYPE_CHECKING:
     from .eviction import Room
-    from .governor import Usage
+    from .reports import Usage
     from .runtime import Host
     from .scheduling import Waiter
 

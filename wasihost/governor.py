@@ -25,14 +25,11 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 from .budgets import (
     MAX_THROTTLE_DELAY_S,
     Account,
     Action,
     BudgetPolicy,
-    Crossing,
     Resource,
     ResourceBudget,
     ThrottleMode,
@@ -44,7 +41,19 @@ from .limits import MAX_OPEN_FILES
 from .status import GuestInterrupted, HostStatus, Status
 
 if TYPE_CHECKING:
+    from .budget_crossing import Crossing
     from .extension import CallTicket, Extension
+    from .reports import Usage
+
+
+def __getattr__(name: str) -> Any:
+    # Usage is made when an operator asks (Host.usage): defined there, exported here too.
+    if name == "Usage":
+        from .reports import Usage
+
+        return Usage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # What waits for room under ThrottleMode.DELAY: ``sleep(seconds, wake)`` returns once
 # ``seconds`` have passed on the governor's clock or ``wake`` is set, whichever comes first.
@@ -53,6 +62,7 @@ Sleep = Callable[[float, threading.Event], object]
 
 def _sleep(seconds: float, wake: threading.Event) -> None:
     wake.wait(seconds)
+
 
 # The levels a broker may report through its optional ``usage(state)`` hook.
 LEVELS = frozenset(
@@ -104,39 +114,6 @@ class DelayState:
         self.since: float | None = None
         self.generation = 0
         self.woken = False
-
-
-@attrs.frozen
-class Usage:
-    """One extension's usage now, beside its budget: a frozen snapshot, counts only.
-
-    The rates are over their sliding windows; the levels are what the brokers hold for it now
-    (None: the extension has not used that broker, or it reports no level)."""
-
-    extension: str
-    budget: ResourceBudget
-    cpu_fuel_last_minute: int
-    network_bytes_last_hour: int
-    fuel_last_call: int
-    calls_in_flight: int
-    storage_bytes: int | None
-    open_handles: int | None
-    background_jobs: int | None
-    event_queue_depth: int | None
-    # Actions fired for this extension since it was first admitted, by action name.
-    actions_fired: Mapping[str, int]
-    # Calls and requests refused while a rate was over its budget or a level cooled off.
-    refusals: int
-    # Calls that waited for room (ThrottleMode.DELAY), whatever came of the wait.
-    delays: int
-    # Set while calls are refused by a rate budget: when to try again.
-    retry_after_s: float | None
-
-    def to_json(self) -> dict[str, object]:
-        out = attrs.asdict(self, recurse=False)
-        out["budget"] = self.budget.to_json()
-        out["actions_fired"] = dict(self.actions_fired)
-        return out
 
 
 class Governor:
@@ -447,6 +424,8 @@ class Governor:
                     if key in LEVELS and type(value) is int:
                         levels[key] = value
         waiting = account.wait()
+        from .reports import Usage
+
         return Usage(
             extension=ext.id,
             budget=account.budget,

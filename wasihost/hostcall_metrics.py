@@ -19,28 +19,29 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from types import MappingProxyType
-
-import attrs
+from typing import TYPE_CHECKING, Any
 
 from .errors import FailureClass
 from .status import Status
+
+if TYPE_CHECKING:
+    from .reports import HostCallErrors
+
+
+def __getattr__(name: str) -> Any:
+    # The snapshot is made when an operator asks (Host.metrics): defined in wasihost.reports.
+    if name == "HostCallErrors":
+        from .reports import HostCallErrors
+
+        return HostCallErrors
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Ended by the guest's own request or by its caller, not by a host call going wrong.
 _NOT_HOST_CALL_ERRORS = frozenset(
     {FailureClass.PANIC, FailureClass.CANCELLED, FailureClass.INTERRUPTED}
 )
 _STATUS_NAMES: Mapping[int, str] = MappingProxyType({s.value: s.name.lower() for s in Status})
-
-
-@attrs.frozen
-class HostCallErrors:
-    """A snapshot: statuses answered and call-ending failures, each by class."""
-
-    statuses: Mapping[str, int]
-    failures: Mapping[str, int]
-
-    def to_json(self) -> dict[str, object]:
-        return {"statuses": dict(self.statuses), "failures": dict(self.failures)}
 
 
 class HostCallTally:
@@ -70,6 +71,8 @@ class HostCallTally:
             self._failures[failure.value] = self._failures.get(failure.value, 0) + 1
 
     def snapshot(self) -> HostCallErrors:
+        from .reports import HostCallErrors
+
         with self._lock:
             return HostCallErrors(
                 MappingProxyType(dict(sorted(self._statuses.items()))),

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping
-from typing import Final
-
-import attrs
+from typing import Final, NamedTuple
 
 # Instructions a call may burn. Shopify Functions allow 11M instructions per run: 10M is the same
 # order and a round number.
@@ -106,9 +104,11 @@ MIN_CPU_FUEL_PER_MINUTE: Final = 1
 MAX_CPU_FUEL_PER_MINUTE: Final = 64 * DEFAULT_CPU_FUEL_PER_MINUTE
 
 
-@attrs.frozen
-class ResourceBound:
-    """The default and the inclusive range of one ``[resources]`` field."""
+class ResourceBound(NamedTuple):
+    """The default and the inclusive range of one ``[resources]`` field.
+
+    A named tuple, not an ``attrs`` class: this module is on every start-up path, and a
+    read-only triple of ints does not need the ~0.5 ms of generated code (issue 12 section 4)."""
 
     minimum: int
     default: int

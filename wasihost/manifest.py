@@ -19,7 +19,18 @@ from wasihost.errors import ConfigError, ManifestError
 from wasihost.registry import AbiVersion
 
 if TYPE_CHECKING:
+    from wasihost.manifest_tables import EventsSpec, JobsSpec
     from wasihost.netpolicy import Origin
+
+
+def __getattr__(name: str) -> Any:
+    # Defined where a manifest with the table needs them (issue 12 section 4), exported here.
+    if name in ("EventsSpec", "JobsSpec"):
+        from wasihost import manifest_tables
+
+        return getattr(manifest_tables, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # The one schema this parser understands; a new one gets a new parser branch, not a guess.
 SCHEMA: Final = "wasihost-manifest/1"
@@ -252,29 +263,6 @@ class UpdateSpec:
     health: str | None = None
     migrate: str | None = None
     reversible: bool = False
-
-
-@attrs.frozen
-class EventsSpec:
-    """The ``[events]`` table: which event classes the extension may subscribe to, the command
-    the host calls to deliver one, and what a full subscription queue does."""
-
-    classes: tuple[str, ...]
-    command: str
-    on_overflow: str = DEFAULT_OVERFLOW
-    queue_depth: int = DEFAULT_QUEUE_DEPTH
-
-
-@attrs.frozen
-class JobsSpec:
-    """The ``[jobs]`` table: the commands a job may run, how many jobs the extension may hold,
-    and the budget of each run (at most the extension's own ``timeout_ms`` and
-    ``fuel_per_call``)."""
-
-    commands: tuple[str, ...]
-    max_jobs: int
-    max_runtime_ms: int
-    fuel: int
 
 
 @attrs.frozen
@@ -683,6 +671,7 @@ def _parse_events(
     if table is None:
         return None
     from wasihost import event_classes  # here: its patterns are for a manifest with [events]
+    from wasihost.manifest_tables import EventsSpec
 
     _check_keys(table, "events", _EVENTS_KEYS)
     if "events" not in requested:
@@ -755,6 +744,8 @@ def _parse_jobs(
 ) -> JobsSpec | None:
     if table is None:
         return None
+    from wasihost.manifest_tables import JobsSpec
+
     _check_keys(table, "jobs", _JOBS_KEYS)
     if "jobs" not in requested:
         raise ManifestError(

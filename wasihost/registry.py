@@ -12,7 +12,7 @@ import functools
 import json
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
 from typing import Any
 
@@ -32,6 +32,8 @@ _VERSION_RE = re.compile(r"(0|[1-9][0-9]{0,3})\.(0|[1-9][0-9]{0,3})")
 # more distinct combinations than this works the oldest out again.
 MEMO_ENTRIES = 256
 _MEMO_LOCK = threading.Lock()
+# Held while a deferred profile is made (Registry.deferred), so that it is made once.
+_DEFERRED_LOCK = threading.Lock()
 
 CORE_CAPABILITY = "core"
 """Always granted: the ABI's own plumbing (``abort``) that every guest needs."""
@@ -237,6 +239,35 @@ class Profile:
         return (ExportSpec("memory", "memory"), ExportSpec(self.command_export, "func"))
 
 
+def profile_capabilities(profile: Profile) -> frozenset[str]:
+    """Every capability a profile's entries and bindings name (``core`` aside)."""
+    names = {f.capability for f in profile.functions} | set(profile.capabilities)
+    return frozenset(names - {CORE_CAPABILITY})
+
+
+class DeferredProfile:
+    """A profile a registry serves before its entries exist: its name, import module and
+    capabilities (what a registry answers without the entries), and how to make it.
+
+    The registry makes it the first time something needs an entry: a guest importing its
+    module, a listing of every entry. Building WASI's 46 entries with their errno and layout
+    tables was a tenth of a short run's own work for a guest that imports no WASI (issue 12
+    section 4). What it makes must have this name, module and capabilities (checked)."""
+
+    __slots__ = ("capabilities", "make", "module", "name")
+
+    def __init__(
+        self, name: str, module: str, capabilities: frozenset[str], make: Callable[[], Profile]
+    ) -> None:
+        self.name = name
+        self.module = module
+        self.capabilities = capabilities
+        self.make = make
+
+    def __repr__(self) -> str:
+        return f"DeferredProfile({self.name!r}, {self.module!r})"
+
+
 @attrs.frozen
 class RegistryView:
     """The entries one guest may link against, keyed by (import module, name).
@@ -249,6 +280,10 @@ class RegistryView:
     spec: MajorSpec | None
     entries: Mapping[tuple[str, str], HostFunction]
     profile: Profile | None = None
+    # The import modules of profiles the registry has not made yet, and the registry that
+    # makes them: a lookup in one of them makes its profile and adds its entries here.
+    deferred: frozenset[str] = frozenset()
+    registry: Registry | None = attrs.field(default=None, eq=False, repr=False)
     # Read at every admission and start (three times per fresh extension): sorted once.
     _features: tuple[str, ...] = attrs.field(init=False, eq=False, repr=False)
 
@@ -274,7 +309,16 @@ class RegistryView:
         return f"the {self.profile.name} profile"
 
     def lookup(self, module: str, name: str) -> HostFunction | None:
-        return self.entries.get((module, name))
+        found = self.entries.get((module, name))
+        if found is None and module in self.deferred and self.registry is not None:
+            profile = self.registry.profile_for_module(module)
+            assert profile is not None
+            assert isinstance(self.entries, dict)  # view() makes a dict
+            # The same entries every view of the registry has, added on first need (updating
+            # with the same items from two threads at once leaves the same dict).
+            self.entries.update({(f.module, f.name): f for f in profile.functions})
+            found = self.entries.get((module, name))
+        return found
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -283,7 +327,7 @@ class RegistryView:
 
     @property
     def modules(self) -> frozenset[str]:
-        return frozenset(module for module, _ in self.entries)
+        return frozenset(module for module, _ in self.entries) | self.deferred
 
 
 def namespace_module(namespace: str, major: int) -> str:
@@ -445,7 +489,11 @@ class Registry:
     by embedders (their own namespaces, ``<namespace>_v<major>``)."""
 
     majors: dict[int, MajorSpec] = attrs.field(factory=dict)
-    profiles: dict[str, Profile] = attrs.field(factory=dict)
+    # The profiles made (``profiles`` makes the deferred ones too); replaced, never changed in
+    # place, so that a reader on another thread iterates a whole one.
+    _profiles: dict[str, Profile] = attrs.field(factory=dict)
+    # Profiles served but not made yet (:class:`DeferredProfile`), by name; replaced likewise.
+    deferred: dict[str, DeferredProfile] = attrs.field(factory=dict)
     # namespace -> its entries, every major together, in registration order.
     namespaces: dict[str, tuple[HostFunction, ...]] = attrs.field(factory=dict)
     # Set once a host admits its first extension: what guests were admitted against must not
@@ -458,6 +506,32 @@ class Registry:
 
     def seal(self) -> None:
         self.sealed = True
+
+    @property
+    def profiles(self) -> dict[str, Profile]:
+        """Every profile served, by name (the deferred ones are made)."""
+        self._make_deferred()
+        return self._profiles
+
+    def _make_deferred(self, module: str | None = None) -> None:
+        """Make the deferred profiles (those of import module ``module``, or all). They were
+        served from their registration on, so this changes nothing a guest was admitted
+        against: allowed on a sealed registry too."""
+        if not self.deferred:
+            return
+        with _DEFERRED_LOCK:
+            for name, deferred in list(self.deferred.items()):
+                if module is not None and deferred.module != module:
+                    continue
+                profile = deferred.make()
+                said = (deferred.name, deferred.module, deferred.capabilities)
+                made = (profile.name, profile.module, profile_capabilities(profile))
+                if made != said:
+                    raise ConfigError(f"deferred profile {said} made a different profile {made}")
+                # Made before it stops being deferred: a reader in between sees it twice, the
+                # same either way, never not at all.
+                self._profiles = {**self._profiles, name: profile}
+                self.deferred = {k: v for k, v in self.deferred.items() if k != name}
 
     def remember(self, key: Any, value: Any) -> None:
         """Keep ``value`` in :attr:`memo` (only once sealed: before, what it was worked out
@@ -478,17 +552,32 @@ class Registry:
             )
 
     def _modules(self) -> set[str]:
-        taken = {p.module for p in self.profiles.values()}
+        taken = {p.module for p in self._profiles.values()}
+        taken.update(d.module for d in self.deferred.values())
         taken.update(spec.import_module for spec in self.majors.values())
         return taken
 
-    def add_profile(self, profile: Profile) -> None:
+    def add_profile(self, profile: Profile | DeferredProfile) -> None:
+        """Serve ``profile``; a :class:`DeferredProfile` is made when first needed."""
         self.check_open(f"profile {profile.name}")
         if profile.module in self._modules() or any(
             profile.module == f.module for fs in self.namespaces.values() for f in fs
         ):
             raise ConfigError(f"import module {profile.module} is registered twice")
-        self.profiles[profile.name] = profile
+        # One name, one profile: a made one and a deferred one of the same name would each
+        # hide the other.
+        if profile.name in self._profiles or profile.name in self.deferred:
+            raise ConfigError(f"profile {profile.name} is registered twice")
+        if isinstance(profile, DeferredProfile):
+            self.deferred = {**self.deferred, profile.name: profile}
+        else:
+            self._profiles = {**self._profiles, profile.name: profile}
+
+    def serves_profile(self, module: str) -> bool:
+        """Whether a profile (made or deferred) owns import module ``module``."""
+        return any(p.module == module for p in self._profiles.values()) or any(
+            d.module == module for d in self.deferred.values()
+        )
 
     def add_function(self, entry: HostFunction) -> None:
         """Add an embedder entry (made by :func:`embedder_function`) to its namespace."""
@@ -516,7 +605,8 @@ class Registry:
         return out
 
     def profile_for_module(self, module: str) -> Profile | None:
-        return next((p for p in self.profiles.values() if p.module == module), None)
+        self._make_deferred(module)
+        return next((p for p in self._profiles.values() if p.module == module), None)
 
     def profile_view(self, profile: Profile) -> RegistryView:
         entries = {(f.module, f.name): f for f in profile.functions}
@@ -553,7 +643,7 @@ class Registry:
             for f in spec.functions
             if f.since.major == version.major and f.since.minor <= version.minor
         }
-        for profile in self.profiles.values():
+        for profile in self._profiles.values():
             entries.update({(f.module, f.name): f for f in profile.functions})
         for namespace, declared in (namespaces or {}).items():
             entries.update(
@@ -563,7 +653,10 @@ class Registry:
                     if f.since.major == declared.major and f.since.minor <= declared.minor
                 }
             )
-        return RegistryView(version=version, spec=spec, entries=entries)
+        deferred = frozenset(d.module for d in self.deferred.values()) - {m for m, _ in entries}
+        return RegistryView(
+            version=version, spec=spec, entries=entries, deferred=deferred, registry=self
+        )
 
     def is_core(self, entry: HostFunction) -> bool:
         """Whether ``entry`` belongs to one of the ABI majors (not a profile or namespace)."""
@@ -603,24 +696,32 @@ class Registry:
 
     def capabilities(self) -> frozenset[str]:
         """Capability names a manifest may request (``core`` is implicit, never requested)."""
-        names = {f.capability for f in self.functions()}
-        names.update(c for p in self.profiles.values() for c in p.capabilities)
+        names = {f.capability for f in self._functions()}
+        names.update(c for p in self._profiles.values() for c in p.capabilities)
+        names.update(c for d in self.deferred.values() for c in d.capabilities)
         return frozenset(names - {CORE_CAPABILITY})
 
     def functions(self, version: AbiVersion | None = None) -> Iterable[HostFunction]:
+        self._make_deferred()
         if version is not None:
             yield from self.view(version).entries.values()
             return
+        yield from self._functions()
+
+    def _functions(self) -> Iterable[HostFunction]:
+        """Every entry made so far (a deferred profile's are not, until it is made)."""
         for major in sorted(self.majors):
             yield from self.majors[major].functions
-        for name in sorted(self.profiles):
-            yield from self.profiles[name].functions
+        profiles = self._profiles
+        for name in sorted(profiles):
+            yield from profiles[name].functions
         for namespace in sorted(self.namespaces):
             yield from self.namespaces[namespace]
 
     def lookup(self, module: str, name: str) -> HostFunction | None:
         """Any entry by import module and name, whatever view it belongs to."""
-        return next((f for f in self.functions() if (f.module, f.name) == (module, name)), None)
+        self._make_deferred(module)
+        return next((f for f in self._functions() if (f.module, f.name) == (module, name)), None)
 
 
 def _require(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
@@ -742,12 +843,41 @@ def shipped_major(major: int) -> MajorSpec:
     return major_from_json(load_major_json(major))
 
 
-def default_registry() -> Registry:
-    """A registry serving every ABI major this release ships, and the WASI preview1 profile."""
-    from .wasi.registry import PROFILE as WASI_PROFILE  # the profile builds on this module
+# What a registry knows of the WASI preview1 profile before its table (wasihost.wasi.registry)
+# is built: the table checks them when it is made, and tests/test_startup.py against the table.
+WASI_PROFILE_NAME = "wasi"
+WASI_IMPORT_MODULE = "wasi_snapshot_preview1"
+WASI_CAPABILITIES = frozenset(
+    {
+        "wasi.args",
+        "wasi.clock",
+        "wasi.env",
+        "wasi.fs.read",
+        "wasi.fs.write",
+        "wasi.random",
+        "wasi.sockets",
+        "wasi.stdio",
+    }
+)
 
+
+def _wasi_profile() -> Profile:
+    from .wasi.registry import PROFILE  # the profile builds on this module
+
+    return PROFILE
+
+
+# One for every default registry, so that two of them compare equal, as with the table itself.
+_WASI_DEFERRED = DeferredProfile(
+    WASI_PROFILE_NAME, WASI_IMPORT_MODULE, WASI_CAPABILITIES, _wasi_profile
+)
+
+
+def default_registry() -> Registry:
+    """A registry serving every ABI major this release ships, and the WASI preview1 profile
+    (made when a guest imports it or a listing needs its entries)."""
     registry = Registry()
     for major in SHIPPED_MAJORS:
         registry.add_major(shipped_major(major))
-    registry.add_profile(WASI_PROFILE)
+    registry.add_profile(_WASI_DEFERRED)
     return registry

@@ -24,7 +24,6 @@ from .admission import AdmissionPlan
 from .brokers import builtin_brokers
 from .brokers.clock import Clock, SystemClock
 from .callworkers import DEFAULT_CALL_WORKERS, CallWorkers
-from .codeshape import scan_module
 from .engine import WasmEngine
 from .errors import (
     AdmissionError,
@@ -36,7 +35,7 @@ from .errors import (
 )
 from .extension import Extension, ProfileBinding, ProfileFactory
 from .extlog import LogSink
-from .governor import Governor, Usage
+from .governor import Governor
 from .grants import GrantTable
 from .hostcall_metrics import HostCallTally
 from .hostfn import Broker, Function, HostFunctions
@@ -45,11 +44,11 @@ from .manifest import Resources
 from .package import Package, load_package
 from .planning import plan_package, unsigned_refusal
 from .policy import Grant, Policy
+from .registry import WASI_IMPORT_MODULE as WASI_MODULE
 from .registry import HostFunction, Profile, Registry, default_registry
 from .settings import EngineSettings
-from .supervision import Metrics, QuarantineReport, Supervisor
+from .supervision import Supervisor
 from .tokens import TokenIssuer
-from .wasi.registry import MODULE as WASI_MODULE
 from .wasmbin import read_header
 
 # What only some hosts use is imported where it is used: the state store (sqlite3) with a state
@@ -65,6 +64,7 @@ if TYPE_CHECKING:
     from .packaging.allowed_signers import AllowedSigners, SshSigned
     from .packaging.revocation import VersionFloor
     from .packaging.trust import TrustStore
+    from .reports import Metrics, QuarantineReport, Usage
     from .scheduling import Scheduler
     from .state import InstalledPackage, StateStore
 
@@ -95,7 +95,6 @@ TERMINATE_WAIT_S = 1.0
 TRIM_EVERY_CLOSES = 256
 
 
-
 def _ssh(allowed: AllowedSigners | None, signature: bytes | None) -> SshSigned | None:
     """The OpenSSH verification asked for: both halves, or neither."""
     if (allowed is None) != (signature is None):
@@ -105,6 +104,7 @@ def _ssh(allowed: AllowedSigners | None, signature: bytes | None) -> SshSigned |
     from .packaging.allowed_signers import SshSigned
 
     return SshSigned(allowed, signature)
+
 
 def _snapshot_of(host: weakref.ref[Host]) -> Callable[[], dict[str, Any] | None]:
     """What the metrics publisher's thread reads: a weak reference, so that a host dropped
@@ -155,7 +155,7 @@ class Host:
                 self.registry.add_profile(profile)
             self.profile_factories[profile.module] = factory
         if (
-            self.registry.profile_for_module(WASI_MODULE)
+            self.registry.serves_profile(WASI_MODULE)
             and WASI_MODULE not in self.profile_factories
         ):
             # WASI is served by default with nothing configured: no mounts, no args or env,
@@ -496,6 +496,8 @@ class Host:
         # Refuse what could not run even with every capability it requests granted.
         manifest = package.manifest
         self.plan(package, granted=frozenset(manifest.required | manifest.optional))
+        from .codeshape import scan_module  # an install's check, not a run's
+
         scan_module(read_header(package.wasm), package.wasm)
         record = updates.write_install(self, source, package, ssh)
         previous = attrs.evolve(current, previous=None) if current is not None else None
@@ -654,9 +656,7 @@ class Host:
         ``trust``, ``allowed_signers`` and ``ssh_signature`` as in :meth:`load`, or the
         policy's trusted publishers) as the same publisher's."""
         ssh = _ssh(allowed_signers, ssh_signature)
-        package = (
-            source if isinstance(source, Package) else self._load_package(source, trust, ssh)
-        )
+        package = source if isinstance(source, Package) else self._load_package(source, trust, ssh)
         old = self.extension(package.name)
         if old is None:
             raise ConfigError(f"{package.name} is not admitted: load it instead of updating")

@@ -26,11 +26,39 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
 
 from .errors import ConfigError, FailureClass
+
+if TYPE_CHECKING:
+    from .reports import CrashRecord, Metrics, QuarantineReport
+    from .restart_policies import BoundedRetry, Never
+
+# Defined where they are made (a crash, an operator's question, a policy an embedder sets), and
+# exported here too: a plain run never defines them (issue 12 section 4).
+_ELSEWHERE = {
+    "CrashRecord": "wasihost.reports",
+    "Metrics": "wasihost.reports",
+    "QuarantineReport": "wasihost.reports",
+    "BoundedRetry": "wasihost.restart_policies",
+    "Never": "wasihost.restart_policies",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RestartPolicy":
+        from .restart_policies import BoundedRetry, Never
+
+        return Never | OnCrash | BoundedRetry
+    module = _ELSEWHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
 
 # A crash-looping extension must not grow the host's memory: the last 100 crashes say why.
 MAX_CRASH_RECORDS = 100
@@ -75,100 +103,12 @@ def crash_class(failure: FailureClass) -> CrashClass:
 
 
 @attrs.frozen
-class CrashRecord:
-    at: float  # wall-clock time, for operators
-    crash_class: CrashClass
-    failure: str
-    message: str
-
-
-@attrs.frozen
-class Never:
-    """Do not restart: the first crash quarantines the extension."""
-
-
-@attrs.frozen
 class OnCrash:
     """Restart on the next call, every time (no budget: for extensions the operator watches)."""
 
 
-def _positive(limit: float) -> Callable[[object, attrs.Attribute[Any], Any], None]:
-    def check(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if isinstance(value, bool) or not 0 < value <= limit:
-            raise ConfigError(f"{attribute.name}={value!r} must be in (0, {limit}]")
-
-    return check
-
-
-@attrs.frozen
-class BoundedRetry:
-    """At most ``max_restarts`` restarts within ``window_s`` seconds: the first at once (one
-    bad input should not cost the next caller), the n-th after ``backoff_s * 2**(n-2)``
-    seconds (at most ``max_backoff_s``)."""
-
-    max_restarts: int = attrs.field(default=5, validator=_positive(MAX_RESTARTS))
-    window_s: float = attrs.field(default=60.0, validator=_positive(MAX_WINDOW_S))
-    backoff_s: float = attrs.field(default=0.05, validator=_positive(MAX_WINDOW_S))
-    max_backoff_s: float = attrs.field(default=5.0, validator=_positive(MAX_WINDOW_S))
-
-    def backoff(self, restarts_in_window: int) -> float:
-        if restarts_in_window == 0:
-            return 0.0
-        return float(min(self.max_backoff_s, self.backoff_s * 2 ** (restarts_in_window - 1)))
-
-
-RestartPolicy = Never | OnCrash | BoundedRetry
-
-
-@attrs.frozen
-class QuarantineReport:
-    """What an operator reads about a quarantined extension."""
-
-    extension: str
-    why: str
-    crashes: tuple[CrashRecord, ...]
-    what_remains: str
-    what_to_do: str
-
-
-@attrs.frozen
-class Metrics:
-    """A snapshot for operators: counts only, nothing about what extensions process."""
-
-    extensions_by_state: Mapping[str, int]
-    crashes_by_class: Mapping[str, int]
-    restarts: int
-    quarantines: int
-    backoff_refusals: int
-    # budgets: rate-budget actions fired by action (warn, throttle, pause, terminate), and
-    # calls or requests refused while over a budget (governor.py; Host.metrics fills them).
-    budget_actions: Mapping[str, int] = attrs.field(factory=lambda: MappingProxyType({}))
-    throttle_refusals: int = 0
-    # budgets: calls that waited for room under the delay throttle mode.
-    throttle_delays: int = 0
-    # Filled by Host.metrics (wasihost.hostcall_metrics, wasihost.scheduling): host-call
-    # statuses answered and call-ending failures, each by class; the call scheduler's counts
-    # (empty without a scheduler).
-    host_call_errors: Mapping[str, Mapping[str, int]] = attrs.field(
-        factory=lambda: MappingProxyType({"statuses": {}, "failures": {}})
-    )
-    scheduler: Mapping[str, object] = attrs.field(factory=lambda: MappingProxyType({}))
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "extensions_by_state": dict(self.extensions_by_state),
-            "crashes_by_class": dict(self.crashes_by_class),
-            "restarts": self.restarts,
-            "quarantines": self.quarantines,
-            "backoff_refusals": self.backoff_refusals,
-            "budget_actions": dict(self.budget_actions),
-            # Throttle actions fired: what `wasihost status` shows as `throttles`.
-            "throttles": self.budget_actions.get("throttle", 0),
-            "throttle_refusals": self.throttle_refusals,
-            "throttle_delays": self.throttle_delays,
-            "host_call_errors": {k: dict(v) for k, v in self.host_call_errors.items()},
-            "scheduler": dict(self.scheduler),
-        }
+if TYPE_CHECKING:
+    RestartPolicy: TypeAlias = Never | OnCrash | BoundedRetry
 
 
 class BackingOff(Exception):
@@ -211,6 +151,8 @@ class Supervisor:
         self._refusals = 0
 
     def set_policy(self, extension: str, policy: RestartPolicy) -> None:
+        from .restart_policies import BoundedRetry, Never
+
         if not isinstance(policy, Never | OnCrash | BoundedRetry):
             raise ConfigError(f"restart policy {policy!r} is not Never, OnCrash or BoundedRetry")
         with self._lock:
@@ -229,6 +171,9 @@ class Supervisor:
     def on_crash(self, extension: str, failure: FailureClass, message: str) -> str | None:
         """Record a crash; return why the extension must now be quarantined, or None if it
         may restart (after its backoff)."""
+        from .reports import CrashRecord
+        from .restart_policies import BoundedRetry, Never
+
         now = self._clock()
         record = CrashRecord(
             self._wall(), crash_class(failure), failure.value, message[:MAX_CRASH_MESSAGE_CHARS]
@@ -292,11 +237,15 @@ class Supervisor:
             history = self._history.get(extension)
             why = history.quarantined if history is not None else None
             crashes = tuple(history.crashes) if history is not None else ()
+        from .reports import QuarantineReport
+
         return QuarantineReport(
             extension, why or "not quarantined by its supervisor", crashes, what_remains, what_to_do
         )
 
     def metrics(self, states: Mapping[str, int]) -> Metrics:
+        from .reports import Metrics
+
         with self._lock:
             return Metrics(
                 MappingProxyType(dict(states)),

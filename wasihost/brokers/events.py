@@ -34,7 +34,7 @@ from .dispatch import ExtensionDispatcher
 
 if TYPE_CHECKING:
     from ..extension import Extension
-    from ..manifest import EventsSpec
+    from ..manifest_tables import EventsSpec
     from ..registry import HostFunction
 
 LOG = logging.getLogger("wasihost")

@@ -43,7 +43,7 @@ from .events import PAYLOAD_LIMITS, ExtensionEvents, _failure_text
 
 if TYPE_CHECKING:
     from ..extension import Extension
-    from ..manifest import JobsSpec
+    from ..manifest_tables import JobsSpec
     from ..registry import HostFunction
 
 LOG = logging.getLogger("wasihost")

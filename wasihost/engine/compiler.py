@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING
 
 import wasmtime
 
-from ..codeshape import CodeShape, scan_code
 from ..errors import CallError, FailureClass
 from ..settings import EngineSettings
 from ..wasmbin import WasmFormatError, read_header
@@ -46,6 +45,8 @@ from .ticker import in_forked_child
 # cache (every start after the first) never needs it.
 if TYPE_CHECKING:
     import subprocess
+
+    from ..codeshape import CodeShape
 
 WORKER = Path(__file__).with_name("compile_worker.py")
 _FRAME_HEADER = len(FRAME_MAGIC) + 32 + 32 + 8 + 32
@@ -159,6 +160,9 @@ class ModuleCompiler:
             imported = sum(1 for i in read_header(wasm).imports if i.kind == "func")
         except WasmFormatError as exc:
             raise _refuse(f"not a valid module: {exc}") from None
+        # The shape scan is for a compile: a module found in the cache never loads it.
+        from ..codeshape import scan_code
+
         shape = scan_code(wasm, imported)
         # A forked child compiles in the worker whatever the size: wasmtime's parallel compile
         # threads of the parent are not in the child, and a compile there waits for them
