@@ -49,7 +49,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 os.environ["RUST_BACKTRACE"] = "0"  # trap paths are slower with it; set before wasmtime loads
 
@@ -169,25 +169,51 @@ def throughput_round(
     return result
 
 
-def async_round(ext: Extension, calls: int, order: int) -> tuple[float, float, float]:
+# A thread hand-off slower than this is a stall (a sleeping CPU woken, a thread descheduled),
+# not the hand-off's own cost: counted apart, so that a mean the stalls dominate is read so.
+STALL_S = 1e-3
+
+
+class AsyncRound(NamedTuple):
+    """One round of the asyncio comparison, in seconds per call."""
+
+    sync: float  # mean of the synchronous path
+    acall: float  # mean of ``await ext.acall``
+    hand_off: float  # mean of the bare hand-off
+    sync_p50: float
+    acall_p50: float
+    acall_p99: float
+    stalls: float  # share of acalls over STALL_S
+
+
+def async_round(ext: Extension, calls: int, order: int) -> AsyncRound:
     """Seconds per call of the synchronous and the asyncio path, on the loop's thread, and
-    the floor of any thread hand-off: a Python no-op through the same call threads."""
+    the floor of any thread hand-off: a Python no-op through the same call threads. Each call
+    of the first two is also timed alone, for the medians and the stalls."""
 
     def nothing() -> None:
         pass
 
+    async_times: list[float] = []
+    sync_times: list[float] = []
+    clock = time.perf_counter
+
     async def main() -> tuple[float, float, float]:
         async def via_async() -> float:
-            start = time.perf_counter()
+            start = clock()
             for _ in range(calls):
+                began = clock()
                 await ext.acall("noop")
-            return (time.perf_counter() - start) / calls
+                async_times.append(clock() - began)
+            return (clock() - start) / calls
 
         def via_sync() -> float:
-            start = time.perf_counter()
+            start = clock()
             for _ in range(calls):
+                began = clock()
                 ext.call("noop")
-            return (time.perf_counter() - start) / calls
+                sync_times.append(clock() - began)
+            return (clock() - start) / calls
 
         async def hand_off() -> float:
             # The mechanism acall uses: a job on a call thread, its outcome handed back with
@@ -216,7 +242,17 @@ def async_round(ext: Extension, calls: int, order: int) -> tuple[float, float, f
             a = await via_async()
         return s, a, h
 
-    return asyncio.run(main())
+    s, a, h = asyncio.run(main())
+    async_times.sort()
+    return AsyncRound(
+        sync=s,
+        acall=a,
+        hand_off=h,
+        sync_p50=statistics.median(sync_times),
+        acall_p50=statistics.median(async_times),
+        acall_p99=async_times[int(len(async_times) * 0.99)],
+        stalls=sum(1 for t in async_times if t > STALL_S) / len(async_times),
+    )
 
 
 def released_share(ext: Extension, calls: int) -> float:
@@ -343,6 +379,9 @@ def main() -> None:
         cpu: dict[str, dict[str, list[float]]] = {w: {} for w in workloads}
         mixed: dict[str, list[float]] = {"short calls keep the GIL": [], "GIL released": []}
         async_added: list[float] = []
+        async_added_p50: list[float] = []
+        async_p99: list[float] = []
+        async_stalls: list[float] = []
         sync_cost: list[float] = []
         hand_offs: list[float] = []
         shares: list[float] = []
@@ -365,10 +404,13 @@ def main() -> None:
                 mixed[scenario].append(
                     beside_small_calls(compute_exts["a"], small_ext, compute_value, compute_calls)
                 )
-            s, a, h = async_round(echo, args.async_calls, r)
-            sync_cost.append(s)
-            async_added.append(a - s)
-            hand_offs.append(h)
+            timing = async_round(echo, args.async_calls, r)
+            sync_cost.append(timing.sync)
+            async_added.append(timing.acall - timing.sync)
+            hand_offs.append(timing.hand_off)
+            async_added_p50.append(timing.acall_p50 - timing.sync_p50)
+            async_p99.append(timing.acall_p99)
+            async_stalls.append(timing.stalls)
             shares.append(released_share(echo, args.async_calls))
     load_after = os.getloadavg()
     report["load_after"] = load_after
@@ -383,6 +425,9 @@ def main() -> None:
     report["compute_beside_small_calls"] = {k: spread(v) for k, v in mixed.items()}
     report["async_added_us"] = spread([x * 1e6 for x in async_added])
     report["hand_off_us"] = spread([x * 1e6 for x in hand_offs])
+    report["async_added_p50_us"] = spread([x * 1e6 for x in async_added_p50])
+    report["async_p99_us"] = spread([x * 1e6 for x in async_p99])
+    report["async_stalls"] = spread(async_stalls)
     report["released_share"] = spread(shares)
     report["control"] = spread(controls)
     report["sync_call_us"] = spread([x * 1e6 for x in sync_cost])
@@ -436,6 +481,16 @@ def main() -> None:
         f"[{a['min']:.1f} - {a['max']:.1f}] (target <= 20 us"
         f"{' met' if a['median'] <= 20 else ' MISSED'}); the hand-off floor (a Python no-op "
         f"through the same call threads) {h['median']:.1f} us [{h['min']:.1f} - {h['max']:.1f}]"
+    )
+    p50 = report["async_added_p50_us"]
+    p99 = report["async_p99_us"]
+    stalls = report["async_stalls"]
+    print(
+        f"asyncio, call by call: acall adds {p50['median']:.1f} us at the median "
+        f"[{p50['min']:.1f} - {p50['max']:.1f}]; an acall's p99 {p99['median']:.0f} us; "
+        f"{stalls['median']:.1%} of acalls over {STALL_S * 1e3:.0f} ms "
+        f"[{stalls['min']:.1%} - {stalls['max']:.1%}] (a stalled thread wake-up: an idle "
+        "virtual CPU wakes slowly, see benchmarks/README.md)"
     )
 
 
