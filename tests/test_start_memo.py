@@ -101,3 +101,16 @@ def test_a_failed_readiness_is_refused_at_every_start(host: Host) -> None:
         assert "guest reported failed start-up: no disk" in refused.value.message
         if ext.lifecycle.state.name == "QUARANTINED":
             host.release(ext.id)
+
+
+def test_a_remembered_plan_never_outlives_the_grant_it_was_made_under(host: Host) -> None:
+    """A module importing ``log``, admitted with it granted, then admitted again once the
+    policy no longer allows it: the remembered plan is not reused, the import refuses it."""
+    package = bare(build(guest_wat(imports=host_import("log"))), "logs.wasm")
+    first = host.admit(package, grants=["log"])
+    assert first.call("noop") is None
+    first.close()
+    host.update_policy(Policy(allow=frozenset()))
+    with pytest.raises(AdmissionError) as refused:
+        host.admit(package)
+    assert "needs capability 'log', which is not granted" in str(refused.value)
