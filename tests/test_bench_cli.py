@@ -208,6 +208,9 @@ def test_the_target_table_judges_a_results_file(
         "call_cost": [
             _cost("noop", "wasihost", 4.0),
             _cost("noop", "extism", 10.0),  # 0.40x: met
+            _cost("noop", "wasmtime-floor", 3.0),  # the floor at 0.30x, under the 0.5x bound
+            _cost("instantiate-cached", "wasmtime-floor", 90.0),
+            _cost("instantiate-cached", "extism", 100.0),  # the floor at 0.90x, over 0.8x
             _cost("echo-64", "wasihost", 7.0),
             _cost("echo-64", "extism", 10.0),  # 0.70x: missed
             _cost("echo-1MiB", "wasihost", 1024 * 1024 / 2500),  # 2,500 MB/s: met
@@ -242,6 +245,26 @@ def test_the_target_table_judges_a_results_file(
     assert rows["2 threads, 2 extensions, small calls"].endswith(
         "1.60x of 1 thread | ≥ 1.5x | yes |"
     )
+
+
+def test_the_target_table_sets_each_ratio_beside_the_raw_floor(tmp_path: Path) -> None:
+    doc = {
+        "call_cost": [
+            _cost("noop", "wasmtime-floor", 3.0),
+            _cost("noop", "extism", 10.0),
+            _cost("instantiate-cached", "wasmtime-floor", 90.0),
+            _cost("instantiate-cached", "extism", 100.0),
+            _cost("echo-64", "wasmtime-floor", 5.0),  # no Extism figure: no note
+        ],
+    }
+    notes = targets.floor_notes(doc)
+    assert "- no-op call: the raw floor is 0.30x Extism" in notes
+    assert (
+        "- instantiate + first call (cached): the raw floor is 0.90x Extism "
+        "(the target is below the floor)" in notes
+    )
+    assert not any(note.startswith("- echo 64 B") for note in notes)
+    assert targets.floor_notes({"call_cost": []}) == []
 
 
 def test_the_target_table_refuses_what_is_not_a_results_file(
