@@ -402,21 +402,8 @@ def make(host, entry, handler, unpack, write_result):
             try:
                 ARGS = unpack(PROCESS_MEMORY, args)
                 result = handler(call, ARGS)
-            except GuestFault as fault:
-                return host.fail(FailureClass.PROTOCOL, f"{name}: {fault}")
-            except GuestDeadline:
-                return host.fail(FailureClass.DEADLINE, f"{name}: deadline reached")
-            except GuestInterrupted:
-                return host.fail(FailureClass.DEADLINE, f"{name}: interrupted by the host")
-            except GuestOutOfFuel:
-                return host.out_of_fuel(host.context_of(caller), entry)
-            except GuestExit as exit_:
-                host.exit_code = exit_.code
-                return new_trap("wasihost: exit")
-            except (MemoryMoved, MemoryGone) as moved:
-                return host.fail(FailureClass.HOST_ERROR, f"{name}: {moved}")
-            except HostStatus as status:  # an embedder's function: no status slot to answer
-                return host.status_trap(entry, status.status)
+            except CALL_ENDINGS as ending:
+                return end_call(host, entry, name, caller, ending)
             if host.halt is not None:  # e.g. Ctrl-C during this call (see sigint.py): stop now
                 return host.halt_trap()
             # The price is paid after the handler, once the bytes moved are known; work done
@@ -436,6 +423,40 @@ def make(host, entry, handler, unpack, write_result):
     return dispatch
 """
 _MAKERS: dict[int, Callable[..., Dispatch]] = {}
+
+# What a native handler (or the routed write's sink) may raise to end its host call: each
+# ends it as end_call says. Shared by both generated dispatches; an exception path, so the
+# call to end_call costs nothing that matters.
+CALL_ENDINGS = (
+    GuestFault,
+    GuestDeadline,
+    GuestInterrupted,
+    GuestOutOfFuel,
+    GuestExit,
+    MemoryMoved,
+    MemoryGone,
+    HostStatus,
+)
+
+
+def end_call(host: Any, entry: HostFunction, name: str, caller: int, ending: Exception) -> int:
+    """The trap (or 0 after recording an exit) that ends a host call ``ending`` was raised in:
+    a fault is the guest's protocol error, a deadline or interrupt ends it as the epoch would,
+    and an embedder's HostStatus traps (a native entry has no status slot to answer)."""
+    if isinstance(ending, GuestFault):
+        return int(host.fail(FailureClass.PROTOCOL, f"{name}: {ending}"))
+    if isinstance(ending, GuestDeadline):
+        return int(host.fail(FailureClass.DEADLINE, f"{name}: deadline reached"))
+    if isinstance(ending, GuestInterrupted):
+        return int(host.fail(FailureClass.DEADLINE, f"{name}: interrupted by the host"))
+    if isinstance(ending, GuestOutOfFuel):
+        return int(host.out_of_fuel(host.context_of(caller), entry))
+    if isinstance(ending, GuestExit):
+        host.exit_code = ending.code
+        return int(new_trap("wasihost: exit"))
+    if isinstance(ending, HostStatus):
+        return int(host.status_trap(entry, ending.status))
+    return int(host.fail(FailureClass.HOST_ERROR, f"{name}: {ending}"))  # the memory went
 
 # The dispatch of a write entry whose handler is a WriteRoute (WASI's fd_write). A one-iovec
 # write to an fd its sink table names, both ranges inside the memory the view covers, is done
@@ -482,21 +503,8 @@ def make(host, entry, general, unpack, sinks, cap, ok, answered, answer):
                 result = ok
             except answered as failure:
                 result = answer(failure) & U32
-            except GuestFault as fault:
-                return host.fail(FailureClass.PROTOCOL, f"{name}: {fault}")
-            except GuestDeadline:
-                return host.fail(FailureClass.DEADLINE, f"{name}: deadline reached")
-            except GuestInterrupted:
-                return host.fail(FailureClass.DEADLINE, f"{name}: interrupted by the host")
-            except GuestOutOfFuel:
-                return host.out_of_fuel(host.context_of(caller), entry)
-            except GuestExit as exit_:
-                host.exit_code = exit_.code
-                return new_trap("wasihost: exit")
-            except (MemoryMoved, MemoryGone) as moved:
-                return host.fail(FailureClass.HOST_ERROR, f"{name}: {moved}")
-            except HostStatus as status:
-                return host.status_trap(entry, status.status)
+            except CALL_ENDINGS as ending:
+                return end_call(host, entry, name, caller, ending)
             if host.halt is not None:  # e.g. Ctrl-C during this call (see sigint.py): stop now
                 return host.halt_trap()
             debt = host.fuel_debt + price + per_byte * length
@@ -535,14 +543,8 @@ def _namespace() -> dict[str, Any]:
     return {
         "CORE_CAPABILITY": CORE_CAPABILITY,
         "FailureClass": FailureClass,
-        "GuestDeadline": GuestDeadline,
-        "GuestExit": GuestExit,
-        "GuestFault": GuestFault,
-        "GuestInterrupted": GuestInterrupted,
-        "GuestOutOfFuel": GuestOutOfFuel,
-        "HostStatus": HostStatus,
-        "MemoryGone": MemoryGone,
-        "MemoryMoved": MemoryMoved,
+        "CALL_ENDINGS": CALL_ENDINGS,
+        "end_call": end_call,
         "PROCESS_MEMORY": PROCESS_MEMORY,
         "SETTLE_FUEL": SETTLE_FUEL,
         "U32": U32,
