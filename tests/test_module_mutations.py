@@ -10,10 +10,12 @@ from conftest import ALL_CAPS, FIXTURES, bare
 from guests import build, guest_wat, host_import
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from wasi_support import LIBC
 
 from wasihost.errors import WasihostError
 from wasihost.policy import Policy
 from wasihost.runtime import Host
+from wasihost.wasi import WasiOptions, capabilities_for, wasi_profile
 
 ECHO = (FIXTURES / "echo" / "echo.wasm").read_bytes()
 # A small guest that imports a host function, so damage also lands in the import section.
@@ -24,6 +26,14 @@ CALL_FUEL = 2_000_000
 CALL_TIMEOUT_MS = 200
 
 HOST = Host(Policy(allow=ALL_CAPS), cache_dir=None)
+# A WASI command (C on wasi-libc) run with its output captured and nothing mounted.
+WASI_PROGRAM = LIBC.read_bytes()
+WASI_OUTPUT = bytearray()
+WASI_OPTIONS = WasiOptions(
+    argv=["wasi-libc.wasm", "hello"], stdout=WASI_OUTPUT.extend, stderr=WASI_OUTPUT.extend
+)
+WASI_CAPS = capabilities_for(WASI_OPTIONS)
+WASI_HOST = Host(Policy(allow=WASI_CAPS), cache_dir=None, profiles=[wasi_profile(WASI_OPTIONS)])
 MUTANTS = settings(
     max_examples=80,
     deadline=None,
@@ -83,10 +93,36 @@ def test_a_damaged_module_is_refused_or_runs_and_nothing_else(
     _try(wasm)
 
 
+def _try_command(wasm: bytes) -> str:
+    """Admit and run ``wasm`` as a WASI command; the outcome's name, as :func:`_try`."""
+    try:
+        ext = WASI_HOST.admit(bare(wasm), grants=WASI_CAPS)
+    except WasihostError:
+        return "refused"
+    try:
+        ext.run_command(timeout_ms=CALL_TIMEOUT_MS)  # the default fuel per call
+    except WasihostError:
+        return "failed"
+    finally:
+        ext.close()
+    return "ran"
+
+
+@MUTANTS
+@given(st.lists(_EDIT, min_size=1, max_size=6))
+def test_a_damaged_wasi_command_is_refused_or_runs_and_nothing_else(
+    edits: list[tuple[str, int, int]],
+) -> None:
+    _try_command(_damage(WASI_PROGRAM, edits))
+
+
 def test_the_host_still_serves_intact_modules_after_the_damaged_ones() -> None:
-    # Runs after the property above in file order, on the same host.
+    # Runs after the properties above in file order, on the same hosts.
     assert _try(ECHO) == "ran"
     assert _try(LOGGER) == "ran"
+    WASI_OUTPUT.clear()
+    assert _try_command(WASI_PROGRAM) == "ran"
+    assert b"hello" in WASI_OUTPUT
 
 
 def test_the_damage_reaches_every_outcome() -> None:
