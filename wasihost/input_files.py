@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from .regular_files import read_regular
+
 
 def read_file_or_stdin(source: str, limit: int) -> bytes | None:
     """At most ``limit`` bytes of ``source`` (``-``: stdin), or None when there are more: a
@@ -11,6 +13,5 @@ def read_file_or_stdin(source: str, limit: int) -> bytes | None:
     if source == "-":
         data = sys.stdin.buffer.read(limit + 1)
     else:
-        with open(source, "rb") as f:
-            data = f.read(limit + 1)
+        data = read_regular(source, limit, follow=True)
     return data if len(data) <= limit else None

@@ -27,7 +27,6 @@ is :class:`~wasihost.errors.RevocationListError`.
 from __future__ import annotations
 
 import calendar
-import os
 import re
 import threading
 import time
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 import attrs
 
 from ..errors import RevocationListError, RevokedError
+from ..regular_files import read_regular
 from .trust import (
     KEY_BYTES,
     PUBLISHER_ID,
@@ -121,9 +121,7 @@ class RevocationList:
             return f"its signing key {b64(package.signing_key)[:16]}... is revoked"
         for endorser in package.endorsed_by:
             if endorser in self.keys:
-                return (
-                    f"the key {b64(endorser)[:16]}... that endorsed its signing key is revoked"
-                )
+                return f"the key {b64(endorser)[:16]}... that endorsed its signing key is revoked"
         if package.package_digest is not None and package.package_digest in self.package_digests:
             return f"package digest {package.package_digest} is revoked"
         if package.sha256 in self.module_digests:
@@ -307,11 +305,9 @@ def key_bytes(text: str) -> bytes:
 
 def read_list(path: Path) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return read_regular(path, MAX_LIST_BYTES, follow=True)
     except OSError as exc:
         raise _fail(f"{path} cannot be read: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        return f.read(MAX_LIST_BYTES + 1)
 
 
 @attrs.frozen

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Final
 import attrs
 
 from ..errors import ConfigError
+from ..regular_files import read_regular
 
 # The cryptography package is imported where a key is made or used: reading a trust file needs
 # none of it, and a host run with no signing key should not pay its import at start-up.
@@ -295,8 +296,7 @@ class SigningKey:
 
 def _read_text(path: Path, limit: int, what: str) -> str:
     try:
-        with path.open("rb") as f:
-            data = f.read(limit + 1)
+        data = read_regular(path, limit, follow=True)
     except OSError as exc:
         raise ConfigError(f"{what} {path} cannot be read: {exc.strerror}") from None
     if len(data) > limit:
