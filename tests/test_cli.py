@@ -258,3 +258,14 @@ def test_inspect_a_plain_wasi_command(capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 0 and doc["abi"] == "none: a plain wasi command"
     assert all(i["entry"] is not None for i in doc["imports"])
     assert doc["admission"]["abi"] == "the wasi profile"
+
+
+def test_a_state_directory_that_is_a_file_is_named_as_such(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    plain = tmp_path / "state"
+    plain.write_text("not a directory")
+    code, _, err = run_cli(capsys, "status", "--state-dir", str(plain))
+    assert code == 1
+    assert f"state directory {plain} exists and is not a directory" in err
+    assert plain.read_text() == "not a directory"  # nothing of it was touched

@@ -188,6 +188,11 @@ class StateStore:
         self.directory = directory
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except FileExistsError:
+            # mkdir's own words ("File exists") would not say which part is wrong.
+            raise ConfigError(
+                f"state directory {directory} exists and is not a directory"
+            ) from None
         except OSError as exc:
             raise ConfigError(f"state directory {directory}: {exc.strerror}") from None
         self._lock = threading.Lock()
