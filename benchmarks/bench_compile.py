@@ -46,18 +46,24 @@ def section(sid: int, payload: bytes) -> bytes:
 
 
 def module(bodies: list[bytes], locals_: bytes = b"\x00") -> bytes:
-    """A module of ``() -> ()`` functions with the given bodies (without locals and `end`)."""
+    """A module of ``() -> ()`` functions with the given bodies (without locals and `end`),
+    and one funcref table for the table instructions."""
     types = section(1, b"\x01\x60\x00\x00")
     funcs = section(3, uleb(len(bodies)) + b"\x00" * len(bodies))
+    table = section(4, b"\x01\x70\x00\x01")
     codes = b""
     for body in bodies:
         full = locals_ + body + b"\x0b"
         codes += uleb(len(full)) + full
-    return b"\x00asm\x01\x00\x00\x00" + types + funcs + section(10, uleb(len(bodies)) + codes)
+    return (
+        b"\x00asm\x01\x00\x00\x00" + types + funcs + table + section(10, uleb(len(bodies)) + codes)
+    )
 
 
 LOOP, BLOCK, END = b"\x03\x40", b"\x02\x40", b"\x0b"
 IF = b"\x41\x00\x04\x40"  # i32.const 0; if
+TABLE_COPY = b"\x41\x00\x41\x00\x41\x01\xfc\x0e\x00\x00"  # table.copy 0 0 (0, 0, 1)
+CALL_INDIRECT = b"\x41\x00\x11\x00\x00"  # call_indirect (type 0) (i32.const 0)
 DEPTH = cs.MAX_CONTROL_DEPTH - 1  # the body itself is one level
 PER_FN = cs.MAX_LOOPS_PER_FUNCTION
 FNS_FOR_LOOPS = cs.MAX_LOOPS // PER_FN
@@ -115,6 +121,17 @@ def shapes(quick: bool) -> dict[str, bytes]:
         "in-process worst: 64 KB of ifs nested IN_PROCESS_MAX_DEPTH deep": module(
             [in_process_ifs * (63 * 1024 // len(in_process_ifs))]
         ),
+        "in-process worst: ifs, IN_PROCESS_MAX_BRANCHES in each function, 64 KB": module(
+            [(IF + END) * comp.IN_PROCESS_MAX_BRANCHES] * (64 * 1024 // (5 * 1000 + 8))
+        ),
+        "in-process worst: IN_PROCESS_MAX_INDIRECT table.copy in one function, ifs after": (
+            module(
+                [TABLE_COPY * comp.IN_PROCESS_MAX_INDIRECT]
+                + [(IF + END) * comp.IN_PROCESS_MAX_BRANCHES] * 12
+            )
+        ),
+        "worker: 6,000 table.copy in one function": module([TABLE_COPY * 6000]),
+        "worker: 6,000 call_indirect in one function": module([CALL_INDIRECT * 6000]),
         "reference: fixtures/wasi-std (ordinary Rust)": (
             ROOT / "fixtures" / "wasi-std" / "wasi-std.wasm"
         ).read_bytes(),

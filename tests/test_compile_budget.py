@@ -19,9 +19,13 @@ from hypothesis import strategies as st
 
 from wasihost import codeshape as cs
 from wasihost.cli import main
-from wasihost.codeshape import CodeShapeError, scan_code
+from wasihost.codeshape import CodeShape, CodeShapeError, scan_code
 from wasihost.engine.compile_worker import FRAME_MAGIC
-from wasihost.engine.compiler import ModuleCompiler
+from wasihost.engine.compiler import (
+    IN_PROCESS_MAX_BRANCHES,
+    IN_PROCESS_MAX_INDIRECT,
+    ModuleCompiler,
+)
 from wasihost.errors import AdmissionError, CallError
 from wasihost.policy import Policy
 from wasihost.runtime import Host
@@ -273,6 +277,9 @@ def test_the_scan_decodes_every_instruction_family() -> None:
     # $all: the body, block $out, loop, if, two blocks: depth 6; nine blocks, two locals.
     assert (shape.functions, shape.max_depth, shape.loops) == (3, 6, 1)
     assert (shape.max_locals, shape.max_locals_x_blocks) == (6, 18)
+    # $all's if, br_if and br_table; its table.get, grow, fill, copy, init and call_indirect,
+    # and $g2's return_call_indirect (table.set and table.size are cheap and not counted).
+    assert (shape.max_branches, shape.indirect) == (3, 7)
 
 
 @settings(max_examples=100)
@@ -357,6 +364,40 @@ def test_small_cheap_modules_compile_in_process_and_costly_ones_in_a_worker() ->
         assert host.engine.compiler.worker_compiles == 0
         costly = guest((b"\x00", (LOOP + END) * 600))  # small, but over IN_PROCESS_MAX_LOOPS
         host.admit(bare(costly)).call("run")
+        assert host.engine.compiler.worker_compiles == 1
+
+
+IN_PROCESS_LIMITS = {"indirect": IN_PROCESS_MAX_INDIRECT, "branches": IN_PROCESS_MAX_BRANCHES}
+TABLE = "(table $tb 1 funcref) (type $t (func (param i32) (result i32)))"
+
+
+@pytest.mark.parametrize(
+    ("unit", "limit"),
+    [
+        # 6,000 of these in one 59 KB function took 7 s of CPU and 217 MB in-process.
+        ("(table.copy $tb $tb (i32.const 0) (i32.const 0) (i32.const 1))", "indirect"),
+        ("(drop (call_indirect (type $t) (i32.const 0) (i32.const 0)))", "indirect"),
+        ("(if (i32.load (i32.const 64)) (then (nop)))", "branches"),
+    ],
+)
+def test_small_modules_dense_in_branches_or_table_calls_compile_in_a_worker(
+    unit: str, limit: str
+) -> None:
+    def module(units: int) -> bytes:
+        return build(guest_wat(f"{unit * units} (call $ok_null)", extra=TABLE))
+
+    def measure(shape: CodeShape) -> int:
+        return shape.indirect if limit == "indirect" else shape.max_branches
+
+    # The skeleton's own dispatch shares the command's function: count from what it has.
+    count = IN_PROCESS_LIMITS[limit] - measure(scan_code(module(0)))
+    at_limit, over = module(count), module(count + 1)
+    assert measure(scan_code(over)) == measure(scan_code(at_limit)) + 1
+    assert len(over) < EngineSettings().compile_in_process_max_bytes  # small enough otherwise
+    with Host(Policy(allow=ALL_CAPS), cache_dir=None) as host:
+        host.admit(bare(at_limit)).close()
+        assert host.engine.compiler.worker_compiles == 0
+        host.admit(bare(over)).close()
         assert host.engine.compiler.worker_compiles == 1
 
 

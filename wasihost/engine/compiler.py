@@ -74,6 +74,12 @@ IN_PROCESS_MAX_FUNCTIONS = 1_000
 IN_PROCESS_MAX_DEPTH = 200
 IN_PROCESS_MAX_LOCALS = 500
 IN_PROCESS_MAX_LOCALS_X_BLOCKS = 50_000
+# Conditional branches in one function and table accesses and indirect calls in all (see
+# codeshape._LEB_BRANCH): the fixtures and testsuite programs have at most 451 branches in a
+# function and 169 table accesses and indirect calls in a module; at these limits a 64 KB
+# module compiles in-process in at most ~0.3 s (docs/engine.md).
+IN_PROCESS_MAX_BRANCHES = 1_000
+IN_PROCESS_MAX_INDIRECT = 300
 
 
 def cheap(shape: CodeShape) -> bool:
@@ -84,6 +90,8 @@ def cheap(shape: CodeShape) -> bool:
         and shape.max_depth <= IN_PROCESS_MAX_DEPTH
         and shape.max_locals <= IN_PROCESS_MAX_LOCALS
         and shape.max_locals_x_blocks <= IN_PROCESS_MAX_LOCALS_X_BLOCKS
+        and shape.max_branches <= IN_PROCESS_MAX_BRANCHES
+        and shape.indirect <= IN_PROCESS_MAX_INDIRECT
     )
 
 
