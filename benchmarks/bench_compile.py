@@ -64,6 +64,8 @@ LOOP, BLOCK, END = b"\x03\x40", b"\x02\x40", b"\x0b"
 IF = b"\x41\x00\x04\x40"  # i32.const 0; if
 TABLE_COPY = b"\x41\x00\x41\x00\x41\x01\xfc\x0e\x00\x00"  # table.copy 0 0 (0, 0, 1)
 CALL_INDIRECT = b"\x41\x00\x11\x00\x00"  # call_indirect (type 0) (i32.const 0)
+# block; try_table (catch_all 0); end; end: two branches (the try_table and its catch)
+TRY_TABLE = b"\x02\x40\x1f\x40\x01\x02\x00\x0b\x0b"
 DEPTH = cs.MAX_CONTROL_DEPTH - 1  # the body itself is one level
 PER_FN = cs.MAX_LOOPS_PER_FUNCTION
 FNS_FOR_LOOPS = cs.MAX_LOOPS // PER_FN
@@ -129,6 +131,9 @@ def shapes(quick: bool) -> dict[str, bytes]:
                 [TABLE_COPY * comp.IN_PROCESS_MAX_INDIRECT]
                 + [(IF + END) * comp.IN_PROCESS_MAX_BRANCHES] * 12
             )
+        ),
+        "in-process worst: try_tables with a catch, IN_PROCESS_MAX_BRANCHES per function": (
+            module([TRY_TABLE * (comp.IN_PROCESS_MAX_BRANCHES // 2)] * (63 * 1024 // 4508))
         ),
         "worker: 6,000 table.copy in one function": module([TABLE_COPY * 6000]),
         "worker: 6,000 call_indirect in one function": module([CALL_INDIRECT * 6000]),
