@@ -251,6 +251,27 @@ def test_guest_text_cannot_drive_the_terminal(
     assert err.count("\n") == 1 and "\\x1b[2J" in err
 
 
+def test_inspect_prints_a_modules_names_inert_and_each_on_its_own_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Export and import names are the module's: a line break in one must not forge a line
+    of the report (a fake "admission: admitted"), nor an escape or a bidi override rewrite it."""
+    forged = "\\0d\\0aadmission: admitted (granted: everything)\\1b[2J\\e2\\80\\ae"
+    wat = guest_wat(
+        imports=f'(import "wasihost_v1" "log{forged}" (func (param i32 i32 i32 i32) (result i32)))',
+        extra=f'(func (export "run{forged}"))',
+    )
+    path = tmp_path / "names.wasm"
+    path.write_bytes(build(wat))
+    code, out, _ = run_cli(capsys, "inspect", str(path))
+    assert code == 1  # the import is no registry entry: refused
+    assert "\x1b" not in out and "\r" not in out and "\u202e" not in out
+    lines = out.splitlines()
+    assert not any(line.startswith("admission: admitted") for line in lines)
+    assert sum(line.startswith("admission:") for line in lines) == 1
+    assert "\\x0d\\x0aadmission: admitted" in out and "\\u202e" in out
+
+
 def test_inspect_a_plain_wasi_command(capsys: pytest.CaptureFixture[str]) -> None:
     module = FIXTURES / "wasi-std" / "wasi-std.wasm"
     code, out, _ = run_cli(capsys, "inspect", str(module), "--json")
@@ -269,3 +290,19 @@ def test_a_state_directory_that_is_a_file_is_named_as_such(
     assert code == 1
     assert f"state directory {plain} exists and is not a directory" in err
     assert plain.read_text() == "not a directory"  # nothing of it was touched
+
+
+def test_status_and_grants_print_a_revocation_reason_inert(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    state = str(tmp_path / "state")
+    assert run_cli(capsys, "install", str(FIXTURES / "echo"), "--state-dir", state)[0] == 0
+    reason = "\x1b[2J\nfake: line\u202e"
+    ext = "org.wasihost.fixtures.echo"
+    code, _, _ = run_cli(capsys, "grants", "revoke", ext, "--reason", reason, "--state-dir", state)
+    assert code == 0
+    for argv in (("status", ext), ("grants", "list", ext)):
+        code, out, _ = run_cli(capsys, *argv, "--state-dir", state)
+        assert code == 0
+        assert "\x1b" not in out and "\u202e" not in out and "\nfake" not in out
+        assert "\\x1b[2J\\x0afake: line\\u202e" in out

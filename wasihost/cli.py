@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import re
 import sys
 import time
 import warnings
@@ -40,6 +39,7 @@ from .package import (
 from .packaging.names import PACKAGE_SUFFIX
 from .policy import Policy
 from .registry import AbiVersion, default_registry
+from .terminal import printable
 
 # Each command imports what only it needs (the package archive, signature and key code, the
 # runtime): `wasihost run` of a directory or module loads none of the packaging modules, and
@@ -73,16 +73,6 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
-
-
-# C0 and C1 controls and DEL: a guest's log line, trap message (wasm function names come from
-# the module) or error text could otherwise move the cursor or rewrite the operator's terminal.
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """``text`` safe to print on one terminal line: controls shown as ``\\xNN``."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 COMMANDS = frozenset(
@@ -616,7 +606,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(cbor_json.dumps(report, indent=2))
     else:
-        print("\n".join(printable(line) for line in render_text(report).splitlines()))
+        print(render_text(report))  # every field escaped by render_text
     return 0 if report["admission"]["admitted"] else EXIT_FAILURE
 
 
@@ -872,7 +862,7 @@ def _cmd_grants(args: argparse.Namespace) -> int:
             else:
                 print(
                     f"{ext}: epoch {state.epoch}"
-                    + (f", REVOKED: {state.revoked}" if state.revoked else "")
+                    + (f", REVOKED: {printable(state.revoked)}" if state.revoked else "")
                 )
                 for row in rows:
                     print(
@@ -949,7 +939,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             print(
                 f"{r['extension']} {r['version'] or ''}".rstrip()
                 + f": {r['state']}"
-                + (f" ({r['why']})" if r["why"] else "")
+                + (f" ({printable(r['why'])})" if r["why"] else "")  # may quote a guest
             )
             print(f"  grants (epoch {r['epoch']}): {', '.join(r['grants']) or 'none'}")
             rem = r["remaining"]

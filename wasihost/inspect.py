@@ -17,6 +17,7 @@ from .package import Package
 from .planning import plan_package
 from .policy import Policy
 from .registry import AbiVersion, Registry
+from .terminal import printable
 from .wasmbin import WasmFormatError, read_header
 
 
@@ -171,16 +172,22 @@ def inspect_package(
 
 
 def render_text(report: dict[str, Any]) -> str:
-    lines = [f"source:  {report['source']}", f"sha256:  {report['sha256']}"]
+    """The report as lines for a terminal. Names and texts come from the package (the
+    manifest, the module's imports, exports and sections), so each is escaped where it is put
+    in a line: a name holding a line break or an escape sequence cannot forge a line."""
+    s = printable
+    lines = [f"source:  {s(report['source'])}", f"sha256:  {report['sha256']}"]
     if report.get("manifest"):
         m = report["manifest"]
-        lines.append(f"manifest: {m['id']} {m['version']} (abi {m['abi']})")
+        lines.append(f"manifest: {s(m['id'])} {s(m['version'])} (abi {s(m['abi'])})")
     if report.get("signature"):
         sig = report["signature"]
-        lines.append(f"signed:  by {sig['publisher']} (verified; package {sig['package_sha256']})")
-    lines.append(f"abi:     {report.get('abi') or 'none declared'}")
+        lines.append(
+            f"signed:  by {s(sig['publisher'])} (verified; package {sig['package_sha256']})"
+        )
+    lines.append(f"abi:     {s(report.get('abi') or 'none declared')}")
     if "features" in report:
-        lines.append(f"features: {', '.join(report['features']) or '(none)'}")
+        lines.append(f"features: {s(', '.join(report['features'])) or '(none)'}")
     lines.append("imports:")
     for imp in report.get("imports", []):
         entry = imp["entry"]
@@ -191,20 +198,20 @@ def render_text(report: dict[str, Any]) -> str:
             if entry
             else "NOT A REGISTRY ENTRY"
         )
-        lines.append(f"  {imp['module']}.{imp['name']} {imp['type'] or imp['kind']}  {desc}")
+        lines.append(f"  {s(imp['module'])}.{s(imp['name'])} {imp['type'] or imp['kind']}  {desc}")
     lines.append("exports:")
     for exp in report.get("exports", []):
-        lines.append(f"  {exp['name']} {exp['type'] or exp['kind']}")
+        lines.append(f"  {s(exp['name'])} {exp['type'] or exp['kind']}")
     adm = report["admission"]
     if adm["admitted"]:
-        lines.append(f"admission: admitted (granted: {', '.join(adm['granted']) or 'nothing'})")
+        lines.append(f"admission: admitted (granted: {s(', '.join(adm['granted'])) or 'nothing'})")
         lines.append("enforced by the host:")
-        lines += [f"  - {e}" for e in report["enforced"]]
+        lines += [f"  - {s(e)}" for e in report["enforced"]]
         lines.append("declared only (not enforced):")
-        lines += [f"  - {d}" for d in report["declared"]]
+        lines += [f"  - {s(d)}" for d in report["declared"]]
     else:
         lines.append("admission: REFUSED")
-        lines += [f"  - {p}" for p in adm["problems"]]
+        lines += [f"  - {s(p)}" for p in adm["problems"]]
     return "\n".join(lines)
 
 
