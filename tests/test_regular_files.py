@@ -66,28 +66,32 @@ def test_a_package_whose_manifest_or_module_is_not_a_file_is_refused(
     _refused(_cli("run", package, "noop", "--no-cache"), *expected)
 
 
-@pytest.mark.parametrize(
-    ("kind", "expected"),
-    [("fifo", "a FIFO"), ("device", "a character device")],
-)
-def test_a_module_or_archive_that_is_not_a_file_is_refused(
-    tmp_path: Path, kind: str, expected: str
-) -> None:
+def test_a_module_or_archive_that_is_not_a_file_is_refused(tmp_path: Path) -> None:
     for name in ("guest.wasm", "guest.whpkg"):
         path = tmp_path / name
-        if kind == "fifo":
-            os.mkfifo(path)
-            _refused(_cli("run", path, "noop", "--no-cache"))
-        path.unlink(missing_ok=True)
-    # Inputs are read through links (a shell's process substitution is one): the device is
-    # refused by kind, the FIFO without blocking.
-    path = tmp_path / "input.json"
-    if kind == "fifo":
         os.mkfifo(path)
-    else:
-        path.symlink_to("/dev/zero")
-    result = _cli("run", FIXTURES / "echo", "echo", "--input-file", path, "--no-cache")
-    _refused(result, expected)
+        _refused(_cli("run", path, "noop", "--no-cache"))
+
+
+def test_an_input_is_read_from_a_pipe_or_device_and_refused_as_a_directory(
+    tmp_path: Path,
+) -> None:
+    """Inputs are streams: a pipe with a writer (a shell's process substitution) is read, a
+    device is read up to the input bound, and only a directory is refused by kind."""
+    fifo = tmp_path / "input.json"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(  # the other end, as `<(echo ...)` would be
+        ["sh", "-c", f"printf '{{\"a\": 1}}' > {fifo}"]
+    )
+    try:
+        result = _cli("run", FIXTURES / "echo", "echo", "--input-file", fifo, "--no-cache")
+    finally:
+        writer.wait(timeout=CHILD_TIMEOUT_S)
+    assert (result.returncode, result.stdout) == (0, '{"a": 1}\n'), result.stderr
+    endless = _cli("run", FIXTURES / "echo", "echo", "--input-bytes", "/dev/zero", "--no-cache")
+    _refused(endless, "over")
+    directory = _cli("run", FIXTURES / "echo", "echo", "--input-file", tmp_path, "--no-cache")
+    _refused(directory, "not a regular file but a directory")
 
 
 @pytest.mark.parametrize("kind", KINDS)

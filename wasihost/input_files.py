@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from .regular_files import read_regular
+from .regular_files import read_stream
 
 
 def read_file_or_stdin(source: str, limit: int) -> bytes | None:
     """At most ``limit`` bytes of ``source`` (``-``: stdin), or None when there are more: a
     caller refuses an oversized input, it never truncates one. ``OSError`` passes through."""
-    if source == "-":
-        data = sys.stdin.buffer.read(limit + 1)
-    else:
-        data = read_regular(source, limit, follow=True)
+    data = sys.stdin.buffer.read(limit + 1) if source == "-" else read_stream(source, limit)
     return data if len(data) <= limit else None

@@ -1,10 +1,15 @@
-"""Reading the files an operator names (manifests, modules, packages, keys, signatures, lists,
-inputs): regular files only, bounded, and never a blocking open.
+"""Reading the files an operator names: bounded, checked by kind on the open handle.
 
-A FIFO or a terminal named where a file belongs would hold a plain ``open()`` (or its first
-read) until some writer appeared, which may be never; a directory fails only at the read, with
-an error no caller expects. So the file is opened without blocking, checked on its handle, and
-refused by kind before anything is read."""
+Data files (manifests, modules, packages, keys, signatures, lists) must be regular files. A
+FIFO or a terminal named where one belongs would hold a plain ``open()`` (or its first read)
+until some writer appeared, which may be never; a directory fails only at the read, with an
+error no caller expects. So they are opened without blocking and refused by kind before
+anything is read.
+
+Inputs (a command's input, a WASI program's stdin) are streams by nature: a pipe from a shell's
+process substitution (``--stdin <(make-data)``) or a device is what the operator asked for, and
+waiting for its writer is the expected behaviour. Only what cannot be read as a stream (a
+directory, a socket) is refused there."""
 
 from __future__ import annotations
 
@@ -53,6 +58,20 @@ def read_fd(fd: int, limit: int) -> bytes:
     that the file is over its bound without reading the rest."""
     with os.fdopen(fd, "rb") as f:
         return f.read(limit + 1)
+
+
+def read_stream(path: str | os.PathLike[str], limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of the file, pipe or device at ``path`` (links followed;
+    a pipe's writer is waited for). A directory raises ``NotARegularFile``; a socket cannot
+    be opened at all (``OSError``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise NotARegularFile("a directory")
+    except BaseException:
+        os.close(fd)
+        raise
+    return read_fd(fd, limit)
 
 
 def read_regular(path: str | os.PathLike[str], limit: int, *, follow: bool = False) -> bytes:
