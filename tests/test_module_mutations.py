@@ -6,6 +6,8 @@ exception, and stays usable for the next module."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from conftest import ALL_CAPS, FIXTURES, bare
 from guests import build, guest_wat, host_import
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +16,7 @@ from wasi_support import LIBC
 
 from wasihost.errors import WasihostError
 from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.runtime import Extension, Host
 from wasihost.wasi import WasiOptions, capabilities_for, wasi_profile
 
 ECHO = (FIXTURES / "echo" / "echo.wasm").read_bytes()
@@ -69,19 +71,32 @@ def _damage(wasm: bytes, edits: list[tuple[str, int, int]]) -> bytes:
     return bytes(data)
 
 
-def _try(wasm: bytes) -> str:
-    """Load, start and call ``wasm``; the outcome's name. Anything but a wasihost error fails."""
+def _outcome(
+    host: Host, wasm: bytes, grants: Iterable[str], run: Callable[[Extension], object]
+) -> str:
+    """Admit ``wasm`` on ``host`` and ``run`` it; the outcome's name. Anything but a wasihost
+    error fails the test."""
     try:
-        ext = HOST.admit(bare(wasm), grants=sorted(ALL_CAPS))
+        ext = host.admit(bare(wasm), grants=grants)
     except WasihostError:
         return "refused"
     try:
-        ext.call("noop", fuel=CALL_FUEL, timeout_ms=CALL_TIMEOUT_MS)
+        run(ext)
     except WasihostError:
         return "failed"
     finally:
         ext.close()
     return "ran"
+
+
+def _try(wasm: bytes) -> str:
+    """Load, start and call ``wasm``."""
+    return _outcome(
+        HOST,
+        wasm,
+        sorted(ALL_CAPS),
+        lambda ext: ext.call("noop", fuel=CALL_FUEL, timeout_ms=CALL_TIMEOUT_MS),
+    )
 
 
 @MUTANTS
@@ -94,18 +109,10 @@ def test_a_damaged_module_is_refused_or_runs_and_nothing_else(
 
 
 def _try_command(wasm: bytes) -> str:
-    """Admit and run ``wasm`` as a WASI command; the outcome's name, as :func:`_try`."""
-    try:
-        ext = WASI_HOST.admit(bare(wasm), grants=WASI_CAPS)
-    except WasihostError:
-        return "refused"
-    try:
-        ext.run_command(timeout_ms=CALL_TIMEOUT_MS)  # the default fuel per call
-    except WasihostError:
-        return "failed"
-    finally:
-        ext.close()
-    return "ran"
+    """Admit and run ``wasm`` as a WASI command, on the default fuel per call."""
+    return _outcome(
+        WASI_HOST, wasm, WASI_CAPS, lambda ext: ext.run_command(timeout_ms=CALL_TIMEOUT_MS)
+    )
 
 
 @MUTANTS
