@@ -371,8 +371,9 @@ fn respond(result: Result<Output>) -> Vec<u8> {
 /// (part of) its input into output.
 ///
 /// Built with `-C target-feature=+bulk-memory` (as `fixtures/build` does), the copy is one
-/// `memory.copy`, at memory speed and one fuel, where `<[u8]>::to_vec` may call the standard
-/// library's precompiled `memcpy`, a loop costing about a fuel a byte.
+/// `memory.copy`, at memory speed, where `<[u8]>::to_vec` may call the standard library's
+/// precompiled `memcpy`, a loop in wasm. Either costs fuel by the byte: wasmtime charges a
+/// `memory.copy` one fuel a byte (measured on wasmtime 50).
 pub fn to_bytes(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     append_bytes(&mut out, bytes);
