@@ -46,6 +46,11 @@ FUEL_FD: Final = 300  # one system call on a descriptor
 FUEL_POLL: Final = 500  # parses subscriptions and may wait
 FUEL_PATH: Final = 2000  # walks a path component by component: several system calls
 FUEL_PER_BYTE: Final = 1
+# A path call's base price covers a walk of this many components; each further one (an openat
+# and an fstat: one descriptor call's work) is charged FUEL_PER_WALK_STEP before it is walked.
+# Without it a 4096-component walk (a symlink chain) cost its flat base: ~12 ms of host time.
+WALK_STEPS_IN_BASE: Final = 8
+FUEL_PER_WALK_STEP: Final = FUEL_FD
 
 _PTR: Final = 4  # an out-pointer target (u32 / size)
 _U64: Final = 8

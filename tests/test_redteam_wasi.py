@@ -1,0 +1,116 @@
+"""Red-team review of the WASI profile: hostile guests written in WAT that call
+wasi_snapshot_preview1 directly, through the real engine. Each test names the break it proves
+fixed (or the attack it keeps refused)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import wasmtime
+from conftest import bare
+from guests import escape
+
+from wasihost.errors import CallError, FailureClass
+from wasihost.policy import Policy
+from wasihost.runtime import Extension, Host
+from wasihost.wasi import Mount, WasiOptions, capabilities_for, limits, wasi_profile
+from wasihost.wasi.registry import FUNCTIONS, MODULE
+
+# Every preview1 function imported under $<name>, so a guest body can call any of them.
+IMPORTS = " ".join(
+    f'(import "{MODULE}" "{f.name}" (func ${f.name}'
+    + (f" (param {' '.join(f.params)})" if f.params else "")
+    + (f" (result {' '.join(f.results)})" if f.results else "")
+    + "))"
+    for f in FUNCTIONS
+)
+
+O_DIRECTORY = 2
+LOOKUP_FOLLOW = 1
+READ_RIGHTS = (1 << 1) | (1 << 2) | (1 << 5) | (1 << 14) | (1 << 21)  # read, seek, tell, readdir,
+# fd_filestat_get
+
+
+def command(body: str, data: dict[int, bytes] | None = None, pages: int = 2) -> bytes:
+    """A plain WASI command: ``body`` is _start's code; ``data`` puts bytes at addresses."""
+    segments = " ".join(
+        f'(data (i32.const {at}) "{escape(blob)}")' for at, blob in (data or {}).items()
+    )
+    return bytes(
+        wasmtime.wat2wasm(
+            f'(module {IMPORTS} (memory (export "memory") {pages}) {segments}'
+            f' (func (export "_start") {body}))'
+        )
+    )
+
+
+def open_at(dirfd: str, path_at: int, path_len: int, out: int, *, oflags: int = 0,
+            follow: int = 0, rights: int = READ_RIGHTS) -> str:  # fmt: skip
+    """WAT: path_open(dirfd, follow, path, oflags, rights, rights, 0, out) -> errno."""
+    return (
+        f"(call $path_open {dirfd} (i32.const {follow}) (i32.const {path_at})"
+        f" (i32.const {path_len}) (i32.const {oflags}) (i64.const {rights})"
+        f" (i64.const {rights}) (i32.const 0) (i32.const {out}))"
+    )
+
+
+def exit_unless_ok(call: str, code: int) -> str:
+    """WAT: exit with ``code`` * 1000 + errno unless ``call`` answers success."""
+    return (
+        f"(local.set $e {call})"
+        f"(if (local.get $e) (then (call $proc_exit"
+        f" (i32.add (i32.const {code * 1000}) (local.get $e)))))"
+    )
+
+
+def run(
+    wasm: bytes,
+    config: WasiOptions,
+    *,
+    fuel: int = 2_000_000_000,
+    timeout_ms: int = 10_000,
+    grants: frozenset[str] | None = None,
+) -> tuple[int, Extension]:
+    caps = capabilities_for(config) if grants is None else grants
+    with Host(Policy(allow=caps), cache_dir=None, profiles=[wasi_profile(config)]) as host:
+        ext = host.admit(bare(wasm), grants=caps, fuel=fuel, timeout_ms=timeout_ms)
+        return ext.run_command(), ext
+
+
+# --- path walks are priced per component ------------------------------------------------------
+
+
+def _link_chain(mount: Path) -> None:
+    """40 symlinks c0 -> c1 -> ... -> f, each target padded with 818 ``a/..`` pairs: one
+    path_open of c0 walks the most components a resolution may (MAX_WALK_STEPS)."""
+    (mount / "a").mkdir()
+    (mount / "f").write_text("x")
+    pad = "a/../" * 818
+    for i in range(40):
+        (mount / f"c{i}").symlink_to(pad + (f"c{i + 1}" if i < 39 else "f"))
+
+
+def _open_chain_guest(name: bytes) -> bytes:
+    body = f"(drop {open_at('(i32.const 3)', 100, len(name), 200, follow=LOOKUP_FOLLOW)})"
+    return command(body, {100: name})
+
+
+def test_a_long_walk_is_charged_per_component(tmp_path: Path) -> None:
+    """Break: a path call's price was flat (2000) while its walk could take 4096 components
+    (an openat and fstat each, ~12 ms of host time through a symlink chain): ~6 host
+    microseconds per fuel unit instead of the ~20 units per microsecond of every other call."""
+    _link_chain(tmp_path)
+    config = WasiOptions(mounts=[Mount(tmp_path, "/m")])
+    _, short = run(_open_chain_guest(b"f"), config)
+    _, long = run(_open_chain_guest(b"c0"), config)
+    charged = long.last_fuel_used - short.last_fuel_used
+    assert charged >= (limits.MAX_WALK_STEPS - 16) * 300
+
+
+def test_a_long_walk_without_the_fuel_ends_before_walking_it(tmp_path: Path) -> None:
+    _link_chain(tmp_path)
+    config = WasiOptions(mounts=[Mount(tmp_path, "/m")])
+    with pytest.raises(CallError) as caught:
+        run(_open_chain_guest(b"c0"), config, fuel=200_000)
+    assert caught.value.failure is FailureClass.OUT_OF_FUEL
