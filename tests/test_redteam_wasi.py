@@ -14,7 +14,7 @@ from guests import escape
 from wasihost.errors import CallError, FailureClass
 from wasihost.policy import Policy
 from wasihost.runtime import Extension, Host
-from wasihost.wasi import Mount, WasiOptions, capabilities_for, limits, wasi_profile
+from wasihost.wasi import Errno, Mount, WasiOptions, capabilities_for, limits, wasi_profile
 from wasihost.wasi.registry import FUNCTIONS, MODULE
 
 # Every preview1 function imported under $<name>, so a guest body can call any of them.
@@ -114,3 +114,77 @@ def test_a_long_walk_without_the_fuel_ends_before_walking_it(tmp_path: Path) -> 
     with pytest.raises(CallError) as caught:
         run(_open_chain_guest(b"c0"), config, fuel=200_000)
     assert caught.value.failure is FailureClass.OUT_OF_FUEL
+
+
+# --- directory snapshots are priced and bounded per instance ----------------------------------
+
+
+def snapshot(fd_at: int) -> str:
+    """WAT: fd_readdir at cookie 0 with an empty buffer of the descriptor stored at ``fd_at``."""
+    return (
+        f"(call $fd_readdir (i32.load (i32.const {fd_at})) (i32.const 1024) (i32.const 0)"
+        " (i64.const 0) (i32.const 300))"
+    )
+
+
+def open_big(out: int, code: int) -> str:
+    return exit_unless_ok(open_at("(i32.const 3)", 100, 3, out, oflags=O_DIRECTORY), code)
+
+
+def _listing_guest(opens: int, rounds: int) -> bytes:
+    """Opens ``big`` ``opens`` times and snapshots each ``rounds`` times; exits with the first
+    failing errno + 1000 * (the descriptor's index + 1)."""
+    body = ["(local $e i32) (local $i i32)"]
+    for k in range(opens):
+        body.append(open_big(200 + 4 * k, 100 + k))
+        body.append(
+            f"(local.set $i (i32.const {rounds}))"
+            f"(loop $l{k}"
+            + exit_unless_ok(snapshot(200 + 4 * k), k + 1)
+            + "(local.set $i (i32.sub (local.get $i) (i32.const 1)))"
+            f"(br_if $l{k} (local.get $i)))"
+        )
+    return command("".join(body), {100: b"big"})
+
+
+def _big_dir(root: Path, entries: int) -> None:
+    big = root / "big"
+    big.mkdir()
+    for i in range(entries):
+        (big / f"{i:05d}").touch()
+
+
+def test_a_directory_snapshot_is_charged_per_entry(tmp_path: Path) -> None:
+    """Break: fd_readdir at cookie 0 re-read the whole directory (up to 100,000 entries, ~0.2 s
+    of host time and ~20 MB) for its flat price of 300, whatever the buffer."""
+    _big_dir(tmp_path, 2000)
+    config = WasiOptions(mounts=[Mount(tmp_path, "/m")])
+    code, once = run(_listing_guest(1, 1), config)
+    assert code == 0
+    code, many = run(_listing_guest(1, 11), config)
+    assert code == 0
+    assert many.last_fuel_used - once.last_fuel_used >= 10 * 2000 * 50
+
+
+def test_directory_snapshots_held_at_once_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Break: each descriptor kept its own snapshot, so 60 descriptors on one directory of
+    100,000 entries held gigabytes of host memory. Snapshots held at once by an instance are
+    bounded: one more is NOBUFS, and closing a descriptor gives its share back."""
+    monkeypatch.setattr(limits, "MAX_LISTED_ENTRIES", 1000)
+    _big_dir(tmp_path, 600)
+    config = WasiOptions(mounts=[Mount(tmp_path, "/m")])
+    code, _ = run(_listing_guest(2, 1), config)
+    assert code == 2000 + Errno.NOBUFS  # the second snapshot would hold 1204 entries
+    close_first = command(
+        "(local $e i32)"
+        + open_big(200, 1)
+        + open_big(204, 2)
+        + exit_unless_ok(snapshot(200), 3)
+        + exit_unless_ok("(call $fd_close (i32.load (i32.const 200)))", 4)
+        + exit_unless_ok(snapshot(204), 5)
+        + exit_unless_ok(snapshot(204), 6),
+        {100: b"big"},
+    )
+    assert run(close_first, config)[0] == 0

@@ -33,6 +33,10 @@ MAX_WALK_STEPS: Final = 4096
 MAX_POLL_SUBSCRIPTIONS: Final = 1024
 # Entries fd_readdir snapshots from one directory: bounds the host memory of one listing.
 MAX_DIR_ENTRIES: Final = 100_000
+# Entries of every snapshot one instance holds at once (each open directory descriptor keeps its
+# own): two whole directories of the size above, at most ~80 MB with the longest names. Without
+# it 250 descriptors on one big directory held 250 snapshots (gigabytes).
+MAX_LISTED_ENTRIES: Final = 2 * MAX_DIR_ENTRIES
 # A file in a read-write mount cannot grow past this through the guest (writes, set_size,
 # allocate answer FBIG): a guest must not fill the host's disk within its time budget.
 MAX_FILE_BYTES: Final = 1 * GiB
