@@ -4,6 +4,8 @@ fixed (or the attack it keeps refused)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -188,3 +190,69 @@ def test_directory_snapshots_held_at_once_are_bounded(
         {100: b"big"},
     )
     assert run(close_first, config)[0] == 0
+
+
+# --- no read after a revocation returns --------------------------------------------------------
+
+def _read_loop(fd: str, setup: str = "") -> bytes:
+    """After ``setup``, loops: fd_seek ``fd`` to 0 (stdin: ESPIPE, ignored), fd_read 16 bytes,
+    fd_write what it read to stdout (nothing once the read is refused)."""
+    return command(
+        "(local $e i32)"
+        + setup
+        + f"""
+    (i32.store (i32.const 300) (i32.const 1000))
+    (i32.store (i32.const 304) (i32.const 16))
+    (loop $l
+      (drop (call $fd_seek {fd} (i64.const 0) (i32.const 0) (i32.const 500)))
+      (i32.store (i32.const 508) (i32.const 0))
+      (drop (call $fd_read {fd} (i32.const 300) (i32.const 1) (i32.const 508)))
+      (i32.store (i32.const 312) (i32.const 1000))
+      (i32.store (i32.const 316) (i32.load (i32.const 508)))
+      (drop (call $fd_write (i32.const 1) (i32.const 312) (i32.const 1) (i32.const 520)))
+      (br $l))""",
+        {100: b"secret"},
+    )
+
+
+@pytest.mark.parametrize("capability", ["wasi.fs.read", "wasi.stdio"])
+def test_nothing_is_read_after_a_revocation_returns(tmp_path: Path, capability: str) -> None:
+    """Break: fd_read is a core entry (the engine's gate lets it through whatever the grant),
+    so after `revoke(ext, "wasi.fs.read")` (or wasi.stdio) returned, a running program kept
+    reading the files it had open (or its stdin)."""
+    (tmp_path / "secret").write_bytes(b"TOP SECRET\n")
+    seen: list[tuple[float, bytes]] = []
+    config = WasiOptions(
+        mounts=[Mount(tmp_path, "/data")],
+        stdin=b"STDIN SECRET\n" * 100_000,
+        stdout=lambda b: seen.append((time.monotonic(), b)),
+    )
+    guest = (
+        _read_loop("(i32.load (i32.const 400))", exit_unless_ok(open_at("(i32.const 3)", 100, 6, 400), 1))
+        if capability == "wasi.fs.read"
+        else _read_loop("(i32.const 0)")
+    )
+    caps = capabilities_for(config)
+    outcome: list[BaseException] = []
+    with Host(Policy(allow=caps), cache_dir=None, profiles=[wasi_profile(config)]) as host:
+        ext = host.admit(bare(guest), grants=caps, fuel=10**10, timeout_ms=800)
+
+        def target() -> None:
+            try:
+                ext.run_command()
+            except BaseException as exc:  # the test inspects it
+                outcome.append(exc)
+
+        worker = threading.Thread(target=target)
+        worker.start()
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.001)
+        host.revoke(ext.id, capability, "test")
+        revoked = time.monotonic()
+        worker.join(timeout=10)
+    assert any(b"SECRET" in data for _, data in seen)
+    after = [data for at, data in seen if at > revoked]
+    assert after, "the guest kept running after the revocation"
+    assert not any(data for data in after), "a read landed after the revocation returned"
+    assert isinstance(outcome[0], CallError) and outcome[0].failure is FailureClass.DEADLINE

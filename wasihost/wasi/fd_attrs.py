@@ -39,7 +39,7 @@ from .fd_checks import (
     writable,
 )
 from .fds import HostDescriptor
-from .state import WasiState
+from .state import WasiState, under
 
 _FADVISE = (
     (
@@ -131,7 +131,7 @@ def fd_filestat_get(st: WasiState, mem: GuestMemory, fd: int, out: int) -> int:
     desc = descriptor(st, fd)
     need(desc, Right.FD_FILESTAT_GET)
     if isinstance(desc, HostDescriptor):
-        mem.write(out, pack_filestat(os.fstat(desc.fd)))
+        mem.write(out, pack_filestat(under(st.fs_read, lambda: os.fstat(desc.fd))))
     else:
         # stdio is a stream of ours, not a host file: only its type is meaningful.
         mem.write(out, FILESTAT.pack(0, 0, desc.filetype, 1, 0, 0, 0, 0))

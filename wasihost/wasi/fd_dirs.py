@@ -104,6 +104,8 @@ def fd_readdir(
     mem.require_range(buf, buf_len)
     mem.require_fuel(buf_len * FUEL_PER_BYTE)
     if cookie == 0 or desc.listing is None:
+        # Not under st.fs_read: a snapshot may take a while and must not hold the grant table's
+        # lock; the entry is gated by wasi.fs.read, so no call started after a change gets here.
         desc.listing = _listing(st, mem, desc)
     entries = desc.listing
     out = bytearray()

@@ -22,7 +22,7 @@ from .fd_checks import I64_LIMIT, filesize, need, regular_file, room_under_limit
 from .fds import HostDescriptor, OutputDescriptor, StdinDescriptor
 from .memio import gather, iovecs, prepare_read, scatter, total_length
 from .registry import FUEL_PER_BYTE
-from .state import WasiState
+from .state import WasiState, under
 
 _MAX_IO = limits.MAX_IO_BYTES_PER_CALL
 # A stdio write up to this size goes to its sink without asking the budget first (a line; the
@@ -58,6 +58,12 @@ def fd_write(
     return Errno.SUCCESS
 
 
+def _take_stdin(desc: StdinDescriptor, want: int) -> bytes:
+    data = desc.data[desc.pos : desc.pos + want]
+    desc.pos += len(data)
+    return data
+
+
 def fd_read(
     st: WasiState, mem: GuestMemory, fd: int, iovs: int, iovs_len: int, nread_ptr: int
 ) -> int:
@@ -72,10 +78,9 @@ def fd_read(
     mem.require_range(nread_ptr, 4)  # before the read moves the offset or consumes stdin
     want = prepare_read(mem, vecs, _MAX_IO)
     if isinstance(desc, HostDescriptor):
-        data = os.read(desc.fd, want)
+        data = under(st.fs_read, lambda: os.read(desc.fd, want))
     else:
-        data = desc.data[desc.pos : desc.pos + want]
-        desc.pos += len(data)
+        data = under(st.stdin_read, lambda: _take_stdin(desc, want))
     mem.write_u32(nread_ptr, scatter(mem, vecs, data) if data else 0)
     return Errno.SUCCESS
 
@@ -96,7 +101,8 @@ def fd_pread(
     offset = filesize(offset)
     vecs = iovecs(mem, iovs, iovs_len)
     mem.require_range(nread_ptr, 4)
-    data = os.pread(desc.fd, prepare_read(mem, vecs, _MAX_IO), offset)
+    want = prepare_read(mem, vecs, _MAX_IO)
+    data = under(st.fs_read, lambda: os.pread(desc.fd, want, offset))
     mem.write_u32(nread_ptr, scatter(mem, vecs, data) if data else 0)
     return Errno.SUCCESS
 
@@ -135,14 +141,15 @@ def fd_seek(
         return Errno.INVAL
     delta = offset - (1 << 64) if offset >= I64_LIMIT else offset
     mem.require_range(newoffset_ptr, 8)  # before the seek moves the offset
-    mem.write_u64(newoffset_ptr, os.lseek(desc.fd, delta, _WHENCE[Whence(whence)]))
+    how = _WHENCE[Whence(whence)]
+    mem.write_u64(newoffset_ptr, under(st.fs_read, lambda: os.lseek(desc.fd, delta, how)))
     return Errno.SUCCESS
 
 
 def fd_tell(st: WasiState, mem: GuestMemory, fd: int, offset_ptr: int) -> int:
     desc = regular_file(st, fd)
     need(desc, Right.FD_TELL)
-    mem.write_u64(offset_ptr, os.lseek(desc.fd, 0, os.SEEK_CUR))
+    mem.write_u64(offset_ptr, under(st.fs_read, lambda: os.lseek(desc.fd, 0, os.SEEK_CUR)))
     return Errno.SUCCESS
 
 
@@ -154,6 +161,7 @@ def fd_tell(st: WasiState, mem: GuestMemory, fd: int, offset_ptr: int) -> int:
 
 # Errno members are enum attributes, slower to look up than a plain int on the hot path.
 _SUCCESS = int(Errno.SUCCESS)
+_NOTCAPABLE = int(Errno.NOTCAPABLE)
 
 
 def _errno_of(fn: Callable[..., int], *args: Any) -> int:
@@ -206,6 +214,8 @@ def fast_fd_write(st: WasiState) -> WriteRoute:
 
 def fast_fd_read(st: WasiState) -> Callable[..., int]:
     get = st.fds.lookup
+    guard = st.fs_read
+    read = os.read
 
     def handler(mem: GuestMemory, fd: int, iovs: int, iovs_len: int, nread_ptr: int) -> int:
         try:
@@ -223,7 +233,10 @@ def fast_fd_read(st: WasiState) -> Callable[..., int]:
                 # nothing read, and the file offset does not move.
                 mem.require_range(buf, length)
                 mem.require_fuel(length * FUEL_PER_BYTE)
-                data = os.read(desc.fd, length)
+                # Under the grant: no read lands after a revocation of wasi.fs.read returns.
+                authorised, data = guard(lambda: read(desc.fd, length))
+                if not authorised or data is None:
+                    return _NOTCAPABLE
                 if data:
                     mem.write(buf, data)
                 mem.write_u32(nread_ptr, len(data))
