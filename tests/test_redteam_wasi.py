@@ -16,11 +16,12 @@ from conftest import bare
 from guests import build, escape, guest_wat
 from wasi_support import package
 
+from wasihost.engine.native import SETTLE_FUEL
 from wasihost.errors import CallError, FailureClass
 from wasihost.policy import Policy
 from wasihost.runtime import Extension, Host
 from wasihost.wasi import Errno, Mount, WasiOptions, capabilities_for, limits, wasi_profile
-from wasihost.wasi.registry import FUNCTIONS, MODULE
+from wasihost.wasi.registry import FUEL_POLL, FUEL_TO_WAIT, FUNCTIONS, MODULE
 
 # Every preview1 function imported under $<name>, so a guest body can call any of them.
 IMPORTS = " ".join(
@@ -315,3 +316,28 @@ def test_cputime_clocks_say_nothing_about_the_hosts_other_work() -> None:
             # at most one resolution step on.
             assert 0 <= process - mono <= RESOLUTION_NS, (mono, process, thread)
             assert 0 <= thread - mono <= RESOLUTION_NS, (mono, process, thread)
+
+
+# --- poll_oneoff never waits on credit --------------------------------------------------------
+
+# One relative monotonic clock subscription of 60 s (userdata 7) at 0, its event at 64.
+SLEEP_60S = command(
+    """
+    (i64.store (i32.const 0) (i64.const 7))
+    (i32.store8 (i32.const 8) (i32.const 0))
+    (i32.store (i32.const 16) (i32.const 1))
+    (i64.store (i32.const 24) (i64.const 60000000000))
+    (drop (call $poll_oneoff (i32.const 0) (i32.const 64) (i32.const 1) (i32.const 128)))"""
+)
+
+
+def test_a_guest_that_cannot_pay_never_sleeps() -> None:
+    """Break: poll_oneoff's price (500) was charged after the wait, inside the engine's
+    10,000-unit allowance, so a guest with 50 units left slept until its deadline (up to ten
+    minutes) on credit. Now it ends out_of_fuel at once."""
+    assert FUEL_TO_WAIT == SETTLE_FUEL + FUEL_POLL  # the allowance it must hold beyond the price
+    start = time.monotonic()
+    with pytest.raises(CallError) as caught:
+        run(SLEEP_60S, WasiOptions(clock="standard"), fuel=5_000, timeout_ms=3_000)
+    assert caught.value.failure is FailureClass.OUT_OF_FUEL
+    assert time.monotonic() - start < 1.5

@@ -30,7 +30,7 @@ from .abi import (
 )
 from .errno import Errno, WasiError
 from .fds import Descriptor, HostDescriptor, StdinDescriptor
-from .registry import FUEL_PER_BYTE
+from .registry import FUEL_PER_BYTE, FUEL_TO_WAIT
 from .state import WasiState
 
 _EVENT_RW_HANGUP = 1
@@ -104,6 +104,7 @@ def poll_oneoff(
         # Only clocks: wait for the earliest, but never past the call's deadline.
         wait_ns = min(due for due, _ in clocks)
         if wait_ns > 0:
+            mem.require_fuel(FUEL_TO_WAIT)  # never a wait on credit
             # mem.sleep, not time.sleep: the host's interrupt (a disable, a revocation) wakes
             # it and ends the call at once instead of at its deadline.
             left = mem.deadline - time.monotonic()

@@ -55,6 +55,11 @@ FUEL_PER_WALK_STEP: Final = FUEL_FD
 # about 1.7 us of host time; charged before each batch is read. Without it one fd_readdir
 # re-read a directory of 100,000 entries (~0.2 s) for the base price.
 FUEL_PER_DIR_ENTRY: Final = 100
+# What a budget must still hold for poll_oneoff to wait: its price, plus the 10,000 units host
+# calls may otherwise owe before the engine checks the budget (SETTLE_FUEL in engine/native.py,
+# below which a fuel check answers yes without looking). Without it a guest with 50 units left
+# slept until its deadline (up to ten minutes) on credit.
+FUEL_TO_WAIT: Final = 10_000 + FUEL_POLL
 
 _PTR: Final = 4  # an out-pointer target (u32 / size)
 _U64: Final = 8
