@@ -4,6 +4,7 @@ fixed (or the attack it keeps refused)."""
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 import time
@@ -341,3 +342,28 @@ def test_a_guest_that_cannot_pay_never_sleeps() -> None:
         run(SLEEP_60S, WasiOptions(clock="standard"), fuel=5_000, timeout_ms=3_000)
     assert caught.value.failure is FailureClass.OUT_OF_FUEL
     assert time.monotonic() - start < 1.5
+
+
+# --- host files the ABI cannot describe exactly ------------------------------------------------
+
+
+def test_a_host_file_from_before_1970_is_stated_not_a_host_error(tmp_path: Path) -> None:
+    """Break: a file in a mount with a timestamp before 1970 made fd_filestat_get and
+    path_filestat_get fail as host errors (struct refused the negative u64), with a traceback
+    in the host's log. Its times read as 0."""
+    (tmp_path / "old").write_text("x")
+    os.utime(tmp_path / "old", ns=(-(10**18), -(10**18)))
+    mtim_is_zero = "(i64.eqz (i64.load (i32.const 1072)))"  # the filestat at 1024: mtim at +48
+    body = (
+        "(local $e i32)"
+        + exit_unless_ok(open_at("(i32.const 3)", 100, 3, 200), 1)
+        + exit_unless_ok("(call $fd_filestat_get (i32.load (i32.const 200)) (i32.const 1024))", 2)
+        + f"(if (i32.eqz {mtim_is_zero}) (then (call $proc_exit (i32.const 3))))"
+        + exit_unless_ok(
+            "(call $path_filestat_get (i32.const 3) (i32.const 0) (i32.const 100) (i32.const 3)"
+            " (i32.const 1024))",
+            4,
+        )
+        + f"(if (i32.eqz {mtim_is_zero}) (then (call $proc_exit (i32.const 5))))"
+    )
+    assert run(command(body, {100: b"old"}), WasiOptions(mounts=[Mount(tmp_path, "/m")]))[0] == 0

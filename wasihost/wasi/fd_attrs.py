@@ -72,15 +72,17 @@ def filetype_of(mode: int) -> int:
 
 
 def pack_filestat(st: os.stat_result) -> bytes:
+    # Preview1 timestamps are unsigned: a time before 1970 (a host file's, e.g. from an old
+    # archive) reads as 0 rather than failing the call (struct refuses a negative u64).
     return FILESTAT.pack(
         st.st_dev,
         st.st_ino,
         filetype_of(st.st_mode),
         st.st_nlink,
         st.st_size,
-        st.st_atime_ns,
-        st.st_mtime_ns,
-        st.st_ctime_ns,
+        max(st.st_atime_ns, 0),
+        max(st.st_mtime_ns, 0),
+        max(st.st_ctime_ns, 0),
     )
 
 
