@@ -22,7 +22,13 @@ from wasihost.errors import CallError, FailureClass
 from wasihost.policy import Policy
 from wasihost.runtime import Extension, Host
 from wasihost.wasi import Errno, Mount, WasiOptions, capabilities_for, limits, wasi_profile
-from wasihost.wasi.registry import FUEL_POLL, FUEL_TO_WAIT, FUNCTIONS, MODULE
+from wasihost.wasi.registry import (
+    FUEL_PER_SEEDED_RANDOM_BYTE,
+    FUEL_POLL,
+    FUEL_TO_WAIT,
+    FUNCTIONS,
+    MODULE,
+)
 
 # Every preview1 function imported under $<name>, so a guest body can call any of them.
 IMPORTS = " ".join(
@@ -367,3 +373,30 @@ def test_a_host_file_from_before_1970_is_stated_not_a_host_error(tmp_path: Path)
         + f"(if (i32.eqz {mtim_is_zero}) (then (call $proc_exit (i32.const 5))))"
     )
     assert run(command(body, {100: b"old"}), WasiOptions(mounts=[Mount(tmp_path, "/m")]))[0] == 0
+
+
+# --- seeded random bytes are priced for what they cost ----------------------------------------
+
+
+def _random_guest(length: int) -> bytes:
+    return command(
+        f"(call $proc_exit (call $random_get (i32.const 1024) (i32.const {length})))", pages=17
+    )
+
+
+def test_seeded_random_bytes_are_priced_for_their_host_time() -> None:
+    """Break: random_get cost 1 unit a byte from the seeded stream too (HMAC-SHA256 per 32
+    bytes, ~190 ns a byte): 1 MiB took ~0.19 s of host time for about a million units. A guest
+    that cannot pay the seeded price ends out_of_fuel with no byte made."""
+    seeded = WasiOptions(random_seed=b"0123456789abcdef")
+    code, small = run(_random_guest(16), seeded)
+    assert code == 0
+    code, big = run(_random_guest(65536), seeded)
+    assert code == 0
+    assert big.last_fuel_used - small.last_fuel_used >= 65520 * (1 + FUEL_PER_SEEDED_RANDOM_BYTE)
+    with pytest.raises(CallError) as caught:
+        run(_random_guest(1 << 20), seeded, fuel=5_000_000)
+    assert caught.value.failure is FailureClass.OUT_OF_FUEL
+    # The OS CSPRNG (~10 ns a byte) keeps the one unit a byte.
+    code, os_random = run(_random_guest(65536), WasiOptions(random=True))
+    assert code == 0 and os_random.last_fuel_used - small.last_fuel_used < 70_000

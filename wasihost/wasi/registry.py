@@ -55,6 +55,10 @@ FUEL_PER_WALK_STEP: Final = FUEL_FD
 # about 1.7 us of host time; charged before each batch is read. Without it one fd_readdir
 # re-read a directory of 100,000 entries (~0.2 s) for the base price.
 FUEL_PER_DIR_ENTRY: Final = 100
+# Each byte of the seeded random stream (HMAC-SHA256 in counter mode, ~190 ns a byte in
+# Python) on top of FUEL_PER_BYTE: priced like the profile's other host work (~0.1-0.15 units
+# per ns), where 1 unit a byte let 1 MiB cost ~0.19 s of host time for about a million units.
+FUEL_PER_SEEDED_RANDOM_BYTE: Final = 25
 # What a budget must still hold for poll_oneoff to wait: its price, plus the 10,000 units host
 # calls may otherwise owe before the engine checks the budget (SETTLE_FUEL in engine/native.py,
 # below which a fuel check answers yes without looking). Without it a guest with 50 units left

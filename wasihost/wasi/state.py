@@ -110,9 +110,12 @@ class WasiState:
             config.clock if allows(CAP_CLOCK) else None, clock, clock_resolution_ns
         )
         self.random: Callable[[int], bytes] | None = None
+        # The seeded stream costs ~20 times the OS CSPRNG's host time a byte: priced so.
+        self.random_seeded = False
         if config.provides_random and allows(CAP_RANDOM):
             seed = config.random_seed if config.random_seed is not None else policy_seed
             self.random = SeededRandom(seed) if seed is not None else os.urandom
+            self.random_seeded = seed is not None
         self.fds = FdTable(config.max_fds)
         self._log_lines: list[LogLines] = []
         self._setup_stdio(allows(CAP_STDIO), log)
