@@ -23,6 +23,7 @@ from wasihost.policy import Policy
 from wasihost.runtime import Extension, Host
 from wasihost.wasi import Errno, Mount, WasiOptions, capabilities_for, limits, wasi_profile
 from wasihost.wasi.registry import (
+    FUEL_PER_LOG_RECORD,
     FUEL_PER_SEEDED_RANDOM_BYTE,
     FUEL_POLL,
     FUEL_TO_WAIT,
@@ -400,3 +401,38 @@ def test_seeded_random_bytes_are_priced_for_their_host_time() -> None:
     # The OS CSPRNG (~10 ns a byte) keeps the one unit a byte.
     code, os_random = run(_random_guest(65536), WasiOptions(random=True))
     assert code == 0 and os_random.last_fuel_used - small.last_fuel_used < 70_000
+
+
+# --- lines to the extension's log are priced per record ----------------------------------------
+
+
+def _newlines_guest(length: int, iovecs: int = 1) -> bytes:
+    """fd_write to stdout of ``length`` newlines (in ``iovecs`` equal iovecs)."""
+    part = length // iovecs
+    setup = "".join(
+        f"(i32.store (i32.const {8 * i}) (i32.const {1024 + part * i}))"
+        f"(i32.store (i32.const {8 * i + 4}) (i32.const {part}))"
+        for i in range(iovecs)
+    )
+    return command(
+        f"(memory.fill (i32.const 1024) (i32.const 10) (i32.const {length})) {setup}"
+        f"(call $proc_exit (call $fd_write (i32.const 1) (i32.const 0) (i32.const {iovecs})"
+        " (i32.const 512)))",
+        pages=17,
+    )
+
+
+@pytest.mark.parametrize(("length", "iovecs"), [(4096, 1), (65536, 1), (65536, 4)])
+def test_lines_to_the_log_are_charged_per_record(length: int, iovecs: int) -> None:
+    """Break: with stdio not granted, each line of stdout becomes a record of the extension's
+    log (or a call of the embedder's log sink), yet a write paid only its bytes: 1 MiB of
+    newlines made a million records (~1 s of host time) for about two million units. The
+    engine's shortcut (one iovec of at most 4 KiB) took the same price."""
+    _, one = run(_newlines_guest(1), WasiOptions(), grants=frozenset())
+    code, many = run(_newlines_guest(length, iovecs), WasiOptions(), grants=frozenset())
+    assert code == 0
+    assert many.last_fuel_used - one.last_fuel_used >= (length - 1) * FUEL_PER_LOG_RECORD
+    # A caller's sink (wasi.stdio) makes no records: bytes only, as before.
+    config = WasiOptions(stdout=lambda data: None)
+    code, to_caller = run(_newlines_guest(length, iovecs), config)
+    assert code == 0 and to_caller.last_fuel_used - one.last_fuel_used < 3 * length

@@ -20,8 +20,8 @@ from .abi import (
 from .errno import Errno, WasiError, from_oserror
 from .fd_checks import I64_LIMIT, filesize, need, regular_file, room_under_limit, writable
 from .fds import HostDescriptor, OutputDescriptor, StdinDescriptor
-from .memio import gather, iovecs, prepare_read, scatter, total_length
-from .registry import FUEL_PER_BYTE
+from .memio import charge, gather, iovecs, prepare_read, scatter, total_length
+from .registry import FUEL_PER_BYTE, FUEL_PER_LOG_RECORD
 from .state import WasiState, under
 
 _MAX_IO = limits.MAX_IO_BYTES_PER_CALL
@@ -43,6 +43,8 @@ def fd_write(
     mem.require_fuel(total_length(vecs, _MAX_IO) * FUEL_PER_BYTE)
     data = gather(mem, vecs, _MAX_IO)
     if type(desc) is OutputDescriptor:
+        if desc.records:
+            charge(mem, log_records(data) * FUEL_PER_LOG_RECORD)
         desc.sink(data)
         written = len(data)
     elif isinstance(desc, HostDescriptor) and not desc.is_dir:
@@ -62,6 +64,13 @@ def _take_stdin(desc: StdinDescriptor, want: int) -> bytes:
     data = desc.data[desc.pos : desc.pos + want]
     desc.pos += len(data)
     return data
+
+
+def log_records(data: bytes) -> int:
+    """The log records a write of ``data`` makes (see LogLines): one per newline, and one per
+    ``MAX_LOG_LINE_BYTES`` of a longer line (a line still pending makes its record in a later
+    call, which paid for its bytes)."""
+    return data.count(b"\n") + len(data) // limits.MAX_LOG_LINE_BYTES
 
 
 def fd_read(
@@ -199,10 +208,13 @@ def fast_fd_write(st: WasiState) -> WriteRoute:
     def handler(mem: GuestMemory, fd: int, iovs: int, iovs_len: int, nwritten_ptr: int) -> int:
         try:
             desc = get(fd)
-            if iovs_len == 1 and type(desc) is OutputDescriptor and desc.rights_base & R_FD_WRITE:
-                # Both ranges are checked before the sink: a wild pointer faults before output.
-                desc.sink(mem.take_iovec(iovs, _MAX_IO, nwritten_ptr))
-                return _SUCCESS
+            if type(desc) is OutputDescriptor:
+                if iovs_len == 1 and not desc.records and desc.rights_base & R_FD_WRITE:
+                    # Both ranges are checked before the sink: a wild pointer faults before
+                    # any output.
+                    desc.sink(mem.take_iovec(iovs, _MAX_IO, nwritten_ptr))
+                    return _SUCCESS
+                return fd_write(st, mem, fd, iovs, iovs_len, nwritten_ptr)  # no host file
             return _committed_fd_write(st, mem, fd, iovs, iovs_len, nwritten_ptr)
         except WasiError as exc:
             return exc.errno

@@ -59,6 +59,11 @@ FUEL_PER_DIR_ENTRY: Final = 100
 # Python) on top of FUEL_PER_BYTE: priced like the profile's other host work (~0.1-0.15 units
 # per ns), where 1 unit a byte let 1 MiB cost ~0.19 s of host time for about a million units.
 FUEL_PER_SEEDED_RANDOM_BYTE: Final = 25
+# Each log record a write to stdout/stderr makes when they go to the extension's log (one a
+# line, and one per 4 KiB of a longer one): about a microsecond of host time each, or an
+# embedder's log sink call. At one unit a byte, 1 MiB of newlines made a million records
+# (~1 s of host time) for about two million units.
+FUEL_PER_LOG_RECORD: Final = 100
 # What a budget must still hold for poll_oneoff to wait: its price, plus the 10,000 units host
 # calls may otherwise owe before the engine checks the budget (SETTLE_FUEL in engine/native.py,
 # below which a fuel check answers yes without looking). Without it a guest with 50 units left

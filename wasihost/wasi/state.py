@@ -140,17 +140,20 @@ class WasiState:
             (self.config.stdout, Level.INFO, "stdout"),
             (self.config.stderr, Level.WARN, "stderr"),
         ):
-            sink = given
-            if sink is None or not stdio:
+            sink: Callable[[bytes], object]
+            if given is None or not stdio:
                 lines = LogLines(log, level, source)
                 self._log_lines.append(lines)
-                sink = lines
+                sink, records = lines, True
+            else:
+                sink, records = given, False
             self.fds.insert(
                 OutputDescriptor(
                     filetype=Filetype.CHARACTER_DEVICE,
                     rights_base=STDOUT_RIGHTS,
                     rights_inheriting=0,
                     sink=sink,
+                    records=records,
                 )
             )
 
