@@ -18,7 +18,7 @@ from guests import build, escape, guest_wat
 from wasi_support import package
 
 from wasihost.engine.native import SETTLE_FUEL
-from wasihost.errors import CallError, FailureClass
+from wasihost.errors import CallError, ConfigError, FailureClass
 from wasihost.policy import Policy
 from wasihost.runtime import Extension, Host
 from wasihost.wasi import Errno, Mount, WasiOptions, capabilities_for, limits, wasi_profile
@@ -436,3 +436,20 @@ def test_lines_to_the_log_are_charged_per_record(length: int, iovecs: int) -> No
     config = WasiOptions(stdout=lambda data: None)
     code, to_caller = run(_newlines_guest(length, iovecs), config)
     assert code == 0 and to_caller.last_fuel_used - one.last_fuel_used < 3 * length
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+def test_a_read_only_mount_inside_a_writable_one_is_refused_however_spelled(
+    tmp_path: Path,
+) -> None:
+    """Break: the nesting check compared paths as text, so a writable mount spelled
+    "<tmp>/x/.." (or reached through a symlink) held a read-only "<tmp>/in", writable through
+    it. Paths are compared as the directories they are."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "x").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path)
+    for writable in (tmp_path / "x" / "..", tmp_path / "link"):
+        with pytest.raises(ConfigError, match="lies inside writable mount"):
+            WasiOptions(mounts=[Mount(writable, "/w", writable=True), Mount(tmp_path / "in", "/r")])

@@ -9,6 +9,7 @@ exactly, which is what the CLI grants.
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -185,9 +186,13 @@ class WasiOptions:
         guests = [m.guest for m in self.mounts]
         if len(set(guests)) != len(guests):
             raise ConfigError("two mounts share a guest path")
+        # Compared as the directories they are (``..`` and symlinks resolved): a lexical test
+        # let a writable "/srv/x/.." hold a read-only "/srv/in".
+        real = {m: Path(os.path.realpath(m.host)) for m in self.mounts}
         for outer in self.mounts:
             for inner in self.mounts:
-                if outer.writable and not inner.writable and inner.host.is_relative_to(outer.host):
+                inside = real[inner].is_relative_to(real[outer])
+                if outer.writable and not inner.writable and inside:
                     raise ConfigError(
                         f"read-only mount {inner.host} lies inside writable mount {outer.host}, "
                         "through which it would be writable"
