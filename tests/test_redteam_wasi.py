@@ -22,6 +22,8 @@ from wasihost.errors import CallError, ConfigError, FailureClass
 from wasihost.policy import Policy
 from wasihost.runtime import Extension, Host
 from wasihost.wasi import Errno, Mount, WasiOptions, capabilities_for, limits, wasi_profile
+from wasihost.wasi.abi import ALL_RIGHTS
+from wasihost.wasi.cli import config_from_args, parse_args
 from wasihost.wasi.registry import (
     FUEL_PER_LOG_RECORD,
     FUEL_PER_SEEDED_RANDOM_BYTE,
@@ -30,6 +32,7 @@ from wasihost.wasi.registry import (
     FUNCTIONS,
     MODULE,
 )
+from wasihost.wasi.scopes import apply_scopes, check_scope
 
 # Every preview1 function imported under $<name>, so a guest body can call any of them.
 IMPORTS = " ".join(
@@ -453,3 +456,106 @@ def test_a_read_only_mount_inside_a_writable_one_is_refused_however_spelled(
     for writable in (tmp_path / "x" / "..", tmp_path / "link"):
         with pytest.raises(ConfigError, match="lies inside writable mount"):
             WasiOptions(mounts=[Mount(writable, "/w", writable=True), Mount(tmp_path / "in", "/r")])
+
+
+# --- the write budget: what one instance may add to its writable mounts -----------------------
+
+
+def expect(call: str, want: int, step: int) -> str:
+    """WAT: exit with ``step`` unless ``call`` answers ``want``."""
+    return f"(if (i32.ne {call} (i32.const {want})) (then (call $proc_exit (i32.const {step}))))"
+
+
+def test_files_cannot_add_more_than_the_write_budget(tmp_path: Path) -> None:
+    """Break: only each file's size was bounded (1 GiB), so a guest could make any number of
+    1 GiB files, sparse ones (a pwrite past the end, set_size, allocate) for a few hundred
+    units each. Now growth past a file's end, holes included, and 4 KiB per file, directory
+    or link made, are taken from the instance's budget (max_write_bytes); DQUOT beyond it."""
+    fd = "(i32.load (i32.const 200))"
+    body = (
+        "(local $e i32)"
+        + exit_unless_ok(open_at("(i32.const 3)", 100, 1, 200, oflags=1, rights=ALL_RIGHTS), 1)
+        # a 1-byte iovec at 0 (the byte at 1024), and a 10,000-byte one at 8
+        + "(i32.store (i32.const 0) (i32.const 1024)) (i32.store (i32.const 4) (i32.const 1))"
+        + "(i32.store (i32.const 8) (i32.const 1024)) (i32.store (i32.const 12) (i32.const 10000))"
+        + expect(f"(call $fd_pwrite {fd} (i32.const 0) (i32.const 1) (i64.const 100000)"
+                 " (i32.const 300))", Errno.DQUOT, 2)
+        + expect(f"(call $fd_filestat_set_size {fd} (i64.const 1073741824))", Errno.DQUOT, 3)
+        + expect(f"(call $fd_allocate {fd} (i64.const 0) (i64.const 1048576))", Errno.DQUOT, 4)
+        + expect(f"(call $fd_write {fd} (i32.const 8) (i32.const 1) (i32.const 300))", 0, 5)
+        + expect("(i32.load (i32.const 300))", 10_000 - 4096, 6)  # a short write: what is left
+        + expect(f"(call $fd_write {fd} (i32.const 0) (i32.const 1) (i32.const 300))",
+                 Errno.DQUOT, 7)
+        + expect("(call $path_create_directory (i32.const 3) (i32.const 101) (i32.const 1))",
+                 Errno.DQUOT, 8)
+        # overwriting within the file adds nothing: still allowed
+        + expect(f"(call $fd_pwrite {fd} (i32.const 0) (i32.const 1) (i64.const 0)"
+                 " (i32.const 300))", 0, 9)
+    )
+    config = WasiOptions(mounts=[Mount(tmp_path, "/m", writable=True)], max_write_bytes=10_000)
+    assert run(command(body, {100: b"fd"}), config)[0] == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]
+    assert (tmp_path / "f").stat().st_size == 10_000 - 4096
+
+
+def test_a_flood_of_empty_files_ends_at_the_write_budget(tmp_path: Path) -> None:
+    """Making files, directories and links counts 4 KiB each: a loop making names "a", "b", ...
+    (O_CREAT, path_create_directory, path_symlink in turn) gets DQUOT after 1 MiB / 4 KiB."""
+    body = """(local $i i32) (local $e i32)
+    (loop $l
+      (i32.store8 (i32.const 100) (i32.add (i32.const 65) (i32.rem_u (local.get $i) (i32.const 26))))
+      (i32.store8 (i32.const 101) (i32.add (i32.const 65) (i32.div_u (local.get $i) (i32.const 26))))
+      (local.set $e
+        (if (result i32) (i32.eqz (i32.rem_u (local.get $i) (i32.const 3)))
+          (then """ + open_at("(i32.const 3)", 100, 2, 200, oflags=1) + """)
+          (else (if (result i32) (i32.eq (i32.rem_u (local.get $i) (i32.const 3)) (i32.const 1))
+            (then (call $path_create_directory (i32.const 3) (i32.const 100) (i32.const 2)))
+            (else (call $path_symlink (i32.const 102) (i32.const 1) (i32.const 3)
+                     (i32.const 100) (i32.const 2)))))))
+      (if (i32.eqz (local.get $e))
+        (then
+          (if (i32.eqz (i32.rem_u (local.get $i) (i32.const 3)))
+            (then (drop (call $fd_close (i32.load (i32.const 200))))))
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br $l))))
+    (call $proc_exit (i32.add (i32.mul (local.get $i) (i32.const 100)) (local.get $e)))"""
+    config = WasiOptions(mounts=[Mount(tmp_path, "/m", writable=True)], max_write_bytes=1 << 20)
+    code = run(command(body, {102: b"x"}), config)[0]
+    assert code == 256 * 100 + Errno.DQUOT
+    assert len(os.listdir(tmp_path)) == 256
+
+
+def test_by_default_a_run_adds_at_most_one_gib_even_sparse(tmp_path: Path) -> None:
+    """The default budget (1 GiB, DEFAULT_MAX_WRITE_BYTES): a first sparse file of nearly
+    1 GiB is made; a second one is DQUOT (before, any number were, for ~2,300 units each)."""
+    size = limits.DEFAULT_MAX_WRITE_BYTES - 2 * limits.NEW_ENTRY_BYTES  # room for b itself
+    body = "(local $e i32)"
+    for k, name_at in enumerate((100, 101)):
+        body += exit_unless_ok(
+            open_at("(i32.const 3)", name_at, 1, 200, oflags=1, rights=ALL_RIGHTS), 10 + k
+        ) + expect(
+            f"(call $fd_filestat_set_size (i32.load (i32.const 200)) (i64.const {size}))",
+            0 if k == 0 else Errno.DQUOT,
+            20 + k,
+        )
+    config = WasiOptions(mounts=[Mount(tmp_path, "/m", writable=True)])
+    assert run(command(body, {100: b"ab"}), config)[0] == 0
+    assert (tmp_path / "a").stat().st_size == size and (tmp_path / "b").stat().st_size == 0
+
+
+def test_the_write_budget_is_set_by_the_cli_and_lowered_by_a_grant_scope(tmp_path: Path) -> None:
+    args = parse_args(["--max-write-bytes", "5000", "--dir", str(tmp_path), "m.wasm"])
+    assert config_from_args(args).max_write_bytes == 5000
+    assert config_from_args(parse_args(["m.wasm"])).max_write_bytes == (
+        limits.DEFAULT_MAX_WRITE_BYTES
+    )
+    with pytest.raises(ConfigError, match="max_write_bytes"):
+        config_from_args(parse_args(["--max-write-bytes", "-1", "m.wasm"]))
+    mine = WasiOptions(max_write_bytes=10_000)
+    assert apply_scopes(mine, {"wasi.fs.write": {"max_write_bytes": 100}}).max_write_bytes == 100
+    assert apply_scopes(mine, {"wasi.fs.write": {"max_write_bytes": 10**9}}).max_write_bytes == (
+        10_000
+    )
+    for bad in (True, -1, "1"):
+        with pytest.raises(ConfigError, match="max_write_bytes"):
+            check_scope("wasi.fs.write", {"max_write_bytes": bad})

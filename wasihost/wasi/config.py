@@ -141,7 +141,9 @@ class WasiOptions:
       ``random_seed`` (needs ``wasi.random``);
     - ``mounts``: host directories (need ``wasi.fs.read``; writes need ``wasi.fs.write`` and a
       writable mount);
-    - ``max_fds``: the handle budget: open descriptors of one instance, stdio and mounts included.
+    - ``max_fds``: the handle budget: open descriptors of one instance, stdio and mounts included;
+    - ``max_write_bytes``: what one instance may add to its writable mounts (file growth, holes
+      included, and 4 KiB per file, directory or link made); DQUOT beyond.
     """
 
     argv: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
@@ -154,6 +156,7 @@ class WasiOptions:
     random_seed: bytes | None = attrs.field(default=None, repr=False)
     mounts: tuple[Mount, ...] = attrs.field(default=(), converter=_mounts)
     max_fds: int = limits.DEFAULT_MAX_FDS
+    max_write_bytes: int = limits.DEFAULT_MAX_WRITE_BYTES
 
     def __attrs_post_init__(self) -> None:
         args = [_guest_text(a, "argument") for a in self.argv]
@@ -202,6 +205,13 @@ class WasiOptions:
         ):
             raise ConfigError(
                 f"max_fds={self.max_fds!r} outside {limits.MIN_MAX_FDS}..{limits.MAX_MAX_FDS}"
+            )
+        if isinstance(self.max_write_bytes, bool) or not (
+            isinstance(self.max_write_bytes, int)
+            and 0 <= self.max_write_bytes <= limits.MAX_MAX_WRITE_BYTES
+        ):
+            raise ConfigError(
+                f"max_write_bytes={self.max_write_bytes!r} outside 0..{limits.MAX_MAX_WRITE_BYTES}"
             )
         if self.max_fds < 3 + len(self.mounts) + 1:
             raise ConfigError(

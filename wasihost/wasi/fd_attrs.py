@@ -36,6 +36,7 @@ from .fd_checks import (
     host_descriptor,
     need,
     regular_file,
+    require_growth,
     writable,
 )
 from .fds import HostDescriptor
@@ -148,6 +149,7 @@ def fd_filestat_set_size(st: WasiState, mem: GuestMemory, fd: int, size: int) ->
     need(desc, Right.FD_FILESTAT_SET_SIZE)
     if filesize(size) > limits.MAX_FILE_BYTES:
         return Errno.FBIG
+    require_growth(st, size - os.fstat(desc.fd).st_size)
     os.ftruncate(desc.fd, size)
     return Errno.SUCCESS
 
@@ -206,7 +208,9 @@ def fd_allocate(st: WasiState, mem: GuestMemory, fd: int, offset: int, length: i
         return Errno.FBIG
     if length == 0:
         return Errno.INVAL  # as posix_fallocate
-    if os.fstat(desc.fd).st_size < end:
+    size = os.fstat(desc.fd).st_size
+    if size < end:
+        require_growth(st, end - size)
         os.ftruncate(desc.fd, end)
     return Errno.SUCCESS
 

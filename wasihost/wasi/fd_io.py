@@ -18,7 +18,15 @@ from .abi import (
     Whence,
 )
 from .errno import Errno, WasiError, from_oserror
-from .fd_checks import I64_LIMIT, filesize, need, regular_file, room_under_limit, writable
+from .fd_checks import (
+    I64_LIMIT,
+    filesize,
+    growth_room,
+    need,
+    regular_file,
+    spend_growth,
+    writable,
+)
 from .fds import HostDescriptor, OutputDescriptor, StdinDescriptor
 from .memio import charge, gather, iovecs, prepare_read, scatter, total_length
 from .registry import FUEL_PER_BYTE, FUEL_PER_LOG_RECORD
@@ -52,8 +60,9 @@ def fd_write(
             start = os.fstat(desc.fd).st_size
         else:
             start = os.lseek(desc.fd, 0, os.SEEK_CUR)
-        room = room_under_limit(start, len(data))
+        room, size = growth_room(st, desc.fd, start, len(data))
         written = os.write(desc.fd, data[:room] if room < len(data) else data)
+        spend_growth(st, size, start + written)
     else:
         return Errno.BADF
     mem.write_u32(nwritten_ptr, written)
@@ -135,8 +144,9 @@ def fd_pwrite(
     mem.require_range(nwritten_ptr, 4)
     mem.require_fuel(total_length(vecs, _MAX_IO) * FUEL_PER_BYTE)
     data = gather(mem, vecs, _MAX_IO)
-    room = room_under_limit(offset, len(data))
+    room, size = growth_room(st, desc.fd, offset, len(data))
     written = os.pwrite(desc.fd, data[:room], offset)
+    spend_growth(st, size, offset + written)
     mem.write_u32(nwritten_ptr, written)
     return Errno.SUCCESS
 

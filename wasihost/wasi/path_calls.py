@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..guestmem import GuestMemory
+from . import limits
 from .abi import (
     ALL_FDFLAGS,
     ALL_OFLAGS,
@@ -71,6 +72,16 @@ def _writable_dir(st: WasiState, fd: int, right: int) -> HostDescriptor:
     if isinstance(desc, HostDescriptor) and desc.is_dir and not desc.mount.writable:
         raise WasiError(Errno.ROFS)
     return _dir(st, fd, right)
+
+
+def _room_for_entry(st: WasiState) -> None:
+    """DQUOT unless the write budget can pay for one more file, directory or link."""
+    if st.write_room < limits.NEW_ENTRY_BYTES:
+        raise WasiError(Errno.DQUOT)
+
+
+def _made_entry(st: WasiState) -> None:
+    st.write_room -= limits.NEW_ENTRY_BYTES
 
 
 def _meter(mem: GuestMemory) -> Meter:
@@ -138,6 +149,9 @@ def path_open(
         # The spec's gate of O_TRUNC: truncating by path is changing a file's size by path.
         if oflags & OFLAG_TRUNC and not parent.rights_base & Right.PATH_FILESTAT_SET_SIZE:
             return Errno.NOTCAPABLE
+        if oflags & OFLAG_CREAT:
+            # Counted whether or not the file existed: the walk does not say which.
+            _room_for_entry(st)
     flags = _open_flags(oflags, fdflags, read, write)
     st.fds.require_room()
     follow = bool(dirflags & LOOKUP_SYMLINK_FOLLOW)
@@ -170,6 +184,8 @@ def path_open(
     except BaseException:
         os.close(host_fd)
         raise
+    if oflags & OFLAG_CREAT:
+        _made_entry(st)
     mem.write_u32(fd_out, new_fd)
     return Errno.SUCCESS
 
@@ -178,9 +194,11 @@ def path_create_directory(
     st: WasiState, mem: GuestMemory, fd: int, path_ptr: int, path_len: int
 ) -> int:
     parent = _writable_dir(st, fd, Right.PATH_CREATE_DIRECTORY)
+    _room_for_entry(st)
     with _walk(mem, parent, read_path(mem, path_ptr, path_len)) as walk:
         dir_fd, name, _ = walk.walk()
         os.mkdir(name, CREATE_DIR_MODE, dir_fd=dir_fd)
+    _made_entry(st)
     return Errno.SUCCESS
 
 
@@ -248,7 +266,9 @@ def path_link(
         new_dir, new_name, new_must_dir = new_walk.walk()
         if new_must_dir:
             return Errno.NOENT
+        _room_for_entry(st)
         os.link(old_name, new_name, src_dir_fd=old_dir, dst_dir_fd=new_dir, follow_symlinks=False)
+    _made_entry(st)
     return Errno.SUCCESS
 
 
@@ -331,7 +351,9 @@ def path_symlink(
         dir_fd, name, must_dir = walk.walk()
         if must_dir:
             return Errno.NOENT
+        _room_for_entry(st)
         os.symlink(target, name, dir_fd=dir_fd)
+    _made_entry(st)
     return Errno.SUCCESS
 
 

@@ -117,6 +117,8 @@ class WasiState:
             self.random = SeededRandom(seed) if seed is not None else os.urandom
             self.random_seeded = seed is not None
         self.fds = FdTable(config.max_fds)
+        # What this instance may still add to its writable mounts (see fd_checks.grow).
+        self.write_room = config.max_write_bytes
         self._log_lines: list[LogLines] = []
         self._setup_stdio(allows(CAP_STDIO), log)
         if allows(CAP_FS_READ):
