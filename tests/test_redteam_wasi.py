@@ -559,3 +559,34 @@ def test_the_write_budget_is_set_by_the_cli_and_lowered_by_a_grant_scope(tmp_pat
     for bad in (True, -1, "1"):
         with pytest.raises(ConfigError, match="max_write_bytes"):
             check_scope("wasi.fs.write", {"max_write_bytes": bad})
+
+
+# --- a coarse clock stays coarse inside poll_oneoff --------------------------------------------
+
+# Reads the realtime clock (at 1024), then polls two subscriptions at 0: stdout writable (always
+# ready) and the realtime clock due at that reading + 1 ns, absolute; exits with the number of
+# events. Ready at once either way; the clock's event says whether the finer clock has passed it.
+FINE_TIME_PROBE = command(
+    """
+    (drop (call $clock_time_get (i32.const 0) (i64.const 0) (i32.const 1024)))
+    (i64.store (i32.const 0) (i64.const 1))
+    (i32.store8 (i32.const 8) (i32.const 2))
+    (i32.store (i32.const 16) (i32.const 1))
+    (i64.store (i32.const 48) (i64.const 2))
+    (i32.store8 (i32.const 56) (i32.const 0))
+    (i32.store (i32.const 64) (i32.const 0))
+    (i64.store (i32.const 72) (i64.add (i64.load (i32.const 1024)) (i64.const 1)))
+    (i32.store16 (i32.const 88) (i32.const 1))
+    (drop (call $poll_oneoff (i32.const 0) (i32.const 256) (i32.const 2) (i32.const 512)))
+    (call $proc_exit (i32.load (i32.const 512)))"""
+)
+
+
+def test_poll_oneoff_tells_no_finer_time_than_the_clock_profile() -> None:
+    """Break: an absolute clock subscription was compared with the host's exact clock, so with an
+    always-ready descriptor beside it (no wait) poll_oneoff said whether any instant had passed:
+    under the anonymous profile (1 s) a guest binary-searched the time to the nanosecond. It is
+    compared with the reading the guest may see."""
+    config = WasiOptions(clock="anonymous", stdout=lambda data: None)
+    code, _ = run(FINE_TIME_PROBE, config)
+    assert code == 1  # only stdout: the coarse clock has not reached reading + 1 ns

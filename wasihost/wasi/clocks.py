@@ -76,4 +76,7 @@ class GuestClocks:
             raise WasiError(Errno.INVAL)
         if not absolute:
             return timeout
-        return timeout - self.raw(clock_id)
+        # Against the reading the guest may see, not the exact clock: otherwise a subscription
+        # beside an always-ready descriptor (no wait) says whether any instant has passed, a
+        # clock as fine as the host's. Waiting from the coarse reading never wakes early.
+        return timeout - self.now(clock_id)
