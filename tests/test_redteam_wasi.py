@@ -590,3 +590,24 @@ def test_poll_oneoff_tells_no_finer_time_than_the_clock_profile() -> None:
     config = WasiOptions(clock="anonymous", stdout=lambda data: None)
     code, _ = run(FINE_TIME_PROBE, config)
     assert code == 1  # only stdout: the coarse clock has not reached reading + 1 ns
+
+
+def test_an_empty_write_past_the_end_costs_no_budget(tmp_path: Path) -> None:
+    """An empty fd_pwrite (or fd_write after a seek) past the end grows nothing: it must not
+    spend the budget on a hole that was never made."""
+    fd = "(i32.load (i32.const 200))"
+    body = (
+        "(local $e i32)"
+        + exit_unless_ok(open_at("(i32.const 3)", 100, 1, 200, oflags=1, rights=ALL_RIGHTS), 1)
+        + "(i32.store (i32.const 0) (i32.const 1024)) (i32.store (i32.const 4) (i32.const 0))"
+        + expect(f"(call $fd_pwrite {fd} (i32.const 0) (i32.const 1) (i64.const 1000000)"
+                 " (i32.const 300))", 0, 2)
+        + expect(f"(call $fd_seek {fd} (i64.const 1000000) (i32.const 0) (i32.const 300))", 0, 3)
+        + expect(f"(call $fd_write {fd} (i32.const 0) (i32.const 1) (i32.const 300))", 0, 4)
+        + "(i32.store (i32.const 4) (i32.const 5000))"
+        + expect(f"(call $fd_pwrite {fd} (i32.const 0) (i32.const 1) (i64.const 0)"
+                 " (i32.const 300))", 0, 5)
+        + expect("(i32.load (i32.const 300))", 5000, 6)
+    )
+    config = WasiOptions(mounts=[Mount(tmp_path, "/m", writable=True)], max_write_bytes=10_000)
+    assert run(command(body, {100: b"f"}), config)[0] == 0

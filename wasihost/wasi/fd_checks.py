@@ -73,9 +73,11 @@ def growth_room(st: WasiState, fd: int, start: int, length: int) -> tuple[int, i
     return min(room, max(budget, 0)), size
 
 
-def spend_growth(st: WasiState, size: int, end: int) -> None:
-    """The file grew from ``size`` to ``end`` (if it did): take that from the write budget."""
-    if end > size:
+def spend_growth(st: WasiState, size: int, start: int, written: int) -> None:
+    """``written`` bytes went to ``start`` of a file of ``size``: take its growth from the
+    write budget (nothing written, nothing grown: an empty write past the end leaves no hole)."""
+    end = start + written
+    if written and end > size:
         st.write_room -= end - size
 
 

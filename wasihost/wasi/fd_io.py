@@ -62,7 +62,7 @@ def fd_write(
             start = os.lseek(desc.fd, 0, os.SEEK_CUR)
         room, size = growth_room(st, desc.fd, start, len(data))
         written = os.write(desc.fd, data[:room] if room < len(data) else data)
-        spend_growth(st, size, start + written)
+        spend_growth(st, size, start, written)
     else:
         return Errno.BADF
     mem.write_u32(nwritten_ptr, written)
@@ -146,7 +146,7 @@ def fd_pwrite(
     data = gather(mem, vecs, _MAX_IO)
     room, size = growth_room(st, desc.fd, offset, len(data))
     written = os.pwrite(desc.fd, data[:room], offset)
-    spend_growth(st, size, offset + written)
+    spend_growth(st, size, offset, written)
     mem.write_u32(nwritten_ptr, written)
     return Errno.SUCCESS
 
