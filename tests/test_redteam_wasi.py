@@ -22,7 +22,7 @@ from wasihost.errors import CallError, ConfigError, FailureClass
 from wasihost.policy import Policy
 from wasihost.runtime import Extension, Host
 from wasihost.wasi import Errno, Mount, WasiOptions, capabilities_for, limits, wasi_profile
-from wasihost.wasi.abi import ALL_RIGHTS
+from wasihost.wasi.abi import ALL_RIGHTS, DIR_READ_RIGHTS
 from wasihost.wasi.cli import config_from_args, parse_args
 from wasihost.wasi.registry import (
     FUEL_PER_LOG_RECORD,
@@ -63,12 +63,13 @@ def command(body: str, data: dict[int, bytes] | None = None, pages: int = 2) -> 
 
 
 def open_at(dirfd: str, path_at: int, path_len: int, out: int, *, oflags: int = 0,
-            follow: int = 0, rights: int = READ_RIGHTS) -> str:  # fmt: skip
-    """WAT: path_open(dirfd, follow, path, oflags, rights, rights, 0, out) -> errno."""
+            follow: int = 0, rights: int = READ_RIGHTS, inheriting: int | None = None) -> str:  # fmt: skip
+    """WAT: path_open(dirfd, follow, path, oflags, rights, inheriting (or rights), 0, out)."""
+    inherit = rights if inheriting is None else inheriting
     return (
         f"(call $path_open {dirfd} (i32.const {follow}) (i32.const {path_at})"
         f" (i32.const {path_len}) (i32.const {oflags}) (i64.const {rights})"
-        f" (i64.const {rights}) (i32.const 0) (i32.const {out}))"
+        f" (i64.const {inherit}) (i32.const 0) (i32.const {out}))"
     )
 
 
@@ -611,3 +612,46 @@ def test_an_empty_write_past_the_end_costs_no_budget(tmp_path: Path) -> None:
     )
     config = WasiOptions(mounts=[Mount(tmp_path, "/m", writable=True)], max_write_bytes=10_000)
     assert run(command(body, {100: b"f"}), config)[0] == 0
+
+
+# --- attacks that held, kept as tests that fail were the protection removed -------------------
+
+FD_READ, FD_WRITE = 1 << 1, 1 << 6
+
+
+def test_rights_never_grow_through_set_rights_inheritance_or_renumbering(tmp_path: Path) -> None:
+    """A read-only descriptor cannot be given write rights (fd_fdstat_set_rights only drops),
+    a right dropped from a directory's inheriting rights is not regained by a new open, a
+    directory opened from a read-only mount with every right asked creates nothing (ROFS), and
+    a read-only file renumbered onto stdout does not become writable (nor reach the sink)."""
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "f").write_text("orig")
+    (tmp_path / "r" / "sub").mkdir(parents=True)
+    said: list[bytes] = []
+    config = WasiOptions(
+        mounts=[Mount(tmp_path / "w", "/w", writable=True), Mount(tmp_path / "r", "/r")],
+        stdout=said.append,
+    )
+    a, b, sub = "(i32.load (i32.const 200))", "(i32.load (i32.const 204))", "(i32.load (i32.const 208))"
+    body = (
+        "(local $e i32)"
+        + "(i32.store (i32.const 0) (i32.const 1024)) (i32.store (i32.const 4) (i32.const 1))"
+        + exit_unless_ok(open_at("(i32.const 3)", 100, 1, 200, rights=FD_READ), 1)
+        + expect(f"(call $fd_write {a} (i32.const 0) (i32.const 1) (i32.const 300))", Errno.BADF, 2)
+        + expect(f"(call $fd_fdstat_set_rights {a} (i64.const -1) (i64.const -1))",
+                 Errno.NOTCAPABLE, 3)
+        + exit_unless_ok("(call $fd_fdstat_get (i32.const 3) (i32.const 600))", 4)
+        + exit_unless_ok("(call $fd_fdstat_set_rights (i32.const 3) (i64.load (i32.const 608))"
+                         f" (i64.and (i64.load (i32.const 616)) (i64.const {~FD_WRITE})))", 5)
+        + exit_unless_ok(open_at("(i32.const 3)", 100, 1, 204, rights=FD_READ | FD_WRITE), 6)
+        + expect(f"(call $fd_write {b} (i32.const 0) (i32.const 1) (i32.const 300))", Errno.BADF, 7)
+        + exit_unless_ok(open_at("(i32.const 4)", 101, 3, 208, oflags=O_DIRECTORY,
+                                 rights=DIR_READ_RIGHTS, inheriting=ALL_RIGHTS), 8)
+        + expect(open_at(sub, 104, 3, 212, oflags=1, rights=ALL_RIGHTS), Errno.ROFS, 9)
+        + exit_unless_ok(f"(call $fd_renumber {a} (i32.const 1))", 10)
+        + expect("(call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 300))",
+                 Errno.BADF, 11)
+    )
+    assert run(command(body, {100: b"fsubnew"}), config)[0] == 0
+    assert (tmp_path / "w" / "f").read_text() == "orig"
+    assert list((tmp_path / "r" / "sub").iterdir()) == [] and said == []
