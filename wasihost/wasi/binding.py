@@ -111,6 +111,7 @@ class WasiBinding:
             host.policy.clock_resolution_ns,
             policy_seed=host.policy.random_seed,
             commit=functools.partial(ext.commit, CORE_CAPABILITY),
+            guards=ext.committer,
         )
         return cls(state)
 

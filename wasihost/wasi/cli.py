@@ -2,7 +2,8 @@
 
     wasihost wasi [--dir HOST[::GUEST]]... [--dir-ro HOST[::GUEST]]... [--env K=V]...
                   [--profile standard|anonymous|none] [--random-seed HEX | --no-random]
-                  [--stdin FILE] [--fuel N] [--timeout-ms N] MODULE.wasm [ARGS...]
+                  [--stdin FILE] [--max-write-bytes N] [--fuel N] [--timeout-ms N]
+                  MODULE.wasm [ARGS...]
 
 As in wasmtime's CLI, the guest's argv[0] is the module's file name and ARGS follow it
 (everything after MODULE goes to the guest, options included). stdout and stderr go to the
@@ -77,6 +78,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     rand.add_argument("--no-random", action="store_true", help="no random bytes")
     p.add_argument("--stdin", metavar="FILE", help="serve FILE ('-': this process's stdin) on fd 0")
+    p.add_argument(
+        "--max-write-bytes",
+        type=int,
+        default=limits.DEFAULT_MAX_WRITE_BYTES,
+        metavar="N",
+        help="what the run may add to its --dir mounts: file growth and 4 KiB per file, "
+        f"directory or link made (default: {limits.DEFAULT_MAX_WRITE_BYTES})",
+    )
     p.add_argument("--fuel", type=int, help="fuel budget for the run")
     p.add_argument("--timeout-ms", type=int, help="wall-clock deadline for the run")
     p.add_argument("--cache-dir", type=Path, help="compiled-module cache directory")
@@ -131,6 +140,7 @@ def config_from_args(args: argparse.Namespace) -> WasiOptions:
         random=not args.no_random and args.random_seed is None,
         random_seed=_seed(args.random_seed) if args.random_seed is not None else None,
         mounts=mounts,
+        max_write_bytes=args.max_write_bytes,
     )
 
 

@@ -30,7 +30,7 @@ from .abi import (
 )
 from .errno import Errno, WasiError
 from .fds import Descriptor, HostDescriptor, StdinDescriptor
-from .registry import FUEL_PER_BYTE
+from .registry import FUEL_PER_BYTE, FUEL_TO_WAIT
 from .state import WasiState
 
 _EVENT_RW_HANGUP = 1
@@ -55,12 +55,18 @@ def _fd_event(st: WasiState, desc: Descriptor | None, kind: int) -> tuple[int, i
         if not desc.rights_base & R_FD_READ:
             return Errno.BADF, 0, 0
         if isinstance(desc, StdinDescriptor):
-            left = len(desc.data) - desc.pos
+            authorised, left = st.stdin_read(lambda: len(desc.data) - desc.pos)
+            if not authorised or left is None:
+                return Errno.NOTCAPABLE, 0, 0
             return Errno.SUCCESS, left, 0 if left else _EVENT_RW_HANGUP
         if isinstance(desc, HostDescriptor) and not desc.is_dir:
-            size = os.fstat(desc.fd).st_size
-            pos = os.lseek(desc.fd, 0, os.SEEK_CUR)
-            return Errno.SUCCESS, max(0, size - pos), 0
+            fd = desc.fd
+            authorised, unread = st.fs_read(
+                lambda: os.fstat(fd).st_size - os.lseek(fd, 0, os.SEEK_CUR)
+            )
+            if not authorised or unread is None:
+                return Errno.NOTCAPABLE, 0, 0
+            return Errno.SUCCESS, max(0, unread), 0
         return Errno.BADF, 0, 0
     if not desc.rights_base & R_FD_WRITE:
         return Errno.BADF, 0, 0
@@ -98,6 +104,7 @@ def poll_oneoff(
         # Only clocks: wait for the earliest, but never past the call's deadline.
         wait_ns = min(due for due, _ in clocks)
         if wait_ns > 0:
+            mem.require_fuel(FUEL_TO_WAIT)  # never a wait on credit
             # mem.sleep, not time.sleep: the host's interrupt (a disable, a revocation) wakes
             # it and ends the call at once instead of at its deadline.
             left = mem.deadline - time.monotonic()

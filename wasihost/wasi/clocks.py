@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from ..brokers.clock import Clock
 from . import limits
 from .abi import Clock as ClockId
@@ -21,6 +19,12 @@ class GuestClocks:
     host's uptime or its other work; every reading is rounded down to the profile's resolution.
     Monotonic readings start at ``MONOTONIC_START_NS`` rather than zero: code that treats a zero
     timestamp as "unset" keeps working even under the one-second anonymous resolution.
+
+    The cputime clocks (standard profile only) read as the monotonic clock: the instance's
+    elapsed time, an upper bound of its CPU time. The host's own accounting cannot serve them:
+    the process's CPU time counts every thread's work (other extensions' too, a side channel
+    between tenants), and a thread's counts whatever that thread did before, for any instance
+    (called from another thread than the one that made it, it went backwards and wrapped).
     """
 
     def __init__(self, profile: ClockProfile | None, source: Clock, resolution_ns: int) -> None:
@@ -32,8 +36,6 @@ class GuestClocks:
             else resolution_ns
         )
         self._mono_origin = source.monotonic_ns() - MONOTONIC_START_NS
-        self._process_origin = time.process_time_ns()
-        self._thread_origin = time.thread_time_ns()
 
     @property
     def available(self) -> bool:
@@ -55,11 +57,8 @@ class GuestClocks:
         """Uncoarsened reading of an existing clock, in the guest's origin."""
         if clock_id == ClockId.REALTIME:
             return self.source.realtime_ns()
-        if clock_id == ClockId.MONOTONIC:
-            return self.source.monotonic_ns() - self._mono_origin
-        if clock_id == ClockId.PROCESS_CPUTIME:
-            return time.process_time_ns() - self._process_origin
-        return time.thread_time_ns() - self._thread_origin
+        # Monotonic, and the cputime clocks as it (see the class's doc).
+        return self.source.monotonic_ns() - self._mono_origin
 
     def now(self, clock_id: int) -> int:
         self._check(clock_id)
@@ -77,4 +76,7 @@ class GuestClocks:
             raise WasiError(Errno.INVAL)
         if not absolute:
             return timeout
-        return timeout - self.raw(clock_id)
+        # Against the reading the guest may see, not the exact clock: otherwise a subscription
+        # beside an always-ready descriptor (no wait) says whether any instant has passed, a
+        # clock as fine as the host's. Waiting from the coarse reading never wakes early.
+        return timeout - self.now(clock_id)

@@ -9,6 +9,7 @@ exactly, which is what the CLI grants.
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,9 @@ class WasiOptions:
       ``random_seed`` (needs ``wasi.random``);
     - ``mounts``: host directories (need ``wasi.fs.read``; writes need ``wasi.fs.write`` and a
       writable mount);
-    - ``max_fds``: the handle budget: open descriptors of one instance, stdio and mounts included.
+    - ``max_fds``: the handle budget: open descriptors of one instance, stdio and mounts included;
+    - ``max_write_bytes``: what one instance may add to its writable mounts (file growth, holes
+      included, and 4 KiB per file, directory or link made); DQUOT beyond.
     """
 
     argv: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
@@ -153,6 +156,7 @@ class WasiOptions:
     random_seed: bytes | None = attrs.field(default=None, repr=False)
     mounts: tuple[Mount, ...] = attrs.field(default=(), converter=_mounts)
     max_fds: int = limits.DEFAULT_MAX_FDS
+    max_write_bytes: int = limits.DEFAULT_MAX_WRITE_BYTES
 
     def __attrs_post_init__(self) -> None:
         args = [_guest_text(a, "argument") for a in self.argv]
@@ -185,9 +189,13 @@ class WasiOptions:
         guests = [m.guest for m in self.mounts]
         if len(set(guests)) != len(guests):
             raise ConfigError("two mounts share a guest path")
+        # Compared as the directories they are (``..`` and symlinks resolved): a lexical test
+        # let a writable "/srv/x/.." hold a read-only "/srv/in".
+        real = {m: Path(os.path.realpath(m.host)) for m in self.mounts}
         for outer in self.mounts:
             for inner in self.mounts:
-                if outer.writable and not inner.writable and inner.host.is_relative_to(outer.host):
+                inside = real[inner].is_relative_to(real[outer])
+                if outer.writable and not inner.writable and inside:
                     raise ConfigError(
                         f"read-only mount {inner.host} lies inside writable mount {outer.host}, "
                         "through which it would be writable"
@@ -197,6 +205,13 @@ class WasiOptions:
         ):
             raise ConfigError(
                 f"max_fds={self.max_fds!r} outside {limits.MIN_MAX_FDS}..{limits.MAX_MAX_FDS}"
+            )
+        if isinstance(self.max_write_bytes, bool) or not (
+            isinstance(self.max_write_bytes, int)
+            and 0 <= self.max_write_bytes <= limits.MAX_MAX_WRITE_BYTES
+        ):
+            raise ConfigError(
+                f"max_write_bytes={self.max_write_bytes!r} outside 0..{limits.MAX_MAX_WRITE_BYTES}"
             )
         if self.max_fds < 3 + len(self.mounts) + 1:
             raise ConfigError(

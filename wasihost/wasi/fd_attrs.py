@@ -36,10 +36,11 @@ from .fd_checks import (
     host_descriptor,
     need,
     regular_file,
+    require_growth,
     writable,
 )
 from .fds import HostDescriptor
-from .state import WasiState
+from .state import WasiState, under
 
 _FADVISE = (
     (
@@ -72,15 +73,17 @@ def filetype_of(mode: int) -> int:
 
 
 def pack_filestat(st: os.stat_result) -> bytes:
+    # Preview1 timestamps are unsigned: a time before 1970 (a host file's, e.g. from an old
+    # archive) reads as 0 rather than failing the call (struct refuses a negative u64).
     return FILESTAT.pack(
         st.st_dev,
         st.st_ino,
         filetype_of(st.st_mode),
         st.st_nlink,
         st.st_size,
-        st.st_atime_ns,
-        st.st_mtime_ns,
-        st.st_ctime_ns,
+        max(st.st_atime_ns, 0),
+        max(st.st_mtime_ns, 0),
+        max(st.st_ctime_ns, 0),
     )
 
 
@@ -131,7 +134,7 @@ def fd_filestat_get(st: WasiState, mem: GuestMemory, fd: int, out: int) -> int:
     desc = descriptor(st, fd)
     need(desc, Right.FD_FILESTAT_GET)
     if isinstance(desc, HostDescriptor):
-        mem.write(out, pack_filestat(os.fstat(desc.fd)))
+        mem.write(out, pack_filestat(under(st.fs_read, lambda: os.fstat(desc.fd))))
     else:
         # stdio is a stream of ours, not a host file: only its type is meaningful.
         mem.write(out, FILESTAT.pack(0, 0, desc.filetype, 1, 0, 0, 0, 0))
@@ -146,6 +149,7 @@ def fd_filestat_set_size(st: WasiState, mem: GuestMemory, fd: int, size: int) ->
     need(desc, Right.FD_FILESTAT_SET_SIZE)
     if filesize(size) > limits.MAX_FILE_BYTES:
         return Errno.FBIG
+    require_growth(st, size - os.fstat(desc.fd).st_size)
     os.ftruncate(desc.fd, size)
     return Errno.SUCCESS
 
@@ -204,7 +208,9 @@ def fd_allocate(st: WasiState, mem: GuestMemory, fd: int, offset: int, length: i
         return Errno.FBIG
     if length == 0:
         return Errno.INVAL  # as posix_fallocate
-    if os.fstat(desc.fd).st_size < end:
+    size = os.fstat(desc.fd).st_size
+    if size < end:
+        require_growth(st, end - size)
         os.ftruncate(desc.fd, end)
     return Errno.SUCCESS
 

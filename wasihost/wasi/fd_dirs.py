@@ -19,8 +19,13 @@ from .errno import Errno, WasiError
 from .fd_attrs import filetype_of
 from .fd_checks import descriptor, need
 from .fds import HostDescriptor
-from .registry import FUEL_PER_BYTE
+from .memio import charge
+from .registry import FUEL_PER_BYTE, FUEL_PER_DIR_ENTRY
 from .state import WasiState
+
+# Directory entries charged for at once while a snapshot is read: a budget check (two C calls)
+# per batch, not per entry.
+_ENTRY_BATCH = 64
 
 
 def _preopen(st: WasiState, fd: int) -> bytes:
@@ -43,18 +48,35 @@ def fd_prestat_dir_name(st: WasiState, mem: GuestMemory, fd: int, path: int, len
     return Errno.SUCCESS
 
 
-def _listing(desc: HostDescriptor) -> list[tuple[bytes, int, int]]:
+def _held_elsewhere(st: WasiState, desc: HostDescriptor) -> int:
+    """Entries of the snapshots the instance's other descriptors hold."""
+    return sum(
+        len(other.listing)
+        for _, other in st.fds
+        if isinstance(other, HostDescriptor) and other.listing is not None and other is not desc
+    )
+
+
+def _listing(
+    st: WasiState, mem: GuestMemory, desc: HostDescriptor
+) -> list[tuple[bytes, int, int]]:
     """A sorted snapshot of a directory: ``.`` and ``..`` first, then every entry.
 
     ``..`` reports the directory's own inode, so a listing never looks above the directory
-    (at a mount's root, its parent is outside the mount).
+    (at a mount's root, its parent is outside the mount). Each batch of entries is paid for
+    before it is read; the snapshot may hold at most ``MAX_DIR_ENTRIES``, and no more than what
+    the instance's other snapshots leave of ``MAX_LISTED_ENTRIES`` (NOBUFS beyond either).
     """
     own = desc.ident[1]
+    desc.listing = None  # the old snapshot's share is free whatever happens below
+    room = min(limits.MAX_DIR_ENTRIES, limits.MAX_LISTED_ENTRIES - 2 - _held_elsewhere(st, desc))
     entries: list[tuple[bytes, int, int]] = []
     with os.scandir(desc.fd) as it:
         for entry in it:
-            if len(entries) >= limits.MAX_DIR_ENTRIES:
+            if len(entries) >= room:
                 raise WasiError(Errno.NOBUFS)
+            if len(entries) % _ENTRY_BATCH == 0:
+                charge(mem, _ENTRY_BATCH * FUEL_PER_DIR_ENTRY)
             kind: int
             if entry.is_symlink():
                 kind = Filetype.SYMBOLIC_LINK
@@ -65,6 +87,8 @@ def _listing(desc: HostDescriptor) -> list[tuple[bytes, int, int]]:
             else:
                 kind = filetype_of(entry.stat(follow_symlinks=False).st_mode)
             entries.append((os.fsencode(entry.name), entry.inode(), kind))
+    # The last batch was paid for whole: give back what it did not read.
+    mem.moved -= (-len(entries) % _ENTRY_BATCH) * FUEL_PER_DIR_ENTRY // FUEL_PER_BYTE
     entries.sort()
     return [(b".", own, Filetype.DIRECTORY), (b"..", own, Filetype.DIRECTORY), *entries]
 
@@ -80,7 +104,9 @@ def fd_readdir(
     mem.require_range(buf, buf_len)
     mem.require_fuel(buf_len * FUEL_PER_BYTE)
     if cookie == 0 or desc.listing is None:
-        desc.listing = _listing(desc)
+        # Not under st.fs_read: a snapshot may take a while and must not hold the grant table's
+        # lock; the entry is gated by wasi.fs.read, so no call started after a change gets here.
+        desc.listing = _listing(st, mem, desc)
     entries = desc.listing
     out = bytearray()
     index = cookie

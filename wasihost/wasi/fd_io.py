@@ -18,11 +18,19 @@ from .abi import (
     Whence,
 )
 from .errno import Errno, WasiError, from_oserror
-from .fd_checks import I64_LIMIT, filesize, need, regular_file, room_under_limit, writable
+from .fd_checks import (
+    I64_LIMIT,
+    filesize,
+    growth_room,
+    need,
+    regular_file,
+    spend_growth,
+    writable,
+)
 from .fds import HostDescriptor, OutputDescriptor, StdinDescriptor
-from .memio import gather, iovecs, prepare_read, scatter, total_length
-from .registry import FUEL_PER_BYTE
-from .state import WasiState
+from .memio import charge, gather, iovecs, prepare_read, scatter, total_length
+from .registry import FUEL_PER_BYTE, FUEL_PER_LOG_RECORD
+from .state import WasiState, under
 
 _MAX_IO = limits.MAX_IO_BYTES_PER_CALL
 # A stdio write up to this size goes to its sink without asking the budget first (a line; the
@@ -43,6 +51,8 @@ def fd_write(
     mem.require_fuel(total_length(vecs, _MAX_IO) * FUEL_PER_BYTE)
     data = gather(mem, vecs, _MAX_IO)
     if type(desc) is OutputDescriptor:
+        if desc.records:
+            charge(mem, log_records(data) * FUEL_PER_LOG_RECORD)
         desc.sink(data)
         written = len(data)
     elif isinstance(desc, HostDescriptor) and not desc.is_dir:
@@ -50,12 +60,26 @@ def fd_write(
             start = os.fstat(desc.fd).st_size
         else:
             start = os.lseek(desc.fd, 0, os.SEEK_CUR)
-        room = room_under_limit(start, len(data))
+        room, size = growth_room(st, desc.fd, start, len(data))
         written = os.write(desc.fd, data[:room] if room < len(data) else data)
+        spend_growth(st, size, start, written)
     else:
         return Errno.BADF
     mem.write_u32(nwritten_ptr, written)
     return Errno.SUCCESS
+
+
+def _take_stdin(desc: StdinDescriptor, want: int) -> bytes:
+    data = desc.data[desc.pos : desc.pos + want]
+    desc.pos += len(data)
+    return data
+
+
+def log_records(data: bytes) -> int:
+    """The log records a write of ``data`` makes (see LogLines): one per newline, and one per
+    ``MAX_LOG_LINE_BYTES`` of a longer line (a line still pending makes its record in a later
+    call, which paid for its bytes)."""
+    return data.count(b"\n") + len(data) // limits.MAX_LOG_LINE_BYTES
 
 
 def fd_read(
@@ -72,10 +96,9 @@ def fd_read(
     mem.require_range(nread_ptr, 4)  # before the read moves the offset or consumes stdin
     want = prepare_read(mem, vecs, _MAX_IO)
     if isinstance(desc, HostDescriptor):
-        data = os.read(desc.fd, want)
+        data = under(st.fs_read, lambda: os.read(desc.fd, want))
     else:
-        data = desc.data[desc.pos : desc.pos + want]
-        desc.pos += len(data)
+        data = under(st.stdin_read, lambda: _take_stdin(desc, want))
     mem.write_u32(nread_ptr, scatter(mem, vecs, data) if data else 0)
     return Errno.SUCCESS
 
@@ -96,7 +119,8 @@ def fd_pread(
     offset = filesize(offset)
     vecs = iovecs(mem, iovs, iovs_len)
     mem.require_range(nread_ptr, 4)
-    data = os.pread(desc.fd, prepare_read(mem, vecs, _MAX_IO), offset)
+    want = prepare_read(mem, vecs, _MAX_IO)
+    data = under(st.fs_read, lambda: os.pread(desc.fd, want, offset))
     mem.write_u32(nread_ptr, scatter(mem, vecs, data) if data else 0)
     return Errno.SUCCESS
 
@@ -120,8 +144,9 @@ def fd_pwrite(
     mem.require_range(nwritten_ptr, 4)
     mem.require_fuel(total_length(vecs, _MAX_IO) * FUEL_PER_BYTE)
     data = gather(mem, vecs, _MAX_IO)
-    room = room_under_limit(offset, len(data))
+    room, size = growth_room(st, desc.fd, offset, len(data))
     written = os.pwrite(desc.fd, data[:room], offset)
+    spend_growth(st, size, offset, written)
     mem.write_u32(nwritten_ptr, written)
     return Errno.SUCCESS
 
@@ -135,14 +160,15 @@ def fd_seek(
         return Errno.INVAL
     delta = offset - (1 << 64) if offset >= I64_LIMIT else offset
     mem.require_range(newoffset_ptr, 8)  # before the seek moves the offset
-    mem.write_u64(newoffset_ptr, os.lseek(desc.fd, delta, _WHENCE[Whence(whence)]))
+    how = _WHENCE[Whence(whence)]
+    mem.write_u64(newoffset_ptr, under(st.fs_read, lambda: os.lseek(desc.fd, delta, how)))
     return Errno.SUCCESS
 
 
 def fd_tell(st: WasiState, mem: GuestMemory, fd: int, offset_ptr: int) -> int:
     desc = regular_file(st, fd)
     need(desc, Right.FD_TELL)
-    mem.write_u64(offset_ptr, os.lseek(desc.fd, 0, os.SEEK_CUR))
+    mem.write_u64(offset_ptr, under(st.fs_read, lambda: os.lseek(desc.fd, 0, os.SEEK_CUR)))
     return Errno.SUCCESS
 
 
@@ -154,6 +180,7 @@ def fd_tell(st: WasiState, mem: GuestMemory, fd: int, offset_ptr: int) -> int:
 
 # Errno members are enum attributes, slower to look up than a plain int on the hot path.
 _SUCCESS = int(Errno.SUCCESS)
+_NOTCAPABLE = int(Errno.NOTCAPABLE)
 
 
 def _errno_of(fn: Callable[..., int], *args: Any) -> int:
@@ -191,10 +218,13 @@ def fast_fd_write(st: WasiState) -> WriteRoute:
     def handler(mem: GuestMemory, fd: int, iovs: int, iovs_len: int, nwritten_ptr: int) -> int:
         try:
             desc = get(fd)
-            if iovs_len == 1 and type(desc) is OutputDescriptor and desc.rights_base & R_FD_WRITE:
-                # Both ranges are checked before the sink: a wild pointer faults before output.
-                desc.sink(mem.take_iovec(iovs, _MAX_IO, nwritten_ptr))
-                return _SUCCESS
+            if type(desc) is OutputDescriptor:
+                if iovs_len == 1 and not desc.records and desc.rights_base & R_FD_WRITE:
+                    # Both ranges are checked before the sink: a wild pointer faults before
+                    # any output.
+                    desc.sink(mem.take_iovec(iovs, _MAX_IO, nwritten_ptr))
+                    return _SUCCESS
+                return fd_write(st, mem, fd, iovs, iovs_len, nwritten_ptr)  # no host file
             return _committed_fd_write(st, mem, fd, iovs, iovs_len, nwritten_ptr)
         except WasiError as exc:
             return exc.errno
@@ -206,6 +236,8 @@ def fast_fd_write(st: WasiState) -> WriteRoute:
 
 def fast_fd_read(st: WasiState) -> Callable[..., int]:
     get = st.fds.lookup
+    guard = st.fs_read
+    read = os.read
 
     def handler(mem: GuestMemory, fd: int, iovs: int, iovs_len: int, nread_ptr: int) -> int:
         try:
@@ -223,7 +255,10 @@ def fast_fd_read(st: WasiState) -> Callable[..., int]:
                 # nothing read, and the file offset does not move.
                 mem.require_range(buf, length)
                 mem.require_fuel(length * FUEL_PER_BYTE)
-                data = os.read(desc.fd, length)
+                # Under the grant: no read lands after a revocation of wasi.fs.read returns.
+                authorised, data = guard(lambda: read(desc.fd, length))
+                if not authorised or data is None:
+                    return _NOTCAPABLE
                 if data:
                     mem.write(buf, data)
                 mem.write_u32(nread_ptr, len(data))

@@ -46,9 +46,14 @@ class StdinDescriptor(Descriptor):
 
 @attrs.define(eq=False, slots=True, kw_only=True)
 class OutputDescriptor(Descriptor):
-    """fd 1 and 2: bytes go to ``sink`` (the log splitter, or the caller's callable)."""
+    """fd 1 and 2: bytes go to ``sink`` (the log splitter, or the caller's callable).
+
+    ``records``: the sink makes a log record of each line, which a write pays for per record
+    (``FUEL_PER_LOG_RECORD``); such a sink is not routed through the engine's write shortcut,
+    which prices bytes only."""
 
     sink: Callable[[bytes], object]
+    records: bool = False
 
 
 @attrs.define(eq=False, slots=True, kw_only=True)
@@ -80,7 +85,8 @@ class FdTable:
         self._fds: dict[int, Descriptor] = {}
         # get() without a Python frame, for the per-line hot paths.
         self.lookup = self._fds.get
-        # fd -> sink of each output descriptor with the write right, kept in step with the
+        # fd -> sink of each output descriptor with the write right (a log splitter's excepted,
+        # see OutputDescriptor.records), kept in step with the
         # table by every method below that changes it: fd_write's engine shortcut
         # (guestmem.WriteRoute) reads it with one lookup per printed line.
         self.sinks: dict[int, Callable[[bytes], object]] = {}
@@ -102,7 +108,7 @@ class FdTable:
     def _route(self, fd: int) -> None:
         """Bring ``sinks`` in step with what ``fd`` now holds."""
         desc = self._fds.get(fd)
-        if type(desc) is OutputDescriptor and desc.rights_base & R_FD_WRITE:
+        if type(desc) is OutputDescriptor and desc.rights_base & R_FD_WRITE and not desc.records:
             self.sinks[fd] = desc.sink
         else:
             self.sinks.pop(fd, None)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno as host_errno
 import os
+from collections.abc import Callable
 from types import TracebackType
 from typing import Final
 
@@ -88,15 +89,23 @@ def _names_a_directory(path: bytes) -> bool:
     return path.endswith(b"/") or last in (b".", b"..")
 
 
+Meter = Callable[[int], None]
+"""Told the number of each component a walk is about to resolve (1, 2, ...), before its system
+calls: the WASI profile charges fuel from it (and ends a guest that cannot pay)."""
+
+
 class PathWalk:
     """One resolution of ``path`` relative to the directory ``base_fd`` (identity ``base_id``).
 
     Use as a context manager; :meth:`walk` gives ``(dir_fd, name, must_be_dir)`` where ``name``
     is one component (or ``b"."`` for the directory itself) and ``dir_fd`` stays valid until the
-    walk is closed. :meth:`follow` continues through a symlink found at ``name``.
+    walk is closed. :meth:`follow` continues through a symlink found at ``name``. ``meter``, if
+    given, is called before each component is resolved (see :data:`Meter`).
     """
 
-    def __init__(self, base_fd: int, base_id: Ident, path: bytes) -> None:
+    def __init__(
+        self, base_fd: int, base_id: Ident, path: bytes, meter: Meter | None = None
+    ) -> None:
         check_path(path)
         if not path:
             raise WasiError(Errno.NOENT)
@@ -112,6 +121,7 @@ class PathWalk:
         self._must_dir = _names_a_directory(path)
         self._follows = 0
         self._steps = 0
+        self._meter = meter
 
     def __enter__(self) -> PathWalk:
         return self
@@ -200,6 +210,8 @@ class PathWalk:
             self._steps += 1
             if self._steps > limits.MAX_WALK_STEPS:
                 raise WasiError(Errno.LOOP)
+            if self._meter is not None:
+                self._meter(self._steps)
             if name == b"..":
                 self._up()
                 continue
@@ -263,6 +275,7 @@ __all__ = [
     "OPEN_ALWAYS",
     "WALK_FLAGS",
     "Ident",
+    "Meter",
     "PathWalk",
     "check_path",
     "ident_of",

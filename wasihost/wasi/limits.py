@@ -33,9 +33,23 @@ MAX_WALK_STEPS: Final = 4096
 MAX_POLL_SUBSCRIPTIONS: Final = 1024
 # Entries fd_readdir snapshots from one directory: bounds the host memory of one listing.
 MAX_DIR_ENTRIES: Final = 100_000
+# Entries of every snapshot one instance holds at once (each open directory descriptor keeps its
+# own): two whole directories of the size above, at most ~80 MB with the longest names. Without
+# it 250 descriptors on one big directory held 250 snapshots (gigabytes).
+MAX_LISTED_ENTRIES: Final = 2 * MAX_DIR_ENTRIES
 # A file in a read-write mount cannot grow past this through the guest (writes, set_size,
 # allocate answer FBIG): a guest must not fill the host's disk within its time budget.
 MAX_FILE_BYTES: Final = 1 * GiB
+# What one instance may add to its writable mounts (WasiOptions.max_write_bytes): growth of
+# files past their end (holes of sparse writes and of set_size/allocate included) and
+# NEW_ENTRY_BYTES for each file, directory or link it makes; DQUOT beyond. The per-file limit
+# alone let a guest make any number of files of 1 GiB (sparse ones for a few hundred fuel each).
+DEFAULT_MAX_WRITE_BYTES: Final = 1 * GiB
+# A budget beyond a pebibyte is a typo, not a policy (as the files broker's quota).
+MAX_MAX_WRITE_BYTES: Final = 1 << 50
+# What making a file, directory or link counts against it: a block and an inode, so a flood of
+# empty files is bounded too (262,144 of them by default).
+NEW_ENTRY_BYTES: Final = 4 * KiB
 
 # Descriptors of one instance (stdio and preopens included): every open file or directory is a
 # host file descriptor, and a process has about a thousand of those for all its instances.

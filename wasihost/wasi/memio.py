@@ -89,6 +89,15 @@ def read_path(mem: GuestMemory, ptr: int, length: int) -> bytes:
     return check_path(mem.read(ptr, length))
 
 
+def charge(mem: GuestMemory, units: int) -> None:
+    """Work this call is about to do that costs ``units`` fuel beyond its base price (walking a
+    component, reading directory entries): a guest whose budget cannot pay for it on top of what
+    the call has already moved ends ``out_of_fuel`` before the work; otherwise the units join the
+    bytes moved, which the engine charges after the call at ``FUEL_PER_BYTE`` (1) each."""
+    mem.require_fuel(mem.moved * FUEL_PER_BYTE + units)
+    mem.moved += units // FUEL_PER_BYTE
+
+
 def write_strings(mem: GuestMemory, ptrs: int, buf: int, items: list[bytes]) -> None:
     """argv/environ layout: a pointer per item at ``ptrs``, the NUL-terminated items at ``buf``."""
     mem.require_fuel(sum(len(item) + 5 for item in items) * FUEL_PER_BYTE)

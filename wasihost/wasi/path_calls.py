@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..guestmem import GuestMemory
+from . import limits
 from .abi import (
     ALL_FDFLAGS,
     ALL_OFLAGS,
@@ -38,8 +39,9 @@ from .abi import (
 from .errno import Errno, WasiError
 from .fd_attrs import new_times, pack_filestat
 from .fds import HostDescriptor
-from .fs import CREATE_FILE_MODE, OPEN_ALWAYS, PathWalk, open_walked
-from .memio import read_path
+from .fs import CREATE_FILE_MODE, OPEN_ALWAYS, Meter, PathWalk, open_walked
+from .memio import charge, read_path
+from .registry import FUEL_PER_WALK_STEP, WALK_STEPS_IN_BASE
 from .state import WasiState
 
 CREATE_DIR_MODE = 0o777
@@ -72,8 +74,28 @@ def _writable_dir(st: WasiState, fd: int, right: int) -> HostDescriptor:
     return _dir(st, fd, right)
 
 
-def _walk(desc: HostDescriptor, path: bytes) -> PathWalk:
-    return PathWalk(desc.fd, desc.ident, path)
+def _room_for_entry(st: WasiState) -> None:
+    """DQUOT unless the write budget can pay for one more file, directory or link."""
+    if st.write_room < limits.NEW_ENTRY_BYTES:
+        raise WasiError(Errno.DQUOT)
+
+
+def _made_entry(st: WasiState) -> None:
+    st.write_room -= limits.NEW_ENTRY_BYTES
+
+
+def _meter(mem: GuestMemory) -> Meter:
+    """Charges each component past the base price's before it is walked (see registry)."""
+
+    def meter(step: int) -> None:
+        if step > WALK_STEPS_IN_BASE:
+            charge(mem, FUEL_PER_WALK_STEP)
+
+    return meter
+
+
+def _walk(mem: GuestMemory, desc: HostDescriptor, path: bytes) -> PathWalk:
+    return PathWalk(desc.fd, desc.ident, path, _meter(mem))
 
 
 def _locate(walk: PathWalk, follow: bool) -> tuple[int, bytes, bool]:
@@ -127,10 +149,13 @@ def path_open(
         # The spec's gate of O_TRUNC: truncating by path is changing a file's size by path.
         if oflags & OFLAG_TRUNC and not parent.rights_base & Right.PATH_FILESTAT_SET_SIZE:
             return Errno.NOTCAPABLE
+        if oflags & OFLAG_CREAT:
+            # Counted whether or not the file existed: the walk does not say which.
+            _room_for_entry(st)
     flags = _open_flags(oflags, fdflags, read, write)
     st.fds.require_room()
     follow = bool(dirflags & LOOKUP_SYMLINK_FOLLOW)
-    with _walk(parent, path) as walk:
+    with _walk(mem, parent, path) as walk:
         host_fd = open_walked(walk, flags, CREATE_FILE_MODE, follow=follow)
     try:
         mode = os.fstat(host_fd)
@@ -159,6 +184,8 @@ def path_open(
     except BaseException:
         os.close(host_fd)
         raise
+    if oflags & OFLAG_CREAT:
+        _made_entry(st)
     mem.write_u32(fd_out, new_fd)
     return Errno.SUCCESS
 
@@ -167,9 +194,11 @@ def path_create_directory(
     st: WasiState, mem: GuestMemory, fd: int, path_ptr: int, path_len: int
 ) -> int:
     parent = _writable_dir(st, fd, Right.PATH_CREATE_DIRECTORY)
-    with _walk(parent, read_path(mem, path_ptr, path_len)) as walk:
+    _room_for_entry(st)
+    with _walk(mem, parent, read_path(mem, path_ptr, path_len)) as walk:
         dir_fd, name, _ = walk.walk()
         os.mkdir(name, CREATE_DIR_MODE, dir_fd=dir_fd)
+    _made_entry(st)
     return Errno.SUCCESS
 
 
@@ -177,7 +206,7 @@ def path_filestat_get(
     st: WasiState, mem: GuestMemory, fd: int, flags: int, path_ptr: int, path_len: int, out: int
 ) -> int:
     parent = _dir(st, fd, Right.PATH_FILESTAT_GET)
-    with _walk(parent, read_path(mem, path_ptr, path_len)) as walk:
+    with _walk(mem, parent, read_path(mem, path_ptr, path_len)) as walk:
         dir_fd, name, must_dir = _locate(walk, bool(flags & LOOKUP_SYMLINK_FOLLOW))
         result = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if must_dir and not stat.S_ISDIR(result.st_mode):
@@ -198,7 +227,7 @@ def path_filestat_set_times(
     fst_flags: int,
 ) -> int:
     parent = _writable_dir(st, fd, Right.PATH_FILESTAT_SET_TIMES)
-    with _walk(parent, read_path(mem, path_ptr, path_len)) as walk:
+    with _walk(mem, parent, read_path(mem, path_ptr, path_len)) as walk:
         dir_fd, name, _ = _locate(walk, bool(flags & LOOKUP_SYMLINK_FOLLOW))
         current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         times = new_times(current, atim, mtim, fst_flags)
@@ -232,12 +261,14 @@ def path_link(
     dst = _dir(st, new_fd, Right.PATH_LINK_TARGET)
     old_path = read_path(mem, old_ptr, old_len)
     new_path = read_path(mem, new_ptr, new_len)
-    with _walk(src, old_path) as old_walk, _walk(dst, new_path) as new_walk:
+    with _walk(mem, src, old_path) as old_walk, _walk(mem, dst, new_path) as new_walk:
         old_dir, old_name, _ = _locate(old_walk, bool(old_flags & LOOKUP_SYMLINK_FOLLOW))
         new_dir, new_name, new_must_dir = new_walk.walk()
         if new_must_dir:
             return Errno.NOENT
+        _room_for_entry(st)
         os.link(old_name, new_name, src_dir_fd=old_dir, dst_dir_fd=new_dir, follow_symlinks=False)
+    _made_entry(st)
     return Errno.SUCCESS
 
 
@@ -252,7 +283,7 @@ def path_readlink(
     used_ptr: int,
 ) -> int:
     parent = _dir(st, fd, Right.PATH_READLINK)
-    with _walk(parent, read_path(mem, path_ptr, path_len)) as walk:
+    with _walk(mem, parent, read_path(mem, path_ptr, path_len)) as walk:
         dir_fd, name, _ = walk.walk()
         if name == b".":
             return Errno.INVAL
@@ -267,7 +298,7 @@ def path_remove_directory(
     st: WasiState, mem: GuestMemory, fd: int, path_ptr: int, path_len: int
 ) -> int:
     parent = _writable_dir(st, fd, Right.PATH_REMOVE_DIRECTORY)
-    with _walk(parent, read_path(mem, path_ptr, path_len)) as walk:
+    with _walk(mem, parent, read_path(mem, path_ptr, path_len)) as walk:
         dir_fd, name, _ = walk.walk()
         os.rmdir(name, dir_fd=dir_fd)
     return Errno.SUCCESS
@@ -293,7 +324,7 @@ def path_rename(
     dst = _dir(st, new_fd, Right.PATH_RENAME_TARGET)
     old_path = read_path(mem, old_ptr, old_len)
     new_path = read_path(mem, new_ptr, new_len)
-    with _walk(src, old_path) as old_walk, _walk(dst, new_path) as new_walk:
+    with _walk(mem, src, old_path) as old_walk, _walk(mem, dst, new_path) as new_walk:
         old_dir, old_name, old_must_dir = old_walk.walk()
         new_dir, new_name, new_must_dir = new_walk.walk()
         _check_dir_if_required(old_dir, old_name, old_must_dir or new_must_dir)
@@ -316,17 +347,19 @@ def path_symlink(
         return Errno.NOENT
     if target.startswith(b"/"):
         return Errno.PERM  # would name the host's root; the walk would refuse it anyway
-    with _walk(parent, read_path(mem, new_ptr, new_len)) as walk:
+    with _walk(mem, parent, read_path(mem, new_ptr, new_len)) as walk:
         dir_fd, name, must_dir = walk.walk()
         if must_dir:
             return Errno.NOENT
+        _room_for_entry(st)
         os.symlink(target, name, dir_fd=dir_fd)
+    _made_entry(st)
     return Errno.SUCCESS
 
 
 def path_unlink_file(st: WasiState, mem: GuestMemory, fd: int, path_ptr: int, path_len: int) -> int:
     parent = _writable_dir(st, fd, Right.PATH_UNLINK_FILE)
-    with _walk(parent, read_path(mem, path_ptr, path_len)) as walk:
+    with _walk(mem, parent, read_path(mem, path_ptr, path_len)) as walk:
         if walk.must_dir:
             # "x/" names a directory (through a symlink too): never a file to unlink.
             dir_fd, name, _ = walk.walk_following()

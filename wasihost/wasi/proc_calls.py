@@ -10,7 +10,7 @@ from ..status import GuestExit
 from . import limits
 from .errno import Errno
 from .memio import write_strings
-from .registry import FUEL_PER_BYTE
+from .registry import FUEL_PER_BYTE, FUEL_PER_SEEDED_RANDOM_BYTE
 from .state import WasiState
 
 
@@ -56,7 +56,9 @@ def random_get(st: WasiState, mem: GuestMemory, buf: int, length: int) -> int:
     if length > limits.MAX_RANDOM_BYTES_PER_CALL:
         return Errno.INVAL
     mem.require_range(buf, length)  # the destination and the price before the bytes are made
-    mem.require_fuel(length * FUEL_PER_BYTE)
+    extra = length * FUEL_PER_SEEDED_RANDOM_BYTE if st.random_seeded else 0
+    mem.require_fuel(length * FUEL_PER_BYTE + extra)
+    mem.moved += extra // FUEL_PER_BYTE  # charged with the bytes moved
     mem.write(buf, st.random(length))
     return Errno.SUCCESS
 

@@ -46,6 +46,29 @@ FUEL_FD: Final = 300  # one system call on a descriptor
 FUEL_POLL: Final = 500  # parses subscriptions and may wait
 FUEL_PATH: Final = 2000  # walks a path component by component: several system calls
 FUEL_PER_BYTE: Final = 1
+# A path call's base price covers a walk of this many components; each further one (an openat
+# and an fstat: one descriptor call's work) is charged FUEL_PER_WALK_STEP before it is walked.
+# Without it a 4096-component walk (a symlink chain) cost its flat base: ~12 ms of host time.
+WALK_STEPS_IN_BASE: Final = 8
+FUEL_PER_WALK_STEP: Final = FUEL_FD
+# Each entry of a directory snapshot (fd_readdir at cookie 0): read, typed, sorted and kept,
+# about 1.7 us of host time; charged before each batch is read. Without it one fd_readdir
+# re-read a directory of 100,000 entries (~0.2 s) for the base price.
+FUEL_PER_DIR_ENTRY: Final = 100
+# Each byte of the seeded random stream (HMAC-SHA256 in counter mode, ~190 ns a byte in
+# Python) on top of FUEL_PER_BYTE: priced like the profile's other host work (~0.1-0.15 units
+# per ns), where 1 unit a byte let 1 MiB cost ~0.19 s of host time for about a million units.
+FUEL_PER_SEEDED_RANDOM_BYTE: Final = 25
+# Each log record a write to stdout/stderr makes when they go to the extension's log (one a
+# line, and one per 4 KiB of a longer one): about a microsecond of host time each, or an
+# embedder's log sink call. At one unit a byte, 1 MiB of newlines made a million records
+# (~1 s of host time) for about two million units.
+FUEL_PER_LOG_RECORD: Final = 100
+# What a budget must still hold for poll_oneoff to wait: its price, plus the 10,000 units host
+# calls may otherwise owe before the engine checks the budget (SETTLE_FUEL in engine/native.py,
+# below which a fuel check answers yes without looking). Without it a guest with 50 units left
+# slept until its deadline (up to ten minutes) on credit.
+FUEL_TO_WAIT: Final = 10_000 + FUEL_POLL
 
 _PTR: Final = 4  # an out-pointer target (u32 / size)
 _U64: Final = 8

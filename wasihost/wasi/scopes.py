@@ -4,7 +4,8 @@ env and the clock profile, not only the embedder's code.
 A scope is the JSON object stored with a grant (``wasihost grants grant EXT wasi.fs.read
 --scope '{"mounts": [...]}'``). Each capability accepts its own keys, and anything else is
 refused (fail closed). Scope values add to the embedder's :class:`WasiOptions`; where both set
-the same thing, the embedder's value stands, and a conflicting env name is an error.
+the same thing, the embedder's value stands, and a conflicting env name is an error; a write
+budget (``wasi.fs.write``'s ``max_write_bytes``) only ever lowers the embedder's.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import attrs
 
 from ..errors import ConfigError
 from .config import Mount, WasiOptions
-from .registry import CAP_ARGS, CAP_CLOCK, CAP_ENV, CAP_FS_READ
+from .registry import CAP_ARGS, CAP_CLOCK, CAP_ENV, CAP_FS_READ, CAP_FS_WRITE
 
 SCOPE_KEYS: Mapping[str, frozenset[str]] = {
     CAP_FS_READ: frozenset({"mounts"}),
+    CAP_FS_WRITE: frozenset({"max_write_bytes"}),
     CAP_ARGS: frozenset({"argv"}),
     CAP_ENV: frozenset({"env"}),
     CAP_CLOCK: frozenset({"profile"}),
@@ -83,6 +85,12 @@ def apply_scopes(options: WasiOptions, scopes: Mapping[str, Mapping[str, Any]]) 
                     f"grant scope env conflicts with the host's on {', '.join(clash)}"
                 )
             changes["env"] = tuple({**env, **mine}.items())
+        if "max_write_bytes" in scope:
+            budget = scope["max_write_bytes"]
+            if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+                raise ConfigError("grant scope max_write_bytes must be a non-negative integer")
+            # The operator's budget can only tighten the embedder's.
+            changes["max_write_bytes"] = min(options.max_write_bytes, budget)
         if "profile" in scope and options.clock is None:
             changes["clock"] = scope["profile"]
     return attrs.evolve(options, **changes) if changes else options

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
+from typing import Protocol, TypeVar, cast
 
 from ..brokers.clock import Clock
 from ..brokers.random import SeededRandom
@@ -25,6 +26,7 @@ from .abi import (
 )
 from .clocks import GuestClocks
 from .config import WasiOptions
+from .errno import Errno, WasiError
 from .fds import FdTable, HostDescriptor, MountState, OutputDescriptor, StdinDescriptor
 from .fs import DIR_OPEN_FLAGS, ident_of
 from .registry import (
@@ -52,6 +54,32 @@ def _commit_directly(action: Callable[[], int]) -> tuple[bool, int | None]:
     return True, action()
 
 
+T = TypeVar("T")
+
+
+class Guard(Protocol):
+    """Runs an action if the grant the call started under still allows one capability,
+    atomically with respect to every grant change: (authorised, its result)."""
+
+    def __call__(self, action: Callable[[], T], /) -> tuple[bool, T | None]: ...
+
+
+def _unguarded(action: Callable[[], T]) -> tuple[bool, T | None]:
+    return True, action()
+
+
+def _no_guards(capability: str) -> Guard:
+    return _unguarded
+
+
+def under(guard: Guard, action: Callable[[], T]) -> T:
+    """``action()`` if ``guard`` authorises it, else NOTCAPABLE (as a refused commit)."""
+    authorised, result = guard(action)
+    if not authorised:
+        raise WasiError(Errno.NOTCAPABLE)
+    return cast("T", result)
+
+
 class WasiState:
     """Everything the handlers of one instance share."""
 
@@ -64,21 +92,33 @@ class WasiState:
         clock_resolution_ns: int,
         policy_seed: bytes | None = None,
         commit: Committer | None = None,
+        guards: Callable[[str], Guard] = _no_guards,
     ) -> None:
         self.config = config
         # Host-visible mutations (file writes, creating, renaming, removing) run through this,
         # so one authorised before a grant change never lands after it.
         self.commit: Committer = commit if commit is not None else _commit_directly
+        # Reads of a mount's files and of stdin through core entries (fd_read, fd_seek, ...,
+        # which the engine's gate lets through whatever the grant) run under these, so none
+        # lands after a revocation of wasi.fs.read or wasi.stdio (or any grant change) returns.
+        self.fs_read: Guard = guards(CAP_FS_READ)
+        # (Without wasi.stdio at the start stdin is empty: end of file, nothing to guard.)
+        self.stdin_read: Guard = guards(CAP_STDIO) if allows(CAP_STDIO) else _unguarded
         self.args = [a.encode() for a in config.argv] if allows(CAP_ARGS) else []
         self.env = [e.encode() for e in config.env_strings] if allows(CAP_ENV) else []
         self.clocks = GuestClocks(
             config.clock if allows(CAP_CLOCK) else None, clock, clock_resolution_ns
         )
         self.random: Callable[[int], bytes] | None = None
+        # The seeded stream costs ~20 times the OS CSPRNG's host time a byte: priced so.
+        self.random_seeded = False
         if config.provides_random and allows(CAP_RANDOM):
             seed = config.random_seed if config.random_seed is not None else policy_seed
             self.random = SeededRandom(seed) if seed is not None else os.urandom
+            self.random_seeded = seed is not None
         self.fds = FdTable(config.max_fds)
+        # What this instance may still add to its writable mounts (see fd_checks.grow).
+        self.write_room = config.max_write_bytes
         self._log_lines: list[LogLines] = []
         self._setup_stdio(allows(CAP_STDIO), log)
         if allows(CAP_FS_READ):
@@ -102,17 +142,20 @@ class WasiState:
             (self.config.stdout, Level.INFO, "stdout"),
             (self.config.stderr, Level.WARN, "stderr"),
         ):
-            sink = given
-            if sink is None or not stdio:
+            sink: Callable[[bytes], object]
+            if given is None or not stdio:
                 lines = LogLines(log, level, source)
                 self._log_lines.append(lines)
-                sink = lines
+                sink, records = lines, True
+            else:
+                sink, records = given, False
             self.fds.insert(
                 OutputDescriptor(
                     filetype=Filetype.CHARACTER_DEVICE,
                     rights_base=STDOUT_RIGHTS,
                     rights_inheriting=0,
                     sink=sink,
+                    records=records,
                 )
             )
 
