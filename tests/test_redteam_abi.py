@@ -1,0 +1,116 @@
+"""Red-team review of the guest ABI's call path and the core host calls: hostile guests that
+follow the ABI, run through the real engine. Each test here failed on the code before the fix
+it names, or guards a protection that was seen to fail its test when removed (see the report
+of the review in the branch's history)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import cbor2
+import pytest
+from guests import build, escape, guest_wat, host_import
+
+from wasihost.brokers.jobs import MIN_RESCHEDULE_MS, JobsBroker, ManualClock
+from wasihost.manifest import parse_manifest
+from wasihost.package import Package
+from wasihost.policy import Policy
+from wasihost.registry import default_registry
+from wasihost.runtime import Host
+
+WAIT_S = 10.0
+REQUEST_AT = 60000  # where a guest below keeps its canned host-call request
+
+
+def package(manifest: str, wasm: bytes, source: str = "redteam") -> Package:
+    """A package made in memory: ``manifest`` (TOML) and the module ``wasm``."""
+    parsed = parse_manifest(manifest, default_registry().capabilities())
+    return Package(source, parsed, wasm, hashlib.sha256(wasm).hexdigest())
+
+
+def hello(ext_id: str, abi: str = "1.1") -> dict[str, Any]:
+    return {"id": ext_id, "version": "0.1.0", "abi": abi, "features": []}
+
+
+# -- jobs: a run that schedules its own successor ---------------------------------------------
+
+RESCHEDULE_MANIFEST = """[extension]
+schema = "wasihost-manifest/1"
+id = "org.test.reschedule"
+version = "0.1.0"
+abi = "1.1"
+module = "m.wasm"
+
+[capabilities]
+required = ["jobs"]
+
+[commands]
+again = {}
+
+[jobs]
+commands = ["again"]
+max_jobs = 32
+"""
+
+
+def rescheduling_guest(request: dict[str, Any]) -> bytes:
+    """Every command (the job's too) calls ``jobs_schedule`` with ``request``: each run of the
+    job schedules the next one."""
+    raw = cbor2.dumps(request)
+    body = f"""(drop (call $jobs_schedule (i32.const {REQUEST_AT}) (i32.const {len(raw)})
+                (i32.const 12288) (i32.const 16)))
+        (call $ok_null)"""
+    return build(
+        guest_wat(
+            body,
+            marker="1.1",
+            hello=hello("org.test.reschedule"),
+            imports=host_import("jobs_schedule"),
+            extra=f'(data (i32.const {REQUEST_AT}) "{escape(raw)}")',
+        )
+    )
+
+
+@pytest.fixture
+def job_clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def jobs_host(job_clock: ManualClock) -> Iterator[Host]:
+    with Host(Policy(allow={"jobs"}), cache_dir=None, brokers=[JobsBroker(clock=job_clock)]) as h:
+        yield h
+
+
+def _tick(host: Host) -> int:
+    broker = host.broker("jobs")
+    assert isinstance(broker, JobsBroker)
+    queued = broker.tick()
+    assert broker.drain(WAIT_S)
+    return queued
+
+
+@pytest.mark.parametrize(
+    "request_value",
+    [
+        {"command": "again", "delay_ms": 0},
+        {"command": "again", "every_ms": 1000, "delay_ms": 0},
+    ],
+    ids=["one-shot", "periodic-first-run"],
+)
+def test_a_job_that_schedules_its_successor_waits_the_minimum_period(
+    jobs_host: Host, job_clock: ManualClock, request_value: dict[str, Any]
+) -> None:
+    # Break: a one-shot job with delay 0 scheduled by each run of itself ran back to back (12,726
+    # runs in 2 s of a one-job extension on the system clock): a periodic job with no period.
+    ext = jobs_host.admit(package(RESCHEDULE_MANIFEST, rescheduling_guest(request_value)))
+    ext.call("again")  # an ordinary call keeps its delay of 0: due now
+    assert _tick(jobs_host) == 1
+    # The run scheduled a successor; with no time passed, nothing is due.
+    assert _tick(jobs_host) == 0
+    job_clock.advance(MIN_RESCHEDULE_MS / 1000 - 0.001)
+    assert _tick(jobs_host) == 0
+    job_clock.advance(0.001)
+    assert _tick(jobs_host) >= 1
