@@ -6,19 +6,28 @@ of the review in the branch's history)."""
 from __future__ import annotations
 
 import hashlib
+import http.server
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import cbor2
 import pytest
+from conftest import bare
 from guests import build, escape, guest_wat, host_import
+from test_http import dumping_guest, ok, resolve
 
+from wasihost.brokers.http import MAX_RESPONSE_BODY_BYTES, MAX_RESPONSE_HEADER_BYTES, HttpBroker
 from wasihost.brokers.jobs import MIN_RESCHEDULE_MS, JobsBroker, ManualClock
+from wasihost.brokers.secrets import SecretsBroker
 from wasihost.manifest import parse_manifest
 from wasihost.package import Package
 from wasihost.policy import Policy
 from wasihost.registry import default_registry
 from wasihost.runtime import Host
+from wasihost.scrub import MIN_FORM_BYTES
+from wasihost.secrets import MemorySecretStore
+from wasihost.status import Status
 
 WAIT_S = 10.0
 REQUEST_AT = 60000  # where a guest below keeps its canned host-call request
@@ -114,3 +123,89 @@ def test_a_job_that_schedules_its_successor_waits_the_minimum_period(
     assert _tick(jobs_host) == 0
     job_clock.advance(0.001)
     assert _tick(jobs_host) >= 1
+
+
+# -- http: secrets the scrubber cannot handle ------------------------------------------------
+
+
+class ReflectingServer:
+    """A server on 127.0.0.1 that hands back the token of the request's Authorization header:
+    once (``/once``), filling the body (``/fill``) or a header (``/fill-header``)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[bytes] = []
+        seen = self.tokens
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            timeout = 5.0
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                value = self.headers.get("authorization", "")
+                token = value.split(" ", 1)[-1].encode("latin-1")
+                seen.append(token)
+                body, echo = b"got:" + token, token
+                if self.path == "/fill":
+                    body = token * (MAX_RESPONSE_BODY_BYTES // len(token))
+                elif self.path == "/fill-header":
+                    echo = token * ((MAX_RESPONSE_HEADER_BYTES - 256) // len(token))
+                self.send_response(200)
+                self.send_header("X-Echo", echo.decode("latin-1"))
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(WAIT_S)
+
+
+@pytest.fixture(scope="module")
+def reflecting() -> Iterator[ReflectingServer]:
+    server = ReflectingServer()
+    yield server
+    server.close()
+
+
+def fetch_with_secret(server: ReflectingServer, secret: bytes, path: str) -> tuple[int, bytes]:
+    """A WAT guest sends a request to ``path`` with ``secret`` as its bearer token; what its
+    http_request returned, and its response buffer (where any byte the host wrote would be)."""
+    origin = f"http://api.test:{server.port}"
+    secrets = SecretsBroker(MemorySecretStore({"tok": secret}))
+    with Host(
+        Policy(allow={"http", "secrets"}),
+        cache_dir=None,
+        brokers=[HttpBroker(resolver=resolve), secrets],
+    ) as host:
+        request = ok(
+            url=origin + path, headers=[["Authorization", {"secret": "tok", "prefix": "Bearer "}]]
+        )
+        ext = host.admit(bare(dumping_guest(cbor2.dumps(request))), grants=["http", "secrets"])
+        host.grant(ext.id, "http", {"allow_local_network": True, "origins": [origin]})
+        host.grant(ext.id, "secrets", {"headers": {"tok": [origin]}})
+        memory = ext.call("run")
+    assert isinstance(memory, bytes)
+    return int.from_bytes(memory[:4], "little", signed=True), memory
+
+
+@pytest.mark.parametrize("secret", [b"Q", b"Zq9"])
+def test_a_secret_too_short_to_scrub_is_never_sent_as_a_header(
+    reflecting: ReflectingServer, secret: bytes
+) -> None:
+    # Break: forms under MIN_FORM_BYTES are not scrubbed, so a 3-byte secret sent as a header
+    # came back from a reflecting server into guest memory as it was.
+    assert len(secret) < MIN_FORM_BYTES
+    reflecting.tokens.clear()
+    returned, memory = fetch_with_secret(reflecting, secret, "/once")
+    assert returned == -Status.UNAVAILABLE
+    assert reflecting.tokens == []  # not sent
+    assert b"got:" + secret not in memory

@@ -39,7 +39,7 @@ from ..netpolicy import (
     parse_pattern,
     parse_url,
 )
-from ..scrub import Unscrubbable, scrub, scrub_text, secret_forms
+from ..scrub import MIN_FORM_BYTES, Unscrubbable, scrub, scrub_text, secret_forms
 from ..secrets import MAX_SECRET_BYTES
 from ..status import GuestDeadline, GuestInterrupted, HostStatus, Status
 from .secrets import use_secret
@@ -241,6 +241,16 @@ class Request:
                     # The operator stored something no header can carry; never its bytes in
                     # the log, only that it cannot be used.
                     LOG.warning("secret %s cannot be sent as a header value", value.name)
+                    raise HostStatus(Status.UNAVAILABLE)
+                if len(secret) < MIN_FORM_BYTES:
+                    # The scrubber leaves forms this short alone (they would match ordinary
+                    # text), so a server reflecting the header would hand it to the guest.
+                    LOG.warning(
+                        "secret %s is under %d bytes: too short to be scrubbed from a "
+                        "response, so it is never sent as a header",
+                        value.name,
+                        MIN_FORM_BYTES,
+                    )
                     raise HostStatus(Status.UNAVAILABLE)
                 self.forms.extend(secret_forms(secret))
                 attached.append((name, value.prefix + text))
