@@ -209,3 +209,16 @@ def test_a_secret_too_short_to_scrub_is_never_sent_as_a_header(
     assert returned == -Status.UNAVAILABLE
     assert reflecting.tokens == []  # not sent
     assert b"got:" + secret not in memory
+
+
+@pytest.mark.parametrize("path", ["/fill", "/fill-header"])
+def test_redactions_that_grow_a_response_past_its_limit_are_payload_too_large(
+    reflecting: ReflectingServer, path: str
+) -> None:
+    # Break: "[redacted]" is longer than a 4-byte secret, so a response filled with it grew
+    # past the entry's limit after scrubbing, and the call ended host_error (a CodecError
+    # traceback in the host's log) instead of the guest getting a status.
+    secret = b"Zq9x"
+    returned, memory = fetch_with_secret(reflecting, secret, path)
+    assert returned == -Status.PAYLOAD_TOO_LARGE
+    assert secret not in memory

@@ -622,14 +622,19 @@ class HttpBroker:
     ) -> dict[str, Any]:
         forms = request.forms
         headers: list[list[str]] = []
-        header_bytes = 0
+        header_bytes = 0  # as received, for the traffic account
+        scrubbed_bytes = 0  # as handed to the guest: a redaction may be longer than its form
         for name, value in response.headers.items():
             header_bytes += len(name.encode()) + len(value.encode())
             try:
-                headers.append([scrub_text(name, forms), scrub_text(value, forms)])
+                pair = [scrub_text(name, forms), scrub_text(value, forms)]
             except Unscrubbable:
                 raise HostStatus(Status.UNAVAILABLE) from None
-        if len(headers) > MAX_RESPONSE_HEADERS or header_bytes > MAX_RESPONSE_HEADER_BYTES:
+            scrubbed_bytes += len(pair[0].encode()) + len(pair[1].encode())
+            headers.append(pair)
+        if len(headers) > MAX_RESPONSE_HEADERS or max(
+            header_bytes, scrubbed_bytes
+        ) > MAX_RESPONSE_HEADER_BYTES:
             raise HostStatus(Status.PAYLOAD_TOO_LARGE)
         if not state.received(header_bytes + HEADER_LINE_OVERHEAD * len(headers)):
             raise HostStatus(Status.QUOTA_EXCEEDED)
@@ -656,6 +661,10 @@ class HttpBroker:
         except Unscrubbable:
             # A response the secret cannot be removed from is not handed to the guest at all.
             raise HostStatus(Status.UNAVAILABLE) from None
+        if len(data) > MAX_RESPONSE_BODY_BYTES:
+            # Redactions longer than the forms they replaced (a short secret, reflected many
+            # times) grew the body past what the entry's response can carry.
+            raise HostStatus(Status.PAYLOAD_TOO_LARGE)
         return {"status": response.status, "headers": headers, "body": data}
 
 
