@@ -222,3 +222,37 @@ def test_redactions_that_grow_a_response_past_its_limit_are_payload_too_large(
     returned, memory = fetch_with_secret(reflecting, secret, path)
     assert returned == -Status.PAYLOAD_TOO_LARGE
     assert secret not in memory
+
+
+# -- random: a seeded host ----------------------------------------------------------------------
+
+
+def random_guest() -> bytes:
+    """``run`` answers 32 bytes of ``random_bytes`` (a CBOR byte string)."""
+    body = """
+        (drop (call $random_bytes (i32.const 9000) (i32.const 2) (i32.const 12292) (i32.const 64)))
+        (i32.store (i32.const 12288) (i32.const 0))
+        (call $packed (i32.const 12288) (i32.const 38))"""
+    # status 0, then the host's answer (a CBOR byte string of 32: 34 bytes) as the body.
+    return build(
+        guest_wat(
+            body, imports=host_import("random_bytes"), extra='(data (i32.const 9000) "\\18\\20")'
+        )
+    )
+
+
+def test_two_extensions_of_a_seeded_host_draw_different_streams() -> None:
+    # Break: every extension's stream was keyed by the policy's seed alone, so one extension
+    # reading its own random bytes knew the bytes another extension had drawn (its nonces,
+    # its tokens): SeededRandom's "not guessable without the seed" held for no extension.
+    seed = b"r" * 16
+    runs = []
+    for _ in range(2):
+        with Host(Policy(allow={"random"}, random_seed=seed), cache_dir=None) as host:
+            wasm = random_guest()
+            one = host.admit(bare(wasm, "one.wasm"), grants=["random"]).call("run")
+            two = host.admit(bare(wasm, "two.wasm"), grants=["random"]).call("run")
+            assert isinstance(one, bytes) and len(one) == 32
+            assert one != two
+            runs.append((one, two))
+    assert runs[0] == runs[1]  # still reproducible
