@@ -14,12 +14,13 @@ from typing import Any
 import cbor2
 import pytest
 from conftest import bare
-from guests import build, escape, guest_wat, host_import
+from guests import HEAP_START, build, escape, guest_wat, host_import
 from test_http import dumping_guest, ok, resolve
 
 from wasihost.brokers.http import MAX_RESPONSE_BODY_BYTES, MAX_RESPONSE_HEADER_BYTES, HttpBroker
 from wasihost.brokers.jobs import MIN_RESCHEDULE_MS, JobsBroker, ManualClock
 from wasihost.brokers.secrets import SecretsBroker
+from wasihost.errors import CallError, FailureClass
 from wasihost.manifest import parse_manifest
 from wasihost.package import Package
 from wasihost.policy import Policy
@@ -256,3 +257,134 @@ def test_two_extensions_of_a_seeded_host_draw_different_streams() -> None:
             assert one != two
             runs.append((one, two))
     assert runs[0] == runs[1]  # still reproducible
+
+
+# -- the call path: a lying wasihost_alloc and a lying packed result ------------------------
+
+PAGE = 65536
+MEMORY_PAGES = 2
+
+
+def lying_alloc_guest(lie: str) -> bytes:
+    """``wasihost_alloc`` answers honestly for the handshake (its first two calls) and then
+    ``lie``, an expression over ``$n`` (the size asked for) and ``$end`` (the memory's size
+    in bytes when alloc was entered)."""
+    alloc = f"""
+  (global $allocs (mut i32) (i32.const 0))
+  (func (export "wasihost_alloc") (param $n i32) (result i32)
+    (local $end i32)
+    (local.set $end (i32.mul (memory.size) (i32.const {PAGE})))
+    (global.set $allocs (i32.add (global.get $allocs) (i32.const 1)))
+    (if (result i32) (i32.le_u (global.get $allocs) (i32.const 2))
+      (then (i32.const {HEAP_START}))
+      (else {lie})))"""
+    return build(guest_wat(alloc=alloc, memory=f'(memory (export "memory") {MEMORY_PAGES})'))
+
+
+@pytest.mark.parametrize(
+    ("lie", "fits"),
+    [
+        ("(i32.sub (local.get $end) (local.get $n))", True),  # the block ends with memory
+        ("(i32.add (i32.sub (local.get $end) (local.get $n)) (i32.const 1))", False),
+        ("(i32.sub (local.get $end) (i32.const 1))", False),
+        ("(local.get $end)", False),
+        ("(i32.const -1)", False),  # 0xFFFF_FFFF: ptr + total wraps a u32
+        ("(i32.const 0x80000000)", False),  # 2^31: negative as an i32
+        ("(i32.sub (i32.const 0) (local.get $n))", False),  # 2^32 - n: ends exactly at 2^32
+        # grows the memory first, then hands out the new page: inside memory now
+        ("(drop (memory.grow (i32.const 1))) (local.get $end)", True),
+        # grows the memory and hands out a block one byte past the new end
+        (
+            "(drop (memory.grow (i32.const 1))) "
+            f"(i32.add (i32.sub (i32.add (local.get $end) (i32.const {PAGE})) (local.get $n)) "
+            "(i32.const 1))",
+            False,
+        ),
+    ],
+    ids=[
+        "at-end",
+        "one-past-end",
+        "last-byte",
+        "at-size",
+        "u32-max",
+        "i32-min",
+        "wraps-to-2^32",
+        "new-page",
+        "one-past-grown-end",
+    ],
+)
+def test_a_lying_alloc_is_a_protocol_failure_unless_its_block_lies_in_memory(
+    host: Host, lie: str, fits: bool
+) -> None:
+    # Held: the block [ptr, ptr + total) is checked against the memory's size re-read after
+    # alloc (size_for), with exact integers, before the host writes into it.
+    ext = host.admit(bare(lying_alloc_guest(lie)))
+    payload = b"p" * 1000
+    if fits:
+        assert ext.call("run", payload) is None
+        return
+    with pytest.raises(CallError) as info:
+        ext.call("run", payload)
+    assert info.value.failure is FailureClass.PROTOCOL
+    assert "wasihost_alloc" in info.value.message
+
+
+def lying_result_guest(packed: str, grow: bool = False) -> bytes:
+    """The command writes an OK ``null`` answer in the last 5 bytes of memory (after growing
+    it by a page if ``grow``) and returns ``packed``, an i64 expression over ``$end`` (the
+    memory's size in bytes then)."""
+    body = f"""
+    {"(drop (memory.grow (i32.const 1)))" if grow else ""}
+    (global.set $end (i32.mul (memory.size) (i32.const {PAGE})))
+    (i32.store (i32.sub (global.get $end) (i32.const 5)) (i32.const 0))
+    (i32.store8 (i32.sub (global.get $end) (i32.const 1)) (i32.const 0xf6))
+    {packed}"""
+    return build(
+        guest_wat(
+            body,
+            memory=f'(memory (export "memory") {MEMORY_PAGES})',
+            extra="(global $end (mut i32) (i32.const 0))",
+        )
+    )
+
+
+END_MINUS = "(call $packed (i32.sub (global.get $end) (i32.const {back})) (i32.const {length}))"
+
+
+@pytest.mark.parametrize(
+    ("packed", "grow", "fragment"),
+    [
+        (END_MINUS.format(back=5, length=5), False, None),  # ends with memory
+        (END_MINUS.format(back=5, length=5), True, None),  # in a page grown during the call
+        (END_MINUS.format(back=4, length=5), False, "outside memory"),
+        (END_MINUS.format(back=5, length=4), False, "empty payload"),
+        (END_MINUS.format(back=5, length=3), False, "no status"),
+        ("(i64.const -1)", False, "outside memory"),  # ptr and len both 2^32 - 1
+        ("(i64.const 0x00000001ffffffff)", False, "outside memory"),  # len 2^32 - 1
+        ("(i64.const 0x8000000000000005)", False, "outside memory"),  # ptr 2^31
+        # ptr + len is exactly 2^32: only exact integers see it is outside
+        ("(i64.const 0xfffffffb00000005)", False, "outside memory"),
+    ],
+    ids=[
+        "at-end",
+        "grown-page",
+        "one-past-end",
+        "body-cut",
+        "short",
+        "all-ones",
+        "len-max",
+        "ptr-2^31",
+        "sum-2^32",
+    ],
+)
+def test_a_lying_packed_result_is_a_protocol_failure_unless_it_lies_in_memory(
+    host: Host, packed: str, grow: bool, fragment: str | None
+) -> None:
+    ext = host.admit(bare(lying_result_guest(packed, grow)))
+    if fragment is None:
+        assert ext.call("run") is None
+        return
+    with pytest.raises(CallError) as info:
+        ext.call("run")
+    assert info.value.failure is FailureClass.PROTOCOL
+    assert fragment in info.value.message
