@@ -28,7 +28,7 @@ from wasihost.registry import default_registry
 from wasihost.runtime import Host
 from wasihost.scrub import MIN_FORM_BYTES
 from wasihost.secrets import MemorySecretStore
-from wasihost.status import Status
+from wasihost.status import HostStatus, Status
 
 WAIT_S = 10.0
 REQUEST_AT = 60000  # where a guest below keeps its canned host-call request
@@ -388,3 +388,68 @@ def test_a_lying_packed_result_is_a_protocol_failure_unless_it_lies_in_memory(
         ext.call("run")
     assert info.value.failure is FailureClass.PROTOCOL
     assert fragment in info.value.message
+
+
+# -- embedder functions: a HostStatus that is not a failure status --------------------------
+
+
+def embedder_guest() -> bytes:
+    """``run`` passes its CBOR input to ``myapp_v1.lookup`` and answers what the import
+    returned, as a CBOR integer (the response bytes are not looked at)."""
+    body = """
+    (global.set $r (call $fn (i32.add (local.get $ptr) (local.get $cmd_len)) (local.get $in_len)
+                             (i32.const 12292) (i32.const 1024)))
+    (i32.store (i32.const 8000) (i32.const 0))
+    (i32.store8 (i32.const 8004) (i32.const 0x3a))  ;; a negative int, 4-byte argument
+    (i32.store8 (i32.const 8005) (i32.shr_u (i32.sub (i32.const -1) (global.get $r)) (i32.const 24)))
+    (i32.store8 (i32.const 8006) (i32.shr_u (i32.sub (i32.const -1) (global.get $r)) (i32.const 16)))
+    (i32.store8 (i32.const 8007) (i32.shr_u (i32.sub (i32.const -1) (global.get $r)) (i32.const 8)))
+    (i32.store8 (i32.const 8008) (i32.sub (i32.const -1) (global.get $r)))
+    (if (i32.ge_s (global.get $r) (i32.const 0))
+      (then (i32.store8 (i32.const 8004) (i32.const 0x1a))
+            (i32.store (i32.const 8005) (i32.const 0))
+            (i32.store8 (i32.const 8008) (global.get $r))))
+    (call $packed (i32.const 8000) (i32.const 9))"""
+    return build(
+        guest_wat(
+            body,
+            imports='(import "myapp_v1" "lookup" (func $fn (param i32 i32 i32 i32) (result i32)))'
+            '(@custom "wasihost_abi.myapp" "1.0")',
+            extra="(global $r (mut i32) (i32.const 0))",
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [Status.OK, -5, 42, True, "NOT_FOUND"],
+    ids=["ok", "negative", "unknown-code", "bool", "text"],
+)
+def test_a_host_status_that_is_not_a_failure_status_is_a_host_error(raised: Any) -> None:
+    # Break: HostStatus(Status.OK) answered the guest 0 (a success with 0 bytes written) and
+    # HostStatus(-5) answered 5 (a success with 5 bytes the host never wrote): an embedder's
+    # bug was handed to the guest as a success. HostStatus takes a Status other than OK.
+    with Host(Policy(allow={"myapp.read"}), cache_dir=None) as host:
+
+        @host.function(
+            "myapp.lookup",
+            capability="myapp.read",
+            max_request_bytes=64,
+            max_response_bytes=64,
+            fuel_base=500,
+            fuel_per_byte=2,
+        )
+        def lookup(ctx: Any, request: Any) -> Any:
+            if request == "fine":
+                raise HostStatus(Status.NOT_FOUND)
+            if request == "plain":
+                raise HostStatus(3)  # type: ignore[arg-type]  # a plain int of a status: kept
+            raise HostStatus(raised)
+
+        ext = host.admit(bare(embedder_guest()), grants=["myapp.read"])
+        assert ext.call("run", "fine") == -Status.NOT_FOUND
+        assert ext.call("run", "plain") == -Status.PAYLOAD_TOO_LARGE
+        with pytest.raises(CallError) as info:
+            ext.call("run", "bad")
+        assert info.value.failure is FailureClass.HOST_ERROR
+        assert "not a failure status" in info.value.message
