@@ -15,7 +15,7 @@ import cbor2
 import pytest
 from conftest import bare
 from guests import HEAP_START, build, escape, guest_wat, host_import
-from test_http import dumping_guest, ok, resolve
+from test_http import dumping_guest, ok, resolve, wat_guest
 
 from wasihost.brokers.http import MAX_RESPONSE_BODY_BYTES, MAX_RESPONSE_HEADER_BYTES, HttpBroker
 from wasihost.brokers.jobs import MIN_RESCHEDULE_MS, JobsBroker, ManualClock
@@ -149,6 +149,16 @@ class ReflectingServer:
                 token = value.split(" ", 1)[-1].encode("latin-1")
                 seen.append(token)
                 body, echo = b"got:" + token, token
+                if self.path.startswith("/fat-headers/"):
+                    # many header lines of 60,000 bytes: far over the header limit
+                    count = int(self.path.rsplit("/", 1)[1])
+                    self.send_response(200)
+                    for i in range(count):
+                        self.send_header(f"X-Fat{i}", "f" * 60_000)
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"ok")
+                    return
                 if self.path == "/fill":
                     body = token * (MAX_RESPONSE_BODY_BYTES // len(token))
                 elif self.path == "/fill-header":
@@ -453,3 +463,44 @@ def test_a_host_status_that_is_not_a_failure_status_is_a_host_error(raised: Any)
             ext.call("run", "bad")
         assert info.value.failure is FailureClass.HOST_ERROR
         assert "not a failure status" in info.value.message
+
+
+HTTP_MANIFEST = """[extension]
+schema = "wasihost-manifest/1"
+id = "org.test.wat"
+version = "0.1.0"
+abi = "1.1"
+module = "m.wasm"
+
+[capabilities]
+required = ["http"]
+
+[http]
+allowed_origins = ["{origin}"]
+bytes_per_hour = 1_048_576
+
+[commands]
+run = {{}}
+"""
+
+
+@pytest.mark.parametrize("count", [90, 120], ids=["over-the-header-limit", "over-100-lines"])
+def test_refused_response_headers_are_counted_and_capped_on_the_wire(
+    reflecting: ReflectingServer, count: int
+) -> None:
+    # Break: the header limits were checked on what the HTTP parser returned, after it had read
+    # up to 100 lines of 64 KiB, and those bytes were never counted: a server at an allowed
+    # origin sent 5.4 MB of headers per request, each answered PAYLOAD_TOO_LARGE (or
+    # UNAVAILABLE past 100 lines), while the extension's 1 MiB per hour stayed unspent.
+    origin = f"http://api.test:{reflecting.port}"
+    wasm = wat_guest(cbor2.dumps(ok(url=f"{origin}/fat-headers/{count}")))
+    manifest = HTTP_MANIFEST.format(origin=origin)  # the id is wat_guest's hello's
+    with Host(Policy(allow={"http"}), cache_dir=None, brokers=[HttpBroker(resolver=resolve)]) as h:
+        ext = h.admit(package(manifest, wasm))
+        h.grant(ext.id, "http", {"allow_local_network": True})
+        answers = [ext.call("run") for _ in range(4)]
+    # Each response is cut at MAX_RESPONSE_WIRE_BYTES and counted: two spend the hour's MiB,
+    # and the next request is refused before it is sent.
+    assert answers[0] == -Status.PAYLOAD_TOO_LARGE
+    assert -Status.QUOTA_EXCEEDED in answers[1:]
+    assert answers[-1] == -Status.QUOTA_EXCEEDED
