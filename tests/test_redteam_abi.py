@@ -15,7 +15,7 @@ import cbor2
 import pytest
 from conftest import bare
 from guests import HEAP_START, build, escape, guest_wat, host_import
-from test_http import dumping_guest, ok, resolve, wat_guest
+from test_http import Server, dumping_guest, ok, resolve, wat_guest
 
 from wasihost.brokers.http import MAX_RESPONSE_BODY_BYTES, MAX_RESPONSE_HEADER_BYTES, HttpBroker
 from wasihost.brokers.jobs import MIN_RESCHEDULE_MS, JobsBroker, ManualClock
@@ -504,3 +504,43 @@ def test_refused_response_headers_are_counted_and_capped_on_the_wire(
     assert answers[0] == -Status.PAYLOAD_TOO_LARGE
     assert -Status.QUOTA_EXCEEDED in answers[1:]
     assert answers[-1] == -Status.QUOTA_EXCEEDED
+
+
+def posting_guest(request: bytes, resp_cap: int) -> bytes:
+    """``run`` sends ``request`` to http_request with ``resp_cap`` bytes of response buffer
+    and answers what the import returned (negative statuses as a CBOR negative integer)."""
+    body = f"""
+    (global.set $r (call $http_request (i32.const 9000) (i32.const {len(request)})
+                                       (i32.const 20000) (i32.const {resp_cap})))
+    (i32.store8 (i32.const 8004)
+      (select (i32.sub (i32.const 0x1f) (global.get $r)) (i32.const 0)
+              (i32.lt_s (global.get $r) (i32.const 0))))
+    (call $packed (i32.const 8000) (i32.const 5))"""
+    return build(
+        guest_wat(
+            body,
+            imports=host_import("http_request"),
+            memory='(memory (export "memory") 3)',
+            marker="1.1",
+            extra=f'(global $r (mut i32) (i32.const 0)) (data (i32.const 9000) "{escape(request)}")',
+        )
+    )
+
+
+def test_a_request_with_too_small_a_response_buffer_is_refused_before_it_is_sent() -> None:
+    # Break: http_request was not marked `commits`, so with a response buffer under 61440 bytes
+    # the request was sent (a POST's effect done, its bytes counted), then the guest got
+    # BUFFER_TOO_SMALL and no response: the retry the ABI invites sent the POST again.
+    server = Server()
+    try:
+        origin = f"http://api.test:{server.port}"
+        post = cbor2.dumps(ok(method="POST", url=origin + "/pay", body=b"amount=100"))
+        with Host(Policy(allow={"http"}), cache_dir=None, brokers=[HttpBroker(resolver=resolve)]) as h:
+            for cap, answer in ((16, -Status.BUFFER_TOO_SMALL), (61440, 0)):
+                ext = h.admit(bare(posting_guest(post, cap)), grants=["http"])
+                h.grant(ext.id, "http", {"allow_local_network": True, "origins": [origin]})
+                assert ext.call("run") == answer
+        # The small buffer sent nothing; the retry with room sent the POST once.
+        assert [(m, p, b) for m, p, _, b in server.requests] == [("POST", "/pay", b"amount=100")]
+    finally:
+        server.close()
