@@ -9,6 +9,7 @@ import hashlib
 import http.server
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import cbor2
@@ -17,6 +18,7 @@ from conftest import bare
 from guests import HEAP_START, build, escape, guest_wat, host_import
 from test_http import Server, dumping_guest, ok, resolve, wat_guest
 
+from wasihost.brokers.files import FilesBroker
 from wasihost.brokers.http import MAX_RESPONSE_BODY_BYTES, MAX_RESPONSE_HEADER_BYTES, HttpBroker
 from wasihost.brokers.jobs import MIN_RESCHEDULE_MS, JobsBroker, ManualClock
 from wasihost.brokers.secrets import SecretsBroker
@@ -544,3 +546,62 @@ def test_a_request_with_too_small_a_response_buffer_is_refused_before_it_is_sent
         assert [(m, p, b) for m, p, _, b in server.requests] == [("POST", "/pay", b"amount=100")]
     finally:
         server.close()
+
+
+# -- files: a read whose answer does not fit ----------------------------------------------------
+
+
+def reading_guest() -> bytes:
+    """``open`` opens data/a.txt for reading; ``small`` reads 10 bytes at the handle's position
+    with a 10-byte response buffer (one short of the CBOR head), ``big`` the same with 64.
+    Each answers the response the host wrote, or the negative status as a CBOR integer."""
+    requests = {
+        "open": cbor2.dumps(["data", "a.txt", "r"]),
+        "small": cbor2.dumps([1, None, 10]),
+        "big": cbor2.dumps([1, None, 10]),
+    }
+    at = {"open": 9000, "small": 9100, "big": 9200}
+    data = "".join(f'(data (i32.const {at[k]}) "{escape(v)}")' for k, v in requests.items())
+    body = f"""
+    (if (i32.eq (local.get $cmd_len) (i32.const 4))
+      (then (global.set $r (call $file_open (i32.const 9000) (i32.const {len(requests["open"])})
+                                            (i32.const 20004) (i32.const 64)))))
+    (if (i32.eq (local.get $cmd_len) (i32.const 5))
+      (then (global.set $r (call $file_read (i32.const 9100) (i32.const {len(requests["small"])})
+                                            (i32.const 20004) (i32.const 10)))))
+    (if (i32.eq (local.get $cmd_len) (i32.const 3))
+      (then (global.set $r (call $file_read (i32.const 9200) (i32.const {len(requests["big"])})
+                                            (i32.const 20004) (i32.const 64)))))
+    (i32.store (i32.const 20000) (i32.const 0))
+    (if (i32.lt_s (global.get $r) (i32.const 0))
+      (then
+        (i32.store8 (i32.const 20004) (i32.sub (i32.const 0x1f) (global.get $r)))
+        (return (call $packed (i32.const 20000) (i32.const 5)))))
+    (call $packed (i32.const 20000) (i32.add (global.get $r) (i32.const 4)))"""
+    return build(
+        guest_wat(
+            body,
+            marker="1.1",
+            imports=host_import("file_open") + host_import("file_read"),
+            extra="(global $r (mut i32) (i32.const 0))" + data,
+        )
+    )
+
+
+def test_a_read_refused_for_its_buffer_does_not_move_the_files_position(
+    tmp_path: Path,
+) -> None:
+    # Break: file_read advanced the handle's position before the engine found that the answer
+    # did not fit the response buffer: the guest got BUFFER_TOO_SMALL, and the retry with a
+    # bigger buffer (which ABI section 7 invites) read the next 10 bytes, the first 10 lost.
+    mount = tmp_path / "data"
+    mount.mkdir()
+    (mount / "a.txt").write_bytes(b"0123456789abcdefghij")
+    broker = FilesBroker(temp_dir=tmp_path)
+    with Host(Policy(allow={"files"}), cache_dir=None, brokers=[broker]) as host:
+        ext = host.admit(bare(reading_guest()), grants=["files"])
+        host.grant(ext.id, "files", {"mounts": {"data": {"host": str(mount), "mode": "r"}}})
+        assert ext.call("open") == 1
+        assert ext.call("small") == -Status.BUFFER_TOO_SMALL
+        assert ext.call("big") == b"0123456789"
+        assert ext.call("big") == b"abcdefghij"

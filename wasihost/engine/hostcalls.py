@@ -364,6 +364,7 @@ class HostContext:
                             except CodecError:
                                 answer = _INVALID_ARGUMENT
                     if not answer:
+                        mem.room = resp_cap
                         try:
                             response = handler(mem, request)
                         except HostStatus as st:
