@@ -605,3 +605,48 @@ def test_a_read_refused_for_its_buffer_does_not_move_the_files_position(
         assert ext.call("small") == -Status.BUFFER_TOO_SMALL
         assert ext.call("big") == b"0123456789"
         assert ext.call("big") == b"abcdefghij"
+
+
+def closing_guest() -> bytes:
+    """``t`` makes a temporary file; ``cs`` closes handle 1 with no response room, ``cbig``
+    with room. Each answers the import's return value as a CBOR integer (a negative status,
+    or the bytes written)."""
+    close = cbor2.dumps(1)
+    body = f"""
+    (if (i32.eq (local.get $cmd_len) (i32.const 1))
+      (then (global.set $r (call $file_temp (i32.const 9000) (i32.const 1)
+                                            (i32.const 20004) (i32.const 64)))))
+    (if (i32.eq (local.get $cmd_len) (i32.const 2))
+      (then (global.set $r (call $file_close (i32.const 9100) (i32.const {len(close)})
+                                             (i32.const 20004) (i32.const 0)))))
+    (if (i32.eq (local.get $cmd_len) (i32.const 4))
+      (then (global.set $r (call $file_close (i32.const 9100) (i32.const {len(close)})
+                                             (i32.const 20004) (i32.const 64)))))
+    (i32.store (i32.const 20000) (i32.const 0))
+    (i32.store8 (i32.const 20004)
+      (select (i32.sub (i32.const 0x1f) (global.get $r)) (global.get $r)
+              (i32.lt_s (global.get $r) (i32.const 0))))
+    (call $packed (i32.const 20000) (i32.const 5))"""
+    return build(
+        guest_wat(
+            body,
+            marker="1.1",
+            imports=host_import("file_temp") + host_import("file_close"),
+            extra='(global $r (mut i32) (i32.const 0)) (data (i32.const 9000) "\\f6")'
+            f'(data (i32.const 9100) "{escape(close)}")',
+        )
+    )
+
+
+def test_a_close_refused_for_its_buffer_closes_nothing(tmp_path: Path) -> None:
+    # Break: file_close closed the handle, then found its null answer did not fit a response
+    # buffer of 0 bytes: BUFFER_TOO_SMALL for a close that had happened, and the retry the ABI
+    # invites answered NOT_FOUND. file_close is now marked commits: the buffer is checked first.
+    with Host(
+        Policy(allow={"files"}), cache_dir=None, brokers=[FilesBroker(temp_dir=tmp_path)]
+    ) as host:
+        ext = host.admit(bare(closing_guest()), grants=["files"])
+        assert ext.call("t") == 1  # one byte: the handle, 1
+        assert ext.call("cs") == -Status.BUFFER_TOO_SMALL
+        assert ext.call("cbig") == 1  # one byte written: null, the handle closed now
+        assert ext.call("cbig") == -Status.NOT_FOUND
