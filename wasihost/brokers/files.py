@@ -116,6 +116,17 @@ def _status_of(exc: OSError | WasiError) -> HostStatus:
     return HostStatus(_ERRNO_STATUS.get(errno, Status.UNAVAILABLE))
 
 
+def _byte_string_size(n: int) -> int:
+    """The bytes a CBOR byte string of ``n`` bytes takes (its head, then the bytes)."""
+    if n < 24:
+        return 1 + n
+    if n < 0x100:
+        return 2 + n
+    if n < 0x10000:
+        return 3 + n
+    return 5 + n
+
+
 def _invalid() -> HostStatus:
     return HostStatus(Status.INVALID_ARGUMENT)
 
@@ -344,10 +355,16 @@ class FilesBroker:
         state.close()
 
     def handler(self, entry: HostFunction, state: FilesState) -> Handler:
+        if entry.name == "file_read":
+
+            def read(call: Any, request: Any) -> bytes:
+                # The engine's response room: a read that cannot be answered moves nothing.
+                return self._read(state, request, getattr(call, "room", None))
+
+            return read
         serve: Callable[[FilesState, Any], Any] = {
             "file_open": self._open,
             "file_temp": self._temp,
-            "file_read": self._read,
             "file_write": self._write,
             "file_close": self._close,
         }[entry.name]
@@ -448,7 +465,10 @@ class FilesBroker:
                 raise HostStatus(Status.DENIED)
         return f
 
-    def _read(self, st: FilesState, request: Any) -> bytes:
+    def _read(self, st: FilesState, request: Any, room: int | None = None) -> bytes:
+        """``room``: the response buffer the answer must fit (None: no engine said), checked
+        before the position moves, so a read refused BUFFER_TOO_SMALL reads the same bytes
+        when the guest retries with more room."""
         handle, offset, length = parse_io(request, int)
         _uint(length, MAX_IO_BYTES)
         with st.lock:
@@ -460,6 +480,8 @@ class FilesBroker:
                 data = os.pread(f.fd, length, at)
             except OSError as exc:
                 raise _status_of(exc) from None
+            if room is not None and _byte_string_size(len(data)) > room:
+                raise HostStatus(Status.BUFFER_TOO_SMALL)
             if offset is None:
                 f.position += len(data)
             return data

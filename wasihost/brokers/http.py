@@ -17,6 +17,7 @@ end it in any case.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import re
 import socket
@@ -39,7 +40,7 @@ from ..netpolicy import (
     parse_pattern,
     parse_url,
 )
-from ..scrub import Unscrubbable, scrub, scrub_text, secret_forms
+from ..scrub import MIN_FORM_BYTES, Unscrubbable, scrub, scrub_text, secret_forms
 from ..secrets import MAX_SECRET_BYTES
 from ..status import GuestDeadline, GuestInterrupted, HostStatus, Status
 from .secrets import use_secret
@@ -90,6 +91,12 @@ MAX_CONNECT_ATTEMPTS: Final = 3
 MAX_INFLIGHT_PER_EXTENSION: Final = 4
 # Reading the response in pieces lets each read take the time left.
 READ_CHUNK_BYTES: Final = 16384
+# What one response may take on the wire (status line, headers, body and its chunk framing),
+# counted as it is read from the socket: the header and body limits are checked on what the
+# HTTP parser returns, which may have read up to 100 header lines of 64 KiB each first (6.5 MB,
+# and none of it was counted when the headers were refused). Room for the limits above with
+# chunk framing as wasteful as 1-byte chunks (6 bytes on the wire per byte of body).
+MAX_RESPONSE_WIRE_BYTES: Final = 512 * 1024
 # What a header line costs on the wire besides its name and value (": " and CRLF), and the
 # request line's fixed part (" HTTP/1.1\r\n" and the blank line), for the traffic account.
 HEADER_LINE_OVERHEAD: Final = 4
@@ -242,6 +249,16 @@ class Request:
                     # the log, only that it cannot be used.
                     LOG.warning("secret %s cannot be sent as a header value", value.name)
                     raise HostStatus(Status.UNAVAILABLE)
+                if len(secret) < MIN_FORM_BYTES:
+                    # The scrubber leaves forms this short alone (they would match ordinary
+                    # text), so a server reflecting the header would hand it to the guest.
+                    LOG.warning(
+                        "secret %s is under %d bytes: too short to be scrubbed from a "
+                        "response, so it is never sent as a header",
+                        value.name,
+                        MIN_FORM_BYTES,
+                    )
+                    raise HostStatus(Status.UNAVAILABLE)
                 self.forms.extend(secret_forms(secret))
                 attached.append((name, value.prefix + text))
             else:
@@ -348,6 +365,55 @@ class Exchange:
         with self._lock:
             self.cancelled = True
             _shut(self._sock)
+
+
+class ResponseTooLarge(OSError):
+    """The response took more than :data:`MAX_RESPONSE_WIRE_BYTES` on the wire."""
+
+
+class _MeteredReader(io.RawIOBase):
+    """What the HTTP parser reads the response through: the socket's bytes, counted, and
+    refused past the meter's cap."""
+
+    def __init__(self, meter: MeteredSocket) -> None:
+        self._meter = meter
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        meter = self._meter
+        room = meter.cap - meter.received
+        if room <= 0:
+            raise ResponseTooLarge("response over the wire limit")
+        view = memoryview(buffer).cast("B")
+        n = meter.sock.recv_into(view, min(len(view), room))
+        meter.received += n
+        return n
+
+
+class MeteredSocket:
+    """A connection's socket whose reads are counted (``received``) and capped at ``cap``
+    bytes; everything else is the socket's own."""
+
+    def __init__(self, sock: socket.socket, cap: int) -> None:
+        self.sock = sock
+        self.cap = cap
+        self.received = 0
+        self.counted = 0  # how much of ``received`` the traffic account has been told
+
+    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        if mode != "rb":
+            raise ValueError(f"a metered socket is read as 'rb', not {mode!r}")
+        return io.BufferedReader(_MeteredReader(self))
+
+    def uncounted(self) -> int:
+        """The bytes received since the last call (for the traffic account)."""
+        n, self.counted = self.received - self.counted, self.received
+        return n
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
 
 
 def _shut(sock: socket.socket | None) -> None:
@@ -543,6 +609,9 @@ class HttpBroker:
             assert isinstance(value, str)  # secrets attached before the exchange starts
             headers.add(name, value)
         conn = self._connect(origin, addresses, deadline, exchange)
+        assert conn.sock is not None  # connected
+        meter = MeteredSocket(conn.sock, MAX_RESPONSE_WIRE_BYTES)
+        conn.sock = meter  # the parser reads the response through the meter
         try:
             conn.request(
                 request.method,
@@ -554,7 +623,7 @@ class HttpBroker:
             )
             _set_timeout(conn, deadline)
             response = conn.getresponse()
-            return self._read_response(response, request, conn, deadline, state)
+            return self._read_response(response, request, conn, deadline, state, meter)
         except HostStatus:
             raise
         except (
@@ -563,11 +632,17 @@ class HttpBroker:
             urllib3.exceptions.HTTPError,
             ValueError,
         ):
+            if meter.received >= meter.cap:  # ResponseTooLarge, however the client wrapped it
+                raise HostStatus(Status.PAYLOAD_TOO_LARGE) from None
             # Refused, reset, timed out, a bad certificate, a malformed response: the guest
             # learns only that the server could not be used.
             raise HostStatus(Status.UNAVAILABLE) from None
         finally:
             conn.close()
+            # Whatever came in counts, the response refused or not (a refused header block
+            # was read whole before it was refused); past the quota, the next request is
+            # refused before it is sent.
+            state.received(meter.uncounted())
 
     def _connect(
         self, origin: Origin, addresses: Sequence[str], deadline: float, exchange: Exchange
@@ -609,19 +684,25 @@ class HttpBroker:
         conn: HTTPConnection,
         deadline: float,
         state: HttpState,
+        meter: MeteredSocket,
     ) -> dict[str, Any]:
         forms = request.forms
         headers: list[list[str]] = []
-        header_bytes = 0
+        header_bytes = 0  # as received
+        scrubbed_bytes = 0  # as handed to the guest: a redaction may be longer than its form
         for name, value in response.headers.items():
             header_bytes += len(name.encode()) + len(value.encode())
             try:
-                headers.append([scrub_text(name, forms), scrub_text(value, forms)])
+                pair = [scrub_text(name, forms), scrub_text(value, forms)]
             except Unscrubbable:
                 raise HostStatus(Status.UNAVAILABLE) from None
-        if len(headers) > MAX_RESPONSE_HEADERS or header_bytes > MAX_RESPONSE_HEADER_BYTES:
+            scrubbed_bytes += len(pair[0].encode()) + len(pair[1].encode())
+            headers.append(pair)
+        if len(headers) > MAX_RESPONSE_HEADERS or max(
+            header_bytes, scrubbed_bytes
+        ) > MAX_RESPONSE_HEADER_BYTES:
             raise HostStatus(Status.PAYLOAD_TOO_LARGE)
-        if not state.received(header_bytes + HEADER_LINE_OVERHEAD * len(headers)):
+        if not state.received(meter.uncounted()):
             raise HostStatus(Status.QUOTA_EXCEEDED)
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         if forms and encoding != "identity":
@@ -637,7 +718,7 @@ class HttpBroker:
                 if not chunk:
                     break
                 body += chunk
-                if not state.received(len(chunk)):
+                if not state.received(meter.uncounted()):
                     raise HostStatus(Status.QUOTA_EXCEEDED)
             if len(body) > MAX_RESPONSE_BODY_BYTES:
                 raise HostStatus(Status.PAYLOAD_TOO_LARGE)
@@ -646,6 +727,10 @@ class HttpBroker:
         except Unscrubbable:
             # A response the secret cannot be removed from is not handed to the guest at all.
             raise HostStatus(Status.UNAVAILABLE) from None
+        if len(data) > MAX_RESPONSE_BODY_BYTES:
+            # Redactions longer than the forms they replaced (a short secret, reflected many
+            # times) grew the body past what the entry's response can carry.
+            raise HostStatus(Status.PAYLOAD_TOO_LARGE)
         return {"status": response.status, "headers": headers, "body": data}
 
 

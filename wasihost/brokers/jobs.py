@@ -54,6 +54,11 @@ CAPABILITY: Final = "jobs"
 # upkeep (at most MAX_JOBS_PER_EXTENSION jobs) cannot turn into a busy loop on the host's
 # workers however small a period the guest asks for.
 MIN_PERIOD_MS: Final = 1_000
+# The same floor for a timed job scheduled by one of its extension's own job runs: a run that
+# schedules a one-shot (or a periodic job's first run) with no delay, every time, is a
+# periodic job with no period, which MIN_PERIOD_MS exists to refuse (it kept a worker busy at
+# thousands of runs a second). Schedules from ordinary calls keep their delay.
+MIN_RESCHEDULE_MS: Final = MIN_PERIOD_MS
 # A day: the longest period or delay. A plugin that needs longer keeps its own calendar.
 MAX_PERIOD_MS: Final = 24 * 3600 * 1000
 MAX_DELAY_MS: Final = MAX_PERIOD_MS
@@ -239,6 +244,9 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
         self._timer: threading.Thread | None = None
         self.runs = 0
         self.skipped = 0
+        # The extension whose job this worker thread is running (its ``ExtensionJobs``), so a
+        # schedule made from inside that run is told apart (see MIN_RESCHEDULE_MS).
+        self._running = threading.local()
 
     # -- Broker protocol ---------------------------------------------------------------------
 
@@ -304,6 +312,8 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
                 due: float | None = now + first / 1000
             else:
                 due = now + delay_ms / 1000 if delay_ms is not None else None
+            if due is not None and getattr(self._running, "state", None) is state:
+                due = max(due, now + MIN_RESCHEDULE_MS / 1000)
             every_s = every_ms / 1000 if every_ms is not None else None
 
             def add() -> int | None:
@@ -555,6 +565,9 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
         }
         # The extension's own budget may have been lowered by a policy since admission.
         resources = ext.resources
+        running = self._running
+        outer = getattr(running, "state", None)
+        running.state = state
         try:
             ext.call(
                 job.command,
@@ -570,6 +583,8 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
                 job.last_failure = text
                 self.failed += 1
             return
+        finally:
+            running.state = outer
         with self._cond:
             job.runs += 1
             self.runs += 1

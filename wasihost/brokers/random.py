@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 
 # One call's worth; the registry's response limit (4099) is this plus CBOR framing.
 MAX_RANDOM_BYTES_PER_CALL = 4096
+# What an extension's stream key is derived under (with its id), so that no other use of the
+# policy's seed derives the same key.
+STREAM_LABEL = b"wasihost random_bytes stream\0"
 
 
 class SeededRandom:
@@ -62,7 +65,13 @@ class RandomBroker:
 
     def open(self, ext: Extension) -> Callable[[int], bytes]:
         seed = ext.host.policy.random_seed
-        return SeededRandom(seed) if seed is not None else os.urandom
+        if seed is None:
+            return os.urandom
+        # Each extension's own key, derived from the seed and its id: still reproducible, but
+        # one extension reading its stream learns nothing of another's (with the seed itself
+        # as every extension's key, they all drew the same bytes).
+        key = hmac.new(seed, STREAM_LABEL + ext.id.encode(), hashlib.sha256).digest()
+        return SeededRandom(key)
 
     def handler(
         self, entry: HostFunction, state: Callable[[int], bytes]

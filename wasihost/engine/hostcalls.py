@@ -88,6 +88,16 @@ _BUFFER_TOO_SMALL = -Status.BUFFER_TOO_SMALL.value
 _NULL = b"\xf6"
 
 
+_FAILURE_ANSWERS: dict[object, int] = {s: -int(s) for s in Status if s is not Status.OK}
+
+
+def _failure_answer(status: object) -> int:
+    """What the guest gets for ``HostStatus(status)``: the negated code of a failure status
+    (a ``Status``, or a plain int of its value), or 0 for anything else (OK, a code no status
+    has, a negative number, another type)."""
+    return _FAILURE_ANSWERS.get(status, 0) if type(status) in (Status, int) else 0
+
+
 @functools.lru_cache(maxsize=64)  # one per distinct entry limit; CodecLimits is frozen
 def _request_limits(max_request_bytes: int) -> CodecLimits:
     return CodecLimits(max_bytes=max(1, max_request_bytes))
@@ -354,10 +364,20 @@ class HostContext:
                             except CodecError:
                                 answer = _INVALID_ARGUMENT
                     if not answer:
+                        mem.room = resp_cap
                         try:
                             response = handler(mem, request)
                         except HostStatus as st:
-                            answer = -int(st.status)
+                            answer = _failure_answer(st.status)
+                            if not answer:
+                                # OK, or not a status at all: the handler's bug, never an
+                                # answer (OK would tell the guest 0 bytes were written, a
+                                # negative number that some were).
+                                return self.fail(
+                                    FailureClass.HOST_ERROR,
+                                    f"{name} raised HostStatus({st.status!r}), not a failure "
+                                    "status",
+                                )
                         except GuestAbort as abort:
                             return self.fail(FailureClass.PANIC, abort.message)
                         except GuestDeadline:

@@ -105,6 +105,7 @@ class NativeCall:
         "deadline",
         "moved",
         "per_byte",
+        "room",
     )
 
     def __init__(self) -> None:
@@ -118,6 +119,10 @@ class NativeCall:
         self.bound = False
         self.moved = 0
         self.deadline = 0.0
+        # The response buffer of the cbor host call in progress (its ``resp_cap``): a broker
+        # whose answer moves state (a file's position) checks the answer fits before it moves
+        # it, so a BUFFER_TOO_SMALL retry finds the state as it was.
+        self.room = 0
         # Whether the Store can pay this many more fuel units on top of what host calls owe;
         # the HostContext serving this memory sets it.
         self.can_pay: Callable[[int], bool] = _always
