@@ -16,6 +16,7 @@ import attrs
 from .errors import ArchiveError, ManifestError, PackageError
 from .manifest import Manifest, parse_manifest
 from .packaging.names import PACKAGE_SUFFIX
+from .regular_file import read_regular
 from .wasmbin import MAX_MODULE_BYTES
 
 # The archive, signature and key modules (and the cryptography package under them) are
@@ -61,13 +62,11 @@ class Package:
 
 def _read_bounded(path: Path, limit: int, what: str) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        data = read_regular(path, os.O_RDONLY | os.O_NOFOLLOW, limit)
     except FileNotFoundError:
         raise PackageError(f"{what} {path} does not exist") from None
     except OSError as exc:
-        raise PackageError(f"{what} {path} cannot be opened: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(limit + 1)
+        raise PackageError(f"{what} {path} cannot be read: {exc.strerror}") from None
     if len(data) > limit:
         raise PackageError(f"{what} {path} is larger than {limit} bytes")
     return data

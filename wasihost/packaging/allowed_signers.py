@@ -35,6 +35,7 @@ from ..errors import (
     PublisherMismatchError,
     UntrustedKeyError,
 )
+from ..regular_file import read_regular
 from . import sshsig
 from .sshsig import ED25519, NAMESPACE, ed25519_key
 from .trust import _read_text, b64
@@ -280,11 +281,9 @@ class SshSigned:
 def read_ssh_signature(path: str | Path) -> bytes:
     """A signature file's bytes, at most one byte over the bound (the parser refuses that)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return read_regular(path, os.O_RDONLY | os.O_NOFOLLOW, sshsig.MAX_SIGNATURE_FILE_BYTES)
     except OSError as exc:
-        raise ConfigError(f"SSH signature {path} cannot be opened: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        return f.read(sshsig.MAX_SIGNATURE_FILE_BYTES + 1)
+        raise ConfigError(f"SSH signature {path} cannot be read: {exc.strerror}") from None
 
 
 __all__ = ["AllowedSigner", "AllowedSigners", "SshSigned", "parse_line", "read_ssh_signature"]

@@ -9,6 +9,7 @@ import stat
 from pathlib import Path
 
 from ..errors import ArchiveError, ConfigError
+from ..regular_file import open_regular
 from .archive import MAX_ARCHIVE_BYTES, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES
 from .names import PACKAGE_SUFFIX as _SUFFIX
 from .names import RESERVED_DIR, UnsafeName, check_name
@@ -16,7 +17,7 @@ from .trust import MAX_KEY_FILE_BYTES, SigningKey
 
 # Defined in .names (which imports nothing heavy); kept here for code that takes it from here.
 PACKAGE_SUFFIX = _SUFFIX
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ = os.O_RDONLY | os.O_NOFOLLOW
 _CREATE_SECRET = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # The private key is the publisher's alone: owner read/write, as ssh-keygen writes its keys.
 PRIVATE_KEY_MODE = 0o600
@@ -58,7 +59,11 @@ def pack_directory(root: Path) -> dict[str, bytes]:
                 raise ArchiveError(f"cannot pack {rel}: not a regular file")
             if len(files) == MAX_FILES:
                 raise ArchiveError(f"cannot pack {root}: more than {MAX_FILES} files")
-            data = _read_fd_bounded(os.open(path, _READ), MAX_FILE_BYTES, f"file {rel}")
+            try:
+                fd = open_regular(path, _READ)
+            except OSError as exc:
+                raise ArchiveError(f"cannot pack {rel}: {exc.strerror}") from None
+            data = _read_fd_bounded(fd, MAX_FILE_BYTES, f"file {rel}")
             total += len(data)
             if total > MAX_TOTAL_BYTES:
                 raise ArchiveError(f"cannot pack {root}: more than {MAX_TOTAL_BYTES} bytes")
@@ -69,7 +74,7 @@ def pack_directory(root: Path) -> dict[str, bytes]:
 def read_package_file(path: Path) -> bytes:
     """A ``.whpkg``'s bytes, bounded before they are parsed."""
     try:
-        fd = os.open(path, _READ)
+        fd = open_regular(path, _READ)
     except FileNotFoundError:
         raise ArchiveError(f"package {path} does not exist") from None
     except OSError as exc:
@@ -120,7 +125,7 @@ def write_key_pair(prefix: str, key: SigningKey) -> tuple[Path, Path]:
 def read_signing_key(path: Path) -> SigningKey:
     """A private key file; like ssh, refused if others may read it."""
     try:
-        fd = os.open(path, _READ)
+        fd = open_regular(path, _READ)
     except OSError as exc:
         raise ConfigError(f"key file {path} cannot be opened: {exc.strerror}") from None
     mode = os.fstat(fd).st_mode

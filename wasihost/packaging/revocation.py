@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 import attrs
 
 from ..errors import RevocationListError, RevokedError
+from ..regular_file import read_regular
 from .trust import (
     KEY_BYTES,
     PUBLISHER_ID,
@@ -307,11 +308,9 @@ def key_bytes(text: str) -> bytes:
 
 def read_list(path: Path) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return read_regular(path, os.O_RDONLY, MAX_LIST_BYTES)
     except OSError as exc:
         raise _fail(f"{path} cannot be read: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        return f.read(MAX_LIST_BYTES + 1)
 
 
 @attrs.frozen

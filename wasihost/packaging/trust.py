@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Final
 import attrs
 
 from ..errors import ConfigError
+from ..regular_file import read_regular
 
 # The cryptography package is imported where a key is made or used: reading a trust file needs
 # none of it, and a host run with no signing key should not pay its import at start-up.
@@ -295,8 +297,7 @@ class SigningKey:
 
 def _read_text(path: Path, limit: int, what: str) -> str:
     try:
-        with path.open("rb") as f:
-            data = f.read(limit + 1)
+        data = read_regular(path, os.O_RDONLY, limit)
     except OSError as exc:
         raise ConfigError(f"{what} {path} cannot be read: {exc.strerror}") from None
     if len(data) > limit:

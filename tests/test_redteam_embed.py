@@ -1,0 +1,159 @@
+"""Red-team review of what lies outside the guest's own calls: files the host reads as data
+(packages, keys, trust and revocation files), the CLI's answers to bad arguments, updates and
+rollbacks racing calls in flight, and the embedding API under concurrent operator actions.
+
+Each test here was seen to fail against the code it guards (see the commit that added it).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FIXTURES
+
+from wasihost.cli import main
+from wasihost.errors import WasihostError
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+
+# A refusal is a quick local check: far below this. A read that blocks on a FIFO never ends.
+HANG_S = 5.0
+
+
+def _unblock_fifos(root: Path) -> None:
+    """Give every FIFO under ``root`` a writer that goes away at once, so that a reader the
+    code under test blocked in ``open()`` (the failure this file guards against) gets EOF."""
+    for path in root.rglob("*"):
+        if path.is_fifo():
+            with contextlib.suppress(OSError):
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def finishes(fn: Callable[[], Any], root: Path) -> Any:
+    """``fn()``'s result (or what it raised), failing the test if it is still running after
+    ``HANG_S``."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(fn())
+        except BaseException as exc:  # handed to the test to inspect
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(HANG_S)
+    if thread.is_alive():
+        while thread.is_alive():
+            _unblock_fifos(root)
+            thread.join(0.1)
+        pytest.fail(f"still blocked after {HANG_S} s: {fn}")
+    return outcome[0]
+
+
+@pytest.fixture
+def odd_files(tmp_path: Path) -> Path:
+    """A FIFO and a directory standing where the host reads files."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    return tmp_path
+
+
+def _echo_with(tmp: Path, name: str, replace: str, kind: str) -> Path:
+    """The echo fixture's package with ``replace`` (its manifest or module) a FIFO or a
+    directory."""
+    root = tmp / name
+    root.mkdir()
+    for part in ("extension.toml", "echo.wasm"):
+        target = root / part
+        if part != replace:
+            shutil.copy(FIXTURES / "echo" / part, target)
+        elif kind == "fifo":
+            os.mkfifo(target)
+        else:
+            target.mkdir()
+    return root
+
+
+@pytest.mark.parametrize("replace", ["extension.toml", "echo.wasm"])
+@pytest.mark.parametrize("kind", ["fifo", "dir"])
+def test_a_package_whose_manifest_or_module_is_not_a_regular_file_is_refused_at_once(
+    tmp_path: Path, replace: str, kind: str
+) -> None:
+    """A package directory is untrusted input: a FIFO in it used to hang ``Host.load`` for
+    ever (``open()`` waits for a writer), and a directory ended in an ``IsADirectoryError``
+    (the CLI's internal error, exit 70)."""
+    root = _echo_with(tmp_path, "pkg", replace, kind)
+    with Host(Policy(allow=frozenset()), cache_dir=None) as host:
+        outcome = finishes(lambda: host.load(root), tmp_path)
+    assert isinstance(outcome, WasihostError), outcome
+    assert outcome.error_class == "package"
+    assert replace in outcome.message
+    assert ("a directory" if kind == "dir" else "not a regular file") in outcome.message
+
+
+def _cli(argv: list[str], root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = finishes(lambda: main(argv), root)
+    assert isinstance(code, int), code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["inspect", "{r}/fifo.whpkg"], "package {r}/fifo.whpkg cannot be opened: not a regular"),
+        (
+            ["verify", "{r}/x.whpkg", "--trust", "{r}/fifo"],
+            "config: trust file {r}/fifo cannot be read: not a regular file",
+        ),
+        (
+            ["verify", "{r}/x.whpkg", "--trust", "{r}/dir"],
+            "config: trust file {r}/dir cannot be read: a directory",
+        ),
+        (
+            ["verify", "{r}/x.whpkg", "--allowed-signers", "{r}/fifo"],
+            "allowed_signers file {r}/fifo cannot be read: not a regular file",
+        ),
+        (
+            ["verify", "{r}/x.whpkg", "--allowed-signers", "{r}/signers", "--ssh-sig", "{r}/dir"],
+            "SSH signature {r}/dir cannot be read: a directory",
+        ),
+        (
+            ["verify", "{r}/x.whpkg", "--trust", "{r}/trust", "--revocations", "{r}/fifo"],
+            "revocation list: {r}/fifo cannot be read: not a regular file",
+        ),
+        (["sign", "{r}/x.whpkg", "--key", "{r}/private"], "key file {r}/private cannot be opened: a"),
+        (["sign", "{r}/x.whpkg", "--key", "{r}/fifo"], "key file {r}/fifo cannot be opened: not a"),
+        (["sign", "{r}/dir.whpkg", "--key", "{r}/k.key"], "package {r}/dir.whpkg cannot be opened"),
+        (["pack", "{r}/pkg", "-o", "{r}/o.whpkg"], "cannot pack echo.wasm: not a regular file"),
+    ],
+)
+def test_the_cli_refuses_a_fifo_or_directory_for_a_file_in_its_own_words(
+    odd_files: Path, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    """Every file the CLI reads as data: one ``error:`` line and exit 1, never a hang on a
+    FIFO and never the internal error (exit 70) of an ``IsADirectoryError``."""
+    r = odd_files
+    os.mkfifo(r / "fifo.whpkg")
+    (r / "dir.whpkg").mkdir()
+    (r / "private").mkdir(mode=0o700)
+    os.chmod(r / "private", 0o700)
+    _echo_with(r, "pkg", "echo.wasm", "fifo")
+    main(["pack", str(FIXTURES / "echo"), "-o", str(r / "x.whpkg")])
+    main(["keygen", "--publisher", "acme", "--out", str(r / "k")])
+    (r / "trust").write_text((r / "k.pub").read_text())
+    wire = b"".join(len(s).to_bytes(4, "big") + s for s in (b"ssh-ed25519", bytes(range(32))))
+    (r / "signers").write_text(f"acme ssh-ed25519 {base64.b64encode(wire).decode()}\n")
+    capsys.readouterr()
+    code, err = _cli([a.format(r=r) for a in argv], r, capsys)
+    assert code == 1, err
+    assert says.format(r=r) in err
+    assert "internal" not in err and len(err.strip().splitlines()) <= 2
