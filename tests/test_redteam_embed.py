@@ -18,11 +18,14 @@ from typing import Any
 
 import pytest
 from conftest import FIXTURES
+from test_updates import ID, UPDATE, Notes, installed_running, make_host
+from test_updates import package as update_package
 
 from wasihost.cli import main
 from wasihost.errors import WasihostError
 from wasihost.policy import Policy
 from wasihost.runtime import Host
+from wasihost.updates import UpdateError
 
 # A refusal is a quick local check: far below this. A read that blocks on a FIFO never ends.
 HANG_S = 5.0
@@ -157,3 +160,64 @@ def test_the_cli_refuses_a_fifo_or_directory_for_a_file_in_its_own_words(
     assert code == 1, err
     assert says.format(r=r) in err
     assert "internal" not in err and len(err.strip().splitlines()) <= 2
+
+
+# -- updates racing calls in flight -------------------------------------------------------------
+
+
+class SlowNotes(Notes):
+    """The update tests' notes, where ``remember("in flight")`` is a call still running when
+    the update begins: it writes its note when the update's checkpoint is taken (or after
+    ``IN_FLIGHT_S``, whichever comes first), and the checkpoint waits for that call to end."""
+
+    IN_FLIGHT_S = 0.4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.checkpointed = threading.Event()
+        self.done = threading.Event()
+
+    def handler(self, entry: Any, state: Any) -> Callable[[Any, Any], Any]:
+        inner = super().handler(entry, state)
+        if entry.name != "remember":
+            return inner
+
+        def remember(call: Any, request: Any) -> Any:
+            if request == "in flight":
+                self.entered.set()
+                self.checkpointed.wait(self.IN_FLIGHT_S)
+            return inner(call, request)
+
+        return remember
+
+    def checkpoint(self, host: Host, extension: str, directory: Path) -> None:
+        super().checkpoint(host, extension, directory)
+        self.checkpointed.set()
+        self.done.wait(HANG_S)
+
+
+def test_a_failed_update_keeps_the_write_of_a_call_that_was_in_flight(tmp_path: Path) -> None:
+    """A call of the old version that began before the update and acknowledged its write
+    keeps it: the update waits for the call to end before its checkpoint. It used to pause
+    (which refuses new calls only) and checkpoint at once, so a failed update's restore erased
+    the write the call had acknowledged after the checkpoint: data loss."""
+    notes = SlowNotes()
+    with make_host(tmp_path / "state", notes) as host:
+        old = installed_running(host, tmp_path)
+        answers: list[Any] = []
+
+        def in_flight() -> None:
+            answers.append(old.call("remember", "in flight"))
+            notes.done.set()
+
+        caller = threading.Thread(target=in_flight)
+        caller.start()
+        assert notes.entered.wait(HANG_S)
+        notes.healthy = False  # the new version's health command fails: the update is undone
+        with pytest.raises(UpdateError, match="0.1.0 kept"):
+            host.update_installed(update_package(tmp_path, "0.2.0", UPDATE))
+        caller.join(HANG_S)
+        assert answers == [1]  # the caller was told its note is the first
+        assert notes.notes[ID] == ["in flight"]
+        assert host.extension(ID) is old and old.lifecycle.state.value == "running"

@@ -1628,6 +1628,14 @@ class Extension:
                 self._waiting -= 1
         return not self._in_use() and not self._spare_building
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait, at most ``timeout_s``, until no call of this extension is running (no
+        instance in a call or being built); True if none is. With the extension paused, no
+        new call starts meanwhile: an update uses it so that its checkpoint is never taken
+        under a call that may still write."""
+        with self._lock:
+            return self._wait_until_idle(time.monotonic() + timeout_s)
+
     def run_shutdown_hook(self, deadline: float) -> str:
         """Wait (until ``deadline``, on ``time.monotonic()``) for the calls in flight, then run
         the manifest's ``[lifecycle] on_shutdown`` command on an idle instance with what

@@ -264,11 +264,31 @@ def _start_checked(
     return ext
 
 
+# How long past its own call deadline an update waits for the running version's calls to end:
+# a call ends at its deadline's next epoch tick, or when a synchronous host function returns.
+DRAIN_MARGIN_S = 1.0
+
+
 def _pause(ext: Extension | None, reason: str) -> bool:
+    """Pause the running version and wait until none of its calls is in flight: a call that
+    started before the pause may still write (storage, host functions), and a checkpoint taken
+    or restored under it would lose that acknowledged write or mix it into the other
+    version's data. True if it was paused here; an :class:`UpdateError` (the extension
+    resumed) if its calls outlast their deadline."""
+    paused = False
     if ext is not None and ext.lifecycle.state is State.RUNNING:
         ext.pause(reason)
-        return True
-    return False
+        paused = True
+    if ext is not None:
+        bound = ext.resources.timeout_ms / 1000 + DRAIN_MARGIN_S
+        if not ext.wait_idle(bound):
+            if paused:
+                ext.resume()
+            raise UpdateError(
+                f"{ext.id}: a call was still running {bound:.1f} s after the pause; "
+                "nothing was changed"
+            )
+    return paused
 
 
 def update(
@@ -292,9 +312,14 @@ def update(
     if manifest.version == current.version:
         raise UpdateError(f"{manifest.id} {current.version} is already installed")
     host.plan(package)  # ABI, required grants held, revocation: before anything changes
-    record = write_install(host, source, package, ssh)
     running = host.extension(manifest.id)
     paused = _pause(running, f"updating to {manifest.version}")
+    try:
+        record = write_install(host, source, package, ssh)
+    except BaseException:
+        if paused and running is not None:
+            running.resume()
+        raise
     checkpoint = take_checkpoint(host, manifest.id, current.version)
     spec = manifest.update
     steps: list[tuple[str, dict[str, Any] | None]] = []
