@@ -22,7 +22,7 @@ from test_updates import ID, UPDATE, Notes, installed_running, make_host
 from test_updates import package as update_package
 
 from wasihost.cli import main
-from wasihost.errors import WasihostError
+from wasihost.errors import ConfigError, WasihostError
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.updates import UpdateError
@@ -221,3 +221,42 @@ def test_a_failed_update_keeps_the_write_of_a_call_that_was_in_flight(tmp_path: 
         assert answers == [1]  # the caller was told its note is the first
         assert notes.notes[ID] == ["in flight"]
         assert host.extension(ID) is old and old.lifecycle.state.value == "running"
+
+
+class FailingNotes(Notes):
+    """Notes whose broker refuses to open for an extension of version ``fail_open``: an
+    earlier version that cannot start again when a rollback needs it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_open: str | None = None
+
+    def open(self, ext: Any) -> Any:
+        if ext.manifest.version == self.fail_open:
+            raise ConfigError("the application cannot serve this extension now")
+        return super().open(ext)
+
+
+@pytest.mark.parametrize("reversible", [False, True])
+def test_a_failed_rollback_leaves_the_running_versions_data_as_it_was(
+    tmp_path: Path, reversible: bool
+) -> None:
+    """A rollback that fails after its data step (the earlier version does not start) says
+    "NEW kept", and NEW keeps running: on its own data. It used to run on the restored
+    checkpoint (everything NEW wrote since the update lost) or on data its own down-migration
+    had already moved back to the earlier version's form."""
+    notes = FailingNotes()
+    update = 'migrate = "remember"' + ("\nreversible = true" if reversible else "")
+    with make_host(tmp_path / "state", notes) as host:
+        installed_running(host, tmp_path).call("remember", "written by 0.1.0")
+        host.update_installed(update_package(tmp_path, "0.2.0", update))
+        new = host.extension(ID)
+        assert new is not None
+        new.call("remember", "written by 0.2.0")
+        before = list(notes.notes[ID])
+        notes.fail_open = "0.1.0"
+        with pytest.raises(UpdateError, match="rollback of .* to 0.1.0 failed, 0.2.0 kept"):
+            host.rollback(ID)
+        notes.fail_open = None
+        assert notes.notes[ID] == before
+        assert host.extension(ID) is new and new.call("remember", "still 0.2.0") == len(before) + 1

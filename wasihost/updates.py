@@ -377,6 +377,15 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
     host.plan(earlier)  # a revoked earlier version is not rolled back to
     running = host.extension(extension)
     paused = _pause(running, f"rolling back to {previous.version}")
+    # The current version's state as it is now: if the rollback fails after its data step
+    # (the down-migration ran, or the old checkpoint was restored) and before the switch, the
+    # current version resumes on this, not on data it did not write or no longer has.
+    try:
+        now_state = take_checkpoint(host, extension, f"{current.version}-before-rollback")
+    except BaseException:
+        if paused and running is not None:
+            running.resume()
+        raise
     try:
         now = verify_installed(host, current)
         assert now.manifest is not None
@@ -388,6 +397,8 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
             restore_checkpoint(host, extension, current.checkpoint)
         new = _start_checked(host, earlier, [])
     except BaseException as exc:
+        restore_checkpoint(host, extension, now_state)
+        remove_tree(now_state)
         if paused and running is not None:
             running.resume()
         host.journal(extension, "rollback failed", f"{previous.version}: {exc}")
@@ -397,6 +408,7 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
                 f"kept: {exc}"
             ) from exc
         raise
+    remove_tree(now_state)
     record = attrs.evolve(previous, previous=None, installed_at=time.time_ns())
     store.activate(record)
     _prune(host, record)
