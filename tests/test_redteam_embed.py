@@ -9,20 +9,25 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, ROOT
 from test_updates import ID, UPDATE, Notes, installed_running, make_host
 from test_updates import package as update_package
 
 from wasihost.cli import main
 from wasihost.errors import ConfigError, WasihostError
+from wasihost.packaging.trust import SigningKey
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.updates import UpdateError
@@ -260,3 +265,142 @@ def test_a_failed_rollback_leaves_the_running_versions_data_as_it_was(
         notes.fail_open = None
         assert notes.notes[ID] == before
         assert host.extension(ID) is new and new.call("remember", "still 0.2.0") == len(before) + 1
+
+
+class DurableNotes(Notes):
+    """Notes kept in the extension's data directory (which every checkpoint copies), so they
+    outlive the host process; a migration note ``{"direction": "up"}`` may kill the process
+    right after it is written: a host dying in the middle of an update."""
+
+    def __init__(self, die_in_migration: bool = False) -> None:
+        super().__init__()
+        self.die_in_migration = die_in_migration
+
+    @staticmethod
+    def file(host: Host) -> Path:
+        return host.require_state().data_dir(ID) / "notes.json"
+
+    def handler(self, entry: Any, state: Any) -> Callable[[Any, Any], Any]:
+        if entry.name != "remember":
+            return super().handler(entry, state)
+        path = self.file(state.host)
+
+        def remember(call: Any, request: Any) -> Any:
+            notes = json.loads(path.read_text()) if path.exists() else []
+            notes.append(request)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(notes))
+            if self.die_in_migration and isinstance(request, dict):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return len(notes)
+
+        return remember
+
+    def checkpoint(self, host: Host, extension: str, directory: Path) -> None:
+        pass  # the data directory is checkpointed by the update itself
+
+    def restore(self, host: Host, extension: str, directory: Path) -> None:
+        pass
+
+
+DIE_IN_MIGRATION = """
+import sys
+sys.path.insert(0, "tests")
+from pathlib import Path
+from test_redteam_embed import ID, UPDATE, DurableNotes, make_host, update_package
+from test_updates import CAPS
+from wasihost.packaging.trust import SigningKey
+tmp = Path(sys.argv[1])
+key = SigningKey.parse((tmp / "publisher.key").read_text(), "publisher.key")
+host = make_host(tmp / "state", DurableNotes(die_in_migration=True), key)
+host.install(update_package(tmp, "0.1.0", key=key))
+for cap in sorted(CAPS):
+    host.grant(ID, cap)
+host.load_installed(ID).call("remember", "written by 0.1.0")
+host.update_installed(update_package(tmp, "0.2.0", UPDATE, key=key))
+"""
+
+
+def test_a_host_killed_in_the_middle_of_an_update_leaves_the_old_versions_data_whole(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL while the new version's migration runs: the next start of the extension finds
+    the old version still installed and its data as the checkpoint kept it, not half migrated
+    by a version that never took over (the update used to leave no trace of itself, and the
+    old version then ran on whatever the migration had written)."""
+    key = SigningKey.generate("acme.example")
+    (tmp_path / "publisher.key").write_text(key.private_text())
+    child = subprocess.run(
+        [sys.executable, "-c", DIE_IN_MIGRATION, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RUST_BACKTRACE": "0"},
+        check=False,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    with make_host(tmp_path / "state", DurableNotes(), key) as host:
+        migrated = json.loads(DurableNotes.file(host).read_text())
+        assert migrated[-1] == {"from": "0.1.0", "to": "0.2.0", "direction": "up"}
+        ext = host.load_installed(ID)
+        assert ext.manifest is not None and ext.manifest.version == "0.1.0"
+        assert json.loads(DurableNotes.file(host).read_text()) == ["written by 0.1.0"]
+        assert ext.call("remember", "after the crash") == 2
+        assert list((host.require_state().checkpoints_dir / ID).iterdir()) == []
+        # The update can be made again, and this time completes.
+        host.update_installed(update_package(tmp_path, "0.2.0", UPDATE, key=key))
+        assert json.loads(DurableNotes.file(host).read_text())[-1]["direction"] == "up"
+
+
+class WaitingHealth(Notes):
+    """Notes whose health command (``lookup``) waits until the test lets it answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = threading.Event()
+        self.answer = threading.Event()
+
+    def handler(self, entry: Any, state: Any) -> Callable[[Any, Any], Any]:
+        inner = super().handler(entry, state)
+        if entry.name != "lookup" or state.manifest.version != "0.2.0":
+            return inner
+
+        def lookup(call: Any, request: Any) -> Any:
+            self.asked.set()
+            self.answer.wait(HANG_S)
+            return inner(call, request)
+
+        return lookup
+
+
+def test_another_host_on_the_state_directory_never_undoes_an_update_under_way(
+    tmp_path: Path,
+) -> None:
+    """The marker that lets a later start undo a dead host's update is locked while the update
+    runs: a second host on the same state directory (the CLI beside an application) is told an
+    update is under way instead of taking it for a dead one and restoring the checkpoint under
+    the running migration."""
+    notes = WaitingHealth()
+    with make_host(tmp_path / "state", notes) as host:
+        installed_running(host, tmp_path).call("remember", "written by 0.1.0")
+        done: list[Any] = []
+        updater = threading.Thread(
+            target=lambda: done.append(
+                host.update_installed(update_package(tmp_path, "0.2.0", UPDATE))
+            )
+        )
+        updater.start()
+        try:
+            assert notes.asked.wait(HANG_S)  # migrated, now in its health check
+            with make_host(tmp_path / "state", notes) as other:
+                with pytest.raises(UpdateError, match="under way in another host"):
+                    other.load_installed(ID)
+                with pytest.raises(UpdateError, match="under way in another host"):
+                    other.rollback(ID)
+        finally:
+            notes.answer.set()
+            updater.join(HANG_S)
+        assert done and done[0].version == "0.2.0"
+        up = {"from": "0.1.0", "to": "0.2.0", "direction": "up"}
+        assert notes.notes[ID] == ["written by 0.1.0", up]

@@ -565,6 +565,9 @@ class Host:
             raise PackageError(f"{extension} is not installed")
         from . import updates
 
+        if updates.recover_interrupted(self, extension) is not None:
+            installed = store.package(extension)
+            assert installed is not None
         package = updates.verify_installed(self, installed)
         recorded = store.lifecycle(extension)
         ext = self.admit(package, fuel=fuel, timeout_ms=timeout_ms)

@@ -14,6 +14,9 @@ checkpoint are kept, so :func:`rollback` can return to it.
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -227,6 +230,92 @@ def take_checkpoint(host: Host, extension: str, version: str) -> Path:
     return target
 
 
+# The marker of an update or rollback under way, in ``checkpoints/<id>/``: written once its
+# checkpoint is complete, removed once the transaction committed (the install record switched)
+# or was undone. Found at a later start, it means the host died in between.
+PENDING_NAME = "pending.json"
+# Two paths and their JSON: far below this.
+MAX_PENDING_BYTES = 64 * 1024
+
+
+def _pending(host: Host, extension: str) -> Path:
+    return host.require_state().checkpoints_dir / extension / PENDING_NAME
+
+
+def _mark_pending(host: Host, extension: str, checkpoint: Path, running: Path) -> int:
+    """Record durably that ``extension``'s state may change from here until the transaction
+    ends: ``checkpoint`` holds it as it was, while ``running`` was the installed tree. The
+    marker stays locked (``flock``) by the returned descriptor until :func:`_clear_pending`:
+    another host on the same state directory sees an update under way, not a dead one (the
+    lock goes with the process that held it)."""
+    marker = _pending(host, extension)
+    tmp = marker.with_name(f".{PENDING_NAME}.{os.getpid()}.tmp")
+    doc = json.dumps({"checkpoint": str(checkpoint), "running": str(running)}).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, doc)
+        os.fsync(fd)
+        os.replace(tmp, marker)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    return fd
+
+
+def _clear_pending(host: Host, extension: str, fd: int) -> None:
+    """The transaction committed or was undone: the marker goes, then its lock."""
+    _pending(host, extension).unlink(missing_ok=True)
+    os.close(fd)
+
+
+def recover_interrupted(host: Host, extension: str) -> str | None:
+    """Finish what a host that died during an update or rollback of ``extension`` left: if
+    the install record still names the version that ran before it, the transaction never
+    committed, and the state its migration (or restore) may have half changed is put back
+    from the checkpoint; if the record names the new version, it committed and only the
+    marker goes. Returns what was done, for the journal; None if nothing was pending."""
+    marker = _pending(host, extension)
+    try:
+        fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UpdateError(
+                f"{extension}: an update or rollback is under way in another host"
+            ) from None
+        return _recover(host, extension, marker, fd)
+    finally:
+        os.close(fd)
+
+
+def _recover(host: Host, extension: str, marker: Path, fd: int) -> str:
+    try:
+        doc = json.loads(os.read(fd, MAX_PENDING_BYTES))
+        checkpoint, running = Path(doc["checkpoint"]), doc["running"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PackageError(
+            f"{extension}: an interrupted update left {marker}, which cannot be read ({exc}); "
+            "restore its state by hand from the checkpoints directory, then remove the file"
+        ) from None
+    store = host.require_state()
+    active = store.package(extension)
+    if active is not None and str(active.path) == running:
+        restore_checkpoint(host, extension, checkpoint)
+        done = f"the host stopped during an update or rollback; state restored from {checkpoint}"
+    else:
+        done = "the host stopped after an update or rollback committed; nothing to undo"
+    marker.unlink()
+    if active is None or active.checkpoint != checkpoint:
+        remove_tree(checkpoint)
+    host.journal(extension, "interrupted update", done)
+    return done
+
+
 def restore_checkpoint(host: Host, extension: str, checkpoint: Path) -> None:
     store = host.require_state()
     data = store.data_dir(extension)
@@ -309,6 +398,9 @@ def update(
     assert manifest is not None
     if current is None:
         raise PackageError(f"{manifest.id} is not installed: install it first")
+    if recover_interrupted(host, manifest.id) is not None:
+        current = store.package(manifest.id)
+        assert current is not None
     if manifest.version == current.version:
         raise UpdateError(f"{manifest.id} {current.version} is already installed")
     host.plan(package)  # ABI, required grants held, revocation: before anything changes
@@ -320,7 +412,13 @@ def update(
         if paused and running is not None:
             running.resume()
         raise
-    checkpoint = take_checkpoint(host, manifest.id, current.version)
+    try:
+        checkpoint = take_checkpoint(host, manifest.id, current.version)
+        pending = _mark_pending(host, manifest.id, checkpoint, current.path)
+    except BaseException:
+        if paused and running is not None:
+            running.resume()
+        raise
     spec = manifest.update
     steps: list[tuple[str, dict[str, Any] | None]] = []
     if spec.migrate is not None:
@@ -338,6 +436,7 @@ def update(
             raise
     except BaseException as exc:
         restore_checkpoint(host, manifest.id, checkpoint)
+        _clear_pending(host, manifest.id, pending)
         remove_tree(checkpoint)
         if record.path != current.path:
             remove_tree(record.path)
@@ -357,6 +456,7 @@ def update(
         previous=attrs.evolve(current, previous=None),
     )
     store.activate(record)
+    _clear_pending(host, manifest.id, pending)
     _prune(host, record)
     host.switch(running, new, f"replaced by {manifest.version}")
     return record
@@ -367,6 +467,7 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
     reversible migration runs down, or else the checkpoint taken before that update is
     restored; the earlier version is verified again and started before the switch."""
     store = host.require_state()
+    recover_interrupted(host, extension)
     current = store.package(extension)
     if current is None:
         raise PackageError(f"{extension} is not installed")
@@ -382,6 +483,7 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
     # current version resumes on this, not on data it did not write or no longer has.
     try:
         now_state = take_checkpoint(host, extension, f"{current.version}-before-rollback")
+        pending = _mark_pending(host, extension, now_state, current.path)
     except BaseException:
         if paused and running is not None:
             running.resume()
@@ -398,6 +500,7 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
         new = _start_checked(host, earlier, [])
     except BaseException as exc:
         restore_checkpoint(host, extension, now_state)
+        _clear_pending(host, extension, pending)
         remove_tree(now_state)
         if paused and running is not None:
             running.resume()
@@ -408,9 +511,10 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
                 f"kept: {exc}"
             ) from exc
         raise
-    remove_tree(now_state)
     record = attrs.evolve(previous, previous=None, installed_at=time.time_ns())
     store.activate(record)
+    _clear_pending(host, extension, pending)
+    remove_tree(now_state)
     _prune(host, record)
     host.switch(running, new, f"rolled back to {previous.version}")
     host.journal(extension, "rolled back", f"{current.version} -> {previous.version}")
