@@ -404,3 +404,46 @@ def test_another_host_on_the_state_directory_never_undoes_an_update_under_way(
         assert done and done[0].version == "0.2.0"
         up = {"from": "0.1.0", "to": "0.2.0", "direction": "up"}
         assert notes.notes[ID] == ["written by 0.1.0", up]
+
+
+# -- operator actions naming an extension ---------------------------------------------------------
+
+NOT_IDS = [5, None, "", ".", "..", "a/b", "../../etc", "x\x1b[2J", "bad\nid", "a" * 256, "é" * 128]
+
+
+@pytest.mark.parametrize("bad", NOT_IDS, ids=repr)
+def test_an_operator_action_on_something_that_cannot_be_an_extension_id_is_refused(
+    tmp_path: Path, bad: Any
+) -> None:
+    """``grant``, ``revoke``, ``disable`` and ``reinstate`` of an id no extension could have
+    are a ``ConfigError`` and write nothing. They were all accepted into the durable grant
+    table (an integer, a path with '/', 100,000 characters...), after which ``wasihost status``
+    on that state directory died with the internal error of an over-long file name."""
+    with Host(Policy(allow={"log"}), cache_dir=None, state_dir=tmp_path / "state") as host:
+        for action in (
+            lambda: host.grant(bad, "log"),
+            lambda: host.revoke(bad, "log"),
+            lambda: host.disable(bad),
+            lambda: host.reinstate(bad),
+        ):
+            with pytest.raises(ConfigError, match="extension id"):
+                action()
+        assert host.require_state().extensions() == []
+        # An id nobody admitted yet is still granted ahead of its first start.
+        assert host.grant("org.example.later", "log") >= 1
+
+
+def test_the_cli_refuses_an_id_that_is_not_one_and_status_keeps_working(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = str(tmp_path / "state")
+    for argv in (
+        ["grants", "grant", "a" * 300, "log"],
+        ["grants", "list", "a" * 300],
+        ["status", "a" * 300],
+        ["grants", "revoke", "../x"],
+    ):
+        assert main([*argv, "--state-dir", state]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: config: ") and "not an extension id" in err, err
+    assert main(["status", "--state-dir", state]) == 0

@@ -834,6 +834,9 @@ def _cmd_remove(args: argparse.Namespace) -> int:
 
 
 def _cmd_grants(args: argparse.Namespace) -> int:
+    from .runtime import check_extension_id
+
+    check_extension_id(args.extension)
     with _state_host(args) as host:
         ext = args.extension
         if args.grants_cmd == "grant":
@@ -931,6 +934,10 @@ def _metrics_line(metrics: dict[str, Any]) -> str:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    from .runtime import check_extension_id
+
+    if args.extension is not None:
+        check_extension_id(args.extension)
     with _state_host(args) as host:
         store = host.require_state()
         names = [args.extension] if args.extension else store.extensions()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import threading
 import time
 import weakref
@@ -93,6 +94,34 @@ TERMINATE_WAIT_S = 1.0
 # have closed since the last trim: a trim after 256 closes took under a millisecond with
 # 10,000 live, ~3 us a close beside the ~80 us a close costs, and RSS follows closes down.
 TRIM_EVERY_CLOSES = 256
+
+
+# An operator action names an extension id that becomes a grant-table row and, with a state
+# directory, a path component (data/<id>, checkpoints/<id>): at most one file name's bytes.
+MAX_EXTENSION_ID_BYTES = 255
+_NOT_IN_AN_ID = re.compile(r"[\x00-\x1f\x7f-\x9f/]")
+
+
+def check_extension_id(extension: object) -> str:
+    """``extension`` if it can name an extension (a manifest's reverse-DNS id, or a bare
+    module's file stem): a non-empty string of at most MAX_EXTENSION_ID_BYTES UTF-8 bytes, with
+    no control character or ``/``, not ``.`` or ``..``; else a ``ConfigError``. Grants, revocations
+    and reinstatements of an id nobody admitted yet are allowed (an operator grants before the
+    first start), but not of something no extension could be called."""
+    if not isinstance(extension, str):
+        raise ConfigError(f"an extension id is a string, not {type(extension).__name__}")
+    size = len(extension.encode("utf-8", "surrogatepass"))
+    if (
+        not 0 < size <= MAX_EXTENSION_ID_BYTES
+        or extension in (".", "..")
+        or _NOT_IN_AN_ID.search(extension)
+    ):
+        shown = extension if len(extension) <= 64 else extension[:64] + "..."
+        raise ConfigError(
+            f"{shown!r} is not an extension id (1 to {MAX_EXTENSION_ID_BYTES} bytes, no control "
+            "character or '/')"
+        )
+    return extension
 
 
 def _ssh(allowed: AllowedSigners | None, signature: bytes | None) -> SshSigned | None:
@@ -787,7 +816,8 @@ class Host:
     # -- grants ---------------------------------------------------------------------------
 
     def grant(self, extension: str, capability: str, scope: Mapping[str, Any] | None = None) -> int:
-        if capability not in self.registry.capabilities():
+        check_extension_id(extension)
+        if not isinstance(capability, str) or capability not in self.registry.capabilities():
             raise ConfigError(f"unknown capability {capability!r}")
         if capability.startswith("wasi."):
             from .wasi.scopes import check_scope as check_wasi_scope
@@ -803,6 +833,7 @@ class Host:
         """Withdraw a capability (the extension's next host call using it fails), or with
         ``capability=None`` revoke the extension as a whole: its running call is interrupted
         and it runs nothing more until reinstated. Its data is kept."""
+        check_extension_id(extension)
         epoch = self.grants.revoke(extension, capability, reason)
         self.journal(
             extension, "revoke", f"{capability or 'everything'} epoch {epoch} {reason}".strip()
@@ -954,6 +985,7 @@ class Host:
         return self.revoke(extension, None, reason)
 
     def reinstate(self, extension: str) -> int:
+        check_extension_id(extension)
         epoch = self.grants.reinstate(extension)
         self.journal(extension, "reinstate", f"epoch {epoch}")
         if self.state is not None:
