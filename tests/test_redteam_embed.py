@@ -447,3 +447,13 @@ def test_the_cli_refuses_an_id_that_is_not_one_and_status_keeps_working(
         err = capsys.readouterr().err
         assert err.startswith("error: config: ") and "not an extension id" in err, err
     assert main(["status", "--state-dir", state]) == 0
+
+
+def test_grants_given_as_one_string_are_refused_not_spelt_out(tmp_path: Path) -> None:
+    """``Host.load(path, grants="clock")`` used to be read letter by letter (an admission
+    error about grants 'c', 'l', 'o'...); like ``Policy(allow="log")`` it is the caller's
+    mistake, said as such."""
+    with Host(Policy(allow={"clock", "log"}), cache_dir=None) as host:
+        with pytest.raises(ConfigError, match="collection of capability names"):
+            host.load(FIXTURES / "hello", grants="clock")
+        assert "clock" in host.load(FIXTURES / "hello", grants=["clock"]).grant.capabilities
