@@ -11,6 +11,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -457,3 +458,39 @@ def test_grants_given_as_one_string_are_refused_not_spelt_out(tmp_path: Path) ->
         with pytest.raises(ConfigError, match="collection of capability names"):
             host.load(FIXTURES / "hello", grants="clock")
         assert "clock" in host.load(FIXTURES / "hello", grants=["clock"]).grant.capabilities
+
+
+# -- the state directory ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda d: d.mkdir(mode=0o777) or d.chmod(0o777), "is writable by group or others"),
+        (lambda d: d.mkdir(mode=0o700) or d.chmod(0o770), "is writable by group or others"),
+        (lambda d: d.mkdir(mode=0o700) or os.chown(d, 65534, 65534), "is owned by uid 65534"),
+        (lambda d: d.parent.chmod(0o777), "is writable by group or others (mode 0777)"),
+        (lambda d: d.write_text("not a directory"), "Not a directory"),
+    ],
+    ids=["world-writable", "group-writable", "another-owner", "parent-writable", "a-file"],
+)
+def test_a_state_directory_others_can_write_is_refused(
+    tmp_path: Path, make: Callable[[Path], Any], says: str
+) -> None:
+    """The state directory holds the grant table and the install records (an unsigned
+    package is trusted by the digest its record holds): another user who can write it, or
+    rename it, grants an extension anything. It used to be adopted as found; now the host
+    refuses it, as the compiled-code cache refuses such a directory."""
+    if os.geteuid() != 0 and "owned" in says:
+        pytest.skip("making a directory of another user needs root")
+    state = tmp_path / "shared" / "state"
+    state.parent.mkdir(mode=0o700)
+    make(state)
+    with pytest.raises(ConfigError, match="state directory refused: .*" + re.escape(says)):
+        Host(Policy(allow={"log"}), cache_dir=None, state_dir=state)
+    state.parent.chmod(0o700)
+    if state.is_dir():
+        state.chmod(0o700)
+        os.chown(state, os.geteuid(), os.getegid())
+        with Host(Policy(allow={"log"}), cache_dir=None, state_dir=state) as host:
+            assert host.grant("org.example.mine", "log") >= 1

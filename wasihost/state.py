@@ -22,6 +22,7 @@ import attrs
 
 from .errors import ConfigError, PackageError
 from .grants import GrantEntry, GrantState
+from .statedir import UnsafeStateDir, check_state_dir
 
 DB_NAME = "state.sqlite3"
 SCHEMA_VERSION = 3
@@ -187,9 +188,15 @@ class StateStore:
         directory = directory.absolute()
         self.directory = directory
         try:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            directory.mkdir(mode=0o700, parents=True)
+        except FileExistsError:
+            pass  # a directory, or not: the check below says which
         except OSError as exc:
             raise ConfigError(f"state directory {directory}: {exc.strerror}") from None
+        try:
+            check_state_dir(directory)
+        except UnsafeStateDir as exc:
+            raise ConfigError(f"state directory refused: {exc}") from None
         self._lock = threading.Lock()
         try:
             self._db = sqlite3.connect(
