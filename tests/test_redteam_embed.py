@@ -494,3 +494,15 @@ def test_a_state_directory_others_can_write_is_refused(
         os.chown(state, os.geteuid(), os.getegid())
         with Host(Policy(allow={"log"}), cache_dir=None, state_dir=state) as host:
             assert host.grant("org.example.mine", "log") >= 1
+
+
+def test_a_huge_integer_input_is_refused_in_the_clis_words(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An integer literal of thousands of digits used to be refused with Python's own advice
+    ("use sys.set_int_max_str_digits() to increase the limit"), which a CLI user cannot act on."""
+    code = main(["run", str(FIXTURES / "echo"), "echo", "--input", "9" * 5000, "--no-cache"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: usage: --input: not valid JSON: an integer of thousands"), err
+    assert "sys." not in err
