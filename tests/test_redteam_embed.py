@@ -26,8 +26,10 @@ from conftest import FIXTURES, ROOT
 from test_updates import ID, UPDATE, Notes, installed_running, make_host
 from test_updates import package as update_package
 
+from wasihost import runtime
 from wasihost.cli import main
-from wasihost.errors import ConfigError, WasihostError
+from wasihost.errors import CallError, ConfigError, WasihostError
+from wasihost.lifecycle import ExtensionRevoked
 from wasihost.packaging.trust import SigningKey
 from wasihost.policy import Policy
 from wasihost.runtime import Host
@@ -506,3 +508,40 @@ def test_a_huge_integer_input_is_refused_in_the_clis_words(
     assert code == 2
     assert err.startswith("error: usage: --input: not valid JSON: an integer of thousands"), err
     assert "sys." not in err
+
+
+# -- grant changes made by another host on the same state directory ------------------------------
+
+LOGGER = "org.wasihost.fixtures.logger"
+
+
+@pytest.mark.parametrize("what", ["everything", "log"])
+def test_a_revocation_by_another_host_reaches_a_running_extension(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    """``wasihost grants revoke EXT [CAP] --state-dir D`` (another process, another Host)
+    answered "revoked" while the application's host on D went on committing the
+    extension's effects for as long as it ran: its grants lived in memory, read once. Now a
+    committing host call reads the durable grant epochs again when they are over
+    ``GRANT_SYNC_S`` old (set to 0 here: the next commit) and adopts the change."""
+    monkeypatch.setattr(runtime, "GRANT_SYNC_S", 0.0, raising=False)
+    state = tmp_path / "state"
+    with Host(Policy(allow={"log"}), cache_dir=None, state_dir=state) as host:
+        host.install(FIXTURES / "logger")
+        host.grant(LOGGER, "log")
+        ext = host.load_installed(LOGGER)
+        assert ext.call("run", {"lines": 1})["logged"] == 1
+        argv = ["grants", "revoke", LOGGER, *([] if what == "everything" else [what])]
+        assert main([*argv, "--state-dir", str(state)]) == 0  # another host, as the CLI is
+        before = len(ext.logs())
+        if what == "everything":
+            # The call that finds out: its log is denied, or it is stopped as revoked.
+            with pytest.raises((ExtensionRevoked, CallError)):
+                ext.call("run", {"lines": 1})
+            with pytest.raises(ExtensionRevoked):
+                ext.call("run", {"lines": 1})
+        else:
+            with contextlib.suppress(CallError):
+                ext.call("run", {"lines": 1})  # its log call is denied
+        assert len(ext.logs()) == before
+        assert "log" not in host.grants.state(LOGGER).entries

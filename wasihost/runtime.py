@@ -83,6 +83,11 @@ MAX_CLOSING_THREADS = 8
 # verifying it costs about a tenth of a millisecond, so once a second is invisible beside the
 # calls, and a revocation published reaches a busy extension within a second.
 REVOCATION_RECHECK_S = 1.0
+# With a state directory, a committing host call reads the durable grant epochs of the live
+# extensions again when they were read more than this long ago: a grant change another host
+# wrote there (the CLI's `wasihost grants revoke`) reaches this one within a second. One
+# indexed SQLite query a second, beside calls that commit effects.
+GRANT_SYNC_S = 1.0
 # The longest shutdown deadline Host.close accepts: ten minutes (the longest call timeout,
 # limits.MAX_TIMEOUT_MS) is more than any orderly flush needs.
 MAX_SHUTDOWN_S = 600.0
@@ -221,6 +226,7 @@ class Host:
         # wrong with it then (None: it verified). Starts due, so the first committing host
         # call reads it.
         self._revocation_verdict: tuple[float, str | None] = (float("-inf"), None)
+        self._grants_synced_at = float("-inf")
         self.grants = GrantTable(self.state)
         # Crash records, restart budgets and quarantine (``supervisor.set_policy(id, ...)``).
         self.supervisor = supervisor if supervisor is not None else Supervisor()
@@ -903,10 +909,40 @@ class Host:
                 disabled[ext.id] = why
         return disabled
 
+    def sync_grants(self) -> list[str]:
+        """Adopt the grant changes another host (another process on the same state
+        directory: ``wasihost grants``) wrote for the extensions admitted here: each whose
+        durable epoch is newer than the one in memory takes the durable grant, so its calls
+        in flight commit nothing more under the old epoch; one now revoked as a whole is
+        interrupted as :meth:`disable` does. Returns the ids changed. Nothing without a state
+        directory."""
+        store = self.state
+        if store is None:
+            return []
+        self._grants_synced_at = time.monotonic()
+        with self._lock:
+            live = {ext.id: ext for ext in self._extensions.values()}
+        changed = []
+        for extension, epoch in store.grant_epochs(sorted(live)).items():
+            held = self.grants.current(extension)
+            if held is None or epoch <= held.epoch:
+                continue
+            durable = store.load_grants(extension)
+            if durable is None or not self.grants.adopt(extension, durable):
+                continue
+            changed.append(extension)
+            if durable.revoked is not None and held.revoked is None:
+                live[extension].on_revoked(durable.revoked)
+        return changed
+
     def revocations_allow_commit(self) -> bool:
-        """Before a host call commits an effect: re-read the revocation list if it was read
-        more than ``REVOCATION_RECHECK_S`` ago (disabling what it now revokes), and say whether
-        the last read verified. Always true without a list."""
+        """Before a host call commits an effect: with a state directory, adopt what other
+        hosts changed in the grant table if it was read more than ``GRANT_SYNC_S`` ago
+        (:meth:`sync_grants`); re-read the revocation list if it was read more than
+        ``REVOCATION_RECHECK_S`` ago (disabling what it now revokes), and say whether the last
+        read verified. Always true without a list."""
+        if self.state is not None and time.monotonic() - self._grants_synced_at >= GRANT_SYNC_S:
+            self.sync_grants()
         if self.policy.revocations is None:
             return True
         at, problem = self._revocation_verdict

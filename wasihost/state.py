@@ -378,6 +378,18 @@ class StateStore:
             row = self._db.execute("SELECT MAX(epoch) FROM grant_epochs").fetchone()
         return max(int(row[0] or 0), self.high_water(GRANT_EPOCH_KEY))
 
+    def grant_epochs(self, extensions: list[str]) -> dict[str, int]:
+        """The durable grant epoch of each of ``extensions`` that has one, in one query."""
+        if not extensions:
+            return {}
+        marks = ",".join("?" * len(extensions))
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT extension, epoch FROM grant_epochs WHERE extension IN ({marks})",  # noqa: S608
+                extensions,
+            ).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
     def load_grants(self, extension: str) -> GrantState | None:
         with self._lock:
             head = self._db.execute(
