@@ -545,3 +545,24 @@ def test_a_revocation_by_another_host_reaches_a_running_extension(
                 ext.call("run", {"lines": 1})  # its log call is denied
         assert len(ext.logs()) == before
         assert "log" not in host.grants.state(LOGGER).entries
+
+
+def test_a_path_named_like_an_installed_extension_does_not_stand_in_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``wasihost run EXT_ID CMD --state-dir D`` used to run a directory named EXT_ID in the
+    current directory, if there was one, instead of the installed extension: whoever could
+    leave a directory there had their package run under the CLI's grants in its place."""
+    monkeypatch.chdir(tmp_path)
+    state = str(tmp_path / "state")
+    assert main(["install", str(FIXTURES / "echo"), "--state-dir", state]) == 0
+    echo = "org.wasihost.fixtures.echo"
+    shutil.copytree(FIXTURES / "echo", tmp_path / echo)
+    capsys.readouterr()
+    assert main(["run", echo, "echo", "--input", "1", "--state-dir", state, "--no-cache"]) == 2
+    assert "give ./org.wasihost.fixtures.echo to run the path" in capsys.readouterr().err
+    assert main(["run", f"./{echo}", "echo", "--input", "7", "--no-cache"]) == 0
+    assert capsys.readouterr().out == "7\n"
+    shutil.rmtree(tmp_path / echo)
+    assert main(["run", echo, "echo", "--input", "8", "--state-dir", state]) == 0
+    assert capsys.readouterr().out == "8\n"

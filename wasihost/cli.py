@@ -518,6 +518,24 @@ def _check_budget_flags(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} must be in {low}..{high}, got {value}")
 
 
+def _not_shadowing(args: argparse.Namespace) -> None:
+    """``run NAME --state-dir D`` where NAME is both a path here and an extension installed in
+    D: running the path would run whatever a file or directory of that name in the current
+    directory holds, under the CLI's grants, instead of the installed, verified extension."""
+    from .state import StateStore
+
+    store = StateStore(args.state_dir)
+    try:
+        shadowed = store.package(args.source) is not None
+    finally:
+        store.close()
+    if shadowed:
+        raise UsageError(
+            f"{args.source} is an extension installed in {args.state_dir} and also a path "
+            f"here: give ./{args.source} to run the path"
+        )
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     value = _input_value(args)
     _check_budget_flags(args)
@@ -526,6 +544,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         and not Path(args.source).exists()
         and (args.state_dir is not None or _state_dir(args).exists())
     )
+    if not installed and args.state_dir is not None and "/" not in args.source:
+        _not_shadowing(args)
     package = None
     if installed:
         if args.grant:
