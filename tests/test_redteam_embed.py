@@ -566,3 +566,57 @@ def test_a_path_named_like_an_installed_extension_does_not_stand_in_for_it(
     shutil.rmtree(tmp_path / echo)
     assert main(["run", echo, "echo", "--input", "8", "--state-dir", state]) == 0
     assert capsys.readouterr().out == "8\n"
+
+
+# -- keys for which a signature proves nothing -----------------------------------------------------
+
+# Encodings of points of small order (and a non-canonical one, y = p): as Ed25519 public keys,
+# a signature (R, S) = (a small-order point, 0) verifies for many messages, chosen by nobody.
+SMALL_ORDER = [
+    "0100000000000000000000000000000000000000000000000000000000000000",
+    "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+    "0000000000000000000000000000000000000000000000000000000000000080",
+    "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a",
+    "edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+]
+
+
+def _forged_for(key: bytes, message: bytes) -> bytes | None:
+    """A signature anyone can make that ``key`` verifies over ``message``, if one of the
+    small-order R with S = 0 does."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    public = Ed25519PublicKey.from_public_bytes(key)
+    for r in SMALL_ORDER:
+        signature = bytes.fromhex(r) + bytes(32)
+        with contextlib.suppress(InvalidSignature):
+            public.verify(signature, message)
+            return signature
+    return None
+
+
+@pytest.mark.parametrize("key", SMALL_ORDER, ids=lambda k: k[:8])
+def test_a_small_order_key_is_refused_by_the_trust_file_and_allowed_signers(key: str) -> None:
+    """Such a key (``acme ed25519 AQAAAA...``) was accepted in a trust file (publisher,
+    revocation-list or endorsing key) and in allowed_signers: a signature "by" it is made by
+    anyone, so every package or list it vouched for was forgeable. Shown here with the
+    identity point, for which the forgery verifies whatever the message."""
+    from wasihost.packaging.allowed_signers import AllowedSigners
+    from wasihost.packaging.trust import TrustStore
+
+    raw = bytes.fromhex(key)
+    if key.startswith("01"):
+        assert _forged_for(raw, b"any package digest at all") is not None
+    text = base64.b64encode(raw).decode()
+    for line in (f"acme ed25519 {text}", f"acme ed25519 {text} revocations"):
+        with pytest.raises(ConfigError, match="small order"):
+            TrustStore.parse(line + "\n", "trust")
+    good = SigningKey.generate("acme")
+    endorsed = f"{good.public_line().strip()} endorsed-by={text}:{base64.b64encode(bytes(64)).decode()}"
+    with pytest.raises(ConfigError, match="small order"):
+        TrustStore.parse(endorsed + "\n", "trust")
+    wire = b"".join(len(s).to_bytes(4, "big") + s for s in (b"ssh-ed25519", raw))
+    with pytest.raises(ConfigError, match="small order"):
+        AllowedSigners.parse(f"acme ssh-ed25519 {base64.b64encode(wire).decode()}\n", "signers")
+    TrustStore.parse(good.public_line(), "trust")  # an ordinary key still reads
