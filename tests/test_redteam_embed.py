@@ -141,7 +141,10 @@ def _cli(argv: list[str], root: Path, capsys: pytest.CaptureFixture[str]) -> tup
             ["verify", "{r}/x.whpkg", "--trust", "{r}/trust", "--revocations", "{r}/fifo"],
             "revocation list: {r}/fifo cannot be read: not a regular file",
         ),
-        (["sign", "{r}/x.whpkg", "--key", "{r}/private"], "key file {r}/private cannot be opened: a"),
+        (
+            ["sign", "{r}/x.whpkg", "--key", "{r}/private"],
+            "key file {r}/private cannot be opened: a",
+        ),
         (["sign", "{r}/x.whpkg", "--key", "{r}/fifo"], "key file {r}/fifo cannot be opened: not a"),
         (["sign", "{r}/dir.whpkg", "--key", "{r}/k.key"], "package {r}/dir.whpkg cannot be opened"),
         (["pack", "{r}/pkg", "-o", "{r}/o.whpkg"], "cannot pack echo.wasm: not a regular file"),
@@ -613,10 +616,39 @@ def test_a_small_order_key_is_refused_by_the_trust_file_and_allowed_signers(key:
         with pytest.raises(ConfigError, match="small order"):
             TrustStore.parse(line + "\n", "trust")
     good = SigningKey.generate("acme")
-    endorsed = f"{good.public_line().strip()} endorsed-by={text}:{base64.b64encode(bytes(64)).decode()}"
+    endorsed = (
+        f"{good.public_line().strip()} endorsed-by={text}:{base64.b64encode(bytes(64)).decode()}"
+    )
     with pytest.raises(ConfigError, match="small order"):
         TrustStore.parse(endorsed + "\n", "trust")
     wire = b"".join(len(s).to_bytes(4, "big") + s for s in (b"ssh-ed25519", raw))
     with pytest.raises(ConfigError, match="small order"):
         AllowedSigners.parse(f"acme ssh-ed25519 {base64.b64encode(wire).decode()}\n", "signers")
     TrustStore.parse(good.public_line(), "trust")  # an ordinary key still reads
+
+
+def test_an_install_whose_source_changes_while_it_is_read_installs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``install`` checks the package it loaded, then reads the source again to write the
+    installed tree. A manifest swapped in between (here: by the second read) was installed
+    under the first one's record, and ``load_installed(A)`` then admitted a package claiming
+    another id, under that id's grants. The tree is now verified against its record before it
+    is activated."""
+    from wasihost import updates
+
+    source = tmp_path / "hello"
+    shutil.copytree(FIXTURES / "hello", source)
+    swapped = (
+        (source / "extension.toml")
+        .read_bytes()
+        .replace(b"org.wasihost.fixtures.hello", b"org.wasihost.fixtures.other")
+    )
+    monkeypatch.setattr(updates, "manifest_text", lambda root: swapped)
+    with Host(Policy(allow={"log", "clock"}), cache_dir=None, state_dir=tmp_path / "state") as host:
+        with pytest.raises(
+            WasihostError, match="the installed manifest says org.wasihost.fixtures.other"
+        ):
+            host.install(source)
+        assert host.require_state().packages() == []
+        assert not list((host.require_state().packages_dir).glob("*/*"))

@@ -535,6 +535,15 @@ class Host:
 
         scan_module(read_header(package.wasm), package.wasm)
         record = updates.write_install(self, source, package, ssh)
+        try:
+            # What was written is read again from the source: it must be what was checked.
+            updates.verify_installed(self, record)
+        except WasihostError:
+            from .state import remove_tree
+
+            if current is None or record.path != current.path:
+                remove_tree(record.path)
+            raise
         previous = attrs.evolve(current, previous=None) if current is not None else None
         store.activate(attrs.evolve(record, previous=previous))
         installed = store.package(package.manifest.id)

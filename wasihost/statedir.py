@@ -39,10 +39,7 @@ def _own_problem(st: os.stat_result, euid: int) -> str | None:
     if st.st_uid != euid:
         return f"is owned by uid {st.st_uid}, not by this user ({euid})"
     if st.st_mode & _SHARED_WRITE:
-        return (
-            f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}; "
-            "make it 0700)"
-        )
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}; make it 0700)"
     return None
 
 

@@ -186,6 +186,14 @@ def verify_installed(host: Host, installed: InstalledPackage) -> Package:
             f"{installed.id}: installed module changed on disk (sha256 {package.sha256[:16]}, "
             f"recorded {installed.sha256[:16]})"
         )
+    manifest = package.manifest
+    if manifest is None or (manifest.id, manifest.version) != (installed.id, installed.version):
+        # The record is what install checked (version order, publisher, grants): a tree whose
+        # manifest names another id would be admitted under that id's grants.
+        claims = f"{manifest.id} {manifest.version}" if manifest is not None else "no manifest"
+        raise PackageError(
+            f"{installed.id} {installed.version}: the installed manifest says {claims}"
+        )
     return package
 
 
