@@ -652,3 +652,14 @@ def test_an_install_whose_source_changes_while_it_is_read_installs_nothing(
             host.install(source)
         assert host.require_state().packages() == []
         assert not list((host.require_state().packages_dir).glob("*/*"))
+
+
+def test_keygen_refuses_a_directory_as_its_prefix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``keygen --out DIR/`` wrote DIR/.key and DIR/.pub, hidden and named for nothing, and
+    said it had done so."""
+    for out in (f"{tmp_path}/", str(tmp_path)):
+        assert main(["keygen", "--publisher", "acme", "--out", out]) == 2
+        assert "is a directory: give a file prefix" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

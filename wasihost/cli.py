@@ -709,6 +709,11 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     from .packaging.files import write_key_pair
     from .packaging.trust import SigningKey
 
+    if args.out.endswith("/") or Path(args.out).is_dir():
+        # PREFIX names the files (PREFIX.key, PREFIX.pub): a directory would give .key and
+        # .pub, hidden files named for nothing.
+        example = f"{args.out.rstrip('/')}/acme"
+        raise UsageError(f"--out {args.out} is a directory: give a file prefix, such as {example}")
     key = SigningKey.generate(args.publisher)
     private, public = write_key_pair(args.out, key)
     print(f"wrote {private} (private, mode 600) and {public} (a trust-file line)")
