@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -663,3 +664,25 @@ def test_keygen_refuses_a_directory_as_its_prefix(
         assert main(["keygen", "--publisher", "acme", "--out", out]) == 2
         assert "is a directory: give a file prefix" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_extension_revoked_by_another_host_is_refused_even_if_it_commits_nothing(
+    tmp_path: Path,
+) -> None:
+    """The echo fixture makes no host call, so no commit re-reads the grants: the host's
+    periodic state work (the metrics thread, every ``METRICS_PUBLISH_S``) adopts the change,
+    and its calls are refused within a period or so (they ran on for as long as the host did)."""
+    from wasihost.opmetrics import METRICS_PUBLISH_S
+
+    state = tmp_path / "state"
+    echo = "org.wasihost.fixtures.echo"
+    with Host(Policy(allow=frozenset()), cache_dir=None, state_dir=state) as host:
+        host.install(FIXTURES / "echo")
+        ext = host.load_installed(echo)
+        assert ext.call("echo", 1) == 1
+        assert main(["grants", "revoke", echo, "--state-dir", str(state)]) == 0
+        deadline = time.monotonic() + 3 * METRICS_PUBLISH_S
+        with pytest.raises(ExtensionRevoked):  # noqa: PT012 - polled until the period passed
+            while time.monotonic() < deadline:
+                ext.call("echo", 2)
+                time.sleep(0.05)

@@ -140,6 +140,19 @@ def _ssh(allowed: AllowedSigners | None, signature: bytes | None) -> SshSigned |
     return SshSigned(allowed, signature)
 
 
+def _grant_sync_of(host: weakref.ref[Host]) -> Callable[[], None]:
+    """The metrics thread's periodic grant sync (:meth:`Host.sync_grants`): a grant change
+    another host made reaches extensions that commit nothing too (a revoked one is refused
+    within a publishing period). Weak, as :func:`_snapshot_of`."""
+
+    def sync() -> None:
+        found = host()
+        if found is not None and not found.closed:
+            found.sync_grants()
+
+    return sync
+
+
 def _snapshot_of(host: weakref.ref[Host]) -> Callable[[], dict[str, Any] | None]:
     """What the metrics publisher's thread reads: a weak reference, so that a host dropped
     without close() is still collected (and its publisher stops)."""
@@ -268,7 +281,10 @@ class Host:
         if self.state is not None:
             from .opmetrics import MetricsPublisher
 
-            self._metrics_publisher = MetricsPublisher(self.state, _snapshot_of(weakref.ref(self)))
+            me = weakref.ref(self)
+            self._metrics_publisher = MetricsPublisher(
+                self.state, _snapshot_of(me), tick=_grant_sync_of(me)
+            )
 
     def _has_entry(self, qualified: str) -> bool:
         module, _, name = qualified.rpartition(".")
