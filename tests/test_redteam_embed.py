@@ -686,3 +686,22 @@ def test_an_extension_revoked_by_another_host_is_refused_even_if_it_commits_noth
             while time.monotonic() < deadline:
                 ext.call("echo", 2)
                 time.sleep(0.05)
+
+
+def test_a_grant_change_here_does_not_undo_a_revocation_made_by_another_host(
+    tmp_path: Path,
+) -> None:
+    """A host changes the grants it holds in memory and writes the result: a revocation
+    another host had written meanwhile was overwritten by this host's next grant (the
+    extension un-revoked, durably). Each operator action now adopts the store's newer state
+    first."""
+    state = tmp_path / "state"
+    with Host(Policy(allow={"log", "clock"}), cache_dir=None, state_dir=state) as host:
+        host.install(FIXTURES / "logger")
+        host.grant(LOGGER, "log")
+        host.load_installed(LOGGER)
+        assert main(["grants", "revoke", LOGGER, "--state-dir", str(state)]) == 0
+        host.grant(LOGGER, "clock")
+        assert host.grants.state(LOGGER).revoked is not None
+    with Host(Policy(allow={"log", "clock"}), cache_dir=None, state_dir=state) as later:
+        assert later.grants.state(LOGGER).revoked is not None

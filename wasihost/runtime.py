@@ -848,6 +848,7 @@ class Host:
 
     def grant(self, extension: str, capability: str, scope: Mapping[str, Any] | None = None) -> int:
         check_extension_id(extension)
+        self.sync_grants()  # a change is made to what another host may have changed since
         if not isinstance(capability, str) or capability not in self.registry.capabilities():
             raise ConfigError(f"unknown capability {capability!r}")
         if capability.startswith("wasi."):
@@ -865,6 +866,7 @@ class Host:
         ``capability=None`` revoke the extension as a whole: its running call is interrupted
         and it runs nothing more until reinstated. Its data is kept."""
         check_extension_id(extension)
+        self.sync_grants()
         epoch = self.grants.revoke(extension, capability, reason)
         self.journal(
             extension, "revoke", f"{capability or 'everything'} epoch {epoch} {reason}".strip()
@@ -1047,6 +1049,7 @@ class Host:
 
     def reinstate(self, extension: str) -> int:
         check_extension_id(extension)
+        self.sync_grants()
         epoch = self.grants.reinstate(extension)
         self.journal(extension, "reinstate", f"epoch {epoch}")
         if self.state is not None:
