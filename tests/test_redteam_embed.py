@@ -705,3 +705,38 @@ def test_a_grant_change_here_does_not_undo_a_revocation_made_by_another_host(
         assert host.grants.state(LOGGER).revoked is not None
     with Host(Policy(allow={"log", "clock"}), cache_dir=None, state_dir=state) as later:
         assert later.grants.state(LOGGER).revoked is not None
+
+
+# -- what closed extensions leave behind -----------------------------------------------------------
+
+
+def test_the_crash_history_of_closed_extensions_does_not_pile_up() -> None:
+    """Every id that ever crashed kept its supervisor history (up to 100 crash records with
+    their messages, ~5.6 KB after three crashes) for the host's life: an application admitting
+    extensions under new ids (per tenant, per upload) grew without bound. A closed id's
+    records go at its close, and the rest once no restart window needs it."""
+    from conftest import bare
+    from guests import build, guest_wat
+
+    from wasihost.supervision import BoundedRetry, Supervisor
+
+    clock = [0.0]
+    supervisor = Supervisor(BoundedRetry(max_restarts=5, window_s=60), clock=lambda: clock[0])
+    trapping = build(guest_wat("(unreachable)"))
+    with Host(Policy(allow=frozenset()), cache_dir=None, supervisor=supervisor) as host:
+        for i in range(40):
+            ext = host.admit(bare(trapping, f"tenant{i}.wasm"))
+            for _ in range(2):
+                with pytest.raises(CallError):
+                    ext.call("run")
+            assert supervisor.crashes(ext.id)
+            ext.close()
+            assert supervisor.crashes(ext.id) == ()
+        # Within the window a re-admitted id keeps its restarts: closing is no way out of a
+        # crash loop's budget.
+        again = host.admit(bare(trapping, "tenant0.wasm"))
+        assert len(supervisor._history["tenant0"].restarts) == 1
+        again.close()
+        clock[0] += 61
+        host.admit(bare(trapping, "late.wasm")).close()
+        assert supervisor._history == {}

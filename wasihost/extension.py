@@ -1685,6 +1685,8 @@ class Extension:
         # a call was still running when the wait above gave up (it may still use its grant
         # view: the record stays, as before this existed).
         host.governor.close(self)
+        if host.extension(self.id) is None:
+            host.supervisor.closed(self.id)
         if host.scheduler is not None:
             host.scheduler.forget(self.id)
         if held and idle:

@@ -790,6 +790,7 @@ class Host:
         # The extension holds its id's grant record from here to its close (GrantTable.hold);
         # an admission that fails lets go of it here.
         self.grants.hold(package.name)
+        self.supervisor.opened(package.name)
         try:
             return self._build_held(package, grants, fuel, timeout_ms, replacing)
         except BaseException:
