@@ -740,3 +740,18 @@ def test_the_crash_history_of_closed_extensions_does_not_pile_up() -> None:
         clock[0] += 61
         host.admit(bare(trapping, "late.wasm")).close()
         assert supervisor._history == {}
+
+
+def test_an_admitted_bare_module_whose_name_is_no_extension_id_can_still_be_disabled() -> None:
+    """A bare module's id is its file's stem, which may hold a control character: the id
+    check of operator actions must not leave such an admitted extension beyond
+    ``disable`` (nor a revocation-list refresh, which disables through it)."""
+    from conftest import bare
+
+    with Host(Policy(allow=frozenset()), cache_dir=None) as host:
+        wasm = (FIXTURES / "echo" / "echo.wasm").read_bytes()
+        ext = host.admit(bare(wasm, "odd\x1bname.wasm"))
+        assert ext.id == "odd\x1bname"
+        host.disable(ext.id)
+        with pytest.raises(ExtensionRevoked):
+            ext.call("echo", 1)

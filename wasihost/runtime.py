@@ -847,8 +847,17 @@ class Host:
 
     # -- grants ---------------------------------------------------------------------------
 
-    def grant(self, extension: str, capability: str, scope: Mapping[str, Any] | None = None) -> int:
+    def _check_operator_id(self, extension: object) -> None:
+        """An operator action's id: one an extension admitted here has (a bare module's file
+        stem may hold any character but '/'), or one that passes :func:`check_extension_id`."""
+        if isinstance(extension, str):
+            with self._lock:
+                if extension in self._extensions:
+                    return
         check_extension_id(extension)
+
+    def grant(self, extension: str, capability: str, scope: Mapping[str, Any] | None = None) -> int:
+        self._check_operator_id(extension)
         self.sync_grants()  # a change is made to what another host may have changed since
         if not isinstance(capability, str) or capability not in self.registry.capabilities():
             raise ConfigError(f"unknown capability {capability!r}")
@@ -866,7 +875,7 @@ class Host:
         """Withdraw a capability (the extension's next host call using it fails), or with
         ``capability=None`` revoke the extension as a whole: its running call is interrupted
         and it runs nothing more until reinstated. Its data is kept."""
-        check_extension_id(extension)
+        self._check_operator_id(extension)
         self.sync_grants()
         epoch = self.grants.revoke(extension, capability, reason)
         self.journal(
@@ -1049,7 +1058,7 @@ class Host:
         return self.revoke(extension, None, reason)
 
     def reinstate(self, extension: str) -> int:
-        check_extension_id(extension)
+        self._check_operator_id(extension)
         self.sync_grants()
         epoch = self.grants.reinstate(extension)
         self.journal(extension, "reinstate", f"epoch {epoch}")
