@@ -755,3 +755,17 @@ def test_an_admitted_bare_module_whose_name_is_no_extension_id_can_still_be_disa
         host.disable(ext.id)
         with pytest.raises(ExtensionRevoked):
             ext.call("echo", 1)
+
+
+def test_a_grant_to_an_id_not_installed_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Granting ahead of an install is allowed, but ``grants grant org.exmaple.x log`` (a
+    typo) used to answer "granted" and nothing else."""
+    state = str(tmp_path / "state")
+    assert main(["grants", "grant", "org.exmaple.x", "log", "--state-dir", state]) == 0
+    assert "note: org.exmaple.x is not installed in" in capsys.readouterr().err
+    assert main(["install", str(FIXTURES / "hello"), "--state-dir", state]) == 0
+    capsys.readouterr()
+    assert main(["grants", "grant", "org.wasihost.fixtures.hello", "log", "--state-dir", state]) == 0
+    assert "note:" not in capsys.readouterr().err

@@ -864,6 +864,14 @@ def _cmd_grants(args: argparse.Namespace) -> int:
     check_extension_id(args.extension)
     with _state_host(args) as host:
         ext = args.extension
+        store = host.require_state()
+        if args.grants_cmd != "list" and store.package(ext) is None:
+            # Allowed (grants may be set before the install), but a typo would pass silently.
+            print(
+                f"note: {printable(ext)} is not installed in {store.directory}: "
+                "the change waits for it",
+                file=sys.stderr,
+            )
         if args.grants_cmd == "grant":
             scope = None
             if args.scope is not None:
