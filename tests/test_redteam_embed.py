@@ -769,3 +769,24 @@ def test_a_grant_to_an_id_not_installed_says_so(
     capsys.readouterr()
     assert main(["grants", "grant", "org.wasihost.fixtures.hello", "log", "--state-dir", state]) == 0
     assert "note:" not in capsys.readouterr().err
+
+
+def test_stopping_a_crashed_extension_stops_it_without_a_lifecycle_error() -> None:
+    """``Extension.stop()`` of an extension whose last call crashed (state ``failed``) raised
+    ``LifecycleError: no transition from stopped on stopped``: from failed, STOP leads to
+    stopped at once, and stop() then fired STOPPED again. Found by cancelling acalls during
+    start-up while stopping the extension."""
+    from conftest import bare
+    from guests import build, guest_wat
+
+    with Host(Policy(allow=frozenset()), cache_dir=None) as host:
+        ext = host.admit(bare(build(guest_wat("(unreachable)")), "t.wasm"))
+        with pytest.raises(CallError):
+            ext.call("run")
+        assert ext.lifecycle.state.value == "failed"
+        ext.stop()
+        assert ext.lifecycle.state.value == "stopped"
+        ext.stop()  # idempotent
+        with pytest.raises(CallError):
+            ext.call("run")  # restarts, runs, crashes again: a call, not a lifecycle error
+

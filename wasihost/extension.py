@@ -1242,7 +1242,9 @@ class Extension:
         with self._lock:
             if self.lifecycle.try_fire(Event.STOP) is not None:
                 self._discard_locked()
-                self.lifecycle.fire(Event.STOPPED)
+                # From failed, STOP goes straight to stopped; from running (paused,
+                # throttled) it goes to stopping, and the instances are gone now.
+                self.lifecycle.try_fire(Event.STOPPED)
 
     def _reserved(
         self, instance: Instance, command: str, request: bytes, budget: Budget
