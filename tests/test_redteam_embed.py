@@ -790,3 +790,30 @@ def test_stopping_a_crashed_extension_stops_it_without_a_lifecycle_error() -> No
         with pytest.raises(CallError):
             ext.call("run")  # restarts, runs, crashes again: a call, not a lifecycle error
 
+
+# -- asyncio cancellation that comes late ----------------------------------------------------------
+
+
+def test_a_cancellation_after_the_call_finished_stops_no_other_call() -> None:
+    """A task cancelled after its call had finished on the call thread, but before the loop
+    delivered the result: the cancellation used to reach the call's instance, by then idle
+    in the pool, and stop it. The next call, anyone's, failed ``interrupted by the host``
+    (class ``deadline``) and counted as a crash against the extension's restart budget; with
+    ``max_concurrency`` > 1 it could stop another task's running call. A ticket now lets go
+    of its instance before the instance goes back to the pool."""
+    import asyncio
+
+    async def scenario() -> tuple[Any, tuple[Any, ...]]:
+        with Host(Policy(allow=frozenset()), cache_dir=None) as host:
+            ext = host.load(FIXTURES / "echo")
+            assert await ext.acall("echo", 0) == 0  # an idle instance in the pool
+            task = asyncio.ensure_future(ext.acall("echo", 1))
+            await asyncio.sleep(0)  # the call starts on a call thread
+            time.sleep(0.2)  # the loop is busy: the call ends, its result waits for the loop
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return ext.call("echo", 2), host.supervisor.crashes(ext.id)
+
+    answer, crashes = asyncio.run(scenario())
+    assert (answer, crashes) == (2, ())
