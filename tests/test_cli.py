@@ -288,7 +288,7 @@ def test_a_state_directory_that_is_a_file_is_named_as_such(
     plain.write_text("not a directory")
     code, _, err = run_cli(capsys, "status", "--state-dir", str(plain))
     assert code == 1
-    assert f"state directory {plain} exists and is not a directory" in err
+    assert f"state directory refused: {plain}: Not a directory" in err
     assert plain.read_text() == "not a directory"  # nothing of it was touched
 
 

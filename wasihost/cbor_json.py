@@ -73,8 +73,13 @@ def loads(text: str) -> Any:
         raise JsonFormError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
     except JsonFormError:
         raise
-    except ValueError as exc:  # an integer of more digits than Python converts
-        raise JsonFormError(f"not valid JSON: {exc}") from None
+    except ValueError:  # an integer of more digits than Python converts
+        # Its own text advises sys.set_int_max_str_digits(), no help to a CLI user; CBOR
+        # carries 20 digits at most anyway.
+        raise JsonFormError(
+            "not valid JSON: an integer of thousands of digits (CBOR integers are -2**64 .. "
+            "2**64-1)"
+        ) from None
     except RecursionError:
         raise JsonFormError("not valid JSON: nested too deeply") from None
 

@@ -508,6 +508,24 @@ def _check_budget_flags(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} must be in {low}..{high}, got {value}")
 
 
+def _not_shadowing(args: argparse.Namespace) -> None:
+    """``run NAME --state-dir D`` where NAME is both a path here and an extension installed in
+    D: running the path would run whatever a file or directory of that name in the current
+    directory holds, under the CLI's grants, instead of the installed, verified extension."""
+    from .state import StateStore
+
+    store = StateStore(args.state_dir)
+    try:
+        shadowed = store.package(args.source) is not None
+    finally:
+        store.close()
+    if shadowed:
+        raise UsageError(
+            f"{args.source} is an extension installed in {args.state_dir} and also a path "
+            f"here: give ./{args.source} to run the path"
+        )
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     value = _input_value(args)
     _check_budget_flags(args)
@@ -516,6 +534,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         and not Path(args.source).exists()
         and (args.state_dir is not None or _state_dir(args).exists())
     )
+    if not installed and args.state_dir is not None and "/" not in args.source:
+        _not_shadowing(args)
     package = None
     if installed:
         if args.grant:
@@ -679,6 +699,11 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     from .packaging.files import write_key_pair
     from .packaging.trust import SigningKey
 
+    if args.out.endswith("/") or Path(args.out).is_dir():
+        # PREFIX names the files (PREFIX.key, PREFIX.pub): a directory would give .key and
+        # .pub, hidden files named for nothing.
+        example = f"{args.out.rstrip('/')}/acme"
+        raise UsageError(f"--out {args.out} is a directory: give a file prefix, such as {example}")
     key = SigningKey.generate(args.publisher)
     private, public = write_key_pair(args.out, key)
     print(f"wrote {private} (private, mode 600) and {public} (a trust-file line)")
@@ -824,8 +849,19 @@ def _cmd_remove(args: argparse.Namespace) -> int:
 
 
 def _cmd_grants(args: argparse.Namespace) -> int:
+    from .runtime import check_extension_id
+
+    check_extension_id(args.extension)
     with _state_host(args) as host:
         ext = args.extension
+        store = host.require_state()
+        if args.grants_cmd != "list" and store.package(ext) is None:
+            # Allowed (grants may be set before the install), but a typo would pass silently.
+            print(
+                f"note: {printable(ext)} is not installed in {store.directory}: "
+                "the change waits for it",
+                file=sys.stderr,
+            )
         if args.grants_cmd == "grant":
             scope = None
             if args.scope is not None:
@@ -921,6 +957,10 @@ def _metrics_line(metrics: dict[str, Any]) -> str:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    from .runtime import check_extension_id
+
+    if args.extension is not None:
+        check_extension_id(args.extension)
     with _state_host(args) as host:
         store = host.require_state()
         names = [args.extension] if args.extension else store.extensions()

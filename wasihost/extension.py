@@ -161,28 +161,39 @@ class CallTicket:
     that call's instance (and no other) at its next epoch tick, or the call before it starts.
     Used by :meth:`Extension.acall` for a cancelled task."""
 
-    __slots__ = ("_ext", "cancelled", "delay_wake", "instance", "waiter")
+    __slots__ = ("_ext", "_lock", "cancelled", "delay_wake", "instance", "waiter")
 
     def __init__(self, ext: Extension) -> None:
         self._ext = ext
         self.cancelled = False
         self.instance: Instance | None = None
+        # attach, detach and cancel's look at the instance, atomically: a cancel that comes
+        # after the call gave its instance back must not reach that instance, now idle in the
+        # pool or another call's.
+        self._lock = threading.Lock()
         # Scheduling hook (wasihost.call_gate): the call's wait for a host call slot, if any.
         self.waiter: Waiter | None = None
         # budgets: the call's wait for room (ThrottleMode.DELAY), if it waits.
         self.delay_wake: threading.Event | None = None
 
     def attach(self, instance: Instance) -> None:
-        # Set, then look: with cancel() doing the reverse, one of the two sees the other.
-        self.instance = instance
-        if self.cancelled:
-            instance.cancel()
+        with self._lock:
+            self.instance = instance
+            if self.cancelled:
+                instance.cancel()
+
+    def detach(self) -> None:
+        """The call is over with its instance (before the instance goes back to the pool): a
+        later cancel stops nothing. One that came before stopped it, and it is dropped."""
+        with self._lock:
+            self.instance = None
 
     def cancel(self) -> None:
-        self.cancelled = True
-        instance = self.instance
-        if instance is not None:
-            instance.cancel()
+        with self._lock:
+            self.cancelled = True
+            instance = self.instance
+            if instance is not None:
+                instance.cancel()
         waiter = self.waiter
         if waiter is not None:  # scheduling hook: stop waiting for a host call slot
             waiter.cancel()
@@ -1242,7 +1253,9 @@ class Extension:
         with self._lock:
             if self.lifecycle.try_fire(Event.STOP) is not None:
                 self._discard_locked()
-                self.lifecycle.fire(Event.STOPPED)
+                # From failed, STOP goes straight to stopped; from running (paused,
+                # throttled) it goes to stopping, and the instances are gone now.
+                self.lifecycle.try_fire(Event.STOPPED)
 
     def _reserved(
         self, instance: Instance, command: str, request: bytes, budget: Budget
@@ -1485,6 +1498,8 @@ class Extension:
                 ) from None
         finally:
             local.epoch = outer
+            if ticket is not None:
+                ticket.detach()  # first: a cancel from now on does not reach the instance
             # _checkin inlined, for the no-op call's sake.
             healthy = not instance.closed and not instance.interrupted
             lock.acquire()
@@ -1628,6 +1643,14 @@ class Extension:
                 self._waiting -= 1
         return not self._in_use() and not self._spare_building
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait, at most ``timeout_s``, until no call of this extension is running (no
+        instance in a call or being built); True if none is. With the extension paused, no
+        new call starts meanwhile: an update uses it so that its checkpoint is never taken
+        under a call that may still write."""
+        with self._lock:
+            return self._wait_until_idle(time.monotonic() + timeout_s)
+
     def run_shutdown_hook(self, deadline: float) -> str:
         """Wait (until ``deadline``, on ``time.monotonic()``) for the calls in flight, then run
         the manifest's ``[lifecycle] on_shutdown`` command on an idle instance with what
@@ -1677,6 +1700,8 @@ class Extension:
         # a call was still running when the wait above gave up (it may still use its grant
         # view: the record stays, as before this existed).
         host.governor.close(self)
+        if host.extension(self.id) is None:
+            host.supervisor.closed(self.id)
         if host.scheduler is not None:
             host.scheduler.forget(self.id)
         if held and idle:

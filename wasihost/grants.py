@@ -298,6 +298,24 @@ class GrantTable:
         open. A durable table's other ids are in its store."""
         return list(self._states)
 
+    def adopt(self, extension: str, durable: GrantState) -> bool:
+        """Another host changed this id's grants in the shared store: take ``durable`` as the
+        state in memory if it is newer (a higher epoch) than the one held, without writing it
+        back (it is the store's already). Every epoch this table draws later is above it. True
+        if it was adopted. Only for an id an open extension holds (others are read from the
+        store when needed)."""
+        lock = self._locked(extension)
+        try:
+            held = self._states.get(extension)
+            if held is None or durable.epoch <= held.epoch:
+                return False
+            with self._locks_lock:
+                self._high = max(self._high, durable.epoch)
+            self._states[extension] = durable
+            return True
+        finally:
+            lock.release()
+
     def bump(self, extension: str) -> int:
         """A security-policy update: every authorisation made so far is void."""
         lock = self._locked(extension)

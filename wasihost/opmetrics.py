@@ -57,10 +57,14 @@ class MetricsPublisher:
         store: StateStore,
         snapshot: Callable[[], dict[str, Any] | None],
         interval_s: float = METRICS_PUBLISH_S,
+        tick: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.host_id = secrets.token_hex(8)
         self._snapshot = snapshot
+        # Other periodic work on the state directory, done on this thread before each
+        # snapshot (the host's grant sync); its failure is logged, never stops publishing.
+        self._tick = tick
         self._interval_s = interval_s
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -77,7 +81,14 @@ class MetricsPublisher:
             self._thread.start()
 
     def _run(self) -> None:
+        import sqlite3
+
         while not self._stop.wait(self._interval_s):
+            if self._tick is not None:
+                try:
+                    self._tick()
+                except (sqlite3.Error, WasihostError) as exc:
+                    host_logger().warning("wasihost: periodic state work failed: %s", exc)
             if self._snapshot() is None:  # the host was dropped without close()
                 return
             self.publish()

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import attrs
 
 from .admission import AdmissionPlan, admit_cached
-from .errors import AdmissionError
+from .errors import AdmissionError, ConfigError
 from .manifest import Manifest, Resources
 from .package import Package
 from .policy import Grant, Policy, effective_grant
@@ -57,6 +57,9 @@ def plan_package(
     ``granted`` is what the operator's grant table holds for the extension (a stateful host);
     the policy then only caps it. Without it, the policy alone decides (a stateless host).
     """
+    if isinstance(grants, (str, bytes)):
+        # A string is an iterable of one-letter "capabilities": always a caller's mistake.
+        raise ConfigError(f"grants must be a collection of capability names, not {grants!r}")
     check_package_policy(package, policy)
     manifest = package.manifest
     resources = policy.cap(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import threading
 import time
 import weakref
@@ -82,6 +83,11 @@ MAX_CLOSING_THREADS = 8
 # verifying it costs about a tenth of a millisecond, so once a second is invisible beside the
 # calls, and a revocation published reaches a busy extension within a second.
 REVOCATION_RECHECK_S = 1.0
+# With a state directory, a committing host call reads the durable grant epochs of the live
+# extensions again when they were read more than this long ago: a grant change another host
+# wrote there (the CLI's `wasihost grants revoke`) reaches this one within a second. One
+# indexed SQLite query a second, beside calls that commit effects.
+GRANT_SYNC_S = 1.0
 # The longest shutdown deadline Host.close accepts: ten minutes (the longest call timeout,
 # limits.MAX_TIMEOUT_MS) is more than any orderly flush needs.
 MAX_SHUTDOWN_S = 600.0
@@ -95,6 +101,34 @@ TERMINATE_WAIT_S = 1.0
 TRIM_EVERY_CLOSES = 256
 
 
+# An operator action names an extension id that becomes a grant-table row and, with a state
+# directory, a path component (data/<id>, checkpoints/<id>): at most one file name's bytes.
+MAX_EXTENSION_ID_BYTES = 255
+_NOT_IN_AN_ID = re.compile(r"[\x00-\x1f\x7f-\x9f/]")
+
+
+def check_extension_id(extension: object) -> str:
+    """``extension`` if it can name an extension (a manifest's reverse-DNS id, or a bare
+    module's file stem): a non-empty string of at most MAX_EXTENSION_ID_BYTES UTF-8 bytes, with
+    no control character or ``/``, not ``.`` or ``..``; else a ``ConfigError``. Grants, revocations
+    and reinstatements of an id nobody admitted yet are allowed (an operator grants before the
+    first start), but not of something no extension could be called."""
+    if not isinstance(extension, str):
+        raise ConfigError(f"an extension id is a string, not {type(extension).__name__}")
+    size = len(extension.encode("utf-8", "surrogatepass"))
+    if (
+        not 0 < size <= MAX_EXTENSION_ID_BYTES
+        or extension in (".", "..")
+        or _NOT_IN_AN_ID.search(extension)
+    ):
+        shown = extension if len(extension) <= 64 else extension[:64] + "..."
+        raise ConfigError(
+            f"{shown!r} is not an extension id (1 to {MAX_EXTENSION_ID_BYTES} bytes, no control "
+            "character or '/')"
+        )
+    return extension
+
+
 def _ssh(allowed: AllowedSigners | None, signature: bytes | None) -> SshSigned | None:
     """The OpenSSH verification asked for: both halves, or neither."""
     if (allowed is None) != (signature is None):
@@ -104,6 +138,19 @@ def _ssh(allowed: AllowedSigners | None, signature: bytes | None) -> SshSigned |
     from .packaging.allowed_signers import SshSigned
 
     return SshSigned(allowed, signature)
+
+
+def _grant_sync_of(host: weakref.ref[Host]) -> Callable[[], None]:
+    """The metrics thread's periodic grant sync (:meth:`Host.sync_grants`): a grant change
+    another host made reaches extensions that commit nothing too (a revoked one is refused
+    within a publishing period). Weak, as :func:`_snapshot_of`."""
+
+    def sync() -> None:
+        found = host()
+        if found is not None and not found.closed:
+            found.sync_grants()
+
+    return sync
 
 
 def _snapshot_of(host: weakref.ref[Host]) -> Callable[[], dict[str, Any] | None]:
@@ -192,6 +239,7 @@ class Host:
         # wrong with it then (None: it verified). Starts due, so the first committing host
         # call reads it.
         self._revocation_verdict: tuple[float, str | None] = (float("-inf"), None)
+        self._grants_synced_at = float("-inf")
         self.grants = GrantTable(self.state)
         # Crash records, restart budgets and quarantine (``supervisor.set_policy(id, ...)``).
         self.supervisor = supervisor if supervisor is not None else Supervisor()
@@ -233,7 +281,10 @@ class Host:
         if self.state is not None:
             from .opmetrics import MetricsPublisher
 
-            self._metrics_publisher = MetricsPublisher(self.state, _snapshot_of(weakref.ref(self)))
+            me = weakref.ref(self)
+            self._metrics_publisher = MetricsPublisher(
+                self.state, _snapshot_of(me), tick=_grant_sync_of(me)
+            )
 
     def _has_entry(self, qualified: str) -> bool:
         module, _, name = qualified.rpartition(".")
@@ -500,6 +551,15 @@ class Host:
 
         scan_module(read_header(package.wasm), package.wasm)
         record = updates.write_install(self, source, package, ssh)
+        try:
+            # What was written is read again from the source: it must be what was checked.
+            updates.verify_installed(self, record)
+        except WasihostError:
+            from .state import remove_tree
+
+            if current is None or record.path != current.path:
+                remove_tree(record.path)
+            raise
         previous = attrs.evolve(current, previous=None) if current is not None else None
         store.activate(attrs.evolve(record, previous=previous))
         installed = store.package(package.manifest.id)
@@ -565,6 +625,9 @@ class Host:
             raise PackageError(f"{extension} is not installed")
         from . import updates
 
+        if updates.recover_interrupted(self, extension) is not None:
+            installed = store.package(extension)
+            assert installed is not None
         package = updates.verify_installed(self, installed)
         recorded = store.lifecycle(extension)
         ext = self.admit(package, fuel=fuel, timeout_ms=timeout_ms)
@@ -727,6 +790,7 @@ class Host:
         # The extension holds its id's grant record from here to its close (GrantTable.hold);
         # an admission that fails lets go of it here.
         self.grants.hold(package.name)
+        self.supervisor.opened(package.name)
         try:
             return self._build_held(package, grants, fuel, timeout_ms, replacing)
         except BaseException:
@@ -783,8 +847,19 @@ class Host:
 
     # -- grants ---------------------------------------------------------------------------
 
+    def _check_operator_id(self, extension: object) -> None:
+        """An operator action's id: one an extension admitted here has (a bare module's file
+        stem may hold any character but '/'), or one that passes :func:`check_extension_id`."""
+        if isinstance(extension, str):
+            with self._lock:
+                if extension in self._extensions:
+                    return
+        check_extension_id(extension)
+
     def grant(self, extension: str, capability: str, scope: Mapping[str, Any] | None = None) -> int:
-        if capability not in self.registry.capabilities():
+        self._check_operator_id(extension)
+        self.sync_grants()  # a change is made to what another host may have changed since
+        if not isinstance(capability, str) or capability not in self.registry.capabilities():
             raise ConfigError(f"unknown capability {capability!r}")
         if capability.startswith("wasi."):
             from .wasi.scopes import check_scope as check_wasi_scope
@@ -800,6 +875,8 @@ class Host:
         """Withdraw a capability (the extension's next host call using it fails), or with
         ``capability=None`` revoke the extension as a whole: its running call is interrupted
         and it runs nothing more until reinstated. Its data is kept."""
+        self._check_operator_id(extension)
+        self.sync_grants()
         epoch = self.grants.revoke(extension, capability, reason)
         self.journal(
             extension, "revoke", f"{capability or 'everything'} epoch {epoch} {reason}".strip()
@@ -869,10 +946,40 @@ class Host:
                 disabled[ext.id] = why
         return disabled
 
+    def sync_grants(self) -> list[str]:
+        """Adopt the grant changes another host (another process on the same state
+        directory: ``wasihost grants``) wrote for the extensions admitted here: each whose
+        durable epoch is newer than the one in memory takes the durable grant, so its calls
+        in flight commit nothing more under the old epoch; one now revoked as a whole is
+        interrupted as :meth:`disable` does. Returns the ids changed. Nothing without a state
+        directory."""
+        store = self.state
+        if store is None:
+            return []
+        self._grants_synced_at = time.monotonic()
+        with self._lock:
+            live = {ext.id: ext for ext in self._extensions.values()}
+        changed = []
+        for extension, epoch in store.grant_epochs(sorted(live)).items():
+            held = self.grants.current(extension)
+            if held is None or epoch <= held.epoch:
+                continue
+            durable = store.load_grants(extension)
+            if durable is None or not self.grants.adopt(extension, durable):
+                continue
+            changed.append(extension)
+            if durable.revoked is not None and held.revoked is None:
+                live[extension].on_revoked(durable.revoked)
+        return changed
+
     def revocations_allow_commit(self) -> bool:
-        """Before a host call commits an effect: re-read the revocation list if it was read
-        more than ``REVOCATION_RECHECK_S`` ago (disabling what it now revokes), and say whether
-        the last read verified. Always true without a list."""
+        """Before a host call commits an effect: with a state directory, adopt what other
+        hosts changed in the grant table if it was read more than ``GRANT_SYNC_S`` ago
+        (:meth:`sync_grants`); re-read the revocation list if it was read more than
+        ``REVOCATION_RECHECK_S`` ago (disabling what it now revokes), and say whether the last
+        read verified. Always true without a list."""
+        if self.state is not None and time.monotonic() - self._grants_synced_at >= GRANT_SYNC_S:
+            self.sync_grants()
         if self.policy.revocations is None:
             return True
         at, problem = self._revocation_verdict
@@ -951,6 +1058,8 @@ class Host:
         return self.revoke(extension, None, reason)
 
     def reinstate(self, extension: str) -> int:
+        self._check_operator_id(extension)
+        self.sync_grants()
         epoch = self.grants.reinstate(extension)
         self.journal(extension, "reinstate", f"epoch {epoch}")
         if self.state is not None:

@@ -22,6 +22,7 @@ import attrs
 
 from .errors import ConfigError, PackageError
 from .grants import GrantEntry, GrantState
+from .statedir import UnsafeStateDir, check_state_dir
 
 DB_NAME = "state.sqlite3"
 SCHEMA_VERSION = 3
@@ -187,14 +188,15 @@ class StateStore:
         directory = directory.absolute()
         self.directory = directory
         try:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            directory.mkdir(mode=0o700, parents=True)
         except FileExistsError:
-            # mkdir's own words ("File exists") would not say which part is wrong.
-            raise ConfigError(
-                f"state directory {directory} exists and is not a directory"
-            ) from None
+            pass  # a directory, or not: the check below says which
         except OSError as exc:
             raise ConfigError(f"state directory {directory}: {exc.strerror}") from None
+        try:
+            check_state_dir(directory)
+        except UnsafeStateDir as exc:
+            raise ConfigError(f"state directory refused: {exc}") from None
         self._lock = threading.Lock()
         try:
             self._db = sqlite3.connect(
@@ -375,6 +377,18 @@ class StateStore:
         with self._lock:
             row = self._db.execute("SELECT MAX(epoch) FROM grant_epochs").fetchone()
         return max(int(row[0] or 0), self.high_water(GRANT_EPOCH_KEY))
+
+    def grant_epochs(self, extensions: list[str]) -> dict[str, int]:
+        """The durable grant epoch of each of ``extensions`` that has one, in one query."""
+        if not extensions:
+            return {}
+        marks = ",".join("?" * len(extensions))
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT extension, epoch FROM grant_epochs WHERE extension IN ({marks})",  # noqa: S608
+                extensions,
+            ).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
 
     def load_grants(self, extension: str) -> GrantState | None:
         with self._lock:

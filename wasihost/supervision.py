@@ -145,6 +145,9 @@ class Supervisor:
         self._lock = threading.Lock()
         self._policies: dict[str, RestartPolicy] = {}
         self._history: dict[str, _History] = {}
+        # Ids whose last extension closed while their history was still needed (a restart
+        # window not yet passed): swept by each close.
+        self._closed: set[str] = set()
         self._crash_counts: collections.Counter[CrashClass] = collections.Counter()
         self._restarts = 0
         self._quarantines = 0
@@ -218,6 +221,44 @@ class Supervisor:
         with self._lock:
             self._of(extension).restarts.append(now)
             self._restarts += 1
+
+    def closed(self, extension: str) -> None:
+        """The last extension of this id closed. Its crash records go (they serve the
+        quarantine report of an admitted extension); what a re-admission within the restart
+        window must not escape stays (the restart times and the backoff), until that window
+        has passed: then the id's history goes too, as do those of other closed ids whose
+        window has passed. Without this every id that ever crashed kept up to
+        MAX_CRASH_RECORDS records for the host's life."""
+        with self._lock:
+            history = self._history.get(extension)
+            if history is None and not self._closed:
+                return  # never crashed: nothing kept (and no policy module to import)
+        from .restart_policies import BoundedRetry
+
+        now = self._clock()
+        with self._lock:
+            history = self._history.get(extension)
+            if history is not None:
+                history.crashes.clear()
+                history.quarantined = None
+                self._closed.add(extension)
+            for name in list(self._closed):
+                found = self._history.get(name)
+                if found is None:
+                    self._closed.discard(name)
+                    continue
+                policy = self._policies.get(name, self.default)
+                window = policy.window_s if isinstance(policy, BoundedRetry) else 0.0
+                while found.restarts and found.restarts[0] <= now - window:
+                    found.restarts.popleft()
+                if not found.restarts and now >= found.not_before:
+                    del self._history[name]
+                    self._closed.discard(name)
+
+    def opened(self, extension: str) -> None:
+        """An extension of this id is admitted again: its history is its own from now on."""
+        with self._lock:
+            self._closed.discard(extension)
 
     def release(self, extension: str) -> None:
         """The operator let a quarantined extension out: its restart budget starts afresh."""

@@ -14,6 +14,9 @@ checkpoint are kept, so :func:`rollback` can return to it.
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -183,6 +186,14 @@ def verify_installed(host: Host, installed: InstalledPackage) -> Package:
             f"{installed.id}: installed module changed on disk (sha256 {package.sha256[:16]}, "
             f"recorded {installed.sha256[:16]})"
         )
+    manifest = package.manifest
+    if manifest is None or (manifest.id, manifest.version) != (installed.id, installed.version):
+        # The record is what install checked (version order, publisher, grants): a tree whose
+        # manifest names another id would be admitted under that id's grants.
+        claims = f"{manifest.id} {manifest.version}" if manifest is not None else "no manifest"
+        raise PackageError(
+            f"{installed.id} {installed.version}: the installed manifest says {claims}"
+        )
     return package
 
 
@@ -227,6 +238,92 @@ def take_checkpoint(host: Host, extension: str, version: str) -> Path:
     return target
 
 
+# The marker of an update or rollback under way, in ``checkpoints/<id>/``: written once its
+# checkpoint is complete, removed once the transaction committed (the install record switched)
+# or was undone. Found at a later start, it means the host died in between.
+PENDING_NAME = "pending.json"
+# Two paths and their JSON: far below this.
+MAX_PENDING_BYTES = 64 * 1024
+
+
+def _pending(host: Host, extension: str) -> Path:
+    return host.require_state().checkpoints_dir / extension / PENDING_NAME
+
+
+def _mark_pending(host: Host, extension: str, checkpoint: Path, running: Path) -> int:
+    """Record durably that ``extension``'s state may change from here until the transaction
+    ends: ``checkpoint`` holds it as it was, while ``running`` was the installed tree. The
+    marker stays locked (``flock``) by the returned descriptor until :func:`_clear_pending`:
+    another host on the same state directory sees an update under way, not a dead one (the
+    lock goes with the process that held it)."""
+    marker = _pending(host, extension)
+    tmp = marker.with_name(f".{PENDING_NAME}.{os.getpid()}.tmp")
+    doc = json.dumps({"checkpoint": str(checkpoint), "running": str(running)}).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, doc)
+        os.fsync(fd)
+        os.replace(tmp, marker)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    return fd
+
+
+def _clear_pending(host: Host, extension: str, fd: int) -> None:
+    """The transaction committed or was undone: the marker goes, then its lock."""
+    _pending(host, extension).unlink(missing_ok=True)
+    os.close(fd)
+
+
+def recover_interrupted(host: Host, extension: str) -> str | None:
+    """Finish what a host that died during an update or rollback of ``extension`` left: if
+    the install record still names the version that ran before it, the transaction never
+    committed, and the state its migration (or restore) may have half changed is put back
+    from the checkpoint; if the record names the new version, it committed and only the
+    marker goes. Returns what was done, for the journal; None if nothing was pending."""
+    marker = _pending(host, extension)
+    try:
+        fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UpdateError(
+                f"{extension}: an update or rollback is under way in another host"
+            ) from None
+        return _recover(host, extension, marker, fd)
+    finally:
+        os.close(fd)
+
+
+def _recover(host: Host, extension: str, marker: Path, fd: int) -> str:
+    try:
+        doc = json.loads(os.read(fd, MAX_PENDING_BYTES))
+        checkpoint, running = Path(doc["checkpoint"]), doc["running"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PackageError(
+            f"{extension}: an interrupted update left {marker}, which cannot be read ({exc}); "
+            "restore its state by hand from the checkpoints directory, then remove the file"
+        ) from None
+    store = host.require_state()
+    active = store.package(extension)
+    if active is not None and str(active.path) == running:
+        restore_checkpoint(host, extension, checkpoint)
+        done = f"the host stopped during an update or rollback; state restored from {checkpoint}"
+    else:
+        done = "the host stopped after an update or rollback committed; nothing to undo"
+    marker.unlink()
+    if active is None or active.checkpoint != checkpoint:
+        remove_tree(checkpoint)
+    host.journal(extension, "interrupted update", done)
+    return done
+
+
 def restore_checkpoint(host: Host, extension: str, checkpoint: Path) -> None:
     store = host.require_state()
     data = store.data_dir(extension)
@@ -264,11 +361,31 @@ def _start_checked(
     return ext
 
 
+# How long past its own call deadline an update waits for the running version's calls to end:
+# a call ends at its deadline's next epoch tick, or when a synchronous host function returns.
+DRAIN_MARGIN_S = 1.0
+
+
 def _pause(ext: Extension | None, reason: str) -> bool:
+    """Pause the running version and wait until none of its calls is in flight: a call that
+    started before the pause may still write (storage, host functions), and a checkpoint taken
+    or restored under it would lose that acknowledged write or mix it into the other
+    version's data. True if it was paused here; an :class:`UpdateError` (the extension
+    resumed) if its calls outlast their deadline."""
+    paused = False
     if ext is not None and ext.lifecycle.state is State.RUNNING:
         ext.pause(reason)
-        return True
-    return False
+        paused = True
+    if ext is not None:
+        bound = ext.resources.timeout_ms / 1000 + DRAIN_MARGIN_S
+        if not ext.wait_idle(bound):
+            if paused:
+                ext.resume()
+            raise UpdateError(
+                f"{ext.id}: a call was still running {bound:.1f} s after the pause; "
+                "nothing was changed"
+            )
+    return paused
 
 
 def update(
@@ -289,13 +406,27 @@ def update(
     assert manifest is not None
     if current is None:
         raise PackageError(f"{manifest.id} is not installed: install it first")
+    if recover_interrupted(host, manifest.id) is not None:
+        current = store.package(manifest.id)
+        assert current is not None
     if manifest.version == current.version:
         raise UpdateError(f"{manifest.id} {current.version} is already installed")
     host.plan(package)  # ABI, required grants held, revocation: before anything changes
-    record = write_install(host, source, package, ssh)
     running = host.extension(manifest.id)
     paused = _pause(running, f"updating to {manifest.version}")
-    checkpoint = take_checkpoint(host, manifest.id, current.version)
+    try:
+        record = write_install(host, source, package, ssh)
+    except BaseException:
+        if paused and running is not None:
+            running.resume()
+        raise
+    try:
+        checkpoint = take_checkpoint(host, manifest.id, current.version)
+        pending = _mark_pending(host, manifest.id, checkpoint, current.path)
+    except BaseException:
+        if paused and running is not None:
+            running.resume()
+        raise
     spec = manifest.update
     steps: list[tuple[str, dict[str, Any] | None]] = []
     if spec.migrate is not None:
@@ -313,6 +444,7 @@ def update(
             raise
     except BaseException as exc:
         restore_checkpoint(host, manifest.id, checkpoint)
+        _clear_pending(host, manifest.id, pending)
         remove_tree(checkpoint)
         if record.path != current.path:
             remove_tree(record.path)
@@ -332,6 +464,7 @@ def update(
         previous=attrs.evolve(current, previous=None),
     )
     store.activate(record)
+    _clear_pending(host, manifest.id, pending)
     _prune(host, record)
     host.switch(running, new, f"replaced by {manifest.version}")
     return record
@@ -342,6 +475,7 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
     reversible migration runs down, or else the checkpoint taken before that update is
     restored; the earlier version is verified again and started before the switch."""
     store = host.require_state()
+    recover_interrupted(host, extension)
     current = store.package(extension)
     if current is None:
         raise PackageError(f"{extension} is not installed")
@@ -352,6 +486,16 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
     host.plan(earlier)  # a revoked earlier version is not rolled back to
     running = host.extension(extension)
     paused = _pause(running, f"rolling back to {previous.version}")
+    # The current version's state as it is now: if the rollback fails after its data step
+    # (the down-migration ran, or the old checkpoint was restored) and before the switch, the
+    # current version resumes on this, not on data it did not write or no longer has.
+    try:
+        now_state = take_checkpoint(host, extension, f"{current.version}-before-rollback")
+        pending = _mark_pending(host, extension, now_state, current.path)
+    except BaseException:
+        if paused and running is not None:
+            running.resume()
+        raise
     try:
         now = verify_installed(host, current)
         assert now.manifest is not None
@@ -363,6 +507,9 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
             restore_checkpoint(host, extension, current.checkpoint)
         new = _start_checked(host, earlier, [])
     except BaseException as exc:
+        restore_checkpoint(host, extension, now_state)
+        _clear_pending(host, extension, pending)
+        remove_tree(now_state)
         if paused and running is not None:
             running.resume()
         host.journal(extension, "rollback failed", f"{previous.version}: {exc}")
@@ -374,6 +521,8 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
         raise
     record = attrs.evolve(previous, previous=None, installed_at=time.time_ns())
     store.activate(record)
+    _clear_pending(host, extension, pending)
+    remove_tree(now_state)
     _prune(host, record)
     host.switch(running, new, f"rolled back to {previous.version}")
     host.journal(extension, "rolled back", f"{current.version} -> {previous.version}")

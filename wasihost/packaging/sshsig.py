@@ -27,7 +27,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ..errors import InvalidSignatureError
-from .trust import KEY_BYTES
+from .trust import KEY_BYTES, weak_public_key
 
 MAGIC: Final = b"SSHSIG"
 # The one SSHSIG version OpenSSH writes and this reader understands.
@@ -106,6 +106,8 @@ def ed25519_key(blob: bytes, what: str) -> bytes:
     reader.end()
     if len(key) != KEY_BYTES:
         raise reader.fail(f"an {ED25519} key of {len(key)} bytes")
+    if weak_public_key(key):
+        raise reader.fail(f"an {ED25519} key of small order, for which anyone can sign")
     return key
 
 

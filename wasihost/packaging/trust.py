@@ -82,6 +82,45 @@ def _key_bytes(text: str, where: str) -> bytes:
     return _b64_exact(text, KEY_BYTES, where, "key")
 
 
+# Ed25519 public keys for which a signature proves nothing: the encodings of the eight points of
+# small order (the y coordinates 0, 1, -1 and the two of order 8; the sign bit cleared), plus
+# any y of p or more (non-canonical; p and p+1 are again small-order points). With such a key,
+# (R, S) = (a small-order point, 0) verifies for about every fourth message: anyone can forge.
+_P = 2**255 - 19
+_SMALL_ORDER_Y = frozenset(
+    {
+        0,
+        1,
+        _P - 1,
+        int.from_bytes(
+            bytes.fromhex("26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05"),
+            "little",
+        ),
+        int.from_bytes(
+            bytes.fromhex("c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a"),
+            "little",
+        ),
+    }
+)
+
+
+def weak_public_key(raw: bytes) -> bool:
+    """Whether the 32-byte Ed25519 public key ``raw`` is one for which anyone can make a
+    signature verify (see ``_SMALL_ORDER_Y``): refused wherever a key is trusted."""
+    y = int.from_bytes(raw, "little") & ((1 << 255) - 1)
+    return y >= _P or y in _SMALL_ORDER_Y
+
+
+def _public_key(text: str, where: str) -> bytes:
+    raw = _key_bytes(text, where)
+    if weak_public_key(raw):
+        raise ConfigError(
+            f"{where}: the key {text[:12]}... is a point of small order: any signature made "
+            "for it would prove nothing, so it is refused"
+        )
+    return raw
+
+
 def check_publisher(publisher: str, where: str) -> None:
     if not PUBLISHER_ID.fullmatch(publisher):
         raise ConfigError(
@@ -132,7 +171,7 @@ def _options(
         elif token.startswith(ENDORSED_OPTION):
             old, _, signature = token[len(ENDORSED_OPTION) :].partition(":")
             raw_signature = _b64_exact(signature, 64, where, "endorsement signature")
-            endorsement = (_key_bytes(old, where), raw_signature)
+            endorsement = (_public_key(old, where), raw_signature)
         else:
             raise ConfigError(f"{where}: {LINE_FORM}; not {token[:40]!r}")
     return role, expires, endorsement
@@ -198,7 +237,7 @@ class TrustStore:
             check_publisher(publisher, where)
             if algorithm != ALGORITHM:
                 raise ConfigError(f"{where}: unknown key type {algorithm[:40]!r}")
-            raw = _key_bytes(key, where)
+            raw = _public_key(key, where)
             role, expires, endorsement = _options(fields[3:], where)
             if endorsement is not None:
                 if role is not None:
