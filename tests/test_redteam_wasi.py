@@ -703,3 +703,34 @@ def test_no_log_record_is_delivered_after_a_revocation_returns() -> None:
     assert len(delivered) >= 100
     assert [at for at in delivered if at > revoked] == []
     assert isinstance(outcome[0], ExtensionRevoked)
+
+
+def test_no_line_reaches_the_callers_sink_after_a_revocation_returns() -> None:
+    """Break: a line to the caller's stdout sink (wasi.stdio) takes the engine's write shortcut,
+    which checked nothing of the extension's state, so after `host.revoke(ext)` returned a
+    running program kept printing until its next epoch tick (about 2,500 lines). Every native
+    host call now ends at once once its instance is interrupted."""
+    printed: list[float] = []
+    config = WasiOptions(stdout=lambda data: printed.append(time.monotonic()))
+    caps = capabilities_for(config)
+    outcome: list[BaseException] = []
+    with Host(Policy(allow=caps), cache_dir=None, profiles=[wasi_profile(config)]) as host:
+        ext = host.admit(bare(PRINT_LOOP), grants=caps, fuel=10**10, timeout_ms=3000)
+
+        def target() -> None:
+            try:
+                ext.run_command()
+            except BaseException as exc:  # the test inspects it
+                outcome.append(exc)
+
+        worker = threading.Thread(target=target)
+        worker.start()
+        deadline = time.monotonic() + 5
+        while len(printed) < 100 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        host.revoke(ext.id, None, "test")
+        revoked = time.monotonic()
+        worker.join(timeout=10)
+    assert len(printed) >= 100
+    assert [at for at in printed if at > revoked] == []
+    assert isinstance(outcome[0], ExtensionRevoked)
