@@ -19,6 +19,7 @@ from wasi_support import package
 
 from wasihost.engine.native import SETTLE_FUEL
 from wasihost.errors import CallError, ConfigError, FailureClass
+from wasihost.lifecycle import ExtensionRevoked
 from wasihost.policy import Policy
 from wasihost.runtime import Extension, Host
 from wasihost.wasi import Errno, Mount, WasiOptions, capabilities_for, limits, wasi_profile
@@ -655,3 +656,81 @@ def test_rights_never_grow_through_set_rights_inheritance_or_renumbering(tmp_pat
     assert run(command(body, {100: b"fsubnew"}), config)[0] == 0
     assert (tmp_path / "w" / "f").read_text() == "orig"
     assert list((tmp_path / "r" / "sub").iterdir()) == [] and said == []
+
+
+# --- no log record after a revocation returns -------------------------------------------------
+
+# Prints "AAAAAAAAA\n" to stdout forever.
+PRINT_LOOP = command(
+    """(memory.fill (i32.const 1024) (i32.const 65) (i32.const 9))
+    (i32.store8 (i32.const 1033) (i32.const 10))
+    (i32.store (i32.const 0) (i32.const 1024)) (i32.store (i32.const 4) (i32.const 10))
+    (loop $l (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 16)))
+      (br $l))"""
+)
+
+
+def test_no_log_record_is_delivered_after_a_revocation_returns() -> None:
+    """Break: with stdio not granted, a line to stdout became a record of the extension's log
+    (or a call of the embedder's log sink) with no grant check, so after `host.revoke(ext)`
+    returned a running program kept delivering records until its next epoch tick (thousands).
+    Such writes now commit as the core log entry's records do."""
+    delivered: list[float] = []
+    config = WasiOptions()
+    outcome: list[BaseException] = []
+    with Host(
+        Policy(),
+        cache_dir=None,
+        profiles=[wasi_profile(config)],
+        log_sink=lambda ext_id, record: delivered.append(time.monotonic()),
+    ) as host:
+        ext = host.admit(bare(PRINT_LOOP), grants=frozenset(), fuel=10**10, timeout_ms=3000)
+
+        def target() -> None:
+            try:
+                ext.run_command()
+            except BaseException as exc:  # the test inspects it
+                outcome.append(exc)
+
+        worker = threading.Thread(target=target)
+        worker.start()
+        deadline = time.monotonic() + 5
+        while len(delivered) < 100 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        host.revoke(ext.id, None, "test")
+        revoked = time.monotonic()
+        worker.join(timeout=10)
+    assert len(delivered) >= 100
+    assert [at for at in delivered if at > revoked] == []
+    assert isinstance(outcome[0], ExtensionRevoked)
+
+
+def test_no_line_reaches_the_callers_sink_after_a_revocation_returns() -> None:
+    """Break: a line to the caller's stdout sink (wasi.stdio) takes the engine's write shortcut,
+    which checked nothing of the extension's state, so after `host.revoke(ext)` returned a
+    running program kept printing until its next epoch tick (about 2,500 lines). Every native
+    host call now ends at once once its instance is interrupted."""
+    printed: list[float] = []
+    config = WasiOptions(stdout=lambda data: printed.append(time.monotonic()))
+    caps = capabilities_for(config)
+    outcome: list[BaseException] = []
+    with Host(Policy(allow=caps), cache_dir=None, profiles=[wasi_profile(config)]) as host:
+        ext = host.admit(bare(PRINT_LOOP), grants=caps, fuel=10**10, timeout_ms=3000)
+
+        def target() -> None:
+            try:
+                ext.run_command()
+            except BaseException as exc:  # the test inspects it
+                outcome.append(exc)
+
+        worker = threading.Thread(target=target)
+        worker.start()
+        deadline = time.monotonic() + 5
+        while len(printed) < 100 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        host.revoke(ext.id, None, "test")
+        revoked = time.monotonic()
+        worker.join(timeout=10)
+    assert len(printed) >= 100
+    assert [at for at in printed if at > revoked] == []
+    assert isinstance(outcome[0], ExtensionRevoked)

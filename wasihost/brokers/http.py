@@ -372,11 +372,14 @@ class ResponseTooLarge(OSError):
 
 
 class _MeteredReader(io.RawIOBase):
-    """What the HTTP parser reads the response through: the socket's bytes, counted, and
-    refused past the meter's cap."""
+    """What the HTTP parser reads the response through: the socket's own raw reader (which
+    keeps the socket open while it is, as ``makefile`` promises: the client closes the
+    connection of a ``Connection: close`` response before it reads the body), its bytes
+    counted, and refused past the meter's cap."""
 
-    def __init__(self, meter: MeteredSocket) -> None:
+    def __init__(self, meter: MeteredSocket, raw: io.RawIOBase) -> None:
         self._meter = meter
+        self._raw = raw
 
     def readable(self) -> bool:
         return True
@@ -387,14 +390,19 @@ class _MeteredReader(io.RawIOBase):
         if room <= 0:
             raise ResponseTooLarge("response over the wire limit")
         view = memoryview(buffer).cast("B")
-        n = meter.sock.recv_into(view, min(len(view), room))
-        meter.received += n
-        return n
+        n = self._raw.readinto(view[:room] if len(view) > room else view)
+        if n:
+            meter.received += n
+        return n or 0
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 class MeteredSocket:
-    """A connection's socket whose reads are counted (``received``) and capped at ``cap``
-    bytes; everything else is the socket's own."""
+    """A connection's socket whose reads through :meth:`makefile` are counted (``received``)
+    and capped at ``cap`` bytes; everything else is the socket's own."""
 
     def __init__(self, sock: socket.socket, cap: int) -> None:
         self.sock = sock
@@ -405,7 +413,8 @@ class MeteredSocket:
     def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
         if mode != "rb":
             raise ValueError(f"a metered socket is read as 'rb', not {mode!r}")
-        return io.BufferedReader(_MeteredReader(self))
+        raw = self.sock.makefile("rb", buffering=0)
+        return io.BufferedReader(_MeteredReader(self, raw))
 
     def uncounted(self) -> int:
         """The bytes received since the last call (for the traffic account)."""

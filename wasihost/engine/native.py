@@ -399,6 +399,8 @@ def make(host, entry, handler, unpack, write_result):
 
     def dispatch(env, caller, args, nargs):
         try:
+            if host.interrupted:  # revoked or disabled: no host call's effect after that returns
+                return host.halt_trap()
             if gated and not gate(entry):
                 return host.denied(entry, write_result, caller, args)
             if not call.bound:
@@ -503,6 +505,8 @@ def make(host, entry, general, unpack, sinks, cap, ok, answered, answer):
             # A copy (bytes), from the same memory the view covers: ``_bytes`` is its base.
             data = call._bytes[start:end]  # before the count lands, as take_iovec does
             put_u32(view, count_ptr, length)
+            if host.interrupted:  # revoked or disabled: no line after that returns
+                return host.halt_trap()
             try:
                 sink(data)
                 result = ok

@@ -53,7 +53,13 @@ def fd_write(
     if type(desc) is OutputDescriptor:
         if desc.records:
             charge(mem, log_records(data) * FUEL_PER_LOG_RECORD)
-        desc.sink(data)
+            # Committed, as the core log entry's records are: none is delivered after a
+            # revocation (or any grant change) returns.
+            authorised, _ = st.commit(lambda: _to_sink(desc, data))
+            if not authorised:
+                return Errno.NOTCAPABLE
+        else:
+            desc.sink(data)
         written = len(data)
     elif isinstance(desc, HostDescriptor) and not desc.is_dir:
         if desc.fdflags & FDFLAG_APPEND:
@@ -73,6 +79,11 @@ def _take_stdin(desc: StdinDescriptor, want: int) -> bytes:
     data = desc.data[desc.pos : desc.pos + want]
     desc.pos += len(data)
     return data
+
+
+def _to_sink(desc: OutputDescriptor, data: bytes) -> int:
+    desc.sink(data)
+    return Errno.SUCCESS
 
 
 def log_records(data: bytes) -> int:
