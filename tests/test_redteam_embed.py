@@ -817,3 +817,24 @@ def test_a_cancellation_after_the_call_finished_stops_no_other_call() -> None:
 
     answer, crashes = asyncio.run(scenario())
     assert (answer, crashes) == (2, ())
+
+
+def test_the_grant_epochs_of_a_thousand_extensions_are_read_on_any_sqlite(tmp_path: Path) -> None:
+    """``Host.sync_grants`` reads the durable epochs of every live extension at once: in one
+    query of as many parameters, which SQLite builds before 3.32 (999 parameters at most)
+    refuse with an error out of every committing host call of a host holding 1,000
+    extensions. Read in batches; the limit of such a build is set here."""
+    import sqlite3
+
+    from wasihost.state import StateStore
+
+    store = StateStore(tmp_path / "state")
+    try:
+        store._db.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+        with Host(Policy(allow={"log"}), cache_dir=None, state_dir=tmp_path / "state") as host:
+            for i in range(3):
+                host.grant(f"org.example.x{i}", "log")
+        ids = [f"org.example.x{i}" for i in range(1200)]
+        assert sorted(store.grant_epochs(ids)) == ids[:3]
+    finally:
+        store.close()
