@@ -838,3 +838,33 @@ def test_the_grant_epochs_of_a_thousand_extensions_are_read_on_any_sqlite(tmp_pa
         assert sorted(store.grant_epochs(ids)) == ids[:3]
     finally:
         store.close()
+
+
+# -- attacks that held, kept as tests --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["directory", "archive"])
+def test_a_manifest_that_lies_about_its_modules_digest_is_refused(tmp_path: Path, form: str) -> None:
+    """``[extension] sha256`` is checked against the module's bytes, in a package directory
+    and in a ``.whpkg`` alike (it held; nothing tested it)."""
+    import hashlib
+
+    from wasihost.errors import PackageError
+
+    root = tmp_path / "echo"
+    shutil.copytree(FIXTURES / "echo", root)
+    manifest = root / "extension.toml"
+    text = manifest.read_text()
+    real = hashlib.sha256((root / "echo.wasm").read_bytes()).hexdigest()
+    with Host(Policy(allow=frozenset()), cache_dir=None) as host:
+        for claimed, ok in (("0" * 64, False), (real, True)):
+            manifest.write_text(text.replace('abi = "1.0"', f'abi = "1.0"\nsha256 = "{claimed}"'))
+            source = root
+            if form == "archive":
+                source = tmp_path / f"echo-{claimed[:4]}.whpkg"
+                assert main(["pack", str(root), "-o", str(source)]) == 0
+            if ok:
+                assert host.load(source).call("echo", 3) == 3
+            else:
+                with pytest.raises(PackageError, match=f"the manifest says {claimed}"):
+                    host.load(source)
