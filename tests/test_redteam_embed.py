@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -868,3 +869,28 @@ def test_a_manifest_that_lies_about_its_modules_digest_is_refused(tmp_path: Path
             else:
                 with pytest.raises(PackageError, match=f"the manifest says {claimed}"):
                     host.load(source)
+
+
+def test_a_commit_whose_grants_cannot_be_read_again_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grant sync of a committing call fails closed: with the state database unreadable
+    (closed under a late call, say) the log line is not committed, and the call does not end
+    in a sqlite3 error out of a host call."""
+    monkeypatch.setattr(runtime, "GRANT_SYNC_S", 0.0)
+    with Host(Policy(allow={"log"}), cache_dir=None, state_dir=tmp_path / "state") as host:
+        host.install(FIXTURES / "logger")
+        host.grant(LOGGER, "log")
+        ext = host.load_installed(LOGGER)
+        assert ext.call("run", {"lines": 1})["logged"] == 1
+        state = host.require_state()
+        real = state._db
+        state._db = sqlite3.connect(":memory:")  # no grant tables: every read fails
+        try:
+            with contextlib.suppress(CallError):
+                ext.call("run", {"lines": 1})  # its log call is denied
+            assert len(ext.logs()) == 1
+            assert host.supervisor.crashes(LOGGER) == ()  # not a host_error crash
+        finally:
+            state._db.close()
+            state._db = real

@@ -388,25 +388,31 @@ class StateStore:
         for start in range(0, len(extensions), GRANT_EPOCHS_BATCH):
             batch = extensions[start : start + GRANT_EPOCHS_BATCH]
             marks = ",".join("?" * len(batch))
-            with self._lock:
-                rows = self._db.execute(
-                    f"SELECT extension, epoch FROM grant_epochs WHERE extension IN ({marks})",  # noqa: S608
-                    batch,
-                ).fetchall()
+            try:
+                with self._lock:
+                    rows = self._db.execute(
+                        f"SELECT extension, epoch FROM grant_epochs WHERE extension IN ({marks})",  # noqa: S608
+                        batch,
+                    ).fetchall()
+            except sqlite3.Error as exc:  # closed under a late call, say: the caller fails closed
+                raise ConfigError(f"state database in {self.directory}: {exc}") from None
             found.update((r[0], int(r[1])) for r in rows)
         return found
 
     def load_grants(self, extension: str) -> GrantState | None:
-        with self._lock:
-            head = self._db.execute(
-                "SELECT epoch, revoked FROM grant_epochs WHERE extension=?", (extension,)
-            ).fetchone()
-            if head is None:
-                return None
-            rows = self._db.execute(
-                "SELECT capability, scope, since_epoch FROM grants WHERE extension=?",
-                (extension,),
-            ).fetchall()
+        try:
+            with self._lock:
+                head = self._db.execute(
+                    "SELECT epoch, revoked FROM grant_epochs WHERE extension=?", (extension,)
+                ).fetchone()
+                if head is None:
+                    return None
+                rows = self._db.execute(
+                    "SELECT capability, scope, since_epoch FROM grants WHERE extension=?",
+                    (extension,),
+                ).fetchall()
+        except sqlite3.Error as exc:
+            raise ConfigError(f"state database in {self.directory}: {exc}") from None
         entries = {r[0]: GrantEntry(r[0], r[1], r[2]) for r in rows}
         return GrantState(entries, head[0], head[1])
 
