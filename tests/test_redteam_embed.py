@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -819,3 +820,79 @@ def test_a_cancellation_after_the_call_finished_stops_no_other_call() -> None:
 
     answer, crashes = asyncio.run(scenario())
     assert (answer, crashes) == (2, ())
+
+
+def test_the_grant_epochs_of_a_thousand_extensions_are_read_on_any_sqlite(tmp_path: Path) -> None:
+    """``Host.sync_grants`` reads the durable epochs of every live extension at once: in one
+    query of as many parameters, which SQLite builds before 3.32 (999 parameters at most)
+    refuse with an error out of every committing host call of a host holding 1,000
+    extensions. Read in batches; the limit of such a build is set here."""
+    import sqlite3
+
+    from wasihost.state import StateStore
+
+    store = StateStore(tmp_path / "state")
+    try:
+        store._db.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+        with Host(Policy(allow={"log"}), cache_dir=None, state_dir=tmp_path / "state") as host:
+            for i in range(3):
+                host.grant(f"org.example.x{i}", "log")
+        ids = [f"org.example.x{i}" for i in range(1200)]
+        assert sorted(store.grant_epochs(ids)) == ids[:3]
+    finally:
+        store.close()
+
+
+# -- attacks that held, kept as tests --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["directory", "archive"])
+def test_a_manifest_that_lies_about_its_modules_digest_is_refused(tmp_path: Path, form: str) -> None:
+    """``[extension] sha256`` is checked against the module's bytes, in a package directory
+    and in a ``.whpkg`` alike (it held; nothing tested it)."""
+    import hashlib
+
+    from wasihost.errors import PackageError
+
+    root = tmp_path / "echo"
+    shutil.copytree(FIXTURES / "echo", root)
+    manifest = root / "extension.toml"
+    text = manifest.read_text()
+    real = hashlib.sha256((root / "echo.wasm").read_bytes()).hexdigest()
+    with Host(Policy(allow=frozenset()), cache_dir=None) as host:
+        for claimed, ok in (("0" * 64, False), (real, True)):
+            manifest.write_text(text.replace('abi = "1.0"', f'abi = "1.0"\nsha256 = "{claimed}"'))
+            source = root
+            if form == "archive":
+                source = tmp_path / f"echo-{claimed[:4]}.whpkg"
+                assert main(["pack", str(root), "-o", str(source)]) == 0
+            if ok:
+                assert host.load(source).call("echo", 3) == 3
+            else:
+                with pytest.raises(PackageError, match=f"the manifest says {claimed}"):
+                    host.load(source)
+
+
+def test_a_commit_whose_grants_cannot_be_read_again_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grant sync of a committing call fails closed: with the state database unreadable
+    (closed under a late call, say) the log line is not committed, and the call does not end
+    in a sqlite3 error out of a host call."""
+    monkeypatch.setattr(runtime, "GRANT_SYNC_S", 0.0)
+    with Host(Policy(allow={"log"}), cache_dir=None, state_dir=tmp_path / "state") as host:
+        host.install(FIXTURES / "logger")
+        host.grant(LOGGER, "log")
+        ext = host.load_installed(LOGGER)
+        assert ext.call("run", {"lines": 1})["logged"] == 1
+        state = host.require_state()
+        real = state._db
+        state._db = sqlite3.connect(":memory:")  # no grant tables: every read fails
+        try:
+            with contextlib.suppress(CallError):
+                ext.call("run", {"lines": 1})  # its log call is denied
+            assert len(ext.logs()) == 1
+            assert host.supervisor.crashes(LOGGER) == ()  # not a host_error crash
+        finally:
+            state._db.close()
+            state._db = real

@@ -979,7 +979,10 @@ class Host:
         ``REVOCATION_RECHECK_S`` ago (disabling what it now revokes), and say whether the last
         read verified. Always true without a list."""
         if self.state is not None and time.monotonic() - self._grants_synced_at >= GRANT_SYNC_S:
-            self.sync_grants()
+            try:
+                self.sync_grants()
+            except WasihostError:
+                return False  # the durable grants cannot be read: commit nothing (fail closed)
         if self.policy.revocations is None:
             return True
         at, problem = self._revocation_verdict

@@ -38,6 +38,9 @@ MAX_EVENT_DETAIL_CHARS = 500
 # The high-water key of grant epochs deleted with a purged extension: a later grant of any id
 # is drawn above them (grants.py), so a re-installed id never repeats an epoch it had.
 GRANT_EPOCH_KEY = "grant_epoch"
+# Ids per query when the grant epochs of many extensions are read at once (Host.sync_grants):
+# below the 999 parameters of older SQLite builds.
+GRANT_EPOCHS_BATCH = 500
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -379,28 +382,37 @@ class StateStore:
         return max(int(row[0] or 0), self.high_water(GRANT_EPOCH_KEY))
 
     def grant_epochs(self, extensions: list[str]) -> dict[str, int]:
-        """The durable grant epoch of each of ``extensions`` that has one, in one query."""
-        if not extensions:
-            return {}
-        marks = ",".join("?" * len(extensions))
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT extension, epoch FROM grant_epochs WHERE extension IN ({marks})",  # noqa: S608
-                extensions,
-            ).fetchall()
-        return {r[0]: int(r[1]) for r in rows}
+        """The durable grant epoch of each of ``extensions`` that has one, a query per
+        GRANT_EPOCHS_BATCH ids (SQLite before 3.32 takes at most 999 parameters)."""
+        found: dict[str, int] = {}
+        for start in range(0, len(extensions), GRANT_EPOCHS_BATCH):
+            batch = extensions[start : start + GRANT_EPOCHS_BATCH]
+            marks = ",".join("?" * len(batch))
+            try:
+                with self._lock:
+                    rows = self._db.execute(
+                        f"SELECT extension, epoch FROM grant_epochs WHERE extension IN ({marks})",  # noqa: S608
+                        batch,
+                    ).fetchall()
+            except sqlite3.Error as exc:  # closed under a late call, say: the caller fails closed
+                raise ConfigError(f"state database in {self.directory}: {exc}") from None
+            found.update((r[0], int(r[1])) for r in rows)
+        return found
 
     def load_grants(self, extension: str) -> GrantState | None:
-        with self._lock:
-            head = self._db.execute(
-                "SELECT epoch, revoked FROM grant_epochs WHERE extension=?", (extension,)
-            ).fetchone()
-            if head is None:
-                return None
-            rows = self._db.execute(
-                "SELECT capability, scope, since_epoch FROM grants WHERE extension=?",
-                (extension,),
-            ).fetchall()
+        try:
+            with self._lock:
+                head = self._db.execute(
+                    "SELECT epoch, revoked FROM grant_epochs WHERE extension=?", (extension,)
+                ).fetchone()
+                if head is None:
+                    return None
+                rows = self._db.execute(
+                    "SELECT capability, scope, since_epoch FROM grants WHERE extension=?",
+                    (extension,),
+                ).fetchall()
+        except sqlite3.Error as exc:
+            raise ConfigError(f"state database in {self.directory}: {exc}") from None
         entries = {r[0]: GrantEntry(r[0], r[1], r[2]) for r in rows}
         return GrantState(entries, head[0], head[1])
 
