@@ -18,21 +18,13 @@ import os
 import stat
 from pathlib import Path
 
-# Bits that let somebody other than the owner change a directory's entries.
-_SHARED_WRITE = stat.S_IWGRP | stat.S_IWOTH
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+from .dirtrust import DIR_FLAGS as _DIR_FLAGS
+from .dirtrust import SHARED_WRITE as _SHARED_WRITE
+from .dirtrust import parent_problem as _parent_problem
 
 
 class UnsafeStateDir(Exception):
     """The state directory, or one above it, could be changed by somebody else; says why."""
-
-
-def _parent_problem(st: os.stat_result, euid: int) -> str | None:
-    if st.st_uid not in (0, euid):
-        return f"is owned by uid {st.st_uid}"
-    if st.st_mode & _SHARED_WRITE and not st.st_mode & stat.S_ISVTX:
-        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
 
 
 def _own_problem(st: os.stat_result, euid: int) -> str | None:

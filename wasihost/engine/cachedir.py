@@ -16,11 +16,11 @@ import os
 import stat
 from pathlib import Path
 
-# Bits that let somebody other than the owner change a directory's entries.
-_SHARED_WRITE = stat.S_IWGRP | stat.S_IWOTH
+from ..dirtrust import DIR_FLAGS as _DIR_FLAGS
+from ..dirtrust import parent_problem as _trusted_parent
+
 # The cache directory itself grants nothing to group or others (mode 0700).
 _NOT_PRIVATE = stat.S_IRWXG | stat.S_IRWXO
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 PRIVATE_DIR_MODE = 0o700
 
 
@@ -33,19 +33,6 @@ def dir_fd_supported() -> bool:
     # os.replace is renameat(2) like os.rename, but only os.rename is listed.
     needed = (os.open, os.mkdir, os.rename, os.unlink, os.link, os.stat)
     return all(f in os.supports_dir_fd for f in needed) and hasattr(os, "O_NOFOLLOW")
-
-
-def _trusted_parent(st: os.stat_result, euid: int) -> str | None:
-    """Why a directory above the cache is not trusted, or None if it is.
-
-    Owned by root or by us, and nobody else may rename its entries: not writable by group or
-    others, unless sticky (then others may add entries but not rename or remove ours).
-    """
-    if st.st_uid not in (0, euid):
-        return f"is owned by uid {st.st_uid}"
-    if st.st_mode & _SHARED_WRITE and not st.st_mode & stat.S_ISVTX:
-        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
 
 
 def _private(st: os.stat_result, euid: int) -> str | None:
