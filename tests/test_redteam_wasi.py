@@ -15,7 +15,7 @@ import pytest
 import wasmtime
 from conftest import bare
 from guests import build, escape, guest_wat
-from wasi_support import package
+from wasi_support import package, revoke_mid_run
 
 from wasihost.engine.native import SETTLE_FUEL
 from wasihost.errors import CallError, ConfigError, FailureClass
@@ -250,30 +250,16 @@ def test_nothing_is_read_after_a_revocation_returns(tmp_path: Path, capability: 
         else _read_loop("(i32.const 0)")
     )
     caps = capabilities_for(config)
-    outcome: list[BaseException] = []
     with Host(Policy(allow=caps), cache_dir=None, profiles=[wasi_profile(config)]) as host:
         ext = host.admit(bare(guest), grants=caps, fuel=10**10, timeout_ms=800)
-
-        def target() -> None:
-            try:
-                ext.run_command()
-            except BaseException as exc:  # the test inspects it
-                outcome.append(exc)
-
-        worker = threading.Thread(target=target)
-        worker.start()
-        deadline = time.monotonic() + 5
-        while not seen and time.monotonic() < deadline:
-            time.sleep(0.001)
-        host.revoke(ext.id, capability, "test")
-        revoked = time.monotonic()
-        worker.join(timeout=10)
+        run = revoke_mid_run(host, ext, lambda: bool(seen), capability)
+        revoked = run.revoked_at
     assert any(b"SECRET" in data for _, data in seen)
     after = [data for at, data in seen if at > revoked]
     assert after, "the guest kept running after the revocation"
     # A read done before the revocation returned may reach stdout just after it; no later one.
     assert sum(1 for data in after if data) <= 1, "reads landed after the revocation returned"
-    assert isinstance(outcome[0], CallError) and outcome[0].failure is FailureClass.DEADLINE
+    assert isinstance(run.outcome, CallError) and run.outcome.failure is FailureClass.DEADLINE
 
 
 # --- cputime clocks say nothing about the host's other work -----------------------------------
@@ -670,6 +656,14 @@ PRINT_LOOP = command(
 )
 
 
+def _revoke_while_printing(host: Host, ext: Extension, seen: list[float]) -> None:
+    """Revoke PRINT_LOOP once 100 lines were seen; none may arrive after revoke returns."""
+    run = revoke_mid_run(host, ext, lambda: len(seen) >= 100, None)
+    assert len(seen) >= 100
+    assert [at for at in seen if at > run.revoked_at] == []
+    assert isinstance(run.outcome, ExtensionRevoked)
+
+
 def test_no_log_record_is_delivered_after_a_revocation_returns() -> None:
     """Break: with stdio not granted, a line to stdout became a record of the extension's log
     (or a call of the embedder's log sink) with no grant check, so after `host.revoke(ext)`
@@ -677,7 +671,6 @@ def test_no_log_record_is_delivered_after_a_revocation_returns() -> None:
     Such writes now commit as the core log entry's records do."""
     delivered: list[float] = []
     config = WasiOptions()
-    outcome: list[BaseException] = []
     with Host(
         Policy(),
         cache_dir=None,
@@ -685,24 +678,7 @@ def test_no_log_record_is_delivered_after_a_revocation_returns() -> None:
         log_sink=lambda ext_id, record: delivered.append(time.monotonic()),
     ) as host:
         ext = host.admit(bare(PRINT_LOOP), grants=frozenset(), fuel=10**10, timeout_ms=3000)
-
-        def target() -> None:
-            try:
-                ext.run_command()
-            except BaseException as exc:  # the test inspects it
-                outcome.append(exc)
-
-        worker = threading.Thread(target=target)
-        worker.start()
-        deadline = time.monotonic() + 5
-        while len(delivered) < 100 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        host.revoke(ext.id, None, "test")
-        revoked = time.monotonic()
-        worker.join(timeout=10)
-    assert len(delivered) >= 100
-    assert [at for at in delivered if at > revoked] == []
-    assert isinstance(outcome[0], ExtensionRevoked)
+        _revoke_while_printing(host, ext, delivered)
 
 
 def test_no_line_reaches_the_callers_sink_after_a_revocation_returns() -> None:
@@ -713,24 +689,6 @@ def test_no_line_reaches_the_callers_sink_after_a_revocation_returns() -> None:
     printed: list[float] = []
     config = WasiOptions(stdout=lambda data: printed.append(time.monotonic()))
     caps = capabilities_for(config)
-    outcome: list[BaseException] = []
     with Host(Policy(allow=caps), cache_dir=None, profiles=[wasi_profile(config)]) as host:
         ext = host.admit(bare(PRINT_LOOP), grants=caps, fuel=10**10, timeout_ms=3000)
-
-        def target() -> None:
-            try:
-                ext.run_command()
-            except BaseException as exc:  # the test inspects it
-                outcome.append(exc)
-
-        worker = threading.Thread(target=target)
-        worker.start()
-        deadline = time.monotonic() + 5
-        while len(printed) < 100 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        host.revoke(ext.id, None, "test")
-        revoked = time.monotonic()
-        worker.join(timeout=10)
-    assert len(printed) >= 100
-    assert [at for at in printed if at > revoked] == []
-    assert isinstance(outcome[0], ExtensionRevoked)
+        _revoke_while_printing(host, ext, printed)

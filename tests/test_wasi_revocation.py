@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
 from conftest import bare
 from guests import build
+from wasi_support import revoke_mid_run
 
 from wasihost.errors import CallError, FailureClass
 from wasihost.lifecycle import ExtensionRevoked
@@ -39,29 +39,20 @@ def _run_and_revoke(
 ) -> tuple[int, int, BaseException, float]:
     config = WasiOptions(mounts=[Mount(tmp_path, "/data", writable=True)])
     caps = capabilities_for(config)
-    outcome: list[BaseException] = []
     with Host(Policy(allow=caps), cache_dir=None, profiles=[wasi_profile(config)]) as host:
         ext = host.admit(bare(build(WRITER)), grants=caps, fuel=10_000_000_000, timeout_ms=1500)
-
-        def run() -> None:
-            try:
-                ext.run_command()
-            except BaseException as exc:  # the test inspects it
-                outcome.append(exc)
-
-        worker = threading.Thread(target=run)
-        worker.start()
         target = tmp_path / "out.txt"
-        deadline = time.monotonic() + 5
-        while (not target.exists() or target.stat().st_size < 100) and time.monotonic() < deadline:
-            time.sleep(0.001)
-        host.revoke(ext.id, capability, "test")
-        revoked = time.monotonic()
-        size_at_revoke = target.stat().st_size
-        worker.join(timeout=10)
-        assert not worker.is_alive()
-        ended_after = time.monotonic() - revoked
-        return size_at_revoke, target.stat().st_size, outcome[0], ended_after
+        sizes: list[int] = []
+
+        def ready() -> bool:
+            return target.exists() and target.stat().st_size >= 100
+
+        run = revoke_mid_run(
+            host, ext, ready, capability, lambda: sizes.append(target.stat().st_size)
+        )
+        ended_after = time.monotonic() - run.revoked_at
+        assert run.outcome is not None
+        return sizes[0], target.stat().st_size, run.outcome, ended_after
 
 
 def test_no_write_lands_after_revoking_fs_write(tmp_path: Path) -> None:

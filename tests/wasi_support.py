@@ -8,7 +8,9 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +231,42 @@ class DirectGuest:
         out = self.alloc(4)
         err = self.call("fd_read", fd, iov, 1, out)
         return int(err), self.mem.read(buf, self.u32(out)) if err == 0 else b""
+
+
+@attrs.frozen
+class RevokedRun:
+    """How a command run revoked mid-way ended (see :func:`revoke_mid_run`)."""
+
+    outcome: BaseException | None
+    revoked_at: float  # time.monotonic() when host.revoke returned
+
+
+def revoke_mid_run(
+    host: Host,
+    ext: Extension,
+    ready: Callable[[], bool],
+    capability: str | None,
+    on_revoked: Callable[[], object] = lambda: None,
+) -> RevokedRun:
+    """Run ``ext``'s command on a thread, revoke ``capability`` (None: the whole extension) as
+    soon as ``ready()`` holds (or after 5 s), call ``on_revoked()`` at once (to take a reading
+    while the run may still go on), and wait for the run to end."""
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            ext.run_command()
+        except BaseException as exc:  # the caller inspects it
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 5
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    host.revoke(ext.id, capability, "test")
+    revoked_at = time.monotonic()
+    on_revoked()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "the run did not end after the revocation"
+    return RevokedRun(outcome[0] if outcome else None, revoked_at)
