@@ -306,3 +306,54 @@ def test_status_and_grants_print_a_revocation_reason_inert(
         assert code == 0
         assert "\x1b" not in out and "\u202e" not in out and "\nfake" not in out
         assert "\\x1b[2J\\x0afake: line\\u202e" in out
+
+
+def test_remove_purge_deletes_the_storage_the_extension_wrote(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`remove --purge` says "and its data": a re-install of the same id must not find the
+    rows its predecessor wrote (they live in the state directory's storage database, outside
+    the extension's data directory)."""
+    state = ["--state-dir", str(tmp_path / "state")]
+    ext = "org.wasihost.fixtures.storage"
+
+    def install_and_grant() -> None:
+        assert run_cli(capsys, "install", str(FIXTURES / "storage"), *state)[0] == 0
+        assert run_cli(capsys, "grants", "grant", ext, "storage", *state)[0] == 0
+
+    install_and_grant()
+    put = '{"key": "k", "value": {"$bytes": "6869"}}'
+    assert run_cli(capsys, "run", ext, "put", "--input", put, *state)[:2] == (0, "null\n")
+    code, out, _ = run_cli(capsys, "run", ext, "get", "--input", '{"key": "k"}', *state)
+    assert (code, out) == (0, '{"$bytes": "6869"}\n')
+    code, out, _ = run_cli(capsys, "remove", ext, "--purge", *state)
+    assert (code, out) == (0, f"removed {ext} and its data\n")
+    install_and_grant()
+    code, out, _ = run_cli(capsys, "run", ext, "get", "--input", '{"key": "k"}', *state)
+    assert (code, out) == (0, "null\n")
+
+
+def test_what_status_says_is_kept_can_be_purged_after_a_plain_remove(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`status` of an id removed without --purge still shows its records and the command that
+    removes them; that command must work, and an id nothing is kept for is named as such."""
+    state = ["--state-dir", str(tmp_path / "state")]
+    ext = "org.wasihost.fixtures.hello"
+    assert run_cli(capsys, "install", str(FIXTURES / "hello"), *state)[0] == 0
+    assert run_cli(capsys, "grants", "grant", ext, "log", *state)[0] == 0
+    assert run_cli(capsys, "remove", ext, *state)[:2] == (0, f"removed {ext}\n")
+    code, out, _ = run_cli(capsys, "status", ext, "--json", *state)
+    (report,) = json.loads(out)["extensions"]
+    assert report["grants"] == ["log"] and report["remaining"]["package"] is None
+    assert report["remove"].startswith(f"wasihost remove {ext} --purge")
+    code, out, _ = run_cli(capsys, "remove", ext, "--purge", *state)
+    assert (code, out) == (0, f"removed {ext} and its data\n")
+    code, out, _ = run_cli(capsys, "status", *state)
+    assert "no extensions" in out
+    code, out, _ = run_cli(capsys, "status", ext, *state)
+    assert "nothing is kept for it" in out and "to remove everything" not in out
+    code, _, err = run_cli(capsys, "remove", ext, "--purge", *state)
+    assert (code, err) == (1, f"error: package: {ext} is not installed and nothing is kept for it\n")
+    code, _, err = run_cli(capsys, "remove", ext, *state)
+    assert (code, err) == (1, f"error: package: {ext} is not installed\n")

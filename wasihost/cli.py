@@ -843,7 +843,12 @@ def _remedy(exc: WasihostError, args: argparse.Namespace | None) -> str | None:
 
 def _cmd_remove(args: argparse.Namespace) -> int:
     with _state_host(args) as host:
-        host.require_state().remove(args.extension, purge=args.purge)
+        if args.purge:
+            from .updates import purge
+
+            purge(host, args.extension)
+        else:
+            host.require_state().remove(args.extension, purge=False)
         print(f"removed {args.extension}" + (" and its data" if args.purge else ""))
     return 0
 
@@ -932,8 +937,13 @@ def _status_of(host: Host, ext: str) -> dict[str, Any]:
         "remaining": store.remaining_data(ext),
         "recent": [f"{e.kind}: {e.detail}" for e in store.events(ext, 5)],
         "crashes_by_class": store.crash_counts(ext),
-        "remove": f"wasihost remove {ext} --purge"
-        + (f" --state-dir {store.directory}" if store.directory else ""),
+        # None when the state keeps nothing of ``ext``: `remove --purge` would refuse it.
+        "remove": (
+            f"wasihost remove {ext} --purge"
+            + (f" --state-dir {store.directory}" if store.directory else "")
+            if store.keeps(ext)
+            else None
+        ),
     }
 
 
@@ -992,7 +1002,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 print(f"  crashes in the journal: {counts}")
             for line in r["recent"]:
                 print(f"  recent: {printable(line)}")
-            print(f"  to remove everything: {r['remove']}")
+            if r["remove"] is None:
+                print("  nothing is kept for it in this state directory")
+            else:
+                print(f"  to remove everything: {r['remove']}")
     return 0
 
 
