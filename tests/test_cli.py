@@ -357,3 +357,28 @@ def test_what_status_says_is_kept_can_be_purged_after_a_plain_remove(
     assert (code, err) == (1, f"error: package: {ext} is not installed and nothing is kept for it\n")
     code, _, err = run_cli(capsys, "remove", ext, *state)
     assert (code, err) == (1, f"error: package: {ext} is not installed\n")
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        (["--extension", "org.example.hello", "latest"], "'latest' is not a SemVer 2.0.0 version"),
+        (["--extension", "Hello", "0.1.0"], "--extension: 'Hello' is not an extension id"),
+        (["--module-sha256", "xyz"], "--module-sha256: 'xyz' is not 64 lowercase hex"),
+        (["--signing-key", "aGVsbG8="], "--signing-key: 'aGVsbG8=' is 5 bytes, not 32"),
+        (["--publisher", "evil example"], "--publisher: 'evil example' is not a publisher id"),
+    ],
+)
+def test_revoke_refuses_an_entry_it_cannot_write_as_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: list[str], expected: str
+) -> None:
+    """A malformed entry is the operator's typo, named by its flag: not "the revocation list is
+    malformed (every package is refused)", and never a list written with an entry (a version
+    that is not SemVer) that no package can match while the command reports success."""
+    key = tmp_path / "ops"
+    assert run_cli(capsys, "keygen", "--publisher", "ops.example", "--out", str(key))[0] == 0
+    listfile = tmp_path / "revocations"
+    code, out, err = run_cli(capsys, "revoke", str(listfile), "--key", f"{key}.key", *flag)
+    assert (code, out) == (2, "")
+    assert err.startswith("error: usage: ") and expected in err, err
+    assert "every package" not in err and not listfile.exists()

@@ -752,6 +752,40 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_revocation_entries(args: argparse.Namespace) -> None:
+    """The operator's entries, refused as usage errors naming the flag: a malformed one would
+    otherwise be refused by the list's own parser as if the list were corrupt, and an entry
+    that no package can match (an extension version that is not SemVer) would revoke nothing
+    while the command reported success."""
+    from .manifest import is_extension_id, is_version
+    from .packaging.trust import KEY_BYTES, PUBLISHER_ID, b64_exact
+
+    for digest in args.module_sha256:
+        if not (len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise UsageError(f"--module-sha256: {printable(digest[:80])!r} is not 64 lowercase hex")
+    for ext_id, version in args.extension:
+        if not is_extension_id(ext_id):
+            raise UsageError(
+                f"--extension: {printable(ext_id[:80])!r} is not an extension id "
+                "(reverse-DNS: lowercase labels of a-z, 0-9 and '-', at least two)"
+            )
+        if not is_version(version):
+            raise UsageError(
+                f"--extension {ext_id}: {printable(version[:80])!r} is not a SemVer 2.0.0 version"
+            )
+    for publisher in args.publisher:
+        if not PUBLISHER_ID.fullmatch(publisher):
+            raise UsageError(
+                f"--publisher: {printable(publisher[:80])!r} is not a publisher id (1 to 128 of "
+                "letters, digits and ._@+- starting with a letter or digit)"
+            )
+    for text in args.signing_key:
+        try:
+            b64_exact(text, KEY_BYTES)
+        except ValueError as exc:
+            raise UsageError(f"--signing-key: {printable(text[:80])!r} {exc}") from None
+
+
 def _cmd_revoke(args: argparse.Namespace) -> int:
     from .packaging import revocation
     from .packaging.archive import read_archive
@@ -761,6 +795,7 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
 
     if not 1 <= args.expires_days <= MAX_REVOCATION_DAYS:
         raise UsageError(f"--expires-days must be in 1..{MAX_REVOCATION_DAYS}")
+    _check_revocation_entries(args)
     key = read_signing_key(args.key)
     own = TrustStore(frozenset(), frozenset({(key.publisher, key.public_bytes)}))
     previous = None
