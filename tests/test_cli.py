@@ -382,3 +382,17 @@ def test_revoke_refuses_an_entry_it_cannot_write_as_a_usage_error(
     assert (code, out) == (2, "")
     assert err.startswith("error: usage: ") and expected in err, err
     assert "every package" not in err and not listfile.exists()
+
+
+def test_python_dash_m_reports_a_subcommands_usage_error_as_one(tmp_path: Path) -> None:
+    """`python -m wasihost.cli` runs the module as __main__, a second copy of it: a subcommand
+    module's UsageError (bench's) came out as `error: internal: UsageError` with exit 70."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "wasihost.cli", "bench", "--batches", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert (proc.returncode, proc.stderr) == (2, "error: usage: --batches must be 1..1000\n")

@@ -498,7 +498,7 @@ def _input_value(args: argparse.Namespace) -> Any:
         raise UsageError(f"{flag}: {exc}") from None
 
 
-def _check_budget_flags(args: argparse.Namespace) -> None:
+def check_budget_flags(args: argparse.Namespace) -> None:
     """``--fuel`` and ``--timeout-ms`` are refused in their own words, not the manifest's."""
     for flag, value, (low, high) in (
         ("--fuel", args.fuel, (limits.MIN_FUEL_PER_CALL, limits.MAX_FUEL_PER_CALL)),
@@ -528,7 +528,7 @@ def _not_shadowing(args: argparse.Namespace) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     value = _input_value(args)
-    _check_budget_flags(args)
+    check_budget_flags(args)
     installed = (
         not is_archive(args.source)
         and not Path(args.source).exists()
@@ -1141,4 +1141,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m wasihost.cli` runs this file as __main__, a second copy of the module: the
+    # subcommands raise wasihost.cli's UsageError, which only that module's main catches.
+    from wasihost.cli import main as _entry
+
+    sys.exit(_entry())
