@@ -396,3 +396,25 @@ def test_python_dash_m_reports_a_subcommands_usage_error_as_one(tmp_path: Path) 
         cwd=tmp_path,
     )
     assert (proc.returncode, proc.stderr) == (2, "error: usage: --batches must be 1..1000\n")
+
+
+def test_reinstate_says_which_grants_the_extension_holds_and_refused_grants_wait_for_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`grants revoke EXT` withdraws every grant; `reinstate` gave none back yet printed "it
+    holds the grants it had before". A refused grant of an id not installed was announced as
+    "the change waits for it" before its error."""
+    state = ["--state-dir", str(tmp_path / "state")]
+    ext = "org.example.tool"
+    code, out, err = run_cli(capsys, "grants", "reinstate", ext, *state)
+    assert (code, out, err) == (0, f"{ext} is not revoked: nothing to reinstate\n", "")
+    code, out, err = run_cli(capsys, "grants", "grant", ext, "teleport", *state)
+    assert (code, out, err) == (1, "", "error: config: unknown capability 'teleport'\n")
+    code, out, err = run_cli(capsys, "grants", "grant", ext, "clock", *state)
+    assert code == 0 and out.startswith("granted clock") and "is not installed" in err
+    assert run_cli(capsys, "grants", "revoke", ext, *state)[0] == 0
+    code, out, _ = run_cli(capsys, "grants", "reinstate", ext, *state)
+    assert code == 0 and "it holds no grants" in out
+    assert f"wasihost grants grant {ext} CAP --state-dir {tmp_path / 'state'}" in out
+    code, out, _ = run_cli(capsys, "grants", "list", ext, "--json", *state)
+    assert json.loads(out)["grants"] == []

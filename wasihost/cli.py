@@ -897,11 +897,16 @@ def _cmd_grants(args: argparse.Namespace) -> int:
         store = host.require_state()
         if args.grants_cmd != "list" and store.package(ext) is None:
             # Allowed (grants may be set before the install), but a typo would pass silently.
-            print(
+            # Said once the change is made: a refused one waits for nothing.
+            pending_note = (
                 f"note: {printable(ext)} is not installed in {store.directory}: "
-                "the change waits for it",
-                file=sys.stderr,
+                "the change waits for it"
             )
+        else:
+            pending_note = None
+        if args.grants_cmd == "reinstate" and host.grants.state(ext).revoked is None:
+            print(f"{ext} is not revoked: nothing to reinstate")
+            return 0
         if args.grants_cmd == "grant":
             scope = None
             if args.scope is not None:
@@ -917,7 +922,17 @@ def _cmd_grants(args: argparse.Namespace) -> int:
             print(f"revoked {what} from {ext} (epoch {epoch})")
         elif args.grants_cmd == "reinstate":
             epoch = host.reinstate(ext)
-            print(f"reinstated {ext} (epoch {epoch}); it holds the grants it had before")
+            # A whole-extension revocation withdrew every grant: none comes back by itself.
+            held = sorted(host.grants.state(ext).entries)
+            print(
+                f"reinstated {ext} (epoch {epoch}); "
+                + (
+                    f"it holds: {', '.join(held)}"
+                    if held
+                    else f"it holds no grants: give each again with "
+                    f"wasihost grants grant {ext} CAP{_state_flag(args)}"
+                )
+            )
         else:
             state = host.grants.state(ext)
             rows = [
@@ -947,6 +962,8 @@ def _cmd_grants(args: argparse.Namespace) -> int:
                     )
                 if not rows:
                     print("  (no grants)")
+        if pending_note is not None:
+            print(pending_note, file=sys.stderr)
     return 0
 
 
