@@ -153,3 +153,11 @@ def test_a_guest_that_died_on_a_withheld_clock_gets_a_hint(
     # A run that succeeds, or fails without asking for a withheld capability, gets no hint.
     assert wasi("--profile", "none", "--no-random", str(PROBE), "exit:3") == 3
     assert b"hint:" not in capsysbinary.readouterr().err
+
+
+def test_a_run_without_a_module_names_only_the_module_as_missing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The guest's arguments are optional: argparse's default said "required: module, args"."""
+    assert main(["wasi", "--dir", "/"]) == 2
+    assert capsys.readouterr().err == "error: usage: the following arguments are required: module\n"

@@ -1,9 +1,9 @@
 """``wasihost wasi``: run a WASI command module's ``_start`` through the WASI profile.
 
     wasihost wasi [--dir HOST[::GUEST]]... [--dir-ro HOST[::GUEST]]... [--env K=V]...
-                  [--profile standard|anonymous|none] [--random-seed HEX | --no-random]
+                  [--profile standard|anonymous|none] [--random | --random-seed HEX | --no-random]
                   [--stdin FILE] [--max-write-bytes N] [--fuel N] [--timeout-ms N]
-                  MODULE.wasm [ARGS...]
+                  [--cache-dir DIR | --no-cache] MODULE.wasm [ARGS...]
 
 As in wasmtime's CLI, the guest's argv[0] is the module's file name and ARGS follow it
 (everything after MODULE goes to the guest, options included). stdout and stderr go to the
@@ -12,7 +12,7 @@ its argv, the ``standard`` clocks (at the policy's coarse resolution) and the OS
 peer runtime grants: an ordinary program (Rust's ``HashMap``, ``Instant::now``) needs both.
 Files, env and sockets stay denied unless a flag grants them. Errors are raised as
 :class:`~wasihost.errors.WasihostError` for the main CLI to print as ``error: <class>:
-<message>``.
+<message>``; a flag's bad value as the main CLI's ``UsageError`` (exit 2).
 """
 
 from __future__ import annotations
@@ -98,7 +98,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, help="compiled-module cache directory")
     p.add_argument("--no-cache", action="store_true", help="do not use the on-disk cache")
     p.add_argument("module", help="the WASI command module (.wasm)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the guest")
+    guest_args = p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the guest")
+    # argparse marks a REMAINDER positional required, and a run with no module then said
+    # "required: module, args" though the guest's arguments are optional.
+    guest_args.required = False
     return p
 
 
