@@ -418,3 +418,16 @@ def test_reinstate_says_which_grants_the_extension_holds_and_refused_grants_wait
     assert f"wasihost grants grant {ext} CAP --state-dir {tmp_path / 'state'}" in out
     code, out, _ = run_cli(capsys, "grants", "list", ext, "--json", *state)
     assert json.loads(out)["grants"] == []
+
+
+def test_reading_commands_do_not_create_a_mistyped_state_directory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`status` and `grants list` only read: a --state-dir that does not exist is named as
+    such, not created (with its parents) and reported as holding no extensions."""
+    missing = tmp_path / "typo" / "state"
+    for argv in (["status"], ["grants", "list", "org.example.tool"]):
+        code, out, err = run_cli(capsys, *argv, "--state-dir", str(missing))
+        assert (code, out) == (1, "")
+        assert err == f"error: config: state directory {missing} does not exist (install creates one; check the path)\n"
+    assert not (tmp_path / "typo").exists()

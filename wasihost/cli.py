@@ -22,6 +22,7 @@ from .errors import (
     AdmissionError,
     CallError,
     CodecError,
+    ConfigError,
     FailureClass,
     UnsignedPackageError,
     UntrustedKeyError,
@@ -447,6 +448,17 @@ def _state_dir(args: argparse.Namespace) -> Path:
     from .state import default_state_dir
 
     return args.state_dir if args.state_dir is not None else default_state_dir()
+
+
+def _state_dir_to_read(args: argparse.Namespace) -> None:
+    """A command that only reads the state (status, grants list) does not create an explicit
+    --state-dir that does not exist: a mistyped path would otherwise become a new, empty state
+    directory (parents included) reported as holding no extensions."""
+    if args.state_dir is not None and not args.state_dir.exists():
+        raise ConfigError(
+            f"state directory {args.state_dir} does not exist (install creates one; "
+            "check the path)"
+        )
 
 
 def _state_host(args: argparse.Namespace) -> Host:
@@ -892,6 +904,8 @@ def _cmd_grants(args: argparse.Namespace) -> int:
     from .runtime import check_extension_id
 
     check_extension_id(args.extension)
+    if args.grants_cmd == "list":
+        _state_dir_to_read(args)
     with _state_host(args) as host:
         ext = args.extension
         store = host.require_state()
@@ -1023,6 +1037,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     if args.extension is not None:
         check_extension_id(args.extension)
+    _state_dir_to_read(args)
     with _state_host(args) as host:
         store = host.require_state()
         names = [args.extension] if args.extension else store.extensions()
