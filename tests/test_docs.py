@@ -10,6 +10,7 @@ the reason. A new block fails ``test_every_block_is_classified`` until it is giv
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shlex
 import shutil
@@ -596,3 +597,16 @@ def test_the_examples_readme_runs_its_example_from_the_root() -> None:
     text = (ROOT / "examples" / "README.md").read_text()
     assert "`python3 examples/greeter_app/app.py`" in text
     assert (ROOT / "examples" / "greeter_app" / "app.py").is_file()
+
+
+def test_status_json_is_documented_key_by_key(fresh: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """supervision.md lists what `status --json` prints: every key of the output is on it."""
+    assert main(["install", "fixtures/hello"]) == 0
+    capsys.readouterr()
+    assert main(["status", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert sorted(doc) == ["extensions", "metrics"]
+    page = (ROOT / "docs" / "supervision.md").read_text()
+    section = page[page.index("`status --json` prints") :]
+    missing = [key for key in doc["metrics"] if f"`{key}`" not in section]
+    assert not missing, f"supervision.md does not list status --json metrics {missing}"
