@@ -431,3 +431,18 @@ def test_reading_commands_do_not_create_a_mistyped_state_directory(
         assert (code, out) == (1, "")
         assert err == f"error: config: state directory {missing} does not exist (install creates one; check the path)\n"
     assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.parametrize("capability", ["log", "clock", "random", "jobs"])
+def test_a_scope_for_a_capability_that_reads_none_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, capability: str
+) -> None:
+    """jobs.md says jobs "takes no scope", nor do log, clock and random: a scope given to them
+    was stored and listed as if it bounded something."""
+    state = ["--state-dir", str(tmp_path / "state")]
+    argv = ["grants", "grant", "org.example.tool", capability, *state]
+    code, out, err = run_cli(capsys, *argv, "--scope", '{"max_jobs": 1}')
+    assert (code, out) == (1, "")
+    assert err == f"error: config: grant scope of {capability} takes no keys (got max_jobs)\n"
+    code, out, _ = run_cli(capsys, *argv, "--scope", "{}")
+    assert code == 0 and out.startswith(f"granted {capability} to org.example.tool")
