@@ -610,3 +610,16 @@ def test_status_json_is_documented_key_by_key(fresh: Path, capsys: pytest.Captur
     section = page[page.index("`status --json` prints") :]
     missing = [key for key in doc["metrics"] if f"`{key}`" not in section]
     assert not missing, f"supervision.md does not list status --json metrics {missing}"
+
+
+def test_the_cli_json_shapes_are_those_cli_md_gives(capsys: pytest.CaptureFixture[str]) -> None:
+    text = (ROOT / "docs" / "cli.md").read_text()
+    assert main(["abi", "--json"]) == 0
+    keys = sorted(json.loads(capsys.readouterr().out))
+    assert '`{"versions", "features", "namespaces",\n"functions"}`' in text
+    assert keys == sorted(["versions", "features", "namespaces", "functions"])
+    argv = ["run", str(FIXTURES / "hello"), "greet", "--input", '{"name": "a"}', "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert '`{"output": ..., "fuel_used": N, "logs": [...]}`' in text
+    assert list(doc) == ["output", "fuel_used", "logs"] and doc["output"] == {"greeting": "hello, a"}
