@@ -446,3 +446,23 @@ def test_a_scope_for_a_capability_that_reads_none_is_refused(
     assert err == f"error: config: grant scope of {capability} takes no keys (got max_jobs)\n"
     code, out, _ = run_cli(capsys, *argv, "--scope", "{}")
     assert code == 0 and out.startswith(f"granted {capability} to org.example.tool")
+
+
+def test_run_of_a_missing_source_says_where_it_looked(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RUN's source is a path or an installed id. A missing path with a '/' or a .wasm name was
+    reported as "... is not installed" once the default state directory existed, and a missing
+    id gave no clue that it may live in another state directory."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "wasihost").mkdir(parents=True, mode=0o700)
+    for source in ("missing.wasm", "nowhere/x"):
+        code, _, err = run_cli(capsys, "run", source, "greet")
+        assert (code, err) == (1, f"error: package: module {source} does not exist\n")
+    code, _, err = run_cli(capsys, "run", "org.example.hello", "greet")
+    assert code == 1 and err.startswith("error: package: org.example.hello is not installed\n")
+    assert err.endswith(
+        f"hint: org.example.hello is neither a file here nor an extension installed in "
+        f"{tmp_path / 'data' / 'wasihost'}; one installed elsewhere needs --state-dir DIR\n"
+    )

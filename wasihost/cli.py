@@ -24,6 +24,7 @@ from .errors import (
     CodecError,
     ConfigError,
     FailureClass,
+    PackageError,
     UnsignedPackageError,
     UntrustedKeyError,
     WasihostError,
@@ -541,8 +542,12 @@ def _not_shadowing(args: argparse.Namespace) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     value = _input_value(args)
     check_budget_flags(args)
+    # An installed extension's id never holds a '/' nor ends like a file: such a source is a
+    # path, and one that does not exist is reported as a missing file, not a missing install.
     installed = (
         not is_archive(args.source)
+        and "/" not in args.source
+        and not args.source.endswith(".wasm")
         and not Path(args.source).exists()
         and (args.state_dir is not None or _state_dir(args).exists())
     )
@@ -875,6 +880,21 @@ def _remedy(exc: WasihostError, args: argparse.Namespace | None) -> str | None:
     if isinstance(exc, UnsignedPackageError):
         target = getattr(args, "package", None) or getattr(args, "source", None) or "FILE.whpkg"
         return f"sign it: wasihost sign {target} --key PREFIX.key"
+    if (
+        args is not None
+        and args.cmd == "run"
+        and type(exc) is PackageError
+        and "/" not in args.source
+        and not args.source.endswith((".wasm", ".whpkg"))
+        and exc.message
+        in (f"{args.source} is not installed", f"module {args.source} does not exist")
+    ):
+        # RUN's source is a path or an installed id: say both were looked for, and where.
+        where = args.state_dir if args.state_dir is not None else _state_dir(args)
+        return (
+            f"{args.source} is neither a file here nor an extension installed in {where}"
+            + ("; one installed elsewhere needs --state-dir DIR" if args.state_dir is None else "")
+        )
     if not isinstance(exc, AdmissionError) or not exc.ungranted or args is None:
         return None
     caps = exc.ungranted
