@@ -466,3 +466,15 @@ def test_run_of_a_missing_source_says_where_it_looked(
         f"hint: org.example.hello is neither a file here nor an extension installed in "
         f"{tmp_path / 'data' / 'wasihost'}; one installed elsewhere needs --state-dir DIR\n"
     )
+
+
+def test_keygen_and_endorse_refuse_an_empty_prefix_and_a_self_endorsement(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run_cli(capsys, "keygen", "--publisher", "a.example", "--out", "")
+    assert (code, err) == (2, "error: usage: --out is empty: give a file prefix, such as acme\n")
+    key = tmp_path / "a"
+    assert run_cli(capsys, "keygen", "--publisher", "a.example", "--out", str(key))[0] == 0
+    code, out, err = run_cli(capsys, "endorse", f"{key}.pub", "--key", f"{key}.key")
+    assert (code, out) == (2, "")
+    assert err == f"error: usage: {key}.pub is the public key of {key}.key itself: endorse a new key\n"

@@ -708,6 +708,10 @@ def _cmd_endorse(args: argparse.Namespace) -> int:
             f"{args.new} is {publisher!r}'s key and {args.key} is {old.publisher!r}'s: a key "
             "endorses only its own publisher's next key"
         )
+    if key == old.public_bytes:
+        # A key endorsing itself proves nothing a rotation needs, and the line it printed
+        # looked like one.
+        raise UsageError(f"{args.new} is the public key of {args.key} itself: endorse a new key")
     print(old.endorse(key), end="")
     return 0
 
@@ -716,6 +720,8 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     from .packaging.files import write_key_pair
     from .packaging.trust import SigningKey
 
+    if not args.out:
+        raise UsageError("--out is empty: give a file prefix, such as acme")
     if args.out.endswith("/") or Path(args.out).is_dir():
         # PREFIX names the files (PREFIX.key, PREFIX.pub): a directory would give .key and
         # .pub, hidden files named for nothing.
