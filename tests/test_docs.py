@@ -623,3 +623,35 @@ def test_the_cli_json_shapes_are_those_cli_md_gives(capsys: pytest.CaptureFixtur
     doc = json.loads(capsys.readouterr().out)
     assert '`{"output": ..., "fuel_used": N, "logs": [...]}`' in text
     assert list(doc) == ["output", "fuel_used", "logs"] and doc["output"] == {"greeting": "hello, a"}
+
+
+_UNITS = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+
+
+def _amount(text: str) -> int:
+    """``512 KiB``, ``100,000``, ``0 (off)`` as an int."""
+    number, _, unit = text.split("(")[0].strip().partition(" ")
+    return int(number.replace(",", "")) * _UNITS.get(unit.strip(), 1)
+
+
+def test_the_engine_settings_table_is_what_engine_settings_accepts() -> None:
+    """engine.md's table: each setting's default is EngineSettings' and its range's ends are
+    accepted while one past each is refused."""
+    from wasihost.errors import ConfigError
+    from wasihost.settings import EngineSettings
+
+    text = (ROOT / "docs" / "engine.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \| ([^|]+) \|", text[text.index("## Settings") :], re.M)
+    assert len(rows) >= 11
+    defaults = EngineSettings()
+    for name, default, bounds in rows:
+        if bounds.strip() == "bool":
+            assert getattr(defaults, name) is (default.strip() == "True"), name
+            continue
+        assert getattr(defaults, name) == _amount(default), name
+        low, high = (_amount(end) for end in bounds.split(".."))
+        EngineSettings(**{name: low})
+        EngineSettings(**{name: high})
+        for wrong in (low - 1, high + 1):
+            with pytest.raises(ConfigError):
+                EngineSettings(**{name: wrong})
