@@ -630,7 +630,7 @@ _UNITS = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
 
 def _amount(text: str) -> int:
     """``512 KiB``, ``100,000``, ``0 (off)`` as an int."""
-    number, _, unit = text.split("(")[0].strip().partition(" ")
+    number, _, unit = text.split("(", maxsplit=1)[0].strip().partition(" ")
     return int(number.replace(",", "")) * _UNITS.get(unit.strip(), 1)
 
 
