@@ -655,3 +655,72 @@ def test_the_engine_settings_table_is_what_engine_settings_accepts() -> None:
         for wrong in (low - 1, high + 1):
             with pytest.raises(ConfigError):
                 EngineSettings(**{name: wrong})
+
+
+def _toml(value: object) -> str:
+    """A TOML value of the simple kinds a manifest holds."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    assert isinstance(value, dict)
+    return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+
+
+def _named_commands(table: dict[str, object]) -> set[str]:
+    """The command names a manifest fragment's tables refer to."""
+    names: set[str] = set()
+    for name, section in table.items():
+        if not isinstance(section, dict) or name == "commands":
+            continue
+        for key, value in section.items():
+            if key in ("command", "health", "migrate", "on_shutdown") and isinstance(value, str):
+                names.add(value)
+            if key == "commands" and isinstance(value, list):
+                names.update(value)
+    return names
+
+
+FRAGMENTS = [b for b in ALL_BLOCKS if b.lang == "toml" and b.page != "docs/manifest.md"]
+
+
+@pytest.mark.parametrize("block", FRAGMENTS, ids=[f"{b.page}:{b.line}" for b in FRAGMENTS])
+def test_manifest_fragments_are_valid_in_a_manifest(block: Block) -> None:
+    """Each page's manifest fragment, completed with the tables it does not show (the
+    [extension] table, the commands it names, the capabilities its tables need), parses: a
+    reader who copies it gets a manifest the host accepts."""
+    fragment = tomllib.loads(block.text)
+    commands = {name: {"description": "..."} for name in sorted(_named_commands(fragment))}
+    commands.update(fragment.get("commands", {}) or {"greet": {"description": "..."}})
+    capabilities = fragment.get("capabilities", {"required": []})
+    required = set(capabilities.get("required", []))
+    for table, capability in (("events", "events"), ("jobs", "jobs"), ("http", "http")):
+        if table in fragment and capability not in required | set(capabilities.get("optional", [])):
+            required.add(capability)
+    capabilities["required"] = sorted(required)
+    doc: dict[str, object] = {
+        "extension": {
+            "schema": "wasihost-manifest/1",
+            "id": "org.example.hello",
+            "version": "0.1.0",
+            "abi": "1.1",
+            "module": "hello.wasm",
+        },
+        **fragment,
+        "capabilities": capabilities,
+        "commands": commands,
+    }
+    text = "".join(
+        f"[{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in table.items()) + "\n"
+        for name, table in doc.items()
+        if isinstance(table, dict)
+    )
+    known = frozenset(
+        {"log", "clock", "random", "events", "jobs", "http", "secrets", "storage", "files"}
+        | {"myapp.read", "myapp.write"}
+    )
+    manifest.parse_manifest(text, known)
