@@ -70,7 +70,7 @@ ALL_BLOCKS = [b for page in PAGES for b in blocks(page)]
 # formats, not programs.
 NOT_RUN_LANGS = {
     "rust": "guest code: the SDK's fixtures build the same calls (fixtures/build)",
-    "toml": "manifest fragments: test_the_manifest_reference_* check the reference",
+    "toml": "manifests: test_the_manifest_reference_* and test_manifest_fragments_* parse them",
     "mermaid": "generated from lifecycle.TRANSITIONS; test_lifecycle checks it is current",
     "json": "a schema sketch with placeholders; test_bench_cli checks the real --json output",
     "": "a format or value shape with placeholders, not a program",
