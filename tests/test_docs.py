@@ -65,11 +65,10 @@ def blocks(page: Path) -> list[Block]:
 
 ALL_BLOCKS = [b for page in PAGES for b in blocks(page)]
 
-# Blocks not run, with the reason; rust/toml/mermaid/json and bare text are checked otherwise
-# (the guest SDK's doc tests, the manifest checks below, lifecycle's generated diagram) or are
-# formats, not programs.
+# Blocks not run, with the reason: by language (toml is parsed below, the mermaid diagram is
+# checked by test_lifecycle, the rest are not programs), then one by one.
 NOT_RUN_LANGS = {
-    "rust": "guest code: the SDK's fixtures build the same calls (fixtures/build)",
+    "rust": "guest code, not compiled here: the fixtures make the same SDK calls (fixtures/build)",
     "toml": "manifests: test_the_manifest_reference_* and test_manifest_fragments_* parse them",
     "mermaid": "generated from lifecycle.TRANSITIONS; test_lifecycle checks it is current",
     "json": "a schema sketch with placeholders; test_bench_cli checks the real --json output",
@@ -88,8 +87,6 @@ NOT_RUN = {
         "needs two signed releases with a migration; test_updates runs install/update/rollback",
     ("docs/scheduling.md", "from wasihost.call_gate import calls_as"):
         "a fragment inside a broker's handler; test_scheduling runs calls_as",
-    ("docs/files.md", "from wasihost import Host"):
-        "run by test_python_blocks_run (setup: a policy and real directories)",
 }
 
 
