@@ -478,3 +478,14 @@ def test_keygen_and_endorse_refuse_an_empty_prefix_and_a_self_endorsement(
     code, out, err = run_cli(capsys, "endorse", f"{key}.pub", "--key", f"{key}.key")
     assert (code, out) == (2, "")
     assert err == f"error: usage: {key}.pub is the public key of {key}.key itself: endorse a new key\n"
+
+
+def test_a_bytes_command_given_json_gets_the_cli_flags_as_its_hint(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["run", str(FIXTURES / "rawecho"), "echo-bytes", "--input", '"x"']
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 1 and "takes bytes" in err
+    assert err.endswith(
+        "hint: give the bytes with --input-bytes FILE ('-': stdin) or --input '{\"$bytes\": \"HEX\"}'\n"
+    )

@@ -901,6 +901,17 @@ def _remedy(exc: WasihostError, args: argparse.Namespace | None) -> str | None:
             f"{args.source} is neither a file here nor an extension installed in {where}"
             + ("; one installed elsewhere needs --state-dir DIR" if args.state_dir is None else "")
         )
+    if (
+        args is not None
+        and args.cmd == "run"
+        and type(exc) is ConfigError
+        and f"command {args.command!r} takes bytes" in exc.message
+    ):
+        # The embedding API's words (bytes, a memoryview) in the CLI's terms.
+        return (
+            "give the bytes with --input-bytes FILE ('-': stdin) or "
+            "--input '{\"$bytes\": \"HEX\"}'"
+        )
     if not isinstance(exc, AdmissionError) or not exc.ungranted or args is None:
         return None
     caps = exc.ungranted
