@@ -306,3 +306,186 @@ def test_status_and_grants_print_a_revocation_reason_inert(
         assert code == 0
         assert "\x1b" not in out and "\u202e" not in out and "\nfake" not in out
         assert "\\x1b[2J\\x0afake: line\\u202e" in out
+
+
+def test_remove_purge_deletes_the_storage_the_extension_wrote(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`remove --purge` says "and its data": a re-install of the same id must not find the
+    rows its predecessor wrote (they live in the state directory's storage database, outside
+    the extension's data directory)."""
+    state = ["--state-dir", str(tmp_path / "state")]
+    ext = "org.wasihost.fixtures.storage"
+
+    def install_and_grant() -> None:
+        assert run_cli(capsys, "install", str(FIXTURES / "storage"), *state)[0] == 0
+        assert run_cli(capsys, "grants", "grant", ext, "storage", *state)[0] == 0
+
+    install_and_grant()
+    put = '{"key": "k", "value": {"$bytes": "6869"}}'
+    assert run_cli(capsys, "run", ext, "put", "--input", put, *state)[:2] == (0, "null\n")
+    code, out, _ = run_cli(capsys, "run", ext, "get", "--input", '{"key": "k"}', *state)
+    assert (code, out) == (0, '{"$bytes": "6869"}\n')
+    code, out, _ = run_cli(capsys, "remove", ext, "--purge", *state)
+    assert (code, out) == (0, f"removed {ext} and its data\n")
+    install_and_grant()
+    code, out, _ = run_cli(capsys, "run", ext, "get", "--input", '{"key": "k"}', *state)
+    assert (code, out) == (0, "null\n")
+
+
+def test_what_status_says_is_kept_can_be_purged_after_a_plain_remove(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`status` of an id removed without --purge still shows its records and the command that
+    removes them; that command must work, and an id nothing is kept for is named as such."""
+    state = ["--state-dir", str(tmp_path / "state")]
+    ext = "org.wasihost.fixtures.hello"
+    assert run_cli(capsys, "install", str(FIXTURES / "hello"), *state)[0] == 0
+    assert run_cli(capsys, "grants", "grant", ext, "log", *state)[0] == 0
+    assert run_cli(capsys, "remove", ext, *state)[:2] == (0, f"removed {ext}\n")
+    code, out, _ = run_cli(capsys, "status", ext, "--json", *state)
+    (report,) = json.loads(out)["extensions"]
+    assert report["grants"] == ["log"] and report["remaining"]["package"] is None
+    assert report["remove"].startswith(f"wasihost remove {ext} --purge")
+    code, out, _ = run_cli(capsys, "remove", ext, "--purge", *state)
+    assert (code, out) == (0, f"removed {ext} and its data\n")
+    code, out, _ = run_cli(capsys, "status", *state)
+    assert "no extensions" in out
+    code, out, _ = run_cli(capsys, "status", ext, *state)
+    assert "nothing is kept for it" in out and "to remove everything" not in out
+    code, _, err = run_cli(capsys, "remove", ext, "--purge", *state)
+    assert (code, err) == (1, f"error: package: {ext} is not installed and nothing is kept for it\n")
+    code, _, err = run_cli(capsys, "remove", ext, *state)
+    assert (code, err) == (1, f"error: package: {ext} is not installed\n")
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        (["--extension", "org.example.hello", "latest"], "'latest' is not a SemVer 2.0.0 version"),
+        (["--extension", "Hello", "0.1.0"], "--extension: 'Hello' is not an extension id"),
+        (["--module-sha256", "xyz"], "--module-sha256: 'xyz' is not 64 lowercase hex"),
+        (["--signing-key", "aGVsbG8="], "--signing-key: 'aGVsbG8=' is 5 bytes, not 32"),
+        (["--publisher", "evil example"], "--publisher: 'evil example' is not a publisher id"),
+    ],
+)
+def test_revoke_refuses_an_entry_it_cannot_write_as_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: list[str], expected: str
+) -> None:
+    """A malformed entry is the operator's typo, named by its flag: not "the revocation list is
+    malformed (every package is refused)", and never a list written with an entry (a version
+    that is not SemVer) that no package can match while the command reports success."""
+    key = tmp_path / "ops"
+    assert run_cli(capsys, "keygen", "--publisher", "ops.example", "--out", str(key))[0] == 0
+    listfile = tmp_path / "revocations"
+    code, out, err = run_cli(capsys, "revoke", str(listfile), "--key", f"{key}.key", *flag)
+    assert (code, out) == (2, "")
+    assert err.startswith("error: usage: ") and expected in err, err
+    assert "every package" not in err and not listfile.exists()
+
+
+def test_python_dash_m_reports_a_subcommands_usage_error_as_one(tmp_path: Path) -> None:
+    """`python -m wasihost.cli` runs the module as __main__, a second copy of it: a subcommand
+    module's UsageError (bench's) came out as `error: internal: UsageError` with exit 70."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "wasihost.cli", "bench", "--batches", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert (proc.returncode, proc.stderr) == (2, "error: usage: --batches must be 1..1000\n")
+
+
+def test_reinstate_says_which_grants_the_extension_holds_and_refused_grants_wait_for_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`grants revoke EXT` withdraws every grant; `reinstate` gave none back yet printed "it
+    holds the grants it had before". A refused grant of an id not installed was announced as
+    "the change waits for it" before its error."""
+    state = ["--state-dir", str(tmp_path / "state")]
+    ext = "org.example.tool"
+    code, out, err = run_cli(capsys, "grants", "reinstate", ext, *state)
+    assert (code, out, err) == (0, f"{ext} is not revoked: nothing to reinstate\n", "")
+    code, out, err = run_cli(capsys, "grants", "grant", ext, "teleport", *state)
+    assert (code, out, err) == (1, "", "error: config: unknown capability 'teleport'\n")
+    code, out, err = run_cli(capsys, "grants", "grant", ext, "clock", *state)
+    assert code == 0 and out.startswith("granted clock") and "is not installed" in err
+    assert run_cli(capsys, "grants", "revoke", ext, *state)[0] == 0
+    code, out, _ = run_cli(capsys, "grants", "reinstate", ext, *state)
+    assert code == 0 and "it holds no grants" in out
+    assert f"wasihost grants grant {ext} CAP --state-dir {tmp_path / 'state'}" in out
+    code, out, _ = run_cli(capsys, "grants", "list", ext, "--json", *state)
+    assert json.loads(out)["grants"] == []
+
+
+def test_reading_commands_do_not_create_a_mistyped_state_directory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`status` and `grants list` only read: a --state-dir that does not exist is named as
+    such, not created (with its parents) and reported as holding no extensions."""
+    missing = tmp_path / "typo" / "state"
+    for argv in (["status"], ["grants", "list", "org.example.tool"]):
+        code, out, err = run_cli(capsys, *argv, "--state-dir", str(missing))
+        assert (code, out) == (1, "")
+        assert err == f"error: config: state directory {missing} does not exist (install creates one; check the path)\n"
+    assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.parametrize("capability", ["log", "clock", "random", "jobs"])
+def test_a_scope_for_a_capability_that_reads_none_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, capability: str
+) -> None:
+    """jobs.md says jobs "takes no scope", nor do log, clock and random: a scope given to them
+    was stored and listed as if it bounded something."""
+    state = ["--state-dir", str(tmp_path / "state")]
+    argv = ["grants", "grant", "org.example.tool", capability, *state]
+    code, out, err = run_cli(capsys, *argv, "--scope", '{"max_jobs": 1}')
+    assert (code, out) == (1, "")
+    assert err == f"error: config: grant scope of {capability} takes no keys (got max_jobs)\n"
+    code, out, _ = run_cli(capsys, *argv, "--scope", "{}")
+    assert code == 0 and out.startswith(f"granted {capability} to org.example.tool")
+
+
+def test_run_of_a_missing_source_says_where_it_looked(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RUN's source is a path or an installed id. A missing path with a '/' or a .wasm name was
+    reported as "... is not installed" once the default state directory existed, and a missing
+    id gave no clue that it may live in another state directory."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "wasihost").mkdir(parents=True, mode=0o700)
+    for source in ("missing.wasm", "nowhere/x"):
+        code, _, err = run_cli(capsys, "run", source, "greet")
+        assert (code, err) == (1, f"error: package: module {source} does not exist\n")
+    code, _, err = run_cli(capsys, "run", "org.example.hello", "greet")
+    assert code == 1 and err.startswith("error: package: org.example.hello is not installed\n")
+    assert err.endswith(
+        f"hint: org.example.hello is neither a file here nor an extension installed in "
+        f"{tmp_path / 'data' / 'wasihost'}; one installed elsewhere needs --state-dir DIR\n"
+    )
+
+
+def test_keygen_and_endorse_refuse_an_empty_prefix_and_a_self_endorsement(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run_cli(capsys, "keygen", "--publisher", "a.example", "--out", "")
+    assert (code, err) == (2, "error: usage: --out is empty: give a file prefix, such as acme\n")
+    key = tmp_path / "a"
+    assert run_cli(capsys, "keygen", "--publisher", "a.example", "--out", str(key))[0] == 0
+    code, out, err = run_cli(capsys, "endorse", f"{key}.pub", "--key", f"{key}.key")
+    assert (code, out) == (2, "")
+    assert err == f"error: usage: {key}.pub is the public key of {key}.key itself: endorse a new key\n"
+
+
+def test_a_bytes_command_given_json_gets_the_cli_flags_as_its_hint(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["run", str(FIXTURES / "rawecho"), "echo-bytes", "--input", '"x"']
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 1 and "takes bytes" in err
+    assert err.endswith(
+        "hint: give the bytes with --input-bytes FILE ('-': stdin) or --input '{\"$bytes\": \"HEX\"}'\n"
+    )

@@ -277,8 +277,9 @@ def test_cli_revoke_writes_a_new_signed_version_each_time(
     other = tmp_path / "other"
     assert main(["keygen", "--publisher", "ops.example", "--out", str(other)]) == 0
     assert main(["revoke", str(lst), "--key", f"{other}.key", "--publisher", "x.example"]) == 1
-    assert main(["revoke", str(lst), "--key", ops_key, "--module-sha256", "XYZ"]) == 1
-    capsys.readouterr()
+    # A malformed entry is a usage error naming its flag (exit 2), refused before the key is read.
+    assert main(["revoke", str(lst), "--key", ops_key, "--module-sha256", "XYZ"]) == 2
+    assert "--module-sha256: 'XYZ' is not 64 lowercase hex" in capsys.readouterr().err
     assert revocation.parse(lst.read_bytes(), TrustStore.parse(trust.read_text())).version == 2
 
 

@@ -445,6 +445,9 @@ def test_the_cli_refuses_an_id_that_is_not_one_and_status_keeps_working(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     state = str(tmp_path / "state")
+    # An existing state directory: status refuses to create a missing one (test_cli.py::
+    # test_reading_commands_do_not_create_a_mistyped_state_directory).
+    (tmp_path / "state").mkdir(mode=0o700)
     for argv in (
         ["grants", "grant", "a" * 300, "log"],
         ["grants", "list", "a" * 300],

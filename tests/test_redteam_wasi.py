@@ -537,7 +537,7 @@ def test_the_write_budget_is_set_by_the_cli_and_lowered_by_a_grant_scope(tmp_pat
     assert config_from_args(parse_args(["m.wasm"])).max_write_bytes == (
         limits.DEFAULT_MAX_WRITE_BYTES
     )
-    with pytest.raises(ConfigError, match="max_write_bytes"):
+    with pytest.raises(ConfigError, match="--max-write-bytes must be in 0"):
         config_from_args(parse_args(["--max-write-bytes", "-1", "m.wasm"]))
     mine = WasiOptions(max_write_bytes=10_000)
     assert apply_scopes(mine, {"wasi.fs.write": {"max_write_bytes": 100}}).max_write_bytes == 100

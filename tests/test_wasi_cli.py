@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from wasi_support import CACHE_DIR, LIBC, PROBE, STD
 
-from wasihost.errors import AdmissionError, CallError, ConfigError, FailureClass, WasihostError
+from wasihost.cli import UsageError, main
+from wasihost.errors import AdmissionError, CallError, FailureClass, WasihostError
 from wasihost.wasi.cli import config_from_args, exit_status, parse_args, run
 from wasihost.wasi.config import capabilities_for
 
@@ -97,16 +99,26 @@ def test_options_after_the_module_belong_to_the_guest(
 @pytest.mark.parametrize(
     ("argv", "error", "match"),
     [
-        (["--dir", "/no/such/dir", str(PROBE)], ConfigError, "not a directory"),
-        (["--env", "NOEQUALS", str(PROBE)], ConfigError, "not K=V"),
-        (["--random-seed", "zz", str(PROBE)], ConfigError, "not hex"),
-        (["--random-seed", "00", str(PROBE)], ConfigError, "random_seed"),
+        # A bad flag value is a usage error naming the flag (exit 2), as the main CLI's are.
+        (["--dir", "/no/such/dir", str(PROBE)], UsageError, "not a directory"),
+        (["--env", "NOEQUALS", str(PROBE)], UsageError, "not K=V"),
+        (["--random-seed", "zz", str(PROBE)], UsageError, "--random-seed 'zz' is not hex"),
+        (["--random-seed", "00", str(PROBE)], UsageError, "--random-seed is 1 bytes; it must be 16"),
+        (["--stdin", "/no/such/file", str(PROBE)], UsageError, "--stdin /no/such/file"),
+        (["--max-write-bytes", "-5", str(PROBE)], UsageError, "--max-write-bytes must be in 0"),
+        (["--fuel", "0", str(PROBE)], UsageError, "--fuel must be in 1..10000000000, got 0"),
+        (["--timeout-ms", "0", str(PROBE)], UsageError, "--timeout-ms must be in 1..600000"),
         (["/no/such/module.wasm"], WasihostError, "does not exist"),
     ],
 )
 def test_bad_input_is_a_wasihost_error(argv: list[str], error: type, match: str) -> None:
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=re.escape(match)):
         wasi(*argv)
+
+
+def test_a_bad_wasi_flag_exits_as_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["wasi", "--random-seed", "00", str(PROBE)]) == 2
+    assert capsys.readouterr().err.startswith("error: usage: --random-seed is 1 bytes")
 
 
 def test_guest_failures_surface_with_their_class(tmp_path: Path) -> None:
@@ -141,3 +153,11 @@ def test_a_guest_that_died_on_a_withheld_clock_gets_a_hint(
     # A run that succeeds, or fails without asking for a withheld capability, gets no hint.
     assert wasi("--profile", "none", "--no-random", str(PROBE), "exit:3") == 3
     assert b"hint:" not in capsysbinary.readouterr().err
+
+
+def test_a_run_without_a_module_names_only_the_module_as_missing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The guest's arguments are optional: argparse's default said "required: module, args"."""
+    assert main(["wasi", "--dir", "/"]) == 2
+    assert capsys.readouterr().err == "error: usage: the following arguments are required: module\n"

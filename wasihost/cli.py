@@ -22,7 +22,9 @@ from .errors import (
     AdmissionError,
     CallError,
     CodecError,
+    ConfigError,
     FailureClass,
+    PackageError,
     UnsignedPackageError,
     UntrustedKeyError,
     WasihostError,
@@ -449,6 +451,17 @@ def _state_dir(args: argparse.Namespace) -> Path:
     return args.state_dir if args.state_dir is not None else default_state_dir()
 
 
+def _state_dir_to_read(args: argparse.Namespace) -> None:
+    """A command that only reads the state (status, grants list) does not create an explicit
+    --state-dir that does not exist: a mistyped path would otherwise become a new, empty state
+    directory (parents included) reported as holding no extensions."""
+    if args.state_dir is not None and not args.state_dir.exists():
+        raise ConfigError(
+            f"state directory {args.state_dir} does not exist (install creates one; "
+            "check the path)"
+        )
+
+
 def _state_host(args: argparse.Namespace) -> Host:
     """A host on the durable state: the grant table decides; the policy allows every
     capability the registry knows, so that it caps nothing the operator granted."""
@@ -498,7 +511,7 @@ def _input_value(args: argparse.Namespace) -> Any:
         raise UsageError(f"{flag}: {exc}") from None
 
 
-def _check_budget_flags(args: argparse.Namespace) -> None:
+def check_budget_flags(args: argparse.Namespace) -> None:
     """``--fuel`` and ``--timeout-ms`` are refused in their own words, not the manifest's."""
     for flag, value, (low, high) in (
         ("--fuel", args.fuel, (limits.MIN_FUEL_PER_CALL, limits.MAX_FUEL_PER_CALL)),
@@ -528,9 +541,13 @@ def _not_shadowing(args: argparse.Namespace) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     value = _input_value(args)
-    _check_budget_flags(args)
+    check_budget_flags(args)
+    # An installed extension's id never holds a '/' nor ends like a file: such a source is a
+    # path, and one that does not exist is reported as a missing file, not a missing install.
     installed = (
         not is_archive(args.source)
+        and "/" not in args.source
+        and not args.source.endswith(".wasm")
         and not Path(args.source).exists()
         and (args.state_dir is not None or _state_dir(args).exists())
     )
@@ -691,6 +708,10 @@ def _cmd_endorse(args: argparse.Namespace) -> int:
             f"{args.new} is {publisher!r}'s key and {args.key} is {old.publisher!r}'s: a key "
             "endorses only its own publisher's next key"
         )
+    if key == old.public_bytes:
+        # A key endorsing itself proves nothing a rotation needs, and the line it printed
+        # looked like one.
+        raise UsageError(f"{args.new} is the public key of {args.key} itself: endorse a new key")
     print(old.endorse(key), end="")
     return 0
 
@@ -699,6 +720,8 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     from .packaging.files import write_key_pair
     from .packaging.trust import SigningKey
 
+    if not args.out:
+        raise UsageError("--out is empty: give a file prefix, such as acme")
     if args.out.endswith("/") or Path(args.out).is_dir():
         # PREFIX names the files (PREFIX.key, PREFIX.pub): a directory would give .key and
         # .pub, hidden files named for nothing.
@@ -752,6 +775,40 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_revocation_entries(args: argparse.Namespace) -> None:
+    """The operator's entries, refused as usage errors naming the flag: a malformed one would
+    otherwise be refused by the list's own parser as if the list were corrupt, and an entry
+    that no package can match (an extension version that is not SemVer) would revoke nothing
+    while the command reported success."""
+    from .manifest import is_extension_id, is_version
+    from .packaging.trust import KEY_BYTES, PUBLISHER_ID, b64_exact
+
+    for digest in args.module_sha256:
+        if not (len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise UsageError(f"--module-sha256: {printable(digest[:80])!r} is not 64 lowercase hex")
+    for ext_id, version in args.extension:
+        if not is_extension_id(ext_id):
+            raise UsageError(
+                f"--extension: {printable(ext_id[:80])!r} is not an extension id "
+                "(reverse-DNS: lowercase labels of a-z, 0-9 and '-', at least two)"
+            )
+        if not is_version(version):
+            raise UsageError(
+                f"--extension {ext_id}: {printable(version[:80])!r} is not a SemVer 2.0.0 version"
+            )
+    for publisher in args.publisher:
+        if not PUBLISHER_ID.fullmatch(publisher):
+            raise UsageError(
+                f"--publisher: {printable(publisher[:80])!r} is not a publisher id (1 to 128 of "
+                "letters, digits and ._@+- starting with a letter or digit)"
+            )
+    for text in args.signing_key:
+        try:
+            b64_exact(text, KEY_BYTES)
+        except ValueError as exc:
+            raise UsageError(f"--signing-key: {printable(text[:80])!r} {exc}") from None
+
+
 def _cmd_revoke(args: argparse.Namespace) -> int:
     from .packaging import revocation
     from .packaging.archive import read_archive
@@ -761,6 +818,7 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
 
     if not 1 <= args.expires_days <= MAX_REVOCATION_DAYS:
         raise UsageError(f"--expires-days must be in 1..{MAX_REVOCATION_DAYS}")
+    _check_revocation_entries(args)
     key = read_signing_key(args.key)
     own = TrustStore(frozenset(), frozenset({(key.publisher, key.public_bytes)}))
     previous = None
@@ -828,6 +886,32 @@ def _remedy(exc: WasihostError, args: argparse.Namespace | None) -> str | None:
     if isinstance(exc, UnsignedPackageError):
         target = getattr(args, "package", None) or getattr(args, "source", None) or "FILE.whpkg"
         return f"sign it: wasihost sign {target} --key PREFIX.key"
+    if (
+        args is not None
+        and args.cmd == "run"
+        and type(exc) is PackageError
+        and "/" not in args.source
+        and not args.source.endswith((".wasm", ".whpkg"))
+        and exc.message
+        in (f"{args.source} is not installed", f"module {args.source} does not exist")
+    ):
+        # RUN's source is a path or an installed id: say both were looked for, and where.
+        where = args.state_dir if args.state_dir is not None else _state_dir(args)
+        return (
+            f"{args.source} is neither a file here nor an extension installed in {where}"
+            + ("; one installed elsewhere needs --state-dir DIR" if args.state_dir is None else "")
+        )
+    if (
+        args is not None
+        and args.cmd == "run"
+        and type(exc) is ConfigError
+        and f"command {args.command!r} takes bytes" in exc.message
+    ):
+        # The embedding API's words (bytes, a memoryview) in the CLI's terms.
+        return (
+            "give the bytes with --input-bytes FILE ('-': stdin) or "
+            "--input '{\"$bytes\": \"HEX\"}'"
+        )
     if not isinstance(exc, AdmissionError) or not exc.ungranted or args is None:
         return None
     caps = exc.ungranted
@@ -843,7 +927,12 @@ def _remedy(exc: WasihostError, args: argparse.Namespace | None) -> str | None:
 
 def _cmd_remove(args: argparse.Namespace) -> int:
     with _state_host(args) as host:
-        host.require_state().remove(args.extension, purge=args.purge)
+        if args.purge:
+            from .updates import purge
+
+            purge(host, args.extension)
+        else:
+            host.require_state().remove(args.extension, purge=False)
         print(f"removed {args.extension}" + (" and its data" if args.purge else ""))
     return 0
 
@@ -852,16 +941,23 @@ def _cmd_grants(args: argparse.Namespace) -> int:
     from .runtime import check_extension_id
 
     check_extension_id(args.extension)
+    if args.grants_cmd == "list":
+        _state_dir_to_read(args)
     with _state_host(args) as host:
         ext = args.extension
         store = host.require_state()
         if args.grants_cmd != "list" and store.package(ext) is None:
             # Allowed (grants may be set before the install), but a typo would pass silently.
-            print(
+            # Said once the change is made: a refused one waits for nothing.
+            pending_note = (
                 f"note: {printable(ext)} is not installed in {store.directory}: "
-                "the change waits for it",
-                file=sys.stderr,
+                "the change waits for it"
             )
+        else:
+            pending_note = None
+        if args.grants_cmd == "reinstate" and host.grants.state(ext).revoked is None:
+            print(f"{ext} is not revoked: nothing to reinstate")
+            return 0
         if args.grants_cmd == "grant":
             scope = None
             if args.scope is not None:
@@ -877,7 +973,17 @@ def _cmd_grants(args: argparse.Namespace) -> int:
             print(f"revoked {what} from {ext} (epoch {epoch})")
         elif args.grants_cmd == "reinstate":
             epoch = host.reinstate(ext)
-            print(f"reinstated {ext} (epoch {epoch}); it holds the grants it had before")
+            # A whole-extension revocation withdrew every grant: none comes back by itself.
+            held = sorted(host.grants.state(ext).entries)
+            print(
+                f"reinstated {ext} (epoch {epoch}); "
+                + (
+                    f"it holds: {', '.join(held)}"
+                    if held
+                    else f"it holds no grants: give each again with "
+                    f"wasihost grants grant {ext} CAP{_state_flag(args)}"
+                )
+            )
         else:
             state = host.grants.state(ext)
             rows = [
@@ -907,6 +1013,8 @@ def _cmd_grants(args: argparse.Namespace) -> int:
                     )
                 if not rows:
                     print("  (no grants)")
+        if pending_note is not None:
+            print(pending_note, file=sys.stderr)
     return 0
 
 
@@ -932,8 +1040,13 @@ def _status_of(host: Host, ext: str) -> dict[str, Any]:
         "remaining": store.remaining_data(ext),
         "recent": [f"{e.kind}: {e.detail}" for e in store.events(ext, 5)],
         "crashes_by_class": store.crash_counts(ext),
-        "remove": f"wasihost remove {ext} --purge"
-        + (f" --state-dir {store.directory}" if store.directory else ""),
+        # None when the state keeps nothing of ``ext``: `remove --purge` would refuse it.
+        "remove": (
+            f"wasihost remove {ext} --purge"
+            + (f" --state-dir {store.directory}" if store.directory else "")
+            if store.keeps(ext)
+            else None
+        ),
     }
 
 
@@ -961,6 +1074,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     if args.extension is not None:
         check_extension_id(args.extension)
+    _state_dir_to_read(args)
     with _state_host(args) as host:
         store = host.require_state()
         names = [args.extension] if args.extension else store.extensions()
@@ -992,7 +1106,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 print(f"  crashes in the journal: {counts}")
             for line in r["recent"]:
                 print(f"  recent: {printable(line)}")
-            print(f"  to remove everything: {r['remove']}")
+            if r["remove"] is None:
+                print("  nothing is kept for it in this state directory")
+            else:
+                print(f"  to remove everything: {r['remove']}")
     return 0
 
 
@@ -1093,4 +1210,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m wasihost.cli` runs this file as __main__, a second copy of the module: the
+    # subcommands raise wasihost.cli's UsageError, which only that module's main catches.
+    from wasihost.cli import main as _entry
+
+    sys.exit(_entry())

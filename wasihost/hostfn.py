@@ -87,6 +87,17 @@ class ScopedBroker(Broker, Protocol):
         ...
 
 
+def refuse_any_scope(capability: str, scope: Mapping[str, Any]) -> None:
+    """``check_scope`` of a broker that reads no scope (log, clock, random, jobs): a scope
+    given to it would be stored and shown as if it bounded something, so any key is refused."""
+    if not isinstance(scope, Mapping):
+        raise ConfigError("a grant scope must be a JSON object")
+    if scope:
+        raise ConfigError(
+            f"grant scope of {capability} takes no keys (got {', '.join(sorted(map(str, scope)))})"
+        )
+
+
 def broker_conventions(broker: Broker) -> frozenset[str]:
     """The calling conventions ``broker``'s handlers speak: ``cbor`` unless it says more in a
     ``conventions`` attribute (the log broker also serves ABI 2.0's native ``log``)."""

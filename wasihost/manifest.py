@@ -147,6 +147,16 @@ _SEMVER = re.compile(
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+def is_extension_id(text: str) -> bool:
+    """Whether ``text`` may be a manifest's ``extension.id``."""
+    return len(text) <= MAX_ID_CHARS and _ID.fullmatch(text) is not None
+
+
+def is_version(text: str) -> bool:
+    """Whether ``text`` may be a manifest's ``extension.version`` (SemVer 2.0.0)."""
+    return len(text) <= MAX_VERSION_CHARS and _SEMVER.fullmatch(text) is not None
+
+
 VersionOrder = tuple[tuple[int, int, int], int, tuple[tuple[int, int | str], ...]]
 
 

@@ -340,10 +340,17 @@ class StateStore:
         return [p for p in found if p is not None]
 
     def remove(self, extension: str, *, purge: bool) -> None:
-        """Forget a package; with ``purge`` also its data, grants history and journal."""
+        """Forget a package; with ``purge`` also its data, grants history and journal.
+
+        ``purge`` also serves an id no longer installed (removed without it before, or granted
+        before its install) whose records remain: what ``wasihost status`` shows as kept must
+        be removable. An id the state knows nothing of is refused, so a typo is not silent."""
         pkg = self.package(extension)
-        if pkg is None:
-            raise PackageError(f"{extension} is not installed")
+        if pkg is None and not (purge and self.keeps(extension)):
+            raise PackageError(
+                f"{extension} is not installed"
+                + (" and nothing is kept for it" if purge else "")
+            )
         remove_tree(self.packages_dir / extension)
         remove_tree(self.checkpoints_dir / extension)
         with self._tx() as db:
@@ -499,6 +506,18 @@ class StateStore:
                 "SELECT state, COUNT(*) FROM lifecycle GROUP BY state ORDER BY state"
             ).fetchall()
         return {r[0]: r[1] for r in rows}
+
+    def keeps(self, extension: str) -> bool:
+        """Whether the state holds anything of ``extension``: a package, grant records, a
+        lifecycle state, journal events or a data directory."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM packages WHERE id=?1 UNION ALL SELECT 1 FROM grant_epochs "
+                "WHERE extension=?1 UNION ALL SELECT 1 FROM lifecycle WHERE extension=?1 "
+                "UNION ALL SELECT 1 FROM events WHERE extension=?1 LIMIT 1",
+                (extension,),
+            ).fetchone()
+        return row is not None or self.data_dir(extension).exists()
 
     def extensions(self) -> list[str]:
         """Every extension the state knows of, installed or not (revoked ones keep records)."""

@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -332,6 +333,18 @@ def restore_checkpoint(host: Host, extension: str, checkpoint: Path) -> None:
         shutil.copytree(checkpoint / "data", data, symlinks=True)
     for broker in _checkpointing(host):
         broker.restore(host, extension, checkpoint / "brokers" / broker.name)
+
+
+def purge(host: Host, extension: str) -> None:
+    """Forget ``extension`` with everything kept for it (``wasihost remove --purge``): its
+    package, records and data directory, and what each checkpointing broker keeps for it, which
+    is not under the data directory (storage rows live in the state directory's one storage
+    database). The state store refuses an id it knows nothing of before any broker is asked."""
+    host.require_state().remove(extension, purge=True)
+    with tempfile.TemporaryDirectory() as empty:
+        for broker in _checkpointing(host):
+            # Restoring a checkpoint in which the extension held nothing drops all it holds.
+            broker.restore(host, extension, Path(empty) / broker.name)
 
 
 def _checkpointing(host: Host) -> list[Any]:

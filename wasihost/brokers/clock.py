@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..hostfn import refuse_any_scope
 from ..status import HostStatus, Status
 
 if TYPE_CHECKING:
@@ -52,6 +53,9 @@ class ClockBroker:
     functions = ("wasihost_v1.clock_now",)
     capabilities = frozenset({"clock"})
 
+
+    def check_scope(self, capability: str, scope: Mapping[str, Any]) -> None:
+        refuse_any_scope(capability, scope)
     def open(self, ext: Extension) -> Extension:
         return ext
 

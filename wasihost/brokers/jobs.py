@@ -27,7 +27,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
@@ -36,6 +36,7 @@ from ..budgets import Resource
 from ..codec import CodecLimits, decode, encode
 from ..errors import CodecError, ConfigError
 from ..event_classes import MAX_CLASS_CHARS, covered, is_class, is_selector, matches
+from ..hostfn import refuse_any_scope
 from ..lifecycle import State
 from ..status import HostStatus, Status
 from .dispatch import ExtensionDispatcher
@@ -231,6 +232,9 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
     functions = ("wasihost_v1.jobs_schedule", "wasihost_v1.jobs_cancel")
     capabilities = frozenset({CAPABILITY})
 
+
+    def check_scope(self, capability: str, scope: Mapping[str, Any]) -> None:
+        refuse_any_scope(capability, scope)
     def __init__(
         self, *, clock: JobClock | None = None, max_threads: int = MAX_JOB_THREADS
     ) -> None:

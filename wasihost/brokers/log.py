@@ -3,7 +3,7 @@ through the grant table."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..extlog import (
@@ -15,6 +15,7 @@ from ..extlog import (
     LogSink,
     to_logging,
 )
+from ..hostfn import refuse_any_scope
 from ..status import Status, StatusAnswer
 
 if TYPE_CHECKING:
@@ -137,6 +138,9 @@ class LogBroker:
     # over from ``wasihost_v1.log`` by the host, see HostFunctions.add_broker).
     conventions = frozenset({"cbor", "native"})
 
+
+    def check_scope(self, capability: str, scope: Mapping[str, Any]) -> None:
+        refuse_any_scope(capability, scope)
     def open(self, ext: Extension) -> Extension:
         return ext
 

@@ -6,9 +6,10 @@ import hashlib
 import hmac
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..hostfn import refuse_any_scope
 from ..status import HostStatus, Status
 
 if TYPE_CHECKING:
@@ -63,6 +64,9 @@ class RandomBroker:
     functions = ("wasihost_v1.random_bytes",)
     capabilities = frozenset({"random"})
 
+
+    def check_scope(self, capability: str, scope: Mapping[str, Any]) -> None:
+        refuse_any_scope(capability, scope)
     def open(self, ext: Extension) -> Callable[[int], bytes]:
         seed = ext.host.policy.random_seed
         if seed is None:

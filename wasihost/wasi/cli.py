@@ -1,9 +1,9 @@
 """``wasihost wasi``: run a WASI command module's ``_start`` through the WASI profile.
 
     wasihost wasi [--dir HOST[::GUEST]]... [--dir-ro HOST[::GUEST]]... [--env K=V]...
-                  [--profile standard|anonymous|none] [--random-seed HEX | --no-random]
+                  [--profile standard|anonymous|none] [--random | --random-seed HEX | --no-random]
                   [--stdin FILE] [--max-write-bytes N] [--fuel N] [--timeout-ms N]
-                  MODULE.wasm [ARGS...]
+                  [--cache-dir DIR | --no-cache] MODULE.wasm [ARGS...]
 
 As in wasmtime's CLI, the guest's argv[0] is the module's file name and ARGS follow it
 (everything after MODULE goes to the guest, options included). stdout and stderr go to the
@@ -12,7 +12,7 @@ its argv, the ``standard`` clocks (at the policy's coarse resolution) and the OS
 peer runtime grants: an ordinary program (Rust's ``HashMap``, ``Instant::now``) needs both.
 Files, env and sockets stay denied unless a flag grants them. Errors are raised as
 :class:`~wasihost.errors.WasihostError` for the main CLI to print as ``error: <class>:
-<message>``.
+<message>``; a flag's bad value as the main CLI's ``UsageError`` (exit 2).
 """
 
 from __future__ import annotations
@@ -25,7 +25,14 @@ from typing import Any, BinaryIO
 from ..errors import ConfigError, WasihostError
 from ..input_files import read_file_or_stdin
 from . import limits
-from .config import ClockProfile, Mount, WasiOptions, capabilities_for
+from .config import (
+    MAX_SEED_BYTES,
+    MIN_SEED_BYTES,
+    ClockProfile,
+    Mount,
+    WasiOptions,
+    capabilities_for,
+)
 from .registry import CAP_CLOCK, CAP_RANDOM
 
 # What a bare `wasihost wasi prog.wasm` grants besides stdio and argv (see docs/wasi.md).
@@ -91,7 +98,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, help="compiled-module cache directory")
     p.add_argument("--no-cache", action="store_true", help="do not use the on-disk cache")
     p.add_argument("module", help="the WASI command module (.wasm)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the guest")
+    guest_args = p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the guest")
+    # argparse marks a REMAINDER positional required, and a run with no module then said
+    # "required: module, args" though the guest's arguments are optional.
+    guest_args.required = False
     return p
 
 
@@ -108,9 +118,15 @@ def _read_stdin(source: str) -> bytes:
 
 def _seed(text: str) -> bytes:
     try:
-        return bytes.fromhex(text)
+        seed = bytes.fromhex(text)
     except ValueError:
         raise ConfigError(f"--random-seed {text!r} is not hex") from None
+    if not MIN_SEED_BYTES <= len(seed) <= MAX_SEED_BYTES:
+        raise ConfigError(
+            f"--random-seed is {len(seed)} bytes; it must be {MIN_SEED_BYTES} to "
+            f"{MAX_SEED_BYTES} ({2 * MIN_SEED_BYTES} to {2 * MAX_SEED_BYTES} hex digits)"
+        )
+    return seed
 
 
 def _stream(name: str) -> BinaryIO:
@@ -130,6 +146,11 @@ def config_from_args(args: argparse.Namespace) -> WasiOptions:
         stderr.write(data)
         stderr.flush()  # unbuffered, as a terminal's stderr is
 
+    if not 0 <= args.max_write_bytes <= limits.MAX_MAX_WRITE_BYTES:
+        raise ConfigError(
+            f"--max-write-bytes must be in 0..{limits.MAX_MAX_WRITE_BYTES}, "
+            f"got {args.max_write_bytes}"
+        )
     return WasiOptions(
         argv=[Path(args.module).name, *args.args],
         env=list(args.env),
@@ -152,12 +173,19 @@ def exit_status(code: int) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the module; return the process exit status (the guest's exit code)."""
+    from ..cli import UsageError, check_budget_flags
     from ..package import load_package
     from ..policy import Policy
     from ..runtime import Host, default_cache_dir
     from .binding import wasi_profile
 
-    config = config_from_args(args)
+    check_budget_flags(args)
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        # Every refusal here is of a flag's value (a mount, --env, --stdin, the seed): a usage
+        # error (exit 2), as the main CLI's own flags are.
+        raise UsageError(exc.message) from None
     caps = capabilities_for(config)
     cache = None if args.no_cache else (args.cache_dir or default_cache_dir())
     host = Host(Policy(allow=caps), cache_dir=cache, profiles=[wasi_profile(config)])
