@@ -279,6 +279,8 @@ class FunctionBroker:
             ctx = CallContext(ext, entry, call)
             try:
                 if is_async:
+                    if call.woken:  # interrupted since the engine's check: start nothing
+                        raise GuestInterrupted
                     coro: Awaitable[Any] = fn(ctx, request)
                     return wait_for(loop.submit(coro), call)  # type: ignore[arg-type]
                 return fn(ctx, request)
@@ -308,6 +310,8 @@ class FunctionBroker:
             result: Any
             try:
                 if is_async:
+                    if call.woken:  # interrupted since the engine's check: start nothing
+                        raise GuestInterrupted
                     coro: Awaitable[Any] = fn(CallContext(ext, entry, call), *args)
                     result = wait_for(loop.submit(coro), call)  # type: ignore[arg-type]
                 else:

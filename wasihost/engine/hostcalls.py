@@ -272,6 +272,8 @@ class HostContext:
 
             def final(env: int, caller: int, args: int, nargs: int) -> int:
                 try:
+                    if self.interrupted:  # its handler records the guest's message: not now
+                        return self.halt_trap()
                     if not self.native.bound:
                         return self.call_unbound(final, env, caller, args, nargs)
                     req_ptr, req_len, _, _ = _CBOR_ARGS(PROCESS_MEMORY, args)
@@ -302,6 +304,8 @@ class HostContext:
             # handler may answer; then decode, serve, encode, pay for the response. A guest's
             # mistake in the ranges ends its call; a refusal is answered with a status.
             try:
+                if self.interrupted:  # revoked, disabled, cancelled: no handler runs after that
+                    return self.halt_trap()
                 if not mem.bound:
                     return self.call_unbound(dispatch, env, caller, args, nargs)
                 req_ptr, req_len, resp_ptr, resp_cap = _CBOR_ARGS(PROCESS_MEMORY, args)

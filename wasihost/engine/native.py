@@ -150,6 +150,14 @@ class NativeCall:
                         event.set()
         return event
 
+    @property
+    def woken(self) -> bool:
+        """Whether the instance was interrupted (:meth:`wake` came): a handler about to hand
+        work to another thread (an async embedder function) looks first, so nothing starts for
+        an instance that is to stop."""
+        event = self._wakeup
+        return self._woken if event is None else event.is_set()
+
     def wake(self) -> None:
         """Set :attr:`wakeup`. Without making it when nobody made it yet: it is then made set
         (an instance closing, the common case, was never waited on)."""
