@@ -45,8 +45,7 @@ def halting_guest(then: str) -> bytes:
         + '(@custom "wasihost_abi.myapp" "1.0")'
     )
     data = (
-        f'(data (i32.const 9000) "{escape(LOG_REQUEST)}")'
-        f'(data (i32.const 9100) "{escape(NULL)}")'
+        f'(data (i32.const 9000) "{escape(LOG_REQUEST)}")(data (i32.const 9100) "{escape(NULL)}")'
     )
     return build(guest_wat(body, imports=imports, extra=data))
 
@@ -61,7 +60,12 @@ def test_no_host_call_handler_runs_once_the_instance_is_interrupted(then: str) -
     ran: list[str] = []
     with Host(Policy(allow={"log", "myapp.use"}), cache_dir=None) as host:
         exts: list[Any] = []
-        options = {"capability": "myapp.use", "max_request_bytes": 16, "max_response_bytes": 16, "fuel_per_byte": 1}
+        options = {
+            "capability": "myapp.use",
+            "max_request_bytes": 16,
+            "max_response_bytes": 16,
+            "fuel_per_byte": 1,
+        }
 
         @host.function("myapp.halt", fuel_base=100, **options)
         def halt(ctx: Any, request: Any) -> None:

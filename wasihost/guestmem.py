@@ -61,6 +61,12 @@ class GuestMemory(Protocol):
         ``units`` more: asked before work proportional to a guest-declared length."""
         ...
 
+    def charge(self, units: int) -> None:
+        """Pay ``units`` fuel for the next step of work, before doing it (a path component, a
+        key listed): raises :class:`~wasihost.status.GuestOutOfFuel` if the budget cannot pay,
+        so a guest out of fuel stops the work part-way."""
+        ...
+
     def sleep(self, seconds: float) -> None:
         """Wait, or raise :class:`~wasihost.status.GuestInterrupted` as soon as the host
         interrupts the instance. Blocking brokers wait here, never in ``time.sleep``."""

@@ -64,11 +64,11 @@ FUEL_PER_SEEDED_RANDOM_BYTE: Final = 25
 # embedder's log sink call. At one unit a byte, 1 MiB of newlines made a million records
 # (~1 s of host time) for about two million units.
 FUEL_PER_LOG_RECORD: Final = 100
-# What a budget must still hold for poll_oneoff to wait: its price, plus the 10,000 units host
+# What a budget must still hold for poll_oneoff to wait: its price, plus the 100,000 units host
 # calls may otherwise owe before the engine checks the budget (SETTLE_FUEL in engine/native.py,
 # below which a fuel check answers yes without looking). Without it a guest with 50 units left
 # slept until its deadline (up to ten minutes) on credit.
-FUEL_TO_WAIT: Final = 10_000 + FUEL_POLL
+FUEL_TO_WAIT: Final = 100_000 + FUEL_POLL
 
 _PTR: Final = 4  # an out-pointer target (u32 / size)
 _U64: Final = 8
