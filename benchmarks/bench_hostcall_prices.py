@@ -33,11 +33,13 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
+import http.server
 import json
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -52,6 +54,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from wasihost.brokers.files import FilesBroker
+from wasihost.brokers.http import HttpBroker
 from wasihost.brokers.secrets import SecretsBroker
 from wasihost.brokers.storage import StorageBroker
 from wasihost.manifest import parse_manifest
@@ -75,7 +78,7 @@ abi = "1.1"
 module = "m.wasm"
 
 [capabilities]
-required = ["log", "clock", "random", "storage", "secrets", "files", "events", "jobs"]
+required = ["log", "clock", "random", "storage", "secrets", "files", "events", "jobs", "http"]
 
 [commands]
 job = {}
@@ -89,7 +92,13 @@ max_jobs = 32
 [events]
 classes = ["bench.*"]
 command = "job"
+
+[http]
+allowed_origins = ["ORIGIN"]
+bytes_per_hour = 1_073_741_824
 """
+HTTP_NAME = "api.bench"  # resolved to 127.0.0.1 by the benchmark's resolver
+HTTP_BODY = 48 * 1024  # the registry's most: a 61,440-byte response holds it
 
 KEY = "k" * 255  # a key of 255 bytes (the registry's bound is 256)
 BIG = 32768
@@ -108,7 +117,7 @@ class Case(NamedTuple):
     then: str | None = None
 
 
-def _cases(calls: int) -> list[Case]:
+def _cases(calls: int, origin: str = "http://api.bench:1") -> list[Case]:
     def c(name: str, entry: str, req: Any, room: int, n: int = calls, then: str | None = None):
         raw = req if isinstance(req, bytes) else cbor2.dumps(req)
         return Case(name, entry, raw, room, n, then)
@@ -146,7 +155,43 @@ def _cases(calls: int) -> list[Case]:
             then="jobs_cancel",
         ),
         c("jobs_cancel missing", "jobs_cancel", 999, 16),
+        c(
+            "http_request 48 KiB",
+            "http_request",
+            {"method": "GET", "url": origin + "/big", "headers": [], "body": None},
+            61440,
+            max(1, calls // 4),
+        ),
+        c(
+            "http_request 0 B",
+            "http_request",
+            {"method": "GET", "url": origin + "/", "headers": [], "body": None},
+            61440,
+            max(1, calls // 4),
+        ),
     ]
+
+
+class _Answer(http.server.BaseHTTPRequestHandler):
+    """The benchmark's HTTP server: ``/big`` answers HTTP_BODY bytes, anything else none."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        body = b"x" * HTTP_BODY if self.path == "/big" else b""
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def serve_http() -> tuple[http.server.ThreadingHTTPServer, str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://{HTTP_NAME}:{server.server_address[1]}"
 
 
 def _escape(blob: bytes) -> str:
@@ -301,7 +346,8 @@ def run(rounds: int, calls: int, only: set[str] | None) -> dict[str, Any]:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        all_cases = _cases(calls)
+        server, origin = serve_http()
+        all_cases = _cases(calls, origin)
         setup_cases = [
             Case("setup open data", "file_open", cbor2.dumps(["m", "data", "r"]), 16, 1),
             Case("setup open out", "file_open", cbor2.dumps(["m", "out", "w"]), 16, 1),
@@ -310,7 +356,7 @@ def run(rounds: int, calls: int, only: set[str] | None) -> dict[str, Any]:
                 for i in range(101)
             ],
         ]
-        host, ext, _ = _setup_with(tmp, all_cases + setup_cases)
+        host, ext, _ = _setup_with(tmp, all_cases + setup_cases, origin)
         try:
             base = len(all_cases)
             for j in range(len(setup_cases)):
@@ -339,6 +385,7 @@ def run(rounds: int, calls: int, only: set[str] | None) -> dict[str, Any]:
                 ext.log.drain()
         finally:
             host.close()
+            server.shutdown()
     rows = {}
     for name, v in per.items():
         rows[name] = {
@@ -361,7 +408,7 @@ def run(rounds: int, calls: int, only: set[str] | None) -> dict[str, Any]:
     }
 
 
-def _setup_with(tmp: Path, cases: list[Case]) -> tuple[Host, Any, list[Case]]:
+def _setup_with(tmp: Path, cases: list[Case], origin: str) -> tuple[Host, Any, list[Case]]:
     wat, _ = guest_wat(cases)
     wasm = bytes(wasmtime.wat2wasm(wat))
     mount = tmp / "mount"
@@ -371,18 +418,20 @@ def _setup_with(tmp: Path, cases: list[Case]) -> tuple[Host, Any, list[Case]]:
     files = FilesBroker(max_write_bytes=1 << 40, temp_dir=tmp)
     secrets = SecretsBroker(MemorySecretStore({"tok": b"s" * 32}))
     storage = StorageBroker(tmp / "storage.db")
-    caps = {"log", "clock", "random", "storage", "secrets", "files", "events", "jobs"}
-    host = Host(Policy(allow=caps), cache_dir=None, brokers=[files, secrets, storage])
+    web = HttpBroker(resolver=lambda name, port: ["127.0.0.1"])
+    caps = {"log", "clock", "random", "storage", "secrets", "files", "events", "jobs", "http"}
+    host = Host(Policy(allow=caps), cache_dir=None, brokers=[files, secrets, storage, web])
     commands = "\n".join(
         f"c{i} = {{}}" + ("" if c.name.startswith("setup") else f"\nz{i} = {{}}")
         for i, c in enumerate(cases)
     )
-    text = MANIFEST.replace("COMMANDS", commands)
+    text = MANIFEST.replace("COMMANDS", commands).replace("ORIGIN", origin)
     manifest = parse_manifest(text, default_registry().capabilities())
     pkg = Package("bench-prices", manifest, wasm, hashlib.sha256(wasm).hexdigest())
     ext = host.admit(pkg, grants=sorted(caps), fuel=10**10, timeout_ms=600_000)
     host.grant(ext.id, "files", {"mounts": {"m": {"host": str(mount), "mode": "rw"}}})
     host.grant(ext.id, "secrets", {"names": ["tok"]})
+    host.grant(ext.id, "http", {"allow_local_network": True, "origins": [origin]})
     ext.log.max_bytes = 1 << 30
     return host, ext, cases
 
