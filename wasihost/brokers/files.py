@@ -96,11 +96,12 @@ TEMP_PREFIX: Final = "wasihost-files-"
 # and an fstat, or a readlinkat) is charged FUEL_PER_WALK_STEP before it is walked, through the
 # call, so a guest whose budget runs out stops the walk part-way (out_of_fuel, nothing opened).
 # Measured (benchmarks/bench_hostcall_prices.py): a step costs the host about 1.8 us of CPU on
-# the loaded 2-core machine, and guest code about 0.06 ns a unit; 3,000 units a step keeps the
-# walk within 10x of guest code. Unpriced, a 4,096-step walk through a symlink chain (the
-# resolution's own bound) cost ~7 ms of host CPU for file_open's flat price.
+# the loaded 2-core machine (up to 2.7 us in a busy round), and guest code about 0.09 ns a
+# unit; 4,000 units a step keeps the walk within about 10x of guest code. Unpriced, a
+# 4,096-step walk through a symlink chain (the resolution's own bound) cost ~7 ms of host CPU
+# for file_open's flat price.
 WALK_STEPS_IN_BASE: Final = 8
-FUEL_PER_WALK_STEP: Final = 3_000
+FUEL_PER_WALK_STEP: Final = 4_000
 
 # mode -> (open flags, readable, writable, append, creates)
 MODES: Final[Mapping[str, tuple[int, bool, bool, bool, bool]]] = {

@@ -42,8 +42,8 @@ of a small host call. Host calls therefore add their price to a debt that is set
 reaches this much, and before any command call or WASI run reports its result. A guest can
 overrun its budget by at most this much plus one host call's price before it stops with
 ``out_of_fuel``; the point where it stops depends only on the guest's own call sequence, so runs
-stay reproducible. 100,000 units is about ten cbor host calls at their prices (a 64-byte log
-record costs 10,128), so the settling cost is spread over about ten calls; in host time it is
+stay reproducible. 100,000 units is about seven cbor host calls at their prices (a 64-byte log
+record costs 15,130), so the settling cost is spread over about seven calls; in host time it is
 about 60 us at the prices' bound of 0.6 ns a unit (benchmarks/bench_hostcall_prices.py), and in
 guest code about 9 us. (It was 10,000 units while a log record cost 628.)
 """
