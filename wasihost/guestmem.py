@@ -168,6 +168,12 @@ class BytearrayMemory:
         if self.fuel is not None and units > self.fuel:
             raise GuestOutOfFuel(f"{units} fuel units for the work asked")
 
+    def charge(self, units: int) -> None:
+        """The step's units join what the call has moved (at one unit a byte), checked first
+        against ``fuel`` as the engine's charge checks the Store."""
+        self.require_fuel(self.moved + units)
+        self.moved += units
+
     def sleep(self, seconds: float) -> None:
         if self.wakeup.wait(max(seconds, 0.0)):
             raise GuestInterrupted

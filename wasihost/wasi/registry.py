@@ -49,8 +49,12 @@ FUEL_PER_BYTE: Final = 1
 # A path call's base price covers a walk of this many components; each further one (an openat
 # and an fstat: one descriptor call's work) is charged FUEL_PER_WALK_STEP before it is walked.
 # Without it a 4096-component walk (a symlink chain) cost its flat base: ~12 ms of host time.
+# The step's price is the files broker's (the same walk): a step costs the host about 2 us of
+# CPU and guest code runs at about 0.09 ns a unit (benchmarks/bench_hostcall_prices.py), so
+# 4,000 units keep a walk within about 10x of guest code; at 300 (FUEL_FD) a chain walk was
+# ~12 ns of host CPU a unit, about 130x.
 WALK_STEPS_IN_BASE: Final = 8
-FUEL_PER_WALK_STEP: Final = FUEL_FD
+FUEL_PER_WALK_STEP: Final = 4_000
 # Each entry of a directory snapshot (fd_readdir at cookie 0): read, typed, sorted and kept,
 # about 1.7 us of host time; charged before each batch is read. Without it one fd_readdir
 # re-read a directory of 100,000 entries (~0.2 s) for the base price.
