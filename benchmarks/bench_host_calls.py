@@ -147,7 +147,8 @@ ROOMY_LOG_BYTES = 16 * 1024 * 1024
 def _admit(host: Host, name: str) -> Any:
     wasm = _wat("hostcall_guest.wat")
     package = Package(f"{name}.wasm", None, wasm, hashlib.sha256(wasm).hexdigest())
-    return host.admit(package, grants=["log", "myapp.read"])
+    # 1,000 log calls at about 15,130 units each are more than the default budget of a call.
+    return host.admit(package, grants=["log", "myapp.read"], fuel=100_000_000)
 
 
 def check_native_calls(host: Host) -> None:

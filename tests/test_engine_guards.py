@@ -11,6 +11,7 @@ from conftest import bare, native_entry, run_child
 from guests import build, guest_wat, host_import
 
 import wasihost.brokers.random
+import wasihost.engine.hostcalls
 from wasihost.engine.lowlevel import check_version
 from wasihost.errors import CallError, ConfigError, FailureClass
 from wasihost.guestmem import GuestMemory
@@ -207,7 +208,10 @@ def test_a_cbor_host_call_is_priced_on_its_response_capacity_before_its_work(
         return count
 
     monkeypatch.setattr(wasihost.brokers.random, "random_handler", counting)
-    # random_bytes(4096) into a 4099-byte buffer: up to 16,396 fuel of response.
+    # The most random_bytes may answer is under the settling batch, which may go unpaid; with
+    # a batch of 10,000 units the check before the work is what stops it.
+    monkeypatch.setattr(wasihost.engine.hostcalls, "SETTLE_FUEL", 10_000)
+    # random_bytes(4096) into a 4099-byte buffer: up to 32,792 fuel of response.
     wasm = build(
         guest_wat(
             "(drop (call $random_bytes (i32.const 9000) (i32.const 3) (i32.const 10000) "

@@ -57,7 +57,8 @@ def load(host: Host, name: str | None = None, scope: dict[str, Any] | None = Non
     package = bare(WASM, name)
     if scope is not None:
         host.grant(package.name, "storage", scope)
-    return host.admit(package, grants=["storage"])
+    # The fixture's own budget (a page of writes at storage_put's price), not the default.
+    return host.admit(package, grants=["storage"], fuel=100_000_000)
 
 
 def store_of(host: Host) -> KVStore:

@@ -61,6 +61,12 @@ class GuestMemory(Protocol):
         ``units`` more: asked before work proportional to a guest-declared length."""
         ...
 
+    def charge(self, units: int) -> None:
+        """Pay ``units`` fuel for the next step of work, before doing it (a path component, a
+        key listed): raises :class:`~wasihost.status.GuestOutOfFuel` if the budget cannot pay,
+        so a guest out of fuel stops the work part-way."""
+        ...
+
     def sleep(self, seconds: float) -> None:
         """Wait, or raise :class:`~wasihost.status.GuestInterrupted` as soon as the host
         interrupts the instance. Blocking brokers wait here, never in ``time.sleep``."""
@@ -161,6 +167,12 @@ class BytearrayMemory:
     def require_fuel(self, units: int) -> None:
         if self.fuel is not None and units > self.fuel:
             raise GuestOutOfFuel(f"{units} fuel units for the work asked")
+
+    def charge(self, units: int) -> None:
+        """The step's units join what the call has moved (at one unit a byte), checked first
+        against ``fuel`` as the engine's charge checks the Store."""
+        self.require_fuel(self.moved + units)
+        self.moved += units
 
     def sleep(self, seconds: float) -> None:
         if self.wakeup.wait(max(seconds, 0.0)):

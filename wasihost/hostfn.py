@@ -23,7 +23,14 @@ from .errors import ConfigError
 from .hostlog import host_logger
 from .policy import Grant
 from .registry import HostFunction, Registry, embedder_function
-from .status import GuestDeadline, GuestInterrupted, HostFunctionFailed, HostStatus, Status
+from .status import (
+    GuestDeadline,
+    GuestInterrupted,
+    GuestOutOfFuel,
+    HostFunctionFailed,
+    HostStatus,
+    Status,
+)
 
 if TYPE_CHECKING:
     import asyncio
@@ -135,6 +142,13 @@ class CallContext:
     def deadline(self) -> float:
         """The call's wall-clock deadline, on ``time.monotonic()``'s clock."""
         return float(self._call.deadline)
+
+    def charge(self, units: int) -> None:
+        """Pay ``units`` fuel for a step of work the function is about to do, before doing it
+        (an item scanned, a byte range hashed): a budget that cannot pay ends the guest's call
+        ``out_of_fuel`` at this point (the exception this raises must be let through). For
+        work that grows with what the guest asks, so the guest's fuel bounds it."""
+        self._call.charge(units)
 
     def commit(self, action: Callable[[], T]) -> T:
         """Run ``action`` (an effect a later call can observe) only if the call's grant epoch
@@ -290,10 +304,12 @@ class FunctionBroker:
             ctx = CallContext(ext, entry, call)
             try:
                 if is_async:
+                    if call.woken:  # interrupted since the engine's check: start nothing
+                        raise GuestInterrupted
                     coro: Awaitable[Any] = fn(ctx, request)
                     return wait_for(loop.submit(coro), call)  # type: ignore[arg-type]
                 return fn(ctx, request)
-            except (HostStatus, GuestDeadline, GuestInterrupted):
+            except (HostStatus, GuestDeadline, GuestInterrupted, GuestOutOfFuel):
                 raise
             except Exception:
                 # The details are the host's: they go to its log, never to the guest.
@@ -319,11 +335,13 @@ class FunctionBroker:
             result: Any
             try:
                 if is_async:
+                    if call.woken:  # interrupted since the engine's check: start nothing
+                        raise GuestInterrupted
                     coro: Awaitable[Any] = fn(CallContext(ext, entry, call), *args)
                     result = wait_for(loop.submit(coro), call)  # type: ignore[arg-type]
                 else:
                     result = fn(CallContext(ext, entry, call), *args)
-            except (HostStatus, GuestDeadline, GuestInterrupted):
+            except (HostStatus, GuestDeadline, GuestInterrupted, GuestOutOfFuel):
                 raise
             except Exception:
                 host_logger().exception(

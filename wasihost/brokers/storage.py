@@ -48,6 +48,11 @@ CHECKPOINT_NAME: Final = "storage.sqlite3"
 OPERATIONS: Final = ("get", "put", "delete", "list", "cas")
 # A tenant is a short label the operator picks (a customer, a workspace): lowercase so that
 # two spellings never name two namespaces, at most 64 characters.
+# Each key a storage_list page may hold (its limit, plus the one more that says whether a next
+# page exists): read from the index, copied, decoded and encoded, about 1 to 1.5 us of host CPU each
+# (benchmarks/bench_hostcall_prices.py). Charged for the whole page the guest asks for, before
+# the query, so the page's price follows its limit rather than the fixed base price.
+FUEL_PER_LISTED_KEY: Final = 2_000
 TENANT_PATTERN: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 SCOPE_KEYS: Final = frozenset({"tenant", "max_bytes", "max_objects"})
 # C0, DEL and C1: the control characters a key may not hold (a key is shown to operators,
@@ -258,6 +263,7 @@ def _list(state: ExtensionStorage) -> Handler:
         after = None if raw_after is None else parse_key(raw_after)
         limit = _limit(raw_limit)
         ns, _ = state.where()
+        call.charge((limit + 1) * FUEL_PER_LISTED_KEY)
         keys, cursor = _serving(lambda: state.store.list(ns, prefix, after, limit))
         # Keys went in as validated UTF-8, so they come out as text.
         return [

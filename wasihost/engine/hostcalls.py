@@ -22,6 +22,7 @@ from ..status import (
     GuestAbort,
     GuestDeadline,
     GuestInterrupted,
+    GuestOutOfFuel,
     HostFunctionFailed,
     HostStatus,
     Status,
@@ -151,6 +152,7 @@ class HostContext:
         self.ticked_deadline = 0.0  # the deadline of the call that saw the last tick
         self.native = NativeCall()
         self.native.can_pay = self.can_pay
+        self.native._charge = self.charge_work
         # Operator metrics hook (wasihost.hostcall_metrics): told every refusal and every
         # call-ending failure of a host call, by class; None counts nothing.
         self.tally: HostCallTally | None = None
@@ -244,6 +246,15 @@ class HostContext:
         get_fuel(self.expected_ctx, self._fuel_addr)
         return int(self._fuel.value) >= total
 
+    def charge_work(self, units: int) -> None:
+        """A broker's per-step price (:meth:`NativeCall.charge`): joins the debt, which is
+        settled once it reaches SETTLE_FUEL; raises :class:`GuestOutOfFuel` (the Store emptied)
+        if the Store cannot pay, before the step is done."""
+        debt = self.fuel_debt + units
+        self.fuel_debt = debt
+        if debt >= SETTLE_FUEL and not self.settle(self.expected_ctx, debt):
+            raise GuestOutOfFuel(f"cannot pay {units} fuel units for the next step")
+
     def settle(self, ctx: int, debt: int) -> bool:
         """Take ``debt`` from the Store's fuel; False (and the Store emptied) if it cannot pay."""
         self.fuel_debt = 0
@@ -272,6 +283,8 @@ class HostContext:
 
             def final(env: int, caller: int, args: int, nargs: int) -> int:
                 try:
+                    if self.interrupted:  # its handler records the guest's message: not now
+                        return self.halt_trap()
                     if not self.native.bound:
                         return self.call_unbound(final, env, caller, args, nargs)
                     req_ptr, req_len, _, _ = _CBOR_ARGS(PROCESS_MEMORY, args)
@@ -302,6 +315,8 @@ class HostContext:
             # handler may answer; then decode, serve, encode, pay for the response. A guest's
             # mistake in the ranges ends its call; a refusal is answered with a status.
             try:
+                if self.interrupted:  # revoked, disabled, cancelled: no handler runs after that
+                    return self.halt_trap()
                 if not mem.bound:
                     return self.call_unbound(dispatch, env, caller, args, nargs)
                 req_ptr, req_len, resp_ptr, resp_cap = _CBOR_ARGS(PROCESS_MEMORY, args)
@@ -380,6 +395,8 @@ class HostContext:
                                 )
                         except GuestAbort as abort:
                             return self.fail(FailureClass.PANIC, abort.message)
+                        except GuestOutOfFuel:  # a per-step price the budget could not pay
+                            return self.out_of_fuel(self.context_of(caller), entry)
                         except GuestDeadline:
                             return self.fail(FailureClass.DEADLINE, f"{name}: deadline reached")
                         except GuestInterrupted:

@@ -34,7 +34,7 @@ from .sigint import CALLBACK_CODES
 if TYPE_CHECKING:
     from .hostcalls import Dispatch, HostContext
 
-SETTLE_FUEL = 10_000
+SETTLE_FUEL = 100_000
 """Host-call fuel a Store may owe before it is taken from the Store's own counter.
 
 Reading and writing a Store's fuel is two C calls, about half a microsecond: more than the rest
@@ -42,7 +42,10 @@ of a small host call. Host calls therefore add their price to a debt that is set
 reaches this much, and before any command call or WASI run reports its result. A guest can
 overrun its budget by at most this much plus one host call's price before it stops with
 ``out_of_fuel``; the point where it stops depends only on the guest's own call sequence, so runs
-stay reproducible. 10,000 units is about ten microseconds of guest code.
+stay reproducible. 100,000 units is about seven cbor host calls at their prices (a 64-byte log
+record costs 15,130), so the settling cost is spread over about seven calls; in host time it is
+about 60 us at the prices' bound of 0.6 ns a unit (benchmarks/bench_hostcall_prices.py), and in
+guest code about 9 us. (It was 10,000 units while a log record cost 628.)
 """
 
 PREPAY_FUEL = SETTLE_FUEL
@@ -93,6 +96,7 @@ class NativeCall:
     __slots__ = (
         "_base",
         "_bytes",  # the same memory as _view, for the routed write's copy out (see _GUEST_BYTES)
+        "_charge",
         "_ctx",
         "_mem",
         "_owner",
@@ -126,6 +130,9 @@ class NativeCall:
         # Whether the Store can pay this many more fuel units on top of what host calls owe;
         # the HostContext serving this memory sets it.
         self.can_pay: Callable[[int], bool] = _always
+        # Adds units to the host-call fuel debt, settling it past SETTLE_FUEL; raises
+        # GuestOutOfFuel if the Store cannot pay. The HostContext serving this memory sets it.
+        self._charge: Callable[[int], None] = _free
         # Set by the instance's interrupt (from any thread): a broker waiting in sleep() wakes
         # at once instead of at its deadline. Made on first use (see ``wakeup``).
         self._wakeup: threading.Event | None = None
@@ -150,6 +157,14 @@ class NativeCall:
                         event.set()
         return event
 
+    @property
+    def woken(self) -> bool:
+        """Whether the instance was interrupted (:meth:`wake` came): a handler about to hand
+        work to another thread (an async embedder function) looks first, so nothing starts for
+        an instance that is to stop."""
+        event = self._wakeup
+        return self._woken if event is None else event.is_set()
+
     def wake(self) -> None:
         """Set :attr:`wakeup`. Without making it when nobody made it yet: it is then made set
         (an instance closing, the common case, was never waited on)."""
@@ -168,6 +183,16 @@ class NativeCall:
         within the settle bound)."""
         if units > PREPAY_FUEL and not self.can_pay(units):
             raise GuestOutOfFuel(f"{units} fuel units for the work asked")
+
+    def charge(self, units: int) -> None:
+        """Pay ``units`` fuel for one step of work this host call is about to do (a path
+        component walked, a key listed, a record written), before doing it: the units join the
+        call's fuel debt at once, and once the debt reaches SETTLE_FUEL it is taken from the
+        Store; a Store that cannot pay ends the call ``out_of_fuel`` (:class:`GuestOutOfFuel`)
+        before the step. A broker whose work grows with something the guest controls calls it
+        per step (or per batch of steps), so an exhausted budget stops the work part-way, with
+        at most SETTLE_FUEL units of it unpaid."""
+        self._charge(units)
 
     def require_range(self, ptr: int, length: int) -> None:
         """Raise :class:`GuestFault` unless ``[ptr, ptr+length)`` lies inside memory; nothing
@@ -352,6 +377,11 @@ class NativeCall:
 
 def _always(cost: int) -> bool:
     return True
+
+
+def _free(units: int) -> None:
+    """No engine serves this object (a broker driven directly, in a unit test): nothing to
+    charge."""
 
 
 class MemoryGone(Exception):

@@ -262,10 +262,18 @@ def open_walked(walk: PathWalk, flags: int, mode: int, *, follow: bool) -> int:
 
 
 def open_beneath(
-    base_fd: int, base_id: Ident, path: bytes, flags: int, mode: int, *, follow: bool
+    base_fd: int,
+    base_id: Ident,
+    path: bytes,
+    flags: int,
+    mode: int,
+    *,
+    follow: bool,
+    meter: Meter | None = None,
 ) -> int:
-    """:func:`open_walked` for ``path`` resolved from the directory ``base_fd``."""
-    with PathWalk(base_fd, base_id, path) as walk:
+    """:func:`open_walked` for ``path`` resolved from the directory ``base_fd``; ``meter``
+    as :class:`PathWalk`'s."""
+    with PathWalk(base_fd, base_id, path, meter) as walk:
         return open_walked(walk, flags, mode, follow=follow)
 
 

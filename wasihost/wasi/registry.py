@@ -49,8 +49,12 @@ FUEL_PER_BYTE: Final = 1
 # A path call's base price covers a walk of this many components; each further one (an openat
 # and an fstat: one descriptor call's work) is charged FUEL_PER_WALK_STEP before it is walked.
 # Without it a 4096-component walk (a symlink chain) cost its flat base: ~12 ms of host time.
+# The step's price is the files broker's (the same walk): a step costs the host about 2 us of
+# CPU and guest code runs at about 0.09 ns a unit (benchmarks/bench_hostcall_prices.py), so
+# 4,000 units keep a walk within about 10x of guest code; at 300 (FUEL_FD) a chain walk was
+# ~12 ns of host CPU a unit, about 130x.
 WALK_STEPS_IN_BASE: Final = 8
-FUEL_PER_WALK_STEP: Final = FUEL_FD
+FUEL_PER_WALK_STEP: Final = 4_000
 # Each entry of a directory snapshot (fd_readdir at cookie 0): read, typed, sorted and kept,
 # about 1.7 us of host time; charged before each batch is read. Without it one fd_readdir
 # re-read a directory of 100,000 entries (~0.2 s) for the base price.
@@ -64,11 +68,11 @@ FUEL_PER_SEEDED_RANDOM_BYTE: Final = 25
 # embedder's log sink call. At one unit a byte, 1 MiB of newlines made a million records
 # (~1 s of host time) for about two million units.
 FUEL_PER_LOG_RECORD: Final = 100
-# What a budget must still hold for poll_oneoff to wait: its price, plus the 10,000 units host
+# What a budget must still hold for poll_oneoff to wait: its price, plus the 100,000 units host
 # calls may otherwise owe before the engine checks the budget (SETTLE_FUEL in engine/native.py,
 # below which a fuel check answers yes without looking). Without it a guest with 50 units left
 # slept until its deadline (up to ten minutes) on credit.
-FUEL_TO_WAIT: Final = 10_000 + FUEL_POLL
+FUEL_TO_WAIT: Final = 100_000 + FUEL_POLL
 
 _PTR: Final = 4  # an out-pointer target (u32 / size)
 _U64: Final = 8
