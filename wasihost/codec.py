@@ -548,7 +548,8 @@ def encode(value: object, limits: CodecLimits = DEFAULT_LIMITS) -> bytes:
                 return whole
         elif size < 0x10000 and size <= limits.max_string_bytes and size + 3 <= limits.max_bytes:
             # A two-byte length (a 4 KiB payload): the head made here, the bytes copied once.
-            return b"\x59" + size.to_bytes(2, "big") + item
+            headed: bytes = b"\x59" + size.to_bytes(2, "big") + item
+            return headed
     elif kind is str:
         size = len(item)
         if size < 256 and size <= limits.max_string_bytes and item.isascii():
