@@ -315,6 +315,21 @@ def test_differential_encode_strings_at_their_edges(
         check_encode(shape)
 
 
+def test_differential_encode_a_byte_string_at_every_edge_of_its_head_and_limits() -> None:
+    # encode()'s own paths for one byte string (a one-byte length, and a two-byte one: a 4 KiB
+    # command payload) against the reference, at each head width's edges and each limit's.
+    for size in (*_EDGE_SIZES, 4096):
+        value = bytes(range(256)) * (size // 256) + bytes(size % 256)
+        for delta in (-4, -3, -2, -1, 0, 1, 2, 3, 4):
+            edge = max(1, size + delta)
+            for limits in (
+                CodecLimits(max_bytes=edge),
+                CodecLimits(max_bytes=DEFAULT_LIMITS.max_bytes, max_string_bytes=edge),
+                CodecLimits(max_bytes=edge, max_string_bytes=edge),
+            ):
+                check_encode(value, limits)
+
+
 def test_differential_encode_integers_at_their_edges() -> None:
     edges = [0, 23, 24, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1, 2**64]
     for number in [*edges, *(-1 - edge for edge in edges), -1 - 2**64]:

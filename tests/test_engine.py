@@ -249,6 +249,20 @@ def test_malformed_cbor_response(host: Host) -> None:
     assert failure_of(load(host, build(wat), grants=())).failure is FailureClass.PROTOCOL
 
 
+def test_an_input_block_in_a_page_wasihost_alloc_just_grew(host: Host) -> None:
+    # Every wasihost_alloc grows memory by a page and hands out that page: the host's view of
+    # memory is older than the block, so the input must be written through a fresh one (and
+    # the answer, the input echoed from there, read back through it).
+    alloc = """(func (export "wasihost_alloc") (param $n i32) (result i32)
+                 (i32.mul (memory.grow (i32.const 1)) (i32.const 65536)))"""
+    status_at = "(i32.sub (i32.add (local.get $ptr) (local.get $cmd_len)) (i32.const 4))"
+    body = f"""(i32.store {status_at} (i32.const 0))
+               (call $packed {status_at} (i32.add (local.get $in_len) (i32.const 4)))"""
+    ext = load(host, build(guest_wat(body, alloc=alloc)), grants=())
+    for value in (b"x" * 64, {"k": [1, 2, 3]}, b"y" * 4096, None, "text"):
+        assert ext.call("echo-it", value) == value
+
+
 def test_alloc_returning_null_is_protocol(host: Host) -> None:
     wat = guest_wat(alloc='(func (export "wasihost_alloc") (param i32) (result i32) (i32.const 0))')
     ext = load(host, build(wat), grants=())

@@ -11,6 +11,7 @@ from conftest import FIXTURES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from wasihost.limits import COMMAND_FUEL_PER_BYTE
 from wasihost.runtime import Host
 
 FUEL = 10_000_000
@@ -41,6 +42,7 @@ class PublicPath:
 
     def call(self, command: str, value: Any) -> tuple[int, bytes]:
         self._arm()
+        self.last_fuel = 0
         data = command.encode() + cbor2.dumps(value)
         ptr = self.alloc(self.store, len(data)) & 0xFFFFFFFF
         self.memory.write(self.store, data, ptr)
@@ -48,6 +50,7 @@ class PublicPath:
         packed &= 0xFFFFFFFFFFFFFFFF
         rp, rl = packed >> 32, packed & 0xFFFFFFFF
         raw = bytes(self.memory.read(self.store, rp, rp + rl))
+        self.last_fuel = FUEL - self.store.get_fuel()
         return int.from_bytes(raw[:4], "little"), raw[4:]
 
 
@@ -85,3 +88,23 @@ def test_unknown_command_agrees(paths: Any) -> None:
     status, body = public.call("nosuch", None)
     assert status != 0
     assert cbor2.loads(body)["class"] == "unknown_command"
+
+
+
+@pytest.mark.parametrize("size", [0, 1, 23, 24, 64, 255, 256, 1000, 4096])
+def test_fuel_and_bytes_agree_on_both_paths(size: int) -> None:
+    # The fast path's fuel (set and read through ctypes objects made once) is the guest's own
+    # burn, as the public path reads it, plus the host's copies at COMMAND_FUEL_PER_BYTE: the
+    # input in, the status and body out. Fresh guests on both sides, the same calls in the
+    # same order, so that their allocators burn alike.
+    value = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    public = PublicPath((FIXTURES / "echo" / "echo.wasm").read_bytes())
+    with Host(cache_dir=None) as host:
+        ext = host.load(FIXTURES / "echo")
+        for n in range(3):
+            status, body = public.call("echo", value)
+            assert status == 0
+            assert ext.call("echo", value) == value
+            copied = len(cbor2.dumps(value)) + 4 + len(body)
+            if n:  # the first call's fuel includes the start-up's
+                assert ext.last_fuel_used == public.last_fuel + copied * COMMAND_FUEL_PER_BYTE

@@ -542,9 +542,14 @@ def encode(value: object, limits: CodecLimits = DEFAULT_LIMITS) -> bytes:
     # One scalar within the limits is encoded here (max_bytes and max_items are at least 1).
     if kind is bytes:
         size = len(item)
-        if size < 256 and size <= limits.max_string_bytes and size + 2 <= limits.max_bytes:
-            whole: bytes = _BYTES_HEADS[size] + item
-            return whole
+        if size < 256:
+            if size <= limits.max_string_bytes and size + 2 <= limits.max_bytes:
+                whole: bytes = _BYTES_HEADS[size] + item
+                return whole
+        elif size < 0x10000 and size <= limits.max_string_bytes and size + 3 <= limits.max_bytes:
+            # A two-byte length (a 4 KiB payload): the head made here, the bytes copied once.
+            headed: bytes = b"\x59" + size.to_bytes(2, "big") + item
+            return headed
     elif kind is str:
         size = len(item)
         if size < 256 and size <= limits.max_string_bytes and item.isascii():

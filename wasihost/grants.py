@@ -224,6 +224,11 @@ class GrantTable:
         atomic under the GIL. None if the table has not loaded the extension yet."""
         return self._states.get(extension)
 
+    def live_states(self) -> Mapping[str, GrantState]:
+        """The mapping :meth:`current` reads (never replaced, only updated), for a per-call
+        check that would otherwise pay a method call: read it, never write it."""
+        return self._states
+
     def snapshot(self, extension: str) -> Grant:
         return self.state(extension).snapshot()
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
+import struct
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from ctypes import POINTER, byref
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import attrs
 import wasmtime
@@ -29,11 +31,16 @@ from .hostcalls import (
 )
 from .lowlevel import (
     EPOCH_CALLBACK,
+    PROCESS_MEMORY,
     U32,
-    U64,
     UPDATE_DEADLINE_CONTINUE,
     call_keeping_gil,
     call_unchecked,
+    command_call,
+    command_call_keeping_gil,
+    command_get_fuel,
+    command_set_epoch_deadline,
+    command_set_fuel,
     error_new,
     get_fuel,
     set_epoch_deadline,
@@ -53,6 +60,16 @@ if TYPE_CHECKING:
 # Where a function sits in a wasmtime_extern_t (after its kind byte), and the struct's size.
 _EXTERN_OF = ffi.wasmtime_extern_t.of.offset
 _EXTERN_SIZE = ctypes.sizeof(ffi.wasmtime_extern_t)
+# A wasmtime_val_raw_t in 8-byte words: the argument arrays are read and written through a
+# 'Q' view, word 0 of each slot (an i32 is its low half, little-endian), instead of a ctypes
+# union object made per access.
+_RAW_WORDS = ctypes.sizeof(ffi.wasmtime_val_raw_t) // 8
+# The constant arguments of the command path's calls, as the object-argument prototypes take
+# them (lowlevel.object_arg_fn): one and three values, and an epoch deadline of one tick.
+_ONE_ARG = ctypes.c_size_t(1)
+_THREE_ARGS = ctypes.c_size_t(3)
+_ONE_TICK = ctypes.c_uint64(1)
+_STATUS = struct.Struct("<I").unpack_from
 
 
 @attrs.frozen
@@ -65,13 +82,17 @@ class StoreLimits:
     timeout_ms: int
 
 
-@attrs.define
-class CallResult:
+class CallResult(NamedTuple):
     """A raw command response: the status word, the body bytes, and what the call cost."""
 
     status: int
     body: bytes
     fuel_used: int
+
+
+# Makes a CallResult from a (status, body, fuel_used) tuple in C: CallResult(...) runs the
+# Python __new__ namedtuple generates, a frame per command call.
+_new_result = functools.partial(tuple.__new__, CallResult)
 
 
 class Budget:
@@ -207,6 +228,8 @@ class Instance:
         self._context = self._store._context()
         self._ctx_addr = ctypes.cast(self._context, ctypes.c_void_p).value
         self._ctx = HostContext(imports, gate)
+        # The same, for an owner's per-call look at ``interrupted`` without a property's frame.
+        self.context = self._ctx
         self._ctx.expected_ctx = self._ctx_addr or 0
         epoch_env = next(EPOCH_TARGET_IDS)
         EPOCH_TARGETS[epoch_env] = self._ctx
@@ -221,8 +244,11 @@ class Instance:
         # the GIL. A command is trusted only once seen short, so a long one never starts so.
         self._short_commands: set[bytes] = set()
         self._has_native = any(b.entry.convention == "native" for b in imports)
-        self._fuel_left = ctypes.c_uint64(0)
+        # What get_fuel answers (an array: passed to the command path's calls as it is), and
+        # what set_fuel is given.
+        self._fuel_left = (ctypes.c_uint64 * 1)()
         self._fuel_left_addr = ctypes.addressof(self._fuel_left)
+        self._fuel_arg = ctypes.c_uint64(0)
         self.closed = False
         self.fuel_used = 0
         self.last_call_fuel = 0
@@ -310,13 +336,24 @@ class Instance:
             self._call = self._export(b"wasihost_call").of.func
         self._args1 = (ffi.wasmtime_val_raw_t * 1)()
         self._args3 = (ffi.wasmtime_val_raw_t * 3)()
-        # Raw addresses for the fast path; every object they point into is kept alive by self.
+        # Raw addresses for run_command; every object they point into is kept alive by self.
         self._alloc_addr = ctypes.addressof(self._alloc)
         self._call_addr = ctypes.addressof(self._call)
         self._args1_addr = ctypes.addressof(self._args1)
         self._args3_addr = ctypes.addressof(self._args3)
-        self._trap_slot = ctypes.c_void_p(0)
+        # The trap slot wasmtime fills: an array, so the command path passes it as it is.
+        self._trap_slot = (ctypes.c_void_p * 1)()
         self._trap_slot_addr = ctypes.addressof(self._trap_slot)
+        # The command path's arguments as objects (lowlevel.object_arg_fn), and the argument
+        # arrays as 8-byte words (_RAW_WORDS); self keeps what each points into alive.
+        self._alloc_ref = ctypes.pointer(self._alloc)
+        self._call_ref = ctypes.pointer(self._call)
+        self._words1 = PROCESS_MEMORY[
+            self._args1_addr : self._args1_addr + ctypes.sizeof(self._args1)
+        ].cast("Q")
+        self._words3 = PROCESS_MEMORY[
+            self._args3_addr : self._args3_addr + ctypes.sizeof(self._args3)
+        ].cast("Q")
 
     @property
     def exit_code(self) -> int | None:
@@ -386,7 +423,7 @@ class Instance:
         """After a phase: what it burnt, host calls' debt included, charged to ``budget`` and
         the instance's total. True if the debt was more than the fuel left (see SETTLE_FUEL)."""
         get_fuel(self._ctx_addr, self._fuel_left_addr)
-        left = self._fuel_left.value
+        left = self._fuel_left[0]
         debt, self._ctx.fuel_debt = self._ctx.fuel_debt, 0
         used = budget.fuel - left + debt
         self.fuel_used += used
@@ -432,12 +469,12 @@ class Instance:
                 )
             finally:
                 GIL_WANTED.discard(self)
-        if err or self._trap_slot.value:
+        if err or self._trap_slot[0]:
             self._raise_failure(err)
 
     def _raise_failure(self, err: int | None) -> NoReturn:
-        trap = self._trap_slot.value
-        self._trap_slot.value = 0
+        trap = self._trap_slot[0]
+        self._trap_slot[0] = None
         raise self._failure(
             ctypes.cast(err, POINTER(ffi.wasmtime_error_t)) if err else None,
             ctypes.cast(trap, POINTER(ffi.wasm_trap_t)) if trap else None,
@@ -487,7 +524,7 @@ class Instance:
             token.pop()
         except IndexError:
             raise _in_use() from None
-        ctx = self._ctx_addr
+        ctx = self._context
         # A short call keeps the GIL through both crossings: releasing it costs more than its
         # guest work, and hands it to any other thread waiting (see docs/engine.md). The
         # ticker needs no GIL, so the deadline holds either way.
@@ -498,26 +535,34 @@ class Instance:
             and not GIL_WANTED
         )
         if keep:
-            cross = call_keeping_gil
+            cross = command_call_keeping_gil
         else:
-            cross = call_unchecked
+            cross = command_call
             GIL_WANTED.add(self)
+        fuel_left = self._fuel_left
+        trap = self._trap_slot
         try:
-            set_fuel(ctx, fuel - input_price)
-            set_epoch_deadline(ctx, 1)
+            fuel_arg = self._fuel_arg
+            fuel_arg.value = fuel - input_price
+            command_set_fuel(ctx, fuel_arg)
+            command_set_epoch_deadline(ctx, _ONE_TICK)
             host.fuel_debt = 0
-            host.native.deadline = deadline
+            mem = host.native
+            mem.deadline = deadline
             cmd_len = len(command)
             total = cmd_len + len(payload)
-            args1 = self._args1
-            args1[0].i32 = total
+            words = self._words1
+            words[0] = total
             # _invoke inlined: two method calls are a measurable share of a no-op call.
-            err = cross(ctx, self._alloc_addr, self._args1_addr, 1, self._trap_slot_addr)
-            if err or self._trap_slot.value:
+            err = cross(ctx, self._alloc_ref, self._args1, _ONE_ARG, trap)
+            if err or trap[0]:
                 self._raise_failure(err)
-            ptr = args1[0].i32 & U32
-            mem = host.native
-            size = mem.size_for(ptr + total)
+            ptr = words[0] & U32
+            # The guest may have grown its memory in wasihost_alloc: size_for sees that (and
+            # is only called then: its frame is a measurable share of a no-op call).
+            size = mem._size
+            if ptr + total > size:
+                size = mem.size_for(ptr + total)
             if ptr == 0 or ptr + total > size:
                 raise CallError(
                     FailureClass.PROTOCOL,
@@ -528,23 +573,26 @@ class Instance:
             view = mem._view
             view[ptr : ptr + cmd_len] = command
             view[ptr + cmd_len : ptr + total] = payload
-            args3 = self._args3
-            args3[0].i32 = ptr
-            args3[1].i32 = cmd_len
-            args3[2].i32 = total - cmd_len
-            err = cross(ctx, self._call_addr, self._args3_addr, 3, self._trap_slot_addr)
-            if err or self._trap_slot.value:
+            words = self._words3
+            words[0] = ptr
+            words[_RAW_WORDS] = cmd_len
+            words[2 * _RAW_WORDS] = total - cmd_len
+            err = cross(ctx, self._call_ref, self._args3, _THREE_ARGS, trap)
+            if err or trap[0]:
                 self._raise_failure(err)
-            packed = args3[0].i64 & U64
+            packed = words[0]
             resp_ptr = packed >> 32
             resp_len = packed & U32
+            resp_end = resp_ptr + resp_len
             # The guest may have grown its memory during the call: size_for sees that.
-            size = mem.size_for(resp_ptr + resp_len)
-            if resp_ptr + resp_len > size:
-                raise CallError(
-                    FailureClass.PROTOCOL,
-                    f"response [{resp_ptr}, +{resp_len}) outside memory of {size} bytes",
-                )
+            size = mem._size
+            if resp_end > size:
+                size = mem.size_for(resp_end)
+                if resp_end > size:
+                    raise CallError(
+                        FailureClass.PROTOCOL,
+                        f"response [{resp_ptr}, +{resp_len}) outside memory of {size} bytes",
+                    )
             if resp_len < 4:
                 raise CallError(
                     FailureClass.PROTOCOL, f"response of {resp_len} bytes has no status"
@@ -557,14 +605,15 @@ class Instance:
                 )
             # The copy out is paid for like a host call's bytes: settled as the call ends.
             host.fuel_debt += resp_len * COMMAND_FUEL_PER_BYTE
-            view = mem._view
-            status = int.from_bytes(view[resp_ptr : resp_ptr + 4], "little")
-            body = view[resp_ptr + 4 : resp_ptr + resp_len].tobytes()  # the one copy out
+            status = _STATUS(mem._view, resp_ptr)[0]
+            # The one copy out: slicing the char array at the memory's base makes the bytes in
+            # one step (a view slice makes a view, then its copy). Inside the size checked above.
+            body = mem._bytes[resp_ptr + 4 : resp_end]
         finally:
             if not keep:
                 GIL_WANTED.discard(self)
-            get_fuel(ctx, self._fuel_left_addr)
-            left = self._fuel_left.value
+            command_get_fuel(ctx, fuel_left)
+            left = fuel_left[0]
             debt, host.fuel_debt = host.fuel_debt, 0
             used = fuel - left + debt
             self.fuel_used += used
@@ -585,7 +634,7 @@ class Instance:
             raise self._halted()  # e.g. Ctrl-C that came after the guest's last host call
         if debt > left:
             raise _overrun()
-        return CallResult(status, body, used)
+        return _new_result((status, body, used))
 
     @property
     def kept_gil(self) -> bool:

@@ -119,6 +119,37 @@ get_fuel = private_fn("wasmtime_context_get_fuel", VP, VP, VP, keep_gil=True)
 set_epoch_deadline = private_fn(
     "wasmtime_context_set_epoch_deadline", None, VP, ctypes.c_uint64, keep_gil=True
 )
+
+
+def object_arg_fn(name: str, restype: Any, *, keep_gil: bool) -> Any:
+    """A prototype with no ``argtypes``, for the per-call path of a command (Instance.call):
+    every argument is a ctypes object made once per instance (a pointer or an array for an
+    address, a ``c_size_t``/``c_uint64`` for a value), which ctypes passes as it is. With
+    ``argtypes`` each argument goes through a converter call, and each integer through
+    ``c_void_p``'s table lookup: about 0.8k instructions of a get_fuel's 2.7k. Nothing checks
+    the arguments' types here, so only objects of exactly those kinds may be passed (a plain
+    Python int would go as a C int). ``restype`` None where the result is never read: a
+    simple result type costs another table lookup per call."""
+    try:
+        fn = (_GIL_DLL if keep_gil else ffi.dll)[name]
+    except AttributeError:
+        raise ConfigError(
+            f"wasmtime {WASMTIME_VERSION} lacks {name}; wasihost needs the pinned wasmtime major"
+        ) from None
+    fn.restype = restype
+    return fn
+
+
+# The command path's own prototypes of the calls above (see object_arg_fn): the two crossings
+# into the guest, and the fuel and deadline around them. set_fuel and get_fuel fail only on an
+# engine without fuel, which wasihost never builds, and their result was never read.
+command_call = object_arg_fn("wasmtime_func_call_unchecked", VP, keep_gil=False)
+command_call_keeping_gil = object_arg_fn("wasmtime_func_call_unchecked", VP, keep_gil=True)
+command_set_fuel = object_arg_fn("wasmtime_context_set_fuel", None, keep_gil=True)
+command_get_fuel = object_arg_fn("wasmtime_context_get_fuel", None, keep_gil=True)
+command_set_epoch_deadline = object_arg_fn(
+    "wasmtime_context_set_epoch_deadline", None, keep_gil=True
+)
 error_new = private_fn("wasmtime_error_new", VP, ctypes.c_char_p)
 # wasmtime_error_t* (*)(wasmtime_context_t*, void* env, uint64_t* delta, uint8_t* update_kind)
 EPOCH_CALLBACK = ctypes.CFUNCTYPE(
