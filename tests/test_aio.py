@@ -29,7 +29,7 @@ SPIN = FIXTURES / "spin"
 PROMPT_S = 0.5
 # Long enough that only an interrupt or a cancellation ends a spinning call in these tests.
 LONG_MS = 30_000
-SPIN_FUEL = 10**10
+SPIN_FUEL = 10**11
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:

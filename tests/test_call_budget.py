@@ -80,7 +80,7 @@ def test_start_up_and_command_share_one_deadline(host: Host) -> None:
     turns = min(2**31 - 1, int(0.3 / per_turn))
     spin = "(loop $forever (br $forever)) (call $ok_null)"
     ext = host.admit(
-        bare(burning_guest(turns, command=spin)), grants=(), fuel=10**10, timeout_ms=1000
+        bare(burning_guest(turns, command=spin)), grants=(), fuel=10**11, timeout_ms=1000
     )
     started = time.monotonic()
     with pytest.raises(CallError) as info:

@@ -55,7 +55,7 @@ def test_json_envelope_reports_fuel_and_logs(capsys: pytest.CaptureFixture[str])
         ),
         (
             ["run", "FIX/hello", "greet", "--fuel", "0"],
-            "error: usage: --fuel must be in 1..10000000000, got 0",
+            "error: usage: --fuel must be in 1..100000000000, got 0",
         ),
         (["run", "FIX/hello", "greet", "--timeout-ms", "abc"], "error: usage:"),
         (

@@ -70,7 +70,7 @@ def test_out_of_fuel_and_deadline_name_their_flags(capsys: pytest.CaptureFixture
 
 
 @pytest.mark.parametrize(
-    ("flag", "value"), [("--fuel", "100000000000"), ("--fuel", "0"), ("--timeout-ms", "9999999")]
+    ("flag", "value"), [("--fuel", "100000000001"), ("--fuel", "0"), ("--timeout-ms", "9999999")]
 )
 def test_budget_flags_are_refused_in_their_own_words(
     capsys: pytest.CaptureFixture[str], flag: str, value: str

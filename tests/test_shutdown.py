@@ -28,7 +28,7 @@ WAIT_S = 10.0
 MARGIN_S = 0.5
 # fixtures/spin loops until stopped: admitted with 10 s of time and fuel to match, it is still
 # spinning when the host shuts down.
-SPIN_FUEL = 10_000_000_000
+SPIN_FUEL = 100_000_000_000
 SPIN_TIMEOUT_MS = 10_000
 
 

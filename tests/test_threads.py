@@ -21,7 +21,7 @@ ECHO = FIXTURES / "echo"
 SPIN = FIXTURES / "spin"
 # Long enough that only the test's cancellation ends the spinning call.
 LONG_MS = 30_000
-SPIN_FUEL = 10**10
+SPIN_FUEL = 10**11
 # How long the test waits for the spinning call to be in its guest, or to end once cancelled:
 # a few epoch ticks, with room for a loaded machine.
 WAIT_S = 5.0

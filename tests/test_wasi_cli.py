@@ -106,7 +106,7 @@ def test_options_after_the_module_belong_to_the_guest(
         (["--random-seed", "00", str(PROBE)], UsageError, "--random-seed is 1 bytes; it must be 16"),
         (["--stdin", "/no/such/file", str(PROBE)], UsageError, "--stdin /no/such/file"),
         (["--max-write-bytes", "-5", str(PROBE)], UsageError, "--max-write-bytes must be in 0"),
-        (["--fuel", "0", str(PROBE)], UsageError, "--fuel must be in 1..10000000000, got 0"),
+        (["--fuel", "0", str(PROBE)], UsageError, "--fuel must be in 1..100000000000, got 0"),
         (["--timeout-ms", "0", str(PROBE)], UsageError, "--timeout-ms must be in 1..600000"),
         (["/no/such/module.wasm"], WasihostError, "does not exist"),
     ],
