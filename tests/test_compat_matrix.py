@@ -49,7 +49,8 @@ EXPECTED: dict[str, tuple[tuple[str, str | None], ...]] = {
         V1_ONLY,
     ),
     **dict.fromkeys(
-        ("events", "files", "httpget", "jobs", "rawecho", "secrets", "storage"), V11_ONLY
+        ("events", "files", "httpget", "jobbudget", "jobs", "rawecho", "secrets", "storage"),
+        V11_ONLY,
     ),
     "logger-v2": V2_ONLY,
     # Declares 1.0 and imports random_bytes without asking for it: refused by admission.

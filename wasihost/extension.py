@@ -159,13 +159,16 @@ class _Spare:
 class CallTicket:
     """One call in flight, as its caller sees it from another thread: :meth:`cancel` stops
     that call's instance (and no other) at its next epoch tick, or the call before it starts.
-    Used by :meth:`Extension.acall` for a cancelled task."""
+    Used by :meth:`Extension.acall` for a cancelled task, and by the jobs broker, whose runs
+    also cap linear memory through it (``memory_cap``: the command may grow memory to at most
+    that; its start-up, if it needs a new instance, has the extension's own limit)."""
 
-    __slots__ = ("_ext", "_lock", "cancelled", "delay_wake", "instance", "waiter")
+    __slots__ = ("_ext", "_lock", "cancelled", "delay_wake", "instance", "memory_cap", "waiter")
 
-    def __init__(self, ext: Extension) -> None:
+    def __init__(self, ext: Extension, memory_cap: int | None = None) -> None:
         self._ext = ext
         self.cancelled = False
+        self.memory_cap = memory_cap
         self.instance: Instance | None = None
         # attach, detach and cancel's look at the instance, atomically: a cancel that comes
         # after the call gave its instance back must not reach that instance, now idle in the
@@ -1460,6 +1463,10 @@ class Extension:
         local.epoch = self._last_epoch = epoch
         try:
             try:
+                if ticket is not None and ticket.memory_cap is not None:
+                    # For the command only (a start-up needs the module's own memory to
+                    # instantiate); lifted below before the instance goes back to the pool.
+                    instance.cap_memory(ticket.memory_cap)
                 # No lock here: the instance is this call's alone until it is checked in.
                 result = instance.call(name, payload, max_body, budget, alone)
             except BaseException as exc:
@@ -1515,6 +1522,8 @@ class Extension:
             local.epoch = outer
             if ticket is not None:
                 ticket.detach()  # first: a cancel from now on does not reach the instance
+                if ticket.memory_cap is not None:
+                    instance.cap_memory(None)
             # _checkin inlined, for the no-op call's sake.
             healthy = not instance.closed and not instance.context.interrupted
             lock.acquire()

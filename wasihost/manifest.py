@@ -120,7 +120,14 @@ PAYLOAD_CONVENTIONS: Final = (PAYLOAD_CBOR, PAYLOAD_BYTES)
 BYTES_SINCE: Final = AbiVersion(1, 1)
 _EVENTS_KEYS: Final = ("classes", "command", "on_overflow", "queue_depth")
 _HTTP_KEYS: Final = ("allowed_origins", "bytes_per_hour")
-_JOBS_KEYS: Final = ("commands", "max_jobs", "max_runtime_ms", "fuel")
+_JOBS_KEYS: Final = (
+    "commands",
+    "max_jobs",
+    "max_runtime_ms",
+    "fuel",
+    "max_memory_bytes",
+    "max_network_bytes",
+)
 _LIFECYCLE_KEYS: Final = ("on_shutdown",)
 # The ``[scheduling]`` table (docs/scheduling.md): the priority class the extension claims for
 # its calls; the host's scheduler caps it. Silent manifests claim the highest class, as every
@@ -737,12 +744,14 @@ def _parse_events(
     return EventsSpec(tuple(classes), command, on_overflow, depth)
 
 
-def _bounded_int(table: Mapping[str, object], key: str, default: int, top: int) -> int:
+def _bounded_int(
+    table: Mapping[str, object], key: str, default: int, top: int, low: int = 1
+) -> int:
     value = table.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool):
         raise ManifestError(f"jobs.{key}", f"expected an integer, got {_type_name(value)}")
-    if not 1 <= value <= top:
-        raise ManifestError(f"jobs.{key}", f"{_show(value)} is outside 1..{top}")
+    if not low <= value <= top:
+        raise ManifestError(f"jobs.{key}", f"{_show(value)} is outside {low}..{top}")
     return value
 
 
@@ -779,6 +788,19 @@ def _parse_jobs(
         _bounded_int(table, "max_jobs", DEFAULT_MAX_JOBS, MAX_JOBS_PER_EXTENSION),
         _bounded_int(table, "max_runtime_ms", resources.timeout_ms, resources.timeout_ms),
         _bounded_int(table, "fuel", resources.fuel_per_call, resources.fuel_per_call),
+        _bounded_int(
+            table, "max_memory_bytes", resources.max_memory_bytes, resources.max_memory_bytes
+        ),
+        # Zero forbids a run any http traffic, as a zero hourly quota does.
+        None
+        if "max_network_bytes" not in table
+        else _bounded_int(
+            table,
+            "max_network_bytes",
+            0,
+            MAX_HTTP_BYTES_PER_HOUR,
+            low=MIN_HTTP_BYTES_PER_HOUR,
+        ),
     )
 
 

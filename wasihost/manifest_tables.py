@@ -25,10 +25,12 @@ class EventsSpec:
 @attrs.frozen
 class JobsSpec:
     """The ``[jobs]`` table: the commands a job may run, how many jobs the extension may hold,
-    and the budget of each run (at most the extension's own ``timeout_ms`` and
-    ``fuel_per_call``)."""
+    and the budget of each run (at most the extension's own ``timeout_ms``, ``fuel_per_call``
+    and ``max_memory_bytes``; ``max_network_bytes`` None: only the hourly http quota)."""
 
     commands: tuple[str, ...]
     max_jobs: int
     max_runtime_ms: int
     fuel: int
+    max_memory_bytes: int
+    max_network_bytes: int | None = None

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from .. import run_allowance
 from ..budgets import Resource
 from ..errors import ConfigError
 from ..hostfn import ASYNC_WAKE_CHECK_S
@@ -40,6 +41,7 @@ from ..netpolicy import (
     parse_pattern,
     parse_url,
 )
+from ..run_allowance import NetworkAllowance
 from ..scrub import MIN_FORM_BYTES, Unscrubbable, scrub, scrub_text, secret_forms
 from ..secrets import MAX_SECRET_BYTES
 from ..status import GuestDeadline, GuestInterrupted, HostStatus, Status
@@ -196,11 +198,13 @@ class HttpState:
         self.quota = quota
         self.inflight = threading.BoundedSemaphore(MAX_INFLIGHT_PER_EXTENSION)
 
-    def received(self, n: int) -> bool:
-        """``n`` bytes came in: counted by the host's budget (budgets: its action may fire)
-        and by the manifest's quota; False if either is now over (the response is withheld)."""
+    def received(self, n: int, allowance: NetworkAllowance | None) -> bool:
+        """``n`` bytes came in: counted by the host's budget (budgets: its action may fire),
+        by the manifest's quota and by a job run's own allowance; False if any is now over
+        (the response is withheld)."""
         allowed = self.ext.host.governor.charge_received(self.ext, n)
-        return self.quota.add(n) and allowed
+        within = allowance is None or allowance.add(n)
+        return self.quota.add(n) and allowed and within
 
 
 class SecretRef:
@@ -520,10 +524,15 @@ class HttpBroker:
             origin = str(parsed.target.origin)
             parsed.attach_secrets(lambda name: use_secret(ext, name, origin))
 
+        sent = parsed.wire_bytes()
+        # A job run's own network bytes ([jobs] max_network_bytes): checked before anything
+        # is counted anywhere, spent once the request is sure to be sent.
+        allowance = run_allowance.current(ext.id)
+        if allowance is not None and not allowance.fits(sent):
+            raise HostStatus(Status.QUOTA_EXCEEDED)
         if not state.inflight.acquire(blocking=False):
             raise HostStatus(Status.UNAVAILABLE)
         governor = ext.host.governor
-        sent = parsed.wire_bytes()
         try:
             # budgets: the host's budget first; its action may refuse the request.
             governor.charge_request(ext, sent)
@@ -542,13 +551,17 @@ class HttpBroker:
             governor.refund(ext, Resource.NETWORK_BYTES_PER_HOUR, sent)
             state.inflight.release()
             raise
+        if allowance is not None:
+            allowance.add(sent)
         cap = time.monotonic() + self.max_request_seconds
         deadline = min(call.deadline, cap)
         exchange = Exchange()
 
         def work() -> None:
             try:
-                exchange.result = self._exchange(parsed, allow_local, deadline, state, exchange)
+                exchange.result = self._exchange(
+                    parsed, allow_local, deadline, state, exchange, allowance
+                )
             except HostStatus as exc:
                 exchange.status = exc.status
             except Exception:
@@ -603,6 +616,7 @@ class HttpBroker:
         deadline: float,
         state: HttpState,
         exchange: Exchange,
+        allowance: NetworkAllowance | None,
     ) -> dict[str, Any]:
         # The HTTP client loads with the first request: a host that never makes one (most
         # command-line runs) does not pay for urllib3, http.client and ssl.
@@ -632,7 +646,9 @@ class HttpBroker:
             )
             _set_timeout(conn, deadline)
             response = conn.getresponse()
-            return self._read_response(response, request, conn, deadline, state, meter)
+            return self._read_response(
+                response, request, conn, deadline, state, meter, allowance
+            )
         except HostStatus:
             raise
         except (
@@ -651,7 +667,7 @@ class HttpBroker:
             # Whatever came in counts, the response refused or not (a refused header block
             # was read whole before it was refused); past the quota, the next request is
             # refused before it is sent.
-            state.received(meter.uncounted())
+            state.received(meter.uncounted(), allowance)
 
     def _connect(
         self, origin: Origin, addresses: Sequence[str], deadline: float, exchange: Exchange
@@ -694,6 +710,7 @@ class HttpBroker:
         deadline: float,
         state: HttpState,
         meter: MeteredSocket,
+        allowance: NetworkAllowance | None,
     ) -> dict[str, Any]:
         forms = request.forms
         headers: list[list[str]] = []
@@ -711,7 +728,7 @@ class HttpBroker:
             header_bytes, scrubbed_bytes
         ) > MAX_RESPONSE_HEADER_BYTES:
             raise HostStatus(Status.PAYLOAD_TOO_LARGE)
-        if not state.received(meter.uncounted()):
+        if not state.received(meter.uncounted(), allowance):
             raise HostStatus(Status.QUOTA_EXCEEDED)
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         if forms and encoding != "identity":
@@ -727,7 +744,7 @@ class HttpBroker:
                 if not chunk:
                     break
                 body += chunk
-                if not state.received(meter.uncounted()):
+                if not state.received(meter.uncounted(), allowance):
                     raise HostStatus(Status.QUOTA_EXCEEDED)
             if len(body) > MAX_RESPONSE_BODY_BYTES:
                 raise HostStatus(Status.PAYLOAD_TOO_LARGE)

@@ -32,12 +32,15 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
 
+from .. import run_allowance
 from ..budgets import Resource
 from ..codec import CodecLimits, decode, encode
 from ..errors import CodecError, ConfigError
 from ..event_classes import MAX_CLASS_CHARS, covered, is_class, is_selector, matches
+from ..extension import CallTicket
 from ..hostfn import refuse_any_scope
 from ..lifecycle import State
+from ..run_allowance import NetworkAllowance
 from ..status import HostStatus, Status
 from .dispatch import ExtensionDispatcher
 from .events import PAYLOAD_LIMITS, ExtensionEvents, _failure_text
@@ -572,13 +575,21 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
         running = self._running
         outer = getattr(running, "state", None)
         running.state = state
+        # The run's own memory and network bytes: the command grows linear memory to at most
+        # [jobs] max_memory_bytes, and its http requests move at most max_network_bytes.
+        memory = spec.max_memory_bytes
+        ticket = CallTicket(ext, memory if memory < resources.max_memory_bytes else None)
+        network = spec.max_network_bytes
+        allowance = None if network is None else NetworkAllowance(ext.id, network)
         try:
-            ext.call(
-                job.command,
-                value,
-                fuel=min(spec.fuel, resources.fuel_per_call),
-                timeout_ms=min(spec.max_runtime_ms, resources.timeout_ms),
-            )
+            with run_allowance.running(allowance):
+                ext.call_cancellable(
+                    ticket,
+                    job.command,
+                    value,
+                    fuel=min(spec.fuel, resources.fuel_per_call),
+                    timeout_ms=min(spec.max_runtime_ms, resources.timeout_ms),
+                )
         except Exception as exc:  # one failed run must not stop the worker
             text = _failure_text(exc)
             LOG.warning("job %d of %s failed: %s", job.id, ext.id, text)

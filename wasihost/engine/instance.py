@@ -218,13 +218,7 @@ class Instance:
         self._engine = engine
         self._limits = limits
         self._store = wasmtime.Store(engine.wasmtime_engine)
-        self._store.set_limits(
-            memory_size=limits.max_memory_bytes,
-            table_elements=limits.max_table_elements,
-            instances=1,
-            tables=1,
-            memories=1,
-        )
+        self._set_memory_limit(limits.max_memory_bytes)
         self._context = self._store._context()
         self._ctx_addr = ctypes.cast(self._context, ctypes.c_void_p).value
         self._ctx = HostContext(imports, gate)
@@ -674,6 +668,37 @@ class Instance:
         """Ctrl-C deferred out of a host callback (see sigint.py): the call ends at once with
         class ``interrupted``, and so does every later one."""
         self._ctx.stop_now(CallError(FailureClass.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)"))
+
+    def _set_memory_limit(self, max_memory_bytes: int) -> None:
+        # Every limit each time: wasmtime replaces the Store's limiter whole, and one left
+        # out would be unlimited.
+        self._store.set_limits(
+            memory_size=max_memory_bytes,
+            table_elements=self._limits.max_table_elements,
+            instances=1,
+            tables=1,
+            memories=1,
+        )
+
+    def cap_memory(self, max_memory_bytes: int | None) -> None:
+        """Between calls, on the thread that is about to call (or has just called): the next
+        calls may grow linear memory to at most ``max_memory_bytes`` (never above the
+        instance's own limit), or again to that limit with None. What the memory already
+        has stays; growth past the cap fails in the guest (``memory.grow`` answers -1)."""
+        limit = self._limits.max_memory_bytes
+        token = self._token
+        try:
+            token.pop()
+        except IndexError:
+            return  # being closed from another thread: no call will use it again
+        try:
+            if not self.closed:
+                cap = limit if max_memory_bytes is None else min(max_memory_bytes, limit)
+                self._set_memory_limit(cap)
+        finally:
+            token.append(True)
+            if self._close_pending:
+                self.close()
 
     def cancel(self) -> None:
         """From any thread: the caller gave up on the running call. It ends at its next epoch

@@ -1,0 +1,65 @@
+"""A background job run's own network allowance (``[jobs] max_network_bytes``).
+
+The jobs broker runs a job's command on one of its threads, and every host call that command
+makes runs on that same thread: so the allowance of the run in progress is kept per thread,
+and the http broker finds it there. It is keyed by the extension too, so that a command of
+another extension called from inside the run (an embedder's host function may do that) is not
+charged to it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class NetworkAllowance:
+    """Bytes a run may still send and receive, over all its http requests."""
+
+    __slots__ = ("_lock", "extension", "left")
+
+    def __init__(self, extension: str, limit: int) -> None:
+        self.extension = extension
+        self.left = limit
+        # Received bytes are counted on the http broker's exchange thread while the run's
+        # thread waits: one lock keeps the count exact either way.
+        self._lock = threading.Lock()
+
+    def fits(self, n: int) -> bool:
+        with self._lock:
+            return n <= self.left
+
+    def add(self, n: int) -> bool:
+        """Count ``n`` bytes that moved (or are about to, after :meth:`fits`); False once the
+        run is over its allowance (what already moved stays counted)."""
+        with self._lock:
+            self.left -= n
+            return self.left >= 0
+
+
+class _Current(threading.local):
+    def __init__(self) -> None:
+        self.allowance: NetworkAllowance | None = None
+
+
+_CURRENT = _Current()
+
+
+def current(extension: str) -> NetworkAllowance | None:
+    """The allowance of ``extension``'s job run in progress on this thread, if any."""
+    allowance = _CURRENT.allowance
+    if allowance is not None and allowance.extension == extension:
+        return allowance
+    return None
+
+
+@contextmanager
+def running(allowance: NetworkAllowance | None) -> Iterator[None]:
+    """``allowance`` is the current one on this thread for the ``with`` block (None: none)."""
+    outer = _CURRENT.allowance
+    _CURRENT.allowance = allowance
+    try:
+        yield
+    finally:
+        _CURRENT.allowance = outer
