@@ -49,8 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from wasihost.benchmark.guests import loop_guest_wat
+from wasihost.benchmark.hosts import bench_policy
 from wasihost.engine.benchraw import PublicGuest, RawFloor, RawModule
-from wasihost.policy import Policy
 from wasihost.runtime import Host
 
 ECHO = ROOT / "fixtures" / "echo"
@@ -129,7 +129,7 @@ def request_calls(calls: int, repeats: int) -> dict[str, dict[str, float]]:
     """Per host call µs of ``log`` and of an embedder function, each with a 64-byte request."""
     from wasihost.package import Package
 
-    host = Host(Policy(allow={"log", "bench"}), cache_dir=None)
+    host = Host(bench_policy({"log", "bench"}), cache_dir=None)
     host.add_function(
         "bench.noop",
         lambda ctx, request: None,
@@ -175,7 +175,7 @@ def run(calls: int, repeats: int, only: frozenset[str] = frozenset()) -> dict[st
     assert floor.call(b"noop", null) == expected_noop
     assert floor.call(b"echo", echo_in) == expected_echo
 
-    host = Host(Policy(allow={"log", "clock", "random"}), cache_dir=None)
+    host = Host(bench_policy({"log", "clock", "random"}), cache_dir=None)
     ext = host.load(ECHO)
     assert ext.call("noop") is None
     assert ext.call("echo", PAYLOAD) == PAYLOAD

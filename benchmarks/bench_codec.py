@@ -191,7 +191,7 @@ def run_echo(rounds: int, calls: int, clock_name: str) -> dict[str, Any]:
     """Per-call µs of the 64-byte echo through Extension.call with each codec, interleaved."""
     os.environ["RUST_BACKTRACE"] = "0"
     from wasihost import extension
-    from wasihost.policy import Policy
+    from wasihost.benchmark.hosts import bench_policy
     from wasihost.runtime import Host
 
     clock = time.process_time_ns if clock_name == "cpu" else time.perf_counter_ns
@@ -202,7 +202,7 @@ def run_echo(rounds: int, calls: int, clock_name: str) -> dict[str, Any]:
     }
     load_before = os.getloadavg()
     samples: dict[str, list[float]] = {name: [] for name in codecs}
-    with Host(Policy(allow={"log", "clock", "random"}), cache_dir=None) as host:
+    with Host(bench_policy({"log", "clock", "random"}), cache_dir=None) as host:
         ext = host.load(ROOT / "fixtures" / "echo")
         try:
             for index in range(rounds):

@@ -59,9 +59,9 @@ sys.path.insert(0, str(ROOT))
 import attrs
 
 import wasihost.engine.instance as instance_module
+from wasihost.benchmark.hosts import bench_policy
 from wasihost.extension import Extension
 from wasihost.package import Package, load_package
-from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.settings import EngineSettings
 
@@ -356,11 +356,11 @@ def main() -> None:
     # The same small calls on a host whose calls always release the GIL across guest code
     # (keep_gil_below_fuel=0): what keeping it for short calls changes, in the same rounds.
     released = Host(
-        Policy(allow={"log", "clock", "random"}),
+        bench_policy({"log", "clock", "random"}),
         cache_dir=None,
         settings=EngineSettings(keep_gil_below_fuel=0),
     )
-    with released, Host(Policy(allow={"log", "clock", "random"}), cache_dir=None) as host:
+    with released, Host(bench_policy({"log", "clock", "random"}), cache_dir=None) as host:
         workloads: dict[str, tuple[dict[str, Extension], str, Any, int]] = {}
         for name, fixture, command, value, calls, resources in (
             ("small", ECHO, "noop", None, args.small_calls, {}),

@@ -70,8 +70,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from wasihost.benchmark.hosts import bench_policy
 from wasihost.package import Package
-from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.settings import EngineSettings
 from wasihost.status import Status
@@ -175,7 +175,7 @@ def wasihost_host(tick_ms: int | None = None) -> tuple[Host, dict[str, Pair]]:
     the same guest, one whose log has room for every record (the accepted path, drained before
     each batch), one whose log is full (the QUOTA_EXCEEDED path)."""
     settings = EngineSettings() if tick_ms is None else EngineSettings(epoch_tick_ms=tick_ms)
-    host = Host(Policy(allow={"log", "myapp.read"}), settings=settings, cache_dir=None)
+    host = Host(bench_policy({"log", "myapp.read"}), settings=settings, cache_dir=None)
     host.add_function(
         "myapp.lookup",
         _lookup,

@@ -53,13 +53,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from wasihost.benchmark.hosts import bench_policy
 from wasihost.brokers.files import FilesBroker
 from wasihost.brokers.http import HttpBroker
 from wasihost.brokers.secrets import SecretsBroker
 from wasihost.brokers.storage import StorageBroker
 from wasihost.manifest import parse_manifest
 from wasihost.package import Package
-from wasihost.policy import Policy
 from wasihost.registry import default_registry
 from wasihost.runtime import Host
 from wasihost.secrets import MemorySecretStore
@@ -420,7 +420,7 @@ def _setup_with(tmp: Path, cases: list[Case], origin: str) -> tuple[Host, Any, l
     storage = StorageBroker(tmp / "storage.db")
     web = HttpBroker(resolver=lambda name, port: ["127.0.0.1"])
     caps = {"log", "clock", "random", "storage", "secrets", "files", "events", "jobs", "http"}
-    host = Host(Policy(allow=caps), cache_dir=None, brokers=[files, secrets, storage, web])
+    host = Host(bench_policy(caps), cache_dir=None, brokers=[files, secrets, storage, web])
     commands = "\n".join(
         f"c{i} = {{}}" + ("" if c.name.startswith("setup") else f"\nz{i} = {{}}")
         for i, c in enumerate(cases)

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from wasihost.benchmark.guests import EXTISM_PLUGIN_WAT
-from wasihost.policy import Policy
+from wasihost.benchmark.hosts import bench_policy
 from wasihost.runtime import Host
 
 RAWECHO = ROOT / "fixtures" / "rawecho"
@@ -66,7 +66,7 @@ def _extism() -> Callable[[bytes], bytes] | None:
 
 
 def run(calls: int, repeats: int) -> dict[str, object]:
-    with tempfile.TemporaryDirectory() as tmp, Host(Policy(allow=frozenset()), cache_dir=None) as h:
+    with tempfile.TemporaryDirectory() as tmp, Host(bench_policy(), cache_dir=None) as h:
         ext = h.load(_package(Path(tmp)), grants=[])
         ext.start()
         peers: dict[str, Callable[[bytes], object]] = {

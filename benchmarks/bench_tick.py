@@ -44,8 +44,8 @@ os.environ["RUST_BACKTRACE"] = "0"  # trap paths are slower with it; set before 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from wasihost.benchmark.hosts import bench_policy
 from wasihost.errors import CallError, FailureClass
-from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.settings import MAX_EPOCH_TICK_MS, EngineSettings
 
@@ -140,7 +140,7 @@ def tick_overhead(
             shift = round_ % len(settings)
             for tick in settings[shift:] + settings[:shift]:
                 host = Host(
-                    Policy(), settings=EngineSettings(epoch_tick_ms=tick), cache_dir=cache_dir
+                    bench_policy(), settings=EngineSettings(epoch_tick_ms=tick), cache_dir=cache_dir
                 )
                 try:
                     with busy_thread(condition == "busy") as done:
@@ -171,7 +171,8 @@ def idle_cost(ticks: list[int], cache_dir: Path) -> dict[str, float]:
     whether or not a guest runs), in percent of one CPU, per tick setting."""
     out = {}
     for tick in ticks:
-        host = Host(Policy(), settings=EngineSettings(epoch_tick_ms=tick), cache_dir=cache_dir)
+        settings = EngineSettings(epoch_tick_ms=tick)
+        host = Host(bench_policy(), settings=settings, cache_dir=cache_dir)
         try:
             host.load(ECHO).call("noop")
             cpu = time.process_time()
@@ -198,7 +199,7 @@ def gil_hog(hog_s: float, cache_dir: Path) -> dict[str, float]:
     start = time.perf_counter()
     hog()
     alone = time.perf_counter() - start
-    host = Host(Policy(), cache_dir=cache_dir)
+    host = Host(bench_policy(), cache_dir=cache_dir)
     try:
         ext = host.load(SPIN, fuel=10_000_000_000, timeout_ms=HOG_DEADLINE_MS)
 

@@ -40,8 +40,8 @@ import wasmtime
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from wasihost.benchmark.hosts import bench_policy
 from wasihost.package import Package
-from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.wasi import Mount, WasiOptions, capabilities_for, wasi_profile
 
@@ -108,7 +108,7 @@ class Wasihost:
             mounts=[Mount(mount, "/data")] if mount is not None else [],
         )
         caps = capabilities_for(config)
-        self.host = Host(Policy(allow=caps), cache_dir=None, profiles=[wasi_profile(config)])
+        self.host = Host(bench_policy(caps), cache_dir=None, profiles=[wasi_profile(config)])
         package = Package("bench.wasm", None, wasm, hashlib.sha256(wasm).hexdigest())
         self.ext = self.host.admit(package, grants=caps, fuel=FUEL, timeout_ms=TIMEOUT_MS)
 

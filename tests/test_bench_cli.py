@@ -15,8 +15,12 @@ import pytest
 from conftest import FIXTURES
 
 from wasihost.benchmark import scenarios, systems, targets
+from wasihost.benchmark.hosts import bench_policy
 from wasihost.benchmark.names import SCENARIOS, SYSTEMS
 from wasihost.cli import EXIT_FAILURE, EXIT_USAGE, main
+from wasihost.governor import Throttled
+from wasihost.policy import Policy
+from wasihost.runtime import Host
 
 REQUIRED_SCENARIOS = {"noop", "echo-0", "echo-64", "echo-4KiB", "echo-64KiB", "echo-1MiB",
                       "host-call-64", "host-call-native", "instantiate-cached",
@@ -276,3 +280,28 @@ def test_the_target_table_refuses_what_is_not_a_results_file(
     assert "not a `wasihost bench --json` results file" in capsys.readouterr().err
     assert targets.main([str(tmp_path / "missing.json")]) == 2
     assert "missing.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bench", [True, False])
+def test_a_bench_host_counts_a_cpu_budget_crossing_but_refuses_no_call(
+    tmp_path: Path, bench: bool
+) -> None:
+    """The benchmark's hosts measure calls, not governance: a 1 MiB echo or the compute loop
+    spends the default CPU budget within seconds here, and its throttle refused the rest of a
+    full run. Under the bench policy the crossing is counted and warned of; under the default
+    one the next call is refused."""
+    package = tmp_path / "compute"
+    shutil.copytree(FIXTURES / "compute", package, ignore=shutil.ignore_patterns("src"))
+    toml = package / "extension.toml"
+    text = toml.read_text().replace("[resources]\n", "[resources]\ncpu_fuel_per_minute = 1\n")
+    toml.write_text(text)
+    policy = bench_policy() if bench else Policy()
+    with Host(policy, cache_dir=None) as host:
+        ext = host.load(package)
+        ext.call("run", {"n": 1000})
+        if bench:
+            assert ext.call("run", {"n": 1000}) is not None
+            assert ext.usage().actions_fired["warn"] == 1
+        else:
+            with pytest.raises(Throttled):
+                ext.call("run", {"n": 1000})

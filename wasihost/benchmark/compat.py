@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from .guests import V2_LOG_SIGNATURE, abi_guest_wat
+from .hosts import bench_policy
 from .runner import Budget, interleave, median, spread
 
 RUNTIME_CLASSES = ("in-process", "out-of-process")
@@ -195,12 +196,11 @@ def _admit_and_run(host: Any, guest: Guest, budget: Budget) -> _Verdict:
 
 
 def matrix(fixtures: Path, budget: Budget) -> list[dict[str, Any]]:
-    from ..policy import Policy
     from ..registry import default_registry
     from ..runtime import Host
 
     registry = default_registry()
-    host = Host(Policy(allow=set(registry.capabilities())))
+    host = Host(bench_policy(registry.capabilities()))
     rows: list[dict[str, Any]] = []
     try:
         guests = _fixture_guests(fixtures, host.registry.capabilities()) + _wat_guests(registry)

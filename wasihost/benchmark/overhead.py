@@ -9,6 +9,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from .hosts import bench_policy
 from .runner import Budget, Op, interleave, median, spread
 from .systems import handshake
 
@@ -27,7 +28,6 @@ def overhead(fixtures: Path, rounds: int, budget: Budget) -> list[dict[str, Any]
     import cbor2
 
     from ..engine.benchraw import RawModule
-    from ..policy import Policy
     from ..runtime import Host
 
     wasm = (fixtures / "compute" / "compute.wasm").read_bytes()
@@ -41,7 +41,7 @@ def overhead(fixtures: Path, rounds: int, budget: Budget) -> list[dict[str, Any]
         ops[f"raw {name}"] = functools.partial(guest.call, b"run", request)
     if len(answers) != 1:
         raise RuntimeError("the metering variants computed different results")
-    host = Host(Policy(), cache_dir=None)
+    host = Host(bench_policy(), cache_dir=None)
     try:
         # The manifest's 10M fuel covers about 300,000 rounds; the full run asks for more.
         ext = host.load(fixtures / "compute", fuel=OVERHEAD_FUEL)

@@ -23,11 +23,11 @@ def _load(fixtures: Path, workload: str, copies: int) -> tuple[Any, list[Any]]:
     import hashlib
 
     from ..package import Package
-    from ..policy import Policy
     from ..runtime import Host
+    from .hosts import bench_policy
 
     fixture, _, _ = WORKLOADS[workload]
-    host = Host(Policy(), cache_dir=None)
+    host = Host(bench_policy(), cache_dir=None)
     wasm = (fixtures / fixture / f"{fixture}.wasm").read_bytes()
     digest = hashlib.sha256(wasm).hexdigest()
     # One id is admitted once per host: each copy is the bare module under its own name.

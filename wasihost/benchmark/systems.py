@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from .guests import EXTISM_PLUGIN_WAT, extism_hostcall_wat, extism_native_wat, loop_guest_wat
+from .hosts import bench_policy
 from .runner import Op
 
 # Host calls per timed command of ``host-call-64``: one call is (a command making this many
@@ -52,10 +53,9 @@ class Wasihost:
 
     def __init__(self, fixtures: Path) -> None:
         from ..package import Package, load_package
-        from ..policy import Policy
         from ..runtime import Host
 
-        self.host = Host(Policy(allow={"log", "clock", "random", "bench"}), cache_dir=None)
+        self.host = Host(bench_policy({"log", "clock", "random", "bench"}), cache_dir=None)
         self.host.add_function(
             "bench.noop",
             lambda ctx, request: None,
