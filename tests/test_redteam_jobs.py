@@ -17,7 +17,7 @@ import cbor2
 import pytest
 from conftest import bare
 from test_http import wat_guest
-from test_job_budgets import RUN_NETWORK, clock, host, load, messages, resolve, run_once
+from test_job_budgets import RUN_MEMORY, RUN_NETWORK, clock, host, load, messages, resolve, run_once
 
 from wasihost.brokers.http import HttpBroker
 from wasihost.brokers.jobs import JobsBroker, ManualClock
@@ -195,3 +195,25 @@ def test_a_run_moves_exactly_its_network_bytes_and_not_one_more(
 def _job_host(cache: Path, clock: ManualClock) -> Host:
     brokers = [JobsBroker(clock=clock), HttpBroker(resolver=resolve)]
     return Host(Policy(allow={"jobs", "http", "log"}), cache_dir=cache, brokers=brokers)
+
+
+# -- memory: the cap on a run that lands on a new instance -------------------------------------
+
+
+def test_a_run_that_starts_a_new_instance_is_capped_after_its_start_up(
+    host: Host, clock: ManualClock, tmp_path: Path, server: RawServer, messages: list[str]
+) -> None:
+    """Held: a run whose instance is new (evicted, as after a crash or a restart) gets the
+    extension's limit for the start-up and its own cap for the command; the cap is lifted
+    after, so the instance the run started serves a direct call with the extension's limit."""
+    ext = load(host, tmp_path, server)  # type: ignore[arg-type]
+    assert ext.call("hog", {"input": 0}) == 0  # started by a direct call
+    for _ in range(2):
+        assert ext.evict() == 1
+        starts = ext.starts
+        assert "out_of_memory" in run_once(host, clock, ext, "hog", RUN_MEMORY)
+        assert ext.starts == starts + 1
+    assert ext.evict() == 1
+    assert run_once(host, clock, ext, "hog", RUN_MEMORY // 2) == "ok"
+    assert ext.call("hog", {"input": 2 * RUN_MEMORY}) == 2 * RUN_MEMORY
+    assert messages[-2:] == [f"hog {RUN_MEMORY // 2}", f"hog {2 * RUN_MEMORY}"]
