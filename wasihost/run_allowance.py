@@ -15,27 +15,42 @@ from contextlib import contextmanager
 
 
 class NetworkAllowance:
-    """Bytes a run may still send and receive, over all its http requests."""
+    """Bytes a run may still send and receive, over all its http requests.
+
+    Every byte is taken from it before it moves: a request's bytes whole before it is sent
+    (:meth:`reserve`), a response's as each read from the socket asks for them (:meth:`take`,
+    the read never given more room than is left). So a run never reads past its allowance,
+    whatever the server sends, and two exchanges of one run (one the guest gave up on, still
+    ending, and the next) cannot both spend what is left."""
 
     __slots__ = ("_lock", "extension", "left")
 
     def __init__(self, extension: str, limit: int) -> None:
         self.extension = extension
         self.left = limit
-        # Received bytes are counted on the http broker's exchange thread while the run's
+        # Received bytes are taken on the http broker's exchange thread while the run's
         # thread waits: one lock keeps the count exact either way.
         self._lock = threading.Lock()
 
-    def fits(self, n: int) -> bool:
+    def reserve(self, n: int) -> bool:
+        """Take ``n`` bytes whole if they are left (True), or nothing (False)."""
         with self._lock:
-            return n <= self.left
-
-    def add(self, n: int) -> bool:
-        """Count ``n`` bytes that moved (or are about to, after :meth:`fits`); False once the
-        run is over its allowance (what already moved stays counted)."""
-        with self._lock:
+            if n > self.left:
+                return False
             self.left -= n
-            return self.left >= 0
+            return True
+
+    def take(self, n: int) -> int:
+        """Take up to ``n`` bytes: as many as are left, at most ``n`` (0: none left)."""
+        with self._lock:
+            granted = min(n, self.left)
+            self.left -= granted
+            return granted
+
+    def refund(self, n: int) -> None:
+        """Give back bytes taken that did not move (a refused request, a short read)."""
+        with self._lock:
+            self.left += n
 
 
 class _Current(threading.local):

@@ -100,9 +100,17 @@ READ_CHUNK_BYTES: Final = 16384
 # chunk framing as wasteful as 1-byte chunks (6 bytes on the wire per byte of body).
 MAX_RESPONSE_WIRE_BYTES: Final = 512 * 1024
 # What a header line costs on the wire besides its name and value (": " and CRLF), and the
-# request line's fixed part (" HTTP/1.1\r\n" and the blank line), for the traffic account.
+# request line's fixed part (the space after the method, " HTTP/1.1\r\n" and the blank line),
+# for the traffic account: with every header the host sends listed (Request.wire_headers), it
+# counts the request's bytes exactly (tests/test_redteam_jobs.py).
 HEADER_LINE_OVERHEAD: Final = 4
-REQUEST_LINE_OVERHEAD: Final = 13
+REQUEST_LINE_OVERHEAD: Final = 14
+# The User-Agent of a request whose guest set none. The host sends it itself, and Content-Length
+# too, so that the HTTP client adds no header the traffic account has not counted (urllib3's
+# own were 60 bytes a request, uncounted: a run with a small max_network_bytes sent twice it).
+USER_AGENT: Final = "wasihost"
+# The methods whose request has a Content-Length even without a body (as urllib3 sends them).
+METHODS_WITH_BODY: Final = frozenset({"POST", "PUT", "PATCH"})
 # The traffic account keeps one bucket per minute of the sliding hour.
 QUOTA_WINDOW_S: Final = 3600.0
 QUOTA_BUCKETS: Final = 60
@@ -198,13 +206,12 @@ class HttpState:
         self.quota = quota
         self.inflight = threading.BoundedSemaphore(MAX_INFLIGHT_PER_EXTENSION)
 
-    def received(self, n: int, allowance: NetworkAllowance | None) -> bool:
-        """``n`` bytes came in: counted by the host's budget (budgets: its action may fire),
-        by the manifest's quota and by a job run's own allowance; False if any is now over
-        (the response is withheld)."""
+    def received(self, n: int) -> bool:
+        """``n`` bytes came in: counted by the host's budget (budgets: its action may fire)
+        and by the manifest's quota; False if either is now over (the response is withheld).
+        A job run's own allowance took them already, as they were read (MeteredSocket)."""
         allowed = self.ext.host.governor.charge_received(self.ext, n)
-        within = allowance is None or allowance.add(n)
-        return self.quota.add(n) and allowed and within
+        return self.quota.add(n) and allowed
 
 
 class SecretRef:
@@ -270,13 +277,28 @@ class Request:
         self.headers = attached
         self.forms.sort(key=len, reverse=True)
 
-    def wire_bytes(self) -> int:
-        """What the request costs on the wire, for the traffic account."""
-        size = len(self.method) + len(self.target.path) + REQUEST_LINE_OVERHEAD
-        size += len("host") + len(self.target.origin.host_header()) + HEADER_LINE_OVERHEAD
+    def wire_headers(self) -> list[tuple[str, str]]:
+        """Every header line the host sends, in order (after :meth:`attach_secrets`): the HTTP
+        client is given all of them and adds none of its own."""
+        headers: list[tuple[str, str]] = [
+            ("Host", self.target.origin.host_header()),
+            ("Accept-Encoding", "identity"),
+        ]
         for name, value in self.headers:
-            text = value.prefix if isinstance(value, SecretRef) else value
-            size += len(name) + len(text) + HEADER_LINE_OVERHEAD
+            assert isinstance(value, str)  # secrets attached before
+            headers.append((name, value))
+        if not any(name.lower() == "user-agent" for name, _ in self.headers):
+            headers.append(("User-Agent", USER_AGENT))
+        if self.body is not None or self.method in METHODS_WITH_BODY:
+            headers.append(("Content-Length", str(len(self.body or b""))))
+        return headers
+
+    def wire_bytes(self) -> int:
+        """What the request costs on the wire, for the traffic account: exactly the bytes sent
+        (after :meth:`attach_secrets`)."""
+        size = len(self.method) + len(self.target.path) + REQUEST_LINE_OVERHEAD
+        for name, value in self.wire_headers():
+            size += len(name) + len(value) + HEADER_LINE_OVERHEAD
         return size + (len(self.body) if self.body is not None else 0)
 
 
@@ -375,11 +397,15 @@ class ResponseTooLarge(OSError):
     """The response took more than :data:`MAX_RESPONSE_WIRE_BYTES` on the wire."""
 
 
+class AllowanceSpent(OSError):
+    """A job run's response wanted more bytes than its ``max_network_bytes`` had left."""
+
+
 class _MeteredReader(io.RawIOBase):
     """What the HTTP parser reads the response through: the socket's own raw reader (which
     keeps the socket open while it is, as ``makefile`` promises: the client closes the
     connection of a ``Connection: close`` response before it reads the body), its bytes
-    counted, and refused past the meter's cap."""
+    counted, and refused past the meter's cap or a job run's allowance."""
 
     def __init__(self, meter: MeteredSocket, raw: io.RawIOBase) -> None:
         self._meter = meter
@@ -394,10 +420,26 @@ class _MeteredReader(io.RawIOBase):
         if room <= 0:
             raise ResponseTooLarge("response over the wire limit")
         view = memoryview(buffer).cast("B")
-        n = self._raw.readinto(view[:room] if len(view) > room else view)
-        if n:
-            meter.received += n
-        return n or 0
+        allowance = meter.allowance
+        if allowance is not None:
+            # A job run's bytes are taken before the read and the read is given no more room
+            # than they: the host never reads past the run's allowance, even by a buffer
+            # (the HTTP parser reads the header block, 8 KiB at a time, before anything
+            # else could look at it).
+            room = allowance.take(min(room, len(view)))
+            if room <= 0:
+                meter.allowance_spent = True
+                raise AllowanceSpent("response over the run's network bytes")
+        try:
+            n = self._raw.readinto(view[:room] if len(view) > room else view) or 0
+        except BaseException:
+            if allowance is not None:
+                allowance.refund(room)
+            raise
+        if allowance is not None and n < room:
+            allowance.refund(room - n)
+        meter.received += n
+        return n
 
     def close(self) -> None:
         self._raw.close()
@@ -408,9 +450,14 @@ class MeteredSocket:
     """A connection's socket whose reads through :meth:`makefile` are counted (``received``)
     and capped at ``cap`` bytes; everything else is the socket's own."""
 
-    def __init__(self, sock: socket.socket, cap: int) -> None:
+    def __init__(
+        self, sock: socket.socket, cap: int, allowance: NetworkAllowance | None = None
+    ) -> None:
         self.sock = sock
         self.cap = cap
+        # A job run's own allowance: each read takes its bytes from it first.
+        self.allowance = allowance
+        self.allowance_spent = False
         self.received = 0
         self.counted = 0  # how much of ``received`` the traffic account has been told
 
@@ -525,12 +572,16 @@ class HttpBroker:
             parsed.attach_secrets(lambda name: use_secret(ext, name, origin))
 
         sent = parsed.wire_bytes()
-        # A job run's own network bytes ([jobs] max_network_bytes): checked before anything
-        # is counted anywhere, spent once the request is sure to be sent.
+        # A job run's own network bytes ([jobs] max_network_bytes): taken whole before anything
+        # is counted anywhere (one step, so nothing else of the run spends them meanwhile),
+        # given back if the request is refused after all. The response's bytes are taken from
+        # it as they are read (MeteredSocket).
         allowance = run_allowance.current(ext.id)
-        if allowance is not None and not allowance.fits(sent):
+        if allowance is not None and not allowance.reserve(sent):
             raise HostStatus(Status.QUOTA_EXCEEDED)
         if not state.inflight.acquire(blocking=False):
+            if allowance is not None:
+                allowance.refund(sent)
             raise HostStatus(Status.UNAVAILABLE)
         governor = ext.host.governor
         try:
@@ -538,6 +589,8 @@ class HttpBroker:
             governor.charge_request(ext, sent)
         except BaseException:
             state.inflight.release()
+            if allowance is not None:
+                allowance.refund(sent)
             raise
         try:
             # The request's bytes are counted before it is sent, through the grant table: none
@@ -550,9 +603,9 @@ class HttpBroker:
         except BaseException:
             governor.refund(ext, Resource.NETWORK_BYTES_PER_HOUR, sent)
             state.inflight.release()
+            if allowance is not None:
+                allowance.refund(sent)
             raise
-        if allowance is not None:
-            allowance.add(sent)
         cap = time.monotonic() + self.max_request_seconds
         deadline = min(call.deadline, cap)
         exchange = Exchange()
@@ -627,13 +680,13 @@ class HttpBroker:
 
         origin = request.target.origin
         addresses = self._addresses(origin, allow_local)
-        headers = HTTPHeaderDict({"Host": origin.host_header(), "Accept-Encoding": "identity"})
-        for name, value in request.headers:
-            assert isinstance(value, str)  # secrets attached before the exchange starts
+        # Every header the host counted, so the client adds none (see USER_AGENT).
+        headers = HTTPHeaderDict()
+        for name, value in request.wire_headers():
             headers.add(name, value)
         conn = self._connect(origin, addresses, deadline, exchange)
         assert conn.sock is not None  # connected
-        meter = MeteredSocket(conn.sock, MAX_RESPONSE_WIRE_BYTES)
+        meter = MeteredSocket(conn.sock, MAX_RESPONSE_WIRE_BYTES, allowance)
         conn.sock = meter  # the parser reads the response through the meter
         try:
             conn.request(
@@ -646,9 +699,7 @@ class HttpBroker:
             )
             _set_timeout(conn, deadline)
             response = conn.getresponse()
-            return self._read_response(
-                response, request, conn, deadline, state, meter, allowance
-            )
+            return self._read_response(response, request, conn, deadline, state, meter)
         except HostStatus:
             raise
         except (
@@ -657,7 +708,10 @@ class HttpBroker:
             urllib3.exceptions.HTTPError,
             ValueError,
         ):
-            if meter.received >= meter.cap:  # ResponseTooLarge, however the client wrapped it
+            # AllowanceSpent and ResponseTooLarge, however the client wrapped them.
+            if meter.allowance_spent:
+                raise HostStatus(Status.QUOTA_EXCEEDED) from None
+            if meter.received >= meter.cap:
                 raise HostStatus(Status.PAYLOAD_TOO_LARGE) from None
             # Refused, reset, timed out, a bad certificate, a malformed response: the guest
             # learns only that the server could not be used.
@@ -667,7 +721,7 @@ class HttpBroker:
             # Whatever came in counts, the response refused or not (a refused header block
             # was read whole before it was refused); past the quota, the next request is
             # refused before it is sent.
-            state.received(meter.uncounted(), allowance)
+            state.received(meter.uncounted())
 
     def _connect(
         self, origin: Origin, addresses: Sequence[str], deadline: float, exchange: Exchange
@@ -710,7 +764,6 @@ class HttpBroker:
         deadline: float,
         state: HttpState,
         meter: MeteredSocket,
-        allowance: NetworkAllowance | None,
     ) -> dict[str, Any]:
         forms = request.forms
         headers: list[list[str]] = []
@@ -728,7 +781,7 @@ class HttpBroker:
             header_bytes, scrubbed_bytes
         ) > MAX_RESPONSE_HEADER_BYTES:
             raise HostStatus(Status.PAYLOAD_TOO_LARGE)
-        if not state.received(meter.uncounted(), allowance):
+        if not state.received(meter.uncounted()):
             raise HostStatus(Status.QUOTA_EXCEEDED)
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         if forms and encoding != "identity":
@@ -744,7 +797,7 @@ class HttpBroker:
                 if not chunk:
                     break
                 body += chunk
-                if not state.received(meter.uncounted(), allowance):
+                if not state.received(meter.uncounted()):
                     raise HostStatus(Status.QUOTA_EXCEEDED)
             if len(body) > MAX_RESPONSE_BODY_BYTES:
                 raise HostStatus(Status.PAYLOAD_TOO_LARGE)
