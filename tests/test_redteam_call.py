@@ -10,9 +10,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import cbor2
 import pytest
 from conftest import ALL_CAPS, FIXTURES, bare
-from guests import build
+from guests import build, escape, guest_wat, host_import
 from test_host_functions import CAPS, LIMITS, fn_guest
 
 from wasihost.errors import CallError, CodecError, ConfigError, FailureClass
@@ -210,3 +211,58 @@ def test_the_first_wasi_run_after_a_policy_lowers_its_fuel_runs_on_the_new_fuel(
             ext.run_command()
         assert ran.value.failure is FailureClass.OUT_OF_FUEL
         assert ext.last_fuel_used <= LOW_FUEL + SETTLE_SLACK
+
+
+# -- pointers at the exact edges of memory ------------------------------------------------------
+
+MEMORY = 2 * 65536  # the skeleton guest's memory
+EDGE_REQUEST = cbor2.dumps([2, "edge"])  # a log request (level 2, text)
+N = len(EDGE_REQUEST)
+REQUEST_AT = 40000  # a second copy of the request, away from the edge
+RESPONSE_AT = 8192
+
+
+def edge_guest(req_ptr: int, req_len: int, resp_ptr: int, resp_cap: int) -> bytes:
+    """One ``log`` call with these i32 arguments; the request is stored at REQUEST_AT and in the
+    memory's last N bytes."""
+    body = (
+        f"(drop (call $log (i32.const {req_ptr}) (i32.const {req_len}) (i32.const {resp_ptr}) "
+        f"(i32.const {resp_cap}))) (call $ok_null)"
+    )
+    blob = escape(EDGE_REQUEST)
+    extra = f'(data (i32.const {MEMORY - N}) "{blob}") (data (i32.const {REQUEST_AT}) "{blob}")'
+    return build(guest_wat(body, imports=host_import("log"), extra=extra))
+
+
+# (arguments, logged: True if served, None if it must trap as protocol)
+EDGES: dict[str, tuple[tuple[int, int, int, int], bool | None]] = {
+    "request ending at the last byte": ((MEMORY - N, N, RESPONSE_AT, 16), True),
+    "request one byte past": ((MEMORY - N + 1, N, RESPONSE_AT, 16), None),
+    "response ending at the last byte": ((REQUEST_AT, N, MEMORY - 16, 16), True),
+    "response one byte past": ((REQUEST_AT, N, MEMORY - 15, 16), None),
+    "request wrapping at 2**32": ((-1, 2, RESPONSE_AT, 16), None),
+    "response wrapping at 2**32": ((REQUEST_AT, N, -1, 2), None),
+    "negative request length": ((REQUEST_AT, -1, RESPONSE_AT, 16), None),
+    "negative response room": ((REQUEST_AT, N, RESPONSE_AT, -1), None),
+    "empty ranges at the end": ((MEMORY, 0, MEMORY, 0), False),
+    "response overlapping the request's last byte": ((REQUEST_AT, N, REQUEST_AT + N - 1, 16), None),
+    "response right after the request": ((REQUEST_AT, N, REQUEST_AT + N, 16), True),
+}
+
+
+@pytest.mark.parametrize("name", list(EDGES))
+def test_pointers_at_the_edges_of_memory_are_served_or_trap_exactly(name: str) -> None:
+    # Guards test_hostile.py's random pointers, which almost never land on an edge: a range
+    # ending at the last byte is served, one byte further (or wrapping, or negative) traps as
+    # protocol, and a response buffer touching the request is refused only when they overlap.
+    args, logged = EDGES[name]
+    with Host(Policy(allow={"log"}), cache_dir=None) as host:
+        ext = host.admit(bare(edge_guest(*args)), grants=["log"])
+        if logged is None:
+            with pytest.raises(CallError) as info:
+                ext.call("run")
+            assert info.value.failure is FailureClass.PROTOCOL
+            assert ext.logs() == ()
+        else:
+            assert ext.call("run") is None
+            assert [r.message for r in ext.logs()] == (["edge"] if logged else [])
