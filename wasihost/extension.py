@@ -39,7 +39,7 @@ from .manifest import PAYLOAD_BYTES, Manifest, Resources
 from .package import Package
 from .planning import check_package_policy, plan_package
 from .policy import Grant
-from .registry import HostFunction
+from .registry import CORE_CAPABILITY, HostFunction
 from .supervision import BackingOff, crash_class
 
 if TYPE_CHECKING:
@@ -379,14 +379,25 @@ class Extension:
     def _make_gate(self) -> Callable[[HostFunction], bool]:
         """The gate of every host call of this extension's instances: does the epoch of the
         call in flight (:attr:`call_epoch`, read inline: the gate runs on every host call)
-        still authorise the entry's capability?"""
+        still authorise the entry's capability, and is it in the effective grant (requested
+        ∩ granted ∩ the policy's allow)?
+
+        The grant table holds what the operator granted; the policy is not in it. A policy
+        update that withdraws a capability from ``allow`` bumps the epoch and narrows
+        :attr:`grant` in place (``_regrant``), leaving the table's entry: asking the table
+        alone let every such host call through (red-team 2026-12-02). A call's epoch is
+        the one ``grant`` was made at, and a newer ``grant`` comes with a newer table epoch
+        (which the table refuses), so reading ``grant`` now is reading the call's."""
         authorizes = self._authorizes
         local = self._local
         denied = self.denied_capabilities
 
         def gate(entry: HostFunction) -> bool:
             epoch = local.state.epoch
-            if authorizes(self._last_epoch if epoch is None else epoch, entry.capability):
+            capability = entry.capability
+            if authorizes(self._last_epoch if epoch is None else epoch, capability) and (
+                capability == CORE_CAPABILITY or capability in self.grant.capabilities
+            ):
                 return True
             # Which capabilities the guest asked for and was refused: a front end turns that
             # into a hint (e.g. "add --profile standard"). Bounded by the registry's.
@@ -787,6 +798,14 @@ class Extension:
         try:
             with self._lock:
                 self._check_available()
+                if self.resources is not r:
+                    # A policy change applied just now (_regrant): its ceilings bound this run,
+                    # not the ones the budget above was checked against (as for call()).
+                    r = self.resources
+                    budget = self._budget(
+                        _override("fuel", fuel, r.fuel_per_call, "fuel_per_call"),
+                        _override("timeout_ms", timeout_ms, r.timeout_ms, "timeout_ms"),
+                    )
                 reused = self._reserve(budget, None)
                 epoch = self.grant.epoch
         except Delayed as delayed:
@@ -1415,9 +1434,12 @@ class Extension:
         max_body = r.max_output_bytes if wire.raw_output else r.max_output_bytes + CBOR_HEAD_BYTES
         budget: Budget | None = None
         if fuel is not None or timeout_ms is not None or deadline is not None:
-            fuel = _override("fuel", fuel, r.fuel_per_call, "fuel_per_call")
-            timeout_ms = _override("timeout_ms", timeout_ms, r.timeout_ms, "timeout_ms")
-            budget = self._budget(fuel, timeout_ms)
+            # fuel and timeout_ms stay the caller's (a restart below passes them on): with a
+            # budget, _checkout does not read them.
+            budget = self._budget(
+                _override("fuel", fuel, r.fuel_per_call, "fuel_per_call"),
+                _override("timeout_ms", timeout_ms, r.timeout_ms, "timeout_ms"),
+            )
             if deadline is not None and deadline < budget.deadline:
                 budget.deadline = deadline
         # _checkout's fast path inlined (an idle instance, taken at once): a no-op call
@@ -1455,7 +1477,23 @@ class Extension:
         finally:
             lock.release()
         if slot is None:
+            # The availability check (above, or in _checkout after a wait) may have applied a
+            # policy change (_regrant) that changed the limits the payload, the output bound
+            # and the budget were worked out under: then they are worked out again, or this
+            # one call would pass an input over the new max_input_bytes, or run on a fuel or
+            # timeout over the new ceilings (red-team 2026-12-02). A change of limits always
+            # discards the idle instances, so the inlined path (an idle instance taken) never
+            # meets one, and this costs that path nothing.
+            if self.resources is not r:
+                return self._call_again(command, value, fuel, timeout_ms, ticket, deadline)
             slot, budget, epoch = self._checkout(fuel, timeout_ms, budget, ticket)
+            if self.resources is not r:  # changed while this call waited in _checkout
+                if ticket is not None:
+                    ticket.detach()
+                self._checkin(slot)  # unused: it serves the call made again
+                if budget is not None:  # a start-up's fuel counts as a call's would
+                    self._charge_fuel(budget.used)
+                return self._call_again(command, value, fuel, timeout_ms, ticket, deadline)
         elif ticket is not None:
             ticket.attach(slot.instance)
         instance = slot.instance
@@ -1542,6 +1580,25 @@ class Extension:
             if self._spare_due:
                 self._spare_due = False
                 self._schedule_spare()
+
+    def _call_again(
+        self,
+        command: str,
+        value: Any,
+        fuel: int | None,
+        timeout_ms: int | None,
+        ticket: CallTicket | None,
+        deadline: float | None,
+    ) -> Any:
+        """:meth:`call` from the start, under the limits now (see its ``_checkout``), with the
+        ticket and deadline of an async call handed over again as :meth:`call_cancellable`
+        does."""
+        local = self._local.state
+        local.ticket, local.deadline = ticket, deadline
+        try:
+            return self.call(command, value, fuel=fuel, timeout_ms=timeout_ms)
+        finally:
+            local.ticket = local.deadline = None
 
     def call_cancellable(
         self,
@@ -1686,6 +1743,12 @@ class Extension:
                 return "a call was still running at the deadline"
             if hook is None or not self._idle or self.lifecycle.state is State.CLOSED:
                 return "no shutdown hook to run"
+            state = self.lifecycle.state
+            if state is not _RUNNING:
+                # Paused (by the operator or a budget's pause), throttled, quarantined,
+                # revoked: a call would be refused, and so is the hook, which is guest code
+                # like any call (red-team 2026-12-02: a paused extension's hook ran).
+                return f"no shutdown hook: the extension is {state.value}"
             slot = self._idle.pop()  # checked out: an interrupt (close) still reaches it
         left_ms = int((deadline - time.monotonic()) * 1000)
         if left_ms < 1:
@@ -1697,8 +1760,10 @@ class Extension:
             result = slot.instance.call(hook.encode(), CBOR_NULL, r.max_output_bytes, budget)
         except Exception as exc:  # the guest's failure is reported, never raised
             self._unregister(slot)
+            self._add_fuel(budget.used)  # budgets: the hook's fuel counts like a call's
             return f"shutdown hook failed: {type(exc).__name__}: {str(exc)[:200]}"
         self._checkin(slot)
+        self._add_fuel(budget.used)
         return "shutdown hook ran" if result.status == 0 else "shutdown hook answered an error"
 
     def close(self, reason: str = "closed") -> None:
