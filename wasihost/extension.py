@@ -1072,11 +1072,14 @@ class Extension:
         try:
             self._interrupt_if_halted(slot.instance)
             budget = self._budget()
-            with slot.instance.lock:
-                slot.instance.instantiate(budget)
-            handshake = self._run_handshake(slot.instance, budget)
-            # budgets: a spare's start-up is the extension's CPU like any other start's.
-            self._charge_fuel(budget.used)
+            try:
+                with slot.instance.lock:
+                    slot.instance.instantiate(budget)
+                handshake = self._run_handshake(slot.instance, budget)
+            finally:
+                # budgets: a spare's start-up is the extension's CPU like any other start's,
+                # however it ends: a spare that spins out of fuel and fails is paid for too.
+                self._charge_fuel(budget.used)
             with self._lock:
                 keep = (
                     generation == self._spare_generation
