@@ -386,7 +386,8 @@ def test_each_call_moves_at_most_the_registrys_bound(host: Host, world: Path) ->
 def test_the_write_quota_is_per_extension_and_leaves_files_unchanged(
     host: Host, world: Path
 ) -> None:
-    ext = load(host, world, max_write_bytes=1000)
+    # Each of q1 and q2 is made: NEW_ENTRY_BYTES each, then 1000 bytes of content.
+    ext = load(host, world, max_write_bytes=2 * files_module.NEW_ENTRY_BYTES + 1000)
     assert ext.call("write", {"mount": "data", "path": "q1", "data": b"1" * 600}) == 600
     assert fails(ext, "write", {"mount": "data", "path": "q2", "data": b"2" * 401}) == (
         "quota_exceeded"
@@ -427,6 +428,40 @@ def test_a_write_cannot_make_a_mounted_file_huge(host: Host, world: Path) -> Non
     far = {"mount": "data", "path": "a.txt", "offset": MAX_FILE_BYTES, "data": b"x"}
     assert fails(ext, "write-at", far) == "quota_exceeded"
     assert (world / "data" / "a.txt").stat().st_size == 5  # no sparse giant
+
+
+def test_making_files_and_holes_is_paid_from_the_write_quota(host: Host, world: Path) -> None:
+    # Break (red-team 2027-01): the quota counted only the bytes of each write. A guest with a
+    # quota of 0 created file after file (60 empty files with 200-byte names, each an inode and
+    # a directory entry of the host's disk), and with a quota of 10 bytes one byte written at
+    # MAX_FILE_BYTES - 1 made a 1 GiB file, as many times as it liked.
+    data = world / "data"
+    p = host.admit(bare(PROXY), grants=["files"])
+    host.grant(p.id, "files", scope(world, max_write_bytes=0))
+    assert call(p, "o", ["data", "n" * 200, "w"]) is Status.QUOTA_EXCEEDED
+    assert call(p, "o", ["data", "n" * 200, "a"]) is Status.QUOTA_EXCEEDED
+    assert not (data / ("n" * 200)).exists()
+    # Opening a file that exists makes nothing and pays nothing, in every mode.
+    for mode in ("w", "a", "rw", "r"):
+        h = call(p, "o", ["data", "sub/b.txt", mode])
+        assert not isinstance(h, Status), mode
+        assert call(p, "c", h) is None
+    p2 = host.admit(bare(PROXY), grants=["files"])
+    host.grant(p2.id, "files", scope(world, max_write_bytes=2 * files_module.NEW_ENTRY_BYTES + 10))
+    made = [call(p2, "o", ["data", f"made{i}", m]) for i, m in enumerate("waw")]
+    assert [isinstance(h, Status) for h in made] == [False, False, True]
+    assert made[2] is Status.QUOTA_EXCEEDED and not (data / "made2").exists()
+    # The ten bytes left pay for ten bytes written, not for a hole in front of them.
+    h = made[0]
+    assert call(p2, "w", [h, MAX_FILE_BYTES - 1, b"x"]) is Status.QUOTA_EXCEEDED
+    assert call(p2, "w", [h, 10, b"x"]) is Status.QUOTA_EXCEEDED  # a hole of 10, then 1
+    assert (data / "made0").stat().st_size == 0
+    assert call(p2, "w", [h, 3, b"xy"]) == 2  # a hole of 3 and 2 bytes: 5 of the 10
+    assert (data / "made0").read_bytes() == b"\0\0\0xy"
+    assert call(p2, "w", [h, 0, b"abcde"]) == 5  # rewriting counts again, as it always has
+    assert call(p2, "w", [h, 0, b"a"]) is Status.QUOTA_EXCEEDED
+    assert call(p2, "w", [h, 99, b""]) == 0  # an empty write extends nothing and pays nothing
+    assert (data / "made0").read_bytes() == b"abcde"
 
 
 # -- revocation, admission, scopes ----------------------------------------------------------

@@ -86,6 +86,11 @@ DEFAULT_TEMP_TTL_S: Final = 600.0
 # A file under a mount cannot grow past this through the broker: the WASI profile's ceiling, so
 # the two ways into a mount bound a file alike (a sparse write far out is refused too).
 MAX_FILE_BYTES: Final = wasi_limits.MAX_FILE_BYTES
+# What making a file under a mount counts against the write quota: a block and an inode, as the
+# WASI profile counts it (wasi_limits.NEW_ENTRY_BYTES), so the two ways into a mount pay alike.
+# Counting bytes alone let a guest with a quota of 0 create any number of empty files (each a
+# 255-byte name in a directory and an inode of the host's disk) for file_open's price.
+NEW_ENTRY_BYTES: Final = wasi_limits.NEW_ENTRY_BYTES
 # The host's off_t: an offset beyond it is not a place in any file.
 MAX_OFFSET: Final = (1 << 63) - 1
 # Handles are CBOR uints (the registry's 9-byte response).
@@ -438,12 +443,32 @@ class FilesBroker:
             st.sweep(self.clock())
             st.require_room()
             if creates:
-                fd = self._commit(st, lambda: _open_file(mount.host, path, flags, meter))
+                fd = self._commit(st, lambda: self._open_creating(st, mount, path, flags, meter))
             else:
                 fd = _open_file(mount.host, path, flags, meter)
             return st.add(
                 OpenFile(fd, readable, writable, append, MAX_FILE_BYTES, name, mount.host)
             )
+
+    def _open_creating(
+        self, st: FilesState, mount: FileMount, path: bytes, flags: int, meter: Meter | None
+    ) -> int:
+        """Open for ``w`` or ``a`` (under the state's lock, inside the commit): an existing
+        file as it is, for nothing; a missing one is made only if the write quota can pay
+        :data:`NEW_ENTRY_BYTES` for it, which it then pays (once, in the same walk, so that
+        reopening a file to append to it once a call costs no quota)."""
+        made = False
+
+        def creating() -> None:
+            nonlocal made
+            if st.written + NEW_ENTRY_BYTES > self._quota(st):
+                raise HostStatus(Status.QUOTA_EXCEEDED)
+            made = True
+
+        fd = _open_file(mount.host, path, flags, meter, creating)
+        if made:
+            st.written += NEW_ENTRY_BYTES
+        return fd
 
     def _temp(self, st: FilesState, request: Any) -> int:
         if request is not None:
@@ -528,20 +553,23 @@ class FilesBroker:
                 raise HostStatus(Status.DENIED)
             if f.append and offset is not None:
                 raise _invalid()  # an append handle writes at the end, nowhere else
-            if st.written + len(data) > self._quota(st):
-                raise HostStatus(Status.QUOTA_EXCEEDED)
             try:
-                at = (
-                    os.fstat(f.fd).st_size if f.append else f.position if offset is None else offset
-                )
+                size = os.fstat(f.fd).st_size
             except OSError as exc:
                 raise _status_of(exc) from None
+            at = size if f.append else f.position if offset is None else offset
             if at + len(data) > f.max_size:
+                raise HostStatus(Status.QUOTA_EXCEEDED)
+            # A write past the end leaves a hole the quota pays for too, as the WASI profile
+            # counts it: otherwise one byte at 1 GiB - 1 made a 1 GiB file for one byte of
+            # quota (an empty write extends nothing, so it pays nothing).
+            hole = max(at - size, 0) if data else 0
+            if st.written + len(data) + hole > self._quota(st):
                 raise HostStatus(Status.QUOTA_EXCEEDED)
 
             def write() -> int:
                 n = os.write(f.fd, data) if f.append else os.pwrite(f.fd, data, at)
-                st.written += n
+                st.written += n + (hole if n else 0)
                 return n
 
             try:
@@ -573,17 +601,31 @@ def _walk_meter(call: Any) -> Meter:
     return meter
 
 
-def _open_file(root: Path, path: bytes, flags: int, meter: Meter | None = None) -> int:
+def _open_file(
+    root: Path,
+    path: bytes,
+    flags: int,
+    meter: Meter | None = None,
+    creating: Callable[[], None] | None = None,
+) -> int:
     """A regular file at ``path`` under the mount directory ``root``, by the WASI profile's
     resolution (symlinks followed only while they stay inside the mount); ``meter`` is told
-    each step before it is walked, and may end the walk by raising."""
+    each step before it is walked, and may end the walk by raising; ``creating`` is called
+    before a missing file is made (:func:`~wasihost.wasi.fs.open_walked`)."""
     try:
         base = os.open(root, DIR_OPEN_FLAGS)
     except OSError:
         raise HostStatus(Status.UNAVAILABLE) from None  # the operator's directory is gone
     try:
         fd = open_beneath(
-            base, ident_of(base), path, flags, CREATE_FILE_MODE, follow=True, meter=meter
+            base,
+            ident_of(base),
+            path,
+            flags,
+            CREATE_FILE_MODE,
+            follow=True,
+            meter=meter,
+            creating=creating,
         )
     except (OSError, WasiError) as exc:
         raise _status_of(exc) from None

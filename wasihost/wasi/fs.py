@@ -237,19 +237,36 @@ class PathWalk:
         return dir_fd, name, must_dir
 
 
-def open_walked(walk: PathWalk, flags: int, mode: int, *, follow: bool) -> int:
+def open_walked(
+    walk: PathWalk,
+    flags: int,
+    mode: int,
+    *,
+    follow: bool,
+    creating: Callable[[], None] | None = None,
+) -> int:
     """Open the walk's path with ``flags`` (:data:`OPEN_ALWAYS` added) and return the host
     descriptor: the one final ``openat`` of every open below a mount, for the WASI profile's
     ``path_open`` and the files broker alike.
 
     A symlink in the last component is refused by ``O_NOFOLLOW`` (``ELOOP``, or ``ENOTDIR`` when
     ``O_DIRECTORY`` is checked first); it is continued through by the walk, inside the mount,
-    if ``follow`` or the path names a directory, and answers ``LOOP`` otherwise."""
+    if ``follow`` or the path names a directory, and answers ``LOOP`` otherwise.
+
+    ``creating``, with ``O_CREAT`` in ``flags``: the file is first opened without ``O_CREAT``,
+    and only if it is missing is ``creating`` called (it may raise: nothing is made) before the
+    open that makes it, so a caller can pay for what is made, in the same walk."""
     flags |= OPEN_ALWAYS
     dir_fd, name, must_dir = walk.walk()
     while True:
+        final = flags | (os.O_DIRECTORY if must_dir else 0)
         try:
-            return os.open(name, flags | (os.O_DIRECTORY if must_dir else 0), mode, dir_fd=dir_fd)
+            if creating is not None and final & os.O_CREAT:
+                try:
+                    return os.open(name, final & ~os.O_CREAT, mode, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    creating()
+            return os.open(name, final, mode, dir_fd=dir_fd)
         except OSError as exc:
             if exc.errno not in (host_errno.ELOOP, host_errno.ENOTDIR):
                 raise
@@ -270,11 +287,12 @@ def open_beneath(
     *,
     follow: bool,
     meter: Meter | None = None,
+    creating: Callable[[], None] | None = None,
 ) -> int:
     """:func:`open_walked` for ``path`` resolved from the directory ``base_fd``; ``meter``
-    as :class:`PathWalk`'s."""
+    as :class:`PathWalk`'s, ``creating`` as :func:`open_walked`'s."""
     with PathWalk(base_fd, base_id, path, meter) as walk:
-        return open_walked(walk, flags, mode, follow=follow)
+        return open_walked(walk, flags, mode, follow=follow, creating=creating)
 
 
 __all__ = [
