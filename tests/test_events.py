@@ -539,6 +539,24 @@ def test_publish_refuses_bad_arguments(
         host.publish(*args, **kwargs)
 
 
+def test_a_key_the_guest_could_not_be_given_is_refused_at_publish(host: Host) -> None:
+    # Break (red-team 2027-01): a key with a lone surrogate passed publish's check (a string of
+    # 1..128 characters), was queued and counted accepted, and then failed every delivery when
+    # the host encoded it for the guest (CBOR text is UTF-8): the embedder was told the event
+    # was taken, the subscriber got nothing and a failure it did not cause.
+    ext = subscribed(host, "orders.*")
+    for key in ("\ud800", "order-\udfff-1"):
+        with pytest.raises(ConfigError, match="key"):
+            host.publish("orders.created", {"id": 1}, key=key)
+    assert host.publish("orders.created", {"id": 2}, key="order-\u00e9-\U0001f600") == 1
+    drained(host)
+    assert [(e["payload"], e["key"]) for e in received(ext)] == [
+        ({"id": 2}, "order-\u00e9-\U0001f600")
+    ]
+    stats = events_of(host).stats(ext.id)["orders.*"]
+    assert (stats.accepted, stats.delivered, stats.failed) == (1, 1, 0)
+
+
 @pytest.mark.parametrize(
     "request_value",
     [

@@ -338,6 +338,15 @@ def check_events_scope(scope: Mapping[str, Any]) -> None:
         raise ConfigError("events scope: duplicate event class")
 
 
+def _utf8(text: str) -> bool:
+    """``text`` has a UTF-8 form (it holds no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _failure_text(exc: BaseException) -> str:
     """What a failed delivery records: the call's failure class (``panic``, ``deadline``,
     ``out_of_fuel``...) and message, or the error's type for a refusal (revoked, paused)."""
@@ -475,9 +484,14 @@ class EventsBroker(ExtensionDispatcher["ExtensionEvents", "Delivery"]):
                 f"{MAX_CLASS_CHARS} characters"
             )
         if key is not None and (
-            not isinstance(key, str) or not 1 <= len(key) <= MAX_EVENT_KEY_CHARS
+            not isinstance(key, str) or not 1 <= len(key) <= MAX_EVENT_KEY_CHARS or not _utf8(key)
         ):
-            raise ConfigError(f"an event key is a string of 1..{MAX_EVENT_KEY_CHARS} characters")
+            # A key with no UTF-8 form (a lone surrogate) cannot travel as CBOR text: taken
+            # here, it would fail every delivery when the host encoded it for the guest.
+            raise ConfigError(
+                f"an event key is a string of 1..{MAX_EVENT_KEY_CHARS} characters with a UTF-8 "
+                "form (no lone surrogates)"
+            )
         if not isinstance(critical, bool):
             raise ConfigError("critical must be a bool")
         try:
