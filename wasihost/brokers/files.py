@@ -246,8 +246,11 @@ class FilesState:
         self.written = 0
         self.temp_dir: str | None = None
         self.closed = False
-        self.scope: FilesScope | None = None
-        self.scope_epoch = -1
+        # The grant epoch the scope was last parsed for, with the scope. One attribute,
+        # replaced whole: concurrent calls of a pooled extension read and fill it, and two
+        # stored one after the other let a call of a new grant read the new epoch with the
+        # mounts a stale call had just parsed (red-team 2027-01).
+        self.scoped: tuple[int, FilesScope] | None = None
 
     def sweep(self, now: float) -> None:
         """Close the temporary files whose time is up (called under the lock)."""
@@ -348,14 +351,15 @@ class FilesBroker:
         """The extension's scope as of the call's grant epoch: parsed once per epoch, since
         any grant change (a new scope included) moves the epoch."""
         epoch = st.ext.call_epoch
-        if st.scope is None or st.scope_epoch != epoch:
+        scoped = st.scoped
+        if scoped is None or scoped[0] != epoch:
             try:
-                st.scope = parse_scope(st.ext.grant_scopes().get(CAPABILITY, {}))
+                scoped = (epoch, parse_scope(st.ext.grant_scopes().get(CAPABILITY, {})))
             except ConfigError:
                 # Stored before this broker could check it: what it says cannot be trusted.
                 raise HostStatus(Status.DENIED) from None
-            st.scope_epoch = epoch
-        return st.scope
+            st.scoped = scoped
+        return scoped[1]
 
     def _mount(self, st: FilesState, name: str) -> FileMount | None:
         return self.mounts.get(name) or self._scope(st).mounts.get(name)

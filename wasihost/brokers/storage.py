@@ -147,10 +147,15 @@ class ExtensionStorage:
     def __init__(self, ext: Extension, store: KVStore) -> None:
         self.ext = ext
         self.store = store
-        # The grant entry the namespace was last parsed from: entries are immutable and
-        # replaced whole on every re-scope, so identity says whether to parse again.
-        self._entry: GrantEntry | None = None
-        self._scope: tuple[str, int | None, int | None] = ("", None, None)
+        # The grant entry the namespace was last parsed from, with what it says: entries are
+        # immutable and replaced whole on every re-scope, so identity says whether to parse
+        # again. One attribute, replaced whole: concurrent calls of a pooled extension read
+        # and fill it, and two attributes stored one after the other let a call of a new
+        # grant pair its entry with the tenant a stale call had just parsed (red-team 2027-01).
+        self._parsed: tuple[GrantEntry | None, tuple[str, int | None, int | None]] = (
+            None,
+            ("", None, None),
+        )
 
     def where(self) -> tuple[Namespace, Quota]:
         """The namespace and quota of the call in flight: those of the grant its epoch
@@ -161,16 +166,17 @@ class ExtensionStorage:
         entry = state.entries.get(CAPABILITY)
         if entry is None or state.revoked is not None or state.epoch != ext.call_epoch:
             raise HostStatus(Status.DENIED)
-        if entry is not self._entry:
+        parsed = self._parsed
+        if entry is not parsed[0]:
             try:
-                self._scope = parse_scope(entry.scope_value)
+                parsed = (entry, parse_scope(entry.scope_value))
             except ConfigError as exc:
                 # Refused when granted; a scope that fails now came from elsewhere (an edited
                 # state file): fail closed rather than guess a namespace.
                 LOG.warning("extension %s: storage grant scope refused: %s", ext.id, exc)
                 raise HostStatus(Status.DENIED) from None
-            self._entry = entry
-        tenant, max_bytes, max_objects = self._scope
+            self._parsed = parsed
+        tenant, max_bytes, max_objects = parsed[1]
         resources = ext.resources
         quota = Quota(
             min(resources.storage_max_bytes, max_bytes)
