@@ -540,7 +540,7 @@ def test_publish_refuses_bad_arguments(
 
 
 def test_a_key_the_guest_could_not_be_given_is_refused_at_publish(host: Host) -> None:
-    # Break (red-team 2027-01): a key with a lone surrogate passed publish's check (a string of
+    # Break (red-team 2026-12-01): a key with a lone surrogate passed publish's check (a string of
     # 1..128 characters), was queued and counted accepted, and then failed every delivery when
     # the host encoded it for the guest (CBOR text is UTF-8): the embedder was told the event
     # was taken, the subscriber got nothing and a failure it did not cause.

@@ -431,7 +431,7 @@ def test_a_write_cannot_make_a_mounted_file_huge(host: Host, world: Path) -> Non
 
 
 def test_making_files_and_holes_is_paid_from_the_write_quota(host: Host, world: Path) -> None:
-    # Break (red-team 2027-01): the quota counted only the bytes of each write. A guest with a
+    # Break (red-team 2026-12-01): the quota counted only the bytes of each write. A guest with a
     # quota of 0 created file after file (60 empty files with 200-byte names, each an inode and
     # a directory entry of the host's disk), and with a quota of 10 bytes one byte written at
     # MAX_FILE_BYTES - 1 made a 1 GiB file, as many times as it liked.

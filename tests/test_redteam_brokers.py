@@ -93,7 +93,7 @@ def storage_host(cache: Path) -> Iterator[Host]:
 def test_a_retenanted_call_never_uses_the_tenant_a_stale_call_parsed(
     storage_host: Host, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Break (red-team 2027-01): ExtensionStorage cached the parsed scope and the grant entry
+    # Break (red-team 2026-12-01): ExtensionStorage cached the parsed scope and the grant entry
     # it came from in two attributes, stored one after the other. A call of the old grant that
     # parsed the old tenant stored it over the new one's parse, and a call of the new grant
     # that ran before it stored the entry saw the new entry with the old tenant: its put
@@ -127,7 +127,7 @@ def test_a_retenanted_call_never_uses_the_tenant_a_stale_call_parsed(
 def test_a_rescoped_call_never_uses_the_mounts_a_stale_call_parsed(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Break (red-team 2027-01): the files broker cached the parsed scope and its epoch in two
+    # Break (red-team 2026-12-01): the files broker cached the parsed scope and its epoch in two
     # attributes, stored one after the other: a call of the old grant stored its parse (the
     # mount the operator withdrew) while the epoch still said the new grant's, and a call of
     # the new grant in between created a file under the withdrawn mount, and its commit passed

@@ -385,7 +385,7 @@ class Extension:
         The grant table holds what the operator granted; the policy is not in it. A policy
         update that withdraws a capability from ``allow`` bumps the epoch and narrows
         :attr:`grant` in place (``_regrant``), leaving the table's entry: asking the table
-        alone let every such host call through (red-team 2026-12-02). A call's epoch is
+        alone let every such host call through (red-team 2026-12-01). A call's epoch is
         the one ``grant`` was made at, and a newer ``grant`` comes with a newer table epoch
         (which the table refuses), so reading ``grant`` now is reading the call's."""
         authorizes = self._authorizes
@@ -1484,7 +1484,7 @@ class Extension:
             # policy change (_regrant) that changed the limits the payload, the output bound
             # and the budget were worked out under: then they are worked out again, or this
             # one call would pass an input over the new max_input_bytes, or run on a fuel or
-            # timeout over the new ceilings (red-team 2026-12-02). A change of limits always
+            # timeout over the new ceilings (red-team 2026-12-01). A change of limits always
             # discards the idle instances, so the inlined path (an idle instance taken) never
             # meets one, and this costs that path nothing.
             if self.resources is not r:
@@ -1750,7 +1750,7 @@ class Extension:
             if state is not _RUNNING:
                 # Paused (by the operator or a budget's pause), throttled, quarantined,
                 # revoked: a call would be refused, and so is the hook, which is guest code
-                # like any call (red-team 2026-12-02: a paused extension's hook ran).
+                # like any call (red-team 2026-12-01: a paused extension's hook ran).
                 return f"no shutdown hook: the extension is {state.value}"
             slot = self._idle.pop()  # checked out: an interrupt (close) still reaches it
         left_ms = int((deadline - time.monotonic()) * 1000)

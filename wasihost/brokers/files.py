@@ -249,7 +249,7 @@ class FilesState:
         # The grant epoch the scope was last parsed for, with the scope. One attribute,
         # replaced whole: concurrent calls of a pooled extension read and fill it, and two
         # stored one after the other let a call of a new grant read the new epoch with the
-        # mounts a stale call had just parsed (red-team 2027-01).
+        # mounts a stale call had just parsed (red-team 2026-12-01).
         self.scoped: tuple[int, FilesScope] | None = None
 
     def sweep(self, now: float) -> None:

@@ -151,7 +151,7 @@ class ExtensionStorage:
         # immutable and replaced whole on every re-scope, so identity says whether to parse
         # again. One attribute, replaced whole: concurrent calls of a pooled extension read
         # and fill it, and two attributes stored one after the other let a call of a new
-        # grant pair its entry with the tenant a stale call had just parsed (red-team 2027-01).
+        # grant pair its entry with the tenant a stale call had just parsed (red-team 2026-12-01).
         self._parsed: tuple[GrantEntry | None, tuple[str, int | None, int | None]] = (
             None,
             ("", None, None),
