@@ -139,6 +139,11 @@ def _rate_in(low: int, high: int) -> Callable[[object, attrs.Attribute[int], int
 def _actions(value: Mapping[Any, Any]) -> Mapping[Resource, Action]:
     actions = dict.fromkeys(RATES, DEFAULT_ACTION)
     actions.update(dict.fromkeys(LEVELS, DEFAULT_LEVEL_ACTION))
+    if not isinstance(value, Mapping):
+        # dict() of a string or a list of names fails deep in Python, or reads it as pairs.
+        raise ConfigError(
+            f"budget actions must be a mapping of resource to action, not {type(value).__name__}"
+        )
     for key, action in dict(value).items():
         try:
             resource = Resource(key) if isinstance(key, str) else key

@@ -34,7 +34,14 @@ from .errors import (
 from .extlog import ExtensionLog, LogRecord
 from .governor import TERMINATED_PREFIX, Delayed, DelayState
 from .grants import GrantState
-from .lifecycle import Event, ExtensionRevoked, ExtensionUnavailable, Lifecycle, State
+from .lifecycle import (
+    Event,
+    ExtensionRevoked,
+    ExtensionUnavailable,
+    Lifecycle,
+    State,
+    check_reason,
+)
 from .manifest import PAYLOAD_BYTES, Manifest, Resources
 from .package import Package
 from .planning import check_package_policy, plan_package
@@ -57,6 +64,9 @@ MAX_COMMAND_NAME_BYTES = 255
 SHUTTING_DOWN = "the host is shutting down"
 # Handshake answers are a few short fields; anything bigger is a confused or hostile guest.
 MAX_HANDSHAKE_BYTES = 4096
+# Extension.wait_idle's longest wait: an hour is far above the longest call a manifest may
+# have (limits.MAX_TIMEOUT_MS, ten minutes), so any call in flight ends within it.
+MAX_WAIT_IDLE_S = 3600.0
 # A guest's error map is for a human: class and message, bounded.
 MAX_GUEST_ERROR_BYTES = 2048
 MAX_GUEST_ERROR_TEXT = 512
@@ -1260,6 +1270,7 @@ class Extension:
         self._wake_delays()
 
     def pause(self, reason: str = "") -> None:
+        check_reason(reason)
         self.lifecycle.fire(Event.PAUSE, reason or None)
 
     def resume(self) -> None:
@@ -1272,6 +1283,7 @@ class Extension:
 
     def quarantine(self, reason: str) -> None:
         """Refuse calls until released; idle instances go now, those in a call as it ends."""
+        check_reason(reason)
         with self._lock:
             self.lifecycle.fire(Event.QUARANTINE, reason)
             self._discard_locked()
@@ -1732,6 +1744,13 @@ class Extension:
         instance in a call or being built); True if none is. With the extension paused, no
         new call starts meanwhile: an update uses it so that its checkpoint is never taken
         under a call that may still write."""
+        if (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, (int, float))
+            or not 0 <= timeout_s <= MAX_WAIT_IDLE_S
+        ):
+            # NaN compares false with every deadline: it would return at once, "idle".
+            raise ConfigError(f"timeout_s must be a number of seconds in 0..{MAX_WAIT_IDLE_S:g}")
         with self._lock:
             return self._wait_until_idle(time.monotonic() + timeout_s)
 
@@ -1773,6 +1792,7 @@ class Extension:
         """Close for good: every call in flight is interrupted (not waited out), its instance
         freed once its guest has stopped, and every later call answers ``unavailable``.
         Idempotent."""
+        check_reason(reason)
         self.lifecycle.try_fire(Event.CLOSE, reason)
         self._interrupt()
         with self._lock:

@@ -149,6 +149,42 @@ def next_state(extension: str, state: State, event: Event) -> State:
         raise LifecycleError(extension, state, event) from None
 
 
+# An operator's reason (Host.revoke/disable, Extension.pause/quarantine/close) is a line for a
+# person: it is stored in the grant table, the lifecycle table and the journal, and printed by
+# `wasihost status`. 1 KiB holds any sentence; before this bound a 50 MB reason (a paste
+# accident) wrote 100 MB into the state database, and a reason that was not text failed the
+# database write halfway through a revocation with a raw sqlite3 error.
+MAX_REASON_BYTES = 1024
+
+
+def check_reason(reason: object, *, name: str = "reason") -> str:
+    """``reason`` if it is text an operator may store: a str of valid UTF-8 (no lone
+    surrogate, which SQLite and the terminal cannot take) of at most MAX_REASON_BYTES; else a
+    :class:`~wasihost.errors.ConfigError` naming the argument. Checked before anything
+    changes, so a refused reason leaves no half-made revocation."""
+    from .errors import ConfigError
+
+    if not isinstance(reason, str):
+        raise ConfigError(f"{name} must be a string, not {type(reason).__name__}")
+    try:
+        size = len(reason.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ConfigError(f"{name} is not valid UTF-8 (it holds a lone surrogate)") from None
+    if size > MAX_REASON_BYTES:
+        raise ConfigError(f"{name} is {size} bytes; at most {MAX_REASON_BYTES} are kept")
+    return reason
+
+
+def clip_reason(text: str) -> str:
+    """Text the host itself makes into a reason out of what others wrote (a revocation list's
+    verdict, a stored lifecycle reason): made storable rather than refused, because refusing
+    it would leave undone the revocation it explains."""
+    data = text.encode("utf-8", "replace")
+    if len(data) > MAX_REASON_BYTES:
+        data = data[: MAX_REASON_BYTES - 3] + b"..."
+    return data.decode("utf-8", "ignore")
+
+
 class Lifecycle:
     """The current state of one extension; the only mutable piece, guarded by a lock.
 

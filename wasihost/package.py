@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from .errors import ArchiveError, ManifestError, PackageError
+from .errors import ArchiveError, ConfigError, ManifestError, PackageError
 from .manifest import Manifest, parse_manifest
 from .packaging.names import PACKAGE_SUFFIX
 from .regular_files import read_regular
@@ -171,6 +171,22 @@ def _load_archive(
     return Package(str(path), manifest, wasm, digest, None, archive.digest)
 
 
+def _source_text(source: object) -> str:
+    """What a package's path may be: a non-empty str or os.PathLike of str, without NUL.
+    Anything else is the embedder's mistake, named as such (it was a raw TypeError from
+    pathlib, or a ValueError from the first stat)."""
+    if isinstance(source, bool) or not isinstance(source, (str, os.PathLike)):
+        raise ConfigError(
+            f"a package source is a path (str or os.PathLike), not {type(source).__name__}"
+        )
+    text = os.fspath(source)
+    if not isinstance(text, str):
+        raise ConfigError("a package source is a path of text, not bytes")
+    if not text or "\x00" in text:
+        raise ConfigError(f"{text!r} is not a package path")
+    return text
+
+
 def load_package(
     source: str | os.PathLike[str],
     known_capabilities: frozenset[str],
@@ -181,7 +197,7 @@ def load_package(
     anything wrong. With ``trust``, a signed archive's signature must verify against it (an
     unsigned one loads unverified: whether that is allowed is the policy's answer). With
     ``ssh``, the archive must verify by that OpenSSH signature (and ``trust`` is unused)."""
-    path = Path(source)
+    path = Path(_source_text(source))
     if is_archive(path) and not path.is_dir():
         return _load_archive(path, known_capabilities, trust, ssh)
     if ssh is not None:
@@ -199,5 +215,14 @@ def load_package(
         return Package(str(path), manifest, wasm, digest)
     if path.exists() and not path.is_file():
         raise PackageError(f"{path} is neither a package directory nor a module file")
+    try:
+        path.stem.encode("utf-8")
+    except UnicodeEncodeError:
+        # A bare module's id is its file's stem, and an id is text: a stem with a byte that is
+        # not UTF-8 failed the first call's handshake (its token) with a raw UnicodeEncodeError.
+        raise PackageError(
+            f"{path.name!a}: a bare module's extension id is its file name, and this one "
+            "is not valid UTF-8; rename the file"
+        ) from None
     wasm = _read_bounded(path, MAX_MODULE_BYTES, "module")
     return Package(str(path), None, wasm, hashlib.sha256(wasm).hexdigest())

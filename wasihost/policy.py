@@ -35,12 +35,28 @@ MAX_CLOCK_RESOLUTION_NS = 60_000_000_000
 
 
 def _capabilities(values: Iterable[str]) -> frozenset[str]:
-    if isinstance(values, str):
+    if isinstance(values, (str, bytes)):
+        # A string would be read letter by letter (and bytes byte by byte, as ints).
         raise ConfigError("policy allow must be a collection of capability names, not a string")
-    return frozenset(values)
+    if isinstance(values, Mapping) or not isinstance(values, Iterable):
+        raise ConfigError(
+            f"policy allow must be a collection of capability names, not {type(values).__name__}"
+        )
+    names = frozenset(values)
+    odd = sorted(repr(name) for name in names if not isinstance(name, str))
+    if odd:
+        # A non-string name matches no capability: it would sit in the policy granting nothing.
+        raise ConfigError(f"policy allow holds names that are not strings: {', '.join(odd)}")
+    return names
 
 
 def _ceilings(value: Mapping[str, int]) -> Mapping[str, int]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"policy ceilings must be a mapping of resource name to int, not {type(value).__name__}"
+        )
+    if any(not isinstance(name, str) for name in value):
+        raise ConfigError("policy ceilings are keyed by resource name (a string)")
     unknown = sorted(set(value) - set(limits.RESOURCE_BOUNDS))
     if unknown:
         raise ConfigError(f"unknown resource ceilings: {', '.join(unknown)}")
@@ -116,19 +132,58 @@ class Policy:
         return attrs.evolve(resources, **changes) if changes else resources
 
     def __attrs_post_init__(self) -> None:
+        # Every field is checked here, where the embedder made the mistake: a wrong type
+        # otherwise surfaces later as an AttributeError inside an admission or a call.
+        if isinstance(self.clock_resolution_ns, bool) or not isinstance(
+            self.clock_resolution_ns, int
+        ):
+            raise ConfigError(
+                "clock_resolution_ns must be an int of nanoseconds, "
+                f"not {self.clock_resolution_ns!r}"
+            )
         if not MIN_CLOCK_RESOLUTION_NS <= self.clock_resolution_ns <= MAX_CLOCK_RESOLUTION_NS:
             raise ConfigError(
                 f"clock_resolution_ns {self.clock_resolution_ns} outside "
                 f"{MIN_CLOCK_RESOLUTION_NS}..{MAX_CLOCK_RESOLUTION_NS}"
             )
-        if self.random_seed is not None and not 16 <= len(self.random_seed) <= 64:
-            raise ConfigError("random_seed must be 16 to 64 bytes")
+        if self.random_seed is not None and (
+            not isinstance(self.random_seed, bytes) or not 16 <= len(self.random_seed) <= 64
+        ):
+            raise ConfigError("random_seed must be 16 to 64 bytes (a bytes object)")
+        if not isinstance(self.require_signed, bool):
+            raise ConfigError(f"require_signed must be a bool, not {self.require_signed!r}")
+        if not isinstance(self.budgets, BudgetPolicy):
+            raise ConfigError(
+                "budgets must be a wasihost.budgets.BudgetPolicy, "
+                f"not {type(self.budgets).__name__}"
+            )
+        # The signature code is imported only for a policy that carries trust material.
+        if self.trusted_publishers is not None:
+            from .packaging.trust import TrustStore
+
+            _check_kind("trusted_publishers", self.trusted_publishers, TrustStore)
+        if self.revocations is not None:
+            from .packaging.revocation import Revocations
+
+            _check_kind("revocations", self.revocations, Revocations)
+        if self.allowed_signers is not None:
+            from .packaging.allowed_signers import AllowedSigners
+
+            _check_kind("allowed_signers", self.allowed_signers, AllowedSigners)
         if self.require_signed and self.trusted_publishers is None:
             raise ConfigError("require_signed needs trusted_publishers: nothing could verify")
 
     @classmethod
     def allowing(cls, capabilities: Iterable[str], **kwargs: object) -> Policy:
         return cls(allow=frozenset(capabilities), **kwargs)  # type: ignore[arg-type]
+
+
+def _check_kind(name: str, value: object, kind: type) -> None:
+    if not isinstance(value, kind):
+        raise ConfigError(
+            f"policy {name} must be a {kind.__module__}.{kind.__name__}, "
+            f"not {type(value).__name__}"
+        )
 
 
 @attrs.frozen

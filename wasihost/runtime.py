@@ -40,7 +40,7 @@ from .governor import Governor
 from .grants import GrantTable
 from .hostcall_metrics import HostCallTally
 from .hostfn import Broker, Function, HostFunctions
-from .lifecycle import ExtensionRevoked, State
+from .lifecycle import ExtensionRevoked, State, check_reason, clip_reason
 from .manifest import Resources
 from .package import Package, load_package
 from .planning import plan_package, unsigned_refusal
@@ -115,7 +115,14 @@ def check_extension_id(extension: object) -> str:
     first start), but not of something no extension could be called."""
     if not isinstance(extension, str):
         raise ConfigError(f"an extension id is a string, not {type(extension).__name__}")
-    size = len(extension.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(extension.encode("utf-8"))
+    except UnicodeEncodeError:
+        # A lone surrogate (a non-UTF-8 byte of a command line) cannot be stored in SQLite
+        # nor named in a path the same way twice: it was a raw UnicodeEncodeError mid-grant.
+        raise ConfigError(
+            f"{extension!r} is not an extension id: it is not valid UTF-8"
+        ) from None
     if (
         not 0 < size <= MAX_EXTENSION_ID_BYTES
         or extension in (".", "..")
@@ -127,6 +134,118 @@ def check_extension_id(extension: object) -> str:
             "character or '/')"
         )
     return extension
+
+
+def _iterable(name: str, value: object) -> Iterable[Any]:
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise ConfigError(f"Host({name}=...) must be a collection, not {type(value).__name__}")
+    return value
+
+
+def _check_kind(name: str, value: object, kind: type) -> None:
+    if value is not None and not isinstance(value, kind):
+        raise ConfigError(
+            f"Host({name}=...) must be a {kind.__module__}.{kind.__name__} or None, "
+            f"not {type(value).__name__}"
+        )
+
+
+def _check_path(name: str, value: object) -> Path | None:
+    """A directory option: None, a str or an os.PathLike of str (as pathlib takes them)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
+        raise ConfigError(f"Host({name}=...) must be a path, not {type(value).__name__}")
+    text = os.fspath(value)
+    if not isinstance(text, str):  # an os.PathLike whose __fspath__ gives bytes
+        raise ConfigError(f"Host({name}=...) must be a path of text, not bytes")
+    if not text or "\x00" in text:
+        # Path("") is the working directory: an empty string would put the state there.
+        raise ConfigError(f"Host({name}=...) is not a usable path: {text!r}")
+    return Path(text)
+
+
+def _check_host_options(
+    *,
+    policy: object,
+    settings: object,
+    cache_dir: object,
+    registry: object,
+    clock: object,
+    log_sink: object,
+    profiles: tuple[Any, ...],
+    state_dir: object,
+    brokers: tuple[Any, ...],
+    supervisor: object,
+    governor: object,
+    eviction: object,
+    scheduler: object,
+) -> Path | None:
+    """Refuse, naming it, every Host option of the wrong kind; returns ``state_dir`` as a
+    Path. Pure: nothing is opened."""
+    _check_kind("policy", policy, Policy)
+    _check_kind("settings", settings, EngineSettings)
+    _check_kind("registry", registry, Registry)
+    _check_kind("supervisor", supervisor, Supervisor)
+    _check_kind("governor", governor, Governor)
+    if cache_dir is not _DEFAULT:
+        _check_path("cache_dir", cache_dir)
+    if clock is not None and not all(
+        callable(getattr(clock, name, None)) for name in ("realtime_ns", "monotonic_ns")
+    ):
+        raise ConfigError("Host(clock=...) must have realtime_ns() and monotonic_ns()")
+    if log_sink is not None and not callable(log_sink):
+        raise ConfigError(
+            f"Host(log_sink=...) must be callable as fn(extension_id, record), "
+            f"not {type(log_sink).__name__}"
+        )
+    for item in profiles:
+        if not (
+            isinstance(item, tuple)
+            and len(item) == 2
+            and isinstance(item[0], Profile)
+            and callable(item[1])
+        ):
+            raise ConfigError("Host(profiles=...) holds (Profile, factory) pairs")
+    for broker in brokers:
+        _check_broker(broker)
+    if eviction is not None:
+        from .eviction import EvictionPolicy, Evictor
+
+        if not isinstance(eviction, (EvictionPolicy, Evictor)):
+            raise ConfigError("Host(eviction=...) must be an EvictionPolicy (or an Evictor)")
+    if scheduler is not None:
+        from .scheduling import Scheduler
+
+        if not isinstance(scheduler, Scheduler):
+            raise ConfigError(f"scheduler must be a wasihost.scheduling.Scheduler: {scheduler!r}")
+    return _check_path("state_dir", state_dir)
+
+
+def _check_broker(broker: object) -> None:
+    """What the host reads of a broker before serving it: a name and the entries it serves."""
+    name = getattr(broker, "name", None)
+    functions = getattr(broker, "functions", None)
+    if (
+        not isinstance(name, str)
+        or not name
+        or isinstance(functions, (str, bytes))
+        or not isinstance(functions, Iterable)
+        or not all(isinstance(f, str) for f in functions)
+        or not all(callable(getattr(broker, m, None)) for m in ("open", "handler", "close"))
+    ):
+        raise ConfigError(
+            f"{type(broker).__name__} is not a broker: one has a name, the qualified names "
+            "of the entries it serves (functions), and open(), handler() and close()"
+        )
+
+
+def _check_package(package: object) -> None:
+    if not isinstance(package, Package):
+        raise ConfigError(
+            f"expected a wasihost.package.Package (Host.load_package makes one), not "
+            f"{type(package).__name__}; Host.load takes a path"
+        )
 
 
 def _ssh(allowed: AllowedSigners | None, signature: bytes | None) -> SshSigned | None:
@@ -194,6 +313,26 @@ class Host:
         eviction: EvictionPolicy | Evictor | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:
+        # Every option is checked before anything is opened (the state database, the engine's
+        # timer, threads): a wrong one is a ConfigError naming it, never an AttributeError
+        # from deep inside a later load, and a refused Host leaves nothing behind.
+        profiles = tuple(_iterable("profiles", profiles))
+        brokers = tuple(_iterable("brokers", brokers))
+        state_dir = _check_host_options(
+            policy=policy,
+            settings=settings,
+            cache_dir=cache_dir,
+            registry=registry,
+            clock=clock,
+            log_sink=log_sink,
+            profiles=profiles,
+            state_dir=state_dir,
+            brokers=brokers,
+            supervisor=supervisor,
+            governor=governor,
+            eviction=eviction,
+            scheduler=scheduler,
+        )
         self.policy = policy if policy is not None else Policy()
         self.registry = registry if registry is not None else default_registry()
         self.profile_factories: dict[str, ProfileFactory] = {}
@@ -337,6 +476,7 @@ class Host:
 
     def add_broker(self, broker: Broker) -> None:
         """Serve registry entries with ``broker`` (see :class:`wasihost.hostfn.Broker`)."""
+        _check_broker(broker)
         self.functions.add_broker(broker)
 
     def broker(self, name: str) -> Broker:
@@ -633,7 +773,7 @@ class Host:
         ext = self.admit(package, fuel=fuel, timeout_ms=timeout_ms)
         if recorded is not None and recorded[0] == State.QUARANTINED.value:
             # A quarantine outlives the host that decided it: the operator releases it.
-            ext.quarantine(recorded[1] or "quarantined before the host restarted")
+            ext.quarantine(clip_reason(recorded[1] or "quarantined before the host restarted"))
         return ext
 
     def restore(self) -> dict[str, Extension | WasihostError]:
@@ -664,6 +804,7 @@ class Host:
         granted: frozenset[str] | None = None,
     ) -> tuple[AdmissionPlan, Grant, Resources]:
         """Static admission only: no compile, no instantiation, nothing of the guest runs."""
+        _check_package(package)
         revocations = self.policy.revocations
         if revocations is not None:
             revocations.check(package, revocations.floor or self._floor())
@@ -743,6 +884,7 @@ class Host:
         timeout_ms: int | None,
         replacing: Extension | None = None,
     ) -> Extension:
+        _check_package(package)
         name = package.name
         with self._lock:
             if self.closed:
@@ -842,6 +984,8 @@ class Host:
         return ext
 
     def extension(self, extension: str) -> Extension | None:
+        if not isinstance(extension, str):
+            raise ConfigError(f"an extension id is a string, not {type(extension).__name__}")
         with self._lock:
             return self._extensions.get(extension)
 
@@ -876,6 +1020,11 @@ class Host:
         ``capability=None`` revoke the extension as a whole: its running call is interrupted
         and it runs nothing more until reinstated. Its data is kept."""
         self._check_operator_id(extension)
+        if capability is not None and not isinstance(capability, str):
+            raise ConfigError(
+                f"capability must be a string or None, not {type(capability).__name__}"
+            )
+        check_reason(reason)  # before anything changes: the grant table and the journal keep it
         self.sync_grants()
         epoch = self.grants.revoke(extension, capability, reason)
         self.journal(
@@ -893,6 +1042,10 @@ class Host:
         """A security-policy change: every grant epoch is bumped, so nothing authorised under
         the old policy commits under the new one, and each extension re-evaluates its grant
         (requested ∩ granted ∩ the new policy) before its next call."""
+        if not isinstance(policy, Policy):
+            # Checked before the host changes: a policy of None once stayed in place and
+            # broke every later load with an AttributeError.
+            raise ConfigError(f"update_policy takes a Policy, not {type(policy).__name__}")
         self.policy = policy
         with self._lock:
             live = list(self._extensions.values())
@@ -942,7 +1095,7 @@ class Host:
         for ext in extensions:
             why = current.revocation_of(ext.package)
             if why is not None:
-                self.disable(ext.id, f"{why} by the revocation list")
+                self.disable(ext.id, clip_reason(f"{why} by the revocation list"))
                 disabled[ext.id] = why
         return disabled
 
@@ -999,6 +1152,7 @@ class Host:
     def release(self, extension: str) -> None:
         """Let a quarantined extension out: it is stopped, its restart budget starts afresh,
         and its next call starts it."""
+        self._check_operator_id(extension)
         ext = self.extension(extension)
         if ext is None:
             raise ConfigError(f"{extension} is not admitted")
@@ -1009,6 +1163,7 @@ class Host:
     def quarantine_report(self, extension: str) -> QuarantineReport:
         """Why ``extension`` is quarantined, its recent crashes, what data it keeps, and what
         the operator can do."""
+        self._check_operator_id(extension)
         if self.state is not None:
             kept = self.state.remaining_data(extension)
             remains = (
@@ -1043,6 +1198,7 @@ class Host:
 
     def usage(self, extension: str) -> Usage:
         """budgets: ``extension``'s usage now beside its budget, a frozen snapshot."""
+        self._check_operator_id(extension)
         ext = self.extension(extension)
         if ext is None:
             raise ConfigError(f"{extension} is not admitted")

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 from .errors import AdmissionError, PackageError, SignatureError, WasihostError
-from .lifecycle import State
+from .lifecycle import State, clip_reason
 from .manifest import version_order
 from .package import MANIFEST_NAME, Package, is_archive, load_package, manifest_text
 from .packaging import signing
@@ -217,7 +217,7 @@ def revoke_installed(host: Host, revocations: RevocationList) -> dict[str, str]:
             package = load_package(installed.path, caps)
         why = revocations.revocation_of(package)
         if why is not None:
-            host.disable(installed.id, f"{why} by the revocation list")
+            host.disable(installed.id, clip_reason(f"{why} by the revocation list"))
             revoked[installed.id] = why
     return revoked
 
