@@ -489,3 +489,25 @@ def test_a_bytes_command_given_json_gets_the_cli_flags_as_its_hint(
     assert err.endswith(
         "hint: give the bytes with --input-bytes FILE ('-': stdin) or --input '{\"$bytes\": \"HEX\"}'\n"
     )
+
+
+def test_python_dash_m_wasihost_is_the_cli() -> None:
+    """`python -m wasihost` for an environment whose scripts directory is not on PATH: the
+    same command, exit statuses included."""
+    hello = subprocess.run(
+        [sys.executable, "-m", "wasihost", "run", str(FIXTURES / "echo"), "echo", "--input", "7"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert hello.returncode == 0, hello.stderr
+    assert json.loads(hello.stdout) == 7
+    bad = subprocess.run(
+        [sys.executable, "-m", "wasihost", "run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
