@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import base64
 import gzip
+import html
 import http.server
 import ipaddress
 import logging
+import re
 import shutil
 import socket
 import ssl
@@ -91,6 +93,8 @@ class Server:
                     return self._answer(200, b"x" * (MAX_RESPONSE_BODY_BYTES + 1))
                 if self.path == "/exact":
                     return self._answer(200, b"y" * MAX_RESPONSE_BODY_BYTES)
+                if self.path == "/reflect-escaped":
+                    return self._reflect_escaped(headers)
                 if self.path.startswith("/reflect"):
                     return self._reflect(headers, gzipped=self.path == "/reflect-gzip")
                 if self.path == "/many-headers":
@@ -123,6 +127,29 @@ class Server:
                     body = gzip.compress(body)
                     extra.append(("Content-Encoding", "gzip"))
                 self._answer(200, body, extra)
+
+            def _reflect_escaped(self, headers: dict[str, str]) -> None:
+                # The token echoed as servers escape text: PHP's json_encode ('/' as '\\/'),
+                # JSON's \\u00XX, Python's quote (which keeps '/'), lowercase percent-escapes,
+                # HTML references, and hex in mixed case; a Basic credential JSON-escaped too.
+                token = headers.get("authorization", "").split(" ", 1)[-1].encode("latin-1")
+                php = token.replace(b"/", b"\\/")
+                lower_hex = urllib.parse.quote_from_bytes(token, safe="").encode()
+                lower_hex = re.sub(rb"%[0-9A-F]{2}", lambda m: m.group().lower(), lower_hex)
+                body = b"\n".join(
+                    [
+                        b'{"authorization": "Bearer ' + php + b'"}',
+                        b"".join(b"\\u%04x" % b if b in b"/+=?" else bytes([b]) for b in token),
+                        urllib.parse.quote(token).encode(),
+                        lower_hex,
+                        b"".join(b"&#%d;" % b if b in b"/+=?" else bytes([b]) for b in token),
+                        b"".join(b"&#x%X;" % b if b in b"/+=?" else bytes([b]) for b in token),
+                        token.hex()[:9].encode() + token.hex()[9:].upper().encode(),
+                        b"Basic " + base64.b64encode(b"user:" + token).replace(b"/", b"\\/"),
+                    ]
+                )
+                echoed = urllib.parse.quote(token.decode("latin-1"))
+                self._answer(200, body, [("X-Echo-Quoted", echoed)])
 
             def _answer(
                 self, status: int, body: bytes, headers: Sequence[tuple[str, str]] = ()
@@ -917,6 +944,28 @@ def test_a_secret_header_is_sent_and_scrubbed_from_what_a_reflecting_server_retu
     assert all(SECRET.decode() not in r.message for r in ext.log.records)
 
 
+def test_a_secret_reflected_with_escapes_is_scrubbed_too(
+    secret_host: tuple[Host, SecretsBroker], tmp_path: Path, server: Server
+) -> None:
+    """Red team, 2026-12-01: a JSON echo (PHP writes '/' as '\\/'), Python's quote (which
+    keeps '/'), lowercase percent-escapes and HTML references handed the token back whole."""
+    host, _ = secret_host
+    ext = host.load(package(tmp_path, [f"http://api.test:{server.port}"]))
+    grant_secret(host, ext, server)
+    got = ext.call("fetch", {"url": server.url("api.test", "/reflect-escaped"), "headers": [AUTH]})
+    assert got["status"] == 200
+    lines = got["body"].split(b"\n")
+    assert len(lines) == 8
+    assert lines[0] == b'{"authorization": "Bearer [redacted]"}'
+    assert lines[1:7] == [b"[redacted]"] * 6
+    # In base64 only the characters that depend on the secret's bits alone are replaced.
+    assert lines[7].startswith(b"Basic dXNlcjp") and lines[7].endswith(b"[redacted]")
+    assert dict(got["headers"])["X-Echo-Quoted"] == "[redacted]"
+    for line in lines:
+        unescaped = urllib.parse.unquote_to_bytes(html.unescape(line.decode()).encode())
+        assert leaks(unescaped.replace(b"\\/", b"/")) == []
+
+
 @pytest.mark.parametrize(
     ("path", "status"),
     [
@@ -1110,6 +1159,32 @@ def test_every_listed_form_of_a_secret_is_scrubbed_wherever_it_sits(
         # What is left of a base64 text no longer holds the secret's own characters.
         for core in forms:
             assert core not in cleaned
+
+
+@given(
+    st.binary(min_size=8, max_size=64),
+    st.binary(max_size=16),
+    st.binary(max_size=16),
+)
+def test_a_secret_percent_or_json_escaped_is_scrubbed_wherever_it_sits(
+    secret: bytes, before: bytes, after: bytes
+) -> None:
+    forms = secret_forms(secret)
+    blob = before + secret + after
+    texts = [
+        urllib.parse.quote_from_bytes(blob).encode(),  # '/' kept
+        urllib.parse.quote_from_bytes(blob, safe="").lower().encode(),
+        blob.replace(b"/", b"\\/"),
+        base64.b64encode(blob).replace(b"/", b"\\/"),
+    ]
+    for text in texts:
+        try:
+            cleaned = scrub(text, forms)
+        except Unscrubbable:
+            continue
+        for plain in (urllib.parse.unquote_to_bytes(cleaned), cleaned.replace(b"\\/", b"/")):
+            assert secret not in plain
+        assert not any(core in cleaned.replace(b"\\/", b"/") for core in forms)
 
 
 def test_a_secret_inside_the_redaction_marker_is_refused_not_left_in_place() -> None:

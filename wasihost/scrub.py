@@ -8,7 +8,13 @@ hand it back. Before a response reaches guest memory every form listed here is r
 - hexadecimal, lowercase and uppercase;
 - base64, standard and URL-safe alphabets, at each of the three byte alignments the secret can
   have inside a longer base64 text (``Basic`` credentials, a JWT, a JSON blob), so only the
-  characters that depend on the secret's bits alone are matched.
+  characters that depend on the secret's bits alone are matched;
+- each of those with any of its characters escaped the way echoing servers escape text: a
+  percent-escape in either case (whatever set of characters the encoder left alone: Python's
+  ``quote`` keeps ``/``, JavaScript's ``encodeURIComponent`` keeps ``!'()*``), a JSON
+  ``\\/`` or ``\\u00XX`` (PHP's ``json_encode`` writes every ``/`` of a token as ``\\/``), an
+  HTML character reference (``&#47;``, ``&#x2F;``, ``&amp;``...); and hexadecimal in mixed
+  case. The escapes are decoded one layer deep, so a doubly escaped secret is not found.
 
 This is a second line: the first is that a secret travels only to the origins the operator
 bound it to. A server that transforms the secret otherwise (reversed, encrypted) is trusted
@@ -18,6 +24,8 @@ with it by that binding, and nothing here can tell.
 from __future__ import annotations
 
 import base64
+import bisect
+import re
 import urllib.parse
 from typing import Final
 
@@ -58,15 +66,102 @@ class Unscrubbable(Exception):
     handed on."""
 
 
-def scrub(data: bytes, forms: list[bytes]) -> bytes:
-    """``data`` with every occurrence of each form replaced by :data:`REDACTED`; raises
-    :class:`Unscrubbable` if a form still occurs afterwards."""
+# One escaped byte, as echoing servers write it (see the module's doc): percent, JSON's \\uXXXX
+# (a byte only below 0x100) and \\/, HTML's numeric and named references.
+_ESCAPE: Final = re.compile(
+    rb"%([0-9a-fA-F]{2})"
+    rb"|\\u00([0-9a-fA-F]{2})"
+    rb"|\\(/)"
+    rb"|&#0*([0-9]{1,3});"
+    rb"|&#[xX]0*([0-9a-fA-F]{1,2});"
+    rb"|&(amp|lt|gt|quot|apos);"
+)
+_NAMED: Final = {b"amp": b"&", b"lt": b"<", b"gt": b">", b"quot": b'"', b"apos": b"'"}
+_HEX: Final = frozenset(b"0123456789abcdefABCDEF")
+
+
+def _unescaped(data: bytes) -> tuple[bytes, list[int], list[int]]:
+    """``data`` with each escape decoded to its byte, and a map back: a decoded index ``i``
+    is at ``orig[k] + i - dec[k]`` of ``data``, ``k`` the last breakpoint with ``dec[k] <= i``."""
+    out = bytearray()
+    dec, orig = [0], [0]
+    last = 0
+    for match in _ESCAPE.finditer(data):
+        hex_text = match.group(1) or match.group(2) or match.group(5)
+        if hex_text is not None:
+            byte = bytes([int(hex_text, 16)])
+        elif match.group(3) is not None:
+            byte = b"/"
+        elif match.group(4) is not None:
+            number = int(match.group(4))
+            if number > 0xFF:
+                continue  # not a byte: left as it is
+            byte = bytes([number])
+        else:
+            byte = _NAMED[match.group(6)]
+        start, end = match.span()
+        out += data[last:start]
+        dec.append(len(out))
+        orig.append(start)
+        out += byte
+        dec.append(len(out))
+        orig.append(end)
+        last = end
+    out += data[last:]
+    return bytes(out), dec, orig
+
+
+def _spans(text: bytes, forms: list[bytes]) -> list[tuple[int, int]]:
+    """Where a form occurs in ``text``; a form of hexadecimal digits in either case."""
+    lowered = text.lower()
+    spans = []
     for form in forms:
-        if form in data:
-            data = data.replace(form, REDACTED)
-    if any(form in data for form in forms):
+        hex_form = all(b in _HEX for b in form)
+        haystack, needle = (lowered, form.lower()) if hex_form else (text, form)
+        at = haystack.find(needle)
+        while at >= 0:
+            spans.append((at, at + len(needle)))
+            at = haystack.find(needle, at + 1)
+    return spans
+
+
+def _occurrences(data: bytes, forms: list[bytes]) -> list[tuple[int, int]]:
+    """Where a form occurs in ``data``, as written or with escapes decoded, merged and sorted."""
+    spans = _spans(data, forms)
+    decoded, dec, orig = _unescaped(data)
+    if len(dec) > 1:
+        for start, end in _spans(decoded, forms):
+            k = bisect.bisect_right(dec, start) - 1
+            first = orig[k] + start - dec[k]
+            k = bisect.bisect_right(dec, end) - 1
+            spans.append((first, orig[k] + end - dec[k]))
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start < merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def scrub(data: bytes, forms: list[bytes]) -> bytes:
+    """``data`` with every occurrence of each form, escaped or not, replaced by
+    :data:`REDACTED`; raises :class:`Unscrubbable` if one still occurs afterwards."""
+    if not forms:
+        return data
+    spans = _occurrences(data, forms)
+    if not spans:
+        return data
+    out = bytearray()
+    last = 0
+    for start, end in spans:
+        out += data[last:start]
+        out += REDACTED
+        last = end
+    out += data[last:]
+    if _occurrences(bytes(out), forms):
         raise Unscrubbable
-    return data
+    return bytes(out)
 
 
 def scrub_text(text: str, forms: list[bytes]) -> str:
