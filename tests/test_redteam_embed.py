@@ -639,7 +639,8 @@ def test_an_install_whose_source_changes_while_it_is_read_installs_nothing(
     installed tree. A manifest swapped in between (here: by the second read) was installed
     under the first one's record, and ``load_installed(A)`` then admitted a package claiming
     another id, under that id's grants. The tree is now verified against its record before it
-    is activated."""
+    is activated, and (red-team pass of 2026-12-04) the manifest read again is compared whole
+    with the one checked before anything is written."""
     from wasihost import updates
 
     source = tmp_path / "hello"
@@ -651,9 +652,7 @@ def test_an_install_whose_source_changes_while_it_is_read_installs_nothing(
     )
     monkeypatch.setattr(updates, "manifest_text", lambda root: swapped)
     with Host(Policy(allow={"log", "clock"}), cache_dir=None, state_dir=tmp_path / "state") as host:
-        with pytest.raises(
-            WasihostError, match="the installed manifest says org.wasihost.fixtures.other"
-        ):
+        with pytest.raises(WasihostError, match="extension.toml changed while it was installed"):
             host.install(source)
         assert host.require_state().packages() == []
         assert not list((host.require_state().packages_dir).glob("*/*"))

@@ -243,6 +243,13 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         type=Path,
         help="also disable, durably, the installed extensions of this state that the list revokes",
     )
+    revoke.add_argument(
+        "--trust",
+        type=Path,
+        metavar="TRUSTFILE",
+        help="with --state-dir: the trust file whose rotations (endorsed-by) are followed, so "
+        "that a revoked key also disables what is signed by a key it endorsed",
+    )
 
     def state_opt(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(

@@ -25,11 +25,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from .errors import AdmissionError, PackageError, SignatureError, WasihostError
+from .errors import (
+    AdmissionError,
+    ManifestError,
+    PackageError,
+    SignatureError,
+    WasihostError,
+)
 from .lifecycle import State, clip_reason
-from .manifest import version_order
+from .manifest import Manifest, parse_manifest, version_order
 from .package import MANIFEST_NAME, Package, is_archive, load_package, manifest_text
-from .packaging import signing
+from .packaging import signing, sshsig
 from .packaging.allowed_signers import SshSigned, read_ssh_signature
 from .packaging.archive import read_archive
 from .packaging.files import read_package_file
@@ -130,7 +136,23 @@ def write_install(
         if ssh is not None:
             files[SSH_SIGNATURE_NAME] = ssh.signature
     else:
-        files = {MANIFEST_NAME: manifest_text(Path(source)), manifest.module: package.wasm}
+        # The manifest is read from the source again here: it must still say what was checked
+        # (the module is the checked bytes already). A source changed in between (an install
+        # that verified one manifest and wrote another, with other capabilities or commands)
+        # is refused; nothing of a directory is signed, so equal content is all we can ask.
+        text = manifest_text(Path(source))
+        try:
+            again: Manifest | None = parse_manifest(
+                text.decode("utf-8"), host.registry.capabilities()
+            )
+        except (UnicodeDecodeError, ManifestError):
+            again = None
+        if again != manifest:
+            raise PackageError(
+                f"{source}: its {MANIFEST_NAME} changed while it was installed; nothing was "
+                "installed"
+            )
+        files = {MANIFEST_NAME: text, manifest.module: package.wasm}
     digest = package.package_digest or package.sha256
     tree = store.write_tree(manifest.id, manifest.version, digest, files)
     return InstalledPackage(
@@ -206,13 +228,19 @@ def revoke_installed(host: Host, revocations: RevocationList) -> dict[str, str]:
     store = host.require_state()
     caps = host.registry.capabilities()
     revoked = {}
+    trust = host.policy.trusted_publishers
     for installed in store.packages():
         if installed.package_digest is not None:
             archive_path = installed.path / ARCHIVE_NAME
             package = load_package(archive_path, caps)
-            record = read_archive(read_package_file(archive_path)).signature
-            key = signing.SignatureRecord.parse(record).key if record is not None else None
-            package = attrs.evolve(package, signer=installed.signer, signing_key=key)
+            key = _claimed_signing_key(installed.path, archive_path)
+            # The keys that endorsed the signing key (a rotation) are revoked with it, as at
+            # admission: without them a revoked old key left what it endorsed installed and
+            # enabled here.
+            endorsed = trust.lineage(key)[1:] if trust is not None and key is not None else ()
+            package = attrs.evolve(
+                package, signer=installed.signer, signing_key=key, endorsed_by=endorsed
+            )
         else:
             package = load_package(installed.path, caps)
         why = revocations.revocation_of(package)
@@ -220,6 +248,16 @@ def revoke_installed(host: Host, revocations: RevocationList) -> dict[str, str]:
             host.disable(installed.id, clip_reason(f"{why} by the revocation list"))
             revoked[installed.id] = why
     return revoked
+
+
+def _claimed_signing_key(tree: Path, archive_path: Path) -> bytes | None:
+    """The key an installed archive says it was signed with: its OpenSSH signature's key when
+    it was installed by one (the key admission checks), else its signature record's."""
+    ssh_signature = tree / SSH_SIGNATURE_NAME
+    if ssh_signature.exists():
+        return sshsig.parse(read_ssh_signature(ssh_signature)).key
+    record = read_archive(read_package_file(archive_path)).signature
+    return signing.SignatureRecord.parse(record).key if record is not None else None
 
 
 # -- checkpoints ------------------------------------------------------------------------------

@@ -168,7 +168,7 @@ def parse(data: bytes, trust: TrustStore) -> RevocationList:
         raise _fail(f"more than {MAX_ENTRIES} entries")
     signature_line = lines[-2]
     body = text[: len(text) - len(signature_line) - 1].encode("ascii")
-    _verify(signature_line, body, trust)
+    signer_key = _verify(signature_line, body, trust)
     # Only signed bytes are read from here on.
     if lines[0] != SCHEMA:
         raise _fail(f"the first line is not {SCHEMA}")
@@ -197,6 +197,12 @@ def parse(data: bytes, trust: TrustStore) -> RevocationList:
             extensions.add((fields[0], fields[1]))
         else:
             raise _fail(f"{where} is not a revocation entry")
+    if signer_key in keys:
+        # A list that says its own key is revoked vouches for nothing, itself included: it was
+        # taken, and its entries applied, while the key it names as stolen signed it. A list's
+        # key entries never retire a revocation key (the trust file's line does), so this
+        # contradiction is refused (fail closed) rather than read either way.
+        raise _fail("it revokes the key that signed it")
     return RevocationList(
         int(version_line[1]),
         _expires(expires_line[1]),
@@ -208,7 +214,8 @@ def parse(data: bytes, trust: TrustStore) -> RevocationList:
     )
 
 
-def _verify(line: str, body: bytes, trust: TrustStore) -> None:
+def _verify(line: str, body: bytes, trust: TrustStore) -> bytes:
+    """The revocation key that signed ``body``; raises unless it is a valid signature by one."""
     fields = line.split(" ")
     if len(fields) != 4 or fields[0] != "signature" or not PUBLISHER_ID.fullmatch(fields[1]):
         raise _fail("the last line is not 'signature SIGNER KEY SIGNATURE'")
@@ -231,6 +238,7 @@ def _verify(line: str, body: bytes, trust: TrustStore) -> None:
         Ed25519PublicKey.from_public_bytes(key).verify(signature, SIGNATURE_DOMAIN + body)
     except InvalidSignature:
         raise _fail(f"the signature by {signer!r} does not match the list (tampered)") from None
+    return key
 
 
 class VersionFloor(Protocol):

@@ -206,8 +206,9 @@ class TrustStore:
     revokers: frozenset[tuple[str, bytes]] = frozenset()
     expiry: Mapping[bytes, float] = attrs.field(factory=dict, eq=False, hash=False)
     clock: Callable[[], float] = attrs.field(default=time.time, eq=False, hash=False)
-    # A rotated-to key -> the publisher's older key that signed its endorsement.
-    endorsers: Mapping[bytes, bytes] = attrs.field(factory=dict, eq=False, hash=False)
+    # A rotated-to key -> every older key of its publisher that signed an endorsement of it (a
+    # key may be endorsed on several lines: each endorser stays one its revocation reaches).
+    endorsers: Mapping[bytes, frozenset[bytes]] = attrs.field(factory=dict, eq=False, hash=False)
 
     def expired(self, key: bytes) -> float | None:
         """The expiry of ``key`` if it has passed, else None."""
@@ -215,10 +216,17 @@ class TrustStore:
         return when if when is not None and when <= self.clock() else None
 
     def lineage(self, key: bytes) -> tuple[bytes, ...]:
-        """``key`` and the keys that endorsed it, newest first (a rotation's chain)."""
+        """``key`` and every key that endorsed it, directly or through other endorsed keys,
+        nearest first (a rotation's chain), each once. Every endorsement line counts: a later
+        line endorsing the same key again (by itself, or by a key it endorsed, a loop) adds to
+        its endorsers and never replaces them, so revoking the old key still reaches it."""
         chain = [key]
-        while chain[-1] in self.endorsers and len(chain) <= MAX_TRUSTED_KEYS:
-            chain.append(self.endorsers[chain[-1]])
+        seen = {key}
+        for current in chain:  # grows while it is walked: a breadth-first walk of the graph
+            for endorser in sorted(self.endorsers.get(current, ())):
+                if endorser not in seen:
+                    seen.add(endorser)
+                    chain.append(endorser)
         return tuple(chain)
 
     @classmethod
@@ -228,7 +236,7 @@ class TrustStore:
         keys: set[tuple[str, bytes]] = set()
         revokers: set[tuple[str, bytes]] = set()
         expiry: dict[bytes, float] = {}
-        endorsers: dict[bytes, bytes] = {}
+        endorsers: dict[bytes, frozenset[bytes]] = {}
         for number, fields in _lines(text):
             where = f"{origin} line {number}"
             if len(fields) < 3:
@@ -246,6 +254,8 @@ class TrustStore:
                 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
                 endorser, signature = endorsement
+                if endorser == raw:
+                    raise ConfigError(f"{where}: a key cannot endorse itself")
                 if (publisher, endorser) not in keys:
                     raise ConfigError(
                         f"{where}: endorsed by key {b64(endorser)[:16]}..., which is not a key of "
@@ -260,7 +270,7 @@ class TrustStore:
                         f"{where}: the endorsement is not a signature of this key by that old "
                         f"key of publisher {publisher!r}"
                     ) from None
-                endorsers[raw] = endorser
+                endorsers[raw] = endorsers.get(raw, frozenset()) | {endorser}
             (revokers if role else keys).add((publisher, raw))
             if expires is not None:
                 expiry[raw] = min(expires, expiry.get(raw, expires))
