@@ -639,7 +639,7 @@ def test_an_install_whose_source_changes_while_it_is_read_installs_nothing(
     installed tree. A manifest swapped in between (here: by the second read) was installed
     under the first one's record, and ``load_installed(A)`` then admitted a package claiming
     another id, under that id's grants. The tree is now verified against its record before it
-    is activated, and (red-team pass of 2026-12-04) the manifest read again is compared whole
+    is activated, and (red-team pass of 2026-12-01) the manifest read again is compared whole
     with the one checked before anything is written."""
     from wasihost import updates
 

@@ -1,4 +1,4 @@
-"""Red-team pass of 2026-12-04 (signed packages, rotations, revocation lists, installs).
+"""Red-team pass of 2026-12-01 (signed packages, rotations, revocation lists, installs).
 
 Each test is a hole that was found open, and is closed now:
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from conftest import FIXTURES
 from guests import build, guest_wat
 from packages_support import trust_of
 
+from wasihost import updates
 from wasihost.cli import main
 from wasihost.errors import AdmissionError, PackageError, UntrustedKeyError
 from wasihost.extension import Extension
@@ -290,6 +292,60 @@ def test_an_update_migrates_checks_health_switches_and_rolls_back(
     assert running.call("lookup") == "healthy"
     with pytest.raises(UpdateError, match="nothing to roll back to"):
         host.rollback(ID)
+
+
+def test_one_install_update_or_rollback_of_an_extension_runs_at_a_time(
+    host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each reads what is installed and then writes on it: an update held at its checkpoint
+    (the old version paused, the new one written) turns every other transaction of the same
+    extension away at once, and finishes as if alone. Before, nothing kept a second update
+    from checkpointing, migrating and activating over the first."""
+    installed_running(host, tmp_path)
+    entered, release = threading.Event(), threading.Event()
+    take_checkpoint = updates.take_checkpoint
+
+    def held(*args: Any) -> Path:
+        entered.set()
+        assert release.wait(10)
+        return take_checkpoint(*args)
+
+    monkeypatch.setattr(updates, "take_checkpoint", held)
+    failures: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            host.update_installed(package(tmp_path, "0.2.0", UPDATE))
+        except BaseException as exc:
+            failures.append(exc)
+
+    worker = threading.Thread(target=first)
+    worker.start()
+    try:
+        assert entered.wait(10)
+        for attempt in (
+            lambda: host.update_installed(package(tmp_path, "0.3.0", UPDATE)),
+            lambda: host.install(package(tmp_path, "0.4.0")),
+            lambda: host.rollback(ID),
+        ):
+            with pytest.raises(UpdateError, match="under way"):
+                attempt()
+    finally:
+        release.set()
+        worker.join(10)
+    assert failures == [] and version_of(host) == "0.2.0"
+    # Free again: the next transaction runs (back to the version the update replaced).
+    monkeypatch.setattr(updates, "take_checkpoint", take_checkpoint)
+    assert host.rollback(ID).version == "0.1.0"
+
+
+def test_a_transaction_prepared_against_another_install_record_is_refused(
+    host: Host, tmp_path: Path
+) -> None:
+    """What a transaction read before it took the lock must still be what is installed."""
+    installed_running(host, tmp_path)
+    with updates.exclusive(host, ID), pytest.raises(UpdateError, match="changed it"):
+        updates.still_current(host, ID, None)
 
 
 def test_a_reversible_migration_is_run_down_instead_of_restoring_the_checkpoint(

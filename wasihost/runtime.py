@@ -676,13 +676,28 @@ class Host:
         an installed publisher's package is replaced only by that publisher's. The replaced
         version is kept for :meth:`rollback`. To replace a version with checks (a health
         command, migrations, automatic rollback), use :meth:`update_installed`."""
-        store = self.require_state()
+        self.require_state()  # before anything is read: no state directory, no install
         ssh = _ssh(allowed_signers, ssh_signature)
         from . import updates
 
         package, current = updates.candidate(
             self, source, trust=trust, ssh=ssh, allow_downgrade=allow_downgrade
         )
+        assert package.manifest is not None
+        with updates.exclusive(self, package.manifest.id):
+            updates.still_current(self, package.manifest.id, current)
+            return self._install(source, ssh, package, current)
+
+    def _install(
+        self,
+        source: str | Path,
+        ssh: SshSigned | None,
+        package: Package,
+        current: InstalledPackage | None,
+    ) -> InstalledPackage:
+        from . import updates
+
+        store = self.require_state()
         assert package.manifest is not None
         # Refuse what could not run even with every capability it requests granted.
         manifest = package.manifest

@@ -20,6 +20,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -285,6 +287,48 @@ PENDING_NAME = "pending.json"
 MAX_PENDING_BYTES = 64 * 1024
 
 
+# One install, update or rollback of an extension at a time. Each reads what is installed and
+# then writes on it: two at once (threads of one host, or two hosts on one state directory)
+# would both checkpoint, migrate and activate, the second over the first. A lock file per
+# extension, under the state directory's locks/, held (flock, not waited for) for the whole
+# transaction; it is never removed, since a locked file removed lets the next opener lock a
+# new one beside it.
+LOCKS_DIR_NAME = "locks"
+
+
+@contextmanager
+def exclusive(host: Host, extension: str) -> Iterator[None]:
+    """Hold ``extension``'s transaction lock for the ``with`` block, or raise
+    :class:`UpdateError` at once if another install, update or rollback of it holds it (in
+    this host, another thread, or another host on the same state directory)."""
+    locks = host.require_state().directory / LOCKS_DIR_NAME
+    locks.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(
+        locks / f"{extension}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UpdateError(
+                f"{extension}: another install, update or rollback of it is under way; "
+                "try again when it has ended"
+            ) from None
+        yield
+    finally:
+        os.close(fd)  # the lock goes with its descriptor
+
+
+def still_current(host: Host, extension: str, seen: InstalledPackage | None) -> None:
+    """Under :func:`exclusive`: what is installed is still ``seen``, the record a transaction
+    was prepared against before it took the lock; else :class:`UpdateError`."""
+    if host.require_state().package(extension) != seen:
+        raise UpdateError(
+            f"{extension}: another install, update or rollback changed it while this one was "
+            "prepared; try again"
+        )
+
+
 def _pending(host: Host, extension: str) -> Path:
     return host.require_state().checkpoints_dir / extension / PENDING_NAME
 
@@ -449,10 +493,23 @@ def update(
 ) -> InstalledPackage:
     """Replace the installed version of a package's extension by ``source``, as one
     transaction (see the module docstring); returns the new install record."""
-    store = host.require_state()
     package, current = candidate(
         host, source, trust=trust, ssh=ssh, allow_downgrade=allow_downgrade
     )
+    assert package.manifest is not None
+    with exclusive(host, package.manifest.id):
+        still_current(host, package.manifest.id, current)
+        return _update(host, source, ssh, package, current)
+
+
+def _update(
+    host: Host,
+    source: str | Path,
+    ssh: SshSigned | None,
+    package: Package,
+    current: InstalledPackage | None,
+) -> InstalledPackage:
+    store = host.require_state()
     manifest = package.manifest
     assert manifest is not None
     if current is None:
@@ -525,6 +582,11 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
     """Return ``extension`` to the version its last update replaced: the current version's
     reversible migration runs down, or else the checkpoint taken before that update is
     restored; the earlier version is verified again and started before the switch."""
+    with exclusive(host, extension):
+        return _rollback(host, extension)
+
+
+def _rollback(host: Host, extension: str) -> InstalledPackage:
     store = host.require_state()
     recover_interrupted(host, extension)
     current = store.package(extension)
