@@ -692,3 +692,70 @@ def test_no_line_reaches_the_callers_sink_after_a_revocation_returns() -> None:
     with Host(Policy(allow=caps), cache_dir=None, profiles=[wasi_profile(config)]) as host:
         ext = host.admit(bare(PRINT_LOOP), grants=caps, fuel=10**10, timeout_ms=3000)
         _revoke_while_printing(host, ext, printed)
+
+
+# --- red-team pass of 2026-12-01 with hostile guests ------------------------------------------
+
+
+def test_a_pwrite_on_an_append_descriptor_is_paid_where_it_lands(tmp_path: Path) -> None:
+    """Break: Linux's pwrite on an O_APPEND descriptor appends whatever the offset, but
+    fd_pwrite limited and paid the bytes at the offset. 50 pwrites of 60,000 bytes at offset 0
+    through a descriptor opened with FDFLAG_APPEND grew the file to 3 MB under a 100,000-byte
+    write budget (and past MAX_FILE_BYTES, given the time). Now they are paid at the end."""
+    fd = "(i32.load (i32.const 200))"
+    append_open = (
+        "(call $path_open (i32.const 3) (i32.const 0) (i32.const 100) (i32.const 1)"
+        f" (i32.const 1) (i64.const {ALL_RIGHTS}) (i64.const {ALL_RIGHTS}) (i32.const 1)"
+        " (i32.const 200))"
+    )
+    body = (
+        "(local $e i32) (local $i i32)"
+        + exit_unless_ok(append_open, 1)
+        + "(i32.store (i32.const 8) (i32.const 1024)) (i32.store (i32.const 12) (i32.const 60000))"
+        + "(loop $l"
+        + exit_unless_ok(
+            f"(call $fd_pwrite {fd} (i32.const 8) (i32.const 1) (i64.const 0) (i32.const 300))", 2
+        )
+        + "(local.set $i (i32.add (local.get $i) (i32.const 1)))"
+        + "(br_if $l (i32.lt_u (local.get $i) (i32.const 50))))"
+    )
+    config = WasiOptions(mounts=[Mount(tmp_path, "/m", writable=True)], max_write_bytes=100_000)
+    assert run(command(body, {100: b"f"}), config)[0] == 2000 + Errno.DQUOT
+    # 60,000 bytes, then the 35,904 the budget had left (a short write), then DQUOT
+    assert (tmp_path / "f").stat().st_size == 100_000 - limits.NEW_ENTRY_BYTES
+
+
+def test_file_timestamps_tell_no_finer_time_than_the_clock_profile(tmp_path: Path) -> None:
+    """Break: a guest with no clock at all wrote a file and read its mtime (fd_filestat_get,
+    path_filestat_get, or *_NOW through set_times): the host's clock to the nanosecond on a
+    recent Linux, a timer for side channels. Timestamps the kernel stamps are now rounded down
+    to the clock profile's resolution (the anonymous second without a clock); times the guest
+    set itself read back exactly (the official suite sets mtim - 100 and reads it back)."""
+    fd = "(i32.load (i32.const 200))"
+    mtim = "(i64.load (i32.const 1048))"  # filestat: dev, ino, filetype+pad, nlink, size, atim, mtim
+    stat_fd = f"(call $fd_filestat_get {fd} (i32.const 1000))"
+    body = (
+        "(local $e i32)"
+        + exit_unless_ok(open_at("(i32.const 3)", 100, 1, 200, oflags=1, rights=ALL_RIGHTS), 1)
+        + "(i32.store (i32.const 0) (i32.const 100)) (i32.store (i32.const 4) (i32.const 1))"
+        + exit_unless_ok(f"(call $fd_write {fd} (i32.const 0) (i32.const 1) (i32.const 300))", 2)
+        + exit_unless_ok(stat_fd, 3)
+        + expect(f"(i64.eqz (i64.rem_u {mtim} (i64.const 1000000000)))", 1, 4)
+        + expect("(i64.eqz (i64.rem_u (i64.load (i32.const 1040)) (i64.const 1000000000)))", 1, 5)
+        + expect("(i64.eqz (i64.rem_u (i64.load (i32.const 1056)) (i64.const 1000000000)))", 1, 6)
+        # MTIM_NOW (8) through the path: no finer either
+        + exit_unless_ok("(call $path_filestat_set_times (i32.const 3) (i32.const 0)"
+                         " (i32.const 100) (i32.const 1) (i64.const 0) (i64.const 0)"
+                         " (i32.const 8))", 7)
+        + exit_unless_ok("(call $path_filestat_get (i32.const 3) (i32.const 0) (i32.const 100)"
+                         " (i32.const 1) (i32.const 1000))", 8)
+        + expect(f"(i64.eqz (i64.rem_u {mtim} (i64.const 1000000000)))", 1, 9)
+        # a time the guest sets itself reads back exactly
+        + exit_unless_ok(f"(call $fd_filestat_set_times {fd} (i64.const 0)"
+                         " (i64.const 1234567890123) (i32.const 4))", 10)
+        + exit_unless_ok(stat_fd, 11)
+        + expect(f"(i64.eq {mtim} (i64.const 1234567890123))", 1, 12)
+    )
+    config = WasiOptions(mounts=[Mount(tmp_path, "/m", writable=True)])
+    assert run(command(body, {100: b"f"}), config)[0] == 0
+    assert (tmp_path / "f").stat().st_mtime_ns == 1234567890123

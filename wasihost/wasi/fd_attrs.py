@@ -40,6 +40,7 @@ from .fd_checks import (
     writable,
 )
 from .fds import HostDescriptor
+from .fs import Ident
 from .state import WasiState, under
 
 _FADVISE = (
@@ -72,19 +73,44 @@ def filetype_of(mode: int) -> int:
     return Filetype.UNKNOWN
 
 
-def pack_filestat(st: os.stat_result) -> bytes:
+def _stamp(value: int, resolution: int) -> int:
     # Preview1 timestamps are unsigned: a time before 1970 (a host file's, e.g. from an old
     # archive) reads as 0 rather than failing the call (struct refuses a negative u64).
+    value = max(value, 0)
+    return value - value % resolution
+
+
+def pack_filestat(wasi: WasiState, st: os.stat_result) -> bytes:
+    """The filestat of ``st``, its timestamps no finer than the instance's clock profile
+    (``WasiState.stamp_resolution_ns``) except those the guest set itself. Red-team 2026-12-01:
+    a guest with no clock (or the anonymous one's second) wrote a file and read its mtime, a
+    host clock to the nanosecond."""
+    resolution = wasi.stamp_resolution_ns
+    atime, mtime = st.st_atime_ns, st.st_mtime_ns
+    own = wasi.times_set.get((st.st_dev, st.st_ino))
     return FILESTAT.pack(
         st.st_dev,
         st.st_ino,
         filetype_of(st.st_mode),
         st.st_nlink,
         st.st_size,
-        max(st.st_atime_ns, 0),
-        max(st.st_mtime_ns, 0),
-        max(st.st_ctime_ns, 0),
+        max(atime, 0) if own is not None and own[0] == atime else _stamp(atime, resolution),
+        max(mtime, 0) if own is not None and own[1] == mtime else _stamp(mtime, resolution),
+        _stamp(st.st_ctime_ns, resolution),  # the kernel's alone: always a reading
     )
+
+
+def set_times(wasi: WasiState, ident: Ident, times: tuple[int, int], fst_flags: int) -> None:
+    """Remember the times the guest gave ``ident`` as numbers (``FST_ATIM``/``FST_MTIM``; a
+    time it left alone, or set to "now", is the kernel's or ours: still coarsened). The oldest
+    record is dropped beyond ``MAX_GUEST_SET_TIMES`` (its times then read coarsened)."""
+    remembered = wasi.times_set
+    old = remembered.pop(ident, (-1, -1))  # -1: no st_*time_ns equals it
+    atime = times[0] if fst_flags & FST_ATIM else old[0]
+    mtime = times[1] if fst_flags & FST_MTIM else old[1]
+    if len(remembered) >= limits.MAX_GUEST_SET_TIMES:
+        del remembered[next(iter(remembered))]
+    remembered[ident] = (atime, mtime)
 
 
 def fd_close(st: WasiState, mem: GuestMemory, fd: int) -> int:
@@ -134,7 +160,7 @@ def fd_filestat_get(st: WasiState, mem: GuestMemory, fd: int, out: int) -> int:
     desc = descriptor(st, fd)
     need(desc, Right.FD_FILESTAT_GET)
     if isinstance(desc, HostDescriptor):
-        mem.write(out, pack_filestat(under(st.fs_read, lambda: os.fstat(desc.fd))))
+        mem.write(out, pack_filestat(st, under(st.fs_read, lambda: os.fstat(desc.fd))))
     else:
         # stdio is a stream of ours, not a host file: only its type is meaningful.
         mem.write(out, FILESTAT.pack(0, 0, desc.filetype, 1, 0, 0, 0, 0))
@@ -154,15 +180,18 @@ def fd_filestat_set_size(st: WasiState, mem: GuestMemory, fd: int, size: int) ->
     return Errno.SUCCESS
 
 
-def new_times(current: os.stat_result, atim: int, mtim: int, fst_flags: int) -> tuple[int, int]:
-    """The (atime, mtime) in ns that fst_flags ask for; INVAL for contradictory flags."""
+def new_times(
+    wasi: WasiState, current: os.stat_result, atim: int, mtim: int, fst_flags: int
+) -> tuple[int, int]:
+    """The (atime, mtime) in ns that fst_flags ask for; INVAL for contradictory flags. "Now"
+    is no finer than the instance's clock profile (the guest reads back what it set)."""
     if fst_flags & ~ALL_FSTFLAGS:
         raise WasiError(Errno.INVAL)
     if (fst_flags & FST_ATIM and fst_flags & FST_ATIM_NOW) or (
         fst_flags & FST_MTIM and fst_flags & FST_MTIM_NOW
     ):
         raise WasiError(Errno.INVAL)
-    now = time.time_ns()
+    now = _stamp(time.time_ns(), wasi.stamp_resolution_ns)
     atime = (
         atim if fst_flags & FST_ATIM else now if fst_flags & FST_ATIM_NOW else current.st_atime_ns
     )
@@ -180,7 +209,10 @@ def fd_filestat_set_times(
     desc = host_descriptor(st, fd)
     writable(desc)
     need(desc, Right.FD_FILESTAT_SET_TIMES)
-    os.utime(desc.fd, ns=new_times(os.fstat(desc.fd), atim, mtim, fst_flags))
+    current = os.fstat(desc.fd)
+    times = new_times(st, current, atim, mtim, fst_flags)
+    os.utime(desc.fd, ns=times)
+    set_times(st, (current.st_dev, current.st_ino), times, fst_flags)
     return Errno.SUCCESS
 
 

@@ -3,6 +3,7 @@ the hot paths of fd_write and fd_read."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Callable
 from typing import Any
@@ -155,6 +156,12 @@ def fd_pwrite(
     mem.require_range(nwritten_ptr, 4)
     mem.require_fuel(total_length(vecs, _MAX_IO) * FUEL_PER_BYTE)
     data = gather(mem, vecs, _MAX_IO)
+    if fcntl.fcntl(desc.fd, fcntl.F_GETFL) & os.O_APPEND:
+        # Linux's pwrite(2) on an O_APPEND descriptor appends whatever the offset (a documented
+        # bug): the bytes land at the end, so they are limited and paid for there. Red-team
+        # 2026-12-01: paid at the offset, pwrite at 0 grew a file past the write budget and
+        # MAX_FILE_BYTES for free. The host's flag, not fdflags: it is what pwrite obeys.
+        offset = os.fstat(desc.fd).st_size
     room, size = growth_room(st, desc.fd, offset, len(data))
     written = os.pwrite(desc.fd, data[:room], offset)
     spend_growth(st, size, offset, written)

@@ -37,7 +37,7 @@ from .abi import (
     Right,
 )
 from .errno import Errno, WasiError
-from .fd_attrs import new_times, pack_filestat
+from .fd_attrs import new_times, pack_filestat, set_times
 from .fds import HostDescriptor
 from .fs import CREATE_FILE_MODE, OPEN_ALWAYS, Meter, PathWalk, open_walked
 from .memio import charge, read_path
@@ -211,7 +211,7 @@ def path_filestat_get(
         result = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if must_dir and not stat.S_ISDIR(result.st_mode):
         return Errno.NOTDIR
-    mem.write(out, pack_filestat(result))
+    mem.write(out, pack_filestat(st, result))
     return Errno.SUCCESS
 
 
@@ -230,8 +230,9 @@ def path_filestat_set_times(
     with _walk(mem, parent, read_path(mem, path_ptr, path_len)) as walk:
         dir_fd, name, _ = _locate(walk, bool(flags & LOOKUP_SYMLINK_FOLLOW))
         current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        times = new_times(current, atim, mtim, fst_flags)
+        times = new_times(st, current, atim, mtim, fst_flags)
         os.utime(name, ns=times, dir_fd=dir_fd, follow_symlinks=False)
+        set_times(st, (current.st_dev, current.st_ino), times, fst_flags)
     return Errno.SUCCESS
 
 

@@ -15,6 +15,7 @@ from ..brokers.clock import Clock
 from ..brokers.random import SeededRandom
 from ..errors import ConfigError
 from ..extlog import ExtensionLog, Level
+from . import limits
 from .abi import (
     DIR_READ_RIGHTS,
     DIR_WRITE_RIGHTS,
@@ -28,7 +29,7 @@ from .clocks import GuestClocks
 from .config import WasiOptions
 from .errno import Errno, WasiError
 from .fds import FdTable, HostDescriptor, MountState, OutputDescriptor, StdinDescriptor
-from .fs import DIR_OPEN_FLAGS, ident_of
+from .fs import DIR_OPEN_FLAGS, Ident, ident_of
 from .registry import (
     CAP_ARGS,
     CAP_CLOCK,
@@ -116,6 +117,17 @@ class WasiState:
             seed = config.random_seed if config.random_seed is not None else policy_seed
             self.random = SeededRandom(seed) if seed is not None else os.urandom
             self.random_seeded = seed is not None
+        # File timestamps are a clock too (the kernel stamps a write, a create, a *_NOW with the
+        # host's time, to the nanosecond on a recent Linux): they are reported no finer than
+        # the clock profile, and at the anonymous profile's second without a clock.
+        self.stamp_resolution_ns = (
+            self.clocks.resolution_ns
+            if self.clocks.available
+            else limits.ANONYMOUS_CLOCK_RESOLUTION_NS
+        )
+        # (dev, ino) -> the (atime, mtime) the guest last set on it itself: reported exactly
+        # while the file still has them (they are the guest's own numbers, not a reading).
+        self.times_set: dict[Ident, tuple[int, int]] = {}
         self.fds = FdTable(config.max_fds)
         # What this instance may still add to its writable mounts (see fd_checks.grow).
         self.write_room = config.max_write_bytes
