@@ -220,8 +220,10 @@ class Supervisor:
         :class:`BackingOff` if it is too soon after the last crash."""
         now = self._clock()
         with self._lock:
-            history = self._of(extension)
-            if now < history.not_before:
+            # Read, not made: every start from stopped asks, and one that never crashed keeps
+            # no history.
+            history = self._history.get(extension)
+            if history is not None and now < history.not_before:
                 self._refusals += 1
                 raise BackingOff(history.not_before - now)
 
