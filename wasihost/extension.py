@@ -867,15 +867,19 @@ class Extension:
         state = self.lifecycle.state
         if state in (State.PROVISIONING, State.FAILED, State.STOPPED):
             event = Event.START if state is State.PROVISIONING else Event.RESTART
-            if state is State.FAILED:
+            # From stopped too: an operator's stop or a grant change after a crash neither
+            # ends its backoff nor makes the next start a free one (red-team 2026-12-01: a
+            # stop in each crash loop round escaped the budget and every backoff).
+            if state is not State.PROVISIONING:
                 try:
                     self.host.supervisor.check_backoff(self.id)
                 except BackingOff as wait:
                     raise ExtensionUnavailable(
-                        self.id, State.FAILED, str(wait), retry_after_s=wait.retry_after_s
+                        self.id, state, str(wait), retry_after_s=wait.retry_after_s
                     ) from None
             if self.lifecycle.try_fire(event) is not None:
-                if state is State.FAILED:  # a restart after a crash counts against the budget
+                if state is not State.PROVISIONING:
+                    # Counts against the budget if a crash came before it (the supervisor knows).
                     self.host.supervisor.restarted(self.id)
                 return True
             state = self.lifecycle.state

@@ -1171,8 +1171,12 @@ class Host:
         ext = self.extension(extension)
         if ext is None:
             raise ConfigError(f"{extension} is not admitted")
-        self.supervisor.release(extension)
+        # The lifecycle first: it refuses an extension that is not quarantined, whose budget
+        # and backoff must then stay as they are (red-team 2026-12-01: a release refused for a
+        # failed extension had already cleared them, ending its backoff and its crash loop's
+        # count).
         ext.release()
+        self.supervisor.release(extension)
         self.journal(extension, "release", "released from quarantine")
 
     def quarantine_report(self, extension: str) -> QuarantineReport:

@@ -120,13 +120,17 @@ class BackingOff(Exception):
 
 
 class _History:
-    __slots__ = ("crashes", "not_before", "quarantined", "restarts")
+    __slots__ = ("crashes", "not_before", "pending", "quarantined", "restarts")
 
     def __init__(self) -> None:
         self.crashes: collections.deque[CrashRecord] = collections.deque(maxlen=MAX_CRASH_RECORDS)
         self.restarts: collections.deque[float] = collections.deque(maxlen=MAX_RESTARTS + 1)
         self.not_before = float("-inf")
         self.quarantined: str | None = None
+        # A crash not yet followed by a start: the next start, whatever state it leaves
+        # (failed, or stopped by the operator or a grant change), is a restart after a crash
+        # and counts against the budget (red-team 2026-12-01: from stopped it counted not).
+        self.pending = False
 
 
 class Supervisor:
@@ -185,7 +189,13 @@ class Supervisor:
             policy = self._policies.get(extension, self.default)
             history = self._of(extension)
             history.crashes.append(record)
+            history.pending = True
             self._crash_counts[record.crash_class] += 1
+            if history.quarantined is not None:
+                # Already quarantined (a call of the same generation that was still in flight
+                # when another's crash quarantined it): a crash to record, not a second
+                # quarantine (red-team 2026-12-01: two calls crashing at once counted two).
+                return history.quarantined
             verdict: str | None = None
             if isinstance(policy, Never):
                 verdict = f"crashed ({record.crash_class.value}); its restart policy is Never"
@@ -206,20 +216,29 @@ class Supervisor:
             return verdict
 
     def check_backoff(self, extension: str) -> None:
-        """Before a restart: raise :class:`BackingOff` if it is too soon after the last crash."""
+        """Before a restart (from failed or stopped: a stop does not end a backoff): raise
+        :class:`BackingOff` if it is too soon after the last crash."""
         now = self._clock()
         with self._lock:
-            history = self._of(extension)
-            if now < history.not_before:
+            # Read, not made: every start from stopped asks, and one that never crashed keeps
+            # no history.
+            history = self._history.get(extension)
+            if history is not None and now < history.not_before:
                 self._refusals += 1
                 raise BackingOff(history.not_before - now)
 
     def restarted(self, extension: str) -> None:
-        """A restart began (counted once, by the call that moved the lifecycle): it counts
-        against the budget."""
+        """A restart began (counted once, by the call that moved the lifecycle): if a crash
+        came before it (and no start since), it counts against the budget. A start after an
+        operator's stop, or after a start-up the caller cancelled, follows no crash: it
+        counts not."""
         now = self._clock()
         with self._lock:
-            self._of(extension).restarts.append(now)
+            history = self._history.get(extension)
+            if history is None or not history.pending:
+                return
+            history.pending = False
+            history.restarts.append(now)
             self._restarts += 1
 
     def closed(self, extension: str) -> None:
@@ -267,6 +286,7 @@ class Supervisor:
             history.restarts.clear()
             history.not_before = float("-inf")
             history.quarantined = None
+            history.pending = False
 
     def crashes(self, extension: str) -> tuple[CrashRecord, ...]:
         with self._lock:
