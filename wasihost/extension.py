@@ -579,6 +579,14 @@ class Extension:
         r = self.resources
         return Budget(fuel or r.fuel_per_call, timeout_ms or r.timeout_ms)
 
+    def _caller_budget(self, r: Resources, fuel: int | None, timeout_ms: int | None) -> Budget:
+        """A call's budget from now, what the caller asked for checked against ``r``: at most
+        its ``fuel_per_call`` and ``timeout_ms`` (a ConfigError naming the bound otherwise)."""
+        return self._budget(
+            _override("fuel", fuel, r.fuel_per_call, "fuel_per_call"),
+            _override("timeout_ms", timeout_ms, r.timeout_ms, "timeout_ms"),
+        )
+
     def _store_limits(self) -> StoreLimits:
         r = self.resources
         return StoreLimits(
@@ -801,10 +809,7 @@ class Extension:
         if not self.plan.is_command:
             raise ConfigError(f"{self.id} is a wasihost ABI guest: call its commands instead")
         r = self.resources
-        budget = self._budget(
-            _override("fuel", fuel, r.fuel_per_call, "fuel_per_call"),
-            _override("timeout_ms", timeout_ms, r.timeout_ms, "timeout_ms"),
-        )
+        budget = self._caller_budget(r, fuel, timeout_ms)
         try:
             with self._lock:
                 self._check_available()
@@ -812,10 +817,7 @@ class Extension:
                     # A policy change applied just now (_regrant): its ceilings bound this run,
                     # not the ones the budget above was checked against (as for call()).
                     r = self.resources
-                    budget = self._budget(
-                        _override("fuel", fuel, r.fuel_per_call, "fuel_per_call"),
-                        _override("timeout_ms", timeout_ms, r.timeout_ms, "timeout_ms"),
-                    )
+                    budget = self._caller_budget(r, fuel, timeout_ms)
                 reused = self._reserve(budget, None)
                 epoch = self.grant.epoch
         except Delayed as delayed:
@@ -1455,10 +1457,7 @@ class Extension:
         if fuel is not None or timeout_ms is not None or deadline is not None:
             # fuel and timeout_ms stay the caller's (a restart below passes them on): with a
             # budget, _checkout does not read them.
-            budget = self._budget(
-                _override("fuel", fuel, r.fuel_per_call, "fuel_per_call"),
-                _override("timeout_ms", timeout_ms, r.timeout_ms, "timeout_ms"),
-            )
+            budget = self._caller_budget(r, fuel, timeout_ms)
             if deadline is not None and deadline < budget.deadline:
                 budget.deadline = deadline
         # _checkout's fast path inlined (an idle instance, taken at once): a no-op call

@@ -696,9 +696,7 @@ class Instance:
                 cap = limit if max_memory_bytes is None else min(max_memory_bytes, limit)
                 self._set_memory_limit(cap)
         finally:
-            token.append(True)
-            if self._close_pending:
-                self.close()
+            self._leave()
 
     def cancel(self) -> None:
         """From any thread: the caller gave up on the running call. It ends at its next epoch
