@@ -71,15 +71,16 @@ class StaleParse:
 
     def run(self, call: Callable[[], Any]) -> tuple[threading.Thread, list[BaseException]]:
         def traced() -> None:
+            # Named here, not after start() returns: the call can reach the parse before the
+            # starting thread runs again, and a parse by an unnamed thread is not held.
+            self.thread = threading.current_thread()
             sys.settrace(self._trace)
             try:
                 call()
             finally:
                 sys.settrace(None)
 
-        worker, outcome = run_in_thread(traced)
-        self.thread = worker
-        return worker, outcome
+        return run_in_thread(traced)
 
     def release(self) -> None:
         self.parse_go.set()
