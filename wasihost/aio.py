@@ -35,8 +35,8 @@ from .lifecycle import State
 if TYPE_CHECKING:
     import asyncio
 
-    from .extension import Handshake
     from .extlog import LogRecord
+    from .handshake import Handshake
     from .lifecycle import Lifecycle
     from .policy import Policy
     from .runtime import Host

@@ -11,10 +11,9 @@ from __future__ import annotations
 import collections
 import contextvars
 import functools
-import secrets
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
@@ -34,6 +33,7 @@ from .errors import (
 from .extlog import ExtensionLog, LogRecord
 from .governor import TERMINATED_PREFIX, Delayed, DelayState
 from .grants import GrantState
+from .handshake import Handshake, guest_error, guest_error_line, run_handshake
 from .lifecycle import (
     Event,
     ExtensionRevoked,
@@ -62,22 +62,14 @@ RESERVED_PREFIX = "wasihost."
 MAX_COMMAND_NAME_BYTES = 255
 # Why a call is refused once the host's shutdown has begun (Host.close with a timeout).
 SHUTTING_DOWN = "the host is shutting down"
-# Handshake answers are a few short fields; anything bigger is a confused or hostile guest.
-MAX_HANDSHAKE_BYTES = 4096
 # Extension.wait_idle's longest wait: an hour is far above the longest call a manifest may
 # have (limits.MAX_TIMEOUT_MS, ten minutes), so any call in flight ends within it.
 MAX_WAIT_IDLE_S = 3600.0
-# A guest's error map is for a human: class and message, bounded.
-MAX_GUEST_ERROR_BYTES = 2048
-MAX_GUEST_ERROR_TEXT = 512
-MAX_GUEST_ERROR_CLASS = 64
-RUNTIME_ID_BYTES = 16
 # Validated command names are cached; a bound keeps an embedder looping over made-up names
 # from growing the cache.
 MAX_CACHED_COMMAND_NAMES = 256
 # Start-up and admission steps kept per extension for inspection; older ones fall off.
 MAX_STEPS = 100
-READINESS = ("ready", "degraded", "failed")
 # The states a call may go ahead in, compared by identity on every call: an Enum member looked
 # up on its class costs about 150 ns in Python 3.11, and a tuple membership test of two of them
 # half a microsecond, a twentieth of a no-op call.
@@ -94,8 +86,6 @@ CLOSE_DRAIN_POLL_S = 0.005
 # one string of max_input_bytes / max_output_bytes encodes to that many bytes plus its head,
 # and must still fit, so the encoded payload may exceed the limit by this much.
 CBOR_HEAD_BYTES = 9
-# The bounds of a reserved command's answer, made once (an attrs instance costs a few µs).
-HANDSHAKE_LIMITS = CodecLimits(max_bytes=MAX_HANDSHAKE_BYTES)
 # A warm spare older than this is dropped instead of used: its handshake (runtime id, token,
 # grant) should be as recent as a start's; a minute is far inside the token's lifetime.
 SPARE_MAX_AGE_S = 60.0
@@ -263,23 +253,6 @@ MEMORY_NEAR_LIMIT_BYTES = 64 * 1024
 
 def _cancelled() -> CallError:
     return CallError(FailureClass.CANCELLED, "cancelled by the caller")
-
-
-@attrs.frozen
-class Handshake:
-    """What the guest said at start-up and what the host answered."""
-
-    runtime_id: bytes
-    guest_id: str
-    guest_version: str
-    abi: str
-    requested: tuple[str, ...]
-    granted: tuple[str, ...]
-    epoch: int
-    readiness: str
-    reason: str | None
-    # The feature flags the host offered in ``wasihost.hello``: those of the guest's view.
-    features: tuple[str, ...] = ()
 
 
 class Extension:
@@ -1303,86 +1276,17 @@ class Extension:
                 # throttled) it goes to stopping, and the instances are gone now.
                 self.lifecycle.try_fire(Event.STOPPED)
 
-    def _reserved(
-        self, instance: Instance, command: str, request: bytes, budget: Budget
-    ) -> bytes:
-        """The body of a reserved command's OK answer (any other status fails the handshake)."""
-        try:
-            with instance.lock:
-                result = instance.call(command.encode(), request, MAX_HANDSHAKE_BYTES, budget)
-        except CallError as exc:
-            if exc.failure in (FailureClass.PROTOCOL, FailureClass.GUEST_ERROR):
-                raise CallError(FailureClass.HANDSHAKE, f"{command}: {exc.message}") from None
-            raise
-        if result.status != 0:
-            raise CallError(
-                FailureClass.HANDSHAKE,
-                f"{command}: guest answered status {result.status} "
-                f"({_guest_error_text(result.body)})",
-            )
-        return result.body
-
-    def _hello_request(self) -> bytes:
-        """``wasihost.hello``'s request: the same for every guest of one view while the
-        registry's majors stay as they are (a major is never removed or replaced, so their
-        count says whether they changed), so worked out once per host."""
-        registry = self.host.registry
-        key = ("hello", len(registry.majors), self.plan.view.features)
-        request: bytes | None = registry.memo.get(key)
-        if request is None:
-            versions = tuple(str(v) for v in registry.versions)
-            request = _hello_request(versions, self.plan.view.features)
-            registry.remember(key, request)
-        return request
-
     def _run_handshake(self, instance: Instance, budget: Budget) -> Handshake:
-        guest_id, guest_version, abi, features = _hello_answer(
-            self._reserved(instance, "wasihost.hello", self._hello_request(), budget)
-        )
-        if abi != str(self.plan.version):
-            raise CallError(
-                FailureClass.HANDSHAKE,
-                f"wasihost.hello: guest says ABI {abi!r}, its marker says {self.plan.version}",
-            )
-        manifest = self.manifest
-        if manifest is not None and (guest_id, guest_version) != (manifest.id, manifest.version):
-            raise CallError(
-                FailureClass.HANDSHAKE,
-                f"wasihost.hello: guest says {guest_id} {guest_version}, the manifest "
-                f"says {manifest.id} {manifest.version}",
-            )
-        runtime_id = secrets.token_bytes(RUNTIME_ID_BYTES)
-        granted = sorted(self.grant.capabilities)
-        readiness, reason = _welcome_answer(
-            self._reserved(
-                instance,
-                "wasihost.welcome",
-                encode(
-                    {
-                        "runtime_id": runtime_id,
-                        "granted": granted,
-                        "epoch": self.grant.epoch,
-                        "token": self.host.tokens.issue(self.id, runtime_id, self.grant.epoch),
-                    }
-                ),
-                budget,
-            )
-        )
-        if readiness == "failed":
-            raise CallError(
-                FailureClass.HANDSHAKE, f"guest reported failed start-up: {reason or 'no reason'}"
-            )
-        return Handshake(
-            runtime_id=runtime_id,
-            guest_id=guest_id,
-            guest_version=guest_version,
-            abi=abi,
-            requested=features,
-            granted=tuple(granted),
-            epoch=self.grant.epoch,
-            readiness=readiness,
-            reason=reason,
-            features=self.plan.view.features,
+        host = self.host
+        return run_handshake(
+            instance,
+            budget,
+            ext_id=self.id,
+            plan=self.plan,
+            manifest=self.manifest,
+            grant=self.grant,
+            registry=host.registry,
+            tokens=host.tokens,
         )
 
     def _check_command(self, command: str) -> CommandWire:
@@ -1555,10 +1459,10 @@ class Extension:
                     self._crash(f"{ended.failure.value}: {ended.message}", ended.failure)
                     raise ended
             if result.status != 0:
-                cls, msg = _guest_error(result.body)
+                cls, msg = guest_error(result.body)
                 raise CallError(
                     FailureClass.GUEST_ERROR,
-                    _guest_error_line(cls, msg),
+                    guest_error_line(cls, msg),
                     guest_class=cls,
                     guest_message=msg,
                 )
@@ -1825,13 +1729,6 @@ class Extension:
             host.closed_one()
 
 
-def _hello_request(versions: tuple[str, ...], features: Iterable[str]) -> bytes:
-    """``wasihost.hello``'s request. Feature flags travel in it (an additive field: guests
-    ignore fields they do not know): those of the view the guest linked against, so what it
-    may rely on."""
-    return encode({"host": "wasihost", "abi": list(versions), "features": list(features)})
-
-
 def _ignore_outcome(ok: bool, result: Any) -> None:
     """A spare's build reports nothing: its failures are recorded as steps."""
 
@@ -1878,76 +1775,3 @@ def _override(name: str, value: int | None, ceiling: int, key: str) -> int:
             f"extension's {key} (raise it in the manifest, Host.load({name}=...) or the policy)"
         )
     return value
-
-
-# A module's instances give the same handshake answers, byte for byte: the answers' checks
-# are pure functions of those bytes, so each is worked out once per distinct answer (an
-# answer that fails them is worked out, and refused, every time). Bounded by entries, each
-# at most MAX_HANDSHAKE_BYTES.
-HANDSHAKE_ANSWERS_KEPT = 64
-
-
-@functools.lru_cache(maxsize=HANDSHAKE_ANSWERS_KEPT)
-def _hello_answer(body: bytes) -> tuple[str, str, str, tuple[str, ...]]:
-    """``wasihost.hello``'s answer checked: (guest id, version, ABI, feature flags)."""
-    fields = _require_fields(
-        _decode_answer(body, "wasihost.hello"),
-        "wasihost.hello",
-        {"id": str, "version": str, "abi": str, "features": list},
-    )
-    features = fields["features"]
-    if not all(isinstance(f, str) for f in features):
-        raise CallError(FailureClass.HANDSHAKE, "wasihost.hello: features must be text")
-    return fields["id"], fields["version"], fields["abi"], tuple(features)
-
-
-@functools.lru_cache(maxsize=HANDSHAKE_ANSWERS_KEPT)
-def _welcome_answer(body: bytes) -> tuple[str, str | None]:
-    """``wasihost.welcome``'s answer checked: (readiness, reason)."""
-    welcome = _require_fields(
-        _decode_answer(body, "wasihost.welcome"), "wasihost.welcome", {"status": str}
-    )
-    readiness = welcome["status"]
-    reason = welcome.get("reason")
-    if readiness not in READINESS or (reason is not None and not isinstance(reason, str)):
-        raise CallError(FailureClass.HANDSHAKE, f"wasihost.welcome: bad answer {welcome!r}")
-    return readiness, reason
-
-
-def _decode_answer(body: bytes, command: str) -> Any:
-    try:
-        return decode(body, HANDSHAKE_LIMITS)
-    except CodecError as exc:
-        raise CallError(FailureClass.HANDSHAKE, f"{command}: {exc.message}") from None
-
-
-def _require_fields(value: Any, where: str, fields: Mapping[str, type]) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise CallError(FailureClass.HANDSHAKE, f"{where}: answer is not a map")
-    for key, kind in fields.items():
-        if not isinstance(value.get(key), kind):
-            raise CallError(FailureClass.HANDSHAKE, f"{where}: field {key!r} missing or mistyped")
-    return value
-
-
-def _guest_error(body: bytes) -> tuple[str, str]:
-    """The guest's ``{"class", "message"}``, bounded; never trusted to be well-formed."""
-    try:
-        value = decode(body, CodecLimits(max_bytes=MAX_GUEST_ERROR_BYTES))
-    except CodecError:
-        return "error", "guest error (malformed error body)"
-    if not isinstance(value, dict):
-        return "error", "guest error (malformed error body)"
-    cls = value.get("class")
-    msg = value.get("message")
-    cls = cls[:MAX_GUEST_ERROR_CLASS] if isinstance(cls, str) and cls else "error"
-    msg = msg[:MAX_GUEST_ERROR_TEXT] if isinstance(msg, str) else ""
-    return cls, msg
-
-
-def _guest_error_line(cls: str, msg: str) -> str:
-    return f"{cls}: {msg}" if msg else cls
-
-
-def _guest_error_text(body: bytes) -> str:
-    return _guest_error_line(*_guest_error(body))
