@@ -385,8 +385,9 @@ def test_revoke_refuses_an_entry_it_cannot_write_as_a_usage_error(
 
 
 def test_python_dash_m_reports_a_subcommands_usage_error_as_one(tmp_path: Path) -> None:
-    """`python -m wasihost.cli` runs the module as __main__, a second copy of it: a subcommand
-    module's UsageError (bench's) came out as `error: internal: UsageError` with exit 70."""
+    """`python -m wasihost.cli` ran the one-file module as __main__, a second copy of it: a
+    subcommand module's UsageError (bench's) came out as `error: internal: UsageError` with exit
+    70. The package's __main__ now imports main from the package, the one copy."""
     proc = subprocess.run(
         [sys.executable, "-m", "wasihost.cli", "bench", "--batches", "0"],
         capture_output=True,

@@ -165,6 +165,16 @@ def test_the_parser_of_one_command_parses_as_the_full_parser_does(argv: list[str
     assert _choices(cli._parser(argv[0])) == {argv[0]}
 
 
+def test_every_command_has_a_handler_in_the_module_imported_for_it() -> None:
+    # The dispatch table names modules and functions, imported when the command runs: a typo
+    # would only show when that command ran.
+    assert set(cli._HANDLERS) == cli.COMMANDS
+    for command in cli.COMMANDS:
+        handler = cli._handler(command)
+        assert callable(handler)
+        assert handler.__module__.startswith("wasihost.cli."), handler.__module__
+
+
 def test_help_and_unknown_commands_still_see_every_command() -> None:
     assert cli._command_of(["-h"]) is None
     assert cli._command_of(["bogus"]) is None

@@ -1,0 +1,36 @@
+"""What every module of the command line shares: its usage error, its exit statuses, the limits
+it puts on its own flags, and the check of the budget flags that ``run`` and ``wasi`` share."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import limits
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 70  # sysexits EX_SOFTWARE: a bug in wasihost, not in the guest or the input
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a Unix tool killed by a closed pipe reports
+# --input-file/--input-bytes: the largest max_input_bytes a manifest may ask for; reading more
+# could only be refused later, so it is refused before it is read.
+MAX_CLI_INPUT_BYTES = 16 * 1024 * 1024
+# `wasihost revoke`'s default lifetime of a list: a week, so that a host cut off from fresh
+# lists stops admitting within days (TUF gives its frequently re-signed roles short expiries).
+DEFAULT_REVOCATION_DAYS = 7
+# A list valid for more than a year would let a frozen copy be served for that long.
+MAX_REVOCATION_DAYS = 366
+
+
+class UsageError(Exception):
+    """Bad command-line arguments."""
+
+
+def check_budget_flags(args: argparse.Namespace) -> None:
+    """``--fuel`` and ``--timeout-ms`` are refused in their own words, not the manifest's."""
+    for flag, value, (low, high) in (
+        ("--fuel", args.fuel, (limits.MIN_FUEL_PER_CALL, limits.MAX_FUEL_PER_CALL)),
+        ("--timeout-ms", args.timeout_ms, (limits.MIN_TIMEOUT_MS, limits.MAX_TIMEOUT_MS)),
+    ):
+        if value is not None and not low <= value <= high:
+            raise UsageError(f"{flag} must be in {low}..{high}, got {value}")

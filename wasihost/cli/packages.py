@@ -1,0 +1,259 @@
+"""The package commands: ``keygen``, ``pack``, ``sign``, ``verify``, ``revoke``, ``endorse``,
+and those that change what a state directory holds: ``install``, ``update``, ``rollback``,
+``remove``."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UnsignedPackageError
+from ..package import archive_parts, identity, is_archive, load_package, open_archive
+from ..packaging.names import PACKAGE_SUFFIX
+from ..registry import default_registry
+from ..terminal import printable
+from .common import MAX_REVOCATION_DAYS, UsageError
+from .options import _revocations, _ssh, _state_flag, _state_host, _trust
+
+if TYPE_CHECKING:
+    from ..state import InstalledPackage
+
+
+def _ssh_pair(args: argparse.Namespace) -> dict[str, Any]:
+    """``install``/``update`` keyword arguments for an OpenSSH-signed source, if asked for."""
+    ssh = _ssh(args, args.source)
+    if ssh is None:
+        return {}
+    return {"allowed_signers": ssh.allowed, "ssh_signature": ssh.signature}
+
+
+def _signed_by(pkg: InstalledPackage) -> str:
+    return f", signed by {pkg.signer}" if pkg.signer is not None else ", unsigned"
+
+
+def _cmd_update(args: argparse.Namespace) -> int:
+    with _state_host(args) as host:
+        pkg = host.update_installed(
+            args.source, allow_downgrade=args.allow_downgrade, **_ssh_pair(args)
+        )
+        before = pkg.previous.version if pkg.previous is not None else "?"
+        print(f"updated {pkg.id} {before} -> {pkg.version}{_signed_by(pkg)}")
+        print(f"roll back with: wasihost rollback {pkg.id}{_state_flag(args)}")
+    return 0
+
+
+def _cmd_rollback(args: argparse.Namespace) -> int:
+    with _state_host(args) as host:
+        before = host.require_state().package(args.extension)
+        pkg = host.rollback(args.extension)
+        was = before.version if before is not None else "?"
+        print(f"rolled back {pkg.id} {was} -> {pkg.version}{_signed_by(pkg)}")
+    return 0
+
+
+def _cmd_install(args: argparse.Namespace) -> int:
+    with _state_host(args) as host:
+        pkg = host.install(args.source, allow_downgrade=args.allow_downgrade, **_ssh_pair(args))
+        print(
+            f"installed {pkg.id} {pkg.version} (sha256 {pkg.sha256[:16]}{_signed_by(pkg)}) "
+            f"into {pkg.path}"
+        )
+        held = sorted(host.grants.state(pkg.id).entries)
+        if held:
+            print(f"it holds the grants it had: {', '.join(held)}")
+        else:
+            print(f"it holds no grants yet: wasihost grants grant {pkg.id} CAP{_state_flag(args)}")
+    return 0
+
+
+def _cmd_endorse(args: argparse.Namespace) -> int:
+    from ..packaging.files import read_signing_key
+    from ..packaging.trust import TrustStore
+
+    old = read_signing_key(args.key)
+    new = TrustStore.from_file(args.new)
+    if new.revokers or len(new.keys) != 1:
+        raise UsageError(f"{args.new} must hold one publisher key line (a .pub file)")
+    ((publisher, key),) = new.keys
+    if publisher != old.publisher:
+        raise UsageError(
+            f"{args.new} is {publisher!r}'s key and {args.key} is {old.publisher!r}'s: a key "
+            "endorses only its own publisher's next key"
+        )
+    if key == old.public_bytes:
+        # A key endorsing itself proves nothing a rotation needs, and the line it printed
+        # looked like one.
+        raise UsageError(f"{args.new} is the public key of {args.key} itself: endorse a new key")
+    print(old.endorse(key), end="")
+    return 0
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    from ..packaging.files import write_key_pair
+    from ..packaging.trust import SigningKey
+
+    if not args.out:
+        raise UsageError("--out is empty: give a file prefix, such as acme")
+    if args.out.endswith("/") or Path(args.out).is_dir():
+        # PREFIX names the files (PREFIX.key, PREFIX.pub): a directory would give .key and
+        # .pub, hidden files named for nothing.
+        example = f"{args.out.rstrip('/')}/acme"
+        raise UsageError(f"--out {args.out} is a directory: give a file prefix, such as {example}")
+    key = SigningKey.generate(args.publisher)
+    private, public = write_key_pair(args.out, key)
+    print(f"wrote {private} (private, mode 600) and {public} (a trust-file line)")
+    return 0
+
+
+def _whpkg(path: Path, flag: str) -> Path:
+    if not is_archive(path):
+        raise UsageError(f"{flag}: {path} must end in {PACKAGE_SUFFIX}")
+    return path
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from ..packaging.archive import read_archive, write_archive
+    from ..packaging.files import pack_directory, write_package_file
+
+    output = _whpkg(args.output, "-o")
+    files = pack_directory(args.directory)
+    data = write_archive(files)
+    archive = read_archive(data)
+    # What pack writes, run would accept: the manifest parses and names a packed module.
+    manifest, _ = archive_parts(archive, str(args.directory), default_registry().capabilities())
+    write_package_file(output, data)
+    print(
+        f"packed {manifest.id} {manifest.version}: {len(files)} files into {output} "
+        f"(package sha256 {archive.digest})"
+    )
+    return 0
+
+
+def _cmd_sign(args: argparse.Namespace) -> int:
+    from ..packaging import signing
+    from ..packaging.archive import write_archive
+    from ..packaging.files import read_signing_key, write_package_file
+
+    path = _whpkg(args.package, "sign")
+    key = read_signing_key(args.key)
+    archive, manifest, wasm = open_archive(path, default_registry().capabilities())
+    who = identity(manifest, hashlib.sha256(wasm).hexdigest())
+    record = signing.sign(who, archive.digest, key)
+    write_package_file(path, write_archive(archive.files, record))
+    print(
+        f"signed {manifest.id} {manifest.version} as {key.publisher} "
+        f"(package sha256 {archive.digest})"
+    )
+    return 0
+
+
+def _check_revocation_entries(args: argparse.Namespace) -> None:
+    """The operator's entries, refused as usage errors naming the flag: a malformed one would
+    otherwise be refused by the list's own parser as if the list were corrupt, and an entry
+    that no package can match (an extension version that is not SemVer) would revoke nothing
+    while the command reported success."""
+    from ..manifest import is_extension_id, is_version
+    from ..packaging.trust import KEY_BYTES, PUBLISHER_ID, b64_exact
+
+    for digest in args.module_sha256:
+        if not (len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise UsageError(f"--module-sha256: {printable(digest[:80])!r} is not 64 lowercase hex")
+    for ext_id, version in args.extension:
+        if not is_extension_id(ext_id):
+            raise UsageError(
+                f"--extension: {printable(ext_id[:80])!r} is not an extension id "
+                "(reverse-DNS: lowercase labels of a-z, 0-9 and '-', at least two)"
+            )
+        if not is_version(version):
+            raise UsageError(
+                f"--extension {ext_id}: {printable(version[:80])!r} is not a SemVer 2.0.0 version"
+            )
+    for publisher in args.publisher:
+        if not PUBLISHER_ID.fullmatch(publisher):
+            raise UsageError(
+                f"--publisher: {printable(publisher[:80])!r} is not a publisher id (1 to 128 of "
+                "letters, digits and ._@+- starting with a letter or digit)"
+            )
+    for text in args.signing_key:
+        try:
+            b64_exact(text, KEY_BYTES)
+        except ValueError as exc:
+            raise UsageError(f"--signing-key: {printable(text[:80])!r} {exc}") from None
+
+
+def _cmd_revoke(args: argparse.Namespace) -> int:
+    from ..packaging import revocation
+    from ..packaging.archive import read_archive
+    from ..packaging.files import read_package_file, read_signing_key, write_package_file
+    from ..packaging.revocation import RevocationList
+    from ..packaging.trust import TrustStore
+
+    if not 1 <= args.expires_days <= MAX_REVOCATION_DAYS:
+        raise UsageError(f"--expires-days must be in 1..{MAX_REVOCATION_DAYS}")
+    _check_revocation_entries(args)
+    key = read_signing_key(args.key)
+    own = TrustStore(frozenset(), frozenset({(key.publisher, key.public_bytes)}))
+    previous = None
+    if args.list.exists():
+        # Extending a list this key did not sign would launder someone else's entries.
+        previous = revocation.parse(revocation.read_list(args.list), own)
+    additions = RevocationList(
+        previous.version + 1 if previous is not None else 1,
+        time.time() + args.expires_days * 86400,
+        frozenset(args.publisher),
+        frozenset(revocation.key_bytes(k) for k in args.signing_key),
+        frozenset(read_archive(read_package_file(p)).digest for p in args.package),
+        frozenset(args.module_sha256),
+        frozenset((i, v) for i, v in args.extension),
+    )
+    merged = additions.merged(previous) if previous is not None else additions
+    # Re-read through the parser, so that a bad entry fails here and not on every host.
+    data = merged.sign(key)
+    revocation.parse(data, own)
+    write_package_file(args.list, data)
+    print(
+        f"wrote {args.list}: version {merged.version}, expires "
+        f"{revocation.format_time(merged.expires)}, signed by {key.publisher}"
+    )
+    if args.state_dir is not None:
+        from ..updates import revoke_installed
+
+        with _state_host(args) as host:
+            for extension, why in sorted(revoke_installed(host, merged).items()):
+                print(f"disabled installed {extension}: {why}")
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from ..packaging.revocation import MemoryFloor
+
+    path = _whpkg(args.package, "verify")
+    ssh = _ssh(args, path)
+    if ssh is None and args.trust is None:
+        raise UsageError("give --trust TRUSTFILE, or --allowed-signers FILE (and --ssh-sig)")
+    package = load_package(path, default_registry().capabilities(), _trust(args), ssh)
+    revocations = _revocations(args)
+    if revocations is not None:
+        revocations.check(package, revocations.floor or MemoryFloor())
+    if package.signer is None or package.manifest is None:
+        raise UnsignedPackageError(f"{path} is not signed")
+    print(
+        f"verified: {package.manifest.id} {package.manifest.version} published by "
+        f"{package.signer} (package sha256 {package.package_digest})"
+    )
+    return 0
+
+
+def _cmd_remove(args: argparse.Namespace) -> int:
+    with _state_host(args) as host:
+        if args.purge:
+            from ..updates import purge
+
+            purge(host, args.extension)
+        else:
+            host.require_state().remove(args.extension, purge=False)
+        print(f"removed {args.extension}" + (" and its data" if args.purge else ""))
+    return 0
