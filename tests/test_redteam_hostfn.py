@@ -1,0 +1,101 @@
+"""Red-team review of embedder host functions and the small brokers: functions that misbehave
+the way an application's code can (kept contexts, exceptions asyncio lets out of its loop),
+called by real guests through the real engine. Each test here failed on the code before the
+fix it names, or guards a promise no other test proves (see the branch's history)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import bare
+from test_host_functions import LIMITS, fn_guest
+
+from wasihost.engine.native import SETTLE_FUEL
+from wasihost.errors import CallError, FailureClass
+from wasihost.hostfn import CallContext
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+from wasihost.status import GuestInterrupted
+
+WAIT_S = 30.0  # bounded waits only: generous for a loaded 2-core machine
+
+
+@pytest.fixture
+def app() -> Iterator[Host]:
+    with Host(Policy(allow={"myapp.read"}), cache_dir=None) as h:
+        yield h
+
+
+def test_a_charge_after_its_call_ended_never_reaches_the_store(app: Host) -> None:
+    # Break (red-team 2026-12-01): CallContext.charge went straight to the instance's fuel
+    # debt and settled it on the Store whenever asked. An async function still running on the
+    # loop thread after its call ended (its deadline passed in a stretch without an await),
+    # or a context an application kept, paid into the Store of whatever the instance ran
+    # next, or into a Store already freed by close (get_fuel/set_fuel on freed memory). Now a
+    # charge is ordered against the end of its call and refused after it.
+    release = threading.Event()
+    outcome: list[BaseException | None] = []
+    kept: list[CallContext] = []
+
+    @app.function("myapp.lookup", capability="myapp.read", **LIMITS)
+    async def lookup(ctx: CallContext, request: Any) -> Any:
+        await asyncio.sleep(0)
+        release.wait(WAIT_S)  # busy past the deadline without an await: cancelling waits
+        try:
+            ctx.charge(SETTLE_FUEL)  # enough to be settled on the Store at once
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+        return None
+
+    @app.function("myapp.keep", capability="myapp.read", **LIMITS)
+    def keep(ctx: CallContext, request: Any) -> Any:
+        kept.append(ctx)
+        return 1
+
+    ext = app.admit(bare(fn_guest("lookup"), name="slow"), grants=["myapp.read"])
+    with pytest.raises(CallError) as err:
+        ext.call("go", 1, timeout_ms=50)
+    assert err.value.failure is FailureClass.DEADLINE
+    ext.close()  # its Store is freed now
+    release.set()
+    for _ in range(int(WAIT_S / 0.01)):
+        if outcome:
+            break
+        threading.Event().wait(0.01)
+    assert outcome and isinstance(outcome[0], GuestInterrupted), outcome
+
+    other = app.admit(bare(fn_guest("keep"), name="keeper"), grants=["myapp.read"])
+    assert other.call("go", 1) == 1
+    with pytest.raises(GuestInterrupted):
+        kept[0].charge(SETTLE_FUEL)  # from the embedder's thread, after the call
+    assert other.call("go", 1) == 1
+
+
+@pytest.mark.parametrize("raised", [SystemExit, KeyboardInterrupt])
+def test_an_async_function_raising_systemexit_leaves_the_loop_serving_everyone(
+    app: Host, raised: type[BaseException]
+) -> None:
+    # Break (red-team 2026-12-01): asyncio lets KeyboardInterrupt and SystemExit out of
+    # run_forever, so one async function raising either stopped the host's only event loop:
+    # its guest waited out its whole deadline, every async function of every other extension
+    # failed host_error from then on, and Host.close() raised RuntimeError('Event loop is
+    # closed'). Now the loop keeps running and the exception reaches the embedder after the
+    # call that raised it, as from a plain def.
+    @app.function("myapp.lookup", capability="myapp.read", **LIMITS)
+    async def lookup(ctx: CallContext, request: Any) -> Any:
+        if request == "raise":
+            raise raised
+        return request
+
+    bad = app.admit(bare(fn_guest("lookup"), name="bad"), grants=["myapp.read"])
+    good = app.admit(bare(fn_guest("lookup"), name="good"), grants=["myapp.read"])
+    with pytest.raises(raised):
+        bad.call("go", "raise", timeout_ms=1000)
+    assert good.call("go", "hi") == "hi"
+    assert bad.call("go", "again") == "again"
+    app.close()  # no RuntimeError from a dead loop
