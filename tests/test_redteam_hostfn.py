@@ -17,6 +17,7 @@ from test_host_functions import LIMITS, fn_guest
 from wasihost.engine.native import SETTLE_FUEL
 from wasihost.errors import CallError, FailureClass
 from wasihost.hostfn import CallContext
+from wasihost.lifecycle import ExtensionUnavailable
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.status import GuestInterrupted
@@ -99,3 +100,35 @@ def test_an_async_function_raising_systemexit_leaves_the_loop_serving_everyone(
     assert good.call("go", "hi") == "hi"
     assert bad.call("go", "again") == "again"
     app.close()  # no RuntimeError from a dead loop
+
+
+def test_host_close_from_an_async_function_closes_the_host() -> None:
+    # Break (red-team 2026-12-01): Host.close() called from an async host function runs on
+    # the host's event-loop thread, and stopping the loop joined that thread from itself:
+    # RuntimeError('cannot join current thread') out of close(), with the engine, the evictor
+    # and the state left open and every later close() returning at once (closed was set).
+    # A plain def's close is documented (security.md: it waits CLOSE_DRAIN_S for its own
+    # call); the async one now closes the same way.
+    outcome: list[BaseException | None] = []
+    finished = threading.Event()
+    host = Host(Policy(allow={"myapp.read"}), cache_dir=None)
+
+    @host.function("myapp.lookup", capability="myapp.read", **LIMITS)
+    async def lookup(ctx: CallContext, request: Any) -> Any:
+        try:
+            host.close()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+        finished.set()
+        return 1
+
+    ext = host.admit(bare(fn_guest("lookup")), grants=["myapp.read"])
+    with pytest.raises(ExtensionUnavailable):  # closed during its call
+        ext.call("go", 1)
+    assert finished.wait(WAIT_S)
+    assert outcome == [None]
+    thread = host.functions.loop._thread
+    assert thread is not None
+    thread.join(WAIT_S)  # the loop stops once the function's step returned
+    assert not host.functions.loop.running

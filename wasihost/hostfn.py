@@ -267,7 +267,11 @@ class AsyncLoop:
             loop, thread = self._loop, self._thread
         if loop is not None and thread is not None:
             loop.call_soon_threadsafe(loop.stop)
-            thread.join(ASYNC_LOOP_STOP_S)
+            # Host.close() called from an async host function runs on the loop's own thread,
+            # which cannot join itself (RuntimeError, and the rest of the host's close was
+            # skipped): the loop stops once that function's step returns.
+            if thread is not threading.current_thread():
+                thread.join(ASYNC_LOOP_STOP_S)
 
 
 def wait_for(future: concurrent.futures.Future[T], call: Any) -> T:
