@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import bare
+from conftest import FIXTURES, bare
 from test_host_functions import LIMITS, fn_guest
 
 from wasihost.engine.native import SETTLE_FUEL
@@ -132,3 +132,53 @@ def test_host_close_from_an_async_function_closes_the_host() -> None:
     assert thread is not None
     thread.join(WAIT_S)  # the loop stops once the function's step returned
     assert not host.functions.loop.running
+
+
+def _finishes(call: Callable[[], Any]) -> list[Any]:
+    """Run ``call`` on a daemon thread: what it returned or raised, or [] if it was still
+    running after WAIT_S (stuck: the thread is left behind, it cannot be stopped)."""
+    got: list[Any] = []
+
+    def run() -> None:
+        try:
+            got.append(call())
+        except BaseException as exc:
+            got.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(WAIT_S)
+    return got
+
+
+def test_a_grant_change_from_inside_a_commit_is_refused_not_a_deadlock() -> None:
+    # Break (red-team 2026-12-01): a commit action runs holding its extension's grant lock (a
+    # plain Lock), and a ctx.commit action or a log sink that revoked or disabled that same
+    # extension (a sink silencing a noisy plugin, a function taking back a one-time right)
+    # waited on its own thread for that lock forever: the guest's call hung out of reach of
+    # its deadline, close() gave up on it, and every later grant change of the id hung too.
+    # Now the change is refused with a ConfigError naming the id; the call ends as the
+    # documented failure of what raised it.
+    holder: list[Host] = []
+
+    def sink(extension: str, record: Any) -> None:
+        holder[0].disable(extension, reason="noisy")
+
+    with Host(Policy(allow={"log", "myapp.write"}), cache_dir=None, log_sink=sink) as host:
+        holder.append(host)
+
+        @host.function("myapp.remember", capability="myapp.write", **LIMITS)
+        def remember(ctx: CallContext, request: Any) -> Any:
+            return ctx.commit(lambda: host.revoke(ctx.extension, "myapp.write", reason="once"))
+
+        ext = host.admit(bare(fn_guest("remember")), grants=["myapp.write"])
+        got = _finishes(lambda: ext.call("go", 1))
+        assert got and isinstance(got[0], CallError), got
+        assert got[0].failure is FailureClass.HOST_ERROR
+        assert "myapp.write" in host.grants.current(ext.id).entries  # nothing half-done
+        assert host.revoke(ext.id, "myapp.write") > 0  # the id's lock is free again
+
+        logger = host.load(FIXTURES / "logger", grants=["log"])
+        got = _finishes(lambda: logger.call("run", {"lines": 1}))
+        assert got == [{"logged": 1}]  # the record is lost (the sink raised), not the call
+        assert logger.log.sink_errors == 1
