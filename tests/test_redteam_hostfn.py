@@ -6,6 +6,7 @@ fix it names, or guards a promise no other test proves (see the branch's history
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,8 +16,9 @@ from conftest import FIXTURES, bare
 from test_host_functions import LIMITS, fn_guest
 
 from wasihost.engine.native import SETTLE_FUEL
-from wasihost.errors import CallError, FailureClass
+from wasihost.errors import CallError, ConfigError, FailureClass
 from wasihost.hostfn import CallContext
+from wasihost.inspect import abi_listing
 from wasihost.lifecycle import ExtensionUnavailable
 from wasihost.policy import Policy
 from wasihost.runtime import Host
@@ -182,3 +184,28 @@ def test_a_grant_change_from_inside_a_commit_is_refused_not_a_deadlock() -> None
         got = _finishes(lambda: logger.call("run", {"lines": 1}))
         assert got == [{"logged": 1}]  # the record is lost (the sink raised), not the call
         assert logger.log.sink_errors == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "named"),
+    [
+        (123, {}, "must be a string"),
+        ("myapp.lookup", {"commits": "no"}, "commits"),
+        ("myapp.lookup", {"commits": 1}, "commits"),
+        ("myapp.lookup", {"request": b"x"}, "request"),
+        ("myapp.lookup", {"doc": 5}, "doc"),
+    ],
+)
+def test_registration_arguments_of_the_wrong_kind_are_config_errors(
+    app: Host, name: Any, options: dict[str, Any], named: str
+) -> None:
+    # Break (red-team 2026-12-01): add_function took a name that is not a string with a raw
+    # AttributeError, turned commits="no" into a committing entry (bool("no")), and took a
+    # bytes request description that later broke `wasihost abi --json` (TypeError). Each is
+    # now a ConfigError naming the argument, and nothing is registered.
+    with pytest.raises(ConfigError, match=named):
+        app.add_function(
+            name, lambda ctx, request: request, capability="myapp.read", **LIMITS, **options
+        )
+    assert app.registry.namespaces == {}
+    json.dumps(abi_listing(app.registry))
