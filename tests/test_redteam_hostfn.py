@@ -22,7 +22,7 @@ from wasihost.inspect import abi_listing
 from wasihost.lifecycle import ExtensionUnavailable
 from wasihost.policy import Policy
 from wasihost.runtime import Host
-from wasihost.status import GuestInterrupted
+from wasihost.status import GuestInterrupted, Status
 
 WAIT_S = 30.0  # bounded waits only: generous for a loaded 2-core machine
 
@@ -209,3 +209,50 @@ def test_registration_arguments_of_the_wrong_kind_are_config_errors(
         )
     assert app.registry.namespaces == {}
     json.dumps(abi_listing(app.registry))
+
+
+def test_payload_limits_hold_at_the_exact_byte_and_the_price_comes_before_the_work(
+    app: Host,
+) -> None:
+    # Held (red-team 2026-12-01), kept as the only test of the exact edges for an embedder
+    # function: a request of exactly max_request_bytes is served and one byte more is
+    # PAYLOAD_TOO_LARGE unread; a response of exactly max_response_bytes is delivered and one
+    # byte more ends the call host_error; a guest that cannot pay the price gets no work done,
+    # and what it paid is counted in the per-minute account.
+    ran: list[Any] = []
+
+    @app.function("myapp.lookup", capability="myapp.read", **LIMITS)
+    def lookup(ctx: CallContext, request: Any) -> Any:
+        ran.append(request)
+        return b"r" * request if isinstance(request, int) else len(request)
+
+    ext = app.admit(bare(fn_guest("lookup")), grants=["myapp.read"])
+    assert LIMITS["max_request_bytes"] == 256 and LIMITS["max_response_bytes"] == 1024
+    assert ext.call("go", "x" * 254) == 254  # 2 bytes of head + 254: exactly 256
+    assert ext.call("go", "x" * 255) == -Status.PAYLOAD_TOO_LARGE  # 257
+    assert ran == ["x" * 254]
+    assert ext.call("go", 1021) == b"r" * 1021  # 3 bytes of head + 1021: exactly 1024
+    with pytest.raises(CallError) as err:
+        ext.call("go", 1022)
+    assert err.value.failure is FailureClass.HOST_ERROR
+
+    pricey = Host(Policy(allow={"myapp.read"}), cache_dir=None)
+    try:
+        pricey.add_function(
+            "myapp.lookup",
+            lookup,
+            capability="myapp.read",
+            max_request_bytes=64,
+            max_response_bytes=64,
+            fuel_base=3_000_000,
+            fuel_per_byte=1,
+        )
+        buyer = pricey.admit(bare(fn_guest("lookup")), grants=["myapp.read"])
+        ran.clear()
+        with pytest.raises(CallError) as err:
+            buyer.call("go", "a", fuel=2_000_000)
+        assert err.value.failure is FailureClass.OUT_OF_FUEL and ran == []
+        assert buyer.call("go", "b", fuel=3_100_000) == 1 and ran == ["b"]
+        assert pricey.usage(buyer.id).cpu_fuel_last_minute >= 2_000_000 + 3_000_000
+    finally:
+        pricey.close()
