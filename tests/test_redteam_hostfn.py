@@ -256,3 +256,29 @@ def test_payload_limits_hold_at_the_exact_byte_and_the_price_comes_before_the_wo
         assert pricey.usage(buyer.id).cpu_fuel_last_minute >= 2_000_000 + 3_000_000
     finally:
         pricey.close()
+
+
+class _FixedClock:
+    def realtime_ns(self) -> int:
+        return 1_234_567_891_234
+
+    def monotonic_ns(self) -> int:
+        return 9_876_543_219
+
+
+def test_a_policy_coarsening_the_clock_reaches_a_running_extension() -> None:
+    # Break (red-team 2026-12-01): the clock broker fixes the policy's clock_resolution_ns
+    # when an instance starts, and a policy update that changed nothing else left the
+    # instance in place (a grant "downgraded in place"): after update_policy coarsened the
+    # clock to a second, the running extension went on reading the host's realtime to the
+    # microsecond. A policy update is a barrier for the calls after it (security.md): a
+    # changed resolution now restarts the instances at the next call.
+    policy = Policy(allow={"clock"}, clock_resolution_ns=1_000)
+    with Host(policy, cache_dir=None, clock=_FixedClock()) as host:
+        ext = host.admit(
+            bare(fn_guest("clock_now", module="wasihost_v1", declared=None)), grants=["clock"]
+        )
+        assert ext.call("go", "realtime") == 1_234_567_891_000
+        host.update_policy(Policy(allow={"clock"}, clock_resolution_ns=1_000_000_000))
+        assert ext.call("go", "realtime") == 1_234_000_000_000
+        assert ext.call("go", "monotonic") == 9_000_000_000
