@@ -281,6 +281,10 @@ class Extension:
         )
         self._input_limits = payload_limits(resources.max_input_bytes)
         self._output_limits = payload_limits(resources.max_output_bytes)
+        # The policy's clock resolution its instances read the clock at (the clock broker
+        # and the WASI profile fix it when an instance starts): a policy update changing it
+        # restarts them (see _regrant).
+        self._clock_resolution_ns = host.policy.clock_resolution_ns
         # Guards the pool. Held only to hand instances out and take them back, never while
         # guest code runs: calls on different instances run in parallel.
         self._lock = threading.Lock()
@@ -1190,10 +1194,14 @@ class Extension:
         stateful_brokers = any(e.module in self.host.profile_factories for e in self.plan.imports)
         # A policy update may lower resource ceilings; store limits are fixed per instance.
         resources = self.host.policy.cap(self.resources)
+        # And coarsen the clock, which instances also fix at their start: kept in place, a
+        # running instance went on reading the host's clock at the old, finer resolution.
+        clock_resolution_ns = self.host.policy.clock_resolution_ns
         if (
             capabilities <= self.grant.capabilities
             and not stateful_brokers
             and resources == self.resources
+            and clock_resolution_ns == self._clock_resolution_ns
         ):
             self.grant = Grant(capabilities, epoch)
             self.record_step("load active grants", f"downgraded in place, epoch {epoch}")
@@ -1210,6 +1218,7 @@ class Extension:
         self.grant = grant
         self.plan = plan
         self._set_resources(resources)
+        self._clock_resolution_ns = clock_resolution_ns
         self.record_step("load active grants", f"changed, epoch {epoch}: restarting")
         self._discard_locked()
         self.lifecycle.try_fire(Event.STOP)

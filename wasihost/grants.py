@@ -35,6 +35,26 @@ from .registry import CORE_CAPABILITY
 
 T = TypeVar("T")
 
+
+class _Acting(threading.local):
+    """The ids whose commit action runs on this thread, holding the id's lock. The action is
+    the embedder's code (a ``ctx.commit`` action, a log sink): a grant change or a commit of
+    the same id from inside it would wait on its own thread for that lock forever (the guest's
+    call with it, out of reach of any deadline), so it is refused instead."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+
+
+_ACTING = _Acting()
+
+
+def _refuse_reentry(extension: str) -> ConfigError:
+    return ConfigError(
+        f"grants of {extension!r} changed or committed from inside one of its own commits "
+        "(a ctx.commit action or a log sink): that waits for itself; do it after the commit"
+    )
+
 Committer = Callable[..., tuple[bool, Any]]
 """``commit(epoch, action, *args) -> (authorised, action's result or None)``: see
 :meth:`GrantTable.committer`."""
@@ -128,6 +148,8 @@ class GrantTable:
     def _locked(self, extension: str) -> threading.Lock:
         """The id's lock, acquired: the caller releases it. A lock taken just as the id's
         record left memory is no longer the id's: then take the new one."""
+        if extension in _ACTING.ids:
+            raise _refuse_reentry(extension)
         while True:
             lock = self._lock_for(extension)
             lock.acquire()
@@ -373,6 +395,9 @@ class GrantTable:
         core = capability == CORE_CAPABILITY
 
         def commit(epoch: int, action: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+            acting = _ACTING.ids
+            if extension in acting:
+                raise _refuse_reentry(extension)
             with lock:
                 state = states.get(extension)
                 if state is not None:
@@ -382,7 +407,11 @@ class GrantTable:
                         or not (core or capability in state.entries)
                     ):
                         return False, None
-                    return True, action(*args)
+                    acting.add(extension)
+                    try:
+                        return True, action(*args)
+                    finally:
+                        acting.discard(extension)
             # Not in memory: no extension holds the id (so its lock may have been replaced
             # since this was made): the checked path, under the id's lock of now.
             return slow(extension, epoch, capability, functools.partial(action, *args))
@@ -395,10 +424,15 @@ class GrantTable:
         """Run ``action`` only if ``epoch`` still authorises ``capability``, atomically with
         respect to every grant change. ``action`` must be short: it holds the table's lock."""
         lock = self._locked(extension)
+        acting = _ACTING.ids
         try:
             if not self._authorizes(self._get(extension), epoch, capability):
                 return False, None
-            return True, action()
+            acting.add(extension)
+            try:
+                return True, action()
+            finally:
+                acting.discard(extension)
         finally:
             self._done(extension, lock)
 

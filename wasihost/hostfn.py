@@ -114,14 +114,29 @@ def broker_conventions(broker: Broker) -> frozenset[str]:
 class CallContext:
     """What an embedder's host function knows of the call it serves."""
 
-    __slots__ = ("_call", "_ext", "epoch", "function")
+    __slots__ = ("_call", "_ext", "_live", "_lock", "epoch", "function")
 
-    def __init__(self, ext: Extension, function: HostFunction, call: Any) -> None:
+    def __init__(
+        self, ext: Extension, function: HostFunction, call: Any, lock: threading.Lock
+    ) -> None:
         self._ext = ext
         self._call = call
         self.function = function
         # The grant epoch this call was authorised under: a commit checks it is still current.
         self.epoch = ext.call_epoch
+        # Whether the host call this context serves is still in progress, and the lock (one per
+        # handler, so per instance and entry) that orders a charge against its end: ``charge``
+        # reaches the guest's Store, which the guest's thread uses again, or frees, once the
+        # call is over (see ``end``).
+        self._live = True
+        self._lock = lock
+
+    def end(self) -> None:
+        """The host call is over (called on the guest's thread before it returns to wasm): no
+        later ``charge`` reaches the Store, and one in progress on another thread (an async
+        function's, on the loop thread) finishes first."""
+        with self._lock:
+            self._live = False
 
     @property
     def extension(self) -> str:
@@ -147,8 +162,16 @@ class CallContext:
         """Pay ``units`` fuel for a step of work the function is about to do, before doing it
         (an item scanned, a byte range hashed): a budget that cannot pay ends the guest's call
         ``out_of_fuel`` at this point (the exception this raises must be let through). For
-        work that grows with what the guest asks, so the guest's fuel bounds it."""
-        self._call.charge(units)
+        work that grows with what the guest asks, so the guest's fuel bounds it.
+
+        Only while the call is in progress: after it ended (an async function still running
+        past its deadline, or a context kept beyond its call) it raises
+        :class:`GuestInterrupted` and pays nothing, since the Store may be running another call
+        or be freed."""
+        with self._lock:
+            if not self._live:
+                raise GuestInterrupted("the host call this context served has ended")
+            self._call.charge(units)
 
     def commit(self, action: Callable[[], T]) -> T:
         """Run ``action`` (an effect a later call can observe) only if the call's grant epoch
@@ -211,7 +234,20 @@ class AsyncLoop:
 
         asyncio.set_event_loop(loop)
         try:
-            loop.run_forever()
+            while True:
+                try:
+                    loop.run_forever()  # returns once close() stops it
+                    break
+                except (KeyboardInterrupt, SystemExit) as exc:
+                    # asyncio lets these two out of run_forever when a task (an async host
+                    # function) or a callback raises them. The loop serves every extension's
+                    # async functions: it keeps running, and the raising task's caller gets
+                    # the exception through its future (re-raised after its call, as from a
+                    # plain def); without this one function stopped the loop for the host.
+                    host_logger().error(
+                        "an async host function raised %s on the host's event loop",
+                        type(exc).__name__,
+                    )
             tasks = asyncio.all_tasks(loop)
             for task in tasks:
                 task.cancel()
@@ -231,7 +267,11 @@ class AsyncLoop:
             loop, thread = self._loop, self._thread
         if loop is not None and thread is not None:
             loop.call_soon_threadsafe(loop.stop)
-            thread.join(ASYNC_LOOP_STOP_S)
+            # Host.close() called from an async host function runs on the loop's own thread,
+            # which cannot join itself (RuntimeError, and the rest of the host's close was
+            # skipped): the loop stops once that function's step returns.
+            if thread is not threading.current_thread():
+                thread.join(ASYNC_LOOP_STOP_S)
 
 
 def wait_for(future: concurrent.futures.Future[T], call: Any) -> T:
@@ -299,9 +339,10 @@ class FunctionBroker:
         fn = self.fn
         loop = self._loop
         is_async = self.is_async
+        lock = threading.Lock()
 
         def handle(call: Any, request: Any) -> Any:
-            ctx = CallContext(ext, entry, call)
+            ctx = CallContext(ext, entry, call, lock)
             try:
                 if is_async:
                     if call.woken:  # interrupted since the engine's check: start nothing
@@ -317,6 +358,8 @@ class FunctionBroker:
                     "host function %s failed serving extension %s", entry.qualified_name, ext.id
                 )
                 raise HostFunctionFailed(entry.qualified_name) from None
+            finally:
+                ctx.end()
 
         return handle
 
@@ -330,17 +373,19 @@ class FunctionBroker:
         name = entry.qualified_name
         returns = bool(entry.results)
         low, high = NATIVE_RESULT_RANGE[entry.results[0]] if returns else (0, 0)
+        lock = threading.Lock()
 
         def handle(call: Any, *args: int) -> Any:
             result: Any
+            ctx = CallContext(ext, entry, call, lock)
             try:
                 if is_async:
                     if call.woken:  # interrupted since the engine's check: start nothing
                         raise GuestInterrupted
-                    coro: Awaitable[Any] = fn(CallContext(ext, entry, call), *args)
+                    coro: Awaitable[Any] = fn(ctx, *args)
                     result = wait_for(loop.submit(coro), call)  # type: ignore[arg-type]
                 else:
-                    result = fn(CallContext(ext, entry, call), *args)
+                    result = fn(ctx, *args)
             except (HostStatus, GuestDeadline, GuestInterrupted, GuestOutOfFuel):
                 raise
             except Exception:
@@ -348,6 +393,8 @@ class FunctionBroker:
                     "host function %s failed serving extension %s", name, ext.id
                 )
                 raise HostFunctionFailed(name) from None
+            finally:
+                ctx.end()
             if returns:
                 if type(result) is int and low <= result <= high:
                     return result

@@ -342,6 +342,10 @@ def namespace_marker(namespace: str) -> str:
 
 def split_function_name(qualified: str) -> tuple[str, str]:
     """``"myapp.lookup"`` -> ``("myapp", "lookup")``, or a ConfigError saying what is wrong."""
+    if not isinstance(qualified, str):  # a raw AttributeError out of add_function before
+        raise ConfigError(
+            f"host function name must be a string NAMESPACE.NAME, not {type(qualified).__name__}"
+        )
     namespace, dot, name = qualified.partition(".")
     if not dot or not _NAMESPACE_RE.fullmatch(namespace) or not _FUNCTION_NAME_RE.fullmatch(name):
         raise ConfigError(
@@ -401,6 +405,13 @@ def embedder_function(
     ``("i64",)``): nothing crosses through guest memory, so it has no payload limits, no
     per-byte price and no status slot; its price is ``fuel_base`` per call."""
     namespace, name = split_function_name(qualified)
+    # Checked, not coerced: ``commits="no"`` was bool("no"), a committing entry, and a bytes
+    # ``doc`` broke ``wasihost abi --json`` long after the registration that took it.
+    if not isinstance(commits, bool):
+        raise ConfigError(f"{qualified}: commits={commits!r} must be a bool")
+    for what, text in (("doc", doc), ("request", request), ("response", response)):
+        if not isinstance(text, str):
+            raise ConfigError(f"{qualified}: {what} must be a string, not {type(text).__name__}")
     if convention not in CONVENTIONS:
         raise ConfigError(f"{qualified}: convention={convention!r} is not one of {CONVENTIONS}")
     if convention == "native":
