@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from test_host_functions import CAPS, LIMITS, fn_guest, load
 
+from wasihost.aio import AsyncExtension
 from wasihost.engine.native import SETTLE_FUEL
 from wasihost.hostfn import CallContext
-from wasihost.lifecycle import State
+from wasihost.lifecycle import ExtensionUnavailable, State
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.status import GuestInterrupted
@@ -113,3 +114,33 @@ def test_a_context_used_after_its_call_was_cancelled_reaches_no_store(app: Host)
 
     asyncio.run(main())
     assert len(outcome) == 1 and isinstance(outcome[0], GuestInterrupted), outcome
+
+
+# -- AsyncHost / AsyncExtension ----------------------------------------------------------
+
+
+def test_aclose_interrupts_the_calls_that_hold_every_call_thread() -> None:
+    # Break (red-team 2026-12-01): AsyncExtension.aclose ran Extension.close on one of the
+    # host's call threads, queued behind the very calls it was to interrupt: with every call
+    # thread in a call of the extension, the close waited for them to end by themselves
+    # (their deadlines), and they ended `deadline`, not interrupted.
+    started = threading.Event()
+    with Host(Policy(allow=CAPS), cache_dir=None, async_workers=1) as host:
+
+        @host.function("myapp.lookup", capability="myapp.read", **LIMITS)
+        async def lookup(ctx: CallContext, request: Any) -> Any:
+            started.set()
+            await asyncio.Event().wait()  # until the call is interrupted
+
+        ext = AsyncExtension(load(host, fn_guest("lookup"), ["myapp.read"], timeout_ms=10_000))
+
+        async def main() -> BaseException | None:
+            call = asyncio.ensure_future(ext.acall("run", 1))
+            assert await asyncio.to_thread(started.wait, WAIT_S)
+            await asyncio.wait_for(ext.aclose(), WAIT_S)
+            await asyncio.wait({call}, timeout=WAIT_S)
+            return call.exception()
+
+        error = asyncio.run(main())
+        assert isinstance(error, ExtensionUnavailable), error
+        assert ext.lifecycle.state is State.CLOSED

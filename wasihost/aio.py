@@ -180,8 +180,8 @@ async def call_async(
 
 
 async def _on_thread(host: Host, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """A blocking host operation (admission compiles; close waits a tick per call) on one of
-    the host's call threads, so the loop stays free."""
+    """A blocking host operation (admission compiles, a start runs guest code) on one of the
+    host's call threads, so the loop stays free. (Not a close: see AsyncExtension.aclose.)"""
     import asyncio
 
     future = host.call_workers().submit(functools.partial(fn, *args, **kwargs))
@@ -234,7 +234,12 @@ class AsyncExtension:
 
     async def aclose(self, reason: str = "closed") -> None:
         """Close for good; calls in flight are interrupted."""
-        await _on_thread(self.sync.host, self.sync.close, reason)
+        import asyncio
+
+        # Not on a call thread: with every one in a call of this extension, the close would
+        # wait behind the calls it is to interrupt until they end by themselves (red-team
+        # 2026-12-01). On the loop's default executor, as AsyncHost.aclose.
+        await asyncio.to_thread(self.sync.close, reason)
 
 
 class AsyncHost:
