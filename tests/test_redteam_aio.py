@@ -10,20 +10,32 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import FIXTURES, bare
+from guests import build, guest_wat
 from test_host_functions import CAPS, LIMITS, fn_guest, load
 
 from wasihost.aio import AsyncExtension
 from wasihost.engine.native import SETTLE_FUEL
+from wasihost.errors import CallError, FailureClass
+from wasihost.extension import Extension
 from wasihost.hostfn import CallContext
 from wasihost.lifecycle import ExtensionUnavailable, State
 from wasihost.policy import Policy
 from wasihost.runtime import Host
+from wasihost.scheduling import HostBusy, Scheduler
 from wasihost.status import GuestInterrupted
 
 # A bounded wait for something that takes milliseconds: generous, for a loaded CI machine.
 WAIT_S = 30.0
 # Long enough that only the event under test (a cancel, an exception) ends a call here.
 LONG_MS = 30_000
+# The nested-call host function's registry limits (its request and answer are tiny).
+NESTED_LIMITS: dict[str, Any] = {
+    "max_request_bytes": 64,
+    "max_response_bytes": 64,
+    "fuel_base": 100,
+    "fuel_per_byte": 1,
+}
 
 
 @pytest.fixture
@@ -144,3 +156,40 @@ def test_aclose_interrupts_the_calls_that_hold_every_call_thread() -> None:
         error = asyncio.run(main())
         assert isinstance(error, ExtensionUnavailable), error
         assert ext.lifecycle.state is State.CLOSED
+
+
+# -- the scheduler ---------------------------------------------------------------------------
+
+
+def test_a_nested_call_from_an_async_host_function_takes_a_slot_of_its_own() -> None:
+    # Doc fix (red-team 2026-12-01): docs/scheduling.md said a host function's call into
+    # another extension goes on in its caller's slot. That holds for a plain `def`, on the
+    # caller's thread; an `async def` runs on the host's loop thread, so its nested call
+    # queues for a slot of its own: with one slot, it fails `busy` at its deadline.
+    nested = build(
+        guest_wat(
+            "(drop (call $n (i32.const 0) (i32.const 0) (i32.const 8192) (i32.const 64)))"
+            " (call $ok_null)",
+            imports='(@custom "wasihost_abi.app" "1.0") '
+            '(import "app_v1" "nested" (func $n (param i32 i32 i32 i32) (result i32)))',
+        )
+    )
+    with Host(Policy(allow={"app"}), cache_dir=None, scheduler=Scheduler(1)) as host:
+        inner: list[Extension] = []
+        refused: list[BaseException] = []
+
+        @host.function("app.nested", capability="app", **NESTED_LIMITS)
+        async def call_inner(ctx: CallContext, request: Any) -> Any:
+            try:
+                return await inner[0].acall("echo", "inner")
+            except HostBusy as exc:
+                refused.append(exc)
+                raise
+
+        inner.append(host.load(FIXTURES / "echo", timeout_ms=200))
+        outer = host.admit(bare(nested), grants=["app"], timeout_ms=LONG_MS)
+        with pytest.raises(CallError) as info:
+            outer.call("run")
+        assert info.value.failure is FailureClass.HOST_ERROR
+        assert len(refused) == 1
+        assert inner[0].call("echo", "alone") == "alone"  # the slot is free again
