@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import FIXTURES, bare
+from conftest import FIXTURES, bare, run_in_thread
 from guests import build, guest_wat
+from test_density import echo, evicting_host, live
 from test_host_functions import CAPS, LIMITS, fn_guest, load
 
 from wasihost.aio import AsyncExtension
@@ -193,3 +194,41 @@ def test_a_nested_call_from_an_async_host_function_takes_a_slot_of_its_own() -> 
         assert info.value.failure is FailureClass.HOST_ERROR
         assert len(refused) == 1
         assert inner[0].call("echo", "alone") == "alone"  # the slot is free again
+
+
+# -- idle eviction ---------------------------------------------------------------------------
+
+
+def test_an_extension_called_while_it_is_evicted_stays_in_the_eviction_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Break (red-team 2026-12-01): the evictor dropped a victim's instances, then took it out
+    # of its least-recently-used order. A call of the victim in between (it needs a new
+    # instance, and its end puts the victim back in the order) was undone by that removal:
+    # the victim's new instance, idle, was never evicted again (neither for room nor by the
+    # idle sweep) until its next call, and under max_live_instances=1 every other extension
+    # was refused HostFull ("every one is in a call") meanwhile. The call is made from inside
+    # evict() here, to land in that window every time.
+    host, clock = evicting_host(limit=1, idle_s=60.0)
+    with host:
+        victim, other = echo(host), echo(host)
+        assert victim.call("echo", b"v") == b"v"
+        evict = victim.evict
+        raced: list[bytes] = []
+
+        def evict_then_call() -> int | None:
+            dropped = evict()
+            if dropped and not raced:  # the evictor's thread is preempted here
+                worker, errors = run_in_thread(lambda: raced.append(victim.call("echo", b"r")))
+                worker.join(WAIT_S)
+                assert not worker.is_alive() and errors == []
+            return dropped
+
+        monkeypatch.setattr(victim, "evict", evict_then_call)
+        # The victim's call took the room back, but its instance is idle again: evicted too.
+        assert other.call("echo", b"o") == b"o"
+        assert raced == [b"r"] and live(victim) == 0 and live(other) == 1
+        monkeypatch.undo()
+        clock.now += 3600  # and both stay in the order: the idle sweep finds the other
+        assert host.evictor is not None and host.evictor.sweep() == 1
+        assert live(other) == 0
