@@ -232,3 +232,51 @@ def test_an_extension_called_while_it_is_evicted_stays_in_the_eviction_order(
         clock.now += 3600  # and both stay in the order: the idle sweep finds the other
         assert host.evictor is not None and host.evictor.sweep() == 1
         assert live(other) == 0
+
+
+# -- the call threads ------------------------------------------------------------------------
+
+
+def test_a_crashing_extensions_warm_spare_takes_no_call_thread_from_acall() -> None:
+    # Break (red-team 2026-12-01): after a crash, the warm spare (a new instance whose start
+    # function and handshake run ahead of need, under a budget of its own: up to the whole
+    # timeout_ms) was started on one of the host's call threads, the bounded pool every acall
+    # of every extension runs on. A guest that crashes and starts slowly (taking a spare
+    # schedules the next, so one per crash) held a call thread per such extension: with
+    # async_workers of them, every other extension's acall failed "no call thread free".
+    # Here the spare's start function waits in a host function until the test lets it go.
+    entered, release = threading.Event(), threading.Event()
+    holds: list[int] = []
+    crasher_wasm = build(
+        guest_wat(
+            "(unreachable)",
+            imports='(@custom "wasihost_abi.app" "1.0") '
+            '(import "app_v1" "hold" (func $hold (param i32 i32 i32 i32) (result i32)))',
+            extra="(func $init (drop (call $hold (i32.const 0) (i32.const 0) "
+            "(i32.const 8192) (i32.const 64))))\n  (start $init)",
+        )
+    )
+    with Host(Policy(allow={"app"}), cache_dir=None, async_workers=1) as host:
+
+        @host.function("app.hold", capability="app", **NESTED_LIMITS)
+        def hold(ctx: CallContext, request: Any) -> None:
+            holds.append(1)
+            if len(holds) > 1:  # not the first start (the call's own): the spare's
+                entered.set()
+                release.wait(WAIT_S)
+
+        crasher = host.admit(bare(crasher_wasm), grants=["app"], timeout_ms=LONG_MS)
+        echo_ext = host.load(FIXTURES / "echo", timeout_ms=10_000)
+        with pytest.raises(CallError) as crash:
+            crasher.call("run")
+        assert crash.value.failure is FailureClass.PANIC
+        try:
+            assert entered.wait(WAIT_S)  # the spare's start-up is under way, and waits
+
+            async def main() -> Any:
+                return await echo_ext.acall("echo", 1)
+
+            assert asyncio.run(main()) == 1
+        finally:
+            release.set()
+        assert crasher.wait_for_spare(WAIT_S)
