@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from test_density import echo, evicting_host, live
 from test_host_functions import CAPS, LIMITS, fn_guest, load
 
 from wasihost.aio import AsyncExtension
+from wasihost.call_gate import calls_as
 from wasihost.engine.native import SETTLE_FUEL
 from wasihost.errors import CallError, FailureClass
 from wasihost.extension import Extension
@@ -23,7 +25,7 @@ from wasihost.hostfn import CallContext
 from wasihost.lifecycle import ExtensionUnavailable, State
 from wasihost.policy import Policy
 from wasihost.runtime import Host
-from wasihost.scheduling import HostBusy, Scheduler
+from wasihost.scheduling import HostBusy, Priority, Scheduler
 from wasihost.status import GuestInterrupted
 
 # A bounded wait for something that takes milliseconds: generous, for a loaded CI machine.
@@ -280,3 +282,111 @@ def test_a_crashing_extensions_warm_spare_takes_no_call_thread_from_acall() -> N
         finally:
             release.set()
         assert crasher.wait_for_spare(WAIT_S)
+
+
+def test_an_interactive_acall_is_served_before_background_acalls_that_hold_the_call_threads() -> (
+    None
+):
+    # Break (red-team 2026-12-01): an acall waited for its host call slot on a call thread.
+    # Background acalls waiting for the slot held every call thread, so an interactive acall
+    # could not even queue for the slot: it waited for a thread behind them (first come,
+    # first served), against the scheduler's promise that a fresh interactive waiter is
+    # served before the background ones, and failed "no call thread free" at its deadline.
+    # Two call threads, one slot: the first background call holds the slot in a host
+    # function until the test lets it go, two more wait.
+    entered, proceed = threading.Semaphore(0), threading.Semaphore(0)
+    with Host(Policy(allow=CAPS), cache_dir=None, async_workers=2, scheduler=Scheduler(1)) as host:
+
+        @host.function("myapp.lookup", capability="myapp.read", **LIMITS)
+        def lookup(ctx: CallContext, request: Any) -> Any:
+            entered.release()
+            assert proceed.acquire(timeout=WAIT_S)
+            return request
+
+        background = load(host, fn_guest("lookup"), ["myapp.read"], timeout_ms=LONG_MS)
+        assert host.scheduler is not None
+        host.scheduler.assign(background.id, "background")
+        interactive = host.load(FIXTURES / "echo", timeout_ms=10_000)
+        sched, threads = host.scheduler, host.call_workers()._shared
+
+        async def until(predicate: Callable[[], bool]) -> None:
+            assert await asyncio.to_thread(wait_until, predicate)
+
+        async def main() -> list[str]:
+            order: list[str] = []
+
+            def call(ext: Extension, label: str, command: str) -> asyncio.Task[Any]:
+                task = asyncio.ensure_future(ext.acall(command, label))
+                task.add_done_callback(lambda _: order.append(label))
+                return task
+
+            first = call(background, "b1", "run")
+            assert await asyncio.to_thread(entered.acquire, True, WAIT_S)  # b1 holds the slot
+            rest = [call(background, "b2", "run"), call(background, "b3", "run")]
+            await until(lambda: sched.stats().waiting + len(threads.queue) == 2)
+            urgent = call(interactive, "i", "echo")
+            await until(lambda: sched.stats().waiting + len(threads.queue) == 3)
+            proceed.release()  # b1 ends: the slot is the interactive call's
+            assert await urgent == "i"
+            for _ in rest:
+                proceed.release()
+            await asyncio.gather(first, *rest)
+            return order
+
+        order = asyncio.run(main())
+        assert order[:2] == ["b1", "i"] and sorted(order[2:]) == ["b2", "b3"], order
+
+
+def wait_until(predicate: Callable[[], bool]) -> bool:
+    """Poll ``predicate`` (state of other threads with no event to wait on) for WAIT_S."""
+    give_up = time.monotonic() + WAIT_S
+    while not predicate():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def test_calls_as_around_an_acall_lowers_its_class() -> None:
+    # The acall takes its slot in the awaiting task's context (see the test above), so the
+    # class calls_as sets there is the one it queues in (before, on a call thread, it was
+    # lost: docs/scheduling.md listed it as not done).
+    with Host(Policy(allow=CAPS), cache_dir=None, scheduler=Scheduler(1)) as host:
+        sched = host.scheduler
+        assert sched is not None
+        ext = host.load(FIXTURES / "echo")
+
+        async def main() -> Any:
+            holder = sched.acquire("test-holder", Priority.MAINTENANCE, time.monotonic() + 5)
+            with calls_as("background"):
+                task = asyncio.ensure_future(ext.acall("echo", "x"))
+            assert await asyncio.to_thread(wait_until, lambda: sched.stats().waiting == 1)
+            sched.release(holder)
+            return await task
+
+        assert asyncio.run(main()) == "x"
+        assert dict(sched.stats().waited_by_class) == {"background": 1}
+
+
+def test_host_close_refuses_an_acall_waiting_for_a_slot_on_its_loop_at_once() -> None:
+    # The promise of docs/scheduling.md ("Shutdown") on the acall's own wait (see above):
+    # Host.close wakes it, and it is refused as a call waiting on a thread is.
+    host = Host(Policy(allow=CAPS), cache_dir=None, scheduler=Scheduler(1))
+    sched = host.scheduler
+    assert sched is not None
+    ext = host.load(FIXTURES / "echo", timeout_ms=LONG_MS)
+
+    async def main() -> BaseException | None:
+        holder = sched.acquire("test-holder", Priority.MAINTENANCE, time.monotonic() + 5)
+        task = asyncio.ensure_future(ext.acall("echo", "x"))
+        assert await asyncio.to_thread(wait_until, lambda: sched.stats().waiting == 1)
+        closer, errors = run_in_thread(host.close)
+        done, _ = await asyncio.wait({task}, timeout=WAIT_S)  # not at its 30 s deadline
+        closer.join(WAIT_S)
+        assert errors == [] and done == {task}
+        sched.release(holder)
+        return task.exception()
+
+    error = asyncio.run(main())
+    assert isinstance(error, ExtensionUnavailable) and "shutting down" in str(error), error
+    assert sched.stats().running == 0

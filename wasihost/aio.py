@@ -29,17 +29,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 # its names stay importable from here.
 from .callworkers import DEFAULT_CALL_WORKERS, MAX_CALL_WORKERS, CallWorkers, _Closed
 from .errors import CallError, FailureClass
-from .extension import CallTicket, Extension, _override
-from .lifecycle import State
+from .extension import SHUTTING_DOWN, CallTicket, Extension, _override
+from .lifecycle import ExtensionUnavailable, State
 
 if TYPE_CHECKING:
     import asyncio
 
+    from .call_gate import CallGate
     from .extension import Handshake
     from .extlog import LogRecord
     from .lifecycle import Lifecycle
     from .policy import Policy
     from .runtime import Host
+    from .scheduling import Priority, Slot
 
 T = TypeVar("T")
 
@@ -58,16 +60,27 @@ def _run(
     timeout_ms: int | None,
     ticket: CallTicket,
     deadline: float,
+    slot: tuple[CallGate, Slot, Priority] | None,
 ) -> tuple[bool, Any, int | None]:
     """On a call thread: the call's outcome (ok, its value or what it raised, raised again
-    in the awaiting task) and the fuel it burnt (None if it failed before running).
-    :meth:`Extension.call_cancellable` inlined: one thread-local lookup and one frame less."""
+    in the awaiting task) and the fuel it burnt (None if it failed before running), run in
+    the host call ``slot`` taken for it, if any. :meth:`Extension.call_cancellable` inlined:
+    one thread-local lookup and one frame less."""
     state = ext._local.state
     state.fuel = None  # not an earlier call's, made on this thread for another task
     state.ticket = ticket
     state.deadline = deadline
     try:
-        result = ext.call(command, value, fuel=fuel, timeout_ms=timeout_ms)
+        if slot is None:
+            result = ext.call(command, value, fuel=fuel, timeout_ms=timeout_ms)
+        else:
+            gate, taken, priority = slot
+            result = gate.run_in(
+                ext,
+                taken,
+                priority,
+                functools.partial(ext.call, command, value, fuel=fuel, timeout_ms=timeout_ms),
+            )
     except BaseException as exc:
         return False, exc, state.fuel
     finally:
@@ -108,6 +121,58 @@ class _Pending:
             self.settled.set_result(None)
 
 
+async def _take_slot(
+    ext: Extension, gate: CallGate, deadline: float
+) -> tuple[CallGate, Slot, Priority] | None:
+    """With a scheduler: the host call slot of an async call, waited for here, on the event
+    loop, until ``deadline`` (``HostBusy`` then), not on a call thread. Waiting there, calls
+    of a lower class held the bounded call threads, so that a call of a higher class could
+    not even queue for the next slot (red-team 2026-12-01). None if the host's shutdown woke
+    the wait (the call then refuses itself, as one waiting on a thread does). The class is
+    the awaiting task's: ``calls_as`` around ``await ext.acall(...)`` lowers it. A cancel
+    withdraws the wait, or gives back a slot granted meanwhile."""
+    import asyncio
+
+    scheduler = gate.scheduler
+    priority = gate.priority(ext)
+    slot = scheduler.try_acquire(ext.id, priority)
+    if slot is not None:
+        return gate, slot, priority
+    waiter = scheduler.request(ext.id, priority)
+    if waiter.slot is not None:
+        return gate, waiter.slot, priority
+    loop = asyncio.get_running_loop()
+    wake = asyncio.Event()
+
+    def notify() -> None:  # on the releasing thread
+        try:
+            loop.call_soon_threadsafe(wake.set)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            return
+
+    waiter.notify = notify
+    gate.watch(waiter)
+    timer = loop.call_at(deadline, wake.set)  # the loop's clock is time.monotonic()
+    try:
+        while True:
+            if waiter.slot is not None:
+                return gate, waiter.slot, priority
+            if waiter.cancelled and scheduler.withdraw(waiter):
+                return None  # the host's shutdown
+            if loop.time() >= deadline and scheduler.withdraw(waiter, refused=True):
+                raise scheduler.busy(ext.id, priority)
+            await wake.wait()
+            wake.clear()
+    except BaseException:
+        # Cancelled (or refused): never leave a slot behind.
+        if not scheduler.withdraw(waiter) and waiter.slot is not None:
+            scheduler.release(waiter.slot)
+        raise
+    finally:
+        timer.cancel()
+        gate.unwatch(waiter)
+
+
 async def call_async(
     ext: Extension,
     command: str,
@@ -128,14 +193,30 @@ async def call_async(
         else _override("timeout_ms", timeout_ms, ext.resources.timeout_ms, "timeout_ms")
     )
     deadline = time.monotonic() + timeout / 1000
+    gate = ext._call_gate
+    slot = None
+    if gate is not None and not ext._draining:  # scheduling hook: the slot first, here
+        slot = await _take_slot(ext, gate, deadline)
+        if slot is None:  # woken by the host's shutdown: refused as a call then is
+            raise ExtensionUnavailable(ext.id, ext.lifecycle.state, SHUTTING_DOWN)
     ticket = CallTicket(ext)
     loop = asyncio.get_running_loop()
     pending = _Pending(loop)
+
+    def give_back() -> None:
+        """The job never ran: the slot taken for it goes (release is idempotent)."""
+        if slot is not None:
+            slot[0].scheduler.release(slot[1])
+
     # Started last: a call thread woken while the loop still runs Python would only wait
     # for the GIL, one more wake-up.
-    job = ext.host.call_workers().start(
-        _run, (ext, command, value, fuel, timeout_ms, ticket, deadline), pending.done
-    )
+    try:
+        job = ext.host.call_workers().start(
+            _run, (ext, command, value, fuel, timeout_ms, ticket, deadline, slot), pending.done
+        )
+    except BaseException:
+        give_back()
+        raise
     timer: asyncio.TimerHandle | None = None
     if job.queued:
         # No thread free: withdrawn at its deadline if none took it by then. (Running, its
@@ -144,6 +225,7 @@ async def call_async(
         # every wasihost deadline.
         def withdraw() -> None:
             if job.withdraw():
+                give_back()
                 pending.deliver(
                     False,
                     CallError(
@@ -157,7 +239,10 @@ async def call_async(
         ok, outcome, used = await pending.future
     except asyncio.CancelledError as cancelled:
         ticket.cancel()
-        if not job.withdraw() and pending.outcome is None:
+        withdrawn = job.withdraw()
+        if withdrawn:
+            give_back()
+        elif pending.outcome is None:
             # Running: wait (bounded) for its guest to have stopped.
             pending.settled = loop.create_future()
             await asyncio.wait({pending.settled}, timeout=CANCEL_SETTLE_S)
@@ -169,6 +254,7 @@ async def call_async(
         raise
     except _Closed:
         # Withdrawn by the host closing its call threads (after closing its extensions).
+        give_back()
         raise ext._unavailable() from None
     finally:
         if timer is not None:
