@@ -293,7 +293,8 @@ def test_an_interactive_acall_is_served_before_background_acalls_that_hold_the_c
     # first served), against the scheduler's promise that a fresh interactive waiter is
     # served before the background ones, and failed "no call thread free" at its deadline.
     # Two call threads, one slot: the first background call holds the slot in a host
-    # function until the test lets it go, two more wait.
+    # function until the test lets it go, two more (of two other background extensions)
+    # wait.
     entered, proceed = threading.Semaphore(0), threading.Semaphore(0)
     with Host(Policy(allow=CAPS), cache_dir=None, async_workers=2, scheduler=Scheduler(1)) as host:
 
@@ -303,9 +304,12 @@ def test_an_interactive_acall_is_served_before_background_acalls_that_hold_the_c
             assert proceed.acquire(timeout=WAIT_S)
             return request
 
-        background = load(host, fn_guest("lookup"), ["myapp.read"], timeout_ms=LONG_MS)
         assert host.scheduler is not None
-        host.scheduler.assign(background.id, "background")
+        background = [
+            load(host, fn_guest("lookup"), ["myapp.read"], timeout_ms=LONG_MS) for _ in range(3)
+        ]
+        for ext in background:
+            host.scheduler.assign(ext.id, "background")
         interactive = host.load(FIXTURES / "echo", timeout_ms=10_000)
         sched, threads = host.scheduler, host.call_workers()._shared
 
@@ -320,9 +324,9 @@ def test_an_interactive_acall_is_served_before_background_acalls_that_hold_the_c
                 task.add_done_callback(lambda _: order.append(label))
                 return task
 
-            first = call(background, "b1", "run")
+            first = call(background[0], "b1", "run")
             assert await asyncio.to_thread(entered.acquire, True, WAIT_S)  # b1 holds the slot
-            rest = [call(background, "b2", "run"), call(background, "b3", "run")]
+            rest = [call(background[1], "b2", "run"), call(background[2], "b3", "run")]
             await until(lambda: sched.stats().waiting + len(threads.queue) == 2)
             urgent = call(interactive, "i", "echo")
             await until(lambda: sched.stats().waiting + len(threads.queue) == 3)
@@ -390,3 +394,35 @@ def test_host_close_refuses_an_acall_waiting_for_a_slot_on_its_loop_at_once() ->
     error = asyncio.run(main())
     assert isinstance(error, ExtensionUnavailable) and "shutting down" in str(error), error
     assert sched.stats().running == 0
+
+
+def test_a_backlog_of_acalls_on_one_extension_leaves_call_threads_for_the_others() -> None:
+    # Break (red-team 2026-12-01): an acall waited for a free instance of its extension on a
+    # call thread. A backlog of acalls on one extension (max_concurrency 1, its one call
+    # held in a host function) held every call thread with calls waiting for that instance,
+    # and an idle extension's acall failed "no call thread free": calls on different
+    # extensions were to run in parallel. An extension's acalls beyond its max_concurrency
+    # now wait on their loop.
+    entered, release = threading.Event(), threading.Event()
+    with Host(Policy(allow=CAPS), cache_dir=None, async_workers=2) as host:
+
+        @host.function("myapp.lookup", capability="myapp.read", **LIMITS)
+        def lookup(ctx: CallContext, request: Any) -> Any:
+            entered.set()
+            assert release.wait(WAIT_S)
+            return request
+
+        busy = load(host, fn_guest("lookup"), ["myapp.read"], timeout_ms=LONG_MS)
+        idle = host.load(FIXTURES / "echo", timeout_ms=10_000)
+
+        async def main() -> tuple[Any, list[Any]]:
+            backlog = [asyncio.ensure_future(busy.acall("run", i)) for i in range(4)]
+            # The backlog's tasks all started before this (they ran first, in order).
+            assert await asyncio.to_thread(entered.wait, WAIT_S)
+            try:
+                answer = await idle.acall("echo", "free")
+            finally:
+                release.set()
+            return answer, await asyncio.gather(*backlog)
+
+        assert asyncio.run(main()) == ("free", [0, 1, 2, 3])

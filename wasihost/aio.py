@@ -3,7 +3,10 @@
 A guest call runs on one of its host's call threads (a bounded pool, :class:`CallWorkers`), never
 on the event loop: the loop only waits for a future, so guest code cannot block it. The
 synchronous machinery does everything else (the instance pool, budgets, interrupts), so an
-async call keeps every guarantee of :meth:`~wasihost.extension.Extension.call`.
+async call keeps every guarantee of :meth:`~wasihost.extension.Extension.call`. What would
+only wait is waited for on the loop instead, so that it holds no call thread: a turn among
+the extension's ``max_concurrency`` (:class:`_Turns`) and, with a scheduler, the host call
+slot (:func:`_take_slot`).
 
 Cancellation. Cancelling the task awaiting :func:`call_async` stops the guest of that call
 alone: its instance is told to stop (:meth:`~wasihost.engine.Instance.cancel`), the guest traps
@@ -19,7 +22,9 @@ says the caller stopped waiting, as everywhere in asyncio.
 
 from __future__ import annotations
 
+import collections
 import functools
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -61,6 +66,7 @@ def _run(
     ticket: CallTicket,
     deadline: float,
     slot: tuple[CallGate, Slot, Priority] | None,
+    turns: _Turns,
 ) -> tuple[bool, Any, int | None]:
     """On a call thread: the call's outcome (ok, its value or what it raised, raised again
     in the awaiting task) and the fuel it burnt (None if it failed before running), run in
@@ -85,7 +91,121 @@ def _run(
         return False, exc, state.fuel
     finally:
         state.ticket = state.deadline = None
+        turns.give_back(ext.resources.max_concurrency)  # the next acall of ext may run
     return True, result, state.fuel
+
+
+class _Turn:
+    """An acall waiting on its loop for a call thread of its extension's share."""
+
+    __slots__ = ("granted", "notify")
+
+    def __init__(self, notify: Callable[[], None]) -> None:
+        self.granted = False
+        self.notify = notify
+
+
+class _Turns:
+    """One extension's share of the host's call threads: at most ``max_concurrency`` of its
+    acalls hold one at once, the rest wait on their loops, first come first served. More
+    could only wait on their threads for a free instance, and a backlog on one extension
+    held every call thread that way, so that another extension's acall found none
+    (red-team 2026-12-01). Any thread may give a turn back (a call thread as its call ends);
+    the waiter it goes to is woken on its own loop."""
+
+    __slots__ = ("lock", "running", "waiting")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.waiting: collections.deque[_Turn] = collections.deque()
+
+    def take(self, limit: int) -> bool:
+        with self.lock:
+            if self.running < limit and not self.waiting:
+                self.running += 1
+                return True
+            return False
+
+    def queue(self, turn: _Turn, limit: int) -> None:
+        with self.lock:
+            if self.running < limit and not self.waiting:
+                self.running += 1
+                turn.granted = True
+            else:
+                self.waiting.append(turn)
+
+    def withdraw(self, turn: _Turn) -> bool:
+        """True if ``turn`` was still waiting (it never gets a thread); False if granted."""
+        with self.lock:
+            if turn.granted:
+                return False
+            if turn in self.waiting:
+                self.waiting.remove(turn)
+            return True
+
+    def give_back(self, limit: int) -> None:
+        woken: list[_Turn] = []
+        with self.lock:
+            self.running -= 1
+            while self.waiting and self.running < limit:
+                turn = self.waiting.popleft()
+                turn.granted = True
+                self.running += 1
+                woken.append(turn)
+        for turn in woken:
+            turn.notify()
+
+
+def _turns(ext: Extension) -> _Turns:
+    turns = ext._acall_turns
+    if turns is None:
+        with _TURNS_LOCK:
+            turns = ext._acall_turns
+            if turns is None:
+                turns = ext._acall_turns = _Turns()
+    return turns  # type: ignore[no-any-return]
+
+
+_TURNS_LOCK = threading.Lock()
+
+
+async def _take_turn(ext: Extension, turns: _Turns, deadline: float) -> None:
+    """A turn of ``ext``'s share of the call threads, waited for on the loop until
+    ``deadline`` (then ``CallError(deadline)``, the call never having run). A cancel
+    withdraws the wait, or gives back a turn granted meanwhile."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    wake = asyncio.Event()
+
+    def notify() -> None:  # on the thread giving a turn back
+        try:
+            loop.call_soon_threadsafe(wake.set)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            return
+
+    turn = _Turn(notify)
+    turns.queue(turn, ext.resources.max_concurrency)
+    if turn.granted:
+        return
+    timer = loop.call_at(deadline, wake.set)
+    try:
+        while not turn.granted:
+            if loop.time() >= deadline and turns.withdraw(turn):
+                raise CallError(
+                    FailureClass.DEADLINE,
+                    "no free instance before the call's deadline: max_concurrency "
+                    f"{ext.resources.max_concurrency}, all in calls",
+                )
+            await wake.wait()
+            wake.clear()
+    except BaseException:
+        if not turns.withdraw(turn):
+            turns.give_back(ext.resources.max_concurrency)
+        raise
+    finally:
+        timer.cancel()
 
 
 class _Pending:
@@ -193,26 +313,43 @@ async def call_async(
         else _override("timeout_ms", timeout_ms, ext.resources.timeout_ms, "timeout_ms")
     )
     deadline = time.monotonic() + timeout / 1000
+    # A turn of the extension's share of the call threads first (on this loop), then, with
+    # a scheduler, a host call slot: a slot is never held while its call waits for a turn.
+    turns = _turns(ext)
+    if not turns.take(ext.resources.max_concurrency):
+        try:
+            await _take_turn(ext, turns, deadline)
+        except CallError as exc:
+            ext._no_free_instance(exc)  # budgets: the concurrent-calls level, as in the pool
+            raise
     gate = ext._call_gate
     slot = None
-    if gate is not None and not ext._draining:  # scheduling hook: the slot first, here
-        slot = await _take_slot(ext, gate, deadline)
-        if slot is None:  # woken by the host's shutdown: refused as a call then is
-            raise ExtensionUnavailable(ext.id, ext.lifecycle.state, SHUTTING_DOWN)
-    ticket = CallTicket(ext)
-    loop = asyncio.get_running_loop()
-    pending = _Pending(loop)
+    given_back = False
 
     def give_back() -> None:
-        """The job never ran: the slot taken for it goes (release is idempotent)."""
+        """The job never ran: its turn and the slot taken for it go. Once."""
+        nonlocal given_back
+        if given_back:
+            return
+        given_back = True
+        turns.give_back(ext.resources.max_concurrency)
         if slot is not None:
             slot[0].scheduler.release(slot[1])
 
-    # Started last: a call thread woken while the loop still runs Python would only wait
-    # for the GIL, one more wake-up.
     try:
+        if gate is not None and not ext._draining:  # scheduling hook: the slot, here
+            slot = await _take_slot(ext, gate, deadline)
+            if slot is None:  # woken by the host's shutdown: refused as a call then is
+                raise ExtensionUnavailable(ext.id, ext.lifecycle.state, SHUTTING_DOWN)
+        ticket = CallTicket(ext)
+        loop = asyncio.get_running_loop()
+        pending = _Pending(loop)
+        # Started last: a call thread woken while the loop still runs Python would only
+        # wait for the GIL, one more wake-up.
         job = ext.host.call_workers().start(
-            _run, (ext, command, value, fuel, timeout_ms, ticket, deadline, slot), pending.done
+            _run,
+            (ext, command, value, fuel, timeout_ms, ticket, deadline, slot, turns),
+            pending.done,
         )
     except BaseException:
         give_back()

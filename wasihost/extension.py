@@ -374,6 +374,9 @@ class Extension:
         self.spare_starts = 0  # starts served by a warm spare (diagnostics, tests)
         # Scheduling hook (wasihost.call_gate): the host's call slots, None without a scheduler.
         self._call_gate = host.call_gate
+        # wasihost.aio's share of the host's call threads for this extension's acalls (made
+        # by the first acall: aio._Turns).
+        self._acall_turns: Any = None
         # The host's grant table holds this id's record for it (Host._build): let go once, at
         # close.
         self._holds_grants = True
