@@ -426,3 +426,40 @@ def test_a_backlog_of_acalls_on_one_extension_leaves_call_threads_for_the_others
             return answer, await asyncio.gather(*backlog)
 
         assert asyncio.run(main()) == ("free", [0, 1, 2, 3])
+
+
+def test_a_loop_closed_while_its_acall_waits_for_a_turn_keeps_no_turn() -> None:
+    # The wait above is on the acall's loop. A loop closed (its tasks never cancelled) while
+    # one of its acalls waited must not keep the turn granted to it later: nobody runs it,
+    # and with max_concurrency 1 every later acall of the extension would wait in vain.
+    entered, release = threading.Event(), threading.Event()
+    with Host(Policy(allow=CAPS), cache_dir=None) as host:
+
+        @host.function("myapp.lookup", capability="myapp.read", **LIMITS)
+        def lookup(ctx: CallContext, request: Any) -> Any:
+            if request == "hold":
+                entered.set()
+                assert release.wait(WAIT_S)
+            return request
+
+        ext = load(host, fn_guest("lookup"), ["myapp.read"], timeout_ms=10_000)
+        loop = asyncio.new_event_loop()
+
+        async def begin() -> list[asyncio.Task[Any]]:
+            held = asyncio.ensure_future(ext.acall("run", "hold"))
+            assert await asyncio.to_thread(entered.wait, WAIT_S)
+            queued = asyncio.ensure_future(ext.acall("run", "queued"))
+            turns = ext._acall_turns
+            assert await asyncio.to_thread(wait_until, lambda: len(turns.waiting) == 1)
+            return [held, queued]
+
+        pending = loop.run_until_complete(begin())
+        loop.close()  # with both calls pending
+        release.set()  # the held call ends; its turn goes to the closed loop's waiter
+        assert wait_until(lambda: ext._acall_turns.running == 0)
+
+        async def later() -> Any:
+            return await ext.acall("run", "later")
+
+        assert asyncio.run(later()) == "later"
+        del pending

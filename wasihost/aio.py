@@ -66,7 +66,7 @@ def _run(
     ticket: CallTicket,
     deadline: float,
     slot: tuple[CallGate, Slot, Priority] | None,
-    turns: _Turns,
+    turn: tuple[_Turns, _Turn],
 ) -> tuple[bool, Any, int | None]:
     """On a call thread: the call's outcome (ok, its value or what it raised, raised again
     in the awaiting task) and the fuel it burnt (None if it failed before running), run in
@@ -91,17 +91,20 @@ def _run(
         return False, exc, state.fuel
     finally:
         state.ticket = state.deadline = None
-        turns.give_back(ext.resources.max_concurrency)  # the next acall of ext may run
+        turn[0].give_back(turn[1], ext.resources.max_concurrency)  # the next acall may run
     return True, result, state.fuel
 
 
 class _Turn:
-    """An acall waiting on its loop for a call thread of its extension's share."""
+    """One acall's turn of its extension's share of the call threads: waiting (on its loop),
+    granted (its call may take a thread), or given back."""
 
-    __slots__ = ("granted", "notify")
+    __slots__ = ("granted", "notify", "returned")
 
-    def __init__(self, notify: Callable[[], None]) -> None:
+    def __init__(self, notify: Callable[[], None] | None = None) -> None:
         self.granted = False
+        self.returned = False
+        # Told, on the granting thread, that a turn it waited for was granted.
         self.notify = notify
 
 
@@ -110,8 +113,8 @@ class _Turns:
     acalls hold one at once, the rest wait on their loops, first come first served. More
     could only wait on their threads for a free instance, and a backlog on one extension
     held every call thread that way, so that another extension's acall found none
-    (red-team 2026-12-01). Any thread may give a turn back (a call thread as its call ends);
-    the waiter it goes to is woken on its own loop."""
+    (red-team 2026-12-01). Any thread may give a turn back (a call thread as its call
+    ends); the turn it goes to is woken on its own loop."""
 
     __slots__ = ("lock", "running", "waiting")
 
@@ -120,14 +123,8 @@ class _Turns:
         self.running = 0
         self.waiting: collections.deque[_Turn] = collections.deque()
 
-    def take(self, limit: int) -> bool:
-        with self.lock:
-            if self.running < limit and not self.waiting:
-                self.running += 1
-                return True
-            return False
-
-    def queue(self, turn: _Turn, limit: int) -> None:
+    def take(self, turn: _Turn, limit: int) -> None:
+        """Grant ``turn`` now if the share allows and nobody waits, else queue it."""
         with self.lock:
             if self.running < limit and not self.waiting:
                 self.running += 1
@@ -135,26 +132,27 @@ class _Turns:
             else:
                 self.waiting.append(turn)
 
-    def withdraw(self, turn: _Turn) -> bool:
-        """True if ``turn`` was still waiting (it never gets a thread); False if granted."""
-        with self.lock:
-            if turn.granted:
-                return False
-            if turn in self.waiting:
-                self.waiting.remove(turn)
-            return True
-
-    def give_back(self, limit: int) -> None:
+    def give_back(self, turn: _Turn, limit: int) -> None:
+        """``turn`` is over (its call ended, or it never ran, or its wait was given up):
+        its place goes to the next waiters. Idempotent."""
         woken: list[_Turn] = []
         with self.lock:
+            if turn.returned:
+                return
+            turn.returned = True
+            if not turn.granted:
+                if turn in self.waiting:
+                    self.waiting.remove(turn)
+                return
             self.running -= 1
             while self.waiting and self.running < limit:
-                turn = self.waiting.popleft()
-                turn.granted = True
+                nxt = self.waiting.popleft()
+                nxt.granted = True
                 self.running += 1
-                woken.append(turn)
-        for turn in woken:
-            turn.notify()
+                woken.append(nxt)
+        for nxt in woken:
+            if nxt.notify is not None:
+                nxt.notify()
 
 
 def _turns(ext: Extension) -> _Turns:
@@ -170,10 +168,10 @@ def _turns(ext: Extension) -> _Turns:
 _TURNS_LOCK = threading.Lock()
 
 
-async def _take_turn(ext: Extension, turns: _Turns, deadline: float) -> None:
-    """A turn of ``ext``'s share of the call threads, waited for on the loop until
-    ``deadline`` (then ``CallError(deadline)``, the call never having run). A cancel
-    withdraws the wait, or gives back a turn granted meanwhile."""
+async def _wait_turn(ext: Extension, turns: _Turns, turn: _Turn, deadline: float) -> None:
+    """Wait on the loop until ``turn`` (queued) is granted, until ``deadline`` (then
+    ``CallError(deadline)``, the call never having run). A cancel gives it up, granted or
+    not."""
     import asyncio
 
     loop = asyncio.get_running_loop()
@@ -182,17 +180,18 @@ async def _take_turn(ext: Extension, turns: _Turns, deadline: float) -> None:
     def notify() -> None:  # on the thread giving a turn back
         try:
             loop.call_soon_threadsafe(wake.set)
-        except RuntimeError:  # the loop is closed: nobody waits any more
-            return
+        except RuntimeError:  # the loop is closed: nobody will take it, so it goes on
+            turns.give_back(turn, ext.resources.max_concurrency)
 
-    turn = _Turn(notify)
-    turns.queue(turn, ext.resources.max_concurrency)
-    if turn.granted:
-        return
+    turn.notify = notify
     timer = loop.call_at(deadline, wake.set)
     try:
-        while not turn.granted:
-            if loop.time() >= deadline and turns.withdraw(turn):
+        while True:
+            with turns.lock:  # set, then look: a grant may have come before notify was set
+                if turn.granted:
+                    return
+                late = loop.time() >= deadline
+            if late:
                 raise CallError(
                     FailureClass.DEADLINE,
                     "no free instance before the call's deadline: max_concurrency "
@@ -201,8 +200,7 @@ async def _take_turn(ext: Extension, turns: _Turns, deadline: float) -> None:
             await wake.wait()
             wake.clear()
     except BaseException:
-        if not turns.withdraw(turn):
-            turns.give_back(ext.resources.max_concurrency)
+        turns.give_back(turn, ext.resources.max_concurrency)
         raise
     finally:
         timer.cancel()
@@ -267,8 +265,9 @@ async def _take_slot(
     def notify() -> None:  # on the releasing thread
         try:
             loop.call_soon_threadsafe(wake.set)
-        except RuntimeError:  # the loop is closed: nobody waits any more
-            return
+        except RuntimeError:  # the loop is closed: nobody will use a slot granted now
+            if waiter.slot is not None:
+                scheduler.release(waiter.slot)
 
     waiter.notify = notify
     gate.watch(waiter)
@@ -315,24 +314,20 @@ async def call_async(
     deadline = time.monotonic() + timeout / 1000
     # A turn of the extension's share of the call threads first (on this loop), then, with
     # a scheduler, a host call slot: a slot is never held while its call waits for a turn.
-    turns = _turns(ext)
-    if not turns.take(ext.resources.max_concurrency):
+    turns, turn = _turns(ext), _Turn()
+    turns.take(turn, ext.resources.max_concurrency)
+    if not turn.granted:
         try:
-            await _take_turn(ext, turns, deadline)
+            await _wait_turn(ext, turns, turn, deadline)
         except CallError as exc:
             ext._no_free_instance(exc)  # budgets: the concurrent-calls level, as in the pool
             raise
     gate = ext._call_gate
     slot = None
-    given_back = False
 
     def give_back() -> None:
-        """The job never ran: its turn and the slot taken for it go. Once."""
-        nonlocal given_back
-        if given_back:
-            return
-        given_back = True
-        turns.give_back(ext.resources.max_concurrency)
+        """The job never ran: its turn and the slot taken for it go (both idempotent)."""
+        turns.give_back(turn, ext.resources.max_concurrency)
         if slot is not None:
             slot[0].scheduler.release(slot[1])
 
@@ -348,7 +343,7 @@ async def call_async(
         # wait for the GIL, one more wake-up.
         job = ext.host.call_workers().start(
             _run,
-            (ext, command, value, fuel, timeout_ms, ticket, deadline, slot, turns),
+            (ext, command, value, fuel, timeout_ms, ticket, deadline, slot, (turns, turn)),
             pending.done,
         )
     except BaseException:
