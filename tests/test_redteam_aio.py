@@ -463,3 +463,25 @@ def test_a_loop_closed_while_its_acall_waits_for_a_turn_keeps_no_turn() -> None:
 
         assert asyncio.run(later()) == "later"
         del pending
+
+
+def test_a_loop_closed_while_its_acall_waits_for_a_slot_keeps_no_slot() -> None:
+    # The same for the host call slot: kept, it would be the host's for good.
+    with Host(Policy(allow=CAPS), cache_dir=None, scheduler=Scheduler(1)) as host:
+        sched = host.scheduler
+        assert sched is not None
+        ext = host.load(FIXTURES / "echo", timeout_ms=10_000)
+        holder = sched.acquire("test-holder", Priority.MAINTENANCE, time.monotonic() + 5)
+        loop = asyncio.new_event_loop()
+
+        async def begin() -> asyncio.Task[Any]:
+            task = asyncio.ensure_future(ext.acall("echo", "queued"))
+            assert await asyncio.to_thread(wait_until, lambda: sched.stats().waiting == 1)
+            return task
+
+        pending = loop.run_until_complete(begin())
+        loop.close()  # with the call waiting
+        sched.release(holder)  # the slot goes to the closed loop's waiter, and back
+        assert sched.stats().running == 0
+        assert ext.call("echo", "later") == "later"
+        del pending
