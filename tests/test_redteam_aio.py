@@ -485,3 +485,35 @@ def test_a_loop_closed_while_its_acall_waits_for_a_slot_keeps_no_slot() -> None:
         assert sched.stats().running == 0
         assert ext.call("echo", "later") == "later"
         del pending
+
+
+def test_an_acall_woken_after_its_host_closed_is_refused_as_unavailable() -> None:
+    # An acall that waited for its turn (or slot) on its loop may wake after Host.close has
+    # closed the call threads: refused as the closed extension refuses calls, not with the
+    # call threads' own ConfigError ("this host is closed").
+    started = threading.Event()
+    host = Host(Policy(allow=CAPS), cache_dir=None)
+
+    @host.function("myapp.lookup", capability="myapp.read", **LIMITS)
+    async def lookup(ctx: CallContext, request: Any) -> Any:
+        if request == "hold":
+            started.set()
+            await asyncio.Event().wait()  # until the close interrupts it
+        return request
+
+    ext = load(host, fn_guest("lookup"), ["myapp.read"], timeout_ms=LONG_MS)
+
+    async def main() -> tuple[BaseException | None, BaseException | None]:
+        held = asyncio.ensure_future(ext.acall("run", "hold"))
+        assert await asyncio.to_thread(started.wait, WAIT_S)
+        queued = asyncio.ensure_future(ext.acall("run", 1))
+        turns = ext._acall_turns
+        assert await asyncio.to_thread(wait_until, lambda: len(turns.waiting) == 1)
+        host.close()  # on the loop: the queued call wakes only once it has returned
+        done, _ = await asyncio.wait({held, queued}, timeout=WAIT_S)
+        assert done == {held, queued}
+        return held.exception(), queued.exception()
+
+    held_error, queued_error = asyncio.run(main())
+    assert isinstance(held_error, ExtensionUnavailable), held_error
+    assert isinstance(queued_error, ExtensionUnavailable), queued_error

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 # The pool is its own module so that a Host, which always has one, need not import this one;
 # its names stay importable from here.
 from .callworkers import DEFAULT_CALL_WORKERS, MAX_CALL_WORKERS, CallWorkers, _Closed
-from .errors import CallError, FailureClass
+from .errors import CallError, ConfigError, FailureClass
 from .extension import SHUTTING_DOWN, CallTicket, Extension, _override
 from .lifecycle import ExtensionUnavailable, State
 
@@ -341,11 +341,16 @@ async def call_async(
         pending = _Pending(loop)
         # Started last: a call thread woken while the loop still runs Python would only
         # wait for the GIL, one more wake-up.
-        job = ext.host.call_workers().start(
-            _run,
-            (ext, command, value, fuel, timeout_ms, ticket, deadline, slot, (turns, turn)),
-            pending.done,
-        )
+        try:
+            job = ext.host.call_workers().start(
+                _run,
+                (ext, command, value, fuel, timeout_ms, ticket, deadline, slot, (turns, turn)),
+                pending.done,
+            )
+        except ConfigError:
+            # The host closed its call threads since this call began (it waited for a turn
+            # or a slot meanwhile): refused as the extension, closed first, refuses calls.
+            raise ext._unavailable() from None
     except BaseException:
         give_back()
         raise
