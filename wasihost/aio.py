@@ -3,7 +3,10 @@
 A guest call runs on one of its host's call threads (a bounded pool, :class:`CallWorkers`), never
 on the event loop: the loop only waits for a future, so guest code cannot block it. The
 synchronous machinery does everything else (the instance pool, budgets, interrupts), so an
-async call keeps every guarantee of :meth:`~wasihost.extension.Extension.call`.
+async call keeps every guarantee of :meth:`~wasihost.extension.Extension.call`. What would
+only wait is waited for on the loop instead, so that it holds no call thread: a turn among
+the extension's ``max_concurrency`` (:class:`_Turns`) and, with a scheduler, the host call
+slot (:func:`_take_slot`).
 
 Cancellation. Cancelling the task awaiting :func:`call_async` stops the guest of that call
 alone: its instance is told to stop (:meth:`~wasihost.engine.Instance.cancel`), the guest traps
@@ -19,7 +22,9 @@ says the caller stopped waiting, as everywhere in asyncio.
 
 from __future__ import annotations
 
+import collections
 import functools
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,18 +33,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 # The pool is its own module so that a Host, which always has one, need not import this one;
 # its names stay importable from here.
 from .callworkers import DEFAULT_CALL_WORKERS, MAX_CALL_WORKERS, CallWorkers, _Closed
-from .errors import CallError, FailureClass
-from .extension import CallTicket, Extension, _override
-from .lifecycle import State
+from .errors import CallError, ConfigError, FailureClass
+from .extension import SHUTTING_DOWN, CallTicket, Extension, _override
+from .lifecycle import ExtensionUnavailable, State
 
 if TYPE_CHECKING:
     import asyncio
 
+    from .call_gate import CallGate
     from .extlog import LogRecord
     from .handshake import Handshake
     from .lifecycle import Lifecycle
     from .policy import Policy
     from .runtime import Host
+    from .scheduling import Priority, Slot
 
 T = TypeVar("T")
 
@@ -58,21 +65,145 @@ def _run(
     timeout_ms: int | None,
     ticket: CallTicket,
     deadline: float,
+    slot: tuple[CallGate, Slot, Priority] | None,
+    turn: tuple[_Turns, _Turn],
 ) -> tuple[bool, Any, int | None]:
     """On a call thread: the call's outcome (ok, its value or what it raised, raised again
-    in the awaiting task) and the fuel it burnt (None if it failed before running).
-    :meth:`Extension.call_cancellable` inlined: one thread-local lookup and one frame less."""
+    in the awaiting task) and the fuel it burnt (None if it failed before running), run in
+    the host call ``slot`` taken for it, if any. :meth:`Extension.call_cancellable` inlined:
+    one thread-local lookup and one frame less."""
     state = ext._local.state
     state.fuel = None  # not an earlier call's, made on this thread for another task
     state.ticket = ticket
     state.deadline = deadline
     try:
-        result = ext.call(command, value, fuel=fuel, timeout_ms=timeout_ms)
+        if slot is None:
+            result = ext.call(command, value, fuel=fuel, timeout_ms=timeout_ms)
+        else:
+            gate, taken, priority = slot
+            result = gate.run_in(
+                ext,
+                taken,
+                priority,
+                functools.partial(ext.call, command, value, fuel=fuel, timeout_ms=timeout_ms),
+            )
     except BaseException as exc:
         return False, exc, state.fuel
     finally:
         state.ticket = state.deadline = None
+        turn[0].give_back(turn[1], ext.resources.max_concurrency)  # the next acall may run
     return True, result, state.fuel
+
+
+class _Turn:
+    """One acall's turn of its extension's share of the call threads: waiting (on its loop),
+    granted (its call may take a thread), or given back."""
+
+    __slots__ = ("granted", "notify", "returned")
+
+    def __init__(self, notify: Callable[[], None] | None = None) -> None:
+        self.granted = False
+        self.returned = False
+        # Told, on the granting thread, that a turn it waited for was granted.
+        self.notify = notify
+
+
+class _Turns:
+    """One extension's share of the host's call threads: at most ``max_concurrency`` of its
+    acalls hold one at once, the rest wait on their loops, first come first served. More
+    could only wait on their threads for a free instance, and a backlog on one extension
+    held every call thread that way, so that another extension's acall found none
+    (red-team 2026-12-01). Any thread may give a turn back (a call thread as its call
+    ends); the turn it goes to is woken on its own loop."""
+
+    __slots__ = ("lock", "running", "waiting")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.waiting: collections.deque[_Turn] = collections.deque()
+
+    def take(self, turn: _Turn, limit: int) -> None:
+        """Grant ``turn`` now if the share allows and nobody waits, else queue it."""
+        with self.lock:
+            if self.running < limit and not self.waiting:
+                self.running += 1
+                turn.granted = True
+            else:
+                self.waiting.append(turn)
+
+    def give_back(self, turn: _Turn, limit: int) -> None:
+        """``turn`` is over (its call ended, or it never ran, or its wait was given up):
+        its place goes to the next waiters. Idempotent."""
+        woken: list[_Turn] = []
+        with self.lock:
+            if turn.returned:
+                return
+            turn.returned = True
+            if not turn.granted:
+                if turn in self.waiting:
+                    self.waiting.remove(turn)
+                return
+            self.running -= 1
+            while self.waiting and self.running < limit:
+                nxt = self.waiting.popleft()
+                nxt.granted = True
+                self.running += 1
+                woken.append(nxt)
+        for nxt in woken:
+            if nxt.notify is not None:
+                nxt.notify()
+
+
+def _turns(ext: Extension) -> _Turns:
+    turns = ext._acall_turns
+    if turns is None:
+        with _TURNS_LOCK:
+            turns = ext._acall_turns
+            if turns is None:
+                turns = ext._acall_turns = _Turns()
+    return turns  # type: ignore[no-any-return]
+
+
+_TURNS_LOCK = threading.Lock()
+
+
+async def _wait_turn(ext: Extension, turns: _Turns, turn: _Turn, deadline: float) -> None:
+    """Wait on the loop until ``turn`` (queued) is granted, until ``deadline`` (then
+    ``CallError(deadline)``, the call never having run). A cancel gives it up, granted or
+    not."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    wake = asyncio.Event()
+
+    def notify() -> None:  # on the thread giving a turn back
+        try:
+            loop.call_soon_threadsafe(wake.set)
+        except RuntimeError:  # the loop is closed: nobody will take it, so it goes on
+            turns.give_back(turn, ext.resources.max_concurrency)
+
+    turn.notify = notify
+    timer = loop.call_at(deadline, wake.set)
+    try:
+        while True:
+            with turns.lock:  # set, then look: a grant may have come before notify was set
+                if turn.granted:
+                    return
+                late = loop.time() >= deadline
+            if late:
+                raise CallError(
+                    FailureClass.DEADLINE,
+                    "no free instance before the call's deadline: max_concurrency "
+                    f"{ext.resources.max_concurrency}, all in calls",
+                )
+            await wake.wait()
+            wake.clear()
+    except BaseException:
+        turns.give_back(turn, ext.resources.max_concurrency)
+        raise
+    finally:
+        timer.cancel()
 
 
 class _Pending:
@@ -108,6 +239,59 @@ class _Pending:
             self.settled.set_result(None)
 
 
+async def _take_slot(
+    ext: Extension, gate: CallGate, deadline: float
+) -> tuple[CallGate, Slot, Priority] | None:
+    """With a scheduler: the host call slot of an async call, waited for here, on the event
+    loop, until ``deadline`` (``HostBusy`` then), not on a call thread. Waiting there, calls
+    of a lower class held the bounded call threads, so that a call of a higher class could
+    not even queue for the next slot (red-team 2026-12-01). None if the host's shutdown woke
+    the wait (the call then refuses itself, as one waiting on a thread does). The class is
+    the awaiting task's: ``calls_as`` around ``await ext.acall(...)`` lowers it. A cancel
+    withdraws the wait, or gives back a slot granted meanwhile."""
+    import asyncio
+
+    scheduler = gate.scheduler
+    priority = gate.priority(ext)
+    slot = scheduler.try_acquire(ext.id, priority)
+    if slot is not None:
+        return gate, slot, priority
+    waiter = scheduler.request(ext.id, priority)
+    if waiter.slot is not None:
+        return gate, waiter.slot, priority
+    loop = asyncio.get_running_loop()
+    wake = asyncio.Event()
+
+    def notify() -> None:  # on the releasing thread
+        try:
+            loop.call_soon_threadsafe(wake.set)
+        except RuntimeError:  # the loop is closed: nobody will use a slot granted now
+            if waiter.slot is not None:
+                scheduler.release(waiter.slot)
+
+    waiter.notify = notify
+    gate.watch(waiter)
+    timer = loop.call_at(deadline, wake.set)  # the loop's clock is time.monotonic()
+    try:
+        while True:
+            if waiter.slot is not None:
+                return gate, waiter.slot, priority
+            if waiter.cancelled and scheduler.withdraw(waiter):
+                return None  # the host's shutdown
+            if loop.time() >= deadline and scheduler.withdraw(waiter, refused=True):
+                raise scheduler.busy(ext.id, priority)
+            await wake.wait()
+            wake.clear()
+    except BaseException:
+        # Cancelled (or refused): never leave a slot behind.
+        if not scheduler.withdraw(waiter) and waiter.slot is not None:
+            scheduler.release(waiter.slot)
+        raise
+    finally:
+        timer.cancel()
+        gate.unwatch(waiter)
+
+
 async def call_async(
     ext: Extension,
     command: str,
@@ -128,14 +312,48 @@ async def call_async(
         else _override("timeout_ms", timeout_ms, ext.resources.timeout_ms, "timeout_ms")
     )
     deadline = time.monotonic() + timeout / 1000
-    ticket = CallTicket(ext)
-    loop = asyncio.get_running_loop()
-    pending = _Pending(loop)
-    # Started last: a call thread woken while the loop still runs Python would only wait
-    # for the GIL, one more wake-up.
-    job = ext.host.call_workers().start(
-        _run, (ext, command, value, fuel, timeout_ms, ticket, deadline), pending.done
-    )
+    # A turn of the extension's share of the call threads first (on this loop), then, with
+    # a scheduler, a host call slot: a slot is never held while its call waits for a turn.
+    turns, turn = _turns(ext), _Turn()
+    turns.take(turn, ext.resources.max_concurrency)
+    if not turn.granted:
+        try:
+            await _wait_turn(ext, turns, turn, deadline)
+        except CallError as exc:
+            ext._no_free_instance(exc)  # budgets: the concurrent-calls level, as in the pool
+            raise
+    gate = ext._call_gate
+    slot = None
+
+    def give_back() -> None:
+        """The job never ran: its turn and the slot taken for it go (both idempotent)."""
+        turns.give_back(turn, ext.resources.max_concurrency)
+        if slot is not None:
+            slot[0].scheduler.release(slot[1])
+
+    try:
+        if gate is not None and not ext._draining:  # scheduling hook: the slot, here
+            slot = await _take_slot(ext, gate, deadline)
+            if slot is None:  # woken by the host's shutdown: refused as a call then is
+                raise ExtensionUnavailable(ext.id, ext.lifecycle.state, SHUTTING_DOWN)
+        ticket = CallTicket(ext)
+        loop = asyncio.get_running_loop()
+        pending = _Pending(loop)
+        # Started last: a call thread woken while the loop still runs Python would only
+        # wait for the GIL, one more wake-up.
+        try:
+            job = ext.host.call_workers().start(
+                _run,
+                (ext, command, value, fuel, timeout_ms, ticket, deadline, slot, (turns, turn)),
+                pending.done,
+            )
+        except ConfigError:
+            # The host closed its call threads since this call began (it waited for a turn
+            # or a slot meanwhile): refused as the extension, closed first, refuses calls.
+            raise ext._unavailable() from None
+    except BaseException:
+        give_back()
+        raise
     timer: asyncio.TimerHandle | None = None
     if job.queued:
         # No thread free: withdrawn at its deadline if none took it by then. (Running, its
@@ -144,6 +362,7 @@ async def call_async(
         # every wasihost deadline.
         def withdraw() -> None:
             if job.withdraw():
+                give_back()
                 pending.deliver(
                     False,
                     CallError(
@@ -157,7 +376,10 @@ async def call_async(
         ok, outcome, used = await pending.future
     except asyncio.CancelledError as cancelled:
         ticket.cancel()
-        if not job.withdraw() and pending.outcome is None:
+        withdrawn = job.withdraw()
+        if withdrawn:
+            give_back()
+        elif pending.outcome is None:
             # Running: wait (bounded) for its guest to have stopped.
             pending.settled = loop.create_future()
             await asyncio.wait({pending.settled}, timeout=CANCEL_SETTLE_S)
@@ -169,6 +391,7 @@ async def call_async(
         raise
     except _Closed:
         # Withdrawn by the host closing its call threads (after closing its extensions).
+        give_back()
         raise ext._unavailable() from None
     finally:
         if timer is not None:
@@ -180,8 +403,8 @@ async def call_async(
 
 
 async def _on_thread(host: Host, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """A blocking host operation (admission compiles; close waits a tick per call) on one of
-    the host's call threads, so the loop stays free."""
+    """A blocking host operation (admission compiles, a start runs guest code) on one of the
+    host's call threads, so the loop stays free. (Not a close: see AsyncExtension.aclose.)"""
     import asyncio
 
     future = host.call_workers().submit(functools.partial(fn, *args, **kwargs))
@@ -234,7 +457,12 @@ class AsyncExtension:
 
     async def aclose(self, reason: str = "closed") -> None:
         """Close for good; calls in flight are interrupted."""
-        await _on_thread(self.sync.host, self.sync.close, reason)
+        import asyncio
+
+        # Not on a call thread: with every one in a call of this extension, the close would
+        # wait behind the calls it is to interrupt until they end by themselves (red-team
+        # 2026-12-01). On the loop's default executor, as AsyncHost.aclose.
+        await asyncio.to_thread(self.sync.close, reason)
 
 
 class AsyncHost:

@@ -17,7 +17,9 @@ deadlock a chain of nested calls.
 Waiting counts against the call's deadline (``timeout_ms``); a call still waiting at its
 deadline never starts and raises :class:`~wasihost.scheduling.HostBusy` with a retry hint. A
 cancelled ``acall`` stops waiting at once, and its slot (if it was granted meanwhile) goes to
-the next waiter.
+the next waiter. An ``acall`` waits for its slot on its event loop (``wasihost.aio``), in the
+awaiting task's context, and runs on a call thread in it (:meth:`CallGate.run_in`): waiting
+calls hold no call thread.
 
 A call that must wait for room under its budget (``ThrottleMode.DELAY``, see
 docs/budgets.md) gives its slot back for the wait (:meth:`CallGate.suspend`) and queues for
@@ -32,8 +34,8 @@ import contextlib
 import contextvars
 import threading
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import CallError, FailureClass
 from .lifecycle import ExtensionUnavailable
@@ -41,6 +43,8 @@ from .scheduling import Priority, Scheduler, Slot, Waiter, lower
 
 if TYPE_CHECKING:
     from .extension import CallTicket, Extension
+
+T = TypeVar("T")
 
 # The class of the calls made in this context, when it is lower than their extensions' own
 # (None: the extension's class). Thread-local in effect: each thread starts in its own context.
@@ -144,6 +148,36 @@ class CallGate:
             held.slot = held.owner = None
             if slot is not None:
                 scheduler.release(slot)
+
+    def run_in(self, ext: Extension, slot: Slot, priority: Priority, call: Callable[[], T]) -> T:
+        """Run ``call`` (a call of ``ext``) on this thread in ``slot``, taken for it before it
+        came here (an acall waits for its slot on its event loop, not on a call thread: see
+        wasihost.aio), and give the slot back after, as :meth:`call` does."""
+        held = self._held
+        held.slot, held.owner, held.priority = slot, ext, priority
+        held.inside = True
+        try:
+            return call()
+        finally:
+            held.inside = False
+            # The slot held now: a wait for room may have given it back and taken another.
+            taken = held.slot
+            held.slot = held.owner = None
+            if taken is not None:
+                self.scheduler.release(taken)
+
+    def watch(self, waiter: Waiter) -> None:
+        """A waiter that waits on an event loop (an acall): the host's shutdown cancels it
+        as it does the waiters of :meth:`call`, at once if it is under way already."""
+        with self._lock:
+            self._waiters.add(waiter)
+            closing = self._closing
+        if closing:
+            waiter.cancel()
+
+    def unwatch(self, waiter: Waiter) -> None:
+        with self._lock:
+            self._waiters.discard(waiter)
 
     def suspend(self, ext: Extension) -> Priority | None:
         """A call of ``ext`` on this thread, in no call of ``ext`` already, is about to wait

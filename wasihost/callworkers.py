@@ -30,6 +30,13 @@ DEFAULT_CALL_WORKERS = 8
 # More threads than this is a configuration mistake, not parallelism: 2 cores or 64, calls
 # beyond the cores only queue on the GIL and the CPU.
 MAX_CALL_WORKERS = 256
+# Threads that start warm spares (Extension._make_spare), per host, apart from the call
+# threads: a spare's start-up may take its extension's whole timeout_ms, and on the call
+# threads a few crashing, slow-starting extensions held every one of them, so that no acall
+# of any extension found a thread (red-team 2026-12-01). Spares only save a later call its
+# start-up: two threads serve a host's crashes, and a spare that waits for one delays only
+# other spares, never a call.
+SPARE_WORKERS = 2
 
 
 class _Job:

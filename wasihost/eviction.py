@@ -148,9 +148,12 @@ class Evictor:
         self._lock = threading.Lock()
         self._live = 0
         # Extensions with live instances, least recently used first, with when each was last
-        # used. An extension enters at the end of its first call and leaves when evicted or
-        # closed.
-        self._used: collections.OrderedDict[Extension, float] = collections.OrderedDict()
+        # used and that use's number (see _evict). An extension enters at the end of its
+        # first call and leaves when evicted or closed.
+        self._used: collections.OrderedDict[Extension, tuple[float, int]] = (
+            collections.OrderedDict()
+        )
+        self._uses = 0
         self._evictions = 0
         self._idle_evictions = 0
         self._refusals = 0
@@ -197,8 +200,9 @@ class Evictor:
         """A call of ``ext`` ended: it is now the most recently used."""
         now = self._clock()
         with self._lock:
+            self._uses += 1
             used = self._used
-            used[ext] = now
+            used[ext] = (now, self._uses)
             used.move_to_end(ext)
 
     def forget(self, ext: Extension) -> None:
@@ -226,12 +230,18 @@ class Evictor:
         return False
 
     def _evict(self, victim: Extension, *, idle: bool = False) -> bool:
+        with self._lock:
+            seen = self._used.get(victim)
         dropped = victim.evict()
         if dropped is None:
             return False  # in a call: not a victim now
         trim = None
         with self._lock:
-            self._used.pop(victim, None)
+            if self._used.get(victim) == seen:
+                # Not used since: nothing of it is live now, so it leaves the order. One
+                # called meanwhile (a new instance, the call's end put it back) stays, or
+                # that instance would never be evicted again (red-team 2026-12-01).
+                self._used.pop(victim, None)
             if not dropped:
                 return False  # nothing live (a crash dropped it): it only leaves the order
             self._evictions += 1
@@ -254,7 +264,7 @@ class Evictor:
         cutoff = self._clock() - idle_s
         with self._lock:
             stale = []
-            for ext, used in self._used.items():
+            for ext, (used, _) in self._used.items():
                 if used > cutoff:
                     break  # ordered by last use: the rest are more recent
                 stale.append(ext)

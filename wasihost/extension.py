@@ -338,8 +338,8 @@ class Extension:
         # [density] the host's idle eviction (eviction.py), None without an eviction policy.
         self._evictor = host.evictor
         # The warm spare (at most one, never shared: its own Store and memory), and the one
-        # being built on a call thread. Wanted once the extension has crashed: the instance
-        # that replaces a trapped one is then ready before the next call needs it.
+        # being built on a spare thread of the host. Wanted once the extension has crashed:
+        # the instance that replaces a trapped one is then ready before the next call needs it.
         self._spare: _Spare | None = None
         self._spare_building = False
         self._spare_slot: _Pooled | None = None  # the instance of the spare being built
@@ -351,6 +351,9 @@ class Extension:
         self.spare_starts = 0  # starts served by a warm spare (diagnostics, tests)
         # Scheduling hook (wasihost.call_gate): the host's call slots, None without a scheduler.
         self._call_gate = host.call_gate
+        # wasihost.aio's share of the host's call threads for this extension's acalls (made
+        # by the first acall: aio._Turns).
+        self._acall_turns: Any = None
         # The host's grant table holds this id's record for it (Host._build): let go once, at
         # close.
         self._holds_grants = True
@@ -1003,8 +1006,8 @@ class Extension:
         return None
 
     def _schedule_spare(self) -> None:
-        """Have a call thread of the host make a warm spare, if one is wanted and none is
-        there or coming. Never on the caller's path."""
+        """Have a spare thread of the host make a warm spare, if one is wanted and none is
+        there or coming. Never on the caller's path, nor on a call thread."""
         with self._lock:
             if (
                 not self._want_spare
@@ -1020,16 +1023,17 @@ class Extension:
                 return
             self._spare_pending = True
         try:
-            self.host.call_workers().start(self._make_spare, (), _ignore_outcome)
+            self.host.spare_workers().start(self._make_spare, (), _ignore_outcome)
         except ConfigError:  # the host is closing: no spare
             with self._lock:
                 self._spare_pending = False
                 self._freed.notify_all()
 
     def _make_spare(self) -> None:
-        """On a call thread: instantiate and handshake an instance under a budget of its own
-        (an embedder's call does not pay for it), and keep it as the warm spare if nothing
-        changed meanwhile (grant epoch, plan, a revocation, stop or close)."""
+        """On a spare thread of the host: instantiate and handshake an instance under a
+        budget of its own (an embedder's call does not pay for it), and keep it as the warm
+        spare if nothing changed meanwhile (grant epoch, plan, a revocation, stop or
+        close)."""
         with self._lock:
             self._spare_pending = False
             self._freed.notify_all()

@@ -112,31 +112,32 @@ def broker_conventions(broker: Broker) -> frozenset[str]:
 
 
 class CallContext:
-    """What an embedder's host function knows of the call it serves."""
+    """What an embedder's host function knows of the call it serves. It serves that host call
+    only: once the call is over (the function returned, or, for an ``async def``, its call
+    stopped waiting for it), :meth:`charge` raises ``GuestInterrupted`` and reaches nothing."""
 
-    __slots__ = ("_call", "_ext", "_live", "_lock", "epoch", "function")
+    __slots__ = ("_call", "_ext", "_lock", "epoch", "function")
 
     def __init__(
-        self, ext: Extension, function: HostFunction, call: Any, lock: threading.Lock
+        self,
+        ext: Extension,
+        function: HostFunction,
+        call: Any,
+        lock: threading.Lock | None = None,
     ) -> None:
         self._ext = ext
-        self._call = call
+        # The instance's guest accessor while the host call runs; None once it is over
+        # (_end). Its charge settles fuel on the instance's Store by address, and an async
+        # function's coroutine may outlive its call (it went on after its cancellation):
+        # by then the Store is freed, or serving the instance's next call (red-team
+        # 2026-12-01).
+        self._call: Any = call
+        # For an async function, whose coroutine runs on the host's loop thread: charge and
+        # _end take it, so the call cannot end (and its Store go) half-way through a charge.
+        self._lock = lock
         self.function = function
         # The grant epoch this call was authorised under: a commit checks it is still current.
         self.epoch = ext.call_epoch
-        # Whether the host call this context serves is still in progress, and the lock (one per
-        # handler, so per instance and entry) that orders a charge against its end: ``charge``
-        # reaches the guest's Store, which the guest's thread uses again, or frees, once the
-        # call is over (see ``end``).
-        self._live = True
-        self._lock = lock
-
-    def end(self) -> None:
-        """The host call is over (called on the guest's thread before it returns to wasm): no
-        later ``charge`` reaches the Store, and one in progress on another thread (an async
-        function's, on the loop thread) finishes first."""
-        with self._lock:
-            self._live = False
 
     @property
     def extension(self) -> str:
@@ -155,23 +156,38 @@ class CallContext:
 
     @property
     def deadline(self) -> float:
-        """The call's wall-clock deadline, on ``time.monotonic()``'s clock."""
-        return float(self._call.deadline)
+        """The call's wall-clock deadline, on ``time.monotonic()``'s clock (0.0, long past,
+        once the call is over)."""
+        call = self._call
+        return float(call.deadline) if call is not None else 0.0
 
     def charge(self, units: int) -> None:
         """Pay ``units`` fuel for a step of work the function is about to do, before doing it
         (an item scanned, a byte range hashed): a budget that cannot pay ends the guest's call
         ``out_of_fuel`` at this point (the exception this raises must be let through). For
-        work that grows with what the guest asks, so the guest's fuel bounds it.
+        work that grows with what the guest asks, so the guest's fuel bounds it. Once the
+        call is over, ``GuestInterrupted``: nothing is left to pay with."""
+        lock = self._lock
+        if lock is None:
+            call = self._call
+            if call is None:
+                raise GuestInterrupted
+            call.charge(units)
+            return
+        with lock:
+            call = self._call
+            if call is None:
+                raise GuestInterrupted
+            call.charge(units)
 
-        Only while the call is in progress: after it ended (an async function still running
-        past its deadline, or a context kept beyond its call) it raises
-        :class:`GuestInterrupted` and pays nothing, since the Store may be running another call
-        or be freed."""
-        with self._lock:
-            if not self._live:
-                raise GuestInterrupted("the host call this context served has ended")
-            self._call.charge(units)
+    def _end(self) -> None:
+        """The host call is over (on its guest's thread, as the handler returns)."""
+        lock = self._lock
+        if lock is None:
+            self._call = None
+            return
+        with lock:
+            self._call = None
 
     def commit(self, action: Callable[[], T]) -> T:
         """Run ``action`` (an effect a later call can observe) only if the call's grant epoch
@@ -206,11 +222,13 @@ class AsyncLoop:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._closed = False
+        # Set by close(); an Event, so that the loop thread sees it without holding this
+        # object alive.
+        self._closed = threading.Event()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         with self._lock:
-            if self._closed:
+            if self._closed.is_set():
                 coro.close()
                 raise HostStatus(Status.UNAVAILABLE)
             if self._loop is None:
@@ -219,7 +237,10 @@ class AsyncLoop:
 
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(
-                    target=self._run, args=(loop,), name="wasihost-async", daemon=True
+                    target=self._run,
+                    args=(loop, self._closed),
+                    name="wasihost-async",
+                    daemon=True,
                 )
                 self._loop, self._thread = loop, thread
                 thread.start()
@@ -229,25 +250,29 @@ class AsyncLoop:
         return asyncio.run_coroutine_threadsafe(coro, loop)
 
     @staticmethod
-    def _run(loop: asyncio.AbstractEventLoop) -> None:
+    def _run(loop: asyncio.AbstractEventLoop, closed: threading.Event) -> None:
         import asyncio
 
         asyncio.set_event_loop(loop)
         try:
             while True:
                 try:
-                    loop.run_forever()  # returns once close() stops it
-                    break
+                    loop.run_forever()
                 except (KeyboardInterrupt, SystemExit) as exc:
-                    # asyncio lets these two out of run_forever when a task (an async host
-                    # function) or a callback raises them. The loop serves every extension's
-                    # async functions: it keeps running, and the raising task's caller gets
-                    # the exception through its future (re-raised after its call, as from a
-                    # plain def); without this one function stopped the loop for the host.
+                    # asyncio lets these two out of run_forever when a task or callback
+                    # raises them: one async host function's sys.exit() would end the loop
+                    # that serves every extension's async functions, for good (red-team
+                    # 2026-12-01). The task's future holds the exception already, so its
+                    # call gets it (as a synchronous function's call does) once the loop
+                    # runs on and delivers it. (No signal reaches this thread: it is never
+                    # the main one.)
                     host_logger().error(
-                        "an async host function raised %s on the host's event loop",
+                        "an async host function raised %s; the host's event loop goes on",
                         type(exc).__name__,
                     )
+                    if not closed.is_set():
+                        continue
+                break
             tasks = asyncio.all_tasks(loop)
             for task in tasks:
                 task.cancel()
@@ -263,7 +288,7 @@ class AsyncLoop:
 
     def close(self) -> None:
         with self._lock:
-            self._closed = True
+            self._closed.set()
             loop, thread = self._loop, self._thread
         if loop is not None and thread is not None:
             loop.call_soon_threadsafe(loop.stop)
@@ -339,10 +364,9 @@ class FunctionBroker:
         fn = self.fn
         loop = self._loop
         is_async = self.is_async
-        lock = threading.Lock()
 
         def handle(call: Any, request: Any) -> Any:
-            ctx = CallContext(ext, entry, call, lock)
+            ctx = CallContext(ext, entry, call, threading.Lock() if is_async else None)
             try:
                 if is_async:
                     if call.woken:  # interrupted since the engine's check: start nothing
@@ -359,7 +383,7 @@ class FunctionBroker:
                 )
                 raise HostFunctionFailed(entry.qualified_name) from None
             finally:
-                ctx.end()
+                ctx._end()
 
         return handle
 
@@ -373,11 +397,10 @@ class FunctionBroker:
         name = entry.qualified_name
         returns = bool(entry.results)
         low, high = NATIVE_RESULT_RANGE[entry.results[0]] if returns else (0, 0)
-        lock = threading.Lock()
 
         def handle(call: Any, *args: int) -> Any:
             result: Any
-            ctx = CallContext(ext, entry, call, lock)
+            ctx = CallContext(ext, entry, call, threading.Lock() if is_async else None)
             try:
                 if is_async:
                     if call.woken:  # interrupted since the engine's check: start nothing
@@ -394,7 +417,7 @@ class FunctionBroker:
                 )
                 raise HostFunctionFailed(name) from None
             finally:
-                ctx.end()
+                ctx._end()
             if returns:
                 if type(result) is int and low <= result <= high:
                     return result

@@ -23,7 +23,7 @@ import attrs
 from .admission import AdmissionPlan
 from .brokers import builtin_brokers
 from .brokers.clock import Clock, SystemClock
-from .callworkers import DEFAULT_CALL_WORKERS, CallWorkers
+from .callworkers import DEFAULT_CALL_WORKERS, SPARE_WORKERS, CallWorkers
 from .engine import WasmEngine
 from .errors import (
     AdmissionError,
@@ -261,6 +261,8 @@ class Host:
         self.closed = False
         # The threads running Extension.acall's calls: started on first use.
         self._call_workers = CallWorkers(async_workers)
+        # The threads starting warm spares, never a call's (see SPARE_WORKERS).
+        self._spare_workers = CallWorkers(SPARE_WORKERS)
         # Scheduling and operator-metrics hooks (docs/scheduling.md, docs/supervision.md):
         # without a scheduler calls take no host-wide slot, as before it existed.
         self.scheduler = scheduler
@@ -429,6 +431,7 @@ class Host:
             pool.shutdown(wait=False, cancel_futures=True)
             concurrent.futures.wait(flushing, timeout=TERMINATE_WAIT_S)
         self._call_workers.close()
+        self._spare_workers.close()
         self.functions.close()
         if self.evictor is not None:
             self.evictor.close()  # [density]
@@ -441,6 +444,10 @@ class Host:
     def call_workers(self) -> CallWorkers:
         """The bounded pool of threads on which async calls run (:mod:`wasihost.callworkers`)."""
         return self._call_workers
+
+    def spare_workers(self) -> CallWorkers:
+        """The threads that start extensions' warm spares, apart from the call threads."""
+        return self._spare_workers
 
     def forget(self, ext: Extension) -> None:
         """A closed extension leaves the host: its id may be admitted again."""

@@ -127,7 +127,7 @@ class Slot:
 class Waiter:
     """A call waiting for a slot. :meth:`cancel` (any thread) wakes it to give up."""
 
-    __slots__ = ("cancelled", "event", "extension", "priority", "seq", "slot")
+    __slots__ = ("cancelled", "event", "extension", "notify", "priority", "seq", "slot")
 
     def __init__(self, extension: str, priority: Priority, seq: int) -> None:
         self.extension = extension
@@ -136,10 +136,17 @@ class Waiter:
         self.slot: Slot | None = None
         self.cancelled = False
         self.event = threading.Event()
+        # Told (with no lock held) after the event is set, for a waiter that waits on an
+        # event loop rather than on the event (an acall: wasihost.aio). Set it, then look at
+        # ``slot`` and ``cancelled``: a grant or cancel may have come first.
+        self.notify: Callable[[], None] | None = None
 
     def cancel(self) -> None:
         self.cancelled = True
         self.event.set()
+        notify = self.notify
+        if notify is not None:
+            notify()
 
 
 @attrs.frozen
@@ -333,6 +340,8 @@ class Scheduler:
             else:
                 nxt.slot = self._charge(nxt.extension, nxt.priority, queued=True)
                 nxt.event.set()
+        if nxt is not None and nxt.notify is not None:
+            nxt.notify()
 
     def _charge(self, extension: str, priority: Priority, *, queued: bool) -> Slot:
         """Caller holds the lock and has taken a slot: charge the grant, make the slot."""
@@ -416,7 +425,7 @@ class Scheduler:
                     return slot
                 left = deadline - self._clock()
                 if left <= 0 and self.withdraw(waiter, refused=True):
-                    raise self._busy(extension, priority)
+                    raise self.busy(extension, priority)
                 waiter.event.wait(max(0.0, left))
         except BaseException:
             # Interrupted in the wait (KeyboardInterrupt): never leave a slot behind.
@@ -427,7 +436,8 @@ class Scheduler:
             if on_wait is not None:
                 on_wait(None)
 
-    def _busy(self, extension: str, priority: Priority) -> HostBusy:
+    def busy(self, extension: str, priority: Priority) -> HostBusy:
+        """The refusal of a call of ``extension`` that waited for a slot until its deadline."""
         with self._lock:
             running = self.max_concurrent_calls - self._free
             waiting = self._waiting
