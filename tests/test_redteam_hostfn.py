@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -282,3 +283,40 @@ def test_a_policy_coarsening_the_clock_reaches_a_running_extension() -> None:
         host.update_policy(Policy(allow={"clock"}, clock_resolution_ns=1_000_000_000))
         assert ext.call("go", "realtime") == 1_234_000_000_000
         assert ext.call("go", "monotonic") == 9_000_000_000
+
+
+def test_an_async_callable_object_is_awaited_and_a_returned_coroutine_is_refused_clearly(
+    app: Host, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Break (red-team 2026-12-01): a host function was async only if it was itself an async
+    # def. An object whose __call__ is async def ran as a plain function: its coroutine went
+    # to the encoder, the guest got host_error "cannot encode a value of type coroutine", and
+    # Python warned "coroutine was never awaited". Now such an object is awaited on the loop
+    # like an async def; a plain function that returns a coroutine (a sync wrapper round an
+    # async def) has it closed unrun, and the host log says how to register it.
+    class Lookup:
+        async def __call__(self, ctx: CallContext, request: Any) -> Any:
+            await asyncio.sleep(0)
+            return ["awaited", request]
+
+    async def inner(ctx: CallContext, request: Any) -> Any:
+        return request
+
+    app.add_function("myapp.lookup", Lookup(), capability="myapp.read", **LIMITS)
+    def wrapper(ctx: CallContext, request: Any) -> Any:
+        return inner(ctx, request)  # a plain def: nothing awaits what it returns
+
+    app.add_function("myapp.wrapped", wrapper, capability="myapp.read", **LIMITS)
+    ext = app.admit(bare(fn_guest("lookup"), name="objects"), grants=["myapp.read"])
+    assert ext.call("go", 7) == ["awaited", 7]
+    wrapped = app.admit(bare(fn_guest("wrapped"), name="wrapper"), grants=["myapp.read"])
+    with (
+        caplog.at_level("ERROR", logger="wasihost"),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("error")  # a coroutine left unawaited would warn
+        with pytest.raises(CallError) as info:
+            wrapped.call("go", 1)
+    assert info.value.failure is FailureClass.HOST_ERROR
+    assert "cannot encode" not in info.value.message
+    assert any("returned a coroutine" in r.getMessage() for r in caplog.records)

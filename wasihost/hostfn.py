@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import threading
 import time
+import types
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
@@ -325,6 +326,29 @@ def wait_for(future: concurrent.futures.Future[T], call: Any) -> T:
         raise HostStatus(Status.UNAVAILABLE) from None
 
 
+def is_async_function(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` makes a coroutine for the host's loop to run: an ``async def``
+    (also behind ``functools.partial``), or an object whose ``__call__`` is one."""
+    # type(fn).__call__, not fn.__call__: what calling the object runs (a function's is
+    # a slot wrapper, never a coroutine function).
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def _returned_coroutine(
+    coro: types.CoroutineType[Any, Any, Any], name: str, ext_id: str
+) -> Exception:
+    """A plain function that returned a coroutine (a sync wrapper round an ``async def``):
+    nothing awaits it. It is closed unrun, and the operator told how to register it."""
+    coro.close()
+    host_logger().error(
+        "host function %s returned a coroutine to extension %s without running it: register "
+        "the async def itself (or an object whose __call__ is async def) so the host awaits it",
+        name,
+        ext_id,
+    )
+    return HostFunctionFailed(name)
+
+
 class FunctionBroker:
     """The broker of one embedder function: stateless, its handler calls ``fn(ctx, request)``
     (an ``async def`` on the host's event-loop thread)."""
@@ -332,7 +356,7 @@ class FunctionBroker:
     def __init__(self, entry: HostFunction, fn: Function, loop: AsyncLoop) -> None:
         self.entry = entry
         self.fn = fn
-        self.is_async = inspect.iscoroutinefunction(fn)
+        self.is_async = is_async_function(fn)
         self._loop = loop
 
     @property
@@ -373,7 +397,7 @@ class FunctionBroker:
                         raise GuestInterrupted
                     coro: Awaitable[Any] = fn(ctx, request)
                     return wait_for(loop.submit(coro), call)  # type: ignore[arg-type]
-                return fn(ctx, request)
+                result = fn(ctx, request)
             except (HostStatus, GuestDeadline, GuestInterrupted, GuestOutOfFuel):
                 raise
             except Exception:
@@ -384,6 +408,9 @@ class FunctionBroker:
                 raise HostFunctionFailed(entry.qualified_name) from None
             finally:
                 ctx._end()
+            if type(result) is types.CoroutineType:
+                raise _returned_coroutine(result, entry.qualified_name, ext.id)
+            return result
 
         return handle
 
@@ -418,6 +445,8 @@ class FunctionBroker:
                 raise HostFunctionFailed(name) from None
             finally:
                 ctx._end()
+            if type(result) is types.CoroutineType:
+                raise _returned_coroutine(result, name, ext.id)
             if returns:
                 if type(result) is int and low <= result <= high:
                     return result
@@ -530,7 +559,7 @@ class HostFunctions:
             max_response_bytes=max_response_bytes,
             fuel_base=fuel_base,
             fuel_per_byte=fuel_per_byte,
-            blocking=inspect.iscoroutinefunction(fn),
+            blocking=is_async_function(fn),
             commits=commits,
             doc=doc or (inspect.getdoc(fn) or "").split("\n\n")[0],
             request=request,
