@@ -13,9 +13,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import FIXTURES, bare
+from conftest import FIXTURES, bare, run_in_thread
 from test_host_functions import LIMITS, fn_guest
 
+from wasihost import hostfn as hostfn_module
 from wasihost.engine.native import SETTLE_FUEL
 from wasihost.errors import CallError, ConfigError, FailureClass
 from wasihost.hostfn import CallContext
@@ -320,3 +321,43 @@ def test_an_async_callable_object_is_awaited_and_a_returned_coroutine_is_refused
     assert info.value.failure is FailureClass.HOST_ERROR
     assert "cannot encode" not in info.value.message
     assert any("returned a coroutine" in r.getMessage() for r in caplog.records)
+
+
+def test_an_admission_never_sees_a_function_half_registered(
+    app: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Break (red-team 2026-12-01): register() added the registry entry, then its broker, and
+    # an admission on another thread could seal the registry in between: the guest was
+    # admitted against an entry nobody served. Now the two steps and the seal are one change
+    # under the registry's lock: the admission waits for the registration, then serves it.
+    halfway, go = threading.Event(), threading.Event()
+    real_add_broker = hostfn_module.HostFunctions.add_broker
+
+    def slow_add_broker(self: Any, broker: Any) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            halfway.set()
+            assert go.wait(WAIT_S)
+        real_add_broker(self, broker)
+
+    monkeypatch.setattr(hostfn_module.HostFunctions, "add_broker", slow_add_broker)
+    worker, failures = run_in_thread(
+        lambda: app.add_function(
+            "myapp.lookup", lambda ctx, request: request, capability="myapp.read", **LIMITS
+        )
+    )
+    try:
+        assert halfway.wait(WAIT_S)  # the entry is in the registry, its broker not yet
+        admitted: list[Any] = []
+        admitting, admit_failures = run_in_thread(
+            lambda: admitted.append(
+                app.admit(bare(fn_guest("lookup"), name="racer"), grants=["myapp.read"])
+            )
+        )
+        admitting.join(0.2)  # the admission waits for the registration to end
+        assert admitting.is_alive() or admit_failures, "admitted half-way through"
+    finally:
+        go.set()
+        worker.join(WAIT_S)
+    admitting.join(WAIT_S)
+    assert not failures and not admit_failures, (failures, admit_failures)
+    assert admitted[0].call("go", 5) == 5

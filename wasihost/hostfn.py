@@ -565,10 +565,11 @@ class HostFunctions:
             request=request,
             response=response,
         )
-        if (entry.module, entry.name) in self._brokers:
-            raise ConfigError(f"host function {entry.qualified_name} is registered twice")
-        self.registry.add_function(entry)
-        self.add_broker(FunctionBroker(entry, fn, self.loop))
+        with self.registry.changing:  # the entry and its broker, as one change
+            if (entry.module, entry.name) in self._brokers:
+                raise ConfigError(f"host function {entry.qualified_name} is registered twice")
+            self.registry.add_function(entry)
+            self.add_broker(FunctionBroker(entry, fn, self.loop))
         return entry
 
     def function(self, name: str, **options: Any) -> Callable[[Function], Function]:

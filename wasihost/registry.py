@@ -514,9 +514,17 @@ class Registry:
     # stale, because nothing they depend on changes once sealed (a major may still be added:
     # keys that depend on the majors include their count).
     memo: dict[Any, Any] = attrs.field(factory=dict, init=False, repr=False, eq=False)
+    # Held by a change that takes more than one step (an embedder function: its entry, then
+    # its broker) and by seal(): an admission on another thread seals either before the change
+    # began (which is then refused) or after it ended, never half-way (an entry whose broker
+    # was not there yet).
+    changing: threading.RLock = attrs.field(
+        factory=threading.RLock, init=False, repr=False, eq=False
+    )
 
     def seal(self) -> None:
-        self.sealed = True
+        with self.changing:
+            self.sealed = True
 
     @property
     def profiles(self) -> dict[str, Profile]:
