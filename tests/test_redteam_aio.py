@@ -23,6 +23,7 @@ from wasihost.errors import CallError, FailureClass
 from wasihost.extension import Extension
 from wasihost.hostfn import CallContext
 from wasihost.lifecycle import ExtensionUnavailable, State
+from wasihost.limits import MAX_FUEL_PER_CALL
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.scheduling import HostBusy, Priority, Scheduler
@@ -517,3 +518,35 @@ def test_an_acall_woken_after_its_host_closed_is_refused_as_unavailable() -> Non
     held_error, queued_error = asyncio.run(main())
     assert isinstance(held_error, ExtensionUnavailable), held_error
     assert isinstance(queued_error, ExtensionUnavailable), queued_error
+
+
+def test_cancelling_astart_stops_a_spinning_start_function(cache: Any) -> None:
+    # Break (red-team 2026-12-01): AsyncExtension.astart ran Extension.start on a call thread
+    # with nothing to stop it: cancelling the awaiting task left the start function spinning
+    # there to its deadline (here 30 s), holding a call thread. Now a cancelled astart stops
+    # it at the next epoch tick, as a cancelled acall's, and the extension starts again later.
+    from test_stop_in_every_phase import spinning_start
+
+    with Host(Policy(allow=CAPS), cache_dir=cache) as host:
+        # The most fuel a call may have: a spin burns it in about 10 s on an idle machine.
+        ext = host.admit(
+            bare(spinning_start(), name="slowstart"), fuel=MAX_FUEL_PER_CALL, timeout_ms=LONG_MS
+        )
+        aext = AsyncExtension(ext)
+
+        async def main() -> float:
+            task = asyncio.ensure_future(aext.astart())
+            while not ext._slots:  # the instance exists: its start function is running
+                assert not task.done(), task
+                await asyncio.sleep(0.005)
+            cancelled = time.monotonic()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return cancelled
+
+        cancelled = asyncio.run(main())
+        assert ext.wait_idle(WAIT_S)
+        # A few epoch ticks, not the fuel's 10 s or the 30 s deadline (generous for a loaded CI).
+        assert time.monotonic() - cancelled < 5.0
+        assert ext.lifecycle.state is not State.QUARANTINED

@@ -452,8 +452,16 @@ class AsyncExtension:
         return await call_async(self.sync, command, value, fuel=fuel, timeout_ms=timeout_ms)
 
     async def astart(self) -> Handshake:
-        """Instantiate and handshake now (calls do it lazily)."""
-        return await _on_thread(self.sync.host, self.sync.start)
+        """Instantiate and handshake now (calls do it lazily). Cancelling the awaiting task
+        stops the start function or handshake at its next epoch tick, as a call's."""
+        import asyncio
+
+        ticket = CallTicket(self.sync)
+        try:
+            return await _on_thread(self.sync.host, self.sync.start, ticket)
+        except asyncio.CancelledError:
+            ticket.cancel()  # the start ran on: it would hold a call thread to its deadline
+            raise
 
     async def aclose(self, reason: str = "closed") -> None:
         """Close for good; calls in flight are interrupted."""

@@ -576,10 +576,13 @@ class Extension:
             timeout_ms=r.timeout_ms,
         )
 
-    def start(self) -> Handshake:
+    def start(self, ticket: CallTicket | None = None) -> Handshake:
         """Instantiate and run the handshake now, under one call's budget (calls do it
-        lazily, under their own). With an instance already started, return its handshake."""
-        slot, budget, _ = self._checkout(None, None, None, None)
+        lazily, under their own). With an instance already started, return its handshake.
+        ``ticket`` lets another thread cancel the start (``AsyncExtension.astart``'s task)."""
+        slot, budget, _ = self._checkout(None, None, None, ticket)
+        if ticket is not None:
+            ticket.detach()
         self._checkin(slot)
         if budget is not None:  # budgets: the start-up's fuel counts like a call's
             self._charge_fuel(budget.used)
