@@ -26,9 +26,10 @@ from wasihost.budgets import (
     budget_for,
     stricter_mode,
 )
+from wasihost.call_ticket import CallTicket
 from wasihost.cli import main
 from wasihost.errors import CallError, FailureClass, ManifestError
-from wasihost.extension import CallTicket, Extension
+from wasihost.extension import Extension
 from wasihost.governor import Governor, Throttled
 from wasihost.lifecycle import ExtensionUnavailable, State
 from wasihost.manifest import parse_manifest

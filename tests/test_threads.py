@@ -11,8 +11,9 @@ import time
 import attrs
 from conftest import ALL_CAPS, FIXTURES
 
+from wasihost.call_ticket import CallTicket
 from wasihost.errors import CallError, FailureClass
-from wasihost.extension import CallTicket, Extension
+from wasihost.extension import Extension
 from wasihost.package import load_package
 from wasihost.policy import Policy
 from wasihost.runtime import Host

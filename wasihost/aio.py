@@ -30,11 +30,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .call_ticket import CallTicket
+
 # The pool is its own module so that a Host, which always has one, need not import this one;
 # its names stay importable from here.
 from .callworkers import DEFAULT_CALL_WORKERS, MAX_CALL_WORKERS, CallWorkers, _Closed
 from .errors import CallError, ConfigError, FailureClass
-from .extension import SHUTTING_DOWN, CallTicket, Extension, _override
+from .extension import SHUTTING_DOWN, Extension, _override
 from .lifecycle import ExtensionUnavailable, State
 
 if TYPE_CHECKING:

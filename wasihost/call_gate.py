@@ -42,7 +42,8 @@ from .lifecycle import ExtensionUnavailable
 from .scheduling import Priority, Scheduler, Slot, Waiter, lower
 
 if TYPE_CHECKING:
-    from .extension import CallTicket, Extension
+    from .call_ticket import CallTicket
+    from .extension import Extension
 
 T = TypeVar("T")
 

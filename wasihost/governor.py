@@ -42,7 +42,8 @@ from .status import GuestInterrupted, HostStatus, Status
 
 if TYPE_CHECKING:
     from .budget_crossing import Crossing
-    from .extension import CallTicket, Extension
+    from .call_ticket import CallTicket
+    from .extension import Extension
     from .reports import Usage
 
 

@@ -34,10 +34,10 @@ import attrs
 
 from .. import run_allowance
 from ..budgets import Resource
+from ..call_ticket import CallTicket
 from ..codec import CodecLimits, decode, encode
 from ..errors import CodecError, ConfigError
 from ..event_classes import MAX_CLASS_CHARS, covered, is_class, is_selector, matches
-from ..extension import CallTicket
 from ..hostfn import refuse_any_scope
 from ..lifecycle import State
 from ..run_allowance import NetworkAllowance
