@@ -16,7 +16,7 @@ from guests import build, guest_wat
 from test_density import echo, evicting_host, live
 from test_host_functions import CAPS, LIMITS, fn_guest, load
 
-from wasihost.aio import AsyncExtension
+from wasihost.aio import AsyncExtension, AsyncHost
 from wasihost.call_gate import calls_as
 from wasihost.engine.native import SETTLE_FUEL
 from wasihost.errors import CallError, FailureClass
@@ -550,3 +550,24 @@ def test_cancelling_astart_stops_a_spinning_start_function(cache: Any) -> None:
         # A few epoch ticks, not the fuel's 10 s or the 30 s deadline (generous for a loaded CI).
         assert time.monotonic() - cancelled < 5.0
         assert ext.lifecycle.state is not State.QUARANTINED
+
+
+def test_an_async_load_does_not_wait_behind_calls_holding_every_call_thread() -> None:
+    # Break (red-team 2026-12-01): AsyncHost.load, load_installed and update ran on the
+    # host's call threads: with each of them in a long call (here one, spinning for 30 s),
+    # loading another extension waited for that call to end. They run no guest code, so they
+    # now run on the loop's default executor.
+    from test_aio import ECHO, SPIN, SPIN_FUEL, started
+
+    async def main() -> None:
+        async with AsyncHost(Policy(allow=CAPS), cache_dir=None, async_workers=1) as host:
+            spinning = await host.load(SPIN, fuel=SPIN_FUEL, timeout_ms=LONG_MS)
+            hog = asyncio.ensure_future(spinning.acall("run"))
+            await started(hog, spinning.sync, 1)  # the one call thread is taken
+            echo = await asyncio.wait_for(host.load(ECHO), WAIT_S / 3)
+            assert echo.id != spinning.id
+            hog.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await hog
+
+    asyncio.run(main())

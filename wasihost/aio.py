@@ -497,17 +497,27 @@ class AsyncHost:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    # Loads and updates run no guest code (compilation has its own budget; an update waits
+    # for the calls in flight): on the loop's default executor, not a call thread, where with
+    # every call thread in a long call they waited behind those calls.
+
     async def load(self, source: str | Path, **options: Any) -> AsyncExtension:
         """:meth:`Host.load`, with admission and compilation off the loop."""
-        return AsyncExtension(await _on_thread(self.host, self.host.load, source, **options))
+        import asyncio
+
+        return AsyncExtension(await asyncio.to_thread(self.host.load, source, **options))
 
     async def load_installed(self, extension: str, **options: Any) -> AsyncExtension:
+        import asyncio
+
         return AsyncExtension(
-            await _on_thread(self.host, self.host.load_installed, extension, **options)
+            await asyncio.to_thread(self.host.load_installed, extension, **options)
         )
 
     async def update(self, source: str | Path, **options: Any) -> AsyncExtension:
-        return AsyncExtension(await _on_thread(self.host, self.host.update, source, **options))
+        import asyncio
+
+        return AsyncExtension(await asyncio.to_thread(self.host.update, source, **options))
 
     def extension(self, extension: str) -> AsyncExtension | None:
         ext = self.host.extension(extension)
