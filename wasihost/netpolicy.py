@@ -13,7 +13,8 @@ the resolving and the connecting; what may be reached is decided here:
 - an **address** is classified: loopback, private, link-local, CGNAT, multicast, unspecified,
   reserved and documentation ranges are *local* (reachable only with ``allow_local_network``),
   IPv4 embedded in IPv6 (mapped, compatible, NAT64, 6to4) is judged by its IPv4 address, and
-  the cloud metadata endpoints are refused always.
+  the cloud metadata endpoints are refused always (also where a translator on the local
+  network could find them: local-use NAT64, SIIT-translated and Teredo addresses).
 """
 
 from __future__ import annotations
