@@ -5,8 +5,8 @@ What may be reached is decided by :mod:`wasihost.netpolicy` (pure); this module 
 it resolves the name (an injectable resolver), refuses the request if any answer is a refused
 address, connects to the checked address itself (urllib3's connection; for https, TLS over
 memory BIOs with the name as server name and certificate host, so that its bytes are counted
-too), sends the request with the host's own framing headers, and reads a bounded response. Redirects are answered, not followed: the guest's next request is
-checked like any other.
+too), sends the request with the host's own framing headers, and reads a bounded response.
+Redirects are answered, not followed: the guest's next request is checked like any other.
 
 The exchange runs on a worker thread while the guest's thread waits, so the call returns at
 its deadline or at the instance's interrupt (disable, revocation, close) within a few
