@@ -18,7 +18,7 @@ from pathlib import Path
 
 import cbor2
 import pytest
-from conftest import bare
+from conftest import bare, run_in_thread
 from test_http import certificates, ok, resolve, wat_guest
 
 from wasihost.brokers.http import MAX_RESPONSE_BODY_BYTES, MAX_RESPONSE_WIRE_BYTES, HttpBroker
@@ -169,7 +169,7 @@ def test_a_status_outside_100_to_599_is_unavailable(cache: Path) -> None:
     with Host(Policy(allow={"http"}), cache_dir=cache, brokers=[HttpBroker(resolver=resolve)]) as h:
         for status, expected in (
             (b"999 Weird", -Status.UNAVAILABLE),
-            (b"600 X", -6),
+            (b"600 X", -Status.UNAVAILABLE),
             (b"599 X", 0),
         ):
             with raw_server(answer(status)) as server:
@@ -204,14 +204,23 @@ HOSTILE: dict[str, tuple[Script, int]] = {
     "negative chunk size": (_chunked(b"-1\r\n"), -Status.PAYLOAD_TOO_LARGE),
     "hex-garbage chunk size": (_chunked(b"zz\r\n"), -Status.UNAVAILABLE),
     "huge chunk size": (_chunked(b"ffffffffffffffffffff\r\n"), -Status.PAYLOAD_TOO_LARGE),
-    "100 Continue forever": (_endless(b"", b"HTTP/1.1 100 Continue\r\n\r\n"), -3),
-    "a header line of megabytes": (_endless(b"HTTP/1.1 200 OK\r\nX: ", b"a" * 1024), -6),
+    "100 Continue forever": (
+        _endless(b"", b"HTTP/1.1 100 Continue\r\n\r\n"),
+        -Status.PAYLOAD_TOO_LARGE,
+    ),
+    "a header line of megabytes": (
+        _endless(b"HTTP/1.1 200 OK\r\nX: ", b"a" * 1024),
+        -Status.UNAVAILABLE,  # http.client's 64 KiB line limit
+    ),
     "endless headers": (_endless(b"HTTP/1.1 200 OK\r\n", b"X: y\r\n"), -Status.UNAVAILABLE),
     "endless trailers": (
         _endless(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n", b"T: x\r\n"),
         -Status.PAYLOAD_TOO_LARGE,
     ),
-    "a body that never ends": (_endless(b"HTTP/1.1 200 OK\r\n\r\n", b"b" * 1024), -3),
+    "a body that never ends": (
+        _endless(b"HTTP/1.1 200 OK\r\n\r\n", b"b" * 1024),
+        -Status.PAYLOAD_TOO_LARGE,
+    ),
     "a gzip bomb": (answer(b"200 OK", BOMB, b"Content-Encoding: gzip\r\n"), 0),
 }
 
@@ -353,3 +362,37 @@ def test_environment_proxies_are_never_used(cache: Path, monkeypatch: pytest.Mon
             ext = guest(h, server.origin() + "/")
             assert ext.call("run") == 0
         assert server.accepted == 1 and proxy.accepted == 0
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_request_cut_short_mid_transfer_closes_its_socket(
+    tmp_path: Path, cache: Path, scheme: str
+) -> None:
+    # Held (red-team 2026-12-01), and for the TLS layer this pass added: a disable during a
+    # response ends the call at once and the host's socket is closed (the server reads EOF).
+    cert, key, ca = certificates(tmp_path)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    entered, hung_up = threading.Event(), threading.Event()
+
+    def hold(sock: socket.socket, head: bytes) -> None:
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nx")
+        entered.set()
+        with contextlib.suppress(OSError):
+            sock.recv(1)  # b"" once the host closes
+        hung_up.set()
+
+    context = ssl.create_default_context(cadata=ca.decode())
+    broker = HttpBroker(resolver=resolve, ssl_context=context)
+    with (
+        Host(Policy(allow={"http"}), cache_dir=cache, brokers=[broker]) as h,
+        raw_server(hold, tls if scheme == "https" else None) as server,
+    ):
+        ext = guest(h, server.origin(scheme) + "/")
+        ext.start()
+        worker, outcome = run_in_thread(lambda: ext.call("run"))
+        assert entered.wait(HOLD_S)
+        h.disable(ext.id)
+        worker.join(HOLD_S)
+        assert not worker.is_alive() and len(outcome) == 1
+        assert hung_up.wait(HOLD_S)
