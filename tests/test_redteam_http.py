@@ -19,7 +19,7 @@ from pathlib import Path
 import cbor2
 import pytest
 from conftest import bare, run_in_thread
-from test_http import certificates, ok, resolve, wat_guest
+from test_http import certificates, http_host, load, ok, resolve, wat_guest
 
 from wasihost.brokers.http import MAX_RESPONSE_BODY_BYTES, MAX_RESPONSE_WIRE_BYTES, HttpBroker
 from wasihost.errors import CallError, FailureClass
@@ -396,3 +396,19 @@ def test_a_request_cut_short_mid_transfer_closes_its_socket(
         worker.join(HOLD_S)
         assert not worker.is_alive() and len(outcome) == 1
         assert hung_up.wait(HOLD_S)
+
+
+def test_a_response_stops_at_what_is_left_of_the_hourly_budget(tmp_path: Path, cache: Path) -> None:
+    # Break (red-team 2026-12-01): the hourly budget was checked before sending and after the
+    # header block and each 16 KiB of body, but the HTTP parser reads the header block (and
+    # 100 Continue, trailers) up to the 512 KiB wire limit first: with 4 KiB of the hour's
+    # budget left, one request read 512 KiB. The wire limit of a response is now also what is
+    # left of the budget when it is sent, and reaching it is QUOTA_EXCEEDED.
+    budget = 4096
+    script = _endless(b"", b"HTTP/1.1 100 Continue\r\n\r\n")
+    with http_host(cache) as h, raw_server(script) as server:
+        ext = load(h, tmp_path, server, bytes_per_hour=budget)  # type: ignore[arg-type]
+        with pytest.raises(CallError) as info:
+            ext.call("fetch", {"url": f"{server.origin()}/"})
+        assert info.value.guest_class == "quota_exceeded"
+        assert counted(ext) <= budget

@@ -405,7 +405,8 @@ class ResponseTooLarge(OSError):
 
 
 class AllowanceSpent(OSError):
-    """A job run's response wanted more bytes than its ``max_network_bytes`` had left."""
+    """A response wanted more bytes than a job run's ``max_network_bytes`` or the extension's
+    hourly budget had left."""
 
 
 class _MeteredReader(io.RawIOBase):
@@ -436,12 +437,21 @@ class MeteredSocket:
     everything else is the socket's own."""
 
     def __init__(
-        self, sock: socket.socket, cap: int, allowance: NetworkAllowance | None = None
+        self,
+        sock: socket.socket,
+        cap: int,
+        allowance: NetworkAllowance | None = None,
+        quota_left: int | None = None,
     ) -> None:
         self.sock = sock
-        self.cap = cap
+        # What is left of the extension's hourly budget bounds the response too: the header
+        # block is read whole (up to the cap) before the account could refuse it, so with
+        # 4 KiB of the hour left, one response read 512 KiB.
+        self.quota_capped = quota_left is not None and quota_left < cap
+        self.cap = min(cap, quota_left) if quota_left is not None else cap
         # A job run's own allowance: each read takes its bytes from it first.
         self.allowance = allowance
+        # A budget (the run's allowance, or the hour's) stopped the response: QUOTA_EXCEEDED.
         self.allowance_spent = False
         self.received = 0
         self.counted = 0  # how much of ``received`` the traffic account has been told
@@ -451,6 +461,9 @@ class MeteredSocket:
         allowance leave, its bytes counted."""
         room = self.cap - self.received
         if room <= 0:
+            if self.quota_capped:
+                self.allowance_spent = True
+                raise AllowanceSpent("response over what is left of the hourly budget")
             raise ResponseTooLarge("response over the wire limit")
         allowance = self.allowance
         if allowance is not None:
@@ -817,7 +830,7 @@ class HttpBroker:
         conn = self._connect(origin, addresses, deadline, exchange)
         sock = conn.sock
         assert sock is not None  # connected
-        meter = MeteredSocket(sock, MAX_RESPONSE_WIRE_BYTES, allowance)
+        meter = MeteredSocket(sock, MAX_RESPONSE_WIRE_BYTES, allowance, state.quota.left())
         try:
             if origin.scheme == "https":
                 # TLS above the meter, so its own bytes are counted too (TlsSocket).
