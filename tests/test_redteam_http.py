@@ -19,9 +19,14 @@ from pathlib import Path
 import cbor2
 import pytest
 from conftest import bare, run_in_thread
-from test_http import certificates, http_host, load, ok, resolve, wat_guest
+from test_http import certificates, http_host, load, ok, package, resolve, wat_guest
 
-from wasihost.brokers.http import MAX_RESPONSE_BODY_BYTES, MAX_RESPONSE_WIRE_BYTES, HttpBroker
+from wasihost.brokers.http import (
+    MAX_INFLIGHT_PER_EXTENSION,
+    MAX_RESPONSE_BODY_BYTES,
+    MAX_RESPONSE_WIRE_BYTES,
+    HttpBroker,
+)
 from wasihost.errors import CallError, FailureClass
 from wasihost.extension import Extension
 from wasihost.netpolicy import NetPolicyError, address_class, address_refusal, parse_url
@@ -412,3 +417,54 @@ def test_a_response_stops_at_what_is_left_of_the_hourly_budget(tmp_path: Path, c
             ext.call("fetch", {"url": f"{server.origin()}/"})
         assert info.value.guest_class == "quota_exceeded"
         assert counted(ext) <= budget
+
+
+def test_requests_in_flight_are_bounded_per_extension_and_freed(
+    tmp_path: Path, cache: Path
+) -> None:
+    # Held (red-team 2026-12-01): a pooled extension calling from 6 instances at once has at
+    # most MAX_INFLIGHT_PER_EXTENSION requests (worker threads, sockets) open; the others are
+    # UNAVAILABLE unsent, and every worker is gone once the server answers.
+    held, release = threading.Semaphore(0), threading.Event()
+
+    def hold(sock: socket.socket, head: bytes) -> None:
+        held.release()
+        release.wait(HOLD_S)
+        answer(b"200 OK")(sock, head)
+
+    answers: list[object] = []
+    refused = threading.Semaphore(0)
+
+    with http_host(cache) as h, raw_server(hold) as server:
+        pkg = package(tmp_path, [server.origin()])
+        manifest = (pkg / "extension.toml").read_text()
+        (pkg / "extension.toml").write_text(
+            manifest.replace("timeout_ms = 2000", "timeout_ms = 10000\nmax_concurrency = 6")
+        )
+        ext = h.load(pkg)
+        h.grant(ext.id, "http", {"allow_local_network": True})
+        ext.start()
+
+        def one() -> None:
+            try:
+                answers.append(ext.call("fetch", {"url": f"{server.origin()}/"})["status"])
+            except CallError as exc:
+                answers.append(exc.guest_class)
+                refused.release()
+
+        callers = [threading.Thread(target=one, daemon=True) for _ in range(6)]
+        for caller in callers:
+            caller.start()
+        for _ in range(MAX_INFLIGHT_PER_EXTENSION):
+            assert held.acquire(timeout=HOLD_S)
+        for _ in range(6 - MAX_INFLIGHT_PER_EXTENSION):
+            assert refused.acquire(timeout=HOLD_S)
+        assert server.accepted == MAX_INFLIGHT_PER_EXTENSION
+        release.set()
+        for caller in callers:
+            caller.join(HOLD_S)
+        assert sorted(map(str, answers)) == ["200"] * 4 + ["unavailable"] * 2
+        for thread in threading.enumerate():
+            if thread.name == "wasihost-http":
+                thread.join(HOLD_S)
+                assert not thread.is_alive()
