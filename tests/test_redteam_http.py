@@ -468,3 +468,18 @@ def test_requests_in_flight_are_bounded_per_extension_and_freed(
             if thread.name == "wasihost-http":
                 thread.join(HOLD_S)
                 assert not thread.is_alive()
+
+
+def test_response_bytes_that_are_not_utf_8_reach_the_guest_as_well_formed_text(
+    tmp_path: Path, cache: Path
+) -> None:
+    # Held (red-team 2026-12-01): header bytes are read as latin-1, one character each, so
+    # invalid UTF-8, controls and NUL in a value reach the guest as valid CBOR text (the Rust
+    # guest decodes it), and the body is bytes as sent.
+    raw = b"\xc3\x28\xff\x01 \xe2\x82"
+    script = answer(b"200 OK", b"\xff\xfe\x00", b"X-Bin: " + raw + b"\r\n")
+    with http_host(cache) as h, raw_server(script) as server:
+        ext = load(h, tmp_path, server)  # type: ignore[arg-type]
+        got = ext.call("fetch", {"url": f"{server.origin()}/"})
+        assert dict(got["headers"])["X-Bin"] == raw.decode("latin-1")
+        assert got["body"] == b"\xff\xfe\x00"
