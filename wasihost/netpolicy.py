@@ -13,7 +13,8 @@ the resolving and the connecting; what may be reached is decided here:
 - an **address** is classified: loopback, private, link-local, CGNAT, multicast, unspecified,
   reserved and documentation ranges are *local* (reachable only with ``allow_local_network``),
   IPv4 embedded in IPv6 (mapped, compatible, NAT64, 6to4) is judged by its IPv4 address, and
-  the cloud metadata endpoints are refused always.
+  the cloud metadata endpoints are refused always (also where a translator on the local
+  network could find them: local-use NAT64, SIIT-translated and Teredo addresses).
 """
 
 from __future__ import annotations
@@ -308,6 +309,33 @@ _OUTSIDE_GLOBAL_V6: Final = tuple(
 )
 
 
+# Ranges whose addresses may carry an IPv4 address for a translator on the local network,
+# where it could sit: the local-use NAT64 prefix (RFC 8215, at any RFC 6052 prefix length
+# from /48 to /96), SIIT's IPv4-translated addresses (RFC 2765 ::ffff:0:a.b.c.d) and Teredo's
+# server address (RFC 4380). Their addresses are local (reachable only with
+# allow_local_network), and metadata if any candidate is: with the local network granted,
+# 64:ff9b:1::a9fe:a9fe reached 169.254.169.254 through a local-use NAT64 translator.
+_LOCAL_NAT64: Final = ipaddress.IPv6Network("64:ff9b:1::/48")
+_SIIT_TRANSLATED: Final = ipaddress.IPv6Network("::ffff:0:0:0/96")
+_TEREDO: Final = ipaddress.IPv6Network("2001::/32")
+
+
+def _translated_candidates(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    value = int(address)
+    if address in _LOCAL_NAT64:
+        # RFC 6052 section 2.2: the IPv4 bits skip bits 64..71 (the "u" octet).
+        b = value.to_bytes(16, "big")
+        spots = (b[6:8] + b[9:11], b[7:8] + b[9:12], b[9:13], b[12:16])  # /48 /56 /64 /96
+        return [ipaddress.IPv4Address(spot) for spot in spots]
+    if address in _SIIT_TRANSLATED:
+        return [ipaddress.IPv4Address(value & 0xFFFFFFFF)]
+    if address in _TEREDO:
+        server = (value >> 64) & 0xFFFFFFFF
+        client = ~value & 0xFFFFFFFF  # stored with every bit inverted
+        return [ipaddress.IPv4Address(server), ipaddress.IPv4Address(client)]
+    return []
+
+
 def _embedded_v4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     if address in _SIX_TO_FOUR:
         return ipaddress.IPv4Address((int(address) >> 80) & 0xFFFFFFFF)
@@ -323,6 +351,10 @@ def address_class(address: IPAddress) -> str:
     if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
         address = ipaddress.IPv6Address(address.compressed.split("%")[0])
     if address in METADATA_ADDRESSES:
+        return "metadata"
+    if isinstance(address, ipaddress.IPv6Address) and any(
+        v4 in METADATA_ADDRESSES for v4 in _translated_candidates(address)
+    ):
         return "metadata"
     if isinstance(address, ipaddress.IPv4Address):
         for net4, reason in _LOCAL_V4:

@@ -3,10 +3,10 @@ origin, over a connection pinned to an address the host resolved and checked its
 
 What may be reached is decided by :mod:`wasihost.netpolicy` (pure); this module does the I/O:
 it resolves the name (an injectable resolver), refuses the request if any answer is a refused
-address, connects to the checked address itself (urllib3's connection, with the name as TLS
-server name and certificate host), sends the request with the host's own framing headers, and
-reads a bounded response. Redirects are answered, not followed: the guest's next request is
-checked like any other.
+address, connects to the checked address itself (urllib3's connection; for https, TLS over
+memory BIOs with the name as server name and certificate host, so that its bytes are counted
+too), sends the request with the host's own framing headers, and reads a bounded response.
+Redirects are answered, not followed: the guest's next request is checked like any other.
 
 The exchange runs on a worker thread while the guest's thread waits, so the call returns at
 its deadline or at the instance's interrupt (disable, revocation, close) within a few
@@ -17,6 +17,7 @@ end it in any case.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import re
@@ -82,6 +83,9 @@ MAX_RESPONSE_HEADER_BYTES: Final = 8192
 # One request takes at most 30 s, whatever the call's deadline: a server that trickles bytes
 # cannot hold a worker thread longer than that.
 MAX_REQUEST_SECONDS: Final = 30.0
+# RFC 9110 section 15: a status code is in 100..599; one outside it is a malformed response.
+MIN_STATUS: Final = 100
+MAX_STATUS: Final = 599
 # A resolver answer longer than this is not an ordinary name's; it is refused (UNAVAILABLE).
 MAX_RESOLVED_ADDRESSES: Final = 32
 # A name's addresses tried in turn when one does not answer: enough for an IPv6 and an IPv4
@@ -93,6 +97,9 @@ MAX_CONNECT_ATTEMPTS: Final = 3
 MAX_INFLIGHT_PER_EXTENSION: Final = 4
 # Reading the response in pieces lets each read take the time left.
 READ_CHUNK_BYTES: Final = 16384
+# The TLS layer reads the socket in pieces of a record's size (16 KiB of plaintext and its
+# framing), each counted and capped before it is read.
+TLS_READ_BYTES: Final = 16384 + 256
 # What one response may take on the wire (status line, headers, body and its chunk framing),
 # counted as it is read from the socket: the header and body limits are checked on what the
 # HTTP parser returns, which may have read up to 100 header lines of 64 KiB each first (6.5 MB,
@@ -398,11 +405,12 @@ class ResponseTooLarge(OSError):
 
 
 class AllowanceSpent(OSError):
-    """A job run's response wanted more bytes than its ``max_network_bytes`` had left."""
+    """A response wanted more bytes than a job run's ``max_network_bytes`` or the extension's
+    hourly budget had left."""
 
 
 class _MeteredReader(io.RawIOBase):
-    """What the HTTP parser reads the response through: the socket's own raw reader (which
+    """What the HTTP parser reads a plain response through: the socket's own raw reader (which
     keeps the socket open while it is, as ``makefile`` promises: the client closes the
     connection of a ``Connection: close`` response before it reads the body), its bytes
     counted, and refused past the meter's cap or a job run's allowance."""
@@ -415,31 +423,7 @@ class _MeteredReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        meter = self._meter
-        room = meter.cap - meter.received
-        if room <= 0:
-            raise ResponseTooLarge("response over the wire limit")
-        view = memoryview(buffer).cast("B")
-        allowance = meter.allowance
-        if allowance is not None:
-            # A job run's bytes are taken before the read and the read is given no more room
-            # than they: the host never reads past the run's allowance, even by a buffer
-            # (the HTTP parser reads the header block, 8 KiB at a time, before anything
-            # else could look at it).
-            room = allowance.take(min(room, len(view)))
-            if room <= 0:
-                meter.allowance_spent = True
-                raise AllowanceSpent("response over the run's network bytes")
-        try:
-            n = self._raw.readinto(view[:room] if len(view) > room else view) or 0
-        except BaseException:
-            if allowance is not None:
-                allowance.refund(room)
-            raise
-        if allowance is not None and n < room:
-            allowance.refund(room - n)
-        meter.received += n
-        return n
+        return self._meter.read_into(self._raw.readinto, memoryview(buffer).cast("B"))
 
     def close(self) -> None:
         self._raw.close()
@@ -447,19 +431,60 @@ class _MeteredReader(io.RawIOBase):
 
 
 class MeteredSocket:
-    """A connection's socket whose reads through :meth:`makefile` are counted (``received``)
-    and capped at ``cap`` bytes; everything else is the socket's own."""
+    """A connection's socket whose reads are counted (``received``) and capped at ``cap``
+    bytes: through :meth:`makefile` for plain HTTP, through :meth:`read_into` for the TLS layer
+    (:class:`TlsSocket`), which reads every byte of its records from the socket here;
+    everything else is the socket's own."""
 
     def __init__(
-        self, sock: socket.socket, cap: int, allowance: NetworkAllowance | None = None
+        self,
+        sock: socket.socket,
+        cap: int,
+        allowance: NetworkAllowance | None = None,
+        quota_left: int | None = None,
     ) -> None:
         self.sock = sock
-        self.cap = cap
+        # What is left of the extension's hourly budget bounds the response too: the header
+        # block is read whole (up to the cap) before the account could refuse it, so with
+        # 4 KiB of the hour left, one response read 512 KiB.
+        self.quota_capped = quota_left is not None and quota_left < cap
+        self.cap = min(cap, quota_left) if quota_left is not None else cap
         # A job run's own allowance: each read takes its bytes from it first.
         self.allowance = allowance
+        # A budget (the run's allowance, or the hour's) stopped the response: QUOTA_EXCEEDED.
         self.allowance_spent = False
         self.received = 0
         self.counted = 0  # how much of ``received`` the traffic account has been told
+
+    def read_into(self, read: Callable[[memoryview], int | None], view: memoryview) -> int:
+        """``read(view)`` from the socket, given no more room than the cap and a job run's
+        allowance leave, its bytes counted."""
+        room = self.cap - self.received
+        if room <= 0:
+            if self.quota_capped:
+                self.allowance_spent = True
+                raise AllowanceSpent("response over what is left of the hourly budget")
+            raise ResponseTooLarge("response over the wire limit")
+        allowance = self.allowance
+        if allowance is not None:
+            # A job run's bytes are taken before the read and the read is given no more room
+            # than they: the host never reads past the run's allowance, even by a buffer
+            # (the HTTP parser reads the header block, 8 KiB at a time, before anything
+            # else could look at it).
+            room = allowance.take(min(room, len(view)))
+            if room <= 0:
+                self.allowance_spent = True
+                raise AllowanceSpent("response over the run's network bytes")
+        try:
+            n = read(view[:room] if len(view) > room else view) or 0
+        except BaseException:
+            if allowance is not None:
+                allowance.refund(room)
+            raise
+        if allowance is not None and n < room:
+            allowance.refund(room - n)
+        self.received += n
+        return n
 
     def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
         if mode != "rb":
@@ -474,6 +499,120 @@ class MeteredSocket:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sock, name)
+
+
+class _TlsReader(io.RawIOBase):
+    """The decrypted response, for the HTTP parser (counted already, as records)."""
+
+    def __init__(self, tls: TlsSocket) -> None:
+        self._tls = tls
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self._tls.recv_into(memoryview(buffer).cast("B"))
+
+
+class TlsSocket:
+    """TLS to the checked address through OpenSSL's memory BIOs, over a :class:`MeteredSocket`:
+    every byte read from the socket (handshake, session tickets, record framing and padding,
+    alerts) passes the meter, is counted and stops at its cap. An ``ssl.SSLSocket`` reads
+    the socket inside OpenSSL, so only the decrypted bytes could be counted: a server sending
+    20,000 TLS 1.3 session tickets moved 5 MB to the host as a 129-byte exchange, and padded
+    records could move any amount within the request's time for 512 KiB of HTTP.
+
+    The HTTP client uses it as its connection's socket: ``sendall``, ``makefile("rb")``,
+    ``settimeout``, ``close``. Reads and writes block on the socket, with its timeout; the
+    socket's shutdown (a cancelled exchange) ends them."""
+
+    def __init__(self, meter: MeteredSocket, context: ssl.SSLContext, hostname: str) -> None:
+        import ssl
+
+        self._meter = meter
+        self._sock = meter.sock
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+        self._tls = context.wrap_bio(
+            self._incoming, self._outgoing, server_side=False, server_hostname=hostname
+        )
+        self._chunk = bytearray(TLS_READ_BYTES)
+
+    def _flush(self) -> None:
+        data = self._outgoing.read()
+        if data:
+            self._sock.sendall(data)
+
+    def _fill(self) -> None:
+        view = memoryview(self._chunk)
+        n = self._meter.read_into(self._sock.recv_into, view)
+        if n:
+            self._incoming.write(view[:n])
+        else:
+            self._incoming.write_eof()
+
+    def _run(self, op: Callable[[], Any]) -> Any:
+        import ssl
+
+        while True:
+            try:
+                result = op()
+            except ssl.SSLWantReadError:
+                self._flush()
+                self._fill()
+                continue
+            self._flush()
+            return result
+
+    def handshake(self, context: ssl.SSLContext, hostname: str) -> None:
+        """The TLS handshake, then the name check urllib3 made (the context may leave it)."""
+        import ssl
+
+        from urllib3.connection import _match_hostname
+
+        self._run(self._tls.do_handshake)
+        if not context.check_hostname and context.verify_mode != ssl.CERT_NONE:
+            _match_hostname(
+                self._tls.getpeercert(),  # type: ignore[arg-type]  # the same dict
+                hostname,
+                getattr(context, "hostname_checks_common_name", False) or False,
+            )
+
+    def sendall(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            written: int = self._run(functools.partial(self._tls.write, view))
+            view = view[written:]
+
+    def recv_into(self, view: memoryview) -> int:
+        import ssl
+
+        if not view:
+            return 0
+        try:
+            n: int = self._run(lambda: self._tls.read(len(view), view))
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+            # close_notify, or the server closed without it: the end of the response, as
+            # SSLSocket's suppress_ragged_eofs reads it; a body short of its Content-Length
+            # is the HTTP client's IncompleteRead.
+            return 0
+        return n
+
+    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        if mode != "rb":
+            raise ValueError(f"a TLS connection is read as 'rb', not {mode!r}")
+        return io.BufferedReader(_TlsReader(self))
+
+    def settimeout(self, timeout: float | None) -> None:
+        self._sock.settimeout(timeout)
+
+    def shutdown(self, how: int) -> None:
+        socket.socket.shutdown(self._sock, how)
+
+    def close(self) -> None:
+        # The HTTP client closes its connection of a ``Connection: close`` response before it
+        # reads the body; the socket itself is closed by the exchange when it is over.
+        pass
 
 
 def _shut(sock: socket.socket | None) -> None:
@@ -514,10 +653,14 @@ class HttpBroker:
         self.max_request_seconds = max_request_seconds
 
     def ssl_context(self) -> ssl.SSLContext:
-        if self._ssl_context is None:
-            import ssl
+        import ssl
 
+        if self._ssl_context is None:
             self._ssl_context = ssl.create_default_context()
+        # Servers are always verified (urllib3, which made the handshake before, set this on
+        # the context too); the name is checked by the context or by TlsSocket.handshake.
+        if self._ssl_context.verify_mode != ssl.CERT_REQUIRED:
+            self._ssl_context.verify_mode = ssl.CERT_REQUIRED
         return self._ssl_context
 
     # -- grant scope ----------------------------------------------------------------------
@@ -685,10 +828,18 @@ class HttpBroker:
         for name, value in request.wire_headers():
             headers.add(name, value)
         conn = self._connect(origin, addresses, deadline, exchange)
-        assert conn.sock is not None  # connected
-        meter = MeteredSocket(conn.sock, MAX_RESPONSE_WIRE_BYTES, allowance)
-        conn.sock = meter  # the parser reads the response through the meter
+        sock = conn.sock
+        assert sock is not None  # connected
+        meter = MeteredSocket(sock, MAX_RESPONSE_WIRE_BYTES, allowance, state.quota.left())
         try:
+            if origin.scheme == "https":
+                # TLS above the meter, so its own bytes are counted too (TlsSocket).
+                context = self.ssl_context()
+                tls = TlsSocket(meter, context, origin.host)
+                tls.handshake(context, origin.host)
+                conn.sock = tls
+            else:
+                conn.sock = meter  # the parser reads the response through the meter
             conn.request(
                 request.method,
                 request.target.path,
@@ -718,6 +869,7 @@ class HttpBroker:
             raise HostStatus(Status.UNAVAILABLE) from None
         finally:
             conn.close()
+            sock.close()  # a TLS connection's (its close leaves the socket to the exchange)
             # Whatever came in counts, the response refused or not (a refused header block
             # was read whole before it was refused); past the quota, the next request is
             # refused before it is sent.
@@ -726,27 +878,17 @@ class HttpBroker:
     def _connect(
         self, origin: Origin, addresses: Sequence[str], deadline: float, exchange: Exchange
     ) -> HTTPConnection:
-        """A connection to the first of the checked ``addresses`` that answers (the name's
+        """A TCP connection to the first of the checked ``addresses`` that answers (the name's
         others are tried in turn, as a browser would), never to anything resolved again."""
         import urllib3
-        from urllib3.connection import HTTPConnection, HTTPSConnection
+        from urllib3.connection import HTTPConnection
 
         for address in addresses[:MAX_CONNECT_ATTEMPTS]:
             left = deadline - time.monotonic()
             if left <= 0 or exchange.cancelled:
                 break
-            conn: HTTPConnection
-            if origin.scheme == "https":
-                conn = HTTPSConnection(
-                    address,
-                    origin.port,
-                    timeout=left,
-                    server_hostname=origin.host,
-                    assert_hostname=origin.host,
-                    ssl_context=self.ssl_context(),
-                )
-            else:
-                conn = HTTPConnection(address, origin.port, timeout=left)
+            # A plain TCP connection for https too: the exchange puts TLS over it (TlsSocket).
+            conn = HTTPConnection(address, origin.port, timeout=left)
             try:
                 conn.connect()
             except (OSError, urllib3.exceptions.HTTPError, ValueError):
@@ -765,6 +907,9 @@ class HttpBroker:
         state: HttpState,
         meter: MeteredSocket,
     ) -> dict[str, Any]:
+        if not MIN_STATUS <= response.status <= MAX_STATUS:
+            # http.client takes any three digits (999 reached the guest as a status).
+            raise HostStatus(Status.UNAVAILABLE)
         forms = request.forms
         headers: list[list[str]] = []
         header_bytes = 0  # as received
