@@ -103,6 +103,11 @@ HTTP_BODY = 48 * 1024  # the registry's most: a 61,440-byte response holds it
 KEY = "k" * 255  # a key of 255 bytes (the registry's bound is 256)
 BIG = 32768
 CHAIN_LINKS = wasi_limits.MAX_SYMLINK_FOLLOWS  # 40, the resolution's own bound
+# 4 KiB requests of many data items (the codec's limit is 4,096): CBOR arrays of 4,091 empty
+# arrays, of 1,280 float16s, and of 4,088 empty arrays then a text of invalid UTF-8.
+ITEMS_EMPTY_ARRAYS = b"\x99\x0f\xfb" + b"\x80" * 4091
+ITEMS_FLOAT16 = b"\x99\x05\x00" + b"\xf9\x3c\x00" * 1280
+ITEMS_BAD_AT_END = b"\x99\x0f\xf9" + b"\x80" * 4088 + b"\x62\xff\xff"
 
 
 class Case(NamedTuple):
@@ -125,6 +130,12 @@ def _cases(calls: int, origin: str = "http://api.bench:1") -> list[Case]:
     return [
         c("log 64 B", "log", [2, "x" * 60], 16),
         c("log 4 KiB", "log", [2, "x" * 4088], 16),
+        # A request's decode costs the host per data item (engine/hostcalls.py,
+        # FUEL_PER_REQUEST_ITEM): the slowest shapes the codec's 4,096-item limit lets into a
+        # 4 KiB request, and one whose fault at its end makes the exact decoder run too.
+        c("log items: empty arrays", "log", ITEMS_EMPTY_ARRAYS, 16),
+        c("log items: float16s", "log", ITEMS_FLOAT16, 16),
+        c("log items: bad at end", "log", ITEMS_BAD_AT_END, 16),
         c("clock_now", "clock_now", "monotonic", 16),
         c("random_bytes 1", "random_bytes", 1, 16),
         c("random_bytes 4096", "random_bytes", 4096, 4099),

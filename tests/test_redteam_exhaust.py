@@ -1,0 +1,121 @@
+"""Red-team review of what a hostile guest that follows the ABI can make the host spend: memory
+it keeps, CPU per fuel unit, disk, descriptors and threads, through the brokers and host calls,
+run through the real engine. Each test here failed on the code before the fix it names, or
+pins a bound that held (said so in its comment). CPU ratios are measured by
+benchmarks/bench_hostcall_prices.py (the "items" rows); the tests here count fuel, never time."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import cbor2
+from conftest import bare
+from guests import build, escape, guest_wat, host_import
+
+from wasihost.engine import hostcalls
+from wasihost.extlog import LogRecord
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+
+REQ_AT = 20000  # a fixed request, laid out by a data segment
+RESP_AT = 8000
+
+
+def looping_log_guest() -> bytes:
+    """Every command passes its CBOR input to ``log`` as the request, again and again, until
+    ``log`` refuses it (a full log answers QUOTA_EXCEEDED) or 200,000 times."""
+    body = f"""
+    (global.set $i (i32.const 0))
+    (block $done (loop $again
+      (br_if $done (i32.ge_u (global.get $i) (i32.const 200000)))
+      (br_if $done (i32.lt_s
+        (call $log (i32.add (local.get $ptr) (local.get $cmd_len)) (local.get $in_len)
+                   (i32.const {RESP_AT}) (i32.const 16))
+        (i32.const 0)))
+      (global.set $i (i32.add (global.get $i) (i32.const 1)))
+      (br $again)))
+    (call $ok_null)"""
+    return build(
+        guest_wat(body, imports=host_import("log"), extra="(global $i (mut i32) (i32.const 0))")
+    )
+
+
+def held_bytes(record: LogRecord) -> int:
+    """What one buffered record holds in the host's heap: the record, its text, its time stamp
+    and its slot in the log's list (the level and source are shared objects)."""
+    return sys.getsizeof(record) + sys.getsizeof(record.message) + sys.getsizeof(record.time_ns) + 8
+
+
+# Break (red-team 2026-12-01): a log record was charged its UTF-8 length plus 32 bytes against
+# max_log_bytes, but holds about 166 bytes besides its text in the host (the record, its time
+# stamp, its list slot, the str header), and a str stores every character at the width of its
+# widest (one emoji makes each ASCII character 4 bytes): a guest filling a 16 MiB log (the
+# manifest's most) with short records made the host hold 79 MiB, with an emoji and 4,000 ASCII
+# characters per record 64 MiB. Now a record is charged what it holds.
+def test_a_full_log_holds_no_more_host_memory_than_its_budget() -> None:
+    budget = 256 * 1024
+    with Host(Policy(allow={"log"}), cache_dir=None) as host:
+        ext = host.admit(bare(looping_log_guest()), grants=["log"], fuel=10**10)
+        for message in ("ab", "\U0001f600" + "x" * 1000):
+            ext.log.drain()
+            ext.log.max_bytes = budget
+            ext.call("fill", [2, message])
+            records = ext.logs()
+            assert records and ext.log.dropped  # it was filled
+            held = sum(held_bytes(r) for r in records)
+            assert held <= budget, (message[:4], len(records), held)
+            ext.log.dropped = 0
+
+
+def log_guest(request: bytes) -> bytes:
+    """A guest whose every command makes one ``log`` call with ``request`` (fixed in memory,
+    whatever it is) and ignores the answer."""
+    body = f"""
+    (drop (call $log (i32.const {REQ_AT}) (i32.const {len(request)})
+                     (i32.const {RESP_AT}) (i32.const 16)))
+    (call $ok_null)"""
+    return build(
+        guest_wat(
+            body,
+            imports=host_import("log"),
+            extra=f'(data (i32.const {REQ_AT}) "{escape(request)}")',
+        )
+    )
+
+
+def fuel_of(host: Host, request: bytes) -> int:
+    ext = host.admit(bare(log_guest(request), f"items{len(request)}{request[-1]}"), grants=["log"])
+    ext.call("go")
+    ext.call("go")
+    fuel: int = ext.last_fuel_used
+    ext.close()
+    return fuel
+
+
+def array_of_empty_arrays(n: int, last: bytes = b"\x80") -> bytes:
+    return cbor2.dumps([[]] * n)[:-1] + last
+
+
+# Break (red-team 2026-12-01): a host call's request was priced by its bytes only, but its
+# decode costs the host by data items: a 4 KiB log request of 1,280 float16s took 0.58 ms of
+# host CPU for 23,000 fuel units (349x guest code's CPU per fuel, the documented bound is
+# about 10x), one of 4,091 empty arrays 1.3 ms, one with a fault at its end (so the exact
+# decoder ran after the scan and cbor2) 3 ms. Now each item past FREE_REQUEST_ITEMS pays
+# FUEL_PER_REQUEST_ITEM, a refused request for the items read.
+def test_a_request_is_paid_per_data_item_it_decodes() -> None:
+    per_item = hostcalls.FUEL_PER_REQUEST_ITEM
+    with Host(Policy(allow={"log"}), cache_dir=None) as host:
+        small = array_of_empty_arrays(100)
+        large = array_of_empty_arrays(1000)
+        refused = array_of_empty_arrays(1000, last=b"\x61\xff")  # invalid UTF-8, last
+        fuel: dict[str, Any] = {
+            "small": fuel_of(host, small),
+            "large": fuel_of(host, large),
+            "refused": fuel_of(host, refused),
+        }
+        per_byte = 2  # log's fuel_per_byte (abi/v1/registry.json)
+        assert fuel["large"] - fuel["small"] == 900 * per_item + per_byte * (
+            len(large) - len(small)
+        ), fuel
+        assert fuel["refused"] - fuel["small"] >= 899 * per_item, fuel
