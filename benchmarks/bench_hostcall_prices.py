@@ -58,6 +58,7 @@ from wasihost.brokers.files import FilesBroker
 from wasihost.brokers.http import HttpBroker
 from wasihost.brokers.secrets import SecretsBroker
 from wasihost.brokers.storage import StorageBroker
+from wasihost.event_classes import MAX_SELECTORS
 from wasihost.manifest import parse_manifest
 from wasihost.package import Package
 from wasihost.registry import default_registry
@@ -90,13 +91,20 @@ commands = ["job"]
 max_jobs = 32
 
 [events]
-classes = ["bench.*"]
+classes = EVENT_CLASSES
 command = "job"
 
 [http]
 allowed_origins = ["ORIGIN"]
 bytes_per_hour = 1_073_741_824
 """
+# The manifest's event classes: the most a manifest may list (event_classes.MAX_SELECTORS), the
+# one a subscription matches last, so that events_subscribe compares it with all of them.
+EVENT_CLASSES = (
+    "["
+    + ", ".join(f'"bench{i:02d}.{"q" * 100}.*"' for i in range(MAX_SELECTORS - 1))
+    + ', "bench.*"]'
+)
 HTTP_NAME = "api.bench"  # resolved to 127.0.0.1 by the benchmark's resolver
 HTTP_BODY = 48 * 1024  # the registry's most: a 61,440-byte response holds it
 
@@ -156,7 +164,7 @@ def _cases(calls: int, origin: str = "http://api.bench:1") -> list[Case]:
         c("file_write 1 B", "file_write", [2, 0, b"x"], 16),
         c("file_write 32 KiB", "file_write", [2, 0, b"x" * BIG], 16),
         c("file_close missing", "file_close", 999, 16),
-        c("events_subscribe", "events_subscribe", "bench.a", 16),
+        c("events_subscribe 64 classes", "events_subscribe", "bench.a", 16),
         c("events_unsubscribe", "events_unsubscribe", "bench.none", 16),
         c(
             "jobs_schedule+cancel",
@@ -436,7 +444,11 @@ def _setup_with(tmp: Path, cases: list[Case], origin: str) -> tuple[Host, Any, l
         f"c{i} = {{}}" + ("" if c.name.startswith("setup") else f"\nz{i} = {{}}")
         for i, c in enumerate(cases)
     )
-    text = MANIFEST.replace("COMMANDS", commands).replace("ORIGIN", origin)
+    text = (
+        MANIFEST.replace("COMMANDS", commands)
+        .replace("ORIGIN", origin)
+        .replace("EVENT_CLASSES", EVENT_CLASSES)
+    )
     manifest = parse_manifest(text, default_registry().capabilities())
     pkg = Package("bench-prices", manifest, wasm, hashlib.sha256(wasm).hexdigest())
     ext = host.admit(pkg, grants=sorted(caps), fuel=10**10, timeout_ms=600_000)

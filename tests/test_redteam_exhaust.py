@@ -6,6 +6,7 @@ benchmarks/bench_hostcall_prices.py (the "items" rows); the tests here count fue
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from typing import Any
 
@@ -13,9 +14,14 @@ import cbor2
 from conftest import bare
 from guests import build, escape, guest_wat, host_import
 
+from wasihost.brokers import events as events_broker
 from wasihost.engine import hostcalls
+from wasihost.event_classes import MAX_SELECTORS
 from wasihost.extlog import LogRecord
+from wasihost.manifest import parse_manifest
+from wasihost.package import Package
 from wasihost.policy import Policy
+from wasihost.registry import default_registry
 from wasihost.runtime import Host
 
 REQ_AT = 20000  # a fixed request, laid out by a data segment
@@ -119,3 +125,63 @@ def test_a_request_is_paid_per_data_item_it_decodes() -> None:
             len(large) - len(small)
         ), fuel
         assert fuel["refused"] - fuel["small"] >= 899 * per_item, fuel
+
+
+EVENTS_MANIFEST = """[extension]
+schema = "wasihost-manifest/1"
+id = "org.test.wat"
+version = "0.1.0"
+abi = "1.1"
+module = "m.wasm"
+
+[capabilities]
+required = ["events"]
+
+[commands]
+go = {}
+
+[events]
+classes = CLASSES
+command = "go"
+"""
+
+
+def subscribe_fuel(classes: list[str]) -> int:
+    """The fuel of a call making one ``events_subscribe`` of ``t.a``, under a manifest
+    listing ``classes``."""
+    request = cbor2.dumps("t.a")
+    body = f"""
+    (drop (call $events_subscribe (i32.const {REQ_AT}) (i32.const {len(request)})
+                                  (i32.const {RESP_AT}) (i32.const 16)))
+    (call $ok_null)"""
+    wasm = build(
+        guest_wat(
+            body,
+            marker="1.1",
+            imports=host_import("events_subscribe"),
+            extra=f'(data (i32.const {REQ_AT}) "{escape(request)}")',
+        )
+    )
+    listed = "[" + ", ".join(f'"{c}"' for c in classes) + "]"
+    manifest = parse_manifest(
+        EVENTS_MANIFEST.replace("CLASSES", listed), default_registry().capabilities()
+    )
+    package = Package("events", manifest, wasm, hashlib.sha256(wasm).hexdigest())
+    with Host(Policy(allow={"events"}), cache_dir=None) as host:
+        ext = host.admit(package, grants=["events"])
+        ext.call("go")
+        ext.call("go")  # subscribed already: the same work as the first, but no set-up
+        fuel: int = ext.last_fuel_used
+    return fuel
+
+
+# Break (red-team 2026-12-01): events_subscribe compares its request with every class of the
+# manifest, then of the grant scope (the manifest's when the scope names none), up to
+# MAX_SELECTORS (64) each, for the flat price: with 64 classes listed (the package chooses its
+# manifest) a subscribe cost the host 61 us of CPU for 55,000 units, 15x what the same fuel
+# buys in guest code. Now each selector compared is paid, before the comparisons.
+def test_a_subscribe_is_paid_per_selector_it_is_compared_with() -> None:
+    many = [f"x{i:02d}.*" for i in range(MAX_SELECTORS - 1)] + ["t.*"]
+    difference = subscribe_fuel(many) - subscribe_fuel(["t.*"])
+    # Two passes (the manifest's classes, then the scope's, here the manifest's again).
+    assert difference == 2 * (MAX_SELECTORS - 1) * events_broker.FUEL_PER_SELECTOR_COMPARED

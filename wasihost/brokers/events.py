@@ -62,6 +62,13 @@ MAX_DISPATCH_THREADS: Final = 4
 DISPATCHER_STOP_S: Final = 5.0
 # The most recent delivery failure kept per subscription is cut to this many characters.
 MAX_FAILURE_CHARS: Final = 200
+# events_subscribe's price per selector its request is compared with (the manifest's classes,
+# then the grant scope's: up to MAX_SELECTORS each, and the package chooses its manifest),
+# charged for the whole list before the comparisons. A comparison costs the host about 0.33 us;
+# unpriced, a subscribe against 64 classes of the manifest cost 61 us for the entry's 55,000
+# units, 15x what the same fuel buys in guest code (red-team 2026-12-01); with this, about 6x
+# (benchmarks/bench_hostcall_prices.py, "events_subscribe 64 classes").
+FUEL_PER_SELECTOR_COMPARED: Final = 600
 
 _SCOPE_KEYS: Final = frozenset({"classes"})
 
@@ -414,10 +421,15 @@ class EventsBroker(ExtensionDispatcher["ExtensionEvents", "Delivery"]):
             if not is_selector(request):
                 raise HostStatus(Status.INVALID_ARGUMENT)
             spec = state.spec
-            if spec is None or not covered(spec.classes, request):
+            if spec is None:
+                raise HostStatus(Status.DENIED)
+            call.charge(FUEL_PER_SELECTOR_COMPARED * len(spec.classes))
+            if not covered(spec.classes, request):
                 raise HostStatus(Status.DENIED)
             scope = state.ext.grant_scopes().get(CAPABILITY, {})
-            if not covered(scope_classes(scope, spec.classes), request):
+            allowed = scope_classes(scope, spec.classes)
+            call.charge(FUEL_PER_SELECTOR_COMPARED * len(allowed))
+            if not covered(allowed, request):
                 raise HostStatus(Status.DENIED)
 
             def add() -> bool:
