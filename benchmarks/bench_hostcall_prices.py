@@ -144,6 +144,13 @@ def _cases(calls: int, origin: str = "http://api.bench:1") -> list[Case]:
         c("log items: empty arrays", "log", ITEMS_EMPTY_ARRAYS, 16),
         c("log items: float16s", "log", ITEMS_FLOAT16, 16),
         c("log items: bad at end", "log", ITEMS_BAD_AT_END, 16),
+        c(
+            "jobs_schedule items+cancel",
+            "jobs_schedule",
+            {"command": "job", "input": [[]] * 4080, "delay_ms": 3_600_000},
+            16,
+            then="jobs_cancel",
+        ),
         c("clock_now", "clock_now", "monotonic", 16),
         c("random_bytes 1", "random_bytes", 1, 16),
         c("random_bytes 4096", "random_bytes", 4096, 4099),

@@ -94,10 +94,12 @@ _NULL = b"\xf6"
 # 0.6-1.3 ms of host CPU for its 23,000 fuel units (up to ~350x guest code's CPU per fuel,
 # red-team 2026-12-01). The worst shapes cost 330-480 ns an item (scanned, then built by
 # cbor2), 750 ns when the exact decoder runs after both to name a fault (a refused request is
-# charged its items twice); guest code runs at about 0.07-0.09 ns a unit, so 1,000 units an
-# item keeps a decode within about 7x (benchmarks/bench_hostcall_prices.py, "log items" rows).
+# charged its items twice), and a broker that encodes a decoded value again (jobs_schedule's
+# input, kept as bytes) spends about 500 ns an item more; guest code runs at about 0.07-0.09 ns
+# a unit, so 1,500 units an item keeps these within about 8x (at 1,000, jobs_schedule with an
+# input of 4,080 empty arrays was 11x; benchmarks/bench_hostcall_prices.py, "items" rows).
 FREE_REQUEST_ITEMS: Final = 16
-FUEL_PER_REQUEST_ITEM: Final = 1_000
+FUEL_PER_REQUEST_ITEM: Final = 1_500
 
 
 _FAILURE_ANSWERS: dict[object, int] = {s: -int(s) for s in Status if s is not Status.OK}
