@@ -7,14 +7,18 @@ benchmarks/bench_hostcall_prices.py (the "items" rows); the tests here count fue
 from __future__ import annotations
 
 import hashlib
+import logging
 import sys
 from typing import Any
 
 import cbor2
+import pytest
 from conftest import bare
 from guests import build, escape, guest_wat, host_import
 
 from wasihost.brokers import events as events_broker
+from wasihost.brokers import jobs as jobs_broker
+from wasihost.brokers.jobs import JobsBroker, ManualClock
 from wasihost.engine import hostcalls
 from wasihost.event_classes import MAX_SELECTORS
 from wasihost.extlog import LogRecord
@@ -185,3 +189,110 @@ def test_a_subscribe_is_paid_per_selector_it_is_compared_with() -> None:
     difference = subscribe_fuel(many) - subscribe_fuel(["t.*"])
     # Two passes (the manifest's classes, then the scope's, here the manifest's again).
     assert difference == 2 * (MAX_SELECTORS - 1) * events_broker.FUEL_PER_SELECTOR_COMPARED
+
+
+JOBS_MANIFEST = """[extension]
+schema = "wasihost-manifest/1"
+id = "org.test.wat"
+version = "0.1.0"
+abi = "1.1"
+module = "m.wasm"
+
+[capabilities]
+required = ["jobs"]
+
+[commands]
+go = {}
+job = {}
+
+[jobs]
+commands = ["job"]
+"""
+
+
+def failing_jobs_package() -> Package:
+    """``go`` schedules ``job`` every second; ``job`` traps."""
+    request = cbor2.dumps({"command": "job", "every_ms": 1000})
+    body = f"""
+    (if (i32.eq (local.get $cmd_len) (i32.const 3)) (then unreachable))  ;; job
+    (drop (call $jobs_schedule (i32.const {REQ_AT}) (i32.const {len(request)})
+                               (i32.const {RESP_AT}) (i32.const 16)))
+    (call $ok_null)"""
+    wasm = build(
+        guest_wat(
+            body,
+            marker="1.1",
+            imports=host_import("jobs_schedule"),
+            extra=f'(data (i32.const {REQ_AT}) "{escape(request)}")',
+        )
+    )
+    manifest = parse_manifest(JOBS_MANIFEST, default_registry().capabilities())
+    return Package("jobs", manifest, wasm, hashlib.sha256(wasm).hexdigest())
+
+
+# Break (red-team 2026-12-01): every failed job run wrote a warning to the host's ``wasihost``
+# logger: a guest whose 32 periodic jobs trap at every run (once a second each) made the host
+# write 32 lines a second for as long as it ran (measured: 231 lines in 8 s with one
+# extension), an unbounded log on the embedder's disk. Now a job's failures are logged at most
+# once per FAILURE_LOG_INTERVAL_S, the line counting those in between (JobStats counts all).
+def test_a_job_failing_at_every_run_is_logged_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = ManualClock()
+    broker = JobsBroker(clock=clock)
+    runs = 150
+    with Host(Policy(allow={"jobs"}), cache_dir=None, brokers=[broker]) as host:
+        ext = host.admit(failing_jobs_package(), grants=["jobs"])
+        ext.call("go")
+        with caplog.at_level(logging.WARNING, logger="wasihost"):
+            for _ in range(runs):
+                clock.advance(1.0)
+                broker.tick()
+                assert broker.drain(30.0)
+        (stats,) = broker.stats(ext.id).values()
+    assert stats.failed == runs
+    lines = [r for r in caplog.records if r.getMessage().startswith("job ")]
+    assert 1 <= len(lines) <= runs / jobs_broker.FAILURE_LOG_INTERVAL_S + 1, len(lines)
+
+
+# Break (red-team 2026-12-01), the same in the events broker: every failed delivery wrote a
+# warning to the host's log, one line per event published to a guest that fails them all.
+# Now a subscription's failures are logged at most once per FAILURE_LOG_INTERVAL_S.
+def test_a_subscription_failing_every_delivery_is_logged_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    request = cbor2.dumps("t.a")
+    body = f"""
+    (if (i32.eq (local.get $cmd_len) (i32.const 4)) (then unreachable))  ;; trap
+    (drop (call $events_subscribe (i32.const {REQ_AT}) (i32.const {len(request)})
+                                  (i32.const {RESP_AT}) (i32.const 16)))
+    (call $ok_null)"""
+    wasm = build(
+        guest_wat(
+            body,
+            marker="1.1",
+            imports=host_import("events_subscribe"),
+            extra=f'(data (i32.const {REQ_AT}) "{escape(request)}")',
+        )
+    )
+    text = (
+        EVENTS_MANIFEST.replace("CLASSES", '["t.*"]')
+        .replace('command = "go"', 'command = "trap"')
+        .replace("go = {}", "go = {}\ntrap = {}")
+    )
+    manifest = parse_manifest(text, default_registry().capabilities())
+    package = Package("events", manifest, wasm, hashlib.sha256(wasm).hexdigest())
+    events = 50
+    with Host(Policy(allow={"events"}), cache_dir=None) as host:
+        ext = host.admit(package, grants=["events"])
+        ext.call("go")
+        broker = host.broker("events")
+        assert isinstance(broker, events_broker.EventsBroker)
+        with caplog.at_level(logging.WARNING, logger="wasihost"):
+            for _ in range(events):
+                assert broker.publish("t.a") == 1
+                assert broker.drain(30.0)
+        (stats,) = broker.stats(ext.id).values()
+    assert stats.failed == events
+    lines = [r for r in caplog.records if r.getMessage().startswith("event ")]
+    assert len(lines) == 1, len(lines)
