@@ -95,7 +95,8 @@ def log_guest(request: bytes) -> bytes:
 
 
 def fuel_of(host: Host, request: bytes) -> int:
-    ext = host.admit(bare(log_guest(request), f"items{len(request)}{request[-1]}"), grants=["log"])
+    name = f"items-{hashlib.sha256(request).hexdigest()[:12]}"
+    ext = host.admit(bare(log_guest(request), name), grants=["log"])
     ext.call("go")
     ext.call("go")
     fuel: int = ext.last_fuel_used
@@ -111,7 +112,8 @@ def array_of_empty_arrays(n: int, last: bytes = b"\x80") -> bytes:
 # decode costs the host by data items: a 4 KiB log request of 1,280 float16s took 0.58 ms of
 # host CPU for 23,000 fuel units (349x guest code's CPU per fuel, the documented bound is
 # about 10x), one of 4,091 empty arrays 1.3 ms, one with a fault at its end (so the exact
-# decoder ran after the scan and cbor2) 3 ms. Now each item past FREE_REQUEST_ITEMS pays
+# decoder ran after the scan and cbor2) 3 ms, a map of 2,045 pairs with a duplicate key 157 us
+# (92x: the scan and cbor2 read it all, the exact decoder refused it at its second pair). Now each item past FREE_REQUEST_ITEMS pays
 # FUEL_PER_REQUEST_ITEM, a refused request for the items read.
 def test_a_request_is_paid_per_data_item_it_decodes() -> None:
     per_item = hostcalls.FUEL_PER_REQUEST_ITEM
@@ -119,16 +121,21 @@ def test_a_request_is_paid_per_data_item_it_decodes() -> None:
         small = array_of_empty_arrays(100)
         large = array_of_empty_arrays(1000)
         refused = array_of_empty_arrays(1000, last=b"\x61\xff")  # invalid UTF-8, last
+        # A map of 500 pairs whose second key repeats the first: the scan and cbor2 go
+        # through all 1,001 items before the exact decoder names the fault at the second.
+        duplicate = b"\xb9\x01\xf4" + b"\x00\x80" * 500
         fuel: dict[str, Any] = {
             "small": fuel_of(host, small),
             "large": fuel_of(host, large),
             "refused": fuel_of(host, refused),
+            "duplicate": fuel_of(host, duplicate),
         }
         per_byte = 2  # log's fuel_per_byte (abi/v1/registry.json)
         assert fuel["large"] - fuel["small"] == 900 * per_item + per_byte * (
             len(large) - len(small)
         ), fuel
         assert fuel["refused"] - fuel["small"] >= 899 * per_item, fuel
+        assert fuel["duplicate"] - fuel["small"] >= 899 * per_item, fuel
 
 
 EVENTS_MANIFEST = """[extension]

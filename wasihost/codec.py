@@ -360,9 +360,14 @@ def decode_counted(
     counted = codec_fast.decode_counted(
         buf, limits.max_depth, limits.max_items, limits.max_string_bytes
     )
+    # The items the scan went through when cbor2 refused what it vouched for (the work done
+    # before the exact decoder's, which a refusal's price must cover too).
+    scanned = 0
     if counted is not codec_fast.UNSURE:
-        scanned: tuple[Value, int] = counted
-        return scanned
+        if counted[0] is not codec_fast.UNSURE:
+            built_fast: tuple[Value, int] = counted
+            return built_fast
+        scanned = counted[1]
 
     decoder = _Decoder(buf, limits)
     try:
@@ -372,10 +377,10 @@ def decode_counted(
     except RecursionError:
         # Only reachable when the caller is itself deep in the stack: max_depth is capped.
         error = CodecError("nesting too deep for the host stack")
-        error.items = _items_read(decoder)
+        error.items = max(_items_read(decoder), scanned)
         raise error from None
     except CodecError as exc:
-        exc.items = _items_read(decoder)
+        exc.items = max(_items_read(decoder), scanned)
         raise
     # The budget was max_items - 1 for every item but the top one.
     return value, limits.max_items - decoder.items_left

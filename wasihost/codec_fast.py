@@ -1043,12 +1043,13 @@ _MAX_KEYS: Final = 1024
 def decode(buf: bytes, max_depth: int, max_items: int, max_string: int) -> Any:
     """The value of ``buf`` when the scan vouches for it and cbor2 builds it, else UNSURE."""
     built = decode_counted(buf, max_depth, max_items, max_string)
-    return built if built is UNSURE else built[0]
+    return built if built is UNSURE else built[0]  # UNSURE too when cbor2 refused
 
 
 def decode_counted(buf: bytes, max_depth: int, max_items: int, max_string: int) -> Any:
-    """``(value, data items)`` of ``buf`` when the scan vouches for it and cbor2 builds it,
-    else UNSURE."""
+    """``(value, data items)`` of ``buf`` when the scan vouches for it and cbor2 builds it;
+    ``(UNSURE, data items)`` when the scan vouched but cbor2 refused (the items say what the
+    scan and cbor2 went through); else UNSURE."""
     fast = backend()
     items = scan_items(buf, max_depth, max_items, max_string) if fast is not None else 0
     if not items:
@@ -1057,7 +1058,7 @@ def decode_counted(buf: bytes, max_depth: int, max_items: int, max_string: int) 
     try:
         return fast.loads(buf), items
     except Exception:  # invalid UTF-8 or a duplicate key: the exact decoder names which
-        return UNSURE
+        return UNSURE, items
 
 
 def encode(
