@@ -303,3 +303,33 @@ def test_a_subscription_failing_every_delivery_is_logged_once_per_interval(
     assert stats.failed == events
     lines = [r for r in caplog.records if r.getMessage().startswith("event ")]
     assert len(lines) == 1, len(lines)
+
+
+def passing_jobs_package() -> Package:
+    """``go`` passes its CBOR input to ``jobs_schedule`` as the request (``job`` does nothing)."""
+    body = f"""
+    (if (i32.eq (local.get $cmd_len) (i32.const 2))  ;; go
+      (then (drop (call $jobs_schedule (i32.add (local.get $ptr) (local.get $cmd_len))
+                                       (local.get $in_len) (i32.const {RESP_AT}) (i32.const 16)))))
+    (call $ok_null)"""
+    wasm = build(guest_wat(body, marker="1.1", imports=host_import("jobs_schedule")))
+    manifest = parse_manifest(JOBS_MANIFEST, default_registry().capabilities())
+    return Package("jobs", manifest, wasm, hashlib.sha256(wasm).hexdigest())
+
+
+# Break (red-team 2026-12-01): a job's input could hold the codec's 4,096 data items, and every
+# run decodes it and encodes it again into the command's input, work no fuel pays for: 32
+# periodic jobs with inputs of 4,080 empty arrays kept 12.4% of a core busy for as long as they
+# were scheduled (0.6% with no input), while the runs' fuel was a few thousand units each.
+# Now an input holds at most MAX_JOB_INPUT_ITEMS items (1.1% of a core at 127 arrays).
+def test_a_job_input_of_more_than_its_item_limit_is_refused() -> None:
+    limit = jobs_broker.MAX_JOB_INPUT_ITEMS
+    broker = JobsBroker(clock=ManualClock())
+    with Host(Policy(allow={"jobs"}), cache_dir=None, brokers=[broker]) as host:
+        ext = host.admit(passing_jobs_package(), grants=["jobs"])
+        for items in (limit, limit + 1, 4080):
+            # The input array holds ``items`` items: itself and items - 1 zeros.
+            request = {"command": "job", "every_ms": 1000, "input": [0] * (items - 1)}
+            ext.call("go", request)
+        (job,) = broker.stats(ext.id).values()  # only the first was scheduled
+    assert job.kind == "every"
