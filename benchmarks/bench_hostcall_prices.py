@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 from wasihost.benchmark.hosts import bench_policy
 from wasihost.brokers.files import FilesBroker
 from wasihost.brokers.http import HttpBroker
+from wasihost.brokers.jobs import MAX_JOB_INPUT_ITEMS
 from wasihost.brokers.secrets import SecretsBroker
 from wasihost.brokers.storage import StorageBroker
 from wasihost.event_classes import MAX_SELECTORS
@@ -147,7 +148,8 @@ def _cases(calls: int, origin: str = "http://api.bench:1") -> list[Case]:
         c(
             "jobs_schedule items+cancel",
             "jobs_schedule",
-            {"command": "job", "input": [[]] * 4080, "delay_ms": 3_600_000},
+            # An input of the most items a job's may hold (brokers/jobs.py).
+            {"command": "job", "input": [[]] * (MAX_JOB_INPUT_ITEMS - 1), "delay_ms": 3_600_000},
             16,
             then="jobs_cancel",
         ),

@@ -97,7 +97,8 @@ _NULL = b"\xf6"
 # charged its items twice), and a broker that encodes a decoded value again (jobs_schedule's
 # input, kept as bytes) spends about 500 ns an item more; guest code runs at about 0.07-0.09 ns
 # a unit, so 1,500 units an item keeps these within about 8x (at 1,000, jobs_schedule with an
-# input of 4,080 empty arrays was 11x; benchmarks/bench_hostcall_prices.py, "items" rows).
+# input of 4,080 empty arrays was 11x, before job inputs were bounded to 128 items;
+# benchmarks/bench_hostcall_prices.py, the "items" rows).
 FREE_REQUEST_ITEMS: Final = 16
 FUEL_PER_REQUEST_ITEM: Final = 1_500
 
