@@ -6,9 +6,11 @@ benchmarks/bench_hostcall_prices.py (the "items" rows); the tests here count fue
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import sys
+import tracemalloc
 from typing import Any
 
 import cbor2
@@ -333,3 +335,70 @@ def test_a_job_input_of_more_than_its_item_limit_is_refused() -> None:
             ext.call("go", request)
         (job,) = broker.stats(ext.id).values()  # only the first was scheduled
     assert job.kind == "every"
+
+
+def churning_package() -> Package:
+    """``go`` makes 500 rounds of storage_put and storage_delete of one key, events_subscribe
+    and events_unsubscribe of one class, and a log call (the log is full: QUOTA_EXCEEDED)."""
+    requests = [
+        ("storage_put", cbor2.dumps(["k", b"v" * 64])),
+        ("storage_delete", cbor2.dumps("k")),
+        ("events_subscribe", cbor2.dumps("t.a")),
+        ("events_unsubscribe", cbor2.dumps("t.a")),
+        ("log", cbor2.dumps([2, "x" * 60])),
+    ]
+    calls, data = [], []
+    for i, (name, request) in enumerate(requests):
+        at = REQ_AT + 256 * i
+        data.append(f'(data (i32.const {at}) "{escape(request)}")')
+        calls.append(
+            f"(drop (call ${name} (i32.const {at}) (i32.const {len(request)}) "
+            f"(i32.const {RESP_AT}) (i32.const 16)))"
+        )
+    body = f"""
+    (global.set $i (i32.const 0))
+    (block $done (loop $again
+      (br_if $done (i32.ge_u (global.get $i) (i32.const 500)))
+      {" ".join(calls)}
+      (global.set $i (i32.add (global.get $i) (i32.const 1)))
+      (br $again)))
+    (call $ok_null)"""
+    wasm = build(
+        guest_wat(
+            body,
+            marker="1.1",
+            imports="".join(host_import(name) for name, _ in requests),
+            extra="(global $i (mut i32) (i32.const 0))" + "".join(data),
+        )
+    )
+    text = EVENTS_MANIFEST.replace("CLASSES", '["t.*"]').replace(
+        'required = ["events"]', 'required = ["events", "log", "storage"]'
+    )
+    manifest = parse_manifest(text, default_registry().capabilities())
+    return Package("churn", manifest, wasm, hashlib.sha256(wasm).hexdigest())
+
+
+# Held (red-team 2026-12-01): host calls that each take and give back what they hold (a stored
+# key, a subscription) or are refused (a full log) keep nothing per call in the host: 11,000
+# rounds of five brokers' calls grew the traced heap by under 16 KiB. A generous bound here:
+# nine times the rounds may not grow it by more than 256 KiB.
+def test_host_calls_that_give_back_what_they_take_keep_no_host_memory() -> None:
+    caps = {"events", "log", "storage"}
+    with Host(Policy(allow=caps), cache_dir=None) as host:
+        ext = host.admit(churning_package(), grants=sorted(caps), fuel=10**10)
+        ext.log.max_bytes = 0  # full: every log call is refused
+        for _ in range(3):
+            ext.call("go")
+        gc.collect()
+        tracemalloc.start()
+        try:
+            ext.call("go")
+            gc.collect()
+            after_one = tracemalloc.get_traced_memory()[0]
+            for _ in range(9):
+                ext.call("go")
+            gc.collect()
+            after_ten = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+    assert after_ten - after_one < 256 * 1024, after_ten - after_one
