@@ -56,8 +56,10 @@ sys.path.insert(0, str(ROOT))
 from wasihost.benchmark.hosts import bench_policy
 from wasihost.brokers.files import FilesBroker
 from wasihost.brokers.http import HttpBroker
+from wasihost.brokers.jobs import MAX_JOB_INPUT_ITEMS
 from wasihost.brokers.secrets import SecretsBroker
 from wasihost.brokers.storage import StorageBroker
+from wasihost.event_classes import MAX_SELECTORS
 from wasihost.manifest import parse_manifest
 from wasihost.package import Package
 from wasihost.registry import default_registry
@@ -90,19 +92,31 @@ commands = ["job"]
 max_jobs = 32
 
 [events]
-classes = ["bench.*"]
+classes = EVENT_CLASSES
 command = "job"
 
 [http]
 allowed_origins = ["ORIGIN"]
 bytes_per_hour = 1_073_741_824
 """
+# The manifest's event classes: the most a manifest may list (event_classes.MAX_SELECTORS), the
+# one a subscription matches last, so that events_subscribe compares it with all of them.
+EVENT_CLASSES = (
+    "["
+    + ", ".join(f'"bench{i:02d}.{"q" * 100}.*"' for i in range(MAX_SELECTORS - 1))
+    + ', "bench.*"]'
+)
 HTTP_NAME = "api.bench"  # resolved to 127.0.0.1 by the benchmark's resolver
 HTTP_BODY = 48 * 1024  # the registry's most: a 61,440-byte response holds it
 
 KEY = "k" * 255  # a key of 255 bytes (the registry's bound is 256)
 BIG = 32768
 CHAIN_LINKS = wasi_limits.MAX_SYMLINK_FOLLOWS  # 40, the resolution's own bound
+# 4 KiB requests of many data items (the codec's limit is 4,096): CBOR arrays of 4,091 empty
+# arrays, of 1,280 float16s, and of 4,088 empty arrays then a text of invalid UTF-8.
+ITEMS_EMPTY_ARRAYS = b"\x99\x0f\xfb" + b"\x80" * 4091
+ITEMS_FLOAT16 = b"\x99\x05\x00" + b"\xf9\x3c\x00" * 1280
+ITEMS_BAD_AT_END = b"\x99\x0f\xf9" + b"\x80" * 4088 + b"\x62\xff\xff"
 
 
 class Case(NamedTuple):
@@ -125,6 +139,20 @@ def _cases(calls: int, origin: str = "http://api.bench:1") -> list[Case]:
     return [
         c("log 64 B", "log", [2, "x" * 60], 16),
         c("log 4 KiB", "log", [2, "x" * 4088], 16),
+        # A request's decode costs the host per data item (engine/hostcalls.py,
+        # FUEL_PER_REQUEST_ITEM): the slowest shapes the codec's 4,096-item limit lets into a
+        # 4 KiB request, and one whose fault at its end makes the exact decoder run too.
+        c("log items: empty arrays", "log", ITEMS_EMPTY_ARRAYS, 16),
+        c("log items: float16s", "log", ITEMS_FLOAT16, 16),
+        c("log items: bad at end", "log", ITEMS_BAD_AT_END, 16),
+        c(
+            "jobs_schedule items+cancel",
+            "jobs_schedule",
+            # An input of the most items a job's may hold (brokers/jobs.py).
+            {"command": "job", "input": [[]] * (MAX_JOB_INPUT_ITEMS - 1), "delay_ms": 3_600_000},
+            16,
+            then="jobs_cancel",
+        ),
         c("clock_now", "clock_now", "monotonic", 16),
         c("random_bytes 1", "random_bytes", 1, 16),
         c("random_bytes 4096", "random_bytes", 4096, 4099),
@@ -145,7 +173,7 @@ def _cases(calls: int, origin: str = "http://api.bench:1") -> list[Case]:
         c("file_write 1 B", "file_write", [2, 0, b"x"], 16),
         c("file_write 32 KiB", "file_write", [2, 0, b"x" * BIG], 16),
         c("file_close missing", "file_close", 999, 16),
-        c("events_subscribe", "events_subscribe", "bench.a", 16),
+        c("events_subscribe 64 classes", "events_subscribe", "bench.a", 16),
         c("events_unsubscribe", "events_unsubscribe", "bench.none", 16),
         c(
             "jobs_schedule+cancel",
@@ -425,7 +453,11 @@ def _setup_with(tmp: Path, cases: list[Case], origin: str) -> tuple[Host, Any, l
         f"c{i} = {{}}" + ("" if c.name.startswith("setup") else f"\nz{i} = {{}}")
         for i, c in enumerate(cases)
     )
-    text = MANIFEST.replace("COMMANDS", commands).replace("ORIGIN", origin)
+    text = (
+        MANIFEST.replace("COMMANDS", commands)
+        .replace("ORIGIN", origin)
+        .replace("EVENT_CLASSES", EVENT_CLASSES)
+    )
     manifest = parse_manifest(text, default_registry().capabilities())
     pkg = Package("bench-prices", manifest, wasm, hashlib.sha256(wasm).hexdigest())
     ext = host.admit(pkg, grants=sorted(caps), fuel=10**10, timeout_ms=600_000)

@@ -14,7 +14,7 @@ from guests import build, guest_wat
 
 from wasihost.brokers.log import LogBroker
 from wasihost.extension import Extension
-from wasihost.extlog import Level, LogRecord
+from wasihost.extlog import RECORD_OVERHEAD_BYTES, Level, LogRecord
 from wasihost.grants import GrantTable
 from wasihost.hostfn import CallContext
 from wasihost.policy import Policy
@@ -87,7 +87,8 @@ def test_a_returned_status_answer_reaches_the_guest_as_a_raised_one_does(host: H
 
 def test_the_log_checks_the_request_shape_and_a_full_log_answers_quota(host: Host) -> None:
     ext = host.admit(bare(LOG_GUEST), grants=["log"])
-    ext.log.max_bytes = 200  # room for two 60-character records (plus 32 bytes each)
+    # Room for two records of 60 bytes (and their overhead each), not for a third of one byte.
+    ext.log.max_bytes = 2 * (60 + RECORD_OVERHEAD_BYTES) + RECORD_OVERHEAD_BYTES // 2
     for bad in ([5, "x"], [-1, "x"], [True, "x"], ["2", "x"], [2, b"x"], [2], [2, "x", 3], {}):
         assert ext.call("run", bad) == -Status.INVALID_ARGUMENT, bad
     assert ext.log.records == ()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from wasi_support import DirectGuest
 
-from wasihost.brokers.log import ExtensionLog, Level
+from wasihost.brokers.log import RECORD_OVERHEAD_BYTES, ExtensionLog, Level
 from wasihost.status import GuestDeadline, GuestExit, GuestFault, GuestOutOfFuel
 from wasihost.wasi import Errno, Mount, WasiOptions
 from wasihost.wasi import limits as wasi_limits
@@ -164,7 +164,7 @@ def test_log_lines_split_bound_and_flush() -> None:
     assert messages[3] == "three" + "x" * (wasi_limits.MAX_LOG_LINE_BYTES - 5)
     assert all(len(m) <= wasi_limits.MAX_LOG_LINE_BYTES for m in messages)
     assert sum(len(m) for m in messages[3:]) == 5 + wasi_limits.MAX_LOG_LINE_BYTES * 2 + 10
-    full = ExtensionLog(40)
+    full = ExtensionLog(RECORD_OVERHEAD_BYTES + 8)  # room for one one-byte record
     flood = LogLines(full, Level.WARN, "stderr")
     flood(b"a\nb\nc\n")
     assert len(full.records) == 1 and full.dropped == 2

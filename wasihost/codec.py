@@ -40,6 +40,7 @@ __all__ = [
     "CodecLimits",
     "Value",
     "decode",
+    "decode_counted",
     "encode",
 ]
 
@@ -281,6 +282,14 @@ def decode(data: bytes | bytearray | memoryview, limits: CodecLimits = DEFAULT_L
     Raises :class:`CodecError`, and nothing else, for any content of ``data``. An empty buffer is
     an error too: callers for which "no request" is legal check for it before calling.
     """
+    return decode_counted(data, limits)[0]
+
+
+def decode_counted(
+    data: bytes | bytearray | memoryview, limits: CodecLimits = DEFAULT_LIMITS
+) -> tuple[Value, int]:
+    """:func:`decode`, with the number of data items the value holds (the work its decoding
+    took grows with them: the engine prices a host call's request by them)."""
     if isinstance(data, bytes):
         buf = data
         size = len(buf)
@@ -316,51 +325,72 @@ def decode(data: bytes | bytearray | memoryview, limits: CodecLimits = DEFAULT_L
             start + length == size and length <= limits.max_string_bytes
         ):
             if initial < 0x60:
-                return buf[start:]
+                return buf[start:], 1
             try:
-                return buf[start:].decode()  # UTF-8, strict; no argument is the quicker call
+                return buf[start:].decode(), 1  # UTF-8, strict; no argument: quicker
             except UnicodeDecodeError as exc:
                 raise _bad_utf8(exc) from None
     elif size == 1:
         if initial < 0x18:
-            return initial
+            return initial, 1
         if initial == 0xF6:
-            return None
+            return None, 1
         if 0x20 <= initial < 0x38:
-            return 0x1F - initial
+            return 0x1F - initial, 1
         if initial == 0xF5:
-            return True
+            return True, 1
         if initial == 0xF4:
-            return False
+            return False, 1
         if initial == 0x80:
-            return []
+            return [], 1
         if initial == 0xA0:
-            return {}
+            return {}, 1
 
     elif 0x80 <= initial < 0x98 or 0xA0 <= initial < 0xB8:
         # A small array or map of scalars (most host-call requests) is built in one loop.
         value = codec_fast.flat(buf, limits.max_items, limits.max_string_bytes)
         if value is not codec_fast.UNSURE:
             built: Value = value
-            return built
+            # A flat array or map of scalars: the container and its children (and keys).
+            return built, 1 + (2 * len(value) if isinstance(value, dict) else len(value))
 
     # Any other payload that the scan vouches for is built by cbor2's C code. cbor2 still refuses
     # invalid UTF-8 and duplicate keys; for those, as for all the scan does not vouch for, the
     # exact decoder below says what is wrong.
-    value = codec_fast.decode(buf, limits.max_depth, limits.max_items, limits.max_string_bytes)
-    if value is not codec_fast.UNSURE:
-        scanned: Value = value
-        return scanned
+    counted = codec_fast.decode_counted(
+        buf, limits.max_depth, limits.max_items, limits.max_string_bytes
+    )
+    # The items the scan went through when cbor2 refused what it vouched for (the work done
+    # before the exact decoder's, which a refusal's price must cover too).
+    scanned = 0
+    if counted is not codec_fast.UNSURE:
+        if counted[0] is not codec_fast.UNSURE:
+            built_fast: tuple[Value, int] = counted
+            return built_fast
+        scanned = counted[1]
 
     decoder = _Decoder(buf, limits)
     try:
         value = decoder.item(0)
+        if decoder.pos != size:
+            raise CodecError(f"trailing bytes after the item ({size - decoder.pos})")
     except RecursionError:
         # Only reachable when the caller is itself deep in the stack: max_depth is capped.
-        raise CodecError("nesting too deep for the host stack") from None
-    if decoder.pos != size:
-        raise CodecError(f"trailing bytes after the item ({size - decoder.pos})")
-    return value
+        error = CodecError("nesting too deep for the host stack")
+        error.items = max(_items_read(decoder), scanned)
+        raise error from None
+    except CodecError as exc:
+        exc.items = max(_items_read(decoder), scanned)
+        raise
+    # The budget was max_items - 1 for every item but the top one.
+    return value, limits.max_items - decoder.items_left
+
+
+def _items_read(decoder: _Decoder) -> int:
+    """The items a refused decode had read, at most: those charged to its budget (a container
+    charges its children when its head is read, so a count that lies is charged whole), but no
+    more than the budget, nor than the bytes it reached (every item takes one)."""
+    return min(decoder.limits.max_items - decoder.items_left, decoder.limits.max_items, decoder.pos)
 
 
 # -- encoding ------------------------------------------------------------------------------------

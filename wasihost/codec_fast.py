@@ -354,13 +354,21 @@ def _scanner(max_depth: int, max_string: int) -> _Scanner:
 def scan(buf: bytes, max_depth: int, max_items: int, max_string: int) -> bool:
     """True when ``buf`` is one item of the profile within the limits, as far as the heads
     tell (UTF-8 and duplicate keys are cbor2's to refuse). Never raises."""
+    return scan_items(buf, max_depth, max_items, max_string) > 0
+
+
+def scan_items(buf: bytes, max_depth: int, max_items: int, max_string: int) -> int:
+    """The data items of ``buf`` when :func:`scan` vouches for it, else 0. Never raises."""
     scanner = _scanner(max_depth, max_string)
     try:
         step = scanner.values[buf[0]]
-        stop = step if step > 0 else scanner.item(buf, 0, 0, max_items - 1)[0]
+        if step > 0:
+            stop, left = step, max_items - 1
+        else:
+            stop, left = scanner.item(buf, 0, 0, max_items - 1)
     except (_Unsure, IndexError, RecursionError):
-        return False
-    return stop == len(buf)
+        return 0
+    return max_items - left if stop == len(buf) else 0
 
 
 # -- encoding: the walk --------------------------------------------------------------------------
@@ -1034,13 +1042,23 @@ _MAX_KEYS: Final = 1024
 
 def decode(buf: bytes, max_depth: int, max_items: int, max_string: int) -> Any:
     """The value of ``buf`` when the scan vouches for it and cbor2 builds it, else UNSURE."""
+    built = decode_counted(buf, max_depth, max_items, max_string)
+    return built if built is UNSURE else built[0]  # UNSURE too when cbor2 refused
+
+
+def decode_counted(buf: bytes, max_depth: int, max_items: int, max_string: int) -> Any:
+    """``(value, data items)`` of ``buf`` when the scan vouches for it and cbor2 builds it;
+    ``(UNSURE, data items)`` when the scan vouched but cbor2 refused (the items say what the
+    scan and cbor2 went through); else UNSURE."""
     fast = backend()
-    if fast is None or not scan(buf, max_depth, max_items, max_string):
+    items = scan_items(buf, max_depth, max_items, max_string) if fast is not None else 0
+    if not items:
         return UNSURE
+    assert fast is not None
     try:
-        return fast.loads(buf)
+        return fast.loads(buf), items
     except Exception:  # invalid UTF-8 or a duplicate key: the exact decoder names which
-        return UNSURE
+        return UNSURE, items
 
 
 def encode(

@@ -91,6 +91,11 @@ class PackageError(WasihostError):
 class CodecError(WasihostError, ValueError):
     """Bytes from the other side are not one well-formed, in-bounds CBOR item."""
 
+    # The data items the decoders went through before the refusal (the scan's, or the exact
+    # decoder's, whichever read more): set by codec.decode_counted, so that a refused request
+    # is priced for the work done.
+    items: int = 0
+
     @property
     def error_class(self) -> str:
         return "codec"

@@ -7,6 +7,7 @@ it, ``abort`` its panic, the WASI profile its stdout and stderr.
 from __future__ import annotations
 
 import enum
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,8 +26,16 @@ class Level(enum.IntEnum):
     ERROR = 4
 
 
-# Per-record overhead charged against the budget, so a flood of empty records is bounded too.
-RECORD_OVERHEAD_BYTES = 32
+# Per-record overhead charged against the budget, so a flood of empty records is bounded too:
+# what a buffered record holds in the host's heap besides its text's characters, so that
+# max_log_bytes bounds the host memory the log takes. Measured with tracemalloc: the LogRecord
+# (with its GC header), its time stamp (an int), its slot in the list and the text's str header
+# (49 bytes for ASCII) come to about 166 bytes. At 32, a log of max_log_bytes 16 MiB held 58.5
+# MiB of empty records and 79 MiB of one- and two-character ones (red-team 2026-12-01).
+RECORD_OVERHEAD_BYTES = 168
+# The header of an ASCII str (sys.getsizeof("")), already in RECORD_OVERHEAD_BYTES: a text's
+# characters take sys.getsizeof(text) less this in the host's heap.
+_STR_HEADER_BYTES = sys.getsizeof("")
 
 
 @attrs.frozen
@@ -124,9 +133,15 @@ class ExtensionLog:
                 self.sink_errors += 1
                 host_logger().exception("log sink failed; record lost")
             return True
-        # Its UTF-8 size; for ASCII text (most log lines) that is its length, read without
-        # encoding a copy.
-        size = len(message) if message.isascii() else len(message.encode())
+        # Its UTF-8 size, or what its characters take in the host's heap if that is more (a
+        # str holds every character at the width of its widest: one emoji makes 4 bytes of
+        # each ASCII character, which UTF-8 counts as 1). For ASCII text (most log lines) both
+        # are its length, read without encoding a copy.
+        size = (
+            len(message)
+            if message.isascii()
+            else max(len(message.encode()), sys.getsizeof(message) - _STR_HEADER_BYTES)
+        )
         cost = size + RECORD_OVERHEAD_BYTES
         with self._lock:
             if self._used + cost > self.max_bytes:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -62,6 +63,18 @@ MAX_DISPATCH_THREADS: Final = 4
 DISPATCHER_STOP_S: Final = 5.0
 # The most recent delivery failure kept per subscription is cut to this many characters.
 MAX_FAILURE_CHARS: Final = 200
+# A subscription's failed deliveries go to the host's log (the ``wasihost`` logger) at most
+# once per this many seconds, the line saying how many failed since the last: a guest failing
+# every delivery wrote a warning per event, as many lines as the embedder published events
+# (red-team 2026-12-01). SubscriptionStats counts every failure.
+FAILURE_LOG_INTERVAL_S: Final = 60.0
+# events_subscribe's price per selector its request is compared with (the manifest's classes,
+# then the grant scope's: up to MAX_SELECTORS each, and the package chooses its manifest),
+# charged for the whole list before the comparisons. A comparison costs the host about 0.33 us;
+# unpriced, a subscribe against 64 classes of the manifest cost 61 us for the entry's 55,000
+# units, 15x what the same fuel buys in guest code (red-team 2026-12-01); with this, about 6x
+# (benchmarks/bench_hostcall_prices.py, "events_subscribe 64 classes").
+FUEL_PER_SELECTOR_COMPARED: Final = 600
 
 _SCOPE_KEYS: Final = frozenset({"classes"})
 
@@ -119,6 +132,10 @@ class Subscription:
         self.last_failure: str | None = None
         # Events offered while the queue was full (or paused by it): each met the depth.
         self.overflows = 0
+        # When a failure may next go to the host's log, and the failures not logged since the
+        # last line (FAILURE_LOG_INTERVAL_S).
+        self.log_after = float("-inf")
+        self.unlogged = 0
 
     def _full_for(self, event: QueuedEvent) -> bool:
         return (
@@ -414,10 +431,15 @@ class EventsBroker(ExtensionDispatcher["ExtensionEvents", "Delivery"]):
             if not is_selector(request):
                 raise HostStatus(Status.INVALID_ARGUMENT)
             spec = state.spec
-            if spec is None or not covered(spec.classes, request):
+            if spec is None:
+                raise HostStatus(Status.DENIED)
+            call.charge(FUEL_PER_SELECTOR_COMPARED * len(spec.classes))
+            if not covered(spec.classes, request):
                 raise HostStatus(Status.DENIED)
             scope = state.ext.grant_scopes().get(CAPABILITY, {})
-            if not covered(scope_classes(scope, spec.classes), request):
+            allowed = scope_classes(scope, spec.classes)
+            call.charge(FUEL_PER_SELECTOR_COMPARED * len(allowed))
+            if not covered(allowed, request):
                 raise HostStatus(Status.DENIED)
 
             def add() -> bool:
@@ -618,11 +640,27 @@ class EventsBroker(ExtensionDispatcher["ExtensionEvents", "Delivery"]):
             state.ext.call(spec.command, value)
         except Exception as exc:  # one failed delivery must not stop the dispatcher
             text = _failure_text(exc)
-            LOG.warning("event %s not delivered to %s: %s", event.event_class, state.ext.id, text)
+            now = time.monotonic()
             with self._cond:
                 sub.failed += 1
                 sub.last_failure = text
                 self.failed += 1
+                quiet = sub.unlogged
+                logged = now >= sub.log_after
+                if logged:
+                    sub.log_after = now + FAILURE_LOG_INTERVAL_S
+                    sub.unlogged = 0
+                else:
+                    sub.unlogged += 1
+            if logged:
+                more = f" ({quiet} failed deliveries since its last line)" if quiet else ""
+                LOG.warning(
+                    "event %s not delivered to %s: %s%s",
+                    event.event_class,
+                    state.ext.id,
+                    text,
+                    more,
+                )
             return
         with self._cond:
             sub.delivered += 1

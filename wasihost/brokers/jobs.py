@@ -69,7 +69,13 @@ MAX_DELAY_MS: Final = MAX_PERIOD_MS
 # A job's input is a reminder of what to do, not data to process: 4 KiB, encoded once at
 # schedule and kept with the job (so one extension pins at most 32 jobs x 4 KiB).
 MAX_JOB_INPUT_BYTES: Final = 4096
-INPUT_LIMITS: Final = CodecLimits(max_bytes=MAX_JOB_INPUT_BYTES)
+# And at most this many CBOR data items: every run decodes the input and encodes it again in
+# the command's input, work no fuel pays for (the run's fuel is the guest's own), about 0.8 us
+# an item. At the codec's 4,096 items, 32 periodic jobs with inputs of 4,080 empty arrays kept
+# 12.4% of a core busy for good (0.6% with no input), for fuel the minute's budget hardly saw
+# (red-team 2026-12-01); 128 items is any reminder's structure.
+MAX_JOB_INPUT_ITEMS: Final = 128
+INPUT_LIMITS: Final = CodecLimits(max_bytes=MAX_JOB_INPUT_BYTES, max_items=MAX_JOB_INPUT_ITEMS)
 # Worker threads per broker (one broker per host): jobs are background work, so two threads
 # leave the machine to the interactive calls; each run is bounded by its max_runtime_ms.
 MAX_JOB_THREADS: Final = 2
@@ -79,6 +85,11 @@ DEFAULT_STOP_S: Final = 5.0
 # The timer thread re-reads its clock at least this often, so a job scheduled while it waits
 # is never late by more than this even if a wake-up were lost.
 MAX_TIMER_WAIT_S: Final = 1.0
+# A job's failed runs go to the host's log (the ``wasihost`` logger) at most once per this
+# many seconds, the line saying how many failed since the last: a guest whose jobs fail at
+# every run (up to 32 jobs once a second each, or at every event) wrote a warning per run, 32
+# lines a second for as long as it ran (red-team 2026-12-01). JobStats counts every failure.
+FAILURE_LOG_INTERVAL_S: Final = 60.0
 # Lifecycle states in which a job's run is skipped (the jobs stay) and those that end them.
 INACTIVE_STATES: Final = frozenset(
     {State.PAUSED, State.THROTTLED, State.QUARANTINED, State.STOPPING}
@@ -153,6 +164,10 @@ class Job:
         self.pending_skipped = 0  # reported to the next run, then restarted
         self.last_failure: str | None = None
         self.ended = False
+        # When a failure may next go to the host's log, and the failures not logged since the
+        # last line (FAILURE_LOG_INTERVAL_S).
+        self.log_after = float("-inf")
+        self.unlogged = 0
 
     @property
     def kind(self) -> str:
@@ -592,11 +607,21 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
                 )
         except Exception as exc:  # one failed run must not stop the worker
             text = _failure_text(exc)
-            LOG.warning("job %d of %s failed: %s", job.id, ext.id, text)
+            now = self.clock.monotonic()
             with self._cond:
                 job.failed += 1
                 job.last_failure = text
                 self.failed += 1
+                quiet = job.unlogged
+                logged = now >= job.log_after
+                if logged:
+                    job.log_after = now + FAILURE_LOG_INTERVAL_S
+                    job.unlogged = 0
+                else:
+                    job.unlogged += 1
+            if logged:
+                more = f" ({quiet} failed runs since its last line)" if quiet else ""
+                LOG.warning("job %d of %s failed: %s%s", job.id, ext.id, text, more)
             return
         finally:
             running.state = outer

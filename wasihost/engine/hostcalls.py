@@ -8,12 +8,12 @@ import ctypes
 import functools
 import struct
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 from wasmtime import _ffi as ffi
 
-from ..codec import CodecLimits, decode, encode
+from ..codec import CodecLimits, decode, decode_counted, encode
 from ..codec_fast import UNSURE, flat
 from ..errors import CallError, CodecError, FailureClass
 from ..hostlog import host_logger
@@ -87,6 +87,20 @@ _INVALID_ARGUMENT = -Status.INVALID_ARGUMENT.value
 _PAYLOAD_TOO_LARGE = -Status.PAYLOAD_TOO_LARGE.value
 _BUFFER_TOO_SMALL = -Status.BUFFER_TOO_SMALL.value
 _NULL = b"\xf6"
+# A request's decode is priced per data item past the first FREE_REQUEST_ITEMS (the base price
+# covers those: a small flat request, the common shape, takes one loop and is never counted).
+# Decoding costs the host per item, not per byte: up to 4,096 items (the codec's limit) fit in
+# a 4 KiB request, and a 4 KiB ``log`` of 1,280 float16s, or of 4,091 empty arrays, took
+# 0.6-1.3 ms of host CPU for its 23,000 fuel units (up to ~350x guest code's CPU per fuel,
+# red-team 2026-12-01). The worst shapes cost 330-480 ns an item (scanned, then built by
+# cbor2), 750 ns when the exact decoder runs after both to name a fault (a refused request is
+# charged its items twice), and a broker that encodes a decoded value again (jobs_schedule's
+# input, kept as bytes) spends about 500 ns an item more; guest code runs at about 0.07-0.09 ns
+# a unit, so 1,500 units an item keeps these within about 8x (at 1,000, jobs_schedule with an
+# input of 4,080 empty arrays was 11x, before job inputs were bounded to 128 items;
+# benchmarks/bench_hostcall_prices.py, the "items" rows).
+FREE_REQUEST_ITEMS: Final = 16
+FUEL_PER_REQUEST_ITEM: Final = 1_500
 
 
 _FAILURE_ANSWERS: dict[object, int] = {s: -int(s) for s in Status if s is not Status.OK}
@@ -375,9 +389,23 @@ class HostContext:
                         )
                         if request is UNSURE:
                             try:
-                                request = decode(raw, limits)
-                            except CodecError:
+                                request, items = decode_counted(raw, limits)
+                            except CodecError as exc:
+                                # Read twice at worst: scanned and built by cbor2, then by the
+                                # exact decoder that names the fault.
+                                items = 2 * exc.items
                                 answer = _INVALID_ARGUMENT
+                            if items > FREE_REQUEST_ITEMS:
+                                # The decode's work grows with the items, not the bytes: paid
+                                # per item (refused requests too, for what was read).
+                                debt = self.fuel_debt + FUEL_PER_REQUEST_ITEM * (
+                                    items - FREE_REQUEST_ITEMS
+                                )
+                                self.fuel_debt = debt
+                                if debt >= SETTLE_FUEL and not settle(
+                                    self.context_of(caller), debt
+                                ):
+                                    return self.out_of_fuel(self.context_of(caller), entry)
                     if not answer:
                         mem.room = resp_cap
                         try:
