@@ -282,32 +282,16 @@ def decode(data: bytes | bytearray | memoryview, limits: CodecLimits = DEFAULT_L
     Raises :class:`CodecError`, and nothing else, for any content of ``data``. An empty buffer is
     an error too: callers for which "no request" is legal check for it before calling.
     """
-    return decode_counted(data, limits)[0]
-
-
-def decode_counted(
-    data: bytes | bytearray | memoryview, limits: CodecLimits = DEFAULT_LIMITS
-) -> tuple[Value, int]:
-    """:func:`decode`, with the number of data items the value holds (the work its decoding
-    took grows with them: the engine prices a host call's request by them)."""
     if isinstance(data, bytes):
         buf = data
         size = len(buf)
-    elif isinstance(data, bytearray | memoryview):
-        try:
-            size = data.nbytes if isinstance(data, memoryview) else len(data)
-        except ValueError:  # a released memoryview
-            raise CodecError("payload buffer was released") from None
-        # Size first: a view of guest memory is copied only once it is known to be in bounds.
+        if size == 0:
+            raise CodecError("empty payload")
         if size > limits.max_bytes:
             raise CodecError(f"payload of {size} bytes exceeds {limits.max_bytes}")
-        buf = bytes(data)
     else:
-        raise TypeError(f"decode() takes bytes, bytearray or memoryview, not {type(data).__name__}")
-    if size == 0:
-        raise CodecError("empty payload")
-    if size > limits.max_bytes:
-        raise CodecError(f"payload of {size} bytes exceeds {limits.max_bytes}")
+        buf = _as_bytes(data, limits)
+        size = len(buf)
 
     # One scalar filling the payload, whole and within the limits, is answered here.
     initial = buf[0]
@@ -325,38 +309,72 @@ def decode_counted(
             start + length == size and length <= limits.max_string_bytes
         ):
             if initial < 0x60:
-                return buf[start:], 1
+                return buf[start:]
             try:
-                return buf[start:].decode(), 1  # UTF-8, strict; no argument: quicker
+                return buf[start:].decode()  # UTF-8, strict; no argument is the quicker call
             except UnicodeDecodeError as exc:
                 raise _bad_utf8(exc) from None
     elif size == 1:
         if initial < 0x18:
-            return initial, 1
+            return initial
         if initial == 0xF6:
-            return None, 1
+            return None
         if 0x20 <= initial < 0x38:
-            return 0x1F - initial, 1
+            return 0x1F - initial
         if initial == 0xF5:
-            return True, 1
+            return True
         if initial == 0xF4:
-            return False, 1
+            return False
         if initial == 0x80:
-            return [], 1
+            return []
         if initial == 0xA0:
-            return {}, 1
+            return {}
 
     elif 0x80 <= initial < 0x98 or 0xA0 <= initial < 0xB8:
         # A small array or map of scalars (most host-call requests) is built in one loop.
         value = codec_fast.flat(buf, limits.max_items, limits.max_string_bytes)
         if value is not codec_fast.UNSURE:
             built: Value = value
-            # A flat array or map of scalars: the container and its children (and keys).
-            return built, 1 + (2 * len(value) if isinstance(value, dict) else len(value))
+            return built
+    return _decode_any(buf, size, limits)[0]
 
-    # Any other payload that the scan vouches for is built by cbor2's C code. cbor2 still refuses
-    # invalid UTF-8 and duplicate keys; for those, as for all the scan does not vouch for, the
-    # exact decoder below says what is wrong.
+
+def decode_counted(
+    data: bytes | bytearray | memoryview, limits: CodecLimits = DEFAULT_LIMITS
+) -> tuple[Value, int]:
+    """:func:`decode`, with the number of data items the value holds (the work its decoding
+    took grows with them: the engine prices a host call's request by them, after its own
+    one-loop path for a flat request). A refusal's :class:`CodecError` carries ``items``, what
+    was read before it."""
+    buf = data if isinstance(data, bytes) else _as_bytes(data, limits)
+    size = len(buf)
+    if size == 0:
+        raise CodecError("empty payload")
+    if size > limits.max_bytes:
+        raise CodecError(f"payload of {size} bytes exceeds {limits.max_bytes}")
+    return _decode_any(buf, size, limits)
+
+
+def _as_bytes(data: bytearray | memoryview, limits: CodecLimits) -> bytes:
+    """A bytearray's or a view's bytes, copied only once known to be in bounds."""
+    if not isinstance(data, bytearray | memoryview):
+        raise TypeError(f"decode() takes bytes, bytearray or memoryview, not {type(data).__name__}")
+    try:
+        size = data.nbytes if isinstance(data, memoryview) else len(data)
+    except ValueError:  # a released memoryview
+        raise CodecError("payload buffer was released") from None
+    if size == 0:
+        raise CodecError("empty payload")
+    # Size first: a view of guest memory is copied only once it is known to be in bounds.
+    if size > limits.max_bytes:
+        raise CodecError(f"payload of {size} bytes exceeds {limits.max_bytes}")
+    return bytes(data)
+
+
+def _decode_any(buf: bytes, size: int, limits: CodecLimits) -> tuple[Value, int]:
+    """Any payload, and its data items: what the scan vouches for is built by cbor2's C code.
+    cbor2 still refuses invalid UTF-8 and duplicate keys; for those, as for all the scan does
+    not vouch for, the exact decoder says what is wrong."""
     counted = codec_fast.decode_counted(
         buf, limits.max_depth, limits.max_items, limits.max_string_bytes
     )
