@@ -389,7 +389,12 @@ class HostContext:
                         )
                         if request is UNSURE:
                             try:
-                                request, items = decode_counted(raw, limits)
+                                if head < 0x80 or head >= 0xE0:
+                                    # A number, a string or a simple value: one item, and
+                                    # decode's direct path for it.
+                                    request, items = decode(raw, limits), 1
+                                else:
+                                    request, items = decode_counted(raw, limits)
                             except CodecError as exc:
                                 # Read twice at worst: scanned and built by cbor2, then by the
                                 # exact decoder that names the fault.
