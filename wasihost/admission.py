@@ -22,7 +22,7 @@ from .registry import (
     namespace_marker,
     namespace_module,
 )
-from .wasmbin import PAGE_BYTES, ModuleHeader
+from .wasmbin import PAGE_BYTES, ModuleHeader, shown_name
 
 MARKER_SECTION = "wasihost_abi"
 MARKER_MAX_BYTES = 16
@@ -194,7 +194,7 @@ def _check_limits(
     for imp in header.imports:
         if imp.kind != "func":
             problems.append(
-                f"import {imp.module}.{imp.name}: imports a {imp.kind}; "
+                f"import {shown_name(imp.module)}.{shown_name(imp.name)}: imports a {imp.kind}; "
                 "guests may import only registry functions"
             )
     if len(header.memories) != 1:
@@ -234,7 +234,7 @@ def _check_imports(
     for imp in header.imports:
         if imp.kind != "func" or imp.func_type is None:
             continue  # reported by _check_limits
-        where = f"import {imp.module}.{imp.name}"
+        where = f"import {shown_name(imp.module)}.{shown_name(imp.name)}"
         entry = view.lookup(imp.module, imp.name)
         if entry is None:
             later = [f for f in spec_all if f.module == imp.module and f.name == imp.name]
@@ -252,7 +252,8 @@ def _check_imports(
             elif imp.module not in view.modules:
                 served = ", ".join(sorted(view.modules))
                 problems.append(
-                    f"{where}: unknown import module {imp.module!r} ({view.label} serves {served})"
+                    f"{where}: unknown import module {shown_name(imp.module)!r} "
+                    f"({view.label} serves {served})"
                 )
             else:
                 problems.append(f"{where}: not an entry of {view.label}")

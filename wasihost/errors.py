@@ -101,14 +101,25 @@ class CodecError(WasihostError, ValueError):
         return "codec"
 
 
+# A refusal lists this many problems, then how many more: a module of 100,000 bad imports
+# made a refusal of 100,000 lines (99 million characters), carried into logs and reports.
+# Fixing the first 32 and loading again shows the next ones.
+MAX_REPORTED_PROBLEMS = 32
+
+
 class AdmissionError(WasihostError):
-    """The module was refused before any of its code ran; ``problems`` names each offender,
-    ``ungranted`` the capabilities whose grant would lift a refusal (the remedy to print)."""
+    """The module was refused before any of its code ran; ``problems`` names each offender
+    (the first MAX_REPORTED_PROBLEMS, then how many more), ``ungranted`` the capabilities
+    whose grant would lift a refusal (the remedy to print)."""
 
     def __init__(
         self, problems: list[str] | tuple[str, ...], *, ungranted: tuple[str, ...] = ()
     ) -> None:
-        self.problems = tuple(problems)
+        listed = tuple(problems[:MAX_REPORTED_PROBLEMS])
+        more = len(problems) - len(listed)
+        if more:
+            listed += (f"... and {more} more problems not listed",)
+        self.problems = listed
         self.ungranted = ungranted
         super().__init__("; ".join(self.problems) if self.problems else "module refused")
 

@@ -27,6 +27,21 @@ MAX_SECTIONS = 10_000
 MAX_MARKER_BYTES = 16
 # Engines refuse more than a handful of memories/tables anyway; count-bound the loop.
 MAX_DECLARED = 100_000
+# wasmparser's own limits (wasmtime refuses more): params and results of one function type,
+# and the bytes of a name (an import's module and name, an export's, a custom section's).
+# Without them the scanner vouched for headers the engine will not parse, after working on
+# them: it read names of up to 64 MiB and types of any arity.
+MAX_FUNCTION_PARAMS = 1000
+MAX_FUNCTION_RESULTS = 1000
+MAX_NAME_BYTES = 100_000
+# Every value type of the type section becomes an element of a FuncType tuple (8 bytes and a
+# Python loop step each): 64 MiB of them cost 7 s and 600 MiB before wasmtime saw the module,
+# and wasmparser's per-type limit still allows 64,000 types of 1,000. Real modules declare a
+# few hundred at most (the fixtures and WASI testsuite programs: 132); 100,000 is 750x that.
+MAX_TYPE_VALUES = 100_000
+# A module's names are quoted in refusals at most this long (a name may be 100,000 bytes, and
+# a module may carry 100,000 of them); the rest is elided and its length said.
+MAX_QUOTED_NAME = 64
 
 # Headers of recently admitted modules, keyed by the module's bytes: admitting the same module
 # again (a restart, another host, a benchmark) skips the scan (about 200 µs for a 44 KB Rust
@@ -72,6 +87,14 @@ _KINDS = {0x00: "func", 0x01: "table", 0x02: "memory", 0x03: "global", 0x04: "ta
 
 class WasmFormatError(ValueError):
     """The bytes are not a wasm module this reader can vouch for."""
+
+
+def shown_name(name: str) -> str:
+    """A name from a module, as a refusal quotes it: whole if short, else its start and its
+    length (a hostile module's names would otherwise make its refusal as large as itself)."""
+    if len(name) <= MAX_QUOTED_NAME:
+        return name
+    return f"{name[:MAX_QUOTED_NAME]}... ({len(name.encode('utf-8', 'replace'))} bytes)"
 
 
 @attrs.frozen
@@ -166,7 +189,10 @@ class _Reader:
         return out
 
     def name(self) -> str:
-        raw = self.take(self.uleb(32))
+        size = self.uleb(32)
+        if size > MAX_NAME_BYTES:
+            raise WasmFormatError(f"name of {size} bytes is over {MAX_NAME_BYTES}")
+        raw = self.take(size)
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -193,14 +219,23 @@ def _count(r: _Reader) -> int:
 
 def _read_types(r: _Reader) -> list[FuncType]:
     types = []
+    budget = MAX_TYPE_VALUES
     for _ in range(_count(r)):
         form = r.byte()
         if form != 0x60:
             raise WasmFormatError(f"unsupported type form 0x{form:02x}")
         sig = []
-        for _ in range(2):
+        for most, what in ((MAX_FUNCTION_PARAMS, "params"), (MAX_FUNCTION_RESULTS, "results")):
+            n = _count(r)
+            if n > most:
+                raise WasmFormatError(f"function type of {n} {what}, over {most}")
+            budget -= n
+            if budget < 0:
+                raise WasmFormatError(
+                    f"type section declares over {MAX_TYPE_VALUES} value types in all"
+                )
             vals = []
-            for _ in range(_count(r)):
+            for _ in range(n):
                 code = r.byte()
                 if code not in _VALTYPES:
                     raise WasmFormatError(f"unsupported value type 0x{code:02x}")
@@ -343,12 +378,12 @@ def read_header(data: bytes) -> ModuleHeader:
     exports = []
     for name, kind, index in raw_exports:
         if kind not in _KINDS:
-            raise WasmFormatError(f"export {name!r} has unknown kind 0x{kind:02x}")
+            raise WasmFormatError(f"export {shown_name(name)!r} has unknown kind 0x{kind:02x}")
         ft = None
         if kind == 0x00:
             if index >= len(func_types):
                 raise WasmFormatError(
-                    f"export {name!r} names function {index}, which does not exist"
+                    f"export {shown_name(name)!r} names function {index}, which does not exist"
                 )
             ft = func_types[index]
         exports.append(ExportEntry(name, _KINDS[kind], ft))

@@ -1,0 +1,181 @@
+"""Red-team review of admission and the versioned registry, as a hostile module sees them (the
+Compile phase: unknown or ungranted imports refuse the module before any guest code runs).
+Hostile markers, imports, exports and header shapes go through the real host. Each test of a
+break failed on the code before the fix it names (see the branch's history); the others pin
+attacks that held and that no other test covered."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import wasmtime
+from conftest import bare
+from guests import build, guest_wat, host_import
+
+from wasihost.errors import AdmissionError
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+from wasihost.wasmbin import WasmFormatError, read_header
+
+HOST_POLICY = Policy(allow=frozenset({"log", "random"}))
+# CPU seconds a refusal may take: the scans below cost milliseconds once bounded; the holes
+# took seconds (a loaded machine slows wall time, not the process time measured here).
+REFUSAL_CPU_S = 1.0
+
+
+def _leb(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _section(section_id: int, body: bytes) -> bytes:
+    return bytes([section_id]) + _leb(len(body)) + body
+
+
+def _name(text: bytes) -> bytes:
+    return _leb(len(text)) + text
+
+
+MODULE_HEAD = b"\x00asm\x01\x00\x00\x00" + _section(0, _name(b"wasihost_abi") + b"1.0")
+ONE_TYPE = _section(1, b"\x01\x60\x00\x00")  # one type: () -> ()
+
+
+def _func_type(params: int, results: int = 0) -> bytes:
+    return b"\x60" + _leb(params) + b"\x7f" * params + _leb(results) + b"\x7f" * results
+
+
+def _refused(wasm: bytes) -> tuple[AdmissionError, float]:
+    """Admit ``wasm`` on a fresh host; the refusal and the CPU seconds it took."""
+    with Host(HOST_POLICY, cache_dir=None) as host:
+        started = time.process_time()
+        with pytest.raises(AdmissionError) as refused:
+            host.admit(bare(wasm), grants=["log"])
+        return refused.value, time.process_time() - started
+
+
+# --- header shapes -------------------------------------------------------------------------
+
+WASMTIME_REFUSES = {
+    # Each was vouched for by the scanner, then refused by wasmtime (wasmparser's limits).
+    "a type of 1,001 params": _section(1, b"\x01" + _func_type(1001)),
+    "a type of 1,001 results": _section(1, b"\x01" + _func_type(0, 1001)),
+    "an import name of 100,001 bytes": ONE_TYPE
+    + _section(2, b"\x01" + _name(b"wasihost_v1") + _name(b"a" * 100_001) + b"\x00\x00"),
+    "a custom section name of 100,001 bytes": _section(0, _name(b"a" * 100_001)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WASMTIME_REFUSES))
+def test_the_scanner_refuses_the_types_and_names_wasmtime_refuses(case: str) -> None:
+    """Break (red-team 2026-12-01): the scanner read function types of any arity and names of
+    any length (up to the module's 64 MiB) that wasmtime refuses (over 1,000 params or
+    results, names over 100,000 bytes), so it vouched for headers the engine would not parse
+    and did unbounded work on them first. Fix: wasmparser's limits in the scanner."""
+    wasm = MODULE_HEAD + WASMTIME_REFUSES[case]
+    with pytest.raises(wasmtime.WasmtimeError):
+        wasmtime.Module.validate(wasmtime.Engine(), wasm)
+    with pytest.raises(WasmFormatError):
+        read_header(wasm)
+    refusal, _ = _refused(wasm)
+    assert refusal.problems[0].startswith("not a valid module: ")
+
+
+def test_a_type_section_of_millions_of_value_types_is_refused_in_milliseconds() -> None:
+    """Break (red-team 2026-12-01): every value type of the type section became a tuple
+    element, read a byte at a time: 640 types of 100,000 params (61 MiB) took 7 s of CPU and
+    600 MiB before wasmtime saw the module; capping a type at wasmparser's 1,000 params alone
+    still leaves 64,000 types of 1,000. Fix: a bound on the value types of the whole section
+    (MAX_TYPE_VALUES), far above any real module's (the WASI testsuite's largest has 132)."""
+    types = _leb(32_000) + _func_type(1000) * 32_000  # 32 MiB, each type within wasmparser's
+    wasm = MODULE_HEAD + _section(1, types)
+    refusal, cpu = _refused(wasm)
+    assert cpu < REFUSAL_CPU_S  # was 3.6 s
+    assert "value types" in refusal.problems[0], refusal.problems
+
+
+# --- the refusal itself ---------------------------------------------------------------------
+
+
+def _unknown_imports(count: int, name_bytes: int) -> bytes:
+    entries = b"".join(
+        _name(b"m" * name_bytes) + _name(str(i).encode().rjust(name_bytes, b"x")) + b"\x00\x00"
+        for i in range(count)
+    )
+    return MODULE_HEAD + ONE_TYPE + _section(2, _leb(count) + entries)
+
+
+def test_a_refusal_of_many_bad_imports_is_bounded_and_says_how_many() -> None:
+    """Break (red-team 2026-12-01): admission listed every offending import, each with its
+    module and name in full, twice: 100,000 unknown imports with 300-byte names (58 MiB) made
+    an AdmissionError of 100,004 problems and a 99-million-character message, carried into
+    logs and reports. Fix: a refusal lists its first MAX_REPORTED_PROBLEMS problems and how
+    many more, and quotes a module's names at most MAX_QUOTED_NAME characters long."""
+    refusal, _ = _refused(_unknown_imports(5_000, 300))
+    assert len(refusal.problems) <= 33
+    assert refusal.problems[-1].endswith("more problems not listed")
+    assert any(
+        p.startswith("import mmmm") and "unknown import module" in p for p in refusal.problems
+    )
+    assert len(str(refusal)) < 16_384  # was 4.9 million characters
+
+
+def test_a_long_import_name_is_quoted_short() -> None:
+    """Break (red-team 2026-12-01), with the one above: a single import named with 100,000
+    bytes (as long as wasmtime allows) was quoted whole, twice, in its refusal."""
+    refusal, _ = _refused(_unknown_imports(1, 100_000))
+    (problem,) = [p for p in refusal.problems if p.startswith("import ")]
+    assert len(problem) < 1_000, len(problem)  # was 200,000 characters
+    assert "(100000 bytes)" in problem
+
+
+# --- attacks that held ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "section", ["Wasihost_abi", "wasihost_abi\\00", "wasihost_abi ", "wasihost_abi.", "wasihost"]
+)
+def test_a_marker_in_a_lookalike_section_is_no_marker(section: str) -> None:
+    """Held: only a custom section named exactly ``wasihost_abi`` declares the ABI; a name
+    that differs in case, by a NUL or a space is another section and the module has no
+    marker."""
+    wat = guest_wat(marker=None).replace("(module", f'(module (@custom "{section}" "1.0")', 1)
+    refusal, _ = _refused(build(wat))
+    assert refusal.problems == ("module has no 'wasihost_abi' custom section",)
+
+
+def test_markers_count_wherever_they_are_placed() -> None:
+    """Held: a marker after the code and data sections declares the version as one before
+    them does, and a marker before and another after them are two markers, refused."""
+    after = guest_wat(marker=None).replace(
+        "(module", '(module (@custom "wasihost_abi" (after last) "1.0")', 1
+    )
+    with Host(HOST_POLICY, cache_dir=None) as host:
+        host.admit(bare(build(after)), grants=[]).call("noop")
+    both = guest_wat().replace("(module", '(module (@custom "wasihost_abi" (after last) "1.0")', 1)
+    refusal, _ = _refused(build(both))
+    assert refusal.problems == ("module has 2 'wasihost_abi' sections; need one",)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "wasihost_v1 ",
+        "wasihost_V1",
+        "wasihost_v01",
+        "wasihost_v1\\00",
+        "wasi_snapshot_preview1\\00",
+        "\uff57asihost_v1",  # a fullwidth w
+    ],
+)
+def test_an_import_module_that_looks_like_the_hosts_is_unknown(module: str) -> None:
+    """Held: import modules are compared byte for byte; a lookalike of ``wasihost_v1`` or
+    WASI's module refuses the module, naming it, even for an entry the host has and grants."""
+    imports = host_import("log").replace('"wasihost_v1"', f'"{module}"')
+    refusal, _ = _refused(build(guest_wat(imports=imports)))
+    assert len(refusal.problems) == 1
+    assert "unknown import module" in refusal.problems[0]
