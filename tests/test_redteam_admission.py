@@ -133,6 +133,32 @@ def test_a_long_import_name_is_quoted_short() -> None:
     assert "(100000 bytes)" in problem
 
 
+def test_unknown_imports_cost_no_more_with_many_embedder_functions() -> None:
+    """Break (red-team 2026-12-01): each unknown import was looked up by scanning every entry
+    of every embedder namespace (and the view's modules were rebuilt for each): imports x
+    entries of work, so 50,000 one-byte-named imports (a 300 KB module) against a host of
+    4,000 embedder functions took 4 s of CPU, under the GIL, before any compile. Fix: the
+    namespace modules' entries are indexed once per admission."""
+    module = _unknown_imports(50_000, 1)
+    with Host(HOST_POLICY, cache_dir=None) as host:
+        for i in range(4_000):
+            host.add_function(
+                f"app{i % 40}.f{i}",
+                lambda ctx, request: request,
+                capability=f"app{i % 40}",
+                max_request_bytes=16,
+                max_response_bytes=16,
+                fuel_base=500,
+                fuel_per_byte=2,
+            )
+        started = time.process_time()
+        with pytest.raises(AdmissionError) as refused:
+            host.admit(bare(module))
+        cpu = time.process_time() - started
+    assert refused.value.problems[-1] == "... and 49972 more problems not listed"
+    assert cpu < REFUSAL_CPU_S, cpu  # was 4 s
+
+
 # --- attacks that held ----------------------------------------------------------------------
 
 
