@@ -159,6 +159,53 @@ def test_unknown_imports_cost_no_more_with_many_embedder_functions() -> None:
     assert cpu < REFUSAL_CPU_S, cpu  # was 4 s
 
 
+NATIVE = {"convention": "native", "fuel_base": 100, "capability": "myapp", "since": "1.0"}
+
+
+def test_a_required_export_must_be_the_guests_own_function() -> None:
+    """Gap (red-team 2026-12-01): section 4 of the ABI asks the guest for its own
+    ``wasihost_alloc`` and ``wasihost_call``, but admission checked only their types, so a
+    module could re-export an import of matching type in their place: the host then called
+    an embedder's function (or WASI's ``fd_close``) itself, outside any guest frame, with the
+    handshake's pointers as arguments, as if it were the guest's command handler. Fix: a
+    required export that is an imported function refuses the module, naming both."""
+    calls: list[tuple[int, ...]] = []
+    section = '(@custom "wasihost_abi.myapp" "1.0")'
+    with Host(Policy(allow=frozenset({"myapp"})), cache_dir=None) as host:
+        host.add_function(
+            "myapp.alloc",
+            lambda ctx, n: calls.append((n,)) or 0,
+            params=("i32",),
+            results=("i32",),
+            **NATIVE,
+        )
+        host.add_function(
+            "myapp.run",
+            lambda ctx, p, c, i: calls.append((p, c, i)) or 0,
+            params=("i32", "i32", "i32"),
+            results=("i64",),
+            **NATIVE,
+        )
+        alloc = guest_wat(
+            imports='(import "myapp_v1" "alloc" (func $a (param i32) (result i32)))' + section,
+            alloc='(export "wasihost_alloc" (func $a))',
+        )
+        run = guest_wat(
+            imports='(import "myapp_v1" "run" (func $r (param i32 i32 i32) (result i64)))' + section
+        ).replace('(func (export "wasihost_call")', '(export "wasihost_call" (func $r)) (func')
+        for wat, export, imported in (
+            (alloc, "wasihost_alloc", "myapp_v1.alloc"),
+            (run, "wasihost_call", "myapp_v1.run"),
+        ):
+            with pytest.raises(AdmissionError) as refused:
+                host.admit(bare(build(wat), export), grants=["myapp"]).start()
+            assert refused.value.problems == (
+                f"export {export!r} is the imported function {imported}; the ABI needs the "
+                "guest's own",
+            )
+    assert calls == []  # the host never called its own function as the guest's
+
+
 # --- attacks that held ----------------------------------------------------------------------
 
 

@@ -301,6 +301,13 @@ def _check_exports(header: ModuleHeader, view: RegistryView) -> list[str]:
             problems.append(f"export {spec.name!r} ({spec.kind}) is missing")
         elif found.kind != spec.kind:
             problems.append(f"export {spec.name!r} is a {found.kind}, the ABI needs a {spec.kind}")
+        elif found.reexports is not None:
+            # The ABI's exports are the guest's code; an import in their place would have the
+            # host call a host (or embedder) function itself, outside any guest frame.
+            problems.append(
+                f"export {spec.name!r} is the imported function {found.reexports}; "
+                "the ABI needs the guest's own"
+            )
         elif spec.kind == "func" and found.func_type is not None:
             got = (found.func_type.params, found.func_type.results)
             if got != (spec.params, spec.results):

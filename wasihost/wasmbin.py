@@ -128,11 +128,13 @@ class ImportEntry:
 
 @attrs.frozen
 class ExportEntry:
-    """One export; ``func_type`` is set for function exports."""
+    """One export; ``func_type`` is set for function exports, and ``reexports`` for a function
+    the module imports (its ``module.name``) rather than defines."""
 
     name: str
     kind: str
     func_type: FuncType | None = None
+    reexports: str | None = None
 
 
 @attrs.frozen
@@ -376,7 +378,10 @@ def read_header(data: bytes) -> ModuleHeader:
             # wasmtime refuses trailing bytes too; a section read here is read whole.
             raise WasmFormatError(f"section {section_id} has bytes past its entries")
     exports = []
+    # Function indices count the imported functions first.
+    func_imports = [i for i in imports if i.kind == "func"]
     for name, kind, index in raw_exports:
+        reexports = None
         if kind not in _KINDS:
             raise WasmFormatError(f"export {shown_name(name)!r} has unknown kind 0x{kind:02x}")
         ft = None
@@ -386,7 +391,10 @@ def read_header(data: bytes) -> ModuleHeader:
                     f"export {shown_name(name)!r} names function {index}, which does not exist"
                 )
             ft = func_types[index]
-        exports.append(ExportEntry(name, _KINDS[kind], ft))
+            if index < len(func_imports):
+                imported = func_imports[index]
+                reexports = f"{shown_name(imported.module)}.{shown_name(imported.name)}"
+        exports.append(ExportEntry(name, _KINDS[kind], ft, reexports))
     return ModuleHeader(
         size=len(data),
         imports=tuple(imports),
