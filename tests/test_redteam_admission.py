@@ -206,6 +206,21 @@ def test_a_required_export_must_be_the_guests_own_function() -> None:
     assert calls == []  # the host never called its own function as the guest's
 
 
+def test_a_plain_command_requiring_a_feature_flag_is_refused() -> None:
+    """Break (red-team 2026-12-01): a module's ``wasihost_features`` section (flags it cannot
+    run without, ABI section 1) was read only for modules with an ABI marker: a plain WASI
+    command requiring ``bytes-commands`` was admitted and run under the WASI profile, whose
+    view offers no flag. Fix: a command's required flags are checked against its view too."""
+    wat = """(module (@custom "wasihost_features" "bytes-commands")
+      (import "wasi_snapshot_preview1" "proc_exit" (func (param i32)))
+      (memory (export "memory") 1) (func (export "_start")))"""
+    refusal, _ = _refused(build(wat))
+    assert refusal.problems == (
+        "module requires feature 'bytes-commands', which the wasi profile of this host does "
+        "not offer (it offers: none)",
+    )
+
+
 # --- attacks that held ----------------------------------------------------------------------
 
 

@@ -373,13 +373,16 @@ def admit(
     """Admit the module or raise :class:`AdmissionError` listing every problem found."""
     profile = command_profile(header, registry)
     if profile is not None and manifest_abi is None:
+        view = registry.profile_view(profile)
+        # A command's required flags too (ABI section 1): its view offers none it could use.
         return _admit_with(
             header,
             registry,
-            registry.profile_view(profile),
+            view,
             grant,
             max_memory_bytes,
             max_table_elements,
+            found=_missing_features(header, view),
         )
     version = declared_version(header)
     if manifest_abi is not None and manifest_abi != version:
@@ -412,9 +415,9 @@ def _admit_with(
     max_memory_bytes: int,
     max_table_elements: int,
     declared: dict[str, AbiVersion] | None = None,
-    namespace_problems: list[str] | None = None,
+    found: list[str] | None = None,
 ) -> AdmissionPlan:
-    problems = list(namespace_problems or [])
+    problems = list(found or [])  # what the caller found already (markers, features)
     problems += _check_limits(header, max_memory_bytes, max_table_elements)
     import_problems, bound = _check_imports(header, view, registry, grant, declared)
     problems += import_problems
