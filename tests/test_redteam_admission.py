@@ -155,7 +155,7 @@ def test_unknown_imports_cost_no_more_with_many_embedder_functions() -> None:
         with pytest.raises(AdmissionError) as refused:
             host.admit(bare(module))
         cpu = time.process_time() - started
-    assert refused.value.problems[-1] == "... and 49972 more problems not listed"
+    assert refused.value.problems[-1] == "... and 49973 more problems not listed"
     assert cpu < REFUSAL_CPU_S, cpu  # was 4 s
 
 
@@ -219,6 +219,20 @@ def test_a_plain_command_requiring_a_feature_flag_is_refused() -> None:
         "module requires feature 'bytes-commands', which the wasi profile of this host does "
         "not offer (it offers: none)",
     )
+
+
+def test_a_module_of_thousands_of_imports_is_refused_not_linked_at_every_start() -> None:
+    """Break (red-team 2026-12-01): admission took any number of imports (up to the 100,000
+    wasmtime allows), each a granted entry imported again and again (duplicates are legal, and
+    AssemblyScript emits some). Each import costs the host ~30 us of Python at every
+    instantiation (its dispatch closure and C callback), which no fuel pays: 20,000 imports of
+    ``log`` (a 530 KB module) made every new instance cost 0.6 s of host CPU for 403 fuel, and
+    a guest that traps gets a new instance at its next call. Fix: at most MAX_IMPORTS
+    imports, far above any real module's (the WASI testsuite's largest has 46)."""
+    imports = "".join(host_import("log", f"log{i}") for i in range(5_000))
+    refusal, cpu = _refused(build(guest_wat(imports=imports)))
+    assert refusal.problems == ("module has 5000 imports; at most 1000",)
+    assert cpu < REFUSAL_CPU_S
 
 
 # --- attacks that held ----------------------------------------------------------------------
