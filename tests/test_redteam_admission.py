@@ -239,6 +239,17 @@ def test_a_module_of_thousands_of_imports_is_refused_not_linked_at_every_start()
 
 
 @pytest.mark.parametrize(
+    "marker", ["+1.1", "1.+1", "-1.1", "1.1\\ff", "\\ef\\bc\\91.1", "1_0.1", "0x1.1", "1.1 ", "1,1"]
+)
+def test_a_marker_is_ascii_major_minor_and_nothing_else(marker: str) -> None:
+    """Held: a sign, a byte that is not ASCII, a fullwidth digit (U+FF11), an underscore, a
+    hex prefix, a trailing space or a comma is refused as malformed before anything else
+    (``int()`` alone would read several of them as numbers)."""
+    refusal, _ = _refused(build(guest_wat(marker=marker)))
+    assert len(refusal.problems) == 1 and "is not MAJOR.MINOR" in refusal.problems[0]
+
+
+@pytest.mark.parametrize(
     "section", ["Wasihost_abi", "wasihost_abi\\00", "wasihost_abi ", "wasihost_abi.", "wasihost"]
 )
 def test_a_marker_in_a_lookalike_section_is_no_marker(section: str) -> None:
