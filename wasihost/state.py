@@ -99,6 +99,25 @@ def make_read_only(tree: Path) -> None:
     tree.chmod(0o555)
 
 
+def sync_tree(tree: Path) -> None:
+    """fsync every regular file and directory under ``tree`` (``tree`` included), and the
+    directory holding it: what a later step records as written (an install record, the marker
+    of an update's checkpoint) must not outlive it in a power cut. (A killed process loses
+    nothing the kernel has; this is for the machine going down.)"""
+    for path in [*tree.rglob("*"), tree, tree.parent]:
+        if not path.is_symlink() and (path.is_dir() or path.is_file()):
+            fsync_path(path)
+
+
+def fsync_path(path: Path) -> None:
+    """fsync one file or directory (a directory: the names in it, after a rename)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def remove_tree(tree: Path) -> None:
     """Remove ``tree`` even where it was made read-only (no error if it is absent). A file
     or link is unlinked (a temporary file a killed host left among the trees)."""
@@ -292,8 +311,10 @@ class StateStore:
         for name, data in files.items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)  # a module in a subfolder
             (tmp / name).write_bytes(data)
+        sync_tree(tmp)
         tmp.rename(target)
         make_read_only(target)
+        fsync_path(target.parent)  # the rename, before a record names the tree
         return target
 
     def activate(self, package: InstalledPackage) -> None:

@@ -44,7 +44,7 @@ from .packaging.archive import read_archive
 from .packaging.files import read_package_file
 from .packaging.revocation import RevocationList
 from .packaging.trust import TrustStore
-from .state import InstalledPackage, remove_tree
+from .state import InstalledPackage, fsync_path, remove_tree, sync_tree
 
 if TYPE_CHECKING:
     from .extension import Extension
@@ -277,6 +277,7 @@ def take_checkpoint(host: Host, extension: str, version: str) -> Path:
         shutil.copytree(data, target / "data", symlinks=True)
     for broker in _checkpointing(host):
         broker.checkpoint(host, extension, target / "brokers" / broker.name)
+    sync_tree(target)  # whole on disk before the marker that points to it (_mark_pending)
     return target
 
 
@@ -452,6 +453,7 @@ def _mark_pending(host: Host, extension: str, checkpoint: Path, running: Path) -
         os.write(fd, doc)
         os.fsync(fd)
         os.replace(tmp, marker)
+        fsync_path(marker.parent)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
