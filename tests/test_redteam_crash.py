@@ -201,12 +201,19 @@ def test_an_install_after_a_host_died_mid_update_first_undoes_that_update(tmp_pa
         check=False,
     )
     assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    # Break (red-team 2026-12-01): `status` showed the old version and the half-migrated data
+    # as if nothing had happened; it now says the update was interrupted and what undoes it.
+    status = ok(tmp_path / "state", "status", NOTES_ID)
+    assert "interrupted: a host stopped during an update or rollback" in status
+    report = json.loads(ok(tmp_path / "state", "status", NOTES_ID, "--json"))
+    assert report["extensions"][0]["interrupted"] is True
     with make_host(tmp_path / "state", DurableNotes(), key) as host:
         host.install(update_package(tmp_path, "0.3.0", key=key))
         ext = host.load_installed(NOTES_ID)
         assert ext.manifest is not None and ext.manifest.version == "0.3.0"
         assert json.loads(DurableNotes.file(host).read_text()) == ["written by 0.1.0"]
         assert not (host.require_state().checkpoints_dir / NOTES_ID / "pending.json").exists()
+    assert "interrupted" not in ok(tmp_path / "state", "status", NOTES_ID)
 
 
 # -- two hosts on one state directory --------------------------------------------------------------

@@ -467,6 +467,12 @@ def _clear_pending(host: Host, extension: str, fd: int) -> None:
     os.close(fd)
 
 
+def interrupted(host: Host, extension: str) -> bool:
+    """Whether a host died during an update or rollback of ``extension`` and nothing has
+    undone it yet (its marker is there; ``wasihost status`` says so)."""
+    return _pending(host, extension).exists()
+
+
 def recover_interrupted(host: Host, extension: str) -> str | None:
     """Finish what a host that died during an update or rollback of ``extension`` left: if
     the install record still names the version that ran before it, the transaction never
