@@ -41,7 +41,8 @@ STORAGE = "org.wasihost.fixtures.storage"
 # Wraps the function named by $KILL_AT
 # ("module:Qual.name:K") so that its Kth call kills the process before it runs; or the one
 # named by $PAUSE_AT so that its Kth call first makes the file $PAUSE_DIR/paused, then waits
-# until the test makes $PAUSE_DIR/go. KILLING_CLI then runs ``wasihost.cli.main(argv)``.
+# until the test makes $PAUSE_DIR/go (or, with $PAUSE_SQL, before an SQL statement holding
+# that text). KILLING_CLI then runs ``wasihost.cli.main(argv)``.
 KILLING = """
 import importlib, os, signal, sys, time
 def wrap(spec, act):
@@ -69,6 +70,15 @@ if os.environ.get("KILL_AT"):
     wrap(os.environ["KILL_AT"], lambda: os.kill(os.getpid(), signal.SIGKILL))
 if os.environ.get("PAUSE_AT"):
     wrap(os.environ["PAUSE_AT"], pause)
+if os.environ.get("PAUSE_SQL"):
+    import sqlite3
+    class Pausing(sqlite3.Connection):
+        def execute(self, sql, *args):
+            if os.environ["PAUSE_SQL"] in sql:
+                pause()
+            return super().execute(sql, *args)
+    connect = sqlite3.connect
+    sqlite3.connect = lambda *a, **k: connect(*a, factory=Pausing, **k)
 """
 KILLING_CLI = (
     KILLING
@@ -79,7 +89,7 @@ sys.exit(main(sys.argv[1:]))
 )
 
 ENV = {**os.environ, "RUST_BACKTRACE": "0", "PYTHONPATH": str(ROOT)}
-for _name in ("KILL_AT", "PAUSE_AT", "PAUSE_DIR"):
+for _name in ("KILL_AT", "PAUSE_AT", "PAUSE_SQL", "PAUSE_DIR"):
     ENV.pop(_name, None)
 
 
@@ -353,3 +363,45 @@ def test_an_update_killed_at_any_step_leaves_one_whole_version_on_its_own_data(
                 host.rollback(NOTES_ID)
                 assert json.loads(DurableNotes.file(host).read_text()) == ["written by 0.1.0"]
     assert seen == {"0.1.0", "0.2.0"}
+
+
+def test_two_hosts_opening_a_new_state_directory_at_once_both_open_it(tmp_path: Path) -> None:
+    # Break (red-team 2026-12-01): each host creating the state database read "no schema
+    # recorded" and then inserted it; a second host doing the same between the two made the
+    # first fail with "state database ...: UNIQUE constraint failed: meta.key" (two CLI
+    # commands started at once on a new state directory, or the CLI beside a starting host).
+    state = tmp_path / "state"
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            KILLING_CLI,
+            "grants",
+            "grant",
+            "org.example.a",
+            "log",
+            "--state-dir",
+            str(state),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**ENV, "PAUSE_SQL": "INTO meta VALUES ('schema'", "PAUSE_DIR": str(gate)},
+    )
+    try:
+        while first.poll() is None and not (gate / "paused").exists():
+            time.sleep(0.01)
+        ok(state, "grants", "grant", "org.example.b", "log")  # opens and records the schema
+        (gate / "go").touch()
+        _, err = first.communicate(timeout=120)
+    finally:
+        (gate / "go").touch()
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert (gate / "paused").exists()  # the second host opened it in between
+    assert first.returncode == 0, err
+    assert "org.example.a" in ok(state, "status")

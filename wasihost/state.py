@@ -242,7 +242,11 @@ class StateStore:
                     "UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),)
                 )
             elif row is None:
-                self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+                # OR IGNORE: another host opening the new directory at once may have recorded
+                # it since the read above (a plain INSERT failed the second one).
+                self._db.execute(
+                    "INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
+                )
             elif row[0] != str(SCHEMA_VERSION):
                 raise ConfigError(
                     f"state directory {directory} has schema {row[0]}; "
