@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, ROOT
 from test_redteam_embed import DIE_IN_MIGRATION, UPDATE, DurableNotes
+from test_updates import CAPS, KEY, Notes, installed_running, make_host
 from test_updates import ID as NOTES_ID
-from test_updates import KEY, installed_running, make_host
 from test_updates import package as update_package
 
 from wasihost import updates
@@ -35,6 +35,7 @@ from wasihost.kvtypes import DB_NAME as STORAGE_DB
 from wasihost.packaging.trust import SigningKey
 from wasihost.policy import Policy
 from wasihost.runtime import Host
+from wasihost.updates import UpdateError
 
 STORAGE = "org.wasihost.fixtures.storage"
 
@@ -405,3 +406,22 @@ def test_two_hosts_opening_a_new_state_directory_at_once_both_open_it(tmp_path: 
     assert (gate / "paused").exists()  # the second host opened it in between
     assert first.returncode == 0, err
     assert "org.example.a" in ok(state, "status")
+
+
+def test_a_failed_update_to_the_version_kept_for_rollback_keeps_it(tmp_path: Path) -> None:
+    # Break (red-team 2026-12-01): an update to the release kept for a rollback (a downgrade to
+    # it) wrote over that release's tree, which has the same name, and its failure removed the
+    # tree: the install record still offered a rollback to it, which then found nothing.
+    notes = Notes()
+    with make_host(tmp_path / "state", notes) as host:
+        first = update_package(tmp_path, "0.1.0", UPDATE)
+        host.install(first)
+        for cap in sorted(CAPS):
+            host.grant(NOTES_ID, cap)
+        host.update_installed(update_package(tmp_path, "0.2.0", UPDATE))
+        notes.healthy = False  # the update back to 0.1.0 fails its health command
+        with pytest.raises(UpdateError, match="0.2.0 kept"):
+            host.update_installed(first, allow_downgrade=True)
+        notes.healthy = True
+        assert host.rollback(NOTES_ID).version == "0.1.0"
+        assert host.load_installed(NOTES_ID).call("lookup") == "healthy"
