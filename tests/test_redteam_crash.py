@@ -24,13 +24,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, bare
 from test_redteam_embed import DIE_IN_MIGRATION, UPDATE, DurableNotes
 from test_updates import CAPS, KEY, Notes, installed_running, make_host
 from test_updates import ID as NOTES_ID
 from test_updates import package as update_package
 
 from wasihost import updates
+from wasihost.extension import Extension
 from wasihost.kvtypes import DB_NAME as STORAGE_DB
 from wasihost.packaging.trust import SigningKey
 from wasihost.policy import Policy
@@ -300,6 +301,7 @@ UPDATING = (
 sys.path.insert(0, "tests")
 from pathlib import Path
 from test_redteam_embed import UPDATE, DurableNotes, make_host, update_package
+from wasihost.extension import Extension
 from wasihost.packaging.trust import SigningKey
 tmp = Path(sys.argv[1])
 key = SigningKey.parse((tmp / "publisher.key").read_text(), "publisher.key")
@@ -425,3 +427,25 @@ def test_a_failed_update_to_the_version_kept_for_rollback_keeps_it(tmp_path: Pat
         notes.healthy = True
         assert host.rollback(NOTES_ID).version == "0.1.0"
         assert host.load_installed(NOTES_ID).call("lookup") == "healthy"
+
+
+def test_the_admitted_locks_of_many_extensions_take_one_descriptor(tmp_path: Path) -> None:
+    """The shared lock a host holds per admitted id (so that another host's update refuses)
+    is a byte of one file through one descriptor on Linux: a host with a state directory runs
+    thousands of extensions (docs/density.md), past the usual limit of 1,024 descriptors."""
+    fds = Path("/proc/self/fd")
+    if not fds.exists() or updates._OFD_SETLK is None:
+        pytest.skip("open-file-description locks are Linux's")
+    logger = (FIXTURES / "logger" / "logger.wasm").read_bytes()
+    with Host(Policy(allow={"log"}), cache_dir=None, state_dir=tmp_path / "state") as host:
+
+        def admit(name: str) -> Extension:
+            host.grant(name, "log")
+            return host.admit(bare(logger, f"{name}.wasm"), grants=["log"])
+
+        admit("warm").close()
+        before = len(list(fds.iterdir()))
+        opened = [admit(f"ext{i}") for i in range(64)]
+        assert len(list(fds.iterdir())) - before < 8
+        for ext in opened:
+            ext.close()
