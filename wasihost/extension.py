@@ -1691,6 +1691,10 @@ class Extension:
             host.scheduler.forget(self.id)
         if held and idle:
             host.grants.release(self.id)
+            if host.presence is not None:
+                # Other hosts on the state directory may update it now; not while a call may
+                # still write (then the host's close lets go).
+                host.presence.leave(self.id)
         if held:
             host.closed_one()
 

@@ -85,7 +85,11 @@ class KVStore:
             self._db.executescript(_SCHEMA)
             row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             if row is None:
-                self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+                # OR IGNORE: another host opening the new database at once may have recorded it
+                # since the read above (as in state.py).
+                self._db.execute(
+                    "INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
+                )
             elif row[0] != str(SCHEMA_VERSION):
                 raise ConfigError(
                     f"storage database {path} has schema {row[0]}; this host reads {SCHEMA_VERSION}"

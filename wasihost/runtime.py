@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from .reports import Metrics, QuarantineReport, Usage
     from .scheduling import Scheduler
     from .state import InstalledPackage, StateStore
+    from .updates import Presence
 
 
 def default_cache_dir() -> Path:
@@ -225,10 +226,15 @@ class Host:
         if directory is not None and not isinstance(directory, Path):
             directory = Path(str(directory))
         self.state: StateStore | None = None
+        # Which extensions this host has admitted, as other hosts on the state directory see
+        # it (an update there is refused meanwhile): updates.Presence.
+        self.presence: Presence | None = None
         if state_dir is not None:
             from .state import StateStore
+            from .updates import Presence
 
             self.state = StateStore(state_dir)
+            self.presence = Presence(self.state.directory)
         # The highest revocation-list version seen: durable with a state directory. Made when
         # a policy with a revocation list first needs it (see _floor).
         self._revocation_floor: VersionFloor | None = None
@@ -438,6 +444,8 @@ class Host:
         self.engine.close()
         if self._metrics_publisher is not None:  # operator metrics hook: the last snapshot
             self._metrics_publisher.close()
+        if self.presence is not None:
+            self.presence.close()
         if self.state is not None:
             self.state.close()
 
@@ -565,6 +573,10 @@ class Host:
 
         store = self.require_state()
         assert package.manifest is not None
+        # A host killed mid-update left its marker: undo that update first (its migration may
+        # have half changed the state), or this install would take the place of the version
+        # the marker names and the next start would take the update for committed.
+        updates.recover_interrupted(self, package.manifest.id)
         # Refuse what could not run even with every capability it requests granted.
         manifest = package.manifest
         self.plan(package, granted=frozenset(manifest.required | manifest.optional))
@@ -582,7 +594,11 @@ class Host:
                 remove_tree(record.path)
             raise
         previous = attrs.evolve(current, previous=None) if current is not None else None
-        store.activate(attrs.evolve(record, previous=previous))
+        activated = attrs.evolve(record, previous=previous)
+        store.activate(activated)
+        # The trees and checkpoints no record keeps now (a reinstall of the same release wrote
+        # a fresh copy, see StateStore.write_tree; an install restores no checkpoint).
+        updates.prune(self, activated)
         installed = store.package(package.manifest.id)
         assert installed is not None
         return installed
@@ -812,12 +828,16 @@ class Host:
     ) -> Extension:
         # The extension holds its id's grant record from here to its close (GrantTable.hold);
         # an admission that fails lets go of it here.
+        if self.presence is not None:  # refused while another host updates it
+            self.presence.enter(package.name)
         self.grants.hold(package.name)
         self.supervisor.opened(package.name)
         try:
             return self._build_held(package, grants, fuel, timeout_ms, replacing)
         except BaseException:
             self.grants.release(package.name)
+            if self.presence is not None:
+                self.presence.leave(package.name)
             raise
 
     def _build_held(

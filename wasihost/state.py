@@ -7,6 +7,7 @@ directory rebuilds from here; a grant revoked before the restart stays revoked.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -98,9 +99,33 @@ def make_read_only(tree: Path) -> None:
     tree.chmod(0o555)
 
 
+def sync_tree(tree: Path) -> None:
+    """fsync every regular file and directory under ``tree`` (``tree`` included), and the
+    directory holding it: what a later step records as written (an install record, the marker
+    of an update's checkpoint) must not outlive it in a power cut. (A killed process loses
+    nothing the kernel has; this is for the machine going down.)"""
+    for path in [*tree.rglob("*"), tree, tree.parent]:
+        if not path.is_symlink() and (path.is_dir() or path.is_file()):
+            fsync_path(path)
+
+
+def fsync_path(path: Path) -> None:
+    """fsync one file or directory (a directory: the names in it, after a rename)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def remove_tree(tree: Path) -> None:
-    """Remove ``tree`` even where it was made read-only (no error if it is absent)."""
+    """Remove ``tree`` even where it was made read-only (no error if it is absent). A file
+    or link is unlinked (a temporary file a killed host left among the trees)."""
     if not tree.exists() and not tree.is_symlink():
+        return
+    if tree.is_symlink() or not tree.is_dir():
+        with contextlib.suppress(OSError):  # as rmtree's ignore_errors below
+            tree.unlink(missing_ok=True)
         return
     for path in [tree, *tree.rglob("*")]:
         if path.is_dir() and not path.is_symlink():
@@ -217,7 +242,11 @@ class StateStore:
                     "UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),)
                 )
             elif row is None:
-                self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+                # OR IGNORE: another host opening the new directory at once may have recorded
+                # it since the read above (a plain INSERT failed the second one).
+                self._db.execute(
+                    "INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
+                )
             elif row[0] != str(SCHEMA_VERSION):
                 raise ConfigError(
                     f"state directory {directory} has schema {row[0]}; "
@@ -274,15 +303,22 @@ class StateStore:
         (``packages/<id>/<version>-<digest prefix>``): nothing the runtime does writes to an
         installed tree, and every start re-verifies it."""
         target = self.packages_dir / extension / f"{version}-{digest[:12]}"
+        if target.exists() or target.is_symlink():
+            # The same release installed again (or kept for a rollback): the tree an install
+            # record may name is never deleted to make room, since a host killed between that
+            # and the rename below left the record naming nothing. A fresh name instead; the
+            # tree no record keeps any more is pruned after the switch.
+            target = target.with_name(f"{target.name}-{time.time_ns()}")
         tmp = target.with_name(f".{target.name}.installing")
         remove_tree(tmp)
         tmp.mkdir(parents=True, mode=0o700)
         for name, data in files.items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)  # a module in a subfolder
             (tmp / name).write_bytes(data)
-        remove_tree(target)
+        sync_tree(tmp)
         tmp.rename(target)
         make_read_only(target)
+        fsync_path(target.parent)  # the rename, before a record names the tree
         return target
 
     def activate(self, package: InstalledPackage) -> None:
@@ -344,13 +380,13 @@ class StateStore:
 
         ``purge`` also serves an id no longer installed (removed without it before, or granted
         before its install) whose records remain: what ``wasihost status`` shows as kept must
-        be removable. An id the state knows nothing of is refused, so a typo is not silent."""
-        pkg = self.package(extension)
-        if pkg is None and not (purge and self.keeps(extension)):
-            raise PackageError(
-                f"{extension} is not installed"
-                + (" and nothing is kept for it" if purge else "")
-            )
+        be removable. An id the state knows nothing of is refused, so a typo is not silent.
+
+        The trees go before the records, and a purge's data directory (which :meth:`keeps`
+        sees) after them: a host killed on the way leaves something by which the same
+        ``remove`` finds the id again and completes (``wasihost.updates.remove`` holds the
+        extension's transaction lock around it)."""
+        self.check_removable(extension, purge=purge)
         remove_tree(self.packages_dir / extension)
         remove_tree(self.checkpoints_dir / extension)
         with self._tx() as db:
@@ -367,6 +403,14 @@ class StateStore:
                     db.execute(f"DELETE FROM {table} WHERE extension=?", (extension,))  # noqa: S608
         if purge:
             shutil.rmtree(self.data_dir(extension), ignore_errors=True)
+
+    def check_removable(self, extension: str, *, purge: bool) -> None:
+        """Raise :class:`PackageError` unless :meth:`remove` has something to remove."""
+        if self.package(extension) is None and not (purge and self.keeps(extension)):
+            raise PackageError(
+                f"{extension} is not installed"
+                + (" and nothing is kept for it" if purge else "")
+            )
 
     # -- grants (the GrantStore protocol) ----------------------------------------------------
 

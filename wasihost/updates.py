@@ -14,11 +14,15 @@ checkpoint are kept, so :func:`rollback` can return to it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
+import struct
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,7 +47,7 @@ from .packaging.archive import read_archive
 from .packaging.files import read_package_file
 from .packaging.revocation import RevocationList
 from .packaging.trust import TrustStore
-from .state import InstalledPackage, remove_tree
+from .state import InstalledPackage, fsync_path, remove_tree, sync_tree
 
 if TYPE_CHECKING:
     from .extension import Extension
@@ -276,6 +280,7 @@ def take_checkpoint(host: Host, extension: str, version: str) -> Path:
         shutil.copytree(data, target / "data", symlinks=True)
     for broker in _checkpointing(host):
         broker.checkpoint(host, extension, target / "brokers" / broker.name)
+    sync_tree(target)  # whole on disk before the marker that points to it (_mark_pending)
     return target
 
 
@@ -296,16 +301,21 @@ MAX_PENDING_BYTES = 64 * 1024
 LOCKS_DIR_NAME = "locks"
 
 
+def _lock_file(directory: Path, name: str) -> int:
+    locks = directory / LOCKS_DIR_NAME
+    locks.mkdir(mode=0o700, exist_ok=True)
+    return os.open(locks / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
 @contextmanager
-def exclusive(host: Host, extension: str) -> Iterator[None]:
+def exclusive(host: Host, extension: str, *, alone: bool = False) -> Iterator[None]:
     """Hold ``extension``'s transaction lock for the ``with`` block, or raise
     :class:`UpdateError` at once if another install, update or rollback of it holds it (in
-    this host, another thread, or another host on the same state directory)."""
-    locks = host.require_state().directory / LOCKS_DIR_NAME
-    locks.mkdir(mode=0o700, exist_ok=True)
-    fd = os.open(
-        locks / f"{extension}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-    )
+    this host, another thread, or another host on the same state directory). With ``alone``
+    (a transaction that changes the extension's state: update, rollback, removal), also
+    refuse if another host on the state directory has it admitted (:class:`Presence`), and
+    keep any from admitting it until the block ends."""
+    fd = _lock_file(host.require_state().directory, f"{extension}.lock")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -314,9 +324,138 @@ def exclusive(host: Host, extension: str) -> Iterator[None]:
                 f"{extension}: another install, update or rollback of it is under way; "
                 "try again when it has ended"
             ) from None
-        yield
+        if alone and host.presence is not None:
+            with host.presence.alone(extension):
+                yield
+        else:
+            yield
     finally:
         os.close(fd)  # the lock goes with its descriptor
+
+
+# With Linux's open-file-description locks, a host's locks on every id are byte ranges of one
+# file through one descriptor (a host may admit 10,000 extensions: a descriptor per id would
+# pass the usual limit of 1,024). Elsewhere, one lock file per id (flock).
+_OFD_SETLK: int | None = getattr(fcntl, "F_OFD_SETLK", None)
+PRESENCE_NAME = "admitted"
+
+
+def _slot(extension: str) -> int:
+    """The byte of the presence file that stands for ``extension`` (62 bits of its hash: two
+    ids sharing one would only refuse an update spuriously)."""
+    return int.from_bytes(hashlib.sha256(extension.encode()).digest()[:8], "big") >> 2
+
+
+class Presence:
+    """Which hosts on one state directory have an extension admitted: each holds a shared lock
+    for the id (a byte of ``locks/admitted``, or ``locks/<id>.admitted``) from the admission of
+    its first extension of the id to the close of its last. An update, rollback or removal
+    takes it exclusive for its whole transaction (:func:`exclusive` with ``alone``): refused
+    while another host runs the extension, whose calls it could neither pause nor wait for (a
+    checkpoint restored under them drops writes the guest was told are stored, and a switch
+    leaves that host running the old version on the new version's data); and, meanwhile,
+    another host's admission of it is refused. The locks go with the process holding them: a
+    killed host blocks nothing."""
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        self._lock = threading.Lock()
+        self._count: dict[str, int] = {}  # extensions of the id open in this host
+        self._alone: set[str] = set()  # ids this host holds exclusive
+        self._fd: int | None = None  # OFD locks: the one descriptor
+        self._fds: dict[str, int] = {}  # flock: a descriptor per id
+
+    def _set(self, extension: str, kind: int) -> bool:
+        """Under ``_lock``: make this host's lock on the id ``kind`` (``F_RDLCK``,
+        ``F_WRLCK``, ``F_UNLCK``) without waiting; False if another host's stands in the way
+        (this host's lock is then as it was)."""
+        if _OFD_SETLK is not None:
+            if self._fd is None:
+                self._fd = _lock_file(self._directory, PRESENCE_NAME)
+            request = struct.pack("hhqqi", kind, os.SEEK_SET, _slot(extension), 1, 0)
+            try:
+                fcntl.fcntl(self._fd, _OFD_SETLK, request)
+            except OSError as exc:
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    return False
+                raise
+            return True
+        fd = self._fds.get(extension)
+        if kind == fcntl.F_UNLCK:
+            if fd is not None:
+                os.close(fd)
+                del self._fds[extension]
+            return True
+        if fd is None:
+            fd = self._fds[extension] = _lock_file(self._directory, f"{extension}.admitted")
+        try:
+            fcntl.flock(
+                fd, (fcntl.LOCK_SH if kind == fcntl.F_RDLCK else fcntl.LOCK_EX) | fcntl.LOCK_NB
+            )
+        except BlockingIOError:
+            if self._count.get(extension):
+                # flock's conversion is not atomic: the shared lock may be gone; take it again
+                # (no other host holds it exclusive: that needs the transaction lock we hold).
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            else:
+                os.close(fd)
+                del self._fds[extension]
+            return False
+        return True
+
+    def enter(self, extension: str) -> None:
+        """An extension of the id is being admitted here; :class:`UpdateError` if another
+        host's update, rollback or removal of it is under way."""
+        with self._lock:
+            held = self._count.get(extension, 0)
+            if (
+                not held
+                and extension not in self._alone
+                and not self._set(extension, fcntl.F_RDLCK)
+            ):
+                raise UpdateError(
+                    f"{extension}: an update, rollback or removal of it is under way in another "
+                    "host; try again when it has ended"
+                )
+            self._count[extension] = held + 1
+
+    def leave(self, extension: str) -> None:
+        """An extension of the id closed here (or its admission failed)."""
+        with self._lock:
+            held = self._count.get(extension, 0) - 1
+            if held > 0:
+                self._count[extension] = held
+                return
+            self._count.pop(extension, None)
+            if extension not in self._alone:
+                self._set(extension, fcntl.F_UNLCK)
+
+    @contextmanager
+    def alone(self, extension: str) -> Iterator[None]:
+        with self._lock:
+            if not self._set(extension, fcntl.F_WRLCK):
+                raise UpdateError(
+                    f"{extension} is running in another host on this state directory (admitted "
+                    "there): close it there first, an update, rollback or removal cannot pause "
+                    "its calls"
+                )
+            self._alone.add(extension)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._alone.discard(extension)
+                # Open here still: shared again, so other hosts may admit it too.
+                self._set(extension, fcntl.F_RDLCK if self._count.get(extension) else fcntl.F_UNLCK)
+
+    def close(self) -> None:
+        """The host closes: every lock goes."""
+        with self._lock:
+            for fd in [*self._fds.values(), *([self._fd] if self._fd is not None else [])]:
+                os.close(fd)
+            self._fds.clear()
+            self._fd = None
+            self._count.clear()
 
 
 def still_current(host: Host, extension: str, seen: InstalledPackage | None) -> None:
@@ -348,6 +487,7 @@ def _mark_pending(host: Host, extension: str, checkpoint: Path, running: Path) -
         os.write(fd, doc)
         os.fsync(fd)
         os.replace(tmp, marker)
+        fsync_path(marker.parent)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
@@ -359,6 +499,12 @@ def _clear_pending(host: Host, extension: str, fd: int) -> None:
     """The transaction committed or was undone: the marker goes, then its lock."""
     _pending(host, extension).unlink(missing_ok=True)
     os.close(fd)
+
+
+def interrupted(host: Host, extension: str) -> bool:
+    """Whether a host died during an update or rollback of ``extension`` and nothing has
+    undone it yet (its marker is there; ``wasihost status`` says so)."""
+    return _pending(host, extension).exists()
 
 
 def recover_interrupted(host: Host, extension: str) -> str | None:
@@ -417,16 +563,36 @@ def restore_checkpoint(host: Host, extension: str, checkpoint: Path) -> None:
         broker.restore(host, extension, checkpoint / "brokers" / broker.name)
 
 
+def remove(host: Host, extension: str, *, purge: bool) -> None:
+    """Uninstall ``extension`` (``wasihost remove``); with ``purge`` forget it with everything
+    kept for it (``--purge``): its package, records and data directory, and what each
+    checkpointing broker keeps for it, which is not under the data directory (storage rows
+    live in the state directory's one storage database).
+
+    An id the state knows nothing of is refused before anything is locked or asked. Then it
+    runs under the extension's transaction lock, so never beside an install, update or
+    rollback of it (in this host or another): one would activate a tree this deleted. The
+    brokers' part goes first and the state's records last, so a host killed on the way leaves
+    the id known and the same command can be run again to completion (with the records gone
+    first, a second purge refused the id and the brokers' rows stayed, for the next install of
+    that id to find)."""
+    store = host.require_state()
+    store.check_removable(extension, purge=purge)
+    with exclusive(host, extension, alone=True):
+        if purge:
+            with tempfile.TemporaryDirectory() as empty:
+                for broker in _checkpointing(host):
+                    # Restoring a checkpoint in which it held nothing drops all it holds.
+                    broker.restore(host, extension, Path(empty) / broker.name)
+        else:
+            # The data directory stays: not as a dead update's migration half left it.
+            recover_interrupted(host, extension)
+        store.remove(extension, purge=purge)
+
+
 def purge(host: Host, extension: str) -> None:
-    """Forget ``extension`` with everything kept for it (``wasihost remove --purge``): its
-    package, records and data directory, and what each checkpointing broker keeps for it, which
-    is not under the data directory (storage rows live in the state directory's one storage
-    database). The state store refuses an id it knows nothing of before any broker is asked."""
-    host.require_state().remove(extension, purge=True)
-    with tempfile.TemporaryDirectory() as empty:
-        for broker in _checkpointing(host):
-            # Restoring a checkpoint in which the extension held nothing drops all it holds.
-            broker.restore(host, extension, Path(empty) / broker.name)
+    """``remove(host, extension, purge=True)``."""
+    remove(host, extension, purge=True)
 
 
 def _checkpointing(host: Host) -> list[Any]:
@@ -497,7 +663,7 @@ def update(
         host, source, trust=trust, ssh=ssh, allow_downgrade=allow_downgrade
     )
     assert package.manifest is not None
-    with exclusive(host, package.manifest.id):
+    with exclusive(host, package.manifest.id, alone=True):
         still_current(host, package.manifest.id, current)
         return _update(host, source, ssh, package, current)
 
@@ -573,7 +739,7 @@ def _update(
     )
     store.activate(record)
     _clear_pending(host, manifest.id, pending)
-    _prune(host, record)
+    prune(host, record)
     host.switch(running, new, f"replaced by {manifest.version}")
     return record
 
@@ -582,7 +748,7 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
     """Return ``extension`` to the version its last update replaced: the current version's
     reversible migration runs down, or else the checkpoint taken before that update is
     restored; the earlier version is verified again and started before the switch."""
-    with exclusive(host, extension):
+    with exclusive(host, extension, alone=True):
         return _rollback(host, extension)
 
 
@@ -636,18 +802,20 @@ def _rollback(host: Host, extension: str) -> InstalledPackage:
     store.activate(record)
     _clear_pending(host, extension, pending)
     remove_tree(now_state)
-    _prune(host, record)
+    prune(host, record)
     host.switch(running, new, f"rolled back to {previous.version}")
     host.journal(extension, "rolled back", f"{current.version} -> {previous.version}")
     return record
 
 
-def _prune(host: Host, record: InstalledPackage) -> None:
-    """Keep the active tree, the one a rollback returns to and its checkpoint; drop the rest."""
+def prune(host: Host, record: InstalledPackage) -> None:
+    """After ``record`` was activated, under the extension's transaction lock: keep the active
+    tree, the one a rollback returns to and its checkpoint; drop the rest, half-written trees
+    a killed host left (``.*.installing``) included, since no other write runs meanwhile."""
     store = host.require_state()
     keep_trees = {record.path} | ({record.previous.path} if record.previous else set())
     for tree in (store.packages_dir / record.id).iterdir():
-        if tree not in keep_trees and not tree.name.startswith("."):
+        if tree not in keep_trees:
             remove_tree(tree)
     checkpoints = store.checkpoints_dir / record.id
     if checkpoints.exists():

@@ -249,11 +249,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def _cmd_remove(args: argparse.Namespace) -> int:
     with _state_host(args) as host:
-        if args.purge:
-            from ..updates import purge
+        from ..updates import remove
 
-            purge(host, args.extension)
-        else:
-            host.require_state().remove(args.extension, purge=False)
+        remove(host, args.extension, purge=args.purge)
         print(f"removed {args.extension}" + (" and its data" if args.purge else ""))
     return 0

@@ -98,6 +98,8 @@ def _cmd_grants(args: argparse.Namespace) -> int:
 
 
 def _status_of(host: Host, ext: str) -> dict[str, Any]:
+    from ..updates import interrupted
+
     store = host.require_state()
     pkg = store.package(ext)
     grants = host.grants.state(ext)
@@ -119,6 +121,9 @@ def _status_of(host: Host, ext: str) -> dict[str, Any]:
         "remaining": store.remaining_data(ext),
         "recent": [f"{e.kind}: {e.detail}" for e in store.events(ext, 5)],
         "crashes_by_class": store.crash_counts(ext),
+        # A host died during an update or rollback: the data may be half migrated until the
+        # next start (or install, update, rollback, remove) restores the checkpoint.
+        "interrupted": interrupted(host, ext),
         # None when the state keeps nothing of ``ext``: `remove --purge` would refuse it.
         "remove": (
             f"wasihost remove {ext} --purge"
@@ -180,6 +185,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 f"  kept: package {rem['package'] or '-'}; data {rem['data_bytes']} bytes; "
                 f"{rem['journal_events']} journal events"
             )
+            if r["interrupted"]:
+                print(
+                    "  interrupted: a host stopped during an update or rollback of it; its data is "
+                    "restored from the checkpoint at its next start, install, update, rollback "
+                    "or remove"
+                )
             if r["crashes_by_class"]:
                 counts = ", ".join(f"{c} {n}" for c, n in r["crashes_by_class"].items())
                 print(f"  crashes in the journal: {counts}")
