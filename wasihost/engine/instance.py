@@ -282,8 +282,12 @@ class Instance:
         """
         if self.closed or self.started:
             raise CallError(FailureClass.HOST_ERROR, "instance is closed or already started")
-        if THREAD_STACK.size < self._stack_needed:
-            check_thread_stack(self._stack_needed)  # instantiation runs the start function
+        # Instantiation runs the start function: it holds its share of the thread's stack
+        # while it runs, as a call does (see stack.py).
+        stack, needed = THREAD_STACK, self._stack_needed
+        room = stack.room
+        if room < needed:
+            room = check_thread_stack(needed)
         try:
             self._token.pop()
         except IndexError:
@@ -292,6 +296,7 @@ class Instance:
         instance = ffi.wasmtime_instance_t()
         externs, module, command_export = self._externs, self._module, self._command_export
         try:
+            stack.room = room - needed
             self._arm(budget)
             trap = POINTER(ffi.wasm_trap_t)()
             GIL_WANTED.add(self)
@@ -315,6 +320,7 @@ class Instance:
             elif self._ctx.halt is not None:
                 failure = self._halted()
         finally:
+            stack.room = room
             self._leave()
         if failure is not None:
             self.close()
@@ -362,14 +368,17 @@ class Instance:
         """
         if self.closed:
             raise CallError(FailureClass.HOST_ERROR, "instance is closed")
-        if THREAD_STACK.size < self._stack_needed:
-            check_thread_stack(self._stack_needed)
+        stack, needed = THREAD_STACK, self._stack_needed
+        room = stack.room
+        if room < needed:
+            room = check_thread_stack(needed)
         try:
             self._token.pop()
         except IndexError:
             raise _in_use() from None
         overran = False
         try:
+            stack.room = room - needed  # held while the guest runs (see stack.py)
             self._arm(budget)
             # A command crosses into Python at each host call (each printed line): with no other
             # Python thread to hand the GIL to, releasing and taking it back there is pure cost
@@ -387,6 +396,7 @@ class Instance:
             finally:
                 overran = self._account(budget)
         finally:
+            stack.room = room
             self._leave()
         if self._ctx.halt is not None:
             raise self._halted()
@@ -496,8 +506,12 @@ class Instance:
                 FailureClass.HOST_ERROR if self.closed else FailureClass.DEADLINE,
                 "instance is closed" if self.closed else "interrupted by the host",
             )
-        if THREAD_STACK.size < self._stack_needed:
-            check_thread_stack(self._stack_needed)
+        # The share of the thread's stack this guest holds while it runs: a guest nested
+        # through a host function finds less (see stack.py).
+        stack, needed = THREAD_STACK, self._stack_needed
+        room = stack.room
+        if room < needed:
+            room = check_thread_stack(needed)
         # _arm and _account inlined: method calls are a measurable share of a no-op call.
         if budget is None:
             fuel = self._limits.fuel
@@ -536,6 +550,7 @@ class Instance:
         fuel_left = self._fuel_left
         trap = self._trap_slot
         try:
+            stack.room = room - needed
             fuel_arg = self._fuel_arg
             fuel_arg.value = fuel - input_price
             command_set_fuel(ctx, fuel_arg)
@@ -604,6 +619,7 @@ class Instance:
             # one step (a view slice makes a view, then its copy). Inside the size checked above.
             body = mem._bytes[resp_ptr + 4 : resp_end]
         finally:
+            stack.room = room
             if not keep:
                 GIL_WANTED.discard(self)
             command_get_fuel(ctx, fuel_left)

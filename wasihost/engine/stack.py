@@ -6,6 +6,14 @@ of 256 or 512 KiB) overflows the real stack first, and the process dies of SIGSE
 the guest trapping with ``stack_overflow``. So each thread's stack size is read once (glibc's
 ``pthread_getattr_np``) and a call is refused, with a clear error, on a thread too small for
 the engine's ``max_wasm_stack`` plus the host's own frames.
+
+wasmtime bounds a Store's wasm stack from where that Store is entered, so a guest that calls a
+host function which calls another guest (an embedder function calling an extension, perhaps
+its own under ``max_concurrency``) gets a whole ``max_wasm_stack`` again, below the first
+one's. Each guest entered on a thread therefore holds its share of the thread's stack until it
+leaves (``THREAD_STACK.room``), and an entry the rest cannot hold is refused as
+``stack_overflow`` before its guest runs: 24 levels of recursing guests killed the host with
+SIGSEGV on an 8 MiB main thread before (red-team 2026-12-01).
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import threading
 
-from ..errors import ConfigError
+from ..errors import CallError, ConfigError, FailureClass
 
 KiB = 1024
 
@@ -76,17 +84,25 @@ def current_stack_size() -> int:
 
 class _ThreadStack(threading.local):
     size = -1  # not read yet on this thread
+    # What is left of ``size`` for a guest entered now: the size less ``needed`` for each
+    # guest in flight on this thread (nested through host functions); -1 until ``size`` is read.
+    room = -1
 
 
 THREAD_STACK = _ThreadStack()
 
 
-def check_thread_stack(needed: int) -> None:
-    """Refuse to enter a guest on a thread whose stack is smaller than ``needed``; the size is
-    read once per thread (callers test ``THREAD_STACK.size < needed`` first, inline)."""
+def check_thread_stack(needed: int) -> int:
+    """The stack this thread has left for guests (at least ``needed``), or a refusal to enter
+    one: a ``ConfigError`` on a thread whose whole stack is smaller than ``needed``, a
+    ``stack_overflow`` CallError where guests nested through host functions already hold too
+    much of it. The size is read once per thread (callers test ``THREAD_STACK.room < needed``
+    first, inline, and take ``needed`` from ``room`` while their guest runs)."""
     size = THREAD_STACK.size
     if size < 0:
         size = THREAD_STACK.size = current_stack_size()
+        THREAD_STACK.room = size
+    room = THREAD_STACK.room
     if size < needed:
         raise ConfigError(
             f"the calling thread's stack is {size // KiB} KiB; running a guest needs "
@@ -94,3 +110,10 @@ def check_thread_stack(needed: int) -> None:
             f"for the host): call from a thread started after "
             f"threading.stack_size({needed}) or larger"
         )
+    if room < needed:
+        raise CallError(
+            FailureClass.STACK_OVERFLOW,
+            f"guests nested through host functions hold {(size - room) // KiB} KiB of this "
+            f"thread's {size // KiB} KiB stack; another needs {needed // KiB} KiB",
+        )
+    return room
