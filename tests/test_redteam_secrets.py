@@ -6,7 +6,10 @@ here, on 127.0.0.1 only."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import logging
 import shutil
 import threading
 import urllib.parse
@@ -16,22 +19,31 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import cbor2
 import pytest
 from conftest import FIXTURES
+from guests import build, escape, guest_wat, host_import
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from wasihost.brokers.http import HttpBroker, parse_request
+from wasihost.brokers.jobs import JobsBroker, ManualClock
 from wasihost.brokers.secrets import SecretsBroker
 from wasihost.errors import CallError, ConfigError
+from wasihost.extlog import Level, LogRecord, to_logging
 from wasihost.kvstore import KVStore
 from wasihost.kvtypes import Namespace, Quota
+from wasihost.manifest import parse_manifest
+from wasihost.package import Package
 from wasihost.policy import Policy
+from wasihost.registry import default_registry
 from wasihost.runtime import Host
 from wasihost.scrub import Unscrubbable, scrub, secret_forms
 from wasihost.secrets import FileSecretStore, MemorySecretStore
 from wasihost.status import HostStatus, Status
 
+REQ_AT = 20000  # a fixed request, laid out by a data segment
+RESP_AT = 8000
 # Generous: only a broken host waits this long.
 WAIT_S = 30.0
 
@@ -283,6 +295,141 @@ def test_a_secret_is_lent_only_to_its_origin_and_names_cannot_probe_the_store(
         with pytest.raises(HostStatus) as info:
             parse_request({"method": "GET", "url": "https://api.test/", "headers": [header]})
         assert info.value.status is Status.INVALID_ARGUMENT
+
+
+# -- log: what the operator reads ----------------------------------------------------------------
+
+
+# Break (red-team 2026-12-01): to_logging, the sink that puts extension logs into Python's
+# logging, handed a guest's message to it as the guest wrote it: with any line-based handler (a
+# file, stderr) a newline in a record wrote a second line of the guest's choosing, a forged
+# record of another extension ("org.victim ERROR ...") or of the host, and an escape sequence
+# reached the terminal. Now the message is logged with control characters, line separators and
+# bidi overrides escaped (terminal.printable), the exact text in the ``wasihost_message`` extra.
+def test_a_guest_log_record_cannot_forge_another_record_through_to_logging() -> None:
+    forged = "ok\norg.victim ERROR payment failed, call +1 555\r\x1b[2K\u2028\u202e"
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+    logger = logging.getLogger("org.evil")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    captured: list[logging.LogRecord] = []
+    capture = logging.Handler()
+    capture.emit = captured.append  # type: ignore[method-assign]
+    logger.addHandler(capture)
+    try:
+        to_logging("org.evil", LogRecord(Level.INFO, forged, 1))
+    finally:
+        logger.removeHandler(handler)
+        logger.removeHandler(capture)
+    text = stream.getvalue()
+    assert text.count("\n") == 1 and text.startswith("org.evil INFO ok\\x0aorg.victim"), text
+    assert not any(c in text for c in "\r\x1b\u2028\u202e")
+    (record,) = captured
+    assert record.wasihost_message == forged  # type: ignore[attr-defined]
+    assert record.wasihost_source == "guest"  # type: ignore[attr-defined]
+
+
+PANIC = "boom\nWARNING wasihost: extension org.victim revoked by the operator\x1b[2K"
+
+EVENTS_MANIFEST = """[extension]
+schema = "wasihost-manifest/1"
+id = "org.test.wat"
+version = "0.1.0"
+abi = "1.1"
+module = "m.wasm"
+
+[capabilities]
+required = ["events"]
+
+[commands]
+go = {}
+fail = {}
+
+[events]
+classes = ["t.*"]
+command = "fail"
+"""
+
+JOBS_MANIFEST = """[extension]
+schema = "wasihost-manifest/1"
+id = "org.test.wat"
+version = "0.1.0"
+abi = "1.1"
+module = "m.wasm"
+
+[capabilities]
+required = ["jobs"]
+
+[commands]
+go = {}
+fail = {}
+
+[jobs]
+commands = ["fail"]
+"""
+
+
+def panicking_package(kind: str) -> Package:
+    """``go`` subscribes to ``t.a`` (events) or schedules ``fail`` every second (jobs);
+    ``fail`` aborts with :data:`PANIC`."""
+    entry = "events_subscribe" if kind == "events" else "jobs_schedule"
+    request = cbor2.dumps("t.a" if kind == "events" else {"command": "fail", "every_ms": 1000})
+    message = cbor2.dumps(PANIC)
+    msg_at = REQ_AT + 1000
+    body = f"""
+    (if (i32.eq (local.get $cmd_len) (i32.const 4))  ;; fail
+      (then (drop (call $abort (i32.const {msg_at}) (i32.const {len(message)})
+                               (i32.const {RESP_AT}) (i32.const 0)))))
+    (drop (call ${entry} (i32.const {REQ_AT}) (i32.const {len(request)})
+                         (i32.const {RESP_AT}) (i32.const 16)))
+    (call $ok_null)"""
+    extra = (
+        f'(data (i32.const {REQ_AT}) "{escape(request)}") '
+        f'(data (i32.const {msg_at}) "{escape(message)}")'
+    )
+    wasm = build(
+        guest_wat(
+            body,
+            marker="1.1",
+            imports=host_import("abort") + host_import(entry),
+            extra=extra,
+        )
+    )
+    text = EVENTS_MANIFEST if kind == "events" else JOBS_MANIFEST
+    manifest = parse_manifest(text, default_registry().capabilities())
+    return Package(kind, manifest, wasm, hashlib.sha256(wasm).hexdigest())
+
+
+# Break (red-team 2026-12-01): a failed event delivery or job run is written to the host's
+# ``wasihost`` logger with its failure text, which quotes the guest's panic message (and a
+# trap's backtrace, which names the module's own functions): a guest panicking with "\n..."
+# wrote a line of its choosing into the host's log, a forged warning about another extension,
+# and escape sequences to whatever terminal shows it. Now that text is logged escaped
+# (terminal.printable); SubscriptionStats/JobStats.last_failure keep it as it was.
+@pytest.mark.parametrize("kind", ["events", "jobs"])
+def test_a_panic_message_cannot_forge_a_line_of_the_host_log(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = ManualClock()
+    brokers = [JobsBroker(clock=clock)] if kind == "jobs" else []
+    with Host(Policy(allow={kind}), cache_dir=None, brokers=brokers) as host:
+        ext = host.admit(panicking_package(kind), grants=[kind])
+        assert ext.call("go") is None
+        broker = host.broker(kind)
+        with caplog.at_level(logging.WARNING, logger="wasihost"):
+            if kind == "events":
+                assert host.publish("t.a") == 1
+            else:
+                clock.advance(1.0)
+                broker.tick()  # type: ignore[attr-defined]
+            assert broker.drain(WAIT_S)  # type: ignore[attr-defined]
+        (stats,) = broker.stats(ext.id).values()  # type: ignore[attr-defined]
+    assert stats.failed == 1 and PANIC in (stats.last_failure or "")
+    (line,) = [r.getMessage() for r in caplog.records if "org.test.wat" in r.getMessage()]
+    assert "\n" not in line and "\x1b" not in line
+    assert "boom\\x0aWARNING wasihost: extension org.victim" in line
 
 
 # -- storage: namespaces (held) --------------------------------------------------------------
