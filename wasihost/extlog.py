@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from .hostlog import host_logger
+from .terminal import printable
 
 
 class Level(enum.IntEnum):
@@ -87,14 +88,24 @@ _LOGGING_LEVELS = {
 
 def to_logging(extension: str, record: LogRecord) -> None:
     """A :data:`LogSink` for Python's ``logging``: the logger is named after the extension id,
-    and the record's source (``guest``, ``host``, ``stdout``...) is an ``extra`` field."""
+    and the record's source (``guest``, ``host``, ``stdout``...) is an ``extra`` field.
+
+    The message is logged with control characters, line separators and bidirectional
+    overrides escaped (:func:`~wasihost.terminal.printable`): logging's handlers write lines,
+    and a guest's newline would start one of its choosing, a forged record of another
+    extension or of the host (red-team 2026-12-01). The exact text is the
+    ``wasihost_message`` extra field, for a handler that writes structured records."""
     import logging  # here: only an embedder that chose this sink pays for the import
 
     logging.getLogger(extension).log(
         _LOGGING_LEVELS[record.level],
         "%s",
-        record.message,
-        extra={"wasihost_source": record.source, "wasihost_time_ns": record.time_ns},
+        printable(record.message),
+        extra={
+            "wasihost_source": record.source,
+            "wasihost_time_ns": record.time_ns,
+            "wasihost_message": record.message,
+        },
     )
 
 

@@ -9,6 +9,12 @@ hand it back. Before a response reaches guest memory every form listed here is r
 - base64, standard and URL-safe alphabets, at each of the three byte alignments the secret can
   have inside a longer base64 text (``Basic`` credentials, a JWT, a JSON blob), so only the
   characters that depend on the secret's bits alone are matched;
+- the UTF-8 spelling of a secret holding bytes over 0x7f (sent as latin-1, one character
+  per byte, and written back as UTF-8 by a server that decoded the header as text), and that
+  spelling's own forms above;
+- the secret as a JSON string writes it (every ``"``, ``\\`` and tab escaped: ``json.dumps``
+  of the request's headers, as httpbin's ``/headers`` answers) and as a form encoder writes
+  it (every space a ``+``);
 - each of those with any of its characters escaped the way echoing servers escape text: a
   percent-escape in either case (whatever set of characters the encoder left alone: Python's
   ``quote`` keeps ``/``, JavaScript's ``encodeURIComponent`` keeps ``!'()*``), a JSON
@@ -49,14 +55,38 @@ def _base64_cores(secret: bytes) -> list[bytes]:
     return cores
 
 
+def _json_spelling(text: bytes) -> bytes:
+    """``text`` as a JSON string's body writes it: each backslash, double quote and tab
+    escaped (the only characters of a header value JSON escapes besides those over 0x7f)."""
+    return text.replace(b"\\", b"\\\\").replace(b'"', b'\\"').replace(b"\t", b"\\t")
+
+
 def secret_forms(secret: bytes) -> list[bytes]:
     """Every encoded form of ``secret`` to remove, longest first (so a form that contains
     another is replaced whole)."""
-    forms = {secret, secret.hex().encode(), secret.hex().upper().encode()}
-    forms.add(urllib.parse.quote_from_bytes(secret, safe="").encode())
-    for core in _base64_cores(secret):
-        forms.add(core)
-        forms.add(core.translate(bytes.maketrans(b"+/", b"-_")))
+    spellings = [secret]
+    if not secret.isascii():
+        # A header travels as latin-1; a server that decodes it as text and writes it back
+        # (a JSON echo with ensure_ascii off, a form encoder) spells each byte over 0x7f as
+        # two bytes of UTF-8 (red-team 2026-12-01: caf\xe9... came back as caf\xc3\xa9...).
+        spellings.append(secret.decode("latin-1").encode("utf-8"))
+    forms: set[bytes] = set()
+    for spelling in spellings:
+        # Every JSON encoder writes a '"', a backslash or a tab of the text escaped (and the
+        # bytes over 0x7f as \\u00XX, which the second view decodes): a password holding one,
+        # reflected by a JSON echo, came back whole but for a backslash (red-team 2026-12-01).
+        forms.add(_json_spelling(spelling))
+        if b" " in spelling:
+            # A form encoder (urlencode, a query string) writes a space as '+' and percent-
+            # escapes the rest, which the second view decodes: a password with a space came
+            # back as pass+word (red-team 2026-12-01).
+            forms.add(spelling.replace(b" ", b"+"))
+    for spelling in spellings:
+        forms |= {spelling, spelling.hex().encode(), spelling.hex().upper().encode()}
+        forms.add(urllib.parse.quote_from_bytes(spelling, safe="").encode())
+        for core in _base64_cores(spelling):
+            forms.add(core)
+            forms.add(core.translate(bytes.maketrans(b"+/", b"-_")))
     return sorted((f for f in forms if len(f) >= MIN_FORM_BYTES), key=len, reverse=True)
 
 
@@ -67,7 +97,10 @@ class Unscrubbable(Exception):
 
 
 # One escaped byte, as echoing servers write it (see the module's doc): percent, JSON's \\uXXXX
-# (a byte only below 0x100) and \\/, HTML's numeric and named references.
+# (a byte only below 0x100) and \\/, HTML's numeric and named references. JSON's \\", \\\\ and \\t
+# and a form encoding's '+' for a space are spellings of the secret instead (secret_forms): a
+# JSON or form encoder writes every such character so, and decoded here they would hide a real
+# backslash or '+' written among other escapes.
 _ESCAPE: Final = re.compile(
     rb"%([0-9a-fA-F]{2})"
     rb"|\\u00([0-9a-fA-F]{2})"
@@ -76,22 +109,32 @@ _ESCAPE: Final = re.compile(
     rb"|&#[xX]0*([0-9a-fA-F]{1,2});"
     rb"|&(amp|lt|gt|quot|apos);"
 )
+# The same, reading a JSON string's escaped backslash (\\\\) as one unit left as it is: the
+# '\\/' of '\\\\/' is no escaped '/' there, and in JSON's spelling of a secret ending in a
+# backslash followed by '/' (red-team 2026-12-01) only this view finds it. A third view, not a
+# change of the second: an encoder escaping '/' but not '\\' is read right by the second.
+_ESCAPE_JSON: Final = re.compile(_ESCAPE.pattern + rb"|(\\\\)")
+_JSON_BACKSLASH_GROUP: Final = _ESCAPE.groups + 1
 _NAMED: Final = {b"amp": b"&", b"lt": b"<", b"gt": b">", b"quot": b'"', b"apos": b"'"}
 _HEX: Final = frozenset(b"0123456789abcdefABCDEF")
 
 
-def _unescaped(data: bytes) -> tuple[bytes, list[int], list[int]]:
-    """``data`` with each escape decoded to its byte, and a map back: a decoded index ``i``
+def _unescaped(
+    data: bytes, escape: re.Pattern[bytes] = _ESCAPE
+) -> tuple[bytes, list[int], list[int]]:
+    """``data`` with each ``escape`` decoded to its byte, and a map back: a decoded index ``i``
     is at ``orig[k] + i - dec[k]`` of ``data``, ``k`` the last breakpoint with ``dec[k] <= i``."""
     out = bytearray()
     dec, orig = [0], [0]
     last = 0
-    for match in _ESCAPE.finditer(data):
+    for match in escape.finditer(data):
         hex_text = match.group(1) or match.group(2) or match.group(5)
         if hex_text is not None:
             byte = bytes([int(hex_text, 16)])
         elif match.group(3) is not None:
             byte = b"/"
+        elif match.lastindex == _JSON_BACKSLASH_GROUP:
+            byte = match.group(_JSON_BACKSLASH_GROUP)  # an escaped backslash, kept whole
         elif match.group(4) is not None:
             number = int(match.group(4))
             if number > 0xFF:
@@ -128,13 +171,15 @@ def _spans(text: bytes, forms: list[bytes]) -> list[tuple[int, int]]:
 def _occurrences(data: bytes, forms: list[bytes]) -> list[tuple[int, int]]:
     """Where a form occurs in ``data``, as written or with escapes decoded, merged and sorted."""
     spans = _spans(data, forms)
-    decoded, dec, orig = _unescaped(data)
-    if len(dec) > 1:
-        for start, end in _spans(decoded, forms):
-            k = bisect.bisect_right(dec, start) - 1
-            first = orig[k] + start - dec[k]
-            k = bisect.bisect_right(dec, end) - 1
-            spans.append((first, orig[k] + end - dec[k]))
+    views = [_ESCAPE, _ESCAPE_JSON] if b"\\\\" in data else [_ESCAPE]
+    for escape in views:
+        decoded, dec, orig = _unescaped(data, escape)
+        if len(dec) > 1:
+            for start, end in _spans(decoded, forms):
+                k = bisect.bisect_right(dec, start) - 1
+                first = orig[k] + start - dec[k]
+                k = bisect.bisect_right(dec, end) - 1
+                spans.append((first, orig[k] + end - dec[k]))
     merged: list[tuple[int, int]] = []
     for start, end in sorted(spans):
         if merged and start < merged[-1][1]:

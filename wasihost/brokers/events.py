@@ -31,6 +31,7 @@ from ..errors import CallError, CodecError, ConfigError
 from ..event_classes import MAX_CLASS_CHARS, MAX_SELECTORS, covered, is_class, is_selector, matches
 from ..lifecycle import State
 from ..status import HostStatus, Status
+from ..terminal import printable
 from .dispatch import ExtensionDispatcher
 
 if TYPE_CHECKING:
@@ -654,11 +655,14 @@ class EventsBroker(ExtensionDispatcher["ExtensionEvents", "Delivery"]):
                     sub.unlogged += 1
             if logged:
                 more = f" ({quiet} failed deliveries since its last line)" if quiet else ""
+                # The text may quote the guest's panic message or name its functions: escaped,
+                # so a newline in it cannot write a line of the guest's choosing into the
+                # host's log (red-team 2026-12-01); last_failure keeps it as it was.
                 LOG.warning(
                     "event %s not delivered to %s: %s%s",
                     event.event_class,
                     state.ext.id,
-                    text,
+                    printable(text),
                     more,
                 )
             return

@@ -152,6 +152,13 @@ _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]|[^\x00-\xff]")
 # The secrets broker's bounds: a name is at most 64 characters, a value at most 4 KiB (the
 # header budget reserves that much for each secret header).
 MAX_SECRET_NAME_CHARS: Final = 64
+# A secret header's prefix may not end in what could begin an escape ('%', '\\', '&', then only
+# letters, digits or '#'): the scrubber reads an echoed response with escapes decoded, and a
+# prefix of '%' made '%a1' of a secret starting a1, so a token that needed that decoded view
+# (its '/' echoed as '\\/' by PHP's json_encode) was found in neither view and handed back
+# whole (red-team 2026-12-01). The secret's own bytes are the operator's; the prefix is the
+# guest's.
+_ESCAPE_OPENING = re.compile(r"[%\\&][0-9A-Za-z#]*\Z")
 
 _SCOPE_KEYS: Final = frozenset({"origins", "allow_local_network"})
 # An operator's scope names a handful of services, like a manifest.
@@ -355,6 +362,7 @@ def parse_request(request: Any) -> Request:
                 or not isinstance(value["prefix"], str)
                 or len(value["prefix"]) > MAX_HEADER_VALUE_CHARS - MAX_SECRET_BYTES
                 or _BAD_VALUE.search(value["prefix"])
+                or _ESCAPE_OPENING.search(value["prefix"])
             ):
                 raise _invalid()
             total += len(name) + len(value["prefix"]) + MAX_SECRET_BYTES

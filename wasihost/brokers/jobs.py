@@ -42,6 +42,7 @@ from ..hostfn import refuse_any_scope
 from ..lifecycle import State
 from ..run_allowance import NetworkAllowance
 from ..status import HostStatus, Status
+from ..terminal import printable
 from .dispatch import ExtensionDispatcher
 from .events import PAYLOAD_LIMITS, ExtensionEvents, _failure_text
 
@@ -621,7 +622,8 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
                     job.unlogged += 1
             if logged:
                 more = f" ({quiet} failed runs since its last line)" if quiet else ""
-                LOG.warning("job %d of %s failed: %s%s", job.id, ext.id, text, more)
+                # Escaped, as in the events broker: the text may quote the guest's panic.
+                LOG.warning("job %d of %s failed: %s%s", job.id, ext.id, printable(text), more)
             return
         finally:
             running.state = outer
