@@ -33,6 +33,7 @@ from ..lifecycle import State
 from ..status import HostStatus, Status
 from ..terminal import printable
 from .dispatch import ExtensionDispatcher
+from .failure_log import FailureLogGate
 
 if TYPE_CHECKING:
     from ..extension import Extension
@@ -64,11 +65,6 @@ MAX_DISPATCH_THREADS: Final = 4
 DISPATCHER_STOP_S: Final = 5.0
 # The most recent delivery failure kept per subscription is cut to this many characters.
 MAX_FAILURE_CHARS: Final = 200
-# A subscription's failed deliveries go to the host's log (the ``wasihost`` logger) at most
-# once per this many seconds, the line saying how many failed since the last: a guest failing
-# every delivery wrote a warning per event, as many lines as the embedder published events
-# (red-team 2026-12-01). SubscriptionStats counts every failure.
-FAILURE_LOG_INTERVAL_S: Final = 60.0
 # events_subscribe's price per selector its request is compared with (the manifest's classes,
 # then the grant scope's: up to MAX_SELECTORS each, and the package chooses its manifest),
 # charged for the whole list before the comparisons. A comparison costs the host about 0.33 us;
@@ -133,10 +129,8 @@ class Subscription:
         self.last_failure: str | None = None
         # Events offered while the queue was full (or paused by it): each met the depth.
         self.overflows = 0
-        # When a failure may next go to the host's log, and the failures not logged since the
-        # last line (FAILURE_LOG_INTERVAL_S).
-        self.log_after = float("-inf")
-        self.unlogged = 0
+        # When a failure may next go to the host's log (at most once an interval).
+        self.failure_log = FailureLogGate()
 
     def _full_for(self, event: QueuedEvent) -> bool:
         return (
@@ -646,14 +640,8 @@ class EventsBroker(ExtensionDispatcher["ExtensionEvents", "Delivery"]):
                 sub.failed += 1
                 sub.last_failure = text
                 self.failed += 1
-                quiet = sub.unlogged
-                logged = now >= sub.log_after
-                if logged:
-                    sub.log_after = now + FAILURE_LOG_INTERVAL_S
-                    sub.unlogged = 0
-                else:
-                    sub.unlogged += 1
-            if logged:
+                quiet = sub.failure_log.due(now)
+            if quiet is not None:
                 more = f" ({quiet} failed deliveries since its last line)" if quiet else ""
                 # The text may quote the guest's panic message or name its functions: escaped,
                 # so a newline in it cannot write a line of the guest's choosing into the

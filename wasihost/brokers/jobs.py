@@ -45,6 +45,7 @@ from ..status import HostStatus, Status
 from ..terminal import printable
 from .dispatch import ExtensionDispatcher
 from .events import PAYLOAD_LIMITS, ExtensionEvents, _failure_text
+from .failure_log import FailureLogGate
 
 if TYPE_CHECKING:
     from ..extension import Extension
@@ -86,11 +87,6 @@ DEFAULT_STOP_S: Final = 5.0
 # The timer thread re-reads its clock at least this often, so a job scheduled while it waits
 # is never late by more than this even if a wake-up were lost.
 MAX_TIMER_WAIT_S: Final = 1.0
-# A job's failed runs go to the host's log (the ``wasihost`` logger) at most once per this
-# many seconds, the line saying how many failed since the last: a guest whose jobs fail at
-# every run (up to 32 jobs once a second each, or at every event) wrote a warning per run, 32
-# lines a second for as long as it ran (red-team 2026-12-01). JobStats counts every failure.
-FAILURE_LOG_INTERVAL_S: Final = 60.0
 # Lifecycle states in which a job's run is skipped (the jobs stay) and those that end them.
 INACTIVE_STATES: Final = frozenset(
     {State.PAUSED, State.THROTTLED, State.QUARANTINED, State.STOPPING}
@@ -165,10 +161,8 @@ class Job:
         self.pending_skipped = 0  # reported to the next run, then restarted
         self.last_failure: str | None = None
         self.ended = False
-        # When a failure may next go to the host's log, and the failures not logged since the
-        # last line (FAILURE_LOG_INTERVAL_S).
-        self.log_after = float("-inf")
-        self.unlogged = 0
+        # When a failure may next go to the host's log (at most once an interval).
+        self.failure_log = FailureLogGate()
 
     @property
     def kind(self) -> str:
@@ -613,14 +607,8 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
                 job.failed += 1
                 job.last_failure = text
                 self.failed += 1
-                quiet = job.unlogged
-                logged = now >= job.log_after
-                if logged:
-                    job.log_after = now + FAILURE_LOG_INTERVAL_S
-                    job.unlogged = 0
-                else:
-                    job.unlogged += 1
-            if logged:
+                quiet = job.failure_log.due(now)
+            if quiet is not None:
                 more = f" ({quiet} failed runs since its last line)" if quiet else ""
                 # Escaped, as in the events broker: the text may quote the guest's panic.
                 LOG.warning("job %d of %s failed: %s%s", job.id, ext.id, printable(text), more)
