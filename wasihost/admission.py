@@ -22,7 +22,7 @@ from .registry import (
     namespace_marker,
     namespace_module,
 )
-from .wasmbin import PAGE_BYTES, ModuleHeader, shown_name
+from .wasmbin import PAGE_BYTES, ImportEntry, ModuleHeader, shown_name
 
 MARKER_SECTION = "wasihost_abi"
 MARKER_MAX_BYTES = 16
@@ -251,53 +251,70 @@ def _check_imports(
 ) -> tuple[list[str], list[HostFunction]]:
     problems: list[str] = []
     bound: list[HostFunction] = []
-    version = view.version
-    # Worked out once, not per import: a module may carry 100,000 unknown imports.
-    spec_all = registry.majors[version.major].functions if version is not None else ()
-    major_entries = {(f.module, f.name): f for f in spec_all}
-    namespaces = _namespace_modules(registry) if declared is not None else {}
-    served_modules = view.modules
-    served = ", ".join(sorted(served_modules))
+    unknown: _UnknownImports | None = None  # made at the first import not in the view
     for imp in header.imports:
         if imp.kind != "func" or imp.func_type is None:
             continue  # reported by _check_limits
-        where = f"import {shown_name(imp.module)}.{shown_name(imp.name)}"
         entry = view.lookup(imp.module, imp.name)
         if entry is None:
-            later = major_entries.get((imp.module, imp.name))
-            namespaced = (
-                _namespace_problem(namespaces, declared, imp.module, imp.name)
-                if declared is not None
-                else None
-            )
-            if later is not None:
-                problems.append(
-                    f"{where}: added in ABI {later.since}, but the module declares {version}"
-                )
-            elif namespaced is not None:
-                problems.append(f"{where}: {namespaced}")
-            elif imp.module not in served_modules:
-                problems.append(
-                    f"{where}: unknown import module {shown_name(imp.module)!r} "
-                    f"({view.label} serves {served})"
-                )
-            else:
-                problems.append(f"{where}: not an entry of {view.label}")
+            if unknown is None:
+                unknown = _UnknownImports(view, registry, declared)
+            problems.append(f"{_where(imp)}: {unknown.problem(imp.module, imp.name)}")
             continue
         if (tuple(imp.func_type.params), tuple(imp.func_type.results)) != (
             entry.params,
             entry.results,
         ):
-            problems.append(f"{where}: signature {imp.func_type} differs from {entry.signature}")
+            problems.append(
+                f"{_where(imp)}: signature {imp.func_type} differs from {entry.signature}"
+            )
             continue
         if not grant.allows(entry.capability) and entry.refused_when_ungranted:
             problems.append(
-                f"{where}: needs capability {entry.capability!r}, which is not granted "
+                f"{_where(imp)}: needs capability {entry.capability!r}, which is not granted "
                 f"(Host.load(..., grants=[{entry.capability!r}]) within the policy's allow)"
             )
             continue
         bound.append(entry)
     return problems, bound
+
+
+def _where(imp: ImportEntry) -> str:
+    return f"import {shown_name(imp.module)}.{shown_name(imp.name)}"
+
+
+class _UnknownImports:
+    """Why an import is not in the guest's view: added in a later ABI minor, of an embedder
+    namespace the module declares otherwise, of a module the view does not serve, or not an
+    entry of it. Its indexes are made once, at the first such import (a module may carry
+    100,000 of them; an admitted one has none)."""
+
+    def __init__(
+        self, view: RegistryView, registry: Registry, declared: dict[str, AbiVersion] | None
+    ) -> None:
+        self._view = view
+        self._declared = declared
+        version = view.version
+        spec_all = registry.majors[version.major].functions if version is not None else ()
+        self._major_entries = {(f.module, f.name): f for f in spec_all}
+        self._namespaces = _namespace_modules(registry) if declared is not None else {}
+        self._served = ", ".join(sorted(view.modules))
+
+    def problem(self, module: str, name: str) -> str:
+        view = self._view
+        later = self._major_entries.get((module, name))
+        if later is not None:
+            return f"added in ABI {later.since}, but the module declares {view.version}"
+        if self._declared is not None:
+            namespaced = _namespace_problem(self._namespaces, self._declared, module, name)
+            if namespaced is not None:
+                return namespaced
+        if module not in view.modules:
+            return (
+                f"unknown import module {shown_name(module)!r} ({view.label} serves "
+                f"{self._served})"
+            )
+        return f"not an entry of {view.label}"
 
 
 def _check_exports(header: ModuleHeader, view: RegistryView) -> list[str]:
