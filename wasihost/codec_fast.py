@@ -39,7 +39,7 @@ __all__ = [
     "UNSURE",
     "Backend",
     "backend",
-    "decode",
+    "decode_counted",
     "encode",
     "flat",
     "flat_encode",
@@ -1038,12 +1038,6 @@ def flat_encode(value: Any, max_bytes: int, max_items: int, max_string: int) -> 
 # keys endlessly; cleared whole when full (a key is re-encoded at its next use, nothing else).
 _KEYS: dict[str, bytes] = {}
 _MAX_KEYS: Final = 1024
-
-
-def decode(buf: bytes, max_depth: int, max_items: int, max_string: int) -> Any:
-    """The value of ``buf`` when the scan vouches for it and cbor2 builds it, else UNSURE."""
-    built = decode_counted(buf, max_depth, max_items, max_string)
-    return built if built is UNSURE else built[0]  # UNSURE too when cbor2 refused
 
 
 def decode_counted(buf: bytes, max_depth: int, max_items: int, max_string: int) -> Any:
