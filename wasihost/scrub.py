@@ -81,7 +81,6 @@ def secret_forms(secret: bytes) -> list[bytes]:
             # escapes the rest, which the second view decodes: a password with a space came
             # back as pass+word (red-team 2026-12-01).
             forms.add(spelling.replace(b" ", b"+"))
-    for spelling in spellings:
         forms |= {spelling, spelling.hex().encode(), spelling.hex().upper().encode()}
         forms.add(urllib.parse.quote_from_bytes(spelling, safe="").encode())
         for core in _base64_cores(spelling):
