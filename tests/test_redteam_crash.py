@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, ROOT, bare
-from test_redteam_embed import DIE_IN_MIGRATION, UPDATE, DurableNotes
+from test_redteam_embed import UPDATE, DurableNotes, die_in_migration
 from test_updates import CAPS, KEY, Notes, installed_running, make_host
 from test_updates import ID as NOTES_ID
 from test_updates import package as update_package
@@ -33,7 +33,6 @@ from test_updates import package as update_package
 from wasihost import updates
 from wasihost.extension import Extension
 from wasihost.kvtypes import DB_NAME as STORAGE_DB
-from wasihost.packaging.trust import SigningKey
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.updates import UpdateError
@@ -201,18 +200,7 @@ def test_an_install_after_a_host_died_mid_update_first_undoes_that_update(tmp_pa
     # a host killed mid-update leaves; an install did not. Installing another version then took
     # the place of the one the marker names, so the next start took the update for committed
     # and kept the state the dead update's migration had half written.
-    key = SigningKey.generate("acme.example")
-    (tmp_path / "publisher.key").write_text(key.private_text())
-    child = subprocess.run(
-        [sys.executable, "-c", DIE_IN_MIGRATION, str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=ENV,
-        check=False,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    key = die_in_migration(tmp_path)
     # Break (red-team 2026-12-01): `status` showed the old version and the half-migrated data
     # as if nothing had happened; it now says the update was interrupted and what undoes it.
     status = ok(tmp_path / "state", "status", NOTES_ID)

@@ -329,13 +329,9 @@ host.update_installed(update_package(tmp, "0.2.0", UPDATE, key=key))
 """
 
 
-def test_a_host_killed_in_the_middle_of_an_update_leaves_the_old_versions_data_whole(
-    tmp_path: Path,
-) -> None:
-    """SIGKILL while the new version's migration runs: the next start of the extension finds
-    the old version still installed and its data as the checkpoint kept it, not half migrated
-    by a version that never took over (the update used to leave no trace of itself, and the
-    old version then ran on whatever the migration had written)."""
+def die_in_migration(tmp_path: Path) -> SigningKey:
+    """Run DIE_IN_MIGRATION in a child process, killed (SIGKILL) while 0.2.0's migration
+    runs over what 0.1.0 wrote; the publisher key the packages were signed with."""
     key = SigningKey.generate("acme.example")
     (tmp_path / "publisher.key").write_text(key.private_text())
     child = subprocess.run(
@@ -344,10 +340,21 @@ def test_a_host_killed_in_the_middle_of_an_update_leaves_the_old_versions_data_w
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "RUST_BACKTRACE": "0"},
+        env={**os.environ, "RUST_BACKTRACE": "0", "PYTHONPATH": str(ROOT)},
         check=False,
     )
     assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    return key
+
+
+def test_a_host_killed_in_the_middle_of_an_update_leaves_the_old_versions_data_whole(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL while the new version's migration runs: the next start of the extension finds
+    the old version still installed and its data as the checkpoint kept it, not half migrated
+    by a version that never took over (the update used to leave no trace of itself, and the
+    old version then ran on whatever the migration had written)."""
+    key = die_in_migration(tmp_path)
     with make_host(tmp_path / "state", DurableNotes(), key) as host:
         migrated = json.loads(DurableNotes.file(host).read_text())
         assert migrated[-1] == {"from": "0.1.0", "to": "0.2.0", "direction": "up"}
