@@ -541,21 +541,30 @@ class Host:
         trust: TrustStore | None = None,
         allowed_signers: AllowedSigners | None = None,
         ssh_signature: bytes | None = None,
+        adopt_data: bool = False,
     ) -> InstalledPackage:
         """Copy a package into the state directory: a package directory, or a ``.whpkg``
         verified (against ``trust``, the policy's trusted publishers, or an OpenSSH signature)
         and kept as the signed archive itself, in a read-only tree verified again at every
         start. Installing grants nothing, and keeps the grants an earlier install of the same
         id holds. A lower version than the installed one is refused unless ``allow_downgrade``;
-        an installed publisher's package is replaced only by that publisher's. The replaced
+        an installed publisher's package is replaced only by that publisher's, and so are
+        the grants and data a removal without purge kept, unless ``adopt_data``. The replaced
         version is kept for :meth:`rollback`. To replace a version with checks (a health
         command, migrations, automatic rollback), use :meth:`update_installed`."""
         self.require_state()  # before anything is read: no state directory, no install
+        if not isinstance(adopt_data, bool):
+            raise ConfigError(f"adopt_data is True or False, not {type(adopt_data).__name__}")
         ssh = _ssh(allowed_signers, ssh_signature)
         from . import updates
 
         package, current = updates.candidate(
-            self, source, trust=trust, ssh=ssh, allow_downgrade=allow_downgrade
+            self,
+            source,
+            trust=trust,
+            ssh=ssh,
+            allow_downgrade=allow_downgrade,
+            adopt_data=adopt_data,
         )
         assert package.manifest is not None
         with updates.exclusive(self, package.manifest.id):

@@ -52,6 +52,9 @@ CREATE TABLE IF NOT EXISTS packages (
 CREATE TABLE IF NOT EXISTS package_records (
     id TEXT PRIMARY KEY, record TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS publisher_pins (
+    extension TEXT PRIMARY KEY, publisher TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS grant_epochs (
     extension TEXT PRIMARY KEY, epoch INTEGER NOT NULL, revoked TEXT
 );
@@ -339,6 +342,15 @@ class StateStore:
                 "INSERT OR REPLACE INTO package_records VALUES (?, ?)",
                 (package.id, json.dumps(package.to_record(), sort_keys=True)),
             )
+            # The id's grants and data now belong to this package's publisher (none: the
+            # package is unverified, and so was what it replaced or adopted).
+            if package.signer is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO publisher_pins VALUES (?, ?)",
+                    (package.id, package.signer),
+                )
+            else:
+                db.execute("DELETE FROM publisher_pins WHERE extension=?", (package.id,))
         detail = f"{package.version} sha256 {package.sha256[:16]}"
         if package.signer is not None:
             detail += f" signed by {package.signer}"
@@ -387,9 +399,19 @@ class StateStore:
         ``remove`` finds the id again and completes (``wasihost.updates.remove`` holds the
         extension's transaction lock around it)."""
         self.check_removable(extension, purge=purge)
+        installed = self.package(extension)
         remove_tree(self.packages_dir / extension)
         remove_tree(self.checkpoints_dir / extension)
         with self._tx() as db:
+            if not purge and installed is not None and installed.signer is not None:
+                # The publisher pin outlives the install record: the grants, data and storage
+                # rows kept for the id are its publisher's, and a package of another publisher
+                # gets them only by `--adopt-data` (or after a purge). Written here as well as
+                # by activate, for a record activated before pins were kept.
+                db.execute(
+                    "INSERT OR REPLACE INTO publisher_pins VALUES (?, ?)",
+                    (extension, installed.signer),
+                )
             db.execute("DELETE FROM packages WHERE id=?", (extension,))
             db.execute("DELETE FROM package_records WHERE id=?", (extension,))
             if purge:
@@ -399,10 +421,20 @@ class StateStore:
                 ).fetchone()
                 if row is not None:
                     _raise_in(db, GRANT_EPOCH_KEY, int(row[0]))
-                for table in ("grants", "grant_epochs", "lifecycle", "events"):
+                for table in ("grants", "grant_epochs", "lifecycle", "events", "publisher_pins"):
                     db.execute(f"DELETE FROM {table} WHERE extension=?", (extension,))  # noqa: S608
         if purge:
             shutil.rmtree(self.data_dir(extension), ignore_errors=True)
+
+    def publisher_pin(self, extension: str) -> str | None:
+        """The publisher whose verified package last held ``extension``: what is kept for the
+        id (grants, data, storage rows) is that publisher's, also after a ``remove`` without
+        ``--purge``; None if no verified package held it since the last purge."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT publisher FROM publisher_pins WHERE extension=?", (extension,)
+            ).fetchone()
+        return row[0] if row is not None else None
 
     def check_removable(self, extension: str, *, purge: bool) -> None:
         """Raise :class:`PackageError` unless :meth:`remove` has something to remove."""
@@ -553,12 +585,13 @@ class StateStore:
 
     def keeps(self, extension: str) -> bool:
         """Whether the state holds anything of ``extension``: a package, grant records, a
-        lifecycle state, journal events or a data directory."""
+        lifecycle state, journal events, a publisher pin or a data directory."""
         with self._lock:
             row = self._db.execute(
                 "SELECT 1 FROM packages WHERE id=?1 UNION ALL SELECT 1 FROM grant_epochs "
                 "WHERE extension=?1 UNION ALL SELECT 1 FROM lifecycle WHERE extension=?1 "
-                "UNION ALL SELECT 1 FROM events WHERE extension=?1 LIMIT 1",
+                "UNION ALL SELECT 1 FROM events WHERE extension=?1 UNION ALL SELECT 1 FROM "
+                "publisher_pins WHERE extension=?1 LIMIT 1",
                 (extension,),
             ).fetchone()
         return row is not None or self.data_dir(extension).exists()

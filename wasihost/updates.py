@@ -80,6 +80,26 @@ def _same_publisher(package: Package, current: InstalledPackage | None) -> None:
         )
 
 
+def _same_publisher_as_kept(
+    package: Package, extension: str, pinned: str | None, adopt_data: bool
+) -> None:
+    """With nothing installed: the grants, data and storage rows a ``remove`` without
+    ``--purge`` kept for ``extension`` are ``pinned``'s (the publisher whose verified package
+    held the id), and go to a package of another publisher (or an unverified one) only when
+    the operator says so."""
+    if pinned is None or package.signer == pinned or adopt_data:
+        return
+    raise AdmissionError(
+        [
+            f"{extension} was removed, and the grants and data kept for it belong to "
+            f"publisher {pinned!r}; this package is "
+            + ("not verified" if package.signer is None else f"published by {package.signer!r}")
+            + f": remove them first (wasihost remove {extension} --purge), or give them to "
+            "this package (adopt_data=True, --adopt-data)"
+        ]
+    )
+
+
 def _check_version(
     package: Package, current: InstalledPackage | None, allow_downgrade: bool
 ) -> None:
@@ -108,8 +128,10 @@ def candidate(
     trust: TrustStore | None,
     ssh: SshSigned | None,
     allow_downgrade: bool,
+    adopt_data: bool = False,
 ) -> tuple[Package, InstalledPackage | None]:
-    """The package at ``source``, verified for installing over what is installed."""
+    """The package at ``source``, verified for installing over what is installed, or over
+    what a removal kept (``adopt_data`` hands that to another publisher)."""
     store = host.require_state()
     trust_given = trust is not None or ssh is not None
     package = host.load_package(source, trust=trust, ssh=ssh)
@@ -126,6 +148,8 @@ def candidate(
         )
     current = store.package(manifest.id)
     _same_publisher(package, current)
+    if current is None:
+        _same_publisher_as_kept(package, manifest.id, store.publisher_pin(manifest.id), adopt_data)
     _check_version(package, current, allow_downgrade)
     return package, current
 

@@ -56,7 +56,12 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
 
 def _cmd_install(args: argparse.Namespace) -> int:
     with _state_host(args) as host:
-        pkg = host.install(args.source, allow_downgrade=args.allow_downgrade, **_ssh_pair(args))
+        pkg = host.install(
+            args.source,
+            allow_downgrade=args.allow_downgrade,
+            adopt_data=args.adopt_data,
+            **_ssh_pair(args),
+        )
         print(
             f"installed {pkg.id} {pkg.version} (sha256 {pkg.sha256[:16]}{_signed_by(pkg)}) "
             f"into {pkg.path}"

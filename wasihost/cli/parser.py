@@ -201,6 +201,12 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     state_opt(inspect)
     install = sub.add_parser("install", help="copy a package into the state directory")
     install.add_argument("source", help=".whpkg (verified) or package directory")
+    install.add_argument(
+        "--adopt-data",
+        action="store_true",
+        help="give this package the grants and data a removal kept for its id, though another "
+        "publisher's package held them",
+    )
     update = sub.add_parser(
         "update",
         help="update an installed extension: verify, checkpoint, start, health, switch",
