@@ -89,7 +89,7 @@ def test_revoke_installed_reaches_a_package_signed_by_a_key_the_revoked_key_endo
         revoked = updates.revoke_installed(
             host, RevocationList(2, 2e9, keys=frozenset({old.public_bytes}))
         )
-        assert "endorsed its signing key is revoked" in revoked.get(HELLO, "")
+        assert "endorsed its signing key is revoked" in revoked.disabled.get(HELLO, "")
         with pytest.raises(ExtensionRevoked):
             host.load_installed(HELLO)
 
@@ -113,7 +113,7 @@ def test_revoke_installed_reaches_a_package_installed_by_an_ssh_signature(tmp_pa
         raw = allowed.signers[0].key
         assert raw is not None
         revoked = updates.revoke_installed(host, RevocationList(2, 2e9, keys=frozenset({raw})))
-        assert "its signing key" in revoked.get(HELLO, "")
+        assert "its signing key" in revoked.disabled.get(HELLO, "")
 
 
 def test_a_manifest_swapped_during_a_directory_install_is_not_installed(

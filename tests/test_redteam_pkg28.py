@@ -4,18 +4,24 @@ Each test is a hole that was found open, and is closed now:
 
 - after ``remove`` without ``--purge``, another publisher's package with the same id inherited
   the grants and data kept for it (the publisher pin lived only in the install record);
+- ``wasihost revoke LIST --state-dir D`` wrote the list, then stopped at the first installed
+  extension it could not load (one requesting an application's capability, a damaged archive):
+  the revoked extensions after it stayed enabled;
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ALL_CAPS
 from packages_support import PUBLISHER, hello_dir, hello_files, signed_archive, trust_of
 
 from wasihost import updates
+from wasihost.cli import main
 from wasihost.errors import AdmissionError
+from wasihost.packaging.files import write_key_pair
 from wasihost.packaging.trust import SigningKey
 from wasihost.policy import Policy
 from wasihost.runtime import Host
@@ -58,3 +64,71 @@ def test_a_removed_ids_grants_and_data_stay_with_its_publisher(tmp_path: Path) -
         updates.remove(host, HELLO, purge=True)
         assert store.publisher_pin(HELLO) is None
         assert host.install(first).signer == PUBLISHER  # a purge leaves nothing to inherit
+
+
+def _with_id(files: dict[str, bytes], extension: str) -> dict[str, bytes]:
+    text = files["extension.toml"].decode().replace(HELLO, extension)
+    return {**files, "extension.toml": text.encode()}
+
+
+def _damage(tree: Path) -> None:
+    """Overwrite the installed archive with bytes that are no archive (the tree is read-only)."""
+    tree.chmod(0o755)
+    archive = tree / updates.ARCHIVE_NAME
+    archive.chmod(0o644)
+    archive.write_bytes(b"not a zip any more")
+
+
+def test_revoke_with_a_state_dir_disables_every_revoked_extension_it_can_and_reports_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key, ops = SigningKey.generate(PUBLISHER), SigningKey.generate("ops.example")
+    ops_key = str(write_key_pair(str(tmp_path / "ops"), ops)[0])
+    state = tmp_path / "state"
+    limits: dict[str, Any] = {
+        "max_request_bytes": 64,
+        "max_response_bytes": 64,
+        "fuel_base": 500,
+        "fuel_per_byte": 2,
+    }
+    policy = Policy(allow=ALL_CAPS | {"myapp.read"}, trusted_publishers=trust_of(key))
+    with Host(policy, cache_dir=None, state_dir=state) as host:
+        host.add_function("myapp.lookup", lambda ctx, req: req, capability="myapp.read", **limits)
+        # Installed first (ids in order): a package requesting the application's capability,
+        # which the CLI's registry does not know...
+        app = hello_dir(tmp_path / "app")
+        manifest = app / "extension.toml"
+        manifest.write_text(
+            manifest.read_text()
+            .replace(HELLO, "org.aaa.app")
+            .replace('optional = ["clock"]', 'optional = ["clock", "myapp.read"]')
+        )
+        host.install(app)
+        # ... two whose archives are damaged since: one the list revokes by its record (id and
+        # version), one it does not...
+        trees = {}
+        for name in ("org.bbb.revoked", "org.ccc.unreadable"):
+            path = tmp_path / f"{name}.whpkg"
+            path.write_bytes(signed_archive(_with_id(hello_files(tmp_path / name), name), key))
+            trees[name] = host.install(path).path
+        # ... and, last, the one the list revokes by its package digest.
+        hello = tmp_path / "hello.whpkg"
+        hello.write_bytes(signed_archive(hello_files(tmp_path / "hello"), key))
+        host.install(hello)
+    for tree in trees.values():
+        _damage(tree)
+    argv = ["revoke", str(tmp_path / "list"), "--key", ops_key, "--package", str(hello)]
+    argv += ["--extension", "org.bbb.revoked", "0.1.0", "--state-dir", str(state)]
+    # Before: "error: manifest: ... unknown capability 'myapp.read'", exit 1, nothing disabled.
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert "disabled installed org.bbb.revoked: extension org.bbb.revoked 0.1.0 is revoked" in out
+    assert f"disabled installed {HELLO}: package digest" in out
+    assert "org.aaa.app" not in out + err
+    assert "error: installed org.ccc.unreadable was not checked against the list" in err
+    assert "wasihost grants revoke org.ccc.unreadable --state-dir" in err
+    with Host(policy, cache_dir=None, state_dir=state) as host:
+        for revoked in ("org.bbb.revoked", HELLO):
+            assert host.grants.state(revoked).revoked is not None
+        for kept in ("org.aaa.app", "org.ccc.unreadable"):
+            assert host.grants.state(kept).revoked is None

@@ -868,6 +868,14 @@ def _load_toml(text: str) -> dict[str, Any]:
         raise ManifestError("", "invalid TOML: arrays or tables nested too deeply") from None
 
 
+def declared_publisher(text: str) -> str | None:
+    """The ``publisher`` of a manifest's ``[extension]`` table, read without the rest of the
+    manifest (its capabilities need no registry here): a claim, for matching a revocation
+    list against an installed package. Raises :class:`ManifestError` as :func:`parse_manifest`
+    does for that table."""
+    return _parse_extension(_required_table(_load_toml(text), "extension")).publisher
+
+
 def parse_manifest(text: str, known_capabilities: frozenset[str]) -> Manifest:
     """Parse and validate the text of an ``extension.toml``.
 

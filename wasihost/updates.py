@@ -39,13 +39,13 @@ from .errors import (
     WasihostError,
 )
 from .lifecycle import State, clip_reason
-from .manifest import Manifest, parse_manifest, version_order
+from .manifest import Manifest, declared_publisher, parse_manifest, version_order
 from .package import MANIFEST_NAME, Package, is_archive, load_package, manifest_text
 from .packaging import signing, sshsig
 from .packaging.allowed_signers import SshSigned, read_ssh_signature
 from .packaging.archive import read_archive
 from .packaging.files import read_package_file
-from .packaging.revocation import RevocationList
+from .packaging.revocation import Claims, RevocationList
 from .packaging.trust import TrustStore
 from .state import InstalledPackage, fsync_path, remove_tree, sync_tree
 
@@ -250,34 +250,68 @@ def verify_installed(host: Host, installed: InstalledPackage) -> Package:
     return package
 
 
-def revoke_installed(host: Host, revocations: RevocationList) -> dict[str, str]:
+@attrs.frozen
+class InstalledRevocations:
+    """What :func:`revoke_installed` did: the installed extensions it disabled, each with why
+    (``disabled``), and those it could not match against the list because their stored
+    package cannot be read, each with why (``unchecked``: the list may revoke them)."""
+
+    disabled: dict[str, str]
+    unchecked: dict[str, str]
+
+
+def revoke_installed(host: Host, revocations: RevocationList) -> InstalledRevocations:
     """Mark every installed extension that ``revocations`` revokes as revoked in the durable
-    grant table (as ``Host.disable`` does), so no later start admits it; returns each with why.
-    The stored packages are read but not verified: what they claim (publisher, signing key,
-    digests, version) is enough to find what a list names, and nothing is admitted."""
+    grant table (as ``Host.disable`` does), so no later start admits it.
+
+    Each is matched on what its install record holds (id, version, module and package
+    digests, the verified publisher) and what its stored tree claims (the signing key and the
+    keys that endorsed it, an unsigned manifest's publisher); nothing is admitted or verified,
+    so a package that requests an application's capability is matched like any other. One whose
+    tree cannot be read is still disabled if its record alone is revoked, and is reported in
+    ``unchecked`` otherwise; either way the others are all matched (the first unreadable one
+    stopped the whole pass, leaving later revoked extensions enabled)."""
     store = host.require_state()
-    caps = host.registry.capabilities()
-    revoked = {}
-    trust = host.policy.trusted_publishers
+    disabled: dict[str, str] = {}
+    unchecked: dict[str, str] = {}
     for installed in store.packages():
-        if installed.package_digest is not None:
-            archive_path = installed.path / ARCHIVE_NAME
-            package = load_package(archive_path, caps)
-            key = _claimed_signing_key(installed.path, archive_path)
-            # The keys that endorsed the signing key (a rotation) are revoked with it, as at
-            # admission: without them a revoked old key left what it endorsed installed and
-            # enabled here.
-            endorsed = trust.lineage(key)[1:] if trust is not None and key is not None else ()
-            package = attrs.evolve(
-                package, signer=installed.signer, signing_key=key, endorsed_by=endorsed
-            )
-        else:
-            package = load_package(installed.path, caps)
-        why = revocations.revocation_of(package)
+        record = Claims(
+            module_digest=installed.sha256,
+            extension=installed.id,
+            version=installed.version,
+            publishers=(installed.signer,) if installed.signer is not None else (),
+            package_digest=installed.package_digest,
+        )
+        problem: str | None = None
+        try:
+            claims = _tree_claims(host, installed, record)
+        except (WasihostError, OSError, ValueError) as exc:
+            claims, problem = record, str(exc) or type(exc).__name__
+        why = revocations.revocation_of_claims(claims)
         if why is not None:
             host.disable(installed.id, clip_reason(f"{why} by the revocation list"))
-            revoked[installed.id] = why
-    return revoked
+            disabled[installed.id] = why
+        elif problem is not None:
+            unchecked[installed.id] = problem
+    return InstalledRevocations(disabled, unchecked)
+
+
+def _tree_claims(host: Host, installed: InstalledPackage, record: Claims) -> Claims:
+    """``record`` with what the installed tree claims: a signed archive's signing key (and,
+    with the host's trust, the keys that endorsed it), an unsigned manifest's publisher."""
+    if installed.package_digest is not None:
+        key = _claimed_signing_key(installed.path, installed.path / ARCHIVE_NAME)
+        if key is None:
+            raise PackageError(f"{installed.path / ARCHIVE_NAME} holds no signature record")
+        # The keys that endorsed the signing key (a rotation) are revoked with it, as at
+        # admission: without them a revoked old key left what it endorsed installed and
+        # enabled here.
+        trust = host.policy.trusted_publishers
+        endorsed = trust.lineage(key)[1:] if trust is not None else ()
+        return attrs.evolve(record, signing_key=key, endorsed_by=endorsed)
+    text = manifest_text(installed.path).decode("utf-8")
+    claimed = declared_publisher(text)
+    return attrs.evolve(record, publishers=(claimed,) if claimed is not None else ())
 
 
 def _claimed_signing_key(tree: Path, archive_path: Path) -> bytes | None:

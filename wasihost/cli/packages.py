@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -227,8 +228,18 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
         from ..updates import revoke_installed
 
         with _state_host(args) as host:
-            for extension, why in sorted(revoke_installed(host, merged).items()):
-                print(f"disabled installed {extension}: {why}")
+            done = revoke_installed(host, merged)
+        for extension, why in sorted(done.disabled.items()):
+            print(f"disabled installed {printable(extension)}: {printable(why)}")
+        for extension, why in sorted(done.unchecked.items()):
+            print(
+                f"error: installed {printable(extension)} was not checked against the list, its "
+                f"stored package cannot be read ({printable(why)}): it may be revoked; disable "
+                f"it with: wasihost grants revoke {printable(extension)}{_state_flag(args)}",
+                file=sys.stderr,
+            )
+        if done.unchecked:
+            return 1
     return 0
 
 

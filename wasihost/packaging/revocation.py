@@ -74,6 +74,36 @@ _QUOTE_CHARS: Final = 60
 
 
 @attrs.frozen
+class Claims:
+    """What a revocation list is matched against: a package's id and version, publishers
+    (the verified signer, and the manifest's claim), signing key and the keys that endorsed it,
+    package and module digests. Made from a loaded package (:meth:`of`), or from an install
+    record without loading its package again (``wasihost.updates.revoke_installed``)."""
+
+    module_digest: str
+    extension: str | None = None
+    version: str | None = None
+    publishers: tuple[str, ...] = ()
+    signing_key: bytes | None = None
+    endorsed_by: tuple[bytes, ...] = ()
+    package_digest: str | None = None
+
+    @classmethod
+    def of(cls, package: Package) -> Claims:
+        manifest = package.manifest
+        publishers = (package.signer, manifest.publisher if manifest else None)
+        return cls(
+            module_digest=package.sha256,
+            extension=manifest.id if manifest else None,
+            version=manifest.version if manifest else None,
+            publishers=tuple(p for p in publishers if p is not None),
+            signing_key=package.signing_key,
+            endorsed_by=package.endorsed_by,
+            package_digest=package.package_digest,
+        )
+
+
+@attrs.frozen
 class RevocationList:
     version: int
     expires: float
@@ -113,21 +143,24 @@ class RevocationList:
 
     def revocation_of(self, package: Package) -> str | None:
         """Why ``package`` is revoked, or None."""
-        manifest = package.manifest
-        for publisher in (package.signer, manifest.publisher if manifest else None):
-            if publisher is not None and publisher in self.publishers:
+        return self.revocation_of_claims(Claims.of(package))
+
+    def revocation_of_claims(self, claims: Claims) -> str | None:
+        """Why a package of these ``claims`` is revoked, or None."""
+        for publisher in claims.publishers:
+            if publisher in self.publishers:
                 return f"publisher {publisher!r} is revoked"
-        if package.signing_key is not None and package.signing_key in self.keys:
-            return f"its signing key {b64(package.signing_key)[:16]}... is revoked"
-        for endorser in package.endorsed_by:
+        if claims.signing_key is not None and claims.signing_key in self.keys:
+            return f"its signing key {b64(claims.signing_key)[:16]}... is revoked"
+        for endorser in claims.endorsed_by:
             if endorser in self.keys:
                 return f"the key {b64(endorser)[:16]}... that endorsed its signing key is revoked"
-        if package.package_digest is not None and package.package_digest in self.package_digests:
-            return f"package digest {package.package_digest} is revoked"
-        if package.sha256 in self.module_digests:
-            return f"module digest {package.sha256} is revoked"
-        if manifest is not None and (manifest.id, manifest.version) in self.extensions:
-            return f"extension {manifest.id} {manifest.version} is revoked"
+        if claims.package_digest is not None and claims.package_digest in self.package_digests:
+            return f"package digest {claims.package_digest} is revoked"
+        if claims.module_digest in self.module_digests:
+            return f"module digest {claims.module_digest} is revoked"
+        if (claims.extension, claims.version) in self.extensions:
+            return f"extension {claims.extension} {claims.version} is revoked"
         return None
 
 
@@ -357,6 +390,7 @@ class Revocations:
 
 
 __all__ = [
+    "Claims",
     "MemoryFloor",
     "RevocationList",
     "Revocations",
