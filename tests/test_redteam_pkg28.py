@@ -7,6 +7,7 @@ Each test is a hole that was found open, and is closed now:
 - ``wasihost revoke LIST --state-dir D`` wrote the list, then stopped at the first installed
   extension it could not load (one requesting an application's capability, a damaged archive):
   the revoked extensions after it stayed enabled;
+- a key past its expiry still endorsed a new key, which was then trusted;
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from packages_support import PUBLISHER, hello_dir, hello_files, signed_archive, 
 
 from wasihost import updates
 from wasihost.cli import main
-from wasihost.errors import AdmissionError
+from wasihost.errors import AdmissionError, ExpiredKeyError
+from wasihost.package import load_package
 from wasihost.packaging.files import write_key_pair
-from wasihost.packaging.trust import SigningKey
+from wasihost.packaging.trust import SigningKey, TrustStore
 from wasihost.policy import Policy
+from wasihost.registry import default_registry
 from wasihost.runtime import Host
 
+CAPS = default_registry().capabilities()
 HELLO = "org.wasihost.fixtures.hello"
 OTHER = "other.example"
 
@@ -132,3 +136,36 @@ def test_revoke_with_a_state_dir_disables_every_revoked_extension_it_can_and_rep
             assert host.grants.state(revoked).revoked is not None
         for kept in ("org.aaa.app", "org.ccc.unreadable"):
             assert host.grants.state(kept).revoked is None
+
+
+JAN_2027, JUL_2027 = 1798761600.0, 1814400000.0  # 2027-01-01, 2027-07-01 (UTC)
+
+
+def test_an_endorsement_counts_only_while_its_endorsing_key_is_unexpired(tmp_path: Path) -> None:
+    """The rule chosen: an endorsement carries no date, so "the endorsing key was valid when it
+    signed" is known only as "it is unexpired now"; the endorsed key is trusted while one of its
+    endorsers is (its own line's expiry bounds it too), unless the operator lists it plainly."""
+    old, new, newer = (SigningKey.generate(PUBLISHER) for _ in range(3))
+    path = tmp_path / "hello.whpkg"
+    path.write_bytes(signed_archive(hello_files(tmp_path), new))
+    old_line = old.public_line().rstrip("\n") + " expires=2027-01-01\n"
+    lines = old_line + old.endorse(new.public_bytes)
+    # Before: the old key, expired since 2027-01-01, still made new a trusted key in July.
+    late = TrustStore.parse(lines, clock=lambda: JUL_2027)
+    with pytest.raises(ExpiredKeyError, match="expiry of the keys that endorsed it"):
+        load_package(path, CAPS, late)
+    # Before its endorser's expiry the endorsed key verifies; a chain (old -> new -> newer)
+    # ends with its first link.
+    early = TrustStore.parse(lines, clock=lambda: JAN_2027 - 60)
+    assert load_package(path, CAPS, early).signer == PUBLISHER
+    chained = TrustStore.parse(lines + new.endorse(newer.public_bytes), clock=lambda: JUL_2027)
+    assert chained.expired(newer.public_bytes) == JAN_2027
+    # Any one endorsement that still counts is enough, and an operator's own line of the key
+    # (no endorsed-by) keeps it past its endorser, as the rotation advice says.
+    other = SigningKey.generate(PUBLISHER)
+    both = other.public_line() + lines + other.endorse(new.public_bytes)
+    assert load_package(path, CAPS, TrustStore.parse(both, clock=lambda: JUL_2027)).signer
+    vouched = lines + new.public_line()
+    assert load_package(path, CAPS, TrustStore.parse(vouched, clock=lambda: JUL_2027)).signer
+    # Revoking the old key still reaches the key it endorsed.
+    assert TrustStore.parse(vouched).lineage(new.public_bytes)[1:] == (old.public_bytes,)

@@ -146,8 +146,8 @@ def verify(
     if expired is not None:
         raise ExpiredKeyError(
             f"key {b64(parsed.key)[:16]}... of publisher {parsed.publisher!r} expired at "
-            f"{format_time(expired)}: the publisher signs with a newer key (a new trust-file "
-            "line), or the operator extends the expiry"
+            f"{format_time(expired)} ({trust.expiry_reason(parsed.key)}): the publisher signs "
+            "with a newer key (a new trust-file line), or the operator extends the expiry"
         )
     try:
         Ed25519PublicKey.from_public_bytes(parsed.key).verify(

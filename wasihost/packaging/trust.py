@@ -12,7 +12,8 @@ than whenever someone remembers to delete its line. A key may also carry an endo
 ``endorsed-by=OLDKEY:SIGNATURE``: the publisher's key of an earlier line signed this one as its
 next key (``SigningKey.endorse``, ``wasihost endorse``), so an operator can accept a rotation
 the publisher ships without checking the new key by other means; revoking the old key revokes
-what it endorsed. A ``.pub``
+what it endorsed, and an endorsement counts only while its endorsing key is unexpired (a key
+every line of which is endorsed expires with the last of its endorsers). A ``.pub``
 file written by ``wasihost keygen`` is one such line. The trust file is the operator's own
 configuration, so its errors are :class:`~wasihost.errors.ConfigError`.
 """
@@ -195,6 +196,40 @@ def parse_expiry(text: str, where: str) -> float:
     return moment.timestamp()
 
 
+def _endorsed_until(
+    expiry: Mapping[bytes, float],
+    endorsers: Mapping[bytes, frozenset[bytes]],
+    vouched: set[bytes],
+) -> dict[bytes, float]:
+    """For each key whose every line is an endorsement: until when one of its endorsements
+    counts (none: no end). An endorsement carries no date, so that its endorsing key was valid
+    when it signed is known only as "it is unexpired now" (an expiry never moves back): an
+    endorsement counts while its endorser is trusted, and an endorser trusted only through
+    endorsements itself while one of those counts. A date in the endorsement would not do: the
+    holder of the old key, whom its expiry is meant to stop, would choose it.
+
+    A key's end is the latest over its endorsers (one endorsement that counts suffices),
+    bounded by its own expiry; found by relaxing until nothing moves (a widest-path search:
+    each round settles at least one more key, so at most a round per key)."""
+    inf = float("inf")
+    until = {key: -inf for key in endorsers if key not in vouched}
+
+    def end(key: bytes) -> float:
+        return min(until.get(key, inf), expiry.get(key, inf))
+
+    changed = True
+    while changed:
+        changed = False
+        for key, known in until.items():
+            best = min(max(end(e) for e in endorsers[key]), expiry.get(key, inf))
+            if best > known:
+                until[key] = best
+                changed = True
+    # (-inf, a key no endorsement reaches, cannot be: a key's first line needs an endorser on
+    # an earlier line; 0 would make it expired since 1970.)
+    return {key: max(value, 0.0) for key, value in until.items() if value != inf}
+
+
 @attrs.frozen
 class TrustStore:
     """The publishers the host trusts, each with its raw Ed25519 public keys. ``expiry``
@@ -209,11 +244,27 @@ class TrustStore:
     # A rotated-to key -> every older key of its publisher that signed an endorsement of it (a
     # key may be endorsed on several lines: each endorser stays one its revocation reaches).
     endorsers: Mapping[bytes, frozenset[bytes]] = attrs.field(factory=dict, eq=False, hash=False)
+    # A key every line of which is endorsed (none is the operator's own word) -> when the last
+    # of its endorsements stops counting: an endorsement counts only while its endorsing key is
+    # trusted, so the key's trust ends there (folded into ``expiry`` too; kept apart to say so).
+    endorsed_until: Mapping[bytes, float] = attrs.field(factory=dict, eq=False, hash=False)
 
     def expired(self, key: bytes) -> float | None:
-        """The expiry of ``key`` if it has passed, else None."""
+        """The expiry of ``key`` if it has passed, else None (for a key trusted only through
+        endorsements, the end of the last of them, if that is sooner: see ``endorsed_until``)."""
         when = self.expiry.get(key)
         return when if when is not None and when <= self.clock() else None
+
+    def expiry_reason(self, key: bytes) -> str:
+        """Why ``key`` expires when it does, for an error: its own line, or its endorsers."""
+        ends = self.endorsed_until.get(key)
+        if ends is None or ends > self.expiry.get(key, ends):
+            return "its expiry"
+        return (
+            "the expiry of the keys that endorsed it: an endorsement counts only while its "
+            "endorsing key is unexpired; the operator vouches for the key by a line of its own, "
+            "without endorsed-by, to keep it"
+        )
 
     def lineage(self, key: bytes) -> tuple[bytes, ...]:
         """``key`` and every key that endorsed it, directly or through other endorsed keys,
@@ -237,6 +288,7 @@ class TrustStore:
         revokers: set[tuple[str, bytes]] = set()
         expiry: dict[bytes, float] = {}
         endorsers: dict[bytes, frozenset[bytes]] = {}
+        vouched: set[bytes] = set()  # keys with a line that is not an endorsement
         for number, fields in _lines(text):
             where = f"{origin} line {number}"
             if len(fields) < 3:
@@ -271,12 +323,19 @@ class TrustStore:
                         f"key of publisher {publisher!r}"
                     ) from None
                 endorsers[raw] = endorsers.get(raw, frozenset()) | {endorser}
+            else:
+                vouched.add(raw)
             (revokers if role else keys).add((publisher, raw))
             if expires is not None:
                 expiry[raw] = min(expires, expiry.get(raw, expires))
             if len(keys) + len(revokers) > MAX_TRUSTED_KEYS:
                 raise ConfigError(f"{origin}: more than {MAX_TRUSTED_KEYS} keys")
-        return cls(frozenset(keys), frozenset(revokers), expiry, clock, endorsers)
+        endorsed_until = _endorsed_until(expiry, endorsers, vouched)
+        for endorsed, until in endorsed_until.items():
+            expiry[endorsed] = min(until, expiry.get(endorsed, until))
+        return cls(
+            frozenset(keys), frozenset(revokers), expiry, clock, endorsers, endorsed_until
+        )
 
     @classmethod
     def from_file(cls, path: str | Path) -> TrustStore:
