@@ -8,6 +8,9 @@ Each test is a hole that was found open, and is closed now:
   extension it could not load (one requesting an application's capability, a damaged archive):
   the revoked extensions after it stayed enabled;
 - a key past its expiry still endorsed a new key, which was then trusted;
+- SemVer build metadata defeated "same version, other content": an older signed build of the
+  installed release (``1.0.0+build.1`` over ``1.0.0+build.2``) installed without
+  ``--allow-downgrade``, and a list revoking ``1.0.0`` did not revoke ``1.0.0+build.1``;
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from packages_support import PUBLISHER, hello_dir, hello_files, signed_archive, 
 
 from wasihost import updates
 from wasihost.cli import main
-from wasihost.errors import AdmissionError, ExpiredKeyError
+from wasihost.errors import AdmissionError, ExpiredKeyError, PackageError
 from wasihost.package import load_package
 from wasihost.packaging.files import write_key_pair
+from wasihost.packaging.revocation import RevocationList
 from wasihost.packaging.trust import SigningKey, TrustStore
 from wasihost.policy import Policy
 from wasihost.registry import default_registry
@@ -169,3 +173,41 @@ def test_an_endorsement_counts_only_while_its_endorsing_key_is_unexpired(tmp_pat
     assert load_package(path, CAPS, TrustStore.parse(vouched, clock=lambda: JUL_2027)).signer
     # Revoking the old key still reaches the key it endorsed.
     assert TrustStore.parse(vouched).lineage(new.public_bytes)[1:] == (old.public_bytes,)
+
+
+def test_an_other_build_of_the_installed_release_is_a_conflict_and_revoked_with_it(
+    tmp_path: Path,
+) -> None:
+    key = SigningKey.generate(PUBLISHER)
+    builds = {}
+    for build in ("1.0.0+build.1", "1.0.0+build.2", "1.0.1+build.1"):
+        builds[build] = tmp_path / f"{build}.whpkg"
+        files = hello_files(tmp_path / build, version=build)
+        builds[build].write_bytes(signed_archive(files, key))
+    policy = Policy(allow=ALL_CAPS, trusted_publishers=trust_of(key))
+    with Host(policy, cache_dir=None, state_dir=tmp_path / "state") as host:
+        host.install(builds["1.0.0+build.2"])
+        # Before: build.1 orders equal to build.2, so it was no downgrade, and its version
+        # string differs, so it was not "the same version with other content": it installed.
+        for replace in (host.install, host.update_installed):
+            with pytest.raises(PackageError, match="same release to the version order"):
+                replace(builds["1.0.0+build.1"])
+        assert host.require_state().package(HELLO).version == "1.0.0+build.2"  # type: ignore[union-attr]
+        # Forced, it is taken; the same build again is a reinstall, not a conflict.
+        assert (
+            host.install(builds["1.0.0+build.1"], allow_downgrade=True).version == "1.0.0+build.1"
+        )
+        assert host.install(builds["1.0.0+build.1"]).version == "1.0.0+build.1"
+        # A higher release with any build metadata is an ordinary update.
+        assert host.install(builds["1.0.1+build.1"]).version == "1.0.1+build.1"
+    # The list names releases: "1.0.0" revokes each of its builds; a build names itself only.
+    packages = {b: load_package(p, CAPS, trust_of(key)) for b, p in builds.items()}
+    release = RevocationList(2, 2e9, extensions=frozenset({(HELLO, "1.0.0")}))
+    assert "1.0.0, every build of it, is revoked" in (
+        release.revocation_of(packages["1.0.0+build.1"]) or ""
+    )
+    assert release.revocation_of(packages["1.0.0+build.2"]) is not None
+    assert release.revocation_of(packages["1.0.1+build.1"]) is None
+    one_build = RevocationList(2, 2e9, extensions=frozenset({(HELLO, "1.0.0+build.1")}))
+    assert one_build.revocation_of(packages["1.0.0+build.1"]) is not None
+    assert one_build.revocation_of(packages["1.0.0+build.2"]) is None

@@ -114,10 +114,21 @@ def _check_version(
         )
     ours = package.package_digest if package.signer is not None else package.sha256
     theirs = current.package_digest or current.sha256
-    if new == old and ours != theirs:
+    if ours == theirs:
+        return
+    if new == old:
         # Two different releases under one version number: a mix-and-match or a replay.
         raise PackageError(
             f"{current.id} {old} is installed with other content; a new release needs a new version"
+        )
+    if not allow_downgrade and version_order(new) == version_order(old):
+        # Build metadata (SemVer's "+...") orders nothing: 1.0.0+build.1 and 1.0.0+build.2 are
+        # the same release to the version order, so an older build of it replayed over a newer
+        # one was neither a downgrade nor "the same version" (compared as strings).
+        raise PackageError(
+            f"{current.id} {old} is installed; {new} is the same release to the version order "
+            "(build metadata after '+' does not order) with other content: refused as a "
+            "conflict (allow_downgrade=True, or --allow-downgrade, to install it anyway)"
         )
 
 

@@ -159,8 +159,15 @@ class RevocationList:
             return f"package digest {claims.package_digest} is revoked"
         if claims.module_digest in self.module_digests:
             return f"module digest {claims.module_digest} is revoked"
-        if (claims.extension, claims.version) in self.extensions:
-            return f"extension {claims.extension} {claims.version} is revoked"
+        if claims.version is not None:
+            # An entry without build metadata names a release, and revokes every build of it
+            # (1.0.0 revokes 1.0.0+build.1; SemVer orders them as one version); an entry with
+            # build metadata revokes that build only.
+            release = claims.version.split("+", 1)[0]
+            for version in dict.fromkeys((claims.version, release)):
+                if (claims.extension, version) in self.extensions:
+                    builds = "" if version == claims.version else ", every build of it,"
+                    return f"extension {claims.extension} {version}{builds} is revoked"
         return None
 
 
