@@ -11,21 +11,35 @@ Each test is a hole that was found open, and is closed now:
 - SemVer build metadata defeated "same version, other content": an older signed build of the
   installed release (``1.0.0+build.1`` over ``1.0.0+build.2``) installed without
   ``--allow-downgrade``, and a list revoking ``1.0.0`` did not revoke ``1.0.0+build.1``;
+- the zip-bomb ratio trusted each entry's declared compressed size: padded past a tiny deflate
+  stream, or spanning the next entries' bytes, it passed while the bytes read were a few KiB;
 """
 
 from __future__ import annotations
 
+import io
+import os
+import struct
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import ALL_CAPS
-from packages_support import PUBLISHER, hello_dir, hello_files, signed_archive, trust_of
+from packages_support import (
+    PUBLISHER,
+    hello_dir,
+    hello_files,
+    recorded_zip,
+    signed_archive,
+    trust_of,
+)
 
 from wasihost import updates
 from wasihost.cli import main
-from wasihost.errors import AdmissionError, ExpiredKeyError, PackageError
+from wasihost.errors import AdmissionError, ArchiveError, ExpiredKeyError, PackageError
 from wasihost.package import load_package
+from wasihost.packaging.archive import MAX_COMPRESSION_RATIO, read_archive
 from wasihost.packaging.files import write_key_pair
 from wasihost.packaging.revocation import RevocationList
 from wasihost.packaging.trust import SigningKey, TrustStore
@@ -211,3 +225,58 @@ def test_an_other_build_of_the_installed_release_is_a_conflict_and_revoked_with_
     one_build = RevocationList(2, 2e9, extensions=frozenset({(HELLO, "1.0.0+build.1")}))
     assert one_build.revocation_of(packages["1.0.0+build.1"]) is not None
     assert one_build.revocation_of(packages["1.0.0+build.2"]) is None
+
+
+def _declare_compressed_size(data: bytes, name: str, size: int) -> bytes:
+    """``data`` with entry ``name``'s compressed size set to ``size`` in its central-directory
+    record and its local header (nothing else moves: the bytes it now spans are whatever
+    follows its deflate stream)."""
+    out = bytearray(data)
+    at = struct.unpack_from("<L", data, len(data) - 6)[0]  # the end record's directory offset
+    while True:
+        name_len, extra_len, comment_len = struct.unpack_from("<3H", data, at + 28)
+        if data[at + 46 : at + 46 + name_len] == name.encode():
+            break
+        at += 46 + name_len + extra_len + comment_len
+    local = struct.unpack_from("<L", data, at + 42)[0]
+    struct.pack_into("<L", out, at + 20, size)
+    struct.pack_into("<L", out, local + 18, size)
+    return bytes(out)
+
+
+def test_the_zip_bomb_ratio_is_bounded_by_the_bytes_actually_read() -> None:
+    """Sixteen 4 MiB entries of zeros deflate to about 4 KiB each. Each declares a compressed
+    size of 1/90 of its 4 MiB, spanning the next entries and a filler: each declared ratio is
+    under 100, while the archive of about 130 KiB inflated to 64 MiB (a ratio near 500)."""
+    small = {"extension.toml": b"x = 1\n", "m.wasm": b"\0asm\1\0\0\0"}
+    zeros = {f"bomb{i:02}.bin": bytes(4 * 1024 * 1024) for i in range(16)}
+    filler = {"zz-filler": os.urandom(64 * 1024)}  # bytes for the last entries to span
+    data = recorded_zip({**small, **zeros, **filler})
+    declared = 4 * 1024 * 1024 // (MAX_COMPRESSION_RATIO - 10)
+    for name in zeros:
+        data = _declare_compressed_size(data, name, declared)
+    assert len(data) < 160 * 1024
+    # Before: read_archive returned all 16 entries, 64 MiB, ratio checked against the claim.
+    with pytest.raises(ArchiveError, match="overlaps another entry"):
+        read_archive(data)
+    # One entry alone, padded past its stream (the last before the directory: its padding is
+    # nobody else's bytes), is refused by the length of the stream actually read.
+    alone = recorded_zip({**small, "zz-bomb.bin": bytes(4 * 1024 * 1024)})
+    stream = _compressed_size(alone, "zz-bomb.bin")
+    padded = _pad_last_entry(alone, "zz-bomb.bin", declared - stream)
+    with pytest.raises(ArchiveError, match=f"deflate stream is {stream} bytes, its header says"):
+        read_archive(padded)
+
+
+def _compressed_size(data: bytes, name: str) -> int:
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        return zf.getinfo(name).compress_size
+
+
+def _pad_last_entry(data: bytes, name: str, padding: int) -> bytes:
+    """``padding`` zero bytes after the last entry's deflate stream, counted in its compressed
+    size; the central directory moves up by as much."""
+    cd_offset = struct.unpack_from("<L", data, len(data) - 6)[0]
+    grown = bytearray(data[:cd_offset] + bytes(padding) + data[cd_offset:])
+    struct.pack_into("<L", grown, len(grown) - 6, cd_offset + padding)
+    return _declare_compressed_size(bytes(grown), name, _compressed_size(data, name) + padding)

@@ -7,9 +7,10 @@ has no sizes to check up front. Only stored and deflated entries are accepted.
 
 An archive comes from whoever handed us the file, so :func:`read_archive` checks every bound
 (archive size, entry count, central-directory size, per-file and total sizes, compression
-ratio), every name (see :mod:`.names`), every entry type (regular files only: no links,
-devices or folders) and that the files are exactly those of the content record with their
-recorded digests, before it returns anything. It reads into memory and writes nothing; the
+ratio, declared and of the bytes actually read, entries that do not overlap), every name (see
+:mod:`.names`), every entry type (regular files only: no links, devices or folders) and that
+the files are exactly those of the content record with their recorded digests, before it
+returns anything. It reads into memory and writes nothing; the
 only error that leaves it is :class:`~wasihost.errors.ArchiveError`.
 """
 
@@ -66,6 +67,13 @@ _ZIP64_LOCATOR: Final = struct.Struct("<4sLQL")
 _ZIP64_LOCATOR_MAGIC: Final = b"PK\x06\x07"
 _ACCEPTED_METHODS: Final = frozenset({zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED})
 _ENCRYPTED_FLAG: Final = 0x1
+_UTF8_FLAG: Final = 0x800
+# A local file header: magic, version, flags, method, time, date, CRC, sizes, name and extra
+# field lengths (its name and extra field follow, then the entry's data).
+_LOCAL_HEADER: Final = struct.Struct("<4s5H3L2H")
+_LOCAL_MAGIC: Final = b"PK\x03\x04"
+# Compressed bytes given to the inflater at a time: the ratio is checked after each.
+_INFLATE_CHUNK: Final = 64 * 1024
 # What zipfile (and zlib under it) raises on bytes it cannot read.
 _ZIP_FAILURES: Final = (
     zipfile.BadZipFile,
@@ -101,25 +109,27 @@ def read_archive(data: bytes) -> Archive:
     """Check and read a ``.whpkg``; raise :class:`ArchiveError` for anything wrong."""
     if len(data) > MAX_ARCHIVE_BYTES:
         raise ArchiveError(f"archive of {len(data)} bytes exceeds {MAX_ARCHIVE_BYTES}")
-    count = _check_end_record(data)
+    count, cd_offset = _check_end_record(data)
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
             infos = zf.infolist()
-            if len(infos) != count:
-                raise ArchiveError(
-                    f"central directory holds {len(infos)} entries, its end record says {count}"
-                )
-            _check_entries(infos)
-            raw = {info.filename: _read_entry(zf, info) for info in infos}
+        if len(infos) != count:
+            raise ArchiveError(
+                f"central directory holds {len(infos)} entries, its end record says {count}"
+            )
+        _check_entries(infos)
+        spans = _entry_spans(data, infos, cd_offset)
+        raw = {info.filename: _read_entry(data, info, spans[info.filename]) for info in infos}
     except _ZIP_FAILURES as exc:
         raise ArchiveError(f"not a readable zip archive: {exc}") from None
     return _match_record(raw)
 
 
-def _check_end_record(data: bytes) -> int:
+def _check_end_record(data: bytes) -> tuple[int, int]:
     """The end-of-central-directory record must be the archive's last 22 bytes (no comment),
     describe one disk, and have the central directory end exactly where it starts: so no
-    zip64 records, no prepended or appended bytes, and zipfile reads what we checked."""
+    zip64 records, no prepended or appended bytes, and zipfile reads what we checked. Returns
+    the entry count and where the central directory starts (where entry data must end)."""
     if len(data) < _EOCD.size or data[-_EOCD.size : -_EOCD.size + 4] != _EOCD_MAGIC:
         raise ArchiveError(
             "no zip end record at the end of the file (truncated, or not a .whpkg archive)"
@@ -143,7 +153,7 @@ def _check_end_record(data: bytes) -> int:
             "central directory does not end where the end record starts "
             "(truncated, extended, or a zip64 archive)"
         )
-    return int(total)
+    return int(total), int(cd_offset)
 
 
 def _check_entries(infos: list[zipfile.ZipInfo]) -> None:
@@ -194,17 +204,108 @@ def _check_entries(infos: list[zipfile.ZipInfo]) -> None:
         raise ArchiveError(f"entry names refused: {exc}") from None
 
 
-def _read_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
-    # zipfile stops at the declared size and checks the CRC at its end; asking for one byte
-    # more and checking the length catches an entry that inflates to less (or more).
-    with zf.open(info) as f:
-        data = f.read(info.file_size + 1)
-    if len(data) != info.file_size:
+def _entry_spans(
+    data: bytes, infos: list[zipfile.ZipInfo], cd_offset: int
+) -> dict[str, tuple[int, int]]:
+    """Where each entry's compressed bytes are (start, end), from its local header, which must
+    name the entry and its method as the central directory does. The entries' local headers
+    and data may not overlap one another nor the central directory: each byte of the archive
+    is read for one entry at most, so the compressed bytes the ratio rule counts are distinct
+    bytes of the file (entries sharing one deflate stream made a small archive inflate to the
+    total bound)."""
+    spans: dict[str, tuple[int, int]] = {}
+    taken_to = 0
+    for info in sorted(infos, key=lambda i: i.header_offset):
+        name, at = info.filename, info.header_offset
+        if at < taken_to or at + _LOCAL_HEADER.size > cd_offset:
+            raise ArchiveError(f"entry {quote(name)} overlaps another entry or the directory")
+        (magic, _, flags, method, _, _, _, _, _, name_len, extra_len) = _LOCAL_HEADER.unpack_from(
+            data, at
+        )
+        start = at + _LOCAL_HEADER.size + name_len + extra_len
+        local_name = data[at + _LOCAL_HEADER.size : at + _LOCAL_HEADER.size + name_len]
+        encoding = "utf-8" if flags & _UTF8_FLAG else "cp437"
+        if (
+            magic != _LOCAL_MAGIC
+            or local_name.decode(encoding, errors="replace") != info.orig_filename
+            or method != info.compress_type
+            or flags & _ENCRYPTED_FLAG
+        ):
+            raise ArchiveError(
+                f"entry {quote(name)}: its local header does not match its directory record"
+            )
+        end = start + info.compress_size
+        if end > cd_offset:
+            raise ArchiveError(f"entry {quote(name)} overlaps another entry or the directory")
+        spans[name] = (start, end)
+        taken_to = end
+    return spans
+
+
+def _read_entry(data: bytes, info: zipfile.ZipInfo, span: tuple[int, int]) -> bytes:
+    """The entry's bytes, inflated here rather than by zipfile: its compressed size must be
+    exactly its deflate stream (zipfile stops at the stream's end and ignores what follows,
+    so a declared size padded past a tiny stream passed the ratio rule), and the ratio is
+    bounded by the compressed bytes read so far at each step, so a bomb stops early."""
+    name = info.filename
+    compressed = data[span[0] : span[1]]
+    if info.compress_type == zipfile.ZIP_STORED:
+        inflated = compressed
+    else:
+        inflated = _inflate(compressed, info)
+    if len(inflated) != info.file_size:
         raise ArchiveError(
-            f"entry {quote(info.filename)} holds {len(data)} bytes, "
+            f"not a readable zip archive: entry {quote(name)} holds {len(inflated)} bytes, "
             f"its header says {info.file_size}"
         )
-    return data
+    if zlib.crc32(inflated) != info.CRC:
+        raise ArchiveError(f"not a readable zip archive: entry {quote(name)} fails its CRC")
+    return inflated
+
+
+def _inflate(compressed: bytes, info: zipfile.ZipInfo) -> bytes:
+    name = info.filename
+    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+    parts: list[bytes] = []
+    produced = given = 0
+    pending = b""
+    while not inflater.eof:
+        if not pending and given < len(compressed):
+            pending = compressed[given : given + _INFLATE_CHUNK]
+            given += len(pending)
+        # At most a byte past what the ratio allows for the bytes given so far, or past the
+        # declared size: either is refused below, before anything more is inflated.
+        allowed = min(max(RATIO_EXEMPT_BYTES, given * MAX_COMPRESSION_RATIO), info.file_size)
+        piece = inflater.decompress(pending, max(allowed + 1 - produced, 1))
+        pending = inflater.unconsumed_tail
+        if not piece and not pending and given >= len(compressed) and not inflater.eof:
+            raise ArchiveError(
+                f"not a readable zip archive: entry {quote(name)}'s deflate stream is truncated"
+            )
+        parts.append(piece)
+        produced += len(piece)
+        if produced > info.file_size:
+            raise ArchiveError(
+                f"not a readable zip archive: entry {quote(name)} inflates to more than its "
+                f"header's {info.file_size} bytes"
+            )
+        _check_ratio(name, produced, given)
+    read = given - len(inflater.unused_data)
+    if read != len(compressed):
+        raise ArchiveError(
+            f"entry {quote(name)}'s deflate stream is {read} bytes, its header says "
+            f"{len(compressed)}: the rest would count toward its compression ratio unread"
+        )
+    _check_ratio(name, produced, read)
+    return b"".join(parts)
+
+
+def _check_ratio(name: str, inflated: int, read: int) -> None:
+    if inflated > RATIO_EXEMPT_BYTES and inflated > read * MAX_COMPRESSION_RATIO:
+        raise ArchiveError(
+            f"entry {quote(name)} inflates {read} bytes read to {inflated}, more than "
+            f"{MAX_COMPRESSION_RATIO} times (a zip bomb?)"
+        )
 
 
 def _match_record(raw: dict[str, bytes]) -> Archive:
