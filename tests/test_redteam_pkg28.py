@@ -13,6 +13,8 @@ Each test is a hole that was found open, and is closed now:
   ``--allow-downgrade``, and a list revoking ``1.0.0`` did not revoke ``1.0.0+build.1``;
 - the zip-bomb ratio trusted each entry's declared compressed size: padded past a tiny deflate
   stream, or spanning the next entries' bytes, it passed while the bytes read were a few KiB;
+- ``namespaces="wasihost,!wasihost"`` in allowed_signers allowed wasihost: its patterns were
+  read as literals (and a negated principal was refused), not as OpenSSH's pattern lists.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import io
 import os
 import struct
+import subprocess
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -37,9 +40,16 @@ from packages_support import (
 
 from wasihost import updates
 from wasihost.cli import main
-from wasihost.errors import AdmissionError, ArchiveError, ExpiredKeyError, PackageError
+from wasihost.errors import (
+    AdmissionError,
+    ArchiveError,
+    ExpiredKeyError,
+    PackageError,
+    SignatureError,
+)
 from wasihost.package import load_package
-from wasihost.packaging.archive import MAX_COMPRESSION_RATIO, read_archive
+from wasihost.packaging.allowed_signers import AllowedSigners
+from wasihost.packaging.archive import MAX_COMPRESSION_RATIO, read_archive, write_archive
 from wasihost.packaging.files import write_key_pair
 from wasihost.packaging.revocation import RevocationList
 from wasihost.packaging.trust import SigningKey, TrustStore
@@ -50,6 +60,7 @@ from wasihost.runtime import Host
 CAPS = default_registry().capabilities()
 HELLO = "org.wasihost.fixtures.hello"
 OTHER = "other.example"
+SSH_KEYGEN = "/usr/bin/ssh-keygen"
 
 
 def test_a_removed_ids_grants_and_data_stay_with_its_publisher(tmp_path: Path) -> None:
@@ -280,3 +291,61 @@ def _pad_last_entry(data: bytes, name: str, padding: int) -> bytes:
     grown = bytearray(data[:cd_offset] + bytes(padding) + data[cd_offset:])
     struct.pack_into("<L", grown, len(grown) - 6, cd_offset + padding)
     return _declare_compressed_size(bytes(grown), name, _compressed_size(data, name) + padding)
+
+
+# (principals, options, whether ssh-keygen -Y verify -I acme.example -n wasihost accepts)
+PATTERN_LISTS = [
+    ("acme.example", "", True),
+    ("*.example", "", True),
+    ("acme.exampl?", "", True),
+    ("!acme.example,*.example", "", False),
+    ("*.example,!acme.example", "", False),
+    ("!other.example,*.example", "", True),
+    ("!acme.example", "", False),
+    ("!*.example,acme.example", "", False),
+    ("acme.example", 'namespaces="wasihost"', True),
+    ("acme.example", 'namespaces="wasihost,!wasihost"', False),
+    ("acme.example", 'namespaces="!wasihost,*"', False),
+    ("acme.example", 'namespaces="wasi*"', True),
+    ("acme.example", 'namespaces="!git,*"', True),
+    ("acme.example", 'namespaces="git,file"', False),
+    ("acme.example", 'namespaces="!git"', False),
+    ("acme.example", 'namespaces="wasih?st,!file"', True),
+]
+
+
+@pytest.mark.skipif(not Path(SSH_KEYGEN).exists(), reason="needs ssh-keygen")
+def test_allowed_signers_pattern_lists_match_as_ssh_keygen_matches_them(tmp_path: Path) -> None:
+    key = tmp_path / "id_ed25519"
+    subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    data = tmp_path / "hello.whpkg"
+    data.write_bytes(write_archive(hello_files(tmp_path / "ssh")))
+    subprocess.run(
+        [SSH_KEYGEN, "-Y", "sign", "-f", str(key), "-n", "wasihost", str(data)],
+        check=True,
+        capture_output=True,
+    )
+    signature = Path(f"{data}.sig").read_bytes()
+    kind, blob = Path(f"{key}.pub").read_text().split()[:2]
+    allowed_file = tmp_path / "allowed_signers"
+    for principals, options, accepted in PATTERN_LISTS:
+        line = " ".join(f for f in (principals, options, kind, blob) if f) + "\n"
+        allowed_file.write_text(line)
+        verify = [SSH_KEYGEN, "-Y", "verify", "-f", str(allowed_file), "-I", PUBLISHER]
+        with data.open("rb") as message:
+            theirs = subprocess.run(
+                [*verify, "-n", "wasihost", "-s", f"{data}.sig"],
+                stdin=message,
+                capture_output=True,
+                check=False,
+            )
+        assert (theirs.returncode == 0) == accepted, (line, theirs.stderr)
+        # Before: "wasihost,!wasihost" allowed wasihost, and a negated principal was refused
+        # as a configuration error.
+        try:
+            AllowedSigners.parse(line).verify(data.read_bytes(), signature, PUBLISHER)
+        except SignatureError:
+            ours = False
+        else:
+            ours = True
+        assert ours == accepted, line

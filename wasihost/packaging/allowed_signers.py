@@ -1,12 +1,15 @@
 """OpenSSH ``allowed_signers`` files: which SSH key may sign as which publisher.
 
 A line is ``PRINCIPALS [OPTIONS] KEYTYPE BASE64KEY [COMMENT]`` (``ssh-keygen(1)``, section
-ALLOWED SIGNERS). PRINCIPALS is a comma-separated list of patterns (``*`` and ``?``
-wildcards; ``!`` negation is refused). OPTIONS, comma-separated, may be
-``namespaces="a,b"`` (the key may sign only for those namespaces), ``valid-after="TIME"`` and
-``valid-before="TIME"`` (TIME is ``YYYYMMDD[HHMM[SS]]``, UTC with a trailing ``Z``, local time
-without); ``cert-authority`` lines are refused (certificates are not supported). Lines of key
-types other than ``ssh-ed25519`` are read and kept, but never verify anything.
+ALLOWED SIGNERS). PRINCIPALS is an OpenSSH pattern list: comma-separated patterns with ``*``
+and ``?`` wildcards, each negated by a leading ``!``; a name matches the list if it matches a
+pattern and no negated one (``match_pattern_list`` in OpenSSH's ``match.c``, which ``ssh-keygen
+-Y verify`` applies to principals and namespaces alike). OPTIONS, comma-separated, may be
+``namespaces="a,b"`` (a pattern list: the namespaces the key may sign for),
+``valid-after="TIME"`` and ``valid-before="TIME"`` (TIME is ``YYYYMMDD[HHMM[SS]]``, UTC
+with a trailing ``Z``, local time without); ``cert-authority`` lines are refused (certificates
+are not supported). Lines of key types other than ``ssh-ed25519`` are read and kept, but never
+verify anything.
 
 The rule that maps an SSH signer to a package's publisher is ``ssh-keygen -Y verify -I``'s:
 the manifest's ``publisher`` is the identity, and it must match one of the principal patterns
@@ -51,8 +54,9 @@ MAX_PRINCIPALS: Final = 256
 # Public keys of any type ssh-keygen makes (RSA-16384 included) are under 3 KiB of base64.
 MAX_KEY_CHARS: Final = 4096
 _TIME = re.compile(r"(\d{8})(\d{4}(\d{2})?)?(Z?)")
-# The characters of a principal pattern: a publisher id's, plus the two wildcards.
-_PRINCIPAL = re.compile(r"[A-Za-z0-9._@+*?-]{1,128}")
+# The characters of a principal pattern: a publisher id's, plus the two wildcards, after an
+# optional negation.
+_PRINCIPAL = re.compile(r"!?[A-Za-z0-9._@+*?-]{1,128}")
 _OPTION = re.compile(r'([a-z-]+)(?:="([^"]*)")?')
 
 
@@ -69,14 +73,33 @@ class AllowedSigner:
     valid_before: float | None = None
 
     def names(self, publisher: str) -> bool:
-        return any(_matches(pattern, publisher) for pattern in self.principals)
+        return pattern_list_matches(self.principals, publisher)
+
+    def allows_namespace(self, namespace: str) -> bool:
+        return self.namespaces is None or pattern_list_matches(self.namespaces, namespace)
+
+
+def pattern_list_matches(patterns: tuple[str, ...], name: str) -> bool:
+    """OpenSSH's pattern-list rule: ``name`` matches if some pattern without ``!`` matches it
+    and no ``!``-negated one does, whatever their order (``!a,*`` and ``*,!a`` both refuse
+    ``a``; a list of negations alone matches nothing). Each of them was a literal before, or
+    refused: ``namespaces="wasihost,!wasihost"`` allowed the namespace it negates."""
+    positive = False
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        if _matches(pattern[1:] if negated else pattern, name):
+            if negated:
+                return False
+            positive = True
+    return positive
 
 
 def _matches(pattern: str, name: str) -> bool:
-    # Patterns hold no "[" (see _PRINCIPAL), so only * and ? are special. fnmatch compiles the
-    # stars into atomic groups: a naive ".*" per star backtracks exponentially on a pattern
-    # like "*a*a*a...*b" against the manifest's (attacker-chosen) publisher.
-    return fnmatch.fnmatchcase(name, pattern)
+    # Only * and ? are special in OpenSSH's match_pattern: a "[" is escaped as fnmatch's
+    # one-character class of itself. fnmatch compiles the stars into atomic groups: a naive
+    # ".*" per star backtracks exponentially on a pattern like "*a*a*a...*b" against the
+    # manifest's (attacker-chosen) publisher.
+    return fnmatch.fnmatchcase(name, pattern.replace("[", "[[]"))
 
 
 def _timestamp(text: str, where: str) -> float:
@@ -143,12 +166,10 @@ def parse_line(number: int, fields: list[str], origin: str) -> AllowedSigner:
     if len(principals) > MAX_PRINCIPALS:
         raise ConfigError(f"{where}: more than {MAX_PRINCIPALS} principals")
     for pattern in principals:
-        if pattern.startswith("!"):
-            raise ConfigError(f"{where}: negated principal {pattern[:40]!r} is not supported")
         if not _PRINCIPAL.fullmatch(pattern):
             raise ConfigError(
                 f"{where}: principal {pattern[:40]!r} is not 1 to 128 of letters, digits, "
-                "._@+- and the wildcards * ?"
+                "._@+- and the wildcards * ?, after an optional ! (negation)"
             )
     options: dict[str, str | None] = {}
     rest = fields[1:]
@@ -249,8 +270,9 @@ class AllowedSigners:
         moment = now()
         why = ""
         for line in named:
-            if line.namespaces is not None and NAMESPACE not in line.namespaces:
-                why = f"line {line.line} allows namespaces {','.join(line.namespaces)[:60]}"
+            if not line.allows_namespace(NAMESPACE):
+                shown = ",".join(line.namespaces or ())[:60]
+                why = f"line {line.line} allows namespaces {shown}, which exclude {NAMESPACE}"
             elif line.valid_after is not None and moment < line.valid_after:
                 why = f"line {line.line} is not valid yet (valid-after)"
             elif line.valid_before is not None and moment >= line.valid_before:
@@ -285,4 +307,11 @@ def read_ssh_signature(path: str | Path) -> bytes:
         raise ConfigError(f"SSH signature {path} cannot be read: {exc.strerror}") from None
 
 
-__all__ = ["AllowedSigner", "AllowedSigners", "SshSigned", "parse_line", "read_ssh_signature"]
+__all__ = [
+    "AllowedSigner",
+    "AllowedSigners",
+    "SshSigned",
+    "parse_line",
+    "pattern_list_matches",
+    "read_ssh_signature",
+]
