@@ -10,8 +10,9 @@ An archive comes from whoever handed us the file, so :func:`read_archive` checks
 ratio, declared and of the bytes actually read, entries that do not overlap), every name (see
 :mod:`.names`), every entry type (regular files only: no links, devices or folders) and that
 the files are exactly those of the content record with their recorded digests, before it
-returns anything. It reads into memory and writes nothing; the
-only error that leaves it is :class:`~wasihost.errors.ArchiveError`.
+returns anything. It reads into memory and writes nothing; the only error that leaves it is
+:class:`~wasihost.errors.ArchiveError`. zipfile reads the central directory; the entries'
+data is read and inflated here, so what is counted is what is read.
 """
 
 from __future__ import annotations
