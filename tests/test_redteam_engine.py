@@ -112,8 +112,9 @@ def test_guests_nested_through_host_functions_cannot_overflow_the_threads_stack(
     # stack from where that Store is entered. A guest that recursed and then called an
     # embedder function calling the next extension (or itself, under max_concurrency) got a
     # fresh 512 KiB at every level: 24 levels of 492 KiB killed the host with SIGSEGV. Now
-    # every guest entered on a thread takes its share of the thread's stack until it leaves,
-    # and an entry the rest cannot hold fails as stack_overflow before the guest runs.
+    # (since issue 28 item 21) every entry compares the stack pointer with the thread's stack
+    # bounds, and one with too little left below it fails as stack_overflow before the guest
+    # runs (at level 52 here).
     report, _ = run_child(NESTED)
     assert report["outcome"] == "host_error"  # the embedder function raised the refusal
     assert report["refused_at"] and 2 <= report["refused_at"][0] < 64

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, run_child
 
 from wasihost.brokers.events import EventsBroker
-from wasihost.brokers.jobs import JobsBroker, ManualClock
+from wasihost.brokers.jobs import DEFAULT_STOP_S, JobsBroker, ManualClock
+from wasihost.engine import ticker
 from wasihost.errors import CallError, ConfigError, WasihostError
 from wasihost.extlog import LogRecord
 from wasihost.lifecycle import ExtensionUnavailable, State
@@ -167,3 +168,113 @@ def test_close_refuses_a_bad_timeout(cache: Path, timeout: Any) -> None:
     with pytest.raises(ConfigError, match="timeout_s"):
         host.close(timeout_s=timeout)
     host.close()
+
+
+# -- a close cut short is finished by the next one (issue 28 item 23) -------------------------
+
+# A spinning call in flight on a call thread (acall), then close(timeout_s=5) cut short by a
+# real SIGINT in its flush; prints what was left running after it and after a second close().
+CTRL_C_IN_CLOSE = """
+import asyncio, json, os, signal, sys, threading, time
+sys.path.insert(0, "tests")
+from conftest import FIXTURES
+from wasihost.engine import ticker
+from wasihost.lifecycle import State
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+
+host = Host(Policy(allow={"log"}), cache_dir=None)
+spin = host.load(FIXTURES / "spin", fuel=100_000_000_000, timeout_ms=60_000)
+outcome = []
+
+def acall():
+    try:
+        asyncio.run(spin.acall("run"))
+        outcome.append("returned")
+    except Exception as exc:
+        outcome.append(type(exc).__name__)
+
+caller = threading.Thread(target=acall)
+caller.start()
+deadline = time.monotonic() + 10
+while spin.lifecycle.state is not State.RUNNING and time.monotonic() < deadline:
+    time.sleep(0.005)
+time.sleep(0.1)  # into the guest's loop
+
+def left_running():
+    return {
+        "extension": spin.lifecycle.state.value,
+        "call": caller.is_alive(),
+        "ticker": host.engine._watchdog in ticker._RUNNING,
+        "call_threads": sorted(t.name for t in threading.enumerate()
+                               if t.name.startswith("wasihost-call") and t.is_alive()),
+    }
+
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+try:
+    host.close(timeout_s=5.0)
+    first = "returned"
+except KeyboardInterrupt:
+    first = "KeyboardInterrupt"
+after_first = left_running()
+started = time.monotonic()
+host.close()
+took = time.monotonic() - started
+caller.join(10)
+print(json.dumps({"first": first, "after_first": after_first, "after_second": left_running(),
+                  "second_took": took, "call_outcome": outcome}))
+"""
+
+
+def test_a_close_cut_short_by_ctrl_c_is_finished_by_the_next_close() -> None:
+    # Break (red-team, issue 28 item 23): close set `closed` first and a second close()
+    # returned at once, so Ctrl-C in close(timeout_s=...) left the extension, its call in
+    # flight, the epoch ticker and the call threads running for good. Now close keeps how far
+    # it got, and the next close finishes the rest. A child process: SIGINT goes to it alone.
+    report, _ = run_child(CTRL_C_IN_CLOSE)
+    assert report["first"] == "KeyboardInterrupt"
+    # cut short in the flush: the call in flight still spins, nothing is torn down yet
+    assert report["after_first"]["extension"] == "running"
+    assert report["after_first"]["call"] and report["after_first"]["ticker"]
+    assert report["after_first"]["call_threads"]
+    # the second close interrupted the call and tore everything down, at once
+    assert report["after_second"] == {
+        "extension": "closed",
+        "call": False,
+        "ticker": False,
+        "call_threads": [],
+    }
+    assert report["second_took"] < MARGIN_S + 1.0  # TERMINATE_WAIT_S at most for the hooks
+    assert len(report["call_outcome"]) == 1 and report["call_outcome"][0] != "returned"
+
+
+class BrokenShutdownJobs(JobsBroker):
+    """A jobs broker whose first shutdown fails (a disk full, an embedder's bug)."""
+
+    failures = 1
+
+    def shutdown(self, timeout_s: float = DEFAULT_STOP_S) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("the jobs store could not be flushed")
+        super().shutdown(timeout_s)
+
+
+def test_a_close_that_raised_in_a_phase_is_finished_by_the_next_close(cache: Path) -> None:
+    # Break (issue 28 item 23): the same with any exception. The brokers' shutdown raised
+    # after the extensions were closed, and the engine (its ticker) and the jobs broker's timer
+    # thread were never stopped: a second close() returned at once.
+    jobs = BrokenShutdownJobs(clock=ManualClock())
+    host = Host(POLICY, cache_dir=cache, brokers=[jobs])
+    ext = host.load(FIXTURES / "jobs")
+    ext.call("schedule", {"command": "tick", "every_ms": 1000, "delay_ms": 0})
+    assert host.engine._watchdog in ticker._RUNNING
+    with pytest.raises(RuntimeError, match="could not be flushed"):
+        host.close()
+    assert host.closed and ext.lifecycle.state is State.CLOSED
+    assert host.engine._watchdog in ticker._RUNNING  # the engine was not closed
+    host.close()
+    assert jobs.failures == 0
+    assert host.engine._watchdog not in ticker._RUNNING
+    assert not any(t.name == "wasihost-jobs-timer" and t.is_alive() for t in threading.enumerate())
+    host.close()  # and once finished, close is a no-op again

@@ -524,7 +524,9 @@ class AsyncHost:
         return AsyncExtension(ext) if ext is not None else None
 
     async def aclose(self) -> None:
-        """Close the host: calls in flight are interrupted (each within a tick or so)."""
+        """Close the host: calls in flight are interrupted (each within a tick or so).
+        Cancelled, the close goes on in its thread to the end; a close that raised is
+        finished by the next ``aclose`` (see Host.close)."""
         import asyncio
 
         await asyncio.to_thread(self.host.close)

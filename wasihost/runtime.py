@@ -151,6 +151,27 @@ def _default_wasi_binding(ext: Extension) -> ProfileBinding:
     return wasi_profile()[1](ext)
 
 
+@attrs.define(eq=False)
+class _Closing:
+    """How far ``Host.close`` has got, so that a close cut short (Ctrl-C, or any exception in
+    a phase) is finished by the next call: a phase done is not done again, the one cut short is
+    run again from its start, and what it started (the shutdown hooks) is waited for, not
+    started twice."""
+
+    extensions: list[Extension]
+    # The thread running the phases now; another thread's close returns at once meanwhile
+    # (that thread finishes the work), this thread's own resumes it.
+    closer: threading.Thread | None = None
+    stopped: bool = False  # phases 1 and 2: no new work, no new calls
+    pool: concurrent.futures.ThreadPoolExecutor | None = None  # the shutdown hooks' threads
+    flushing: list[concurrent.futures.Future[str]] = attrs.field(factory=list)
+    journaled: set[int] = attrs.field(factory=set)  # the hooks whose outcome is journaled
+    flushed: bool = False  # phase 3
+    extensions_closed: bool = False  # phase 5, the extensions
+    terminated: int = 0  # phase 5: how many of the closes after the extensions' are done
+    done: bool = False
+
+
 class Host:
     """The plugin engine of an application: one wasm engine, one registry, one policy, one
     grant table (durable when ``state_dir`` is given)."""
@@ -265,6 +286,7 @@ class Host:
         self._closes_since_trim = 0  # [density]
         self._lock = threading.Lock()
         self.closed = False
+        self._closing: _Closing | None = None  # set by the first close (see _Closing)
         # The threads running Extension.acall's calls: started on first use.
         self._call_workers = CallWorkers(async_workers)
         # The threads starting warm spares, never a call's (see SPARE_WORKERS).
@@ -377,7 +399,10 @@ class Host:
 
     def close(self, timeout_s: float = 0.0) -> None:
         """Shut down in phases, done within ``timeout_s`` seconds (plus about an epoch tick);
-        docs/supervision.md, "Shutdown". Idempotent.
+        docs/supervision.md, "Shutdown". Idempotent, and resumable: a close cut short (Ctrl-C
+        in the flush's wait, an exception in a phase) leaves the host closed to new work, and
+        the next ``close()`` finishes what it left. While another thread closes the host, a
+        close returns at once.
 
         1. Stop new work: nothing more is admitted or published, and each broker with a
            ``quiesce()`` starts nothing new (no event delivery, no job run).
@@ -398,56 +423,95 @@ class Host:
         ):
             raise ConfigError(f"timeout_s must be a number of seconds in 0..{MAX_SHUTDOWN_S:g}")
         deadline = time.monotonic() + timeout_s
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-            extensions = list(self._extensions.values())
-        for broker in self.functions.made_brokers():  # one never made has nothing running
-            quiesce = getattr(broker, "quiesce", None)
-            if quiesce is not None:
-                quiesce()
-        for ext in extensions:
-            ext.drain()
-        if self.call_gate is not None:  # scheduling hook: calls waiting for a slot give up
-            self.call_gate.close()
-        flushing: list[concurrent.futures.Future[str]] = []
-        pool: concurrent.futures.ThreadPoolExecutor | None = None
-        if (timeout_s > 0 and extensions) or len(extensions) > 1:
+        me = threading.current_thread()
+        closing: _Closing | None = None
+        try:
+            with self._lock:
+                closing = self._closing
+                if closing is None:
+                    self.closed = True
+                    closing = self._closing = _Closing(list(self._extensions.values()))
+                elif closing.done:
+                    return
+                elif closing.closer not in (None, me) and closing.closer.is_alive():
+                    return  # another thread is closing the host: it finishes the work
+                closing.closer = me
+            self._close_phases(closing, timeout_s, deadline)
+            closing.done = True
+        finally:
+            # Cleared here, also when a phase raised (Ctrl-C in the flush's wait): the next
+            # close, from any thread, then finishes what this one left.
+            if closing is not None and closing.closer is me:
+                closing.closer = None
+
+    def _close_phases(self, closing: _Closing, timeout_s: float, deadline: float) -> None:
+        """The phases of ``close`` that ``closing`` has not done yet (see _Closing)."""
+        extensions = closing.extensions
+        if not closing.stopped:
+            for broker in self.functions.made_brokers():  # one never made has nothing running
+                quiesce = getattr(broker, "quiesce", None)
+                if quiesce is not None:
+                    quiesce()
+            for ext in extensions:
+                ext.drain()
+            if self.call_gate is not None:  # scheduling hook: calls waiting for a slot give up
+                self.call_gate.close()
+            closing.stopped = True
+        if (timeout_s > 0 and extensions) or len(extensions) > 1 or closing.pool is not None:
             # Threads for a flush or for several closes; a lone extension closes on this
             # thread, and a short `wasihost run` never loads concurrent.futures.
             import concurrent.futures
-        if timeout_s > 0 and extensions:
-            pool = concurrent.futures.ThreadPoolExecutor(
-                min(MAX_CLOSING_THREADS, len(extensions)), thread_name_prefix="wasihost-shutdown"
-            )
-            flushing = [pool.submit(ext.run_shutdown_hook, deadline) for ext in extensions]
-            concurrent.futures.wait(flushing, timeout=max(0.0, deadline - time.monotonic()))
-            for ext, future in zip(extensions, flushing, strict=True):
-                if future.done() and future.exception() is None:
-                    self.journal(ext.id, "shutdown", future.result())
-        if len(extensions) > 1:
-            closers = min(MAX_CLOSING_THREADS, len(extensions))
-            with concurrent.futures.ThreadPoolExecutor(closers) as closing:
-                list(closing.map(Extension.close, extensions))
-        elif extensions:
-            extensions[0].close()
-        if pool is not None:
+        if not closing.flushed:
+            if timeout_s > 0 and extensions and closing.pool is None:
+                closing.pool = concurrent.futures.ThreadPoolExecutor(
+                    min(MAX_CLOSING_THREADS, len(extensions)),
+                    thread_name_prefix="wasihost-shutdown",
+                )
+                closing.flushing = [
+                    closing.pool.submit(ext.run_shutdown_hook, deadline) for ext in extensions
+                ]
+            if closing.flushing:
+                # A close resuming one cut short waits for the hooks that one started, until
+                # its own deadline.
+                concurrent.futures.wait(
+                    closing.flushing, timeout=max(0.0, deadline - time.monotonic())
+                )
+                for i, (ext, future) in enumerate(zip(extensions, closing.flushing, strict=True)):
+                    if i not in closing.journaled and future.done() and future.exception() is None:
+                        closing.journaled.add(i)
+                        self.journal(ext.id, "shutdown", future.result())
+            closing.flushed = True
+        if not closing.extensions_closed:
+            if len(extensions) > 1:
+                closers = min(MAX_CLOSING_THREADS, len(extensions))
+                with concurrent.futures.ThreadPoolExecutor(closers) as pool:
+                    list(pool.map(Extension.close, extensions))
+            elif extensions:
+                extensions[0].close()
+            closing.extensions_closed = True
+        if closing.pool is not None:
             # Interrupted by the closes above: each flush is at most an epoch tick from done.
-            pool.shutdown(wait=False, cancel_futures=True)
-            concurrent.futures.wait(flushing, timeout=TERMINATE_WAIT_S)
-        self._call_workers.close()
-        self._spare_workers.close()
-        self.functions.close()
+            closing.pool.shutdown(wait=False, cancel_futures=True)
+            concurrent.futures.wait(closing.flushing, timeout=TERMINATE_WAIT_S)
+        # Each once: a close resuming after one of these raised runs that one again, then
+        # the rest.
+        finals: list[Callable[[], None]] = [
+            self._call_workers.close,
+            self._spare_workers.close,
+            self.functions.close,
+        ]
         if self.evictor is not None:
-            self.evictor.close()  # [density]
-        self.engine.close()
+            finals.append(self.evictor.close)  # [density]
+        finals.append(self.engine.close)
         if self._metrics_publisher is not None:  # operator metrics hook: the last snapshot
-            self._metrics_publisher.close()
+            finals.append(self._metrics_publisher.close)
         if self.presence is not None:
-            self.presence.close()
+            finals.append(self.presence.close)
         if self.state is not None:
-            self.state.close()
+            finals.append(self.state.close)
+        while closing.terminated < len(finals):
+            finals[closing.terminated]()
+            closing.terminated += 1
 
     def call_workers(self) -> CallWorkers:
         """The bounded pool of threads on which async calls run (:mod:`wasihost.callworkers`)."""

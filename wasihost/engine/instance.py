@@ -49,7 +49,15 @@ from .lowlevel import (
     store_epoch_deadline_callback,
     trap_failure,
 )
-from .stack import STACK_MARGIN, THREAD_STACK, check_thread_stack
+from .stack import (
+    GET_CONTEXT,
+    SP_WORD,
+    STACK_MARGIN,
+    THREAD_STACK,
+    check_stack_here,
+    read_thread_stack,
+    refuse_entry,
+)
 from .ticker import GIL_WANTED
 
 if TYPE_CHECKING:
@@ -282,12 +290,8 @@ class Instance:
         """
         if self.closed or self.started:
             raise CallError(FailureClass.HOST_ERROR, "instance is closed or already started")
-        # Instantiation runs the start function: it holds its share of the thread's stack
-        # while it runs, as a call does (see stack.py).
-        stack, needed = THREAD_STACK, self._stack_needed
-        room = stack.room
-        if room < needed:
-            room = check_thread_stack(needed)
+        # Instantiation runs the start function: it needs the stack a call does (see stack.py).
+        check_stack_here(self._stack_needed)
         try:
             self._token.pop()
         except IndexError:
@@ -296,7 +300,6 @@ class Instance:
         instance = ffi.wasmtime_instance_t()
         externs, module, command_export = self._externs, self._module, self._command_export
         try:
-            stack.room = room - needed
             self._arm(budget)
             trap = POINTER(ffi.wasm_trap_t)()
             GIL_WANTED.add(self)
@@ -320,7 +323,6 @@ class Instance:
             elif self._ctx.halt is not None:
                 failure = self._halted()
         finally:
-            stack.room = room
             self._leave()
         if failure is not None:
             self.close()
@@ -368,17 +370,13 @@ class Instance:
         """
         if self.closed:
             raise CallError(FailureClass.HOST_ERROR, "instance is closed")
-        stack, needed = THREAD_STACK, self._stack_needed
-        room = stack.room
-        if room < needed:
-            room = check_thread_stack(needed)
+        check_stack_here(self._stack_needed)
         try:
             self._token.pop()
         except IndexError:
             raise _in_use() from None
         overran = False
         try:
-            stack.room = room - needed  # held while the guest runs (see stack.py)
             self._arm(budget)
             # A command crosses into Python at each host call (each printed line): with no other
             # Python thread to hand the GIL to, releasing and taking it back there is pure cost
@@ -396,7 +394,6 @@ class Instance:
             finally:
                 overran = self._account(budget)
         finally:
-            stack.room = room
             self._leave()
         if self._ctx.halt is not None:
             raise self._halted()
@@ -506,12 +503,16 @@ class Instance:
                 FailureClass.HOST_ERROR if self.closed else FailureClass.DEADLINE,
                 "instance is closed" if self.closed else "interrupted by the host",
             )
-        # The share of the thread's stack this guest holds while it runs: a guest nested
-        # through a host function finds less (see stack.py).
+        # The stack left below this frame, where the guest is entered: a deep caller, or a
+        # guest nested through a host function, finds too little (check_stack_here inlined).
         stack, needed = THREAD_STACK, self._stack_needed
-        room = stack.room
-        if room < needed:
-            room = check_thread_stack(needed)
+        context = stack.context
+        if context is None:
+            context = read_thread_stack(needed)
+        GET_CONTEXT(context)
+        left = context[SP_WORD] - stack.low
+        if left < needed:
+            raise refuse_entry(needed, left)
         # _arm and _account inlined: method calls are a measurable share of a no-op call.
         if budget is None:
             fuel = self._limits.fuel
@@ -550,7 +551,6 @@ class Instance:
         fuel_left = self._fuel_left
         trap = self._trap_slot
         try:
-            stack.room = room - needed
             fuel_arg = self._fuel_arg
             fuel_arg.value = fuel - input_price
             command_set_fuel(ctx, fuel_arg)
@@ -619,7 +619,6 @@ class Instance:
             # one step (a view slice makes a view, then its copy). Inside the size checked above.
             body = mem._bytes[resp_ptr + 4 : resp_end]
         finally:
-            stack.room = room
             if not keep:
                 GIL_WANTED.discard(self)
             command_get_fuel(ctx, fuel_left)
