@@ -23,6 +23,7 @@ import attrs
 
 from .errors import ConfigError, PackageError
 from .grants import GrantEntry, GrantState
+from .host_options import check_extension_id
 from .statedir import UnsafeStateDir, check_state_dir
 
 DB_NAME = "state.sqlite3"
@@ -289,12 +290,24 @@ class StateStore:
     def packages_dir(self) -> Path:
         return self.directory / "packages"
 
+    # Each path below is made of an id checked first (check_extension_id): an id is a name in
+    # these directories, and '..' or 'a/b' named a directory beside them (a purge of '..'
+    # emptied the state directory).
+
+    def package_dir(self, extension: str) -> Path:
+        """``packages/<id>``: the trees of ``extension``'s installs."""
+        return self.packages_dir / check_extension_id(extension)
+
     def data_dir(self, extension: str) -> Path:
-        return self.directory / "data" / extension
+        return self.directory / "data" / check_extension_id(extension)
 
     @property
     def checkpoints_dir(self) -> Path:
         return self.directory / "checkpoints"
+
+    def checkpoint_dir(self, extension: str) -> Path:
+        """``checkpoints/<id>``: ``extension``'s checkpoints and its pending-update marker."""
+        return self.checkpoints_dir / check_extension_id(extension)
 
     def write_tree(
         self, extension: str, version: str, digest: str, files: dict[str, bytes]
@@ -302,7 +315,7 @@ class StateStore:
         """Write a package's files into a new read-only directory of the state directory
         (``packages/<id>/<version>-<digest prefix>``): nothing the runtime does writes to an
         installed tree, and every start re-verifies it."""
-        target = self.packages_dir / extension / f"{version}-{digest[:12]}"
+        target = self.package_dir(extension) / f"{version}-{digest[:12]}"
         if target.exists() or target.is_symlink():
             # The same release installed again (or kept for a rollback): the tree an install
             # record may name is never deleted to make room, since a host killed between that
@@ -387,8 +400,8 @@ class StateStore:
         ``remove`` finds the id again and completes (``wasihost.updates.remove`` holds the
         extension's transaction lock around it)."""
         self.check_removable(extension, purge=purge)
-        remove_tree(self.packages_dir / extension)
-        remove_tree(self.checkpoints_dir / extension)
+        remove_tree(self.package_dir(extension))
+        remove_tree(self.checkpoint_dir(extension))
         with self._tx() as db:
             db.execute("DELETE FROM packages WHERE id=?", (extension,))
             db.execute("DELETE FROM package_records WHERE id=?", (extension,))
@@ -405,7 +418,9 @@ class StateStore:
             shutil.rmtree(self.data_dir(extension), ignore_errors=True)
 
     def check_removable(self, extension: str, *, purge: bool) -> None:
-        """Raise :class:`PackageError` unless :meth:`remove` has something to remove."""
+        """Raise :class:`PackageError` unless :meth:`remove` has something to remove (a
+        ``ConfigError`` for what is no extension id)."""
+        check_extension_id(extension)
         if self.package(extension) is None and not (purge and self.keeps(extension)):
             raise PackageError(
                 f"{extension} is not installed"

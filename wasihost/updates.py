@@ -38,6 +38,7 @@ from .errors import (
     SignatureError,
     WasihostError,
 )
+from .host_options import check_extension_id
 from .lifecycle import State, clip_reason
 from .manifest import Manifest, parse_manifest, version_order
 from .package import MANIFEST_NAME, Package, is_archive, load_package, manifest_text
@@ -273,7 +274,7 @@ def take_checkpoint(host: Host, extension: str, version: str) -> Path:
     """Copy the extension's durable state (its data directory and what each checkpointing
     broker keeps for it) into a new checkpoint directory."""
     store = host.require_state()
-    target = store.checkpoints_dir / extension / f"{version}-{time.time_ns()}"
+    target = store.checkpoint_dir(extension) / f"{version}-{time.time_ns()}"
     target.mkdir(parents=True, mode=0o700)
     data = store.data_dir(extension)
     if data.exists():
@@ -315,7 +316,7 @@ def exclusive(host: Host, extension: str, *, alone: bool = False) -> Iterator[No
     (a transaction that changes the extension's state: update, rollback, removal), also
     refuse if another host on the state directory has it admitted (:class:`Presence`), and
     keep any from admitting it until the block ends."""
-    fd = _lock_file(host.require_state().directory, f"{extension}.lock")
+    fd = _lock_file(host.require_state().directory, f"{check_extension_id(extension)}.lock")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -469,7 +470,7 @@ def still_current(host: Host, extension: str, seen: InstalledPackage | None) -> 
 
 
 def _pending(host: Host, extension: str) -> Path:
-    return host.require_state().checkpoints_dir / extension / PENDING_NAME
+    return host.require_state().checkpoint_dir(extension) / PENDING_NAME
 
 
 def _mark_pending(host: Host, extension: str, checkpoint: Path, running: Path) -> int:
@@ -576,6 +577,7 @@ def remove(host: Host, extension: str, *, purge: bool) -> None:
     the id known and the same command can be run again to completion (with the records gone
     first, a second purge refused the id and the brokers' rows stayed, for the next install of
     that id to find)."""
+    check_extension_id(extension)
     store = host.require_state()
     store.check_removable(extension, purge=purge)
     with exclusive(host, extension, alone=True):
@@ -748,6 +750,7 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
     """Return ``extension`` to the version its last update replaced: the current version's
     reversible migration runs down, or else the checkpoint taken before that update is
     restored; the earlier version is verified again and started before the switch."""
+    check_extension_id(extension)  # before its lock file is named after it
     with exclusive(host, extension, alone=True):
         return _rollback(host, extension)
 
@@ -814,10 +817,10 @@ def prune(host: Host, record: InstalledPackage) -> None:
     a killed host left (``.*.installing``) included, since no other write runs meanwhile."""
     store = host.require_state()
     keep_trees = {record.path} | ({record.previous.path} if record.previous else set())
-    for tree in (store.packages_dir / record.id).iterdir():
+    for tree in store.package_dir(record.id).iterdir():
         if tree not in keep_trees:
             remove_tree(tree)
-    checkpoints = store.checkpoints_dir / record.id
+    checkpoints = store.checkpoint_dir(record.id)
     if checkpoints.exists():
         for checkpoint in checkpoints.iterdir():
             if checkpoint != record.checkpoint:
