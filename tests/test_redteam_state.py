@@ -7,14 +7,19 @@ Each test here was seen to fail against the code it guards (see the commit that 
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import FIXTURES
 
 from wasihost import updates
 from wasihost.cli import main
-from wasihost.errors import ConfigError
+from wasihost.errors import ConfigError, PackageError
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 
@@ -84,3 +89,165 @@ def test_every_python_entry_point_naming_an_installed_id_checks_it_first(
                 action()
         assert _listing(tmp_path) == before
         assert store.extensions() == ["org.example.a"]
+
+
+# -- the state directory's resolution and its records (issue 28 items 2 and 7) ---------------
+
+HELLO = "org.wasihost.fixtures.hello"
+
+
+def _hello(tmp: Path, name: str = "hello", edit: str = "") -> Path:
+    """An unsigned package directory of fixtures/hello; ``edit`` is appended to its manifest."""
+    root = tmp / name
+    shutil.copytree(FIXTURES / "hello", root, ignore=shutil.ignore_patterns("src", "Cargo.*"))
+    if edit:
+        manifest = root / "extension.toml"
+        manifest.write_text(manifest.read_text() + edit)
+    return root
+
+
+def _bump(root: Path, version: str = "0.2.0") -> Path:
+    manifest = root / "extension.toml"
+    manifest.write_text(manifest.read_text().replace('version = "0.1.0"', f'version = "{version}"'))
+    return root
+
+
+def _host(state: Path) -> Host:
+    return Host(Policy(allow={"log", "clock"}), cache_dir=None, state_dir=state)
+
+
+def _records(state: Path) -> tuple[str, dict[str, Any]]:
+    with sqlite3.connect(state / "state.sqlite3") as db:
+        (path,) = db.execute("SELECT path FROM packages WHERE id=?", (HELLO,)).fetchone()
+        (record,) = db.execute("SELECT record FROM package_records WHERE id=?", (HELLO,)).fetchone()
+    return path, json.loads(record)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a link of another user needs root to make")
+def test_a_state_directory_reached_through_another_users_link_is_refused(tmp_path: Path) -> None:
+    """``/shared/link -> ~/state``, the link owned by another user in a sticky directory,
+    was accepted (the check resolved links first), and the host kept using the path through
+    the link: its owner could point it at a tree of their own under a running host. Such a
+    link is refused now; one of this user's own is followed, and the host keeps the resolved
+    path only."""
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    theirs = shared / "theirs"
+    theirs.symlink_to(mine)
+    os.lchown(theirs, 65534, 65534)
+    with pytest.raises(ConfigError, match="theirs is a symbolic link owned by uid 65534"):
+        _host(theirs)
+    own = shared / "own"
+    own.symlink_to(mine)
+    with _host(own / "state") as host:
+        assert host.require_state().directory == mine / "state"
+        host.install(_hello(tmp_path))
+        assert host.require_state().package(HELLO).path.is_relative_to(mine / "state")
+
+
+def test_install_records_name_their_trees_relative_to_the_state_directory(
+    tmp_path: Path,
+) -> None:
+    """The records kept the absolute path of each tree (through a link, as given): a link
+    re-pointed, or the directory copied or moved, had the host run trees of another
+    location."""
+    state = tmp_path / "state"
+    with _host(state) as host:
+        host.install(_hello(tmp_path))
+        host.install(_bump(_hello(tmp_path, "v2")))
+        installed = host.require_state().package(HELLO)
+        assert installed is not None and installed.previous is not None
+    path, record = _records(state)
+    assert path == record["path"] == installed.path.relative_to(state).as_posix()
+    assert path.startswith(f"packages/{HELLO}/")
+    assert record["previous"]["path"].startswith(f"packages/{HELLO}/")
+
+
+def test_a_copied_or_moved_state_directory_runs_its_own_trees(tmp_path: Path) -> None:
+    """A state directory copied elsewhere named the old location's trees: with the old one
+    gone the copy could not start its extensions, and with the old one changed it ran
+    those. A record from before paths were relative (absolute) is read by its last three
+    components, in the state directory it is in."""
+    old = tmp_path / "old"
+    with _host(old) as host:
+        host.install(_hello(tmp_path))
+        host.grant(HELLO, "log")
+    new = tmp_path / "new"
+    shutil.copytree(old, new, symlinks=True)
+    shutil.rmtree(old, onerror=lambda f, p, e: (os.chmod(os.path.dirname(p), 0o700), f(p)))
+    with _host(new) as host:
+        ext = host.load_installed(HELLO)
+        assert ext.call("greet", {"name": "x"}) == {"greeting": "hello, x"}
+        assert host.require_state().package(HELLO).path.is_relative_to(new)
+    # A record written before: the absolute path of the old location.
+    path, record = _records(new)
+    legacy = str(old / path)
+    record["path"] = legacy
+    with sqlite3.connect(new / "state.sqlite3") as db:
+        db.execute("UPDATE packages SET path=?", (legacy,))
+        db.execute("UPDATE package_records SET record=?", (json.dumps(record),))
+    with _host(new) as host:
+        assert host.require_state().package(HELLO).path == new / path
+        assert host.load_installed(HELLO).call("greet", {"name": "y"}) == {"greeting": "hello, y"}
+
+
+def test_the_manifest_of_an_unsigned_install_is_covered_by_its_record(tmp_path: Path) -> None:
+    """The record of an unsigned install held the module's digest only: a manifest changed
+    in the installed tree (an extra command, a 600 s timeout) was admitted at the next start
+    as what was installed. The record now holds the digest of the manifest and module."""
+    state = tmp_path / "state"
+    with _host(state) as host:
+        installed = host.install(_hello(tmp_path))
+        host.grant(HELLO, "log")
+    assert installed.content_digest is not None
+    manifest = installed.path / "extension.toml"
+    installed.path.chmod(0o700)
+    manifest.chmod(0o600)
+    original = manifest.read_text()
+    manifest.write_text(
+        original.replace("timeout_ms = 1000", "timeout_ms = 600000")
+        + 'extra = { description = "the attacker\'s" }\n'
+    )
+    with _host(state) as host, pytest.raises(PackageError, match="manifest or module changed"):
+        host.load_installed(HELLO)
+    # A record from before unsigned installs recorded the digest is refused until installed
+    # again (it could vouch for no manifest).
+    manifest.write_text(original)
+    _, record = _records(state)
+    del record["content_digest"]
+    with sqlite3.connect(state / "state.sqlite3") as db:
+        db.execute("UPDATE package_records SET record=?", (json.dumps(record),))
+    with _host(state) as host:
+        with pytest.raises(PackageError, match="install it again"):
+            host.load_installed(HELLO)
+        host.install(_hello(tmp_path, "again"))
+        assert host.load_installed(HELLO).call("greet", {"name": "z"}) == {"greeting": "hello, z"}
+
+
+def test_a_package_directory_of_the_installed_version_with_another_manifest_is_refused(
+    tmp_path: Path,
+) -> None:
+    """``install`` of a directory of the installed version whose manifest differs (an extra
+    command, ``timeout_ms = 600000``) replaced it as "the same 0.1.0": only the module's
+    digest was compared. The same content again is still a reinstall."""
+    state = tmp_path / "state"
+    edit = '\n[commands.extra]\ndescription = "more"\n'
+    with _host(state) as host:
+        first = host.install(_hello(tmp_path))
+        for name, other in (
+            ("extra", _hello(tmp_path, "extra", edit)),
+            ("timeout", _hello(tmp_path, "timeout")),
+        ):
+            if name == "timeout":
+                manifest = other / "extension.toml"
+                manifest.write_text(
+                    manifest.read_text().replace("timeout_ms = 1000", "timeout_ms = 600000")
+                )
+            with pytest.raises(PackageError, match="installed with other content"):
+                host.install(other)
+        assert host.require_state().package(HELLO) == first
+        again = host.install(_hello(tmp_path, "again"))
+        assert again.content_digest == first.content_digest

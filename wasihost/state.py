@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import attrs
@@ -24,7 +24,7 @@ import attrs
 from .errors import ConfigError, PackageError
 from .grants import GrantEntry, GrantState
 from .host_options import check_extension_id
-from .statedir import UnsafeStateDir, check_state_dir
+from .statedir import UnsafeStateDir, resolve_state_dir
 
 DB_NAME = "state.sqlite3"
 SCHEMA_VERSION = 3
@@ -82,14 +82,42 @@ def _raise_in(db: sqlite3.Connection, key: str, value: int) -> None:
         db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"hw:{key}", str(value)))
 
 
-def _installed(row: Any, record: Any) -> InstalledPackage | None:
+def _installed(directory: Path, row: Any, record: Any) -> InstalledPackage | None:
     if row is None:
         return None
     if record is not None:
-        found = InstalledPackage.from_record(row[0], json.loads(record[0]))
+        found = InstalledPackage.from_record(row[0], json.loads(record[0]), directory)
         if found.version == row[1] and found.sha256 == row[2]:
             return found
-    return InstalledPackage(row[0], row[1], row[2], Path(row[3]), row[4])
+    path = record_path(directory, row[0], PACKAGES_DIR_NAME, row[3])
+    return InstalledPackage(row[0], row[1], row[2], path, row[4])
+
+
+PACKAGES_DIR_NAME = "packages"
+CHECKPOINTS_DIR_NAME = "checkpoints"
+
+
+def record_path(directory: Path, extension: str, kind: str, text: str) -> Path:
+    """The tree or checkpoint that a record of the state in ``directory`` names: a directory
+    ``<kind>/<id>/<name>`` of it, kept relative so that a copied or moved state directory
+    uses its own, never the old location's. A record written before names were relative
+    holds an absolute path: its last three components are taken, for the same reason.
+    Anything else is a ``ConfigError``: the state directory is damaged."""
+    parts = PurePosixPath(text).parts
+    if parts[:1] == ("/",):
+        parts = parts[-3:]
+    if len(parts) != 3 or parts[:2] != (kind, extension) or parts[2] in (".", ".."):
+        raise ConfigError(
+            f"state database {directory / DB_NAME}: a record of {extension} names {text!r}, "
+            f"not a directory of {kind}/{extension}/; the state directory is damaged (restore "
+            "it from a backup, or remove the extension and install it again)"
+        )
+    return directory.joinpath(*parts)
+
+
+def relative_name(directory: Path, path: Path) -> str:
+    """How a record names ``path``, a tree or checkpoint of the state in ``directory``."""
+    return path.relative_to(directory).as_posix()
 
 
 def make_read_only(tree: Path) -> None:
@@ -144,7 +172,11 @@ class InstalledPackage:
     """The active install of an extension, and the one it replaced (kept for a rollback).
 
     ``package_digest`` and ``signer`` are set for an installed ``.whpkg``: what the signature
-    vouched for at install, checked again at every start. ``checkpoint`` is the state copy
+    vouched for at install, checked again at every start. ``content_digest`` is set for an
+    unsigned install (a package directory): the SHA-256 of the content record
+    (``packaging/contents``) of its manifest and module, checked again at every start; the
+    module's digest alone let another manifest (other commands, limits) run as the same
+    install. ``checkpoint`` is the state copy
     taken before the update that installed this version (what a rollback restores)."""
 
     id: str
@@ -158,37 +190,49 @@ class InstalledPackage:
     checkpoint: Path | None = None
     migrated: bool = False
     previous: InstalledPackage | None = None
+    content_digest: str | None = None
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self, directory: Path) -> dict[str, Any]:
+        """The JSON of the record, its paths relative to the state in ``directory``."""
         return {
             "version": self.version,
             "sha256": self.sha256,
-            "path": str(self.path),
+            "path": relative_name(directory, self.path),
             "installed_at": self.installed_at,
             "package_digest": self.package_digest,
             "signer": self.signer,
             "verified_by": self.verified_by,
-            "checkpoint": str(self.checkpoint) if self.checkpoint is not None else None,
+            "checkpoint": (
+                relative_name(directory, self.checkpoint) if self.checkpoint is not None else None
+            ),
             "migrated": self.migrated,
-            "previous": self.previous.to_record() if self.previous is not None else None,
+            "previous": self.previous.to_record(directory) if self.previous is not None else None,
+            "content_digest": self.content_digest,
         }
 
     @classmethod
-    def from_record(cls, extension: str, record: dict[str, Any]) -> InstalledPackage:
+    def from_record(
+        cls, extension: str, record: dict[str, Any], directory: Path
+    ) -> InstalledPackage:
         previous = record.get("previous")
         checkpoint = record.get("checkpoint")
         return cls(
             id=extension,
             version=record["version"],
             sha256=record["sha256"],
-            path=Path(record["path"]),
+            path=record_path(directory, extension, PACKAGES_DIR_NAME, record["path"]),
             installed_at=record["installed_at"],
             package_digest=record.get("package_digest"),
             signer=record.get("signer"),
             verified_by=record.get("verified_by"),
-            checkpoint=Path(checkpoint) if checkpoint else None,
+            checkpoint=(
+                record_path(directory, extension, CHECKPOINTS_DIR_NAME, checkpoint)
+                if checkpoint
+                else None
+            ),
             migrated=bool(record.get("migrated")),
-            previous=cls.from_record(extension, previous) if previous else None,
+            previous=cls.from_record(extension, previous, directory) if previous else None,
+            content_digest=record.get("content_digest"),
         )
 
 
@@ -214,18 +258,13 @@ class StateStore:
     """The SQLite state file; one connection, serialised by a lock (calls are short)."""
 
     def __init__(self, directory: Path) -> None:
-        directory = directory.absolute()
-        self.directory = directory
         try:
-            directory.mkdir(mode=0o700, parents=True)
-        except FileExistsError:
-            pass  # a directory, or not: the check below says which
-        except OSError as exc:
-            raise ConfigError(f"state directory {directory}: {exc.strerror}") from None
-        try:
-            check_state_dir(directory)
+            # Resolved once (made if missing) and checked: every path the host makes, and
+            # every record it keeps, is relative to this resolved directory.
+            directory = resolve_state_dir(directory)
         except UnsafeStateDir as exc:
             raise ConfigError(f"state directory refused: {exc}") from None
+        self.directory = directory
         self._lock = threading.Lock()
         try:
             self._db = sqlite3.connect(
@@ -288,7 +327,7 @@ class StateStore:
 
     @property
     def packages_dir(self) -> Path:
-        return self.directory / "packages"
+        return self.directory / PACKAGES_DIR_NAME
 
     # Each path below is made of an id checked first (check_extension_id): an id is a name in
     # these directories, and '..' or 'a/b' named a directory beside them (a purge of '..'
@@ -303,7 +342,7 @@ class StateStore:
 
     @property
     def checkpoints_dir(self) -> Path:
-        return self.directory / "checkpoints"
+        return self.directory / CHECKPOINTS_DIR_NAME
 
     def checkpoint_dir(self, extension: str) -> Path:
         """``checkpoints/<id>``: ``extension``'s checkpoints and its pending-update marker."""
@@ -344,29 +383,18 @@ class StateStore:
                     package.id,
                     package.version,
                     package.sha256,
-                    str(package.path),
+                    relative_name(self.directory, package.path),
                     package.installed_at,
                 ),
             )
             db.execute(
                 "INSERT OR REPLACE INTO package_records VALUES (?, ?)",
-                (package.id, json.dumps(package.to_record(), sort_keys=True)),
+                (package.id, json.dumps(package.to_record(self.directory), sort_keys=True)),
             )
         detail = f"{package.version} sha256 {package.sha256[:16]}"
         if package.signer is not None:
             detail += f" signed by {package.signer}"
         self.record_event(package.id, "installed", detail)
-
-    def install(self, extension: str, version: str, sha256: str, files: dict[str, bytes]) -> Path:
-        """Copy an unsigned package directory's files into the state directory and record it
-        as the installed version (the one it replaces is kept for a rollback)."""
-        target = self.write_tree(extension, version, sha256, files)
-        self.activate(
-            InstalledPackage(
-                extension, version, sha256, target, time.time_ns(), previous=self.package(extension)
-            )
-        )
-        return target
 
     def package(self, extension: str) -> InstalledPackage | None:
         with self._lock:
@@ -377,7 +405,7 @@ class StateStore:
             record = self._db.execute(
                 "SELECT record FROM package_records WHERE id=?", (extension,)
             ).fetchone()
-        return _installed(row, record)
+        return _installed(self.directory, row, record)
 
     def packages(self) -> list[InstalledPackage]:
         with self._lock:
@@ -385,7 +413,10 @@ class StateStore:
                 "SELECT id, version, sha256, path, installed_at FROM packages ORDER BY id"
             ).fetchall()
             records = dict(self._db.execute("SELECT id, record FROM package_records").fetchall())
-        found = [_installed(r, (records[r[0]],) if r[0] in records else None) for r in rows]
+        found = [
+            _installed(self.directory, r, (records[r[0]],) if r[0] in records else None)
+            for r in rows
+        ]
         return [p for p in found if p is not None]
 
     def remove(self, extension: str, *, purge: bool) -> None:

@@ -33,6 +33,7 @@ import attrs
 
 from .errors import (
     AdmissionError,
+    ConfigError,
     ManifestError,
     PackageError,
     SignatureError,
@@ -42,13 +43,22 @@ from .host_options import check_extension_id
 from .lifecycle import State, clip_reason
 from .manifest import Manifest, parse_manifest, version_order
 from .package import MANIFEST_NAME, Package, is_archive, load_package, manifest_text
-from .packaging import signing, sshsig
+from .packaging import contents, signing, sshsig
 from .packaging.allowed_signers import SshSigned, read_ssh_signature
 from .packaging.archive import read_archive
 from .packaging.files import read_package_file
 from .packaging.revocation import RevocationList
 from .packaging.trust import TrustStore
-from .state import InstalledPackage, fsync_path, remove_tree, sync_tree
+from .state import (
+    CHECKPOINTS_DIR_NAME,
+    PACKAGES_DIR_NAME,
+    InstalledPackage,
+    fsync_path,
+    record_path,
+    relative_name,
+    remove_tree,
+    sync_tree,
+)
 
 if TYPE_CHECKING:
     from .extension import Extension
@@ -81,8 +91,44 @@ def _same_publisher(package: Package, current: InstalledPackage | None) -> None:
         )
 
 
+def content_digest(manifest: bytes, module: str, wasm: bytes) -> str:
+    """What an unsigned install records of its content: the SHA-256 of the content record
+    (``packaging/contents``, as an archive's package digest) of its manifest and module."""
+    return hashlib.sha256(contents.render({MANIFEST_NAME: manifest, module: wasm})).hexdigest()
+
+
+def _unsigned_content(host: Host, root: Path, package: Package) -> str:
+    """The content digest of the package directory ``root``, whose module ``package`` holds:
+    its manifest read again must say what ``package``'s says (else it changed meanwhile)."""
+    assert package.manifest is not None
+    text = manifest_text(root)
+    try:
+        again: Manifest | None = parse_manifest(text.decode("utf-8"), host.registry.capabilities())
+    except (UnicodeDecodeError, ManifestError):
+        again = None
+    if again != package.manifest:
+        raise PackageError(f"{root}: its {MANIFEST_NAME} changed while it was read")
+    return content_digest(text, package.manifest.module, package.wasm)
+
+
+def _installed_content(host: Host, installed: InstalledPackage) -> str | None:
+    """An install's content digest: recorded, or (a record from before unsigned installs
+    recorded one) of its tree as it is; None if the tree cannot be read."""
+    if installed.content_digest is not None:
+        return installed.content_digest
+    try:
+        package = load_package(installed.path, host.registry.capabilities())
+        return _unsigned_content(host, installed.path, package)
+    except WasihostError:
+        return None
+
+
 def _check_version(
-    package: Package, current: InstalledPackage | None, allow_downgrade: bool
+    host: Host,
+    source: str | Path,
+    package: Package,
+    current: InstalledPackage | None,
+    allow_downgrade: bool,
 ) -> None:
     assert package.manifest is not None
     if current is None:
@@ -93,9 +139,17 @@ def _check_version(
             f"{current.id} {old} is installed; installing {new} would downgrade it "
             "(allow_downgrade=True, or --allow-downgrade)"
         )
-    ours = package.package_digest if package.signer is not None else package.sha256
-    theirs = current.package_digest or current.sha256
-    if new == old and ours != theirs:
+    if new != old:
+        return
+    # One content per version: a signed package's digest, or an unsigned one's manifest and
+    # module (with the module alone, another manifest with an extra command or a longer
+    # timeout replaced the installed one as "the same" version).
+    if package.signer is not None:
+        ours: str | None = package.package_digest
+    else:
+        ours = _unsigned_content(host, Path(source), package)
+    theirs = current.package_digest or _installed_content(host, current)
+    if ours != theirs:
         # Two different releases under one version number: a mix-and-match or a replay.
         raise PackageError(
             f"{current.id} {old} is installed with other content; a new release needs a new version"
@@ -127,7 +181,7 @@ def candidate(
         )
     current = store.package(manifest.id)
     _same_publisher(package, current)
-    _check_version(package, current, allow_downgrade)
+    _check_version(host, source, package, current, allow_downgrade)
     return package, current
 
 
@@ -160,7 +214,8 @@ def write_install(
                 "installed"
             )
         files = {MANIFEST_NAME: text, manifest.module: package.wasm}
-    digest = package.package_digest or package.sha256
+    unsigned = None if is_archive(source) else content_digest(text, manifest.module, package.wasm)
+    digest = package.package_digest or unsigned or package.sha256
     tree = store.write_tree(manifest.id, manifest.version, digest, files)
     return InstalledPackage(
         manifest.id,
@@ -171,16 +226,32 @@ def write_install(
         package_digest=package.package_digest if package.signer is not None else None,
         signer=package.signer,
         verified_by=package.verified_by,
+        content_digest=unsigned,
     )
 
 
 def verify_installed(host: Host, installed: InstalledPackage) -> Package:
     """Load an installed package again and check it is what was installed: the same module
     bytes and, for a signed archive, a signature that still verifies against the host's trust,
-    by the same publisher, over the same package digest."""
+    by the same publisher, over the same package digest; for an unsigned install, the same
+    manifest and module (its content digest)."""
     caps = host.registry.capabilities()
     if installed.package_digest is None:
+        if installed.content_digest is None:
+            raise PackageError(
+                f"{installed.id} {installed.version} was installed unsigned before install "
+                "records covered the manifest: install it again (wasihost install DIR; remove "
+                "it first if its tree was changed) so that its manifest is checked at each start"
+            )
         package = load_package(installed.path, caps)
+        if package.manifest is None:
+            raise PackageError(f"{installed.id} {installed.version}: its manifest is gone")
+        found = _unsigned_content(host, installed.path, package)
+        if found != installed.content_digest:
+            raise PackageError(
+                f"{installed.id} {installed.version}: installed manifest or module changed on "
+                f"disk (content sha256 {found[:16]}, recorded {installed.content_digest[:16]})"
+            )
     else:
         ssh = None
         signature = installed.path / SSH_SIGNATURE_NAME
@@ -481,7 +552,9 @@ def _mark_pending(host: Host, extension: str, checkpoint: Path, running: Path) -
     lock goes with the process that held it)."""
     marker = _pending(host, extension)
     tmp = marker.with_name(f".{PENDING_NAME}.{os.getpid()}.tmp")
-    doc = json.dumps({"checkpoint": str(checkpoint), "running": str(running)}).encode()
+    directory = host.require_state().directory
+    names = {"checkpoint": checkpoint, "running": running}
+    doc = json.dumps({k: relative_name(directory, v) for k, v in names.items()}).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -532,17 +605,20 @@ def recover_interrupted(host: Host, extension: str) -> str | None:
 
 
 def _recover(host: Host, extension: str, marker: Path, fd: int) -> str:
+    store = host.require_state()
     try:
         doc = json.loads(os.read(fd, MAX_PENDING_BYTES))
-        checkpoint, running = Path(doc["checkpoint"]), doc["running"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        checkpoint = record_path(
+            store.directory, extension, CHECKPOINTS_DIR_NAME, doc["checkpoint"]
+        )
+        running = record_path(store.directory, extension, PACKAGES_DIR_NAME, doc["running"])
+    except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
         raise PackageError(
             f"{extension}: an interrupted update left {marker}, which cannot be read ({exc}); "
             "restore its state by hand from the checkpoints directory, then remove the file"
         ) from None
-    store = host.require_state()
     active = store.package(extension)
-    if active is not None and str(active.path) == running:
+    if active is not None and active.path == running:
         restore_checkpoint(host, extension, checkpoint)
         done = f"the host stopped during an update or rollback; state restored from {checkpoint}"
     else:
