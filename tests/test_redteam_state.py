@@ -251,3 +251,95 @@ def test_a_package_directory_of_the_installed_version_with_another_manifest_is_r
         assert host.require_state().package(HELLO) == first
         again = host.install(_hello(tmp_path, "again"))
         assert again.content_digest == first.content_digest
+
+
+# -- damaged state directories (issue 28 items 10 and 11) -------------------------------------
+
+
+def _installed_state(tmp: Path) -> Path:
+    state = tmp / "state"
+    with _host(state) as host:
+        host.install(_hello(tmp))
+        host.grant(HELLO, "log")
+        host.require_state().data_dir(HELLO).mkdir(parents=True)
+    return state
+
+
+def _commands(tmp: Path) -> list[list[str]]:
+    return [
+        ["status"],
+        ["grants", "list", HELLO],
+        ["run", HELLO, "greet", "--input", '{"name": "a"}'],
+        ["install", str(_hello(tmp, "again"))],
+        ["rollback", HELLO],
+        ["remove", HELLO],
+        ["remove", HELLO, "--purge"],
+    ]
+
+
+def _damage_is_named(
+    tmp: Path, state: Path, capsys: pytest.CaptureFixture[str], named: str
+) -> None:
+    """Every command on ``state``: no internal error (exit 70); a failure is one ``config``
+    line naming ``named``; the install, which writes everywhere, fails so."""
+    results = {}
+    for argv in _commands(tmp):
+        code = main([*argv, "--state-dir", str(state)])
+        err = capsys.readouterr().err
+        assert code in (0, 1), (argv, code, err)
+        if code == 1:
+            assert err.startswith("error: config: ") and named in err, (argv, err)
+        results[argv[0]] = code
+    assert results["install"] == 1
+
+
+@pytest.mark.parametrize(
+    "replaced", ["locks", "checkpoints", "packages", "data", f"packages/{HELLO}", f"checkpoints/{HELLO}"]
+)
+def test_a_directory_of_the_state_replaced_by_a_file_is_a_config_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], replaced: str
+) -> None:
+    """``locks``, ``checkpoints`` or ``packages`` replaced by a file: every command that wrote
+    there was ``error: internal: FileExistsError`` or ``NotADirectoryError`` (exit 70)."""
+    state = _installed_state(tmp_path)
+    target = state / replaced
+    if target.exists():
+        shutil.rmtree(target, onerror=lambda f, p, e: (os.chmod(os.path.dirname(p), 0o700), f(p)))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.chmod(0o700)
+    target.write_text("not a directory")
+    capsys.readouterr()
+    _damage_is_named(tmp_path, state, capsys, str(target))
+
+
+def _corrupt_table(database: Path, table: str) -> None:
+    """Overwrite the head of ``table``'s root page (after moving the WAL into the file)."""
+    with sqlite3.connect(database) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        (page_size,) = db.execute("PRAGMA page_size").fetchone()
+        (root,) = db.execute("SELECT rootpage FROM sqlite_master WHERE name=?", (table,)).fetchone()
+    db.close()
+    with database.open("r+b") as f:
+        f.seek((root - 1) * page_size)
+        f.write(b"\xff" * 64)
+
+
+@pytest.mark.parametrize("table", ["packages", "grant_epochs", "package_records", "events"])
+def test_a_corrupt_page_of_the_state_database_is_a_config_error_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], table: str
+) -> None:
+    """A corrupt page in the ``packages`` or ``grant_epochs`` table was ``error: internal:
+    DatabaseError: database disk image is malformed`` (exit 70) at the first read of it."""
+    state = _installed_state(tmp_path)
+    _corrupt_table(state / "state.sqlite3", table)
+    _damage_is_named(tmp_path, state, capsys, f"state database {state / 'state.sqlite3'}")
+
+
+def test_an_install_record_that_is_not_json_is_a_config_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = _installed_state(tmp_path)
+    with sqlite3.connect(state / "state.sqlite3") as db:
+        db.execute("UPDATE package_records SET record='{\"version\": '")
+    capsys.readouterr()
+    _damage_is_named(tmp_path, state, capsys, f"state database {state / 'state.sqlite3'}")

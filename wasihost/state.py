@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -86,7 +87,13 @@ def _installed(directory: Path, row: Any, record: Any) -> InstalledPackage | Non
     if row is None:
         return None
     if record is not None:
-        found = InstalledPackage.from_record(row[0], json.loads(record[0]), directory)
+        try:
+            found = InstalledPackage.from_record(row[0], json.loads(record[0]), directory)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(
+                f"state database {directory / DB_NAME}: the install record of {row[0]} cannot "
+                f"be read ({exc!r}); the state directory is damaged: restore it from a backup"
+            ) from None
         if found.version == row[1] and found.sha256 == row[2]:
             return found
     path = record_path(directory, row[0], PACKAGES_DIR_NAME, row[3])
@@ -95,6 +102,12 @@ def _installed(directory: Path, row: Any, record: Any) -> InstalledPackage | Non
 
 PACKAGES_DIR_NAME = "packages"
 CHECKPOINTS_DIR_NAME = "checkpoints"
+DATA_DIR_NAME = "data"
+# The directories the host makes in a state directory as it needs them (updates.LOCKS_DIR_NAME
+# is "locks"), and in each but data/ one per extension: a file or link in the place of one is
+# damage, refused by name (it was an internal error, exit 70, at the first write under it).
+# data/ and data/<id> may be links to a directory (data kept on another disk).
+_OWN_DIRS = (PACKAGES_DIR_NAME, CHECKPOINTS_DIR_NAME, "locks")
 
 
 def record_path(directory: Path, extension: str, kind: str, text: str) -> Path:
@@ -265,6 +278,9 @@ class StateStore:
         except UnsafeStateDir as exc:
             raise ConfigError(f"state directory refused: {exc}") from None
         self.directory = directory
+        for name in _OWN_DIRS:
+            self._own_dir(directory / name)
+        self._own_dir(directory / DATA_DIR_NAME, links=True)
         self._lock = threading.Lock()
         try:
             self._db = sqlite3.connect(
@@ -293,29 +309,73 @@ class StateStore:
                     f"this host reads {SCHEMA_VERSION}"
                 )
         except sqlite3.Error as exc:
-            raise ConfigError(f"state database in {directory}: {exc}") from None
+            raise self._db_error(exc) from None
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
+    def _own_dir(self, path: Path, *, links: bool = False) -> Path:
+        """``path``, a directory the host makes under the state directory; a ``ConfigError``
+        if something else is in its place (with ``links``, a link to a directory is one)."""
+        try:
+            st = os.stat(path, follow_symlinks=links)
+        except FileNotFoundError:
+            return path
+        except OSError as exc:
+            raise ConfigError(
+                f"state directory {self.directory} is damaged: {path}: {exc.strerror}"
+            ) from None
+        if not stat.S_ISDIR(st.st_mode):
+            kind = (
+                "a symbolic link"
+                if stat.S_ISLNK(st.st_mode)
+                else "a file" if stat.S_ISREG(st.st_mode) else "not a directory"
+            )
+            raise ConfigError(
+                f"state directory {self.directory} is damaged: {path} is {kind}, where the host "
+                "keeps a directory; move it away, or restore the state directory from a backup"
+            )
+        return path
+
+    def _db_error(self, exc: sqlite3.Error) -> ConfigError:
+        """What a failed statement on the state database is: a ``config`` error naming the
+        file (a corrupt page was an internal error, exit 70, at the first read of it)."""
+        what = f"state database {self.directory / DB_NAME}: {exc}"
+        if type(exc) is sqlite3.DatabaseError:  # "database disk image is malformed", ...
+            what += "; the state directory is damaged: restore it from a backup"
+        return ConfigError(what)
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """The connection, under the lock, for statements outside a transaction."""
+        with self._lock:
+            try:
+                yield self._db
+            except sqlite3.Error as exc:
+                raise self._db_error(exc) from None
+
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise self._db_error(exc) from None
 
     # -- counters that only go up ----------------------------------------------------------
 
     def high_water(self, key: str) -> int:
         """The highest value recorded under ``key`` (0 when none was)."""
-        with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE key=?", (f"hw:{key}",)).fetchone()
+        with self._reading() as db:
+            row = db.execute("SELECT value FROM meta WHERE key=?", (f"hw:{key}",)).fetchone()
         return int(row[0]) if row is not None else 0
 
     def raise_high_water(self, key: str, value: int) -> None:
@@ -335,10 +395,11 @@ class StateStore:
 
     def package_dir(self, extension: str) -> Path:
         """``packages/<id>``: the trees of ``extension``'s installs."""
-        return self.packages_dir / check_extension_id(extension)
+        return self._own_dir(self.packages_dir / check_extension_id(extension))
 
     def data_dir(self, extension: str) -> Path:
-        return self.directory / "data" / check_extension_id(extension)
+        data = self.directory / DATA_DIR_NAME / check_extension_id(extension)
+        return self._own_dir(data, links=True)
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -346,7 +407,7 @@ class StateStore:
 
     def checkpoint_dir(self, extension: str) -> Path:
         """``checkpoints/<id>``: ``extension``'s checkpoints and its pending-update marker."""
-        return self.checkpoints_dir / check_extension_id(extension)
+        return self._own_dir(self.checkpoints_dir / check_extension_id(extension))
 
     def write_tree(
         self, extension: str, version: str, digest: str, files: dict[str, bytes]
@@ -397,22 +458,25 @@ class StateStore:
         self.record_event(package.id, "installed", detail)
 
     def package(self, extension: str) -> InstalledPackage | None:
-        with self._lock:
-            row = self._db.execute(
+        with self._reading() as db:
+            row = db.execute(
                 "SELECT id, version, sha256, path, installed_at FROM packages WHERE id=?",
                 (extension,),
             ).fetchone()
-            record = self._db.execute(
+            record = db.execute(
                 "SELECT record FROM package_records WHERE id=?", (extension,)
             ).fetchone()
-        return _installed(self.directory, row, record)
+        found = _installed(self.directory, row, record)
+        if found is not None:
+            self.package_dir(extension)  # a file in its place is damage, said as such
+        return found
 
     def packages(self) -> list[InstalledPackage]:
-        with self._lock:
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT id, version, sha256, path, installed_at FROM packages ORDER BY id"
             ).fetchall()
-            records = dict(self._db.execute("SELECT id, record FROM package_records").fetchall())
+            records = dict(db.execute("SELECT id, record FROM package_records").fetchall())
         found = [
             _installed(self.directory, r, (records[r[0]],) if r[0] in records else None)
             for r in rows
@@ -474,8 +538,8 @@ class StateStore:
 
     def highest_grant_epoch(self) -> int:
         """The highest grant epoch held now or purged before (GrantStore)."""
-        with self._lock:
-            row = self._db.execute("SELECT MAX(epoch) FROM grant_epochs").fetchone()
+        with self._reading() as db:
+            row = db.execute("SELECT MAX(epoch) FROM grant_epochs").fetchone()
         return max(int(row[0] or 0), self.high_water(GRANT_EPOCH_KEY))
 
     def grant_epochs(self, extensions: list[str]) -> dict[str, int]:
@@ -485,31 +549,26 @@ class StateStore:
         for start in range(0, len(extensions), GRANT_EPOCHS_BATCH):
             batch = extensions[start : start + GRANT_EPOCHS_BATCH]
             marks = ",".join("?" * len(batch))
-            try:
-                with self._lock:
-                    rows = self._db.execute(
-                        f"SELECT extension, epoch FROM grant_epochs WHERE extension IN ({marks})",  # noqa: S608
-                        batch,
-                    ).fetchall()
-            except sqlite3.Error as exc:  # closed under a late call, say: the caller fails closed
-                raise ConfigError(f"state database in {self.directory}: {exc}") from None
+            # An error (closed under a late call, say) is a ConfigError: the caller fails closed.
+            with self._reading() as db:
+                rows = db.execute(
+                    f"SELECT extension, epoch FROM grant_epochs WHERE extension IN ({marks})",  # noqa: S608
+                    batch,
+                ).fetchall()
             found.update((r[0], int(r[1])) for r in rows)
         return found
 
     def load_grants(self, extension: str) -> GrantState | None:
-        try:
-            with self._lock:
-                head = self._db.execute(
-                    "SELECT epoch, revoked FROM grant_epochs WHERE extension=?", (extension,)
-                ).fetchone()
-                if head is None:
-                    return None
-                rows = self._db.execute(
-                    "SELECT capability, scope, since_epoch FROM grants WHERE extension=?",
-                    (extension,),
-                ).fetchall()
-        except sqlite3.Error as exc:
-            raise ConfigError(f"state database in {self.directory}: {exc}") from None
+        with self._reading() as db:
+            head = db.execute(
+                "SELECT epoch, revoked FROM grant_epochs WHERE extension=?", (extension,)
+            ).fetchone()
+            if head is None:
+                return None
+            rows = db.execute(
+                "SELECT capability, scope, since_epoch FROM grants WHERE extension=?",
+                (extension,),
+            ).fetchall()
         entries = {r[0]: GrantEntry(r[0], r[1], r[2]) for r in rows}
         return GrantState(entries, head[0], head[1])
 
@@ -523,8 +582,8 @@ class StateStore:
             )
 
     def lifecycle(self, extension: str) -> tuple[str, str | None] | None:
-        with self._lock:
-            row = self._db.execute(
+        with self._reading() as db:
+            row = db.execute(
                 "SELECT state, reason FROM lifecycle WHERE extension=?", (extension,)
             ).fetchone()
         return (row[0], row[1]) if row else None
@@ -542,8 +601,8 @@ class StateStore:
             )
 
     def events(self, extension: str, limit: int = 20) -> list[EventRecord]:
-        with self._lock:
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT kind, detail, at FROM events WHERE extension=? ORDER BY id DESC LIMIT ?",
                 (extension, limit),
             ).fetchall()
@@ -552,8 +611,8 @@ class StateStore:
     def crash_counts(self, extension: str) -> dict[str, int]:
         """Crashes of ``extension`` by class, over its journal (the last
         ``MAX_EVENTS_PER_EXTENSION`` events): the leading word of each crash line."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT detail FROM events WHERE extension=? AND kind='crash'", (extension,)
             ).fetchall()
         counts: dict[str, int] = {}
@@ -582,8 +641,8 @@ class StateStore:
 
     def metrics_snapshots(self) -> list[MetricsSnapshot]:
         """The hosts' latest metrics, most recent first."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT host, pid, snapshot, published_at, closed FROM metrics_snapshots "
                 "ORDER BY published_at DESC"
             ).fetchall()
@@ -591,8 +650,8 @@ class StateStore:
 
     def lifecycle_counts(self) -> dict[str, int]:
         """Extensions by recorded lifecycle state (what a closed host left)."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT state, COUNT(*) FROM lifecycle GROUP BY state ORDER BY state"
             ).fetchall()
         return {r[0]: r[1] for r in rows}
@@ -600,8 +659,8 @@ class StateStore:
     def keeps(self, extension: str) -> bool:
         """Whether the state holds anything of ``extension``: a package, grant records, a
         lifecycle state, journal events or a data directory."""
-        with self._lock:
-            row = self._db.execute(
+        with self._reading() as db:
+            row = db.execute(
                 "SELECT 1 FROM packages WHERE id=?1 UNION ALL SELECT 1 FROM grant_epochs "
                 "WHERE extension=?1 UNION ALL SELECT 1 FROM lifecycle WHERE extension=?1 "
                 "UNION ALL SELECT 1 FROM events WHERE extension=?1 LIMIT 1",
@@ -611,8 +670,8 @@ class StateStore:
 
     def extensions(self) -> list[str]:
         """Every extension the state knows of, installed or not (revoked ones keep records)."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT id FROM packages UNION SELECT extension FROM grant_epochs "
                 "UNION SELECT extension FROM lifecycle ORDER BY 1"
             ).fetchall()
@@ -625,11 +684,11 @@ class StateStore:
         data_bytes = (
             sum(p.stat().st_size for p in data.rglob("*") if p.is_file()) if data.exists() else 0
         )
-        with self._lock:
-            n_events = self._db.execute(
+        with self._reading() as db:
+            n_events = db.execute(
                 "SELECT COUNT(*) FROM events WHERE extension=?", (extension,)
             ).fetchone()[0]
-            n_grants = self._db.execute(
+            n_grants = db.execute(
                 "SELECT COUNT(*) FROM grants WHERE extension=?", (extension,)
             ).fetchone()[0]
         return {
