@@ -343,3 +343,33 @@ def test_an_install_record_that_is_not_json_is_a_config_error(
         db.execute("UPDATE package_records SET record='{\"version\": '")
     capsys.readouterr()
     _damage_is_named(tmp_path, state, capsys, f"state database {state / 'state.sqlite3'}")
+
+
+@pytest.mark.parametrize("how", ["zero-length", "deleted"])
+def test_a_state_directory_whose_database_is_empty_or_gone_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    """A zero-length ``state.sqlite3`` beside ``packages/`` and ``data/`` opened as a new
+    state: the extension revoked as a whole ran again, and the revocation list's version
+    floor was gone (an older list would verify). It is damage now, refused by name; a new
+    state directory still opens."""
+    state = _installed_state(tmp_path)
+    with _host(state) as host:
+        host.disable(HELLO, "compromised")
+        host.require_state().raise_high_water("revocation_list", 7)
+    database = state / "state.sqlite3"
+    for leftover in (state / "state.sqlite3-wal", state / "state.sqlite3-shm"):
+        leftover.unlink(missing_ok=True)
+    if how == "deleted":
+        database.unlink()
+    else:
+        database.write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"is damaged: its database state.sqlite3 is missing or"):
+        _host(state)
+    assert main(["status", "--state-dir", str(state)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: config: state directory {state} is damaged"), err
+    assert "packages/" in err and "data/" in err
+    assert database.exists() == (how != "deleted")  # nothing made in its place
+    with _host(tmp_path / "new") as host:
+        assert host.require_state().extensions() == []

@@ -282,10 +282,20 @@ class StateStore:
             self._own_dir(directory / name)
         self._own_dir(directory / DATA_DIR_NAME, links=True)
         self._lock = threading.Lock()
+        # What the host made here besides the database: it made the database first, so with
+        # any of them a database without its tables is not a new state but a lost one.
+        made = [n for n in (*_OWN_DIRS, DATA_DIR_NAME) if os.path.lexists(directory / n)]
+        if made and not (directory / DB_NAME).exists():
+            raise self._lost_database(made)
         try:
             self._db = sqlite3.connect(
                 directory / DB_NAME, check_same_thread=False, isolation_level=None
             )
+            if made and not self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'"
+            ).fetchone():
+                self._db.close()
+                raise self._lost_database(made)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
@@ -314,6 +324,17 @@ class StateStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    def _lost_database(self, made: list[str]) -> ConfigError:
+        """A state directory whose database is missing, empty or without its tables, though
+        the host made ``made`` in it: opened as a new state, it silently lost the grants, the
+        whole-extension revocations and the revocation list's version floor."""
+        return ConfigError(
+            f"state directory {self.directory} is damaged: its database {DB_NAME} is missing or "
+            f"empty, but it holds {', '.join(f'{n}/' for n in made)} (its grants, revocations "
+            "and revocation-list floor would be lost): restore the database from a backup, or "
+            "move the directory away to start a new state"
+        )
 
     def _own_dir(self, path: Path, *, links: bool = False) -> Path:
         """``path``, a directory the host makes under the state directory; a ``ConfigError``
