@@ -373,3 +373,20 @@ def test_a_state_directory_whose_database_is_empty_or_gone_is_refused(
     assert database.exists() == (how != "deleted")  # nothing made in its place
     with _host(tmp_path / "new") as host:
         assert host.require_state().extensions() == []
+
+
+def test_run_of_a_file_whose_name_is_not_utf8_beside_a_state_directory_is_no_internal_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run <file> CMD --state-dir S`` looks the name up among S's installs first (a path must
+    not shadow an installed extension); a file name that is not UTF-8 reached SQLite and was
+    ``error: internal: UnicodeEncodeError``. No extension has such an id: the path runs (and is
+    refused in the words of a bare module)."""
+    state = _installed_state(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    name = os.fsdecode(b"\xff")
+    shutil.copy(FIXTURES / "hello" / "hello.wasm", name)
+    capsys.readouterr()
+    assert main(["run", name, "greet", "--state-dir", str(state)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: package: ") and "not valid UTF-8; rename the file" in err, err
