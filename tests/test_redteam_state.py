@@ -25,7 +25,7 @@ from wasihost.runtime import Host
 
 # -- ids that are paths (issue 28 item 1) ---------------------------------------------------
 
-PATH_IDS = ["..", ".", "../victim", "../../victim", "a/b", "../../../../tmp/x", "\udcff", ""]
+PATH_IDS = ["..", ".", "../victim", "../../victim", "a/b", "../../../x", "\udcff", ""]
 
 
 def _listing(root: Path) -> list[str]:
@@ -38,7 +38,8 @@ def test_remove_and_rollback_of_an_id_that_is_a_path_are_refused_and_change_noth
     """``remove .. --purge`` printed "removed .. and its data" and emptied the state
     directory (``data/..`` exists once ``data/`` does, so the id counted as kept);
     ``remove ../../victim --purge`` deleted a directory beside it; ``rollback
-    ../../../../tmp/x`` made ``x.lock`` in /tmp before looking the id up; ``rollback a/b`` and
+    ../../../x`` made ``x.lock`` outside it (``../../../../tmp/x``: in /tmp) before looking
+    the id up; ``rollback a/b`` and
     a non-UTF-8 id were internal errors (exit 70). Each is now one ``config`` line, exit 1,
     and nothing on disk changes."""
     state = tmp_path / "base" / "state"
@@ -55,8 +56,7 @@ def test_remove_and_rollback_of_an_id_that_is_a_path_are_refused_and_change_noth
             assert main([*argv, *flags]) == 1, argv
             err = capsys.readouterr().err
             assert err.startswith("error: config: ") and "not an extension id" in err, (argv, err)
-    assert _listing(tmp_path) == before
-    assert not Path("/tmp/x.lock").exists()
+    assert _listing(tmp_path) == before  # no lock file made beside the state directory either
     assert main(["status", "org.example.a", *flags]) == 0
 
 
@@ -202,7 +202,6 @@ def test_the_manifest_of_an_unsigned_install_is_covered_by_its_record(tmp_path: 
     with _host(state) as host:
         installed = host.install(_hello(tmp_path))
         host.grant(HELLO, "log")
-    assert installed.content_digest is not None
     manifest = installed.path / "extension.toml"
     installed.path.chmod(0o700)
     manifest.chmod(0o600)
