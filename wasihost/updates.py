@@ -192,6 +192,7 @@ def write_install(
     store = host.require_state()
     manifest = package.manifest
     assert manifest is not None
+    unsigned = None  # a package directory's content digest: what its record vouches for
     if is_archive(source):
         files = {ARCHIVE_NAME: read_package_file(Path(source))}
         if ssh is not None:
@@ -214,7 +215,7 @@ def write_install(
                 "installed"
             )
         files = {MANIFEST_NAME: text, manifest.module: package.wasm}
-    unsigned = None if is_archive(source) else content_digest(text, manifest.module, package.wasm)
+        unsigned = content_digest(text, manifest.module, package.wasm)
     digest = package.package_digest or unsigned or package.sha256
     tree = store.write_tree(manifest.id, manifest.version, digest, files)
     return InstalledPackage(
