@@ -698,6 +698,7 @@ class Host:
     def rollback(self, extension: str) -> InstalledPackage:
         """Return an installed extension to the version its last update or install replaced
         (see :func:`wasihost.updates.rollback`)."""
+        check_extension_id(extension)
         from . import updates
 
         return updates.rollback(self, extension)
@@ -729,6 +730,7 @@ class Host:
     ) -> Extension:
         """Rebuild an installed extension from durable state, under its stored grants, after
         verifying it again (:func:`wasihost.updates.verify_installed`)."""
+        check_extension_id(extension)
         store = self.require_state()
         installed = store.package(extension)
         if installed is None:

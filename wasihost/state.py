@@ -12,18 +12,20 @@ import json
 import os
 import shutil
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import attrs
 
 from .errors import ConfigError, PackageError
 from .grants import GrantEntry, GrantState
-from .statedir import UnsafeStateDir, check_state_dir
+from .host_options import check_extension_id
+from .statedir import UnsafeStateDir, resolve_state_dir
 
 DB_NAME = "state.sqlite3"
 SCHEMA_VERSION = 3
@@ -84,14 +86,54 @@ def _raise_in(db: sqlite3.Connection, key: str, value: int) -> None:
         db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"hw:{key}", str(value)))
 
 
-def _installed(row: Any, record: Any) -> InstalledPackage | None:
+def _installed(directory: Path, row: Any, record: Any) -> InstalledPackage | None:
     if row is None:
         return None
     if record is not None:
-        found = InstalledPackage.from_record(row[0], json.loads(record[0]))
+        try:
+            found = InstalledPackage.from_record(row[0], json.loads(record[0]), directory)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(
+                f"state database {directory / DB_NAME}: the install record of {row[0]} cannot "
+                f"be read ({exc!r}); the state directory is damaged: restore it from a backup"
+            ) from None
         if found.version == row[1] and found.sha256 == row[2]:
             return found
-    return InstalledPackage(row[0], row[1], row[2], Path(row[3]), row[4])
+    path = record_path(directory, row[0], PACKAGES_DIR_NAME, row[3])
+    return InstalledPackage(row[0], row[1], row[2], path, row[4])
+
+
+PACKAGES_DIR_NAME = "packages"
+CHECKPOINTS_DIR_NAME = "checkpoints"
+DATA_DIR_NAME = "data"
+# The directories the host makes in a state directory as it needs them (updates.LOCKS_DIR_NAME
+# is "locks"), and in each but data/ one per extension: a file or link in the place of one is
+# damage, refused by name (it was an internal error, exit 70, at the first write under it).
+# data/ and data/<id> may be links to a directory (data kept on another disk).
+_OWN_DIRS = (PACKAGES_DIR_NAME, CHECKPOINTS_DIR_NAME, "locks")
+
+
+def record_path(directory: Path, extension: str, kind: str, text: str) -> Path:
+    """The tree or checkpoint that a record of the state in ``directory`` names: a directory
+    ``<kind>/<id>/<name>`` of it, kept relative so that a copied or moved state directory
+    uses its own, never the old location's. A record written before names were relative
+    holds an absolute path: its last three components are taken, for the same reason.
+    Anything else is a ``ConfigError``: the state directory is damaged."""
+    parts = PurePosixPath(text).parts
+    if parts[:1] == ("/",):
+        parts = parts[-3:]
+    if len(parts) != 3 or parts[:2] != (kind, extension) or parts[2] in (".", ".."):
+        raise ConfigError(
+            f"state database {directory / DB_NAME}: a record of {extension} names {text!r}, "
+            f"not a directory of {kind}/{extension}/; the state directory is damaged (restore "
+            "it from a backup, or remove the extension and install it again)"
+        )
+    return directory.joinpath(*parts)
+
+
+def relative_name(directory: Path, path: Path) -> str:
+    """How a record names ``path``, a tree or checkpoint of the state in ``directory``."""
+    return path.relative_to(directory).as_posix()
 
 
 def make_read_only(tree: Path) -> None:
@@ -146,7 +188,11 @@ class InstalledPackage:
     """The active install of an extension, and the one it replaced (kept for a rollback).
 
     ``package_digest`` and ``signer`` are set for an installed ``.whpkg``: what the signature
-    vouched for at install, checked again at every start. ``checkpoint`` is the state copy
+    vouched for at install, checked again at every start. ``content_digest`` is set for an
+    unsigned install (a package directory): the SHA-256 of the content record
+    (``packaging/contents``) of its manifest and module, checked again at every start; the
+    module's digest alone let another manifest (other commands, limits) run as the same
+    install. ``checkpoint`` is the state copy
     taken before the update that installed this version (what a rollback restores)."""
 
     id: str
@@ -160,37 +206,49 @@ class InstalledPackage:
     checkpoint: Path | None = None
     migrated: bool = False
     previous: InstalledPackage | None = None
+    content_digest: str | None = None
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self, directory: Path) -> dict[str, Any]:
+        """The JSON of the record, its paths relative to the state in ``directory``."""
         return {
             "version": self.version,
             "sha256": self.sha256,
-            "path": str(self.path),
+            "path": relative_name(directory, self.path),
             "installed_at": self.installed_at,
             "package_digest": self.package_digest,
             "signer": self.signer,
             "verified_by": self.verified_by,
-            "checkpoint": str(self.checkpoint) if self.checkpoint is not None else None,
+            "checkpoint": (
+                relative_name(directory, self.checkpoint) if self.checkpoint is not None else None
+            ),
             "migrated": self.migrated,
-            "previous": self.previous.to_record() if self.previous is not None else None,
+            "previous": self.previous.to_record(directory) if self.previous is not None else None,
+            "content_digest": self.content_digest,
         }
 
     @classmethod
-    def from_record(cls, extension: str, record: dict[str, Any]) -> InstalledPackage:
+    def from_record(
+        cls, extension: str, record: dict[str, Any], directory: Path
+    ) -> InstalledPackage:
         previous = record.get("previous")
         checkpoint = record.get("checkpoint")
         return cls(
             id=extension,
             version=record["version"],
             sha256=record["sha256"],
-            path=Path(record["path"]),
+            path=record_path(directory, extension, PACKAGES_DIR_NAME, record["path"]),
             installed_at=record["installed_at"],
             package_digest=record.get("package_digest"),
             signer=record.get("signer"),
             verified_by=record.get("verified_by"),
-            checkpoint=Path(checkpoint) if checkpoint else None,
+            checkpoint=(
+                record_path(directory, extension, CHECKPOINTS_DIR_NAME, checkpoint)
+                if checkpoint
+                else None
+            ),
             migrated=bool(record.get("migrated")),
-            previous=cls.from_record(extension, previous) if previous else None,
+            previous=cls.from_record(extension, previous, directory) if previous else None,
+            content_digest=record.get("content_digest"),
         )
 
 
@@ -216,23 +274,31 @@ class StateStore:
     """The SQLite state file; one connection, serialised by a lock (calls are short)."""
 
     def __init__(self, directory: Path) -> None:
-        directory = directory.absolute()
-        self.directory = directory
         try:
-            directory.mkdir(mode=0o700, parents=True)
-        except FileExistsError:
-            pass  # a directory, or not: the check below says which
-        except OSError as exc:
-            raise ConfigError(f"state directory {directory}: {exc.strerror}") from None
-        try:
-            check_state_dir(directory)
+            # Resolved once (made if missing) and checked: every path the host makes, and
+            # every record it keeps, is relative to this resolved directory.
+            directory = resolve_state_dir(directory)
         except UnsafeStateDir as exc:
             raise ConfigError(f"state directory refused: {exc}") from None
+        self.directory = directory
+        for name in _OWN_DIRS:
+            self._own_dir(directory / name)
+        self._own_dir(directory / DATA_DIR_NAME, links=True)
         self._lock = threading.Lock()
+        # What the host made here besides the database: it made the database first, so with
+        # any of them a database without its tables is not a new state but a lost one.
+        made = [n for n in (*_OWN_DIRS, DATA_DIR_NAME) if os.path.lexists(directory / n)]
+        if made and not (directory / DB_NAME).exists():
+            raise self._lost_database(made)
         try:
             self._db = sqlite3.connect(
                 directory / DB_NAME, check_same_thread=False, isolation_level=None
             )
+            if made and not self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'"
+            ).fetchone():
+                self._db.close()
+                raise self._lost_database(made)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
@@ -256,29 +322,84 @@ class StateStore:
                     f"this host reads {SCHEMA_VERSION}"
                 )
         except sqlite3.Error as exc:
-            raise ConfigError(f"state database in {directory}: {exc}") from None
+            raise self._db_error(exc) from None
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
+    def _lost_database(self, made: list[str]) -> ConfigError:
+        """A state directory whose database is missing, empty or without its tables, though
+        the host made ``made`` in it: opened as a new state, it silently lost the grants, the
+        whole-extension revocations and the revocation list's version floor."""
+        return ConfigError(
+            f"state directory {self.directory} is damaged: its database {DB_NAME} is missing or "
+            f"empty, but it holds {', '.join(f'{n}/' for n in made)} (its grants, revocations "
+            "and revocation-list floor would be lost): restore the database from a backup, or "
+            "move the directory away to start a new state"
+        )
+
+    def _own_dir(self, path: Path, *, links: bool = False) -> Path:
+        """``path``, a directory the host makes under the state directory; a ``ConfigError``
+        if something else is in its place (with ``links``, a link to a directory is one)."""
+        try:
+            st = os.stat(path, follow_symlinks=links)
+        except FileNotFoundError:
+            return path
+        except OSError as exc:
+            raise ConfigError(
+                f"state directory {self.directory} is damaged: {path}: {exc.strerror}"
+            ) from None
+        if not stat.S_ISDIR(st.st_mode):
+            kind = (
+                "a symbolic link"
+                if stat.S_ISLNK(st.st_mode)
+                else "a file" if stat.S_ISREG(st.st_mode) else "not a directory"
+            )
+            raise ConfigError(
+                f"state directory {self.directory} is damaged: {path} is {kind}, where the host "
+                "keeps a directory; move it away, or restore the state directory from a backup"
+            )
+        return path
+
+    def _db_error(self, exc: sqlite3.Error) -> ConfigError:
+        """What a failed statement on the state database is: a ``config`` error naming the
+        file (a corrupt page was an internal error, exit 70, at the first read of it)."""
+        what = f"state database {self.directory / DB_NAME}: {exc}"
+        if type(exc) is sqlite3.DatabaseError:  # "database disk image is malformed", ...
+            what += "; the state directory is damaged: restore it from a backup"
+        return ConfigError(what)
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """The connection, under the lock, for statements outside a transaction."""
+        with self._lock:
+            try:
+                yield self._db
+            except sqlite3.Error as exc:
+                raise self._db_error(exc) from None
+
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise self._db_error(exc) from None
 
     # -- counters that only go up ----------------------------------------------------------
 
     def high_water(self, key: str) -> int:
         """The highest value recorded under ``key`` (0 when none was)."""
-        with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE key=?", (f"hw:{key}",)).fetchone()
+        with self._reading() as db:
+            row = db.execute("SELECT value FROM meta WHERE key=?", (f"hw:{key}",)).fetchone()
         return int(row[0]) if row is not None else 0
 
     def raise_high_water(self, key: str, value: int) -> None:
@@ -290,14 +411,27 @@ class StateStore:
 
     @property
     def packages_dir(self) -> Path:
-        return self.directory / "packages"
+        return self.directory / PACKAGES_DIR_NAME
+
+    # Each path below is made of an id checked first (check_extension_id): an id is a name in
+    # these directories, and '..' or 'a/b' named a directory beside them (a purge of '..'
+    # emptied the state directory).
+
+    def package_dir(self, extension: str) -> Path:
+        """``packages/<id>``: the trees of ``extension``'s installs."""
+        return self._own_dir(self.packages_dir / check_extension_id(extension))
 
     def data_dir(self, extension: str) -> Path:
-        return self.directory / "data" / extension
+        data = self.directory / DATA_DIR_NAME / check_extension_id(extension)
+        return self._own_dir(data, links=True)
 
     @property
     def checkpoints_dir(self) -> Path:
-        return self.directory / "checkpoints"
+        return self.directory / CHECKPOINTS_DIR_NAME
+
+    def checkpoint_dir(self, extension: str) -> Path:
+        """``checkpoints/<id>``: ``extension``'s checkpoints and its pending-update marker."""
+        return self._own_dir(self.checkpoints_dir / check_extension_id(extension))
 
     def write_tree(
         self, extension: str, version: str, digest: str, files: dict[str, bytes]
@@ -305,7 +439,7 @@ class StateStore:
         """Write a package's files into a new read-only directory of the state directory
         (``packages/<id>/<version>-<digest prefix>``): nothing the runtime does writes to an
         installed tree, and every start re-verifies it."""
-        target = self.packages_dir / extension / f"{version}-{digest[:12]}"
+        target = self.package_dir(extension) / f"{version}-{digest[:12]}"
         if target.exists() or target.is_symlink():
             # The same release installed again (or kept for a rollback): the tree an install
             # record may name is never deleted to make room, since a host killed between that
@@ -334,13 +468,13 @@ class StateStore:
                     package.id,
                     package.version,
                     package.sha256,
-                    str(package.path),
+                    relative_name(self.directory, package.path),
                     package.installed_at,
                 ),
             )
             db.execute(
                 "INSERT OR REPLACE INTO package_records VALUES (?, ?)",
-                (package.id, json.dumps(package.to_record(), sort_keys=True)),
+                (package.id, json.dumps(package.to_record(self.directory), sort_keys=True)),
             )
             # The id's grants and data now belong to this package's publisher (none: the
             # package is unverified, and so was what it replaced or adopted).
@@ -356,35 +490,30 @@ class StateStore:
             detail += f" signed by {package.signer}"
         self.record_event(package.id, "installed", detail)
 
-    def install(self, extension: str, version: str, sha256: str, files: dict[str, bytes]) -> Path:
-        """Copy an unsigned package directory's files into the state directory and record it
-        as the installed version (the one it replaces is kept for a rollback)."""
-        target = self.write_tree(extension, version, sha256, files)
-        self.activate(
-            InstalledPackage(
-                extension, version, sha256, target, time.time_ns(), previous=self.package(extension)
-            )
-        )
-        return target
-
     def package(self, extension: str) -> InstalledPackage | None:
-        with self._lock:
-            row = self._db.execute(
+        with self._reading() as db:
+            row = db.execute(
                 "SELECT id, version, sha256, path, installed_at FROM packages WHERE id=?",
                 (extension,),
             ).fetchone()
-            record = self._db.execute(
+            record = db.execute(
                 "SELECT record FROM package_records WHERE id=?", (extension,)
             ).fetchone()
-        return _installed(row, record)
+        found = _installed(self.directory, row, record)
+        if found is not None:
+            self.package_dir(extension)  # a file in its place is damage, said as such
+        return found
 
     def packages(self) -> list[InstalledPackage]:
-        with self._lock:
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT id, version, sha256, path, installed_at FROM packages ORDER BY id"
             ).fetchall()
-            records = dict(self._db.execute("SELECT id, record FROM package_records").fetchall())
-        found = [_installed(r, (records[r[0]],) if r[0] in records else None) for r in rows]
+            records = dict(db.execute("SELECT id, record FROM package_records").fetchall())
+        found = [
+            _installed(self.directory, r, (records[r[0]],) if r[0] in records else None)
+            for r in rows
+        ]
         return [p for p in found if p is not None]
 
     def remove(self, extension: str, *, purge: bool) -> None:
@@ -400,8 +529,8 @@ class StateStore:
         extension's transaction lock around it)."""
         self.check_removable(extension, purge=purge)
         installed = self.package(extension)
-        remove_tree(self.packages_dir / extension)
-        remove_tree(self.checkpoints_dir / extension)
+        remove_tree(self.package_dir(extension))
+        remove_tree(self.checkpoint_dir(extension))
         with self._tx() as db:
             if not purge and installed is not None and installed.signer is not None:
                 # The publisher pin outlives the install record: the grants, data and storage
@@ -430,14 +559,16 @@ class StateStore:
         """The publisher whose verified package last held ``extension``: what is kept for the
         id (grants, data, storage rows) is that publisher's, also after a ``remove`` without
         ``--purge``; None if no verified package held it since the last purge."""
-        with self._lock:
-            row = self._db.execute(
+        with self._reading() as db:
+            row = db.execute(
                 "SELECT publisher FROM publisher_pins WHERE extension=?", (extension,)
             ).fetchone()
         return row[0] if row is not None else None
 
     def check_removable(self, extension: str, *, purge: bool) -> None:
-        """Raise :class:`PackageError` unless :meth:`remove` has something to remove."""
+        """Raise :class:`PackageError` unless :meth:`remove` has something to remove (a
+        ``ConfigError`` for what is no extension id)."""
+        check_extension_id(extension)
         if self.package(extension) is None and not (purge and self.keeps(extension)):
             raise PackageError(
                 f"{extension} is not installed"
@@ -460,8 +591,8 @@ class StateStore:
 
     def highest_grant_epoch(self) -> int:
         """The highest grant epoch held now or purged before (GrantStore)."""
-        with self._lock:
-            row = self._db.execute("SELECT MAX(epoch) FROM grant_epochs").fetchone()
+        with self._reading() as db:
+            row = db.execute("SELECT MAX(epoch) FROM grant_epochs").fetchone()
         return max(int(row[0] or 0), self.high_water(GRANT_EPOCH_KEY))
 
     def grant_epochs(self, extensions: list[str]) -> dict[str, int]:
@@ -471,31 +602,26 @@ class StateStore:
         for start in range(0, len(extensions), GRANT_EPOCHS_BATCH):
             batch = extensions[start : start + GRANT_EPOCHS_BATCH]
             marks = ",".join("?" * len(batch))
-            try:
-                with self._lock:
-                    rows = self._db.execute(
-                        f"SELECT extension, epoch FROM grant_epochs WHERE extension IN ({marks})",  # noqa: S608
-                        batch,
-                    ).fetchall()
-            except sqlite3.Error as exc:  # closed under a late call, say: the caller fails closed
-                raise ConfigError(f"state database in {self.directory}: {exc}") from None
+            # An error (closed under a late call, say) is a ConfigError: the caller fails closed.
+            with self._reading() as db:
+                rows = db.execute(
+                    f"SELECT extension, epoch FROM grant_epochs WHERE extension IN ({marks})",  # noqa: S608
+                    batch,
+                ).fetchall()
             found.update((r[0], int(r[1])) for r in rows)
         return found
 
     def load_grants(self, extension: str) -> GrantState | None:
-        try:
-            with self._lock:
-                head = self._db.execute(
-                    "SELECT epoch, revoked FROM grant_epochs WHERE extension=?", (extension,)
-                ).fetchone()
-                if head is None:
-                    return None
-                rows = self._db.execute(
-                    "SELECT capability, scope, since_epoch FROM grants WHERE extension=?",
-                    (extension,),
-                ).fetchall()
-        except sqlite3.Error as exc:
-            raise ConfigError(f"state database in {self.directory}: {exc}") from None
+        with self._reading() as db:
+            head = db.execute(
+                "SELECT epoch, revoked FROM grant_epochs WHERE extension=?", (extension,)
+            ).fetchone()
+            if head is None:
+                return None
+            rows = db.execute(
+                "SELECT capability, scope, since_epoch FROM grants WHERE extension=?",
+                (extension,),
+            ).fetchall()
         entries = {r[0]: GrantEntry(r[0], r[1], r[2]) for r in rows}
         return GrantState(entries, head[0], head[1])
 
@@ -509,8 +635,8 @@ class StateStore:
             )
 
     def lifecycle(self, extension: str) -> tuple[str, str | None] | None:
-        with self._lock:
-            row = self._db.execute(
+        with self._reading() as db:
+            row = db.execute(
                 "SELECT state, reason FROM lifecycle WHERE extension=?", (extension,)
             ).fetchone()
         return (row[0], row[1]) if row else None
@@ -528,8 +654,8 @@ class StateStore:
             )
 
     def events(self, extension: str, limit: int = 20) -> list[EventRecord]:
-        with self._lock:
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT kind, detail, at FROM events WHERE extension=? ORDER BY id DESC LIMIT ?",
                 (extension, limit),
             ).fetchall()
@@ -538,8 +664,8 @@ class StateStore:
     def crash_counts(self, extension: str) -> dict[str, int]:
         """Crashes of ``extension`` by class, over its journal (the last
         ``MAX_EVENTS_PER_EXTENSION`` events): the leading word of each crash line."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT detail FROM events WHERE extension=? AND kind='crash'", (extension,)
             ).fetchall()
         counts: dict[str, int] = {}
@@ -568,8 +694,8 @@ class StateStore:
 
     def metrics_snapshots(self) -> list[MetricsSnapshot]:
         """The hosts' latest metrics, most recent first."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT host, pid, snapshot, published_at, closed FROM metrics_snapshots "
                 "ORDER BY published_at DESC"
             ).fetchall()
@@ -577,8 +703,8 @@ class StateStore:
 
     def lifecycle_counts(self) -> dict[str, int]:
         """Extensions by recorded lifecycle state (what a closed host left)."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT state, COUNT(*) FROM lifecycle GROUP BY state ORDER BY state"
             ).fetchall()
         return {r[0]: r[1] for r in rows}
@@ -586,8 +712,8 @@ class StateStore:
     def keeps(self, extension: str) -> bool:
         """Whether the state holds anything of ``extension``: a package, grant records, a
         lifecycle state, journal events, a publisher pin or a data directory."""
-        with self._lock:
-            row = self._db.execute(
+        with self._reading() as db:
+            row = db.execute(
                 "SELECT 1 FROM packages WHERE id=?1 UNION ALL SELECT 1 FROM grant_epochs "
                 "WHERE extension=?1 UNION ALL SELECT 1 FROM lifecycle WHERE extension=?1 "
                 "UNION ALL SELECT 1 FROM events WHERE extension=?1 UNION ALL SELECT 1 FROM "
@@ -598,8 +724,8 @@ class StateStore:
 
     def extensions(self) -> list[str]:
         """Every extension the state knows of, installed or not (revoked ones keep records)."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT id FROM packages UNION SELECT extension FROM grant_epochs "
                 "UNION SELECT extension FROM lifecycle ORDER BY 1"
             ).fetchall()
@@ -612,11 +738,11 @@ class StateStore:
         data_bytes = (
             sum(p.stat().st_size for p in data.rglob("*") if p.is_file()) if data.exists() else 0
         )
-        with self._lock:
-            n_events = self._db.execute(
+        with self._reading() as db:
+            n_events = db.execute(
                 "SELECT COUNT(*) FROM events WHERE extension=?", (extension,)
             ).fetchone()[0]
-            n_grants = self._db.execute(
+            n_grants = db.execute(
                 "SELECT COUNT(*) FROM grants WHERE extension=?", (extension,)
             ).fetchone()[0]
         return {

@@ -33,21 +33,32 @@ import attrs
 
 from .errors import (
     AdmissionError,
+    ConfigError,
     ManifestError,
     PackageError,
     SignatureError,
     WasihostError,
 )
+from .host_options import check_extension_id
 from .lifecycle import State, clip_reason
 from .manifest import Manifest, declared_publisher, parse_manifest, version_order
 from .package import MANIFEST_NAME, Package, is_archive, load_package, manifest_text
-from .packaging import signing, sshsig
+from .packaging import contents, signing, sshsig
 from .packaging.allowed_signers import SshSigned, read_ssh_signature
 from .packaging.archive import read_archive
 from .packaging.files import read_package_file
 from .packaging.revocation import Claims, RevocationList
 from .packaging.trust import TrustStore
-from .state import InstalledPackage, fsync_path, remove_tree, sync_tree
+from .state import (
+    CHECKPOINTS_DIR_NAME,
+    PACKAGES_DIR_NAME,
+    InstalledPackage,
+    fsync_path,
+    record_path,
+    relative_name,
+    remove_tree,
+    sync_tree,
+)
 
 if TYPE_CHECKING:
     from .extension import Extension
@@ -100,8 +111,44 @@ def _same_publisher_as_kept(
     )
 
 
+def content_digest(manifest: bytes, module: str, wasm: bytes) -> str:
+    """What an unsigned install records of its content: the SHA-256 of the content record
+    (``packaging/contents``, as an archive's package digest) of its manifest and module."""
+    return hashlib.sha256(contents.render({MANIFEST_NAME: manifest, module: wasm})).hexdigest()
+
+
+def _unsigned_content(host: Host, root: Path, package: Package) -> str:
+    """The content digest of the package directory ``root``, whose module ``package`` holds:
+    its manifest read again must say what ``package``'s says (else it changed meanwhile)."""
+    assert package.manifest is not None
+    text = manifest_text(root)
+    try:
+        again: Manifest | None = parse_manifest(text.decode("utf-8"), host.registry.capabilities())
+    except (UnicodeDecodeError, ManifestError):
+        again = None
+    if again != package.manifest:
+        raise PackageError(f"{root}: its {MANIFEST_NAME} changed while it was read")
+    return content_digest(text, package.manifest.module, package.wasm)
+
+
+def _installed_content(host: Host, installed: InstalledPackage) -> str | None:
+    """An install's content digest: recorded, or (a record from before unsigned installs
+    recorded one) of its tree as it is; None if the tree cannot be read."""
+    if installed.content_digest is not None:
+        return installed.content_digest
+    try:
+        package = load_package(installed.path, host.registry.capabilities())
+        return _unsigned_content(host, installed.path, package)
+    except WasihostError:
+        return None
+
+
 def _check_version(
-    package: Package, current: InstalledPackage | None, allow_downgrade: bool
+    host: Host,
+    source: str | Path,
+    package: Package,
+    current: InstalledPackage | None,
+    allow_downgrade: bool,
 ) -> None:
     assert package.manifest is not None
     if current is None:
@@ -112,8 +159,16 @@ def _check_version(
             f"{current.id} {old} is installed; installing {new} would downgrade it "
             "(allow_downgrade=True, or --allow-downgrade)"
         )
-    ours = package.package_digest if package.signer is not None else package.sha256
-    theirs = current.package_digest or current.sha256
+    if version_order(new) != version_order(old):
+        return
+    # One content per release: a signed package's digest, or an unsigned one's manifest and
+    # module (with the module alone, another manifest with an extra command or a longer
+    # timeout replaced the installed one as "the same" version).
+    if package.signer is not None:
+        ours: str | None = package.package_digest
+    else:
+        ours = _unsigned_content(host, Path(source), package)
+    theirs = current.package_digest or _installed_content(host, current)
     if ours == theirs:
         return
     if new == old:
@@ -121,7 +176,7 @@ def _check_version(
         raise PackageError(
             f"{current.id} {old} is installed with other content; a new release needs a new version"
         )
-    if not allow_downgrade and version_order(new) == version_order(old):
+    if not allow_downgrade:
         # Build metadata (SemVer's "+...") orders nothing: 1.0.0+build.1 and 1.0.0+build.2 are
         # the same release to the version order, so an older build of it replayed over a newer
         # one was neither a downgrade nor "the same version" (compared as strings).
@@ -161,7 +216,7 @@ def candidate(
     _same_publisher(package, current)
     if current is None:
         _same_publisher_as_kept(package, manifest.id, store.publisher_pin(manifest.id), adopt_data)
-    _check_version(package, current, allow_downgrade)
+    _check_version(host, source, package, current, allow_downgrade)
     return package, current
 
 
@@ -172,6 +227,7 @@ def write_install(
     store = host.require_state()
     manifest = package.manifest
     assert manifest is not None
+    unsigned = None  # a package directory's content digest: what its record vouches for
     if is_archive(source):
         files = {ARCHIVE_NAME: read_package_file(Path(source))}
         if ssh is not None:
@@ -194,7 +250,8 @@ def write_install(
                 "installed"
             )
         files = {MANIFEST_NAME: text, manifest.module: package.wasm}
-    digest = package.package_digest or package.sha256
+        unsigned = content_digest(text, manifest.module, package.wasm)
+    digest = package.package_digest or unsigned or package.sha256
     tree = store.write_tree(manifest.id, manifest.version, digest, files)
     return InstalledPackage(
         manifest.id,
@@ -205,16 +262,32 @@ def write_install(
         package_digest=package.package_digest if package.signer is not None else None,
         signer=package.signer,
         verified_by=package.verified_by,
+        content_digest=unsigned,
     )
 
 
 def verify_installed(host: Host, installed: InstalledPackage) -> Package:
     """Load an installed package again and check it is what was installed: the same module
     bytes and, for a signed archive, a signature that still verifies against the host's trust,
-    by the same publisher, over the same package digest."""
+    by the same publisher, over the same package digest; for an unsigned install, the same
+    manifest and module (its content digest)."""
     caps = host.registry.capabilities()
     if installed.package_digest is None:
+        if installed.content_digest is None:
+            raise PackageError(
+                f"{installed.id} {installed.version} was installed unsigned before install "
+                "records covered the manifest: install it again (wasihost install DIR; remove "
+                "it first if its tree was changed) so that its manifest is checked at each start"
+            )
         package = load_package(installed.path, caps)
+        if package.manifest is None:
+            raise PackageError(f"{installed.id} {installed.version}: its manifest is gone")
+        found = _unsigned_content(host, installed.path, package)
+        if found != installed.content_digest:
+            raise PackageError(
+                f"{installed.id} {installed.version}: installed manifest or module changed on "
+                f"disk (content sha256 {found[:16]}, recorded {installed.content_digest[:16]})"
+            )
     else:
         ssh = None
         signature = installed.path / SSH_SIGNATURE_NAME
@@ -342,7 +415,7 @@ def take_checkpoint(host: Host, extension: str, version: str) -> Path:
     """Copy the extension's durable state (its data directory and what each checkpointing
     broker keeps for it) into a new checkpoint directory."""
     store = host.require_state()
-    target = store.checkpoints_dir / extension / f"{version}-{time.time_ns()}"
+    target = store.checkpoint_dir(extension) / f"{version}-{time.time_ns()}"
     target.mkdir(parents=True, mode=0o700)
     data = store.data_dir(extension)
     if data.exists():
@@ -384,7 +457,7 @@ def exclusive(host: Host, extension: str, *, alone: bool = False) -> Iterator[No
     (a transaction that changes the extension's state: update, rollback, removal), also
     refuse if another host on the state directory has it admitted (:class:`Presence`), and
     keep any from admitting it until the block ends."""
-    fd = _lock_file(host.require_state().directory, f"{extension}.lock")
+    fd = _lock_file(host.require_state().directory, f"{check_extension_id(extension)}.lock")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -538,7 +611,7 @@ def still_current(host: Host, extension: str, seen: InstalledPackage | None) -> 
 
 
 def _pending(host: Host, extension: str) -> Path:
-    return host.require_state().checkpoints_dir / extension / PENDING_NAME
+    return host.require_state().checkpoint_dir(extension) / PENDING_NAME
 
 
 def _mark_pending(host: Host, extension: str, checkpoint: Path, running: Path) -> int:
@@ -549,7 +622,9 @@ def _mark_pending(host: Host, extension: str, checkpoint: Path, running: Path) -
     lock goes with the process that held it)."""
     marker = _pending(host, extension)
     tmp = marker.with_name(f".{PENDING_NAME}.{os.getpid()}.tmp")
-    doc = json.dumps({"checkpoint": str(checkpoint), "running": str(running)}).encode()
+    directory = host.require_state().directory
+    names = {"checkpoint": checkpoint, "running": running}
+    doc = json.dumps({k: relative_name(directory, v) for k, v in names.items()}).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -600,17 +675,20 @@ def recover_interrupted(host: Host, extension: str) -> str | None:
 
 
 def _recover(host: Host, extension: str, marker: Path, fd: int) -> str:
+    store = host.require_state()
     try:
         doc = json.loads(os.read(fd, MAX_PENDING_BYTES))
-        checkpoint, running = Path(doc["checkpoint"]), doc["running"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        checkpoint = record_path(
+            store.directory, extension, CHECKPOINTS_DIR_NAME, doc["checkpoint"]
+        )
+        running = record_path(store.directory, extension, PACKAGES_DIR_NAME, doc["running"])
+    except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
         raise PackageError(
             f"{extension}: an interrupted update left {marker}, which cannot be read ({exc}); "
             "restore its state by hand from the checkpoints directory, then remove the file"
         ) from None
-    store = host.require_state()
     active = store.package(extension)
-    if active is not None and str(active.path) == running:
+    if active is not None and active.path == running:
         restore_checkpoint(host, extension, checkpoint)
         done = f"the host stopped during an update or rollback; state restored from {checkpoint}"
     else:
@@ -645,6 +723,7 @@ def remove(host: Host, extension: str, *, purge: bool) -> None:
     the id known and the same command can be run again to completion (with the records gone
     first, a second purge refused the id and the brokers' rows stayed, for the next install of
     that id to find)."""
+    check_extension_id(extension)
     store = host.require_state()
     store.check_removable(extension, purge=purge)
     with exclusive(host, extension, alone=True):
@@ -817,6 +896,7 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
     """Return ``extension`` to the version its last update replaced: the current version's
     reversible migration runs down, or else the checkpoint taken before that update is
     restored; the earlier version is verified again and started before the switch."""
+    check_extension_id(extension)  # before its lock file is named after it
     with exclusive(host, extension, alone=True):
         return _rollback(host, extension)
 
@@ -883,10 +963,10 @@ def prune(host: Host, record: InstalledPackage) -> None:
     a killed host left (``.*.installing``) included, since no other write runs meanwhile."""
     store = host.require_state()
     keep_trees = {record.path} | ({record.previous.path} if record.previous else set())
-    for tree in (store.packages_dir / record.id).iterdir():
+    for tree in store.package_dir(record.id).iterdir():
         if tree not in keep_trees:
             remove_tree(tree)
-    checkpoints = store.checkpoints_dir / record.id
+    checkpoints = store.checkpoint_dir(record.id)
     if checkpoints.exists():
         for checkpoint in checkpoints.iterdir():
             if checkpoint != record.checkpoint:

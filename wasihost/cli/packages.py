@@ -47,6 +47,9 @@ def _cmd_update(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
+    from ..host_options import check_extension_id
+
+    check_extension_id(args.extension)  # before the state directory is opened or made
     with _state_host(args) as host:
         before = host.require_state().package(args.extension)
         pkg = host.rollback(args.extension)
@@ -264,6 +267,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_remove(args: argparse.Namespace) -> int:
+    from ..host_options import check_extension_id
+
+    check_extension_id(args.extension)  # before the state directory is opened or made
     with _state_host(args) as host:
         from ..updates import remove
 

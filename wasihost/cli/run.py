@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import cbor_json
-from ..errors import CallError, CodecError, FailureClass
+from ..errors import CallError, CodecError, ConfigError, FailureClass
 from ..package import Package, is_archive, load_package
 from ..policy import Policy
 from ..registry import AbiVersion, default_registry
@@ -47,8 +47,13 @@ def _not_shadowing(args: argparse.Namespace) -> None:
     """``run NAME --state-dir D`` where NAME is both a path here and an extension installed in
     D: running the path would run whatever a file or directory of that name in the current
     directory holds, under the CLI's grants, instead of the installed, verified extension."""
+    from ..host_options import check_extension_id
     from ..state import StateStore
 
+    try:
+        check_extension_id(args.source)
+    except ConfigError:
+        return  # no extension has that id (a file name that is not UTF-8, say): the path runs
     store = StateStore(args.state_dir)
     try:
         shadowed = store.package(args.source) is not None
