@@ -1,0 +1,42 @@
+"""Regression tests for issue 28's broker findings (red-team review, items 12-19): each failed
+on the code before its fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+from test_cli import run_cli
+
+from wasihost.kvstore import KVStore
+from wasihost.kvtypes import DB_NAME as STORAGE_DB
+
+# -- 12: a purge leaves no copy of the purged values in the database's files ----------------------
+
+
+def test_a_purge_leaves_no_purged_value_in_the_files_while_another_host_holds_the_database(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Another host with the storage database open keeps the WAL from being removed at close:
+    the purged value stayed in it (and, deleted, in the database's free space) for anyone who
+    reads the files."""
+    state_dir = tmp_path / "state"
+    state = ["--state-dir", str(state_dir)]
+    ext = "org.wasihost.fixtures.storage"
+    assert run_cli(capsys, "install", str(FIXTURES / "storage"), *state)[0] == 0
+    assert run_cli(capsys, "grants", "grant", ext, "storage", *state)[0] == 0
+    secret = b"purge-me-0123456789abcdef" * 4
+    put = '{"key": "k", "value": {"$bytes": "%s"}}' % secret.hex()
+    other = KVStore(state_dir / STORAGE_DB)  # another host, with the database open throughout
+    try:
+        assert run_cli(capsys, "run", ext, "put", "--input", put, *state)[:2] == (0, "null\n")
+        code, out, _ = run_cli(capsys, "remove", ext, "--purge", *state)
+        assert (code, out) == (0, f"removed {ext} and its data\n")
+        files = sorted(state_dir.glob(STORAGE_DB + "*"))
+        assert files, "the storage database is where the test looks"
+        for path in files:
+            assert secret not in path.read_bytes(), f"{path.name} still holds the purged value"
+        assert other.check() == []
+    finally:
+        other.close()
