@@ -3,6 +3,7 @@ on the code before its fix."""
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from test_cli import run_cli
 
 from wasihost.kvstore import KVStore
 from wasihost.kvtypes import DB_NAME as STORAGE_DB
+from wasihost.netpolicy import METADATA_ENDPOINTS, MetadataEndpoint, address_refusal
 
 # -- 12: a purge leaves no copy of the purged values in the database's files ----------------------
 
@@ -40,3 +42,33 @@ def test_a_purge_leaves_no_purged_value_in_the_files_while_another_host_holds_th
         assert other.check() == []
     finally:
         other.close()
+
+
+# -- 13: every cloud metadata endpoint is refused, allow_local_network or not ------------------
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["169.254.170.23", "fd00:ec2::23", "169.254.0.23", "fd20:ce::254"],
+)
+def test_the_metadata_endpoints_the_review_named_are_refused_with_the_local_network(
+    address: str,
+) -> None:
+    """EKS Pod Identity (both families), Tencent and GCE over IPv6 were reachable with
+    allow_local_network: they were only 'link-local' or 'private'."""
+    assert address_refusal(address, allow_local_network=True) == "metadata"
+    assert address_refusal(address, allow_local_network=False) == "metadata"
+
+
+@pytest.mark.parametrize("endpoint", METADATA_ENDPOINTS, ids=lambda e: e.address)
+def test_every_metadata_endpoint_cites_its_source_and_is_refused_in_every_spelling(
+    endpoint: MetadataEndpoint,
+) -> None:
+    assert endpoint.service and endpoint.source
+    assert endpoint.source.startswith("https://") or "documentation" in endpoint.source
+    address = ipaddress.ip_address(endpoint.address)
+    assert address_refusal(endpoint.address, allow_local_network=True) == "metadata"
+    if isinstance(address, ipaddress.IPv4Address):
+        # In the IPv6 forms that may carry it to a translator (netpolicy's embeddings).
+        for v6 in (f"::ffff:{address}", f"64:ff9b::{address}", f"64:ff9b:1::{address}"):
+            assert address_refusal(v6, allow_local_network=True) == "metadata", v6
