@@ -4,12 +4,18 @@ on the code before its fix."""
 from __future__ import annotations
 
 import ipaddress
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 from conftest import FIXTURES
 from test_cli import run_cli
+from test_http import http_host, package
+from test_redteam_http import HOLD_S, answer, counted, raw_server
 
+from wasihost.brokers.http import MAX_INFLIGHT_PER_EXTENSION
+from wasihost.errors import CallError
 from wasihost.kvstore import KVStore
 from wasihost.kvtypes import DB_NAME as STORAGE_DB
 from wasihost.netpolicy import METADATA_ENDPOINTS, MetadataEndpoint, address_refusal
@@ -72,3 +78,61 @@ def test_every_metadata_endpoint_cites_its_source_and_is_refused_in_every_spelli
         # In the IPv6 forms that may carry it to a translator (netpolicy's embeddings).
         for v6 in (f"::ffff:{address}", f"64:ff9b::{address}", f"64:ff9b:1::{address}"):
             assert address_refusal(v6, allow_local_network=True) == "metadata", v6
+
+
+# -- 14: concurrent responses together read no more than the hourly quota left ------------------
+
+
+def test_concurrent_responses_share_what_is_left_of_the_hourly_quota(
+    tmp_path: Path, cache: Path
+) -> None:
+    """Each response was capped at the quota left when it started: four at once, each within
+    it, read 3-4x the hour's bytes. Now every read takes its bytes from the quota first."""
+    budget = 60_000
+    body = b"x" * 40_000  # one fits the hour, two do not
+    arrived = threading.Semaphore(0)
+    all_in = threading.Event()
+    lock = threading.Lock()
+    count = [0]
+
+    def together(sock: socket.socket, head: bytes) -> None:
+        with lock:
+            count[0] += 1
+            if count[0] == MAX_INFLIGHT_PER_EXTENSION:
+                all_in.set()
+        arrived.release()
+        all_in.wait(HOLD_S)  # every request started (and looked at the quota) first
+        answer(b"200 OK", body)(sock, head)
+
+    answers: list[object] = []
+    with http_host(cache) as h, raw_server(together) as server:
+        pkg = package(tmp_path, [server.origin()], bytes_per_hour=budget)
+        manifest = (pkg / "extension.toml").read_text()
+        (pkg / "extension.toml").write_text(
+            manifest.replace(
+                "timeout_ms = 2000",
+                f"timeout_ms = 10000\nmax_concurrency = {MAX_INFLIGHT_PER_EXTENSION}",
+            )
+        )
+        ext = h.load(pkg)
+        h.grant(ext.id, "http", {"allow_local_network": True})
+        ext.start()
+
+        def one() -> None:
+            try:
+                answers.append(ext.call("fetch", {"url": f"{server.origin()}/"})["status"])
+            except CallError as exc:
+                answers.append(exc.guest_class)
+
+        callers = [
+            threading.Thread(target=one, daemon=True) for _ in range(MAX_INFLIGHT_PER_EXTENSION)
+        ]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(HOLD_S)
+        assert all_in.is_set(), "the requests were not in flight at once"
+        assert len(answers) == MAX_INFLIGHT_PER_EXTENSION
+        assert answers.count(200) <= 1, answers
+        assert set(answers) <= {200, "quota_exceeded"}, answers
+        assert counted(ext) <= budget
