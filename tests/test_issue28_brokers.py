@@ -3,8 +3,12 @@ on the code before its fix."""
 
 from __future__ import annotations
 
+import base64
 import ipaddress
+import json
+import re
 import socket
+import textwrap
 import threading
 from pathlib import Path
 
@@ -18,6 +22,7 @@ from wasihost.brokers.http import MAX_INFLIGHT_PER_EXTENSION
 from wasihost.errors import CallError
 from wasihost.kvstore import KVStore
 from wasihost.kvtypes import DB_NAME as STORAGE_DB
+from wasihost.scrub import scrub, secret_forms
 from wasihost.netpolicy import METADATA_ENDPOINTS, MetadataEndpoint, address_refusal
 
 # -- 12: a purge leaves no copy of the purged values in the database's files ----------------------
@@ -136,3 +141,37 @@ def test_concurrent_responses_share_what_is_left_of_the_hourly_quota(
         assert answers.count(200) <= 1, answers
         assert set(answers) <= {200, "quota_exceeded"}, answers
         assert counted(ext) <= budget
+
+
+# -- 15: base64 broken into lines is scrubbed at every alignment ---------------------------------
+
+MIME_SECRET = b"sk-live-4f9a1c2e7b3d5f60a8c9e1d2b3a4f5e6"
+
+
+def _wrapped_forms(alignment: int) -> list[tuple[str, bytes]]:
+    blob = bytes(range(alignment)) + MIME_SECRET + b"\x00trailer"
+    mime = base64.encodebytes(blob)  # a line break every 76 characters
+    return [
+        ("mime", mime),
+        ("mime crlf", mime.replace(b"\n", b"\r\n")),
+        ("pem", "\n".join(textwrap.wrap(base64.b64encode(blob).decode(), 64)).encode()),
+        ("json", json.dumps({"attachment": mime.decode()}).encode()),
+        ("urlsafe", mime.translate(bytes.maketrans(b"+/", b"-_"))),
+    ]
+
+
+@pytest.mark.parametrize("alignment", range(26))
+def test_base64_broken_into_lines_is_scrubbed_at_every_alignment(alignment: int) -> None:
+    """MIME wraps base64 every 76 characters: a secret whose form a line break fell inside
+    came back whole (19 of 26 alignments)."""
+    forms = secret_forms(MIME_SECRET)
+    for name, text in _wrapped_forms(alignment):
+        cleaned = scrub(b"<pre>" + text + b"</pre>", forms)
+        joined = re.sub(rb"\r|\n|\\r|\\n", b"", cleaned)
+        for shift in range(4):
+            # Decoded at each character alignment, the secret is nowhere.
+            chunk = joined[shift:].translate(bytes.maketrans(b"-_", b"+/"))
+            letters = re.sub(rb"[^A-Za-z0-9+/]", b"", chunk)
+            decoded = base64.b64decode(letters[: len(letters) // 4 * 4])
+            assert MIME_SECRET not in decoded, (name, shift)
+        assert not any(form in joined for form in forms), name
