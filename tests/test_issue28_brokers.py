@@ -4,6 +4,7 @@ on the code before its fix."""
 from __future__ import annotations
 
 import base64
+import gzip
 import ipaddress
 import json
 import re
@@ -15,15 +16,19 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 from test_cli import run_cli
-from test_http import http_host, package
-from test_redteam_http import HOLD_S, answer, counted, raw_server
+from test_http import AUTH, SECRET, http_host, package, resolve
+from test_redteam_http import HOLD_S, Script, answer, counted, raw_server
 
-from wasihost.brokers.http import MAX_INFLIGHT_PER_EXTENSION
+from wasihost.brokers.http import MAX_INFLIGHT_PER_EXTENSION, HttpBroker
+from wasihost.brokers.secrets import SecretsBroker
 from wasihost.errors import CallError
 from wasihost.kvstore import KVStore
 from wasihost.kvtypes import DB_NAME as STORAGE_DB
 from wasihost.scrub import scrub, secret_forms
 from wasihost.netpolicy import METADATA_ENDPOINTS, MetadataEndpoint, address_refusal
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+from wasihost.secrets import MemorySecretStore
 
 # -- 12: a purge leaves no copy of the purged values in the database's files ----------------------
 
@@ -175,3 +180,61 @@ def test_base64_broken_into_lines_is_scrubbed_at_every_alignment(alignment: int)
             decoded = base64.b64decode(letters[: len(letters) // 4 * 4])
             assert MIME_SECRET not in decoded, (name, shift)
         assert not any(form in joined for form in forms), name
+
+
+# -- 16: a transfer coding other than chunked is refused ----------------------------------------
+
+
+def _reflect_coded(transfer_encoding: bytes) -> Script:
+    """Reflects the request's Authorization header gzip-compressed as a transfer coding,
+    framed in chunks when the coding list ends in chunked."""
+
+    def script(sock: socket.socket, head: bytes) -> None:
+        reflected = gzip.compress(head.split(b"\r\n\r\n")[0])
+        body = reflected
+        if transfer_encoding.endswith(b"chunked"):
+            body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(reflected), reflected)
+        sock.sendall(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: " + transfer_encoding + b"\r\n"
+            b"Connection: close\r\n\r\n" + body
+        )
+        sock.shutdown(socket.SHUT_WR)
+
+    return script
+
+
+@pytest.mark.parametrize(
+    "transfer_encoding",
+    [b"gzip, chunked", b"gzip,chunked", b"deflate, chunked", b"gzip", b"chunked, chunked"],
+)
+def test_a_transfer_coding_other_than_chunked_is_refused(
+    cache: Path, tmp_path: Path, transfer_encoding: bytes
+) -> None:
+    """Only Content-Encoding was checked: a secret reflected under ``Transfer-Encoding: gzip,
+    chunked`` reached the guest compressed, where the scrubber could not see it."""
+    secrets = SecretsBroker(MemorySecretStore({"api-token": SECRET}))
+    policy = Policy(allow={"http", "secrets", "log"})
+    broker = HttpBroker(resolver=resolve)
+    with (
+        Host(policy, cache_dir=cache, brokers=[broker, secrets]) as host,
+        raw_server(_reflect_coded(transfer_encoding)) as server,
+    ):
+        ext = host.load(package(tmp_path, [server.origin()]))
+        host.grant(ext.id, "http", {"allow_local_network": True})
+        host.grant(ext.id, "secrets", {"headers": {"api-token": [server.origin()]}})
+        with pytest.raises(CallError) as info:
+            ext.call("fetch", {"url": f"{server.origin()}/", "headers": [AUTH]})
+        assert info.value.guest_class == "unavailable"
+
+
+def test_a_chunked_response_is_still_served(cache: Path, tmp_path: Path) -> None:
+    def script(sock: socket.socket, head: bytes) -> None:
+        sock.sendall(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
+        )
+
+    with http_host(cache) as host, raw_server(script) as server:
+        ext = host.load(package(tmp_path, [server.origin()]))
+        host.grant(ext.id, "http", {"allow_local_network": True})
+        got = ext.call("fetch", {"url": f"{server.origin()}/"})
+        assert (got["status"], got["body"]) == (200, b"hi")

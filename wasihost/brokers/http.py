@@ -959,6 +959,14 @@ class HttpBroker:
             raise HostStatus(Status.PAYLOAD_TOO_LARGE)
         if not state.received(meter.uncounted()):
             raise HostStatus(Status.QUOTA_EXCEEDED)
+        transfer = response.headers.get("Transfer-Encoding")
+        if transfer is not None and [c.strip().lower() for c in transfer.split(",")] != [
+            "chunked"
+        ]:
+            # The host sends no TE, so chunked is the one transfer coding a server may use
+            # (RFC 9112 section 6.1); any other left the body coded (a secret reflected under
+            # "gzip, chunked" reached the guest compressed, where the scrubber cannot see it).
+            raise HostStatus(Status.UNAVAILABLE)
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         if forms and encoding != "identity":
             # The host asked for identity; a compressed body could carry the secret in a form
