@@ -7,19 +7,22 @@ import base64
 import gzip
 import ipaddress
 import json
+import os
 import re
 import socket
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, FakeClock
 from test_cli import run_cli
 from test_http import AUTH, SECRET, http_host, package, resolve
 from test_redteam_http import HOLD_S, Script, answer, counted, raw_server
 
 from wasihost.brokers.http import MAX_INFLIGHT_PER_EXTENSION, HttpBroker
+from wasihost.brokers.files import MAX_SWEEP_WAIT_S, FilesBroker
 from wasihost.brokers.secrets import SecretsBroker
 from wasihost.errors import CallError
 from wasihost.kvstore import KVStore
@@ -29,6 +32,9 @@ from wasihost.netpolicy import METADATA_ENDPOINTS, MetadataEndpoint, address_ref
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.secrets import MemorySecretStore
+
+FILES_FIXTURE = FIXTURES / "files"
+FILES_TTL_S = 60.0
 
 # -- 12: a purge leaves no copy of the purged values in the database's files ----------------------
 
@@ -238,3 +244,42 @@ def test_a_chunked_response_is_still_served(cache: Path, tmp_path: Path) -> None
         host.grant(ext.id, "http", {"allow_local_network": True})
         got = ext.call("fetch", {"url": f"{server.origin()}/"})
         assert (got["status"], got["body"]) == (200, b"hi")
+
+
+# -- 17: a temporary file is closed when its time is up, with no call of its extension ----------
+
+
+def test_a_temporary_file_is_closed_at_its_ttl_without_another_call(
+    tmp_path: Path, cache: Path
+) -> None:
+    """An expired temporary file kept its descriptor and its disk (and its handle counted)
+    until the extension's next files call, which an idle extension never makes."""
+    clock = FakeClock()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "tmp").mkdir()
+    broker = FilesBroker(clock=clock, temp_ttl_s=FILES_TTL_S, temp_dir=tmp_path / "tmp")
+    with Host(Policy(allow={"files", "log"}), cache_dir=cache, brokers=[broker]) as host:
+        ext = host.load(FILES_FIXTURE)
+        mounts = {"data": {"host": str(tmp_path / "data"), "mode": "rw"}}
+        host.grant(ext.id, "files", {"mounts": mounts})
+        ext.call("temp-keep", {"data": b"warm-up"})  # instantiated, and one file to expire
+        clock.now += FILES_TTL_S
+        ext.call("temp-keep", {"data": b"warm-up"})  # that call swept the first
+        fds = _open_fds()
+        ext.call("temp-keep", {"data": b"x" * 4096})
+        assert _open_fds() == fds + 1
+        assert ext.usage().open_handles == 2
+        clock.now += FILES_TTL_S - 1
+        time.sleep(2 * MAX_SWEEP_WAIT_S)
+        assert _open_fds() == fds + 1, "closed before its time"
+        clock.now += 1
+        deadline = time.monotonic() + 10 * MAX_SWEEP_WAIT_S
+        while _open_fds() > fds - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _open_fds() == fds - 1  # both files closed, no call made
+        assert ext.usage().open_handles == 0
+    assert not [t for t in threading.enumerate() if t.name == "wasihost-files-sweeper"]
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
