@@ -21,16 +21,16 @@ from test_cli import run_cli
 from test_http import AUTH, SECRET, http_host, package, resolve
 from test_redteam_http import HOLD_S, Script, answer, counted, raw_server
 
-from wasihost.brokers.http import MAX_INFLIGHT_PER_EXTENSION, HttpBroker
 from wasihost.brokers.files import MAX_SWEEP_WAIT_S, FilesBroker
+from wasihost.brokers.http import MAX_INFLIGHT_PER_EXTENSION, HttpBroker
 from wasihost.brokers.secrets import SecretsBroker
 from wasihost.errors import CallError
 from wasihost.kvstore import KVStore
 from wasihost.kvtypes import DB_NAME as STORAGE_DB
-from wasihost.scrub import scrub, secret_forms
 from wasihost.netpolicy import METADATA_ENDPOINTS, MetadataEndpoint, address_refusal
 from wasihost.policy import Policy
 from wasihost.runtime import Host
+from wasihost.scrub import scrub, secret_forms
 from wasihost.secrets import MemorySecretStore
 
 FILES_FIXTURE = FIXTURES / "files"
@@ -51,7 +51,7 @@ def test_a_purge_leaves_no_purged_value_in_the_files_while_another_host_holds_th
     assert run_cli(capsys, "install", str(FIXTURES / "storage"), *state)[0] == 0
     assert run_cli(capsys, "grants", "grant", ext, "storage", *state)[0] == 0
     secret = b"purge-me-0123456789abcdef" * 4
-    put = '{"key": "k", "value": {"$bytes": "%s"}}' % secret.hex()
+    put = json.dumps({"key": "k", "value": {"$bytes": secret.hex()}})
     other = KVStore(state_dir / STORAGE_DB)  # another host, with the database open throughout
     try:
         assert run_cli(capsys, "run", ext, "put", "--input", put, *state)[:2] == (0, "null\n")

@@ -270,7 +270,8 @@ class FilesState:
 
     def next_expiry(self) -> float | None:
         """When its next temporary file expires (called under the lock); None: it has none."""
-        return min((f.expires for f in self.handles.values() if f.expires is not None), default=None)
+        expiries = [f.expires for f in self.handles.values() if f.expires is not None]
+        return min(expiries, default=None)
 
     def get(self, handle: int) -> OpenFile:
         f = self.handles.get(handle)
