@@ -477,6 +477,54 @@ def test_revoking_events_drops_queued_events_and_subscriptions(host: Host) -> No
     assert broker.delivered == 0
 
 
+def test_revoking_events_ends_the_subscriptions_at_once_a_new_grant_does_not_revive_them(
+    host: Host,
+) -> None:
+    """Issue 28 item 18: a revocation was noticed at the next publish or delivery; with a new
+    grant in between, the broker saw events granted and kept the old subscription."""
+    ext = subscribed(host, "orders.*")
+    broker = events_of(host)
+    assert set(broker.stats(ext.id)) == {"orders.*"}
+    host.revoke(ext.id, "events")
+    assert broker.stats(ext.id) == {}  # at once, before any publish
+    host.grant(ext.id, "events")
+    assert host.publish("orders.created", 1) == 0
+    drained(host)
+    assert received(ext) == []
+    # A subscription made under the new grant is served.
+    assert ext.call("subscribe", {"class": "orders.*"}) is None
+    assert host.publish("orders.created", 2) == 1
+    drained(host)
+    assert [e["payload"] for e in received(ext)] == [2]
+
+
+def test_a_revocation_and_grant_by_another_host_end_the_subscriptions_at_its_sync(
+    cache: Path, tmp_path: Path
+) -> None:
+    """The other host's revocation and new grant both land before this host looks: the grant
+    it adopts is held since a later epoch, so what the old one made ends."""
+    state = tmp_path / "state"
+    with Host(POLICY, cache_dir=cache, state_dir=state) as host:
+        for capability in ("events", "log"):
+            host.grant("org.wasihost.fixtures.events", capability)
+        ext = subscribed(host, "orders.*")
+        with Host(POLICY, cache_dir=cache, state_dir=state) as other:
+            other.revoke(ext.id, "events")
+            other.grant(ext.id, "events")
+        assert host.sync_grants() == [ext.id]
+        assert events_of(host).stats(ext.id) == {}
+        assert host.publish("orders.created", 1) == 0
+
+
+def test_a_new_scope_keeps_the_subscriptions_it_still_covers(host: Host) -> None:
+    """A scope change is no revocation: the grant is held throughout (its since_epoch)."""
+    ext = subscribed(host, "orders.created")
+    host.grant(ext.id, "events", {"classes": ["orders.created", "orders.paid"]})
+    assert host.publish("orders.created", 1) == 1
+    drained(host)
+    assert [e["payload"] for e in received(ext)] == [1]
+
+
 def test_a_disabled_extension_gets_no_events(host: Host) -> None:
     ext = subscribed(host, "orders.*")
     broker = events_of(host)

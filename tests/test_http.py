@@ -875,9 +875,12 @@ def test_the_hourly_quota_slides() -> None:
     assert not quota.reserve(41)  # would pass the limit: nothing counted
     assert quota.reserve(40)
     clock.now += 1800
-    assert not quota.add(1)  # still within the hour
+    assert quota.take(1)[0] == 0  # still within the hour: nothing left to take
     clock.now += 1801
-    assert quota.used() == 1 and quota.left() == 99
+    granted, minute = quota.take(30)
+    assert granted == 30 and quota.used() == 30
+    quota.refund(20, minute)  # a read that took 30 and read 10
+    assert quota.used() == 10 and quota.left() == 90
 
 
 # -- secret headers ------------------------------------------------------------------------------

@@ -263,7 +263,8 @@ def test_jobs_of_a_revoked_extension_end_without_running(
     schedule(ext, every_ms=1000)
     schedule(ext, on_event="orders.created")
     host.disable(ext.id, "compromised")
-    assert ticked(host, clock, 1) == 1
+    assert jobs_of(host).stats(ext.id) == {}  # ended by the revocation, not by a run
+    assert ticked(host, clock, 1) == 0
     assert host.publish("orders.created") == 0
     assert gate.runs() == []
     assert jobs_of(host).stats(ext.id) == {}
@@ -275,10 +276,42 @@ def test_jobs_end_when_the_jobs_capability_is_revoked(
     ext = host.load(JOBS)
     schedule(ext, every_ms=1000)
     host.revoke(ext.id, "jobs")
-    assert ticked(host, clock, 1) == 1
+    assert ticked(host, clock, 1) == 0  # ended by the revocation: nothing left to queue
     assert gate.runs() == []
     assert jobs_of(host).stats(ext.id) == {}
     assert refused(ext, "schedule", {"command": "tick", "delay_ms": 0}) == "denied"
+
+
+def test_revoking_jobs_ends_them_at_once_a_new_grant_does_not_revive_them(
+    host: Host, clock: ManualClock, gate: Gate
+) -> None:
+    """Issue 28 item 19: a revocation was noticed at the job's next run; revoked and granted
+    again within one period, the broker saw jobs granted and the periodic job ran on."""
+    ext = host.load(JOBS)
+    schedule(ext, every_ms=1000)
+    schedule(ext, on_event="orders.created")
+    assert len(jobs_of(host).stats(ext.id)) == 2
+    host.revoke(ext.id, "jobs")
+    assert jobs_of(host).stats(ext.id) == {}  # at once, before any tick
+    host.grant(ext.id, "jobs")
+    assert ticked(host, clock, 1) == 0
+    assert host.publish("orders.created") == 0
+    assert gate.runs() == []
+    # A job scheduled under the new grant runs.
+    schedule(ext, every_ms=1000)
+    assert ticked(host, clock, 1) == 1
+
+
+def test_a_policy_no_longer_allowing_jobs_ends_them_and_allowing_it_again_does_not_revive_them(
+    host: Host, clock: ManualClock, gate: Gate
+) -> None:
+    ext = host.load(JOBS)
+    schedule(ext, every_ms=1000)
+    host.update_policy(Policy(allow=POLICY.allow - {"jobs"}))
+    assert jobs_of(host).stats(ext.id) == {}
+    host.update_policy(POLICY)
+    assert ticked(host, clock, 1) == 0
+    assert gate.runs() == []
 
 
 def test_jobs_of_a_closed_extension_end_with_it(host: Host, clock: ManualClock, gate: Gate) -> None:

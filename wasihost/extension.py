@@ -1196,6 +1196,20 @@ class Extension:
             self._discard()
             raise self._unavailable(during=what) from None
 
+    def withdraw(self, capabilities: frozenset[str]) -> None:
+        """The host withdrew ``capabilities`` (a revocation, here or by another host, or a
+        policy no longer allowing them): every broker holding long-lived state made under
+        one (events subscriptions, jobs) ends it now. Checked only at their next use, it
+        outlived a revocation followed by a new grant (red-team 2026-12-01, issue 28)."""
+        if not capabilities:
+            return
+        with self._lock:
+            states = tuple(self._broker_states.values())
+        for broker, state in states:
+            withdraw = getattr(broker, "withdraw", None)
+            if withdraw is not None:
+                withdraw(state, capabilities)
+
     def on_revoked(self, reason: str) -> None:
         """Called by the host from any thread: stop the call in flight, refuse the next."""
         self.lifecycle.try_fire(Event.REVOKE, reason)

@@ -80,7 +80,10 @@ def canonical_scope(scope: Mapping[str, Any] | None) -> str:
 
 @attrs.frozen
 class GrantEntry:
-    """One active grant: a capability, its scope (canonical JSON), the epoch that made it."""
+    """One active grant: a capability, its scope (canonical JSON), and the epoch since which
+    it has been held without a break (a new scope keeps it; a revocation ends it, and a later
+    grant starts a new one: so a broker can tell a grant held throughout from one revoked and
+    given again, issue 28 items 18-19)."""
 
     capability: str
     scope: str = "{}"
@@ -104,6 +107,22 @@ class GrantState:
         if self.revoked is not None:
             return Grant(frozenset(), self.epoch)
         return Grant(frozenset(self.entries), self.epoch)
+
+
+def withdrawn(before: GrantState | None, after: GrantState | None) -> frozenset[str]:
+    """The capabilities ``before`` held that ``after`` no longer holds without a break: gone,
+    revoked with the whole extension, or revoked and granted again since (a new
+    ``since_epoch``). What a broker's long-lived state (subscriptions, jobs) made under them
+    must end."""
+    if before is None or before.revoked is not None:
+        return frozenset()
+    if after is None or after.revoked is not None:
+        return frozenset(before.entries)
+    return frozenset(
+        c
+        for c, entry in before.entries.items()
+        if c not in after.entries or after.entries[c].since_epoch != entry.since_epoch
+    )
 
 
 class GrantStore(Protocol):
@@ -270,7 +289,8 @@ class GrantTable:
                 return old.epoch
             epoch = self._next_epoch(old)
             entries = dict(old.entries)
-            entries[capability] = GrantEntry(capability, text, epoch)
+            since = current.since_epoch if current is not None else epoch
+            entries[capability] = GrantEntry(capability, text, since)
             return self._put(extension, GrantState(entries, epoch, old.revoked))
         finally:
             self._done(extension, lock)

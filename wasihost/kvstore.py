@@ -9,6 +9,11 @@ extension's or another tenant's rows.
 Every write is one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction, in a WAL database with
 ``synchronous=FULL``: a process killed at any point leaves each value whole (old or new) and
 the usage counters equal to the content.
+
+A deleted value leaves no copy in the files: ``secure_delete`` zeroes the space a row gave up,
+and :meth:`KVStore.replace` (a purge, a rollback) checkpoints the write-ahead log and truncates
+it, which holds every value written since the last checkpoint. Without that, another host with
+the database open kept the WAL, and a purged value in it, alive (red-team 2026-12-01).
 """
 
 from __future__ import annotations
@@ -82,6 +87,9 @@ class KVStore:
                 if mode != "wal":
                     raise ConfigError(f"storage database {path}: cannot use WAL (got {mode})")
                 self._db.execute("PRAGMA synchronous=FULL")
+            # Deleted rows are overwritten with zeros, not left in free space for a file read to
+            # find (the purge's promise; the WAL is truncated by replace()).
+            self._db.execute("PRAGMA secure_delete=ON")
             self._db.executescript(_SCHEMA)
             row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             if row is None:
@@ -215,7 +223,11 @@ class KVStore:
 
     def replace(self, extension: str, source: Path | None) -> None:
         """Make ``extension``'s entries exactly those exported to ``source`` (None: none), in
-        one transaction."""
+        one transaction; then move the write-ahead log into the database and truncate it, so
+        the values dropped are in neither file (another host holding the database open keeps
+        the WAL from being removed at close). :class:`StoreError` if another process kept the
+        log busy past the busy timeout: the entries are replaced, and the same call can be
+        made again to drop the old copies."""
         with self._reading() as db:
             if source is not None:
                 db.execute("ATTACH DATABASE ? AS cp", (str(source),))
@@ -237,6 +249,14 @@ class KVStore:
             finally:
                 if source is not None:
                     db.execute("DETACH DATABASE cp")
+            if self.path is not None:
+                busy, _, _ = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                if busy:
+                    raise StoreError(
+                        f"{extension}'s entries were replaced, but another process kept the "
+                        f"storage database {self.path} busy, so its write-ahead log may still "
+                        "hold the old values: run the same command again"
+                    )
 
     # -- checks ---------------------------------------------------------------------------
 

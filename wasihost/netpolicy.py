@@ -241,19 +241,84 @@ def origin_allowed(
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-# Cloud instance-metadata endpoints: credentials live behind them, so no grant reaches them.
-METADATA_ADDRESSES: Final = frozenset(
-    ipaddress.ip_address(a)
-    for a in (
-        "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean, ...
-        "169.254.170.2",  # AWS ECS task metadata
-        "169.254.169.123",  # AWS time sync (same link-local service network)
-        "100.100.100.200",  # Alibaba Cloud
-        "192.0.0.192",  # Oracle Cloud (classic)
-        "168.63.129.16",  # Azure wire server (a public address with host-only meaning)
-        "fd00:ec2::254",  # AWS IMDS over IPv6
-    )
+@attrs.frozen
+class MetadataEndpoint:
+    """An address where a cloud serves an instance's (or a pod's, a task's) metadata and
+    credentials, with who serves it and the public document that says so."""
+
+    address: str
+    service: str
+    source: str
+
+
+# Cloud metadata and credential endpoints: no grant reaches them, allow_local_network
+# included. Data, one row per address with its source, so that adding one is a row (and
+# tests/test_issue28_brokers.py checks every row is refused and cites a source). Red-team
+# 2026-12-01 (issue 28 item 13): EKS Pod Identity's, Tencent's and GCE's IPv6 endpoint were
+# missing, so a grant with allow_local_network reached them.
+METADATA_ENDPOINTS: Final = (
+    MetadataEndpoint(
+        "169.254.169.254",
+        "AWS, GCP, Azure, OpenStack, DigitalOcean, Oracle, Huawei, ... instance metadata",
+        "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-retrieval.html",
+    ),
+    MetadataEndpoint(
+        "fd00:ec2::254",
+        "AWS EC2 instance metadata over IPv6",
+        "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-retrieval.html",
+    ),
+    MetadataEndpoint(
+        "169.254.170.2",
+        "AWS ECS task metadata and task-role credentials",
+        "https://docs.aws.amazon.com/AmazonECS/latest/developerguide/task-iam-roles.html",
+    ),
+    MetadataEndpoint(
+        "169.254.170.23",
+        "AWS EKS Pod Identity agent (pod credentials)",
+        "https://docs.aws.amazon.com/eks/latest/userguide/pod-id-agent-setup.html",
+    ),
+    MetadataEndpoint(
+        "fd00:ec2::23",
+        "AWS EKS Pod Identity agent over IPv6",
+        "https://docs.aws.amazon.com/eks/latest/userguide/pod-id-agent-setup.html",
+    ),
+    MetadataEndpoint(
+        "169.254.169.123",
+        "AWS time sync (the same link-local service network)",
+        "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/set-time.html",
+    ),
+    MetadataEndpoint(
+        "fd00:ec2::123",
+        "AWS time sync over IPv6",
+        "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/set-time.html",
+    ),
+    MetadataEndpoint(
+        "fd20:ce::254",
+        "Google Compute Engine metadata server over IPv6",
+        "https://cloud.google.com/compute/docs/metadata/querying-metadata",
+    ),
+    MetadataEndpoint(
+        "100.100.100.200",
+        "Alibaba Cloud ECS instance metadata",
+        "https://www.alibabacloud.com/help/en/ecs/user-guide/view-instance-metadata",
+    ),
+    MetadataEndpoint(
+        "169.254.0.23",
+        "Tencent Cloud CVM instance metadata (metadata.tencentyun.com)",
+        "https://www.tencentcloud.com/document/product/213/4934",
+    ),
+    MetadataEndpoint(
+        "192.0.0.192",
+        "Oracle Cloud Infrastructure Classic instance metadata",
+        "Oracle Cloud Infrastructure Classic documentation, 'Retrieving Instance Metadata'",
+    ),
+    MetadataEndpoint(
+        "168.63.129.16",
+        "Azure wire server (a public address with a host-only meaning)",
+        "https://learn.microsoft.com/azure/virtual-network/what-is-ip-address-168-63-129-16",
+    ),
 )
+METADATA_ADDRESSES: Final = frozenset(ipaddress.ip_address(e.address) for e in METADATA_ENDPOINTS)
 
 # IPv4 ranges that are not the public internet (IANA special-purpose registry), with why.
 _LOCAL_V4: Final = tuple(

@@ -36,7 +36,7 @@ from .errors import (
 from .extension import Extension, ProfileBinding, ProfileFactory
 from .extlog import LogSink
 from .governor import Governor
-from .grants import GrantTable
+from .grants import GrantTable, withdrawn
 from .host_options import (
     DEFAULT_CACHE_DIR,
     check_broker,
@@ -1002,16 +1002,21 @@ class Host:
             )
         check_reason(reason)  # before anything changes: the grant table and the journal keep it
         self.sync_grants()
+        before = self.grants.current(extension)
         epoch = self.grants.revoke(extension, capability, reason)
         self.journal(
             extension, "revoke", f"{capability or 'everything'} epoch {epoch} {reason}".strip()
         )
+        ext = self.extension(extension)
         if capability is None:
-            ext = self.extension(extension)
             if ext is not None:
                 ext.on_revoked(reason or "revoked by the operator")
             elif self.state is not None:
                 self.state.record_state(extension, State.REVOKED.value, reason or None)
+        if ext is not None:
+            # What the brokers keep under the capability (subscriptions, jobs) ends now, not
+            # at its next use: a grant given again before then kept it (issue 28, 18-19).
+            ext.withdraw(withdrawn(before, self.grants.current(extension)))
         return epoch
 
     def update_policy(self, policy: Policy) -> None:
@@ -1022,11 +1027,13 @@ class Host:
             # Checked before the host changes: a policy of None once stayed in place and
             # broke every later load with an AttributeError.
             raise ConfigError(f"update_policy takes a Policy, not {type(policy).__name__}")
+        dropped = frozenset(self.policy.allow) - frozenset(policy.allow)
         self.policy = policy
         with self._lock:
             live = list(self._extensions.values())
         for ext in live:
             self.governor.rebudget(ext)  # budgets: new ceilings and actions at once
+            ext.withdraw(dropped)  # subscriptions and jobs under a capability no longer allowed
         names = set(self.grants.known())
         if self.state is not None:
             names.update(self.state.extensions())
@@ -1099,6 +1106,9 @@ class Host:
             changed.append(extension)
             if durable.revoked is not None and held.revoked is None:
                 live[extension].on_revoked(durable.revoked)
+            # Revoked by the other host, or revoked and granted again there since the last
+            # look (a new since_epoch): what the brokers keep under it ends.
+            live[extension].withdraw(withdrawn(held, durable))
         return changed
 
     def revocations_allow_commit(self) -> bool:

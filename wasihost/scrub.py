@@ -8,7 +8,8 @@ hand it back. Before a response reaches guest memory every form listed here is r
 - hexadecimal, lowercase and uppercase;
 - base64, standard and URL-safe alphabets, at each of the three byte alignments the secret can
   have inside a longer base64 text (``Basic`` credentials, a JWT, a JSON blob), so only the
-  characters that depend on the secret's bits alone are matched;
+  characters that depend on the secret's bits alone are matched; and broken into lines at any
+  width (MIME's 76 characters, PEM's 64), as the line breaks are read past (below);
 - the UTF-8 spelling of a secret holding bytes over 0x7f (sent as latin-1, one character
   per byte, and written back as UTF-8 by a server that decoded the header as text), and that
   spelling's own forms above;
@@ -20,7 +21,11 @@ hand it back. Before a response reaches guest memory every form listed here is r
   ``quote`` keeps ``/``, JavaScript's ``encodeURIComponent`` keeps ``!'()*``), a JSON
   ``\\/`` or ``\\u00XX`` (PHP's ``json_encode`` writes every ``/`` of a token as ``\\/``), an
   HTML character reference (``&#47;``, ``&#x2F;``, ``&amp;``...); and hexadecimal in mixed
-  case. The escapes are decoded one layer deep, so a doubly escaped secret is not found.
+  case. The escapes are decoded one layer deep, so a doubly escaped secret is not found;
+- each of those broken by line breaks (CR, LF, CRLF, and JSON's ``\\n``, ``\\r``, ``\\r\\n``),
+  which the escaped view reads past: a MIME encoder (``base64.encodebytes``, an email body)
+  wraps its base64 every 76 characters, and the secret inside came back whole for 19 of 26
+  alignments (red-team 2026-12-01, issue 28 item 15).
 
 This is a second line: the first is that a secret travels only to the origins the operator
 bound it to. A server that transforms the secret otherwise (reversed, encrypted) is trusted
@@ -112,8 +117,16 @@ _ESCAPE: Final = re.compile(
 # '\\/' of '\\\\/' is no escaped '/' there, and in JSON's spelling of a secret ending in a
 # backslash followed by '/' (red-team 2026-12-01) only this view finds it. A third view, not a
 # change of the second: an encoder escaping '/' but not '\\' is read right by the second.
-_ESCAPE_JSON: Final = re.compile(_ESCAPE.pattern + rb"|(\\\\)")
-_JSON_BACKSLASH_GROUP: Final = _ESCAPE.groups + 1
+_JSON_BACKSLASH: Final = rb"|(?P<backslash>\\\\)"
+# A line break, raw or JSON-escaped, read as nothing: encoders wrap long base64 (and hex) text
+# in lines (MIME every 76 characters), and a secret's form must be found across them. Views of
+# their own, beside those that keep line breaks: a secret holding a line break (the store
+# takes any bytes) is found only where its break is kept.
+_LINE_BREAK: Final = rb"|(?P<line_break>\r\n|\r|\n|\\r\\n|\\r|\\n)"
+_ESCAPE_JSON: Final = re.compile(_ESCAPE.pattern + _JSON_BACKSLASH)
+_ESCAPE_UNWRAPPED: Final = re.compile(_ESCAPE.pattern + _LINE_BREAK)
+_ESCAPE_JSON_UNWRAPPED: Final = re.compile(_ESCAPE.pattern + _JSON_BACKSLASH + _LINE_BREAK)
+_LINE_BREAK_MARKS: Final = (b"\r", b"\n", b"\\r", b"\\n")
 _NAMED: Final = {b"amp": b"&", b"lt": b"<", b"gt": b">", b"quot": b'"', b"apos": b"'"}
 _HEX: Final = frozenset(b"0123456789abcdefABCDEF")
 
@@ -132,8 +145,10 @@ def _unescaped(
             byte = bytes([int(hex_text, 16)])
         elif match.group(3) is not None:
             byte = b"/"
-        elif match.lastindex == _JSON_BACKSLASH_GROUP:
-            byte = match.group(_JSON_BACKSLASH_GROUP)  # an escaped backslash, kept whole
+        elif match.lastgroup == "line_break":
+            byte = b""
+        elif match.lastgroup == "backslash":
+            byte = match.group("backslash")  # an escaped backslash, kept whole
         elif match.group(4) is not None:
             number = int(match.group(4))
             if number > 0xFF:
@@ -170,14 +185,23 @@ def _spans(text: bytes, forms: list[bytes]) -> list[tuple[int, int]]:
 def _occurrences(data: bytes, forms: list[bytes]) -> list[tuple[int, int]]:
     """Where a form occurs in ``data``, as written or with escapes decoded, merged and sorted."""
     spans = _spans(data, forms)
-    views = [_ESCAPE, _ESCAPE_JSON] if b"\\\\" in data else [_ESCAPE]
+    json_backslash = b"\\\\" in data
+    views = [_ESCAPE, _ESCAPE_JSON] if json_backslash else [_ESCAPE]
+    if any(mark in data for mark in _LINE_BREAK_MARKS):
+        views.append(_ESCAPE_UNWRAPPED)
+        if json_backslash:
+            views.append(_ESCAPE_JSON_UNWRAPPED)
     for escape in views:
         decoded, dec, orig = _unescaped(data, escape)
         if len(dec) > 1:
             for start, end in _spans(decoded, forms):
                 k = bisect.bisect_right(dec, start) - 1
                 first = orig[k] + start - dec[k]
-                k = bisect.bisect_right(dec, end) - 1
+                # The end at the first breakpoint there: a line break read as nothing right
+                # after the form is not part of it (the redaction keeps the lines apart).
+                k = bisect.bisect_left(dec, end)
+                if k == len(dec) or dec[k] != end:
+                    k -= 1
                 spans.append((first, orig[k] + end - dec[k]))
     merged: list[tuple[int, int]] = []
     for start, end in sorted(spans):

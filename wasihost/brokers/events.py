@@ -408,6 +408,14 @@ class EventsBroker(ExtensionDispatcher["ExtensionEvents", "Delivery"]):
             self._states.pop(state, None)
             self._cond.notify_all()
 
+    def withdraw(self, state: ExtensionEvents, capabilities: frozenset[str]) -> None:
+        """``events`` was withdrawn (Extension.withdraw): the subscriptions and their queued
+        events end now, so a grant given again later starts with none."""
+        if CAPABILITY in capabilities:
+            with self._cond:
+                state.clear()
+                self._cond.notify_all()
+
     def check_scope(self, capability: str, scope: Mapping[str, Any]) -> None:
         if capability == CAPABILITY:
             check_events_scope(scope)

@@ -83,6 +83,13 @@ DEFAULT_MAX_TEMP_BYTES: Final = 16 * MiB
 # How long a temporary file lives if its handle is never closed: longer than any call
 # (minutes), short enough that an extension cannot hoard disk between calls.
 DEFAULT_TEMP_TTL_S: Final = 600.0
+# The broker's sweeper closes a temporary file when its time is up, whether or not its
+# extension calls again (a file outlived its TTL until the next files call: red-team
+# 2026-12-01, issue 28 item 17). It reads the clock again at least this often, so a file is
+# closed within this of its time bound even on an injected clock that moves without telling.
+MAX_SWEEP_WAIT_S: Final = 1.0
+# How long shutdown() waits for the sweeper (it is at most one wait from seeing it).
+SWEEPER_STOP_S: Final = 5.0
 # A file under a mount cannot grow past this through the broker: the WASI profile's ceiling, so
 # the two ways into a mount bound a file alike (a sparse write far out is refused too).
 MAX_FILE_BYTES: Final = wasi_limits.MAX_FILE_BYTES
@@ -261,6 +268,11 @@ class FilesState:
                 del self.handles[handle]
                 f.close()
 
+    def next_expiry(self) -> float | None:
+        """When its next temporary file expires (called under the lock); None: it has none."""
+        expiries = [f.expires for f in self.handles.values() if f.expires is not None]
+        return min(expiries, default=None)
+
     def get(self, handle: int) -> OpenFile:
         f = self.handles.get(handle)
         if f is None:
@@ -335,6 +347,13 @@ class FilesBroker:
             raise ConfigError(f"temp_dir {temp_dir} is not a directory")
         self.temp_dir = str(temp_dir) if temp_dir is not None else None
         self.clock = clock
+        # The sweeper's schedule: each extension holding temporary files, with when the first
+        # of them expires (under _sweeping; a state's lock may be held when it is taken, never
+        # the other way round). One thread, running while the schedule is not empty.
+        self._sweeping = threading.Condition()
+        self._expiries: dict[FilesState, float] = {}
+        self._sweeper: threading.Thread | None = None
+        self._stopped = False
 
     # -- configuration --------------------------------------------------------------------
 
@@ -380,6 +399,62 @@ class FilesBroker:
 
     def close(self, state: FilesState) -> None:
         state.close()
+        with self._sweeping:
+            self._expiries.pop(state, None)
+            self._sweeping.notify_all()
+
+    def shutdown(self) -> None:
+        """Stop the sweeper (the host calls this when it closes, after its extensions)."""
+        with self._sweeping:
+            self._stopped = True
+            self._expiries.clear()
+            sweeper, self._sweeper = self._sweeper, None
+            self._sweeping.notify_all()
+        if sweeper is not None and sweeper is not threading.current_thread():
+            sweeper.join(SWEEPER_STOP_S)
+
+    # -- the sweeper ----------------------------------------------------------------------
+
+    def _schedule_sweep(self, st: FilesState, expires: float) -> None:
+        """``st`` (its lock held) has a temporary file expiring at ``expires``."""
+        with self._sweeping:
+            if self._stopped:
+                return
+            due = self._expiries.get(st)
+            if due is None or expires < due:
+                self._expiries[st] = expires
+            if self._sweeper is None:
+                self._sweeper = threading.Thread(
+                    target=self._sweep_expired, name="wasihost-files-sweeper", daemon=True
+                )
+                self._sweeper.start()
+            self._sweeping.notify_all()
+
+    def _sweep_expired(self) -> None:
+        """The sweeper thread: close every temporary file when its time is up."""
+        while True:
+            with self._sweeping:
+                while True:
+                    if self._stopped or not self._expiries:
+                        if self._sweeper is threading.current_thread():
+                            self._sweeper = None
+                        return
+                    now = self.clock()
+                    due = [st for st, at in self._expiries.items() if at <= now]
+                    if due:
+                        break
+                    wait = min(self._expiries.values()) - now
+                    self._sweeping.wait(min(wait, MAX_SWEEP_WAIT_S))
+            for st in due:
+                with st.lock:
+                    if not st.closed:
+                        st.sweep(now)
+                    upcoming = None if st.closed else st.next_expiry()
+                    with self._sweeping:
+                        if upcoming is None:
+                            self._expiries.pop(st, None)
+                        elif st in self._expiries:
+                            self._expiries[st] = upcoming
 
     def handler(self, entry: HostFunction, state: FilesState) -> Handler:
         if entry.name == "file_read":
@@ -483,7 +558,9 @@ class FilesBroker:
             st.require_room()
             fd = self._commit(st, lambda: self._temp_file(st))
             expires = now + self.temp_ttl_s
-            return st.add(OpenFile(fd, True, True, False, self.max_temp_bytes, expires=expires))
+            handle = st.add(OpenFile(fd, True, True, False, self.max_temp_bytes, expires=expires))
+            self._schedule_sweep(st, expires)
+            return handle
 
     def _temp_file(self, st: FilesState) -> int:
         """A new temporary file that has no name: created nameless (``O_TMPFILE``) where the

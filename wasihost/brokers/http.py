@@ -201,12 +201,25 @@ class HourlyQuota:
             self._buckets[minute] = self._buckets.get(minute, 0) + n
             return True
 
-    def add(self, n: int) -> bool:
-        """Count ``n`` bytes that already moved; False if the account is now over."""
+    def take(self, n: int) -> tuple[int, int]:
+        """Count up to ``n`` bytes about to be read, as many as are left (0 when none): one
+        step under the lock, so concurrent responses share what is left instead of each
+        reading up to what was left when it started (four at once read 3-4x the budget,
+        red-team 2026-12-01). Returns the bytes counted and the bucket they went to, for
+        :meth:`refund`."""
         with self._lock:
             minute = self._current()
-            self._buckets[minute] = self._buckets.get(minute, 0) + n
-            return sum(self._buckets.values()) <= self.limit
+            granted = max(0, min(n, self.limit - sum(self._buckets.values())))
+            if granted:
+                self._buckets[minute] = self._buckets.get(minute, 0) + granted
+            return granted, minute
+
+    def refund(self, n: int, minute: int) -> None:
+        """Give back ``n`` bytes of a :meth:`take` into ``minute``'s bucket that were not read
+        (nothing if that bucket has left the hour already)."""
+        with self._lock:
+            if minute in self._buckets:
+                self._buckets[minute] -= n
 
     def left(self) -> int:
         return max(0, self.limit - self.used())
@@ -221,11 +234,10 @@ class HttpState:
         self.inflight = threading.BoundedSemaphore(MAX_INFLIGHT_PER_EXTENSION)
 
     def received(self, n: int) -> bool:
-        """``n`` bytes came in: counted by the host's budget (budgets: its action may fire)
-        and by the manifest's quota; False if either is now over (the response is withheld).
-        A job run's own allowance took them already, as they were read (MeteredSocket)."""
-        allowed = self.ext.host.governor.charge_received(self.ext, n)
-        return self.quota.add(n) and allowed
+        """``n`` bytes came in: counted by the host's budget (budgets: its action may fire);
+        False if it is now over (the response is withheld). The manifest's quota and a job
+        run's own allowance took them already, before they were read (MeteredSocket)."""
+        return self.ext.host.governor.charge_received(self.ext, n)
 
 
 class SecretRef:
@@ -414,7 +426,7 @@ class ResponseTooLarge(OSError):
 
 class AllowanceSpent(OSError):
     """A response wanted more bytes than a job run's ``max_network_bytes`` or the extension's
-    hourly budget had left."""
+    hourly quota had left."""
 
 
 class _MeteredReader(io.RawIOBase):
@@ -449,14 +461,15 @@ class MeteredSocket:
         sock: socket.socket,
         cap: int,
         allowance: NetworkAllowance | None = None,
-        quota_left: int | None = None,
+        quota: HourlyQuota | None = None,
     ) -> None:
         self.sock = sock
-        # What is left of the extension's hourly budget bounds the response too: the header
-        # block is read whole (up to the cap) before the account could refuse it, so with
-        # 4 KiB of the hour left, one response read 512 KiB.
-        self.quota_capped = quota_left is not None and quota_left < cap
-        self.cap = min(cap, quota_left) if quota_left is not None else cap
+        self.cap = cap
+        # The extension's hourly quota: each read takes its bytes from it before it reads
+        # (the header block is read whole, up to the cap, before anything could refuse it:
+        # with 4 KiB of the hour left, one response read 512 KiB), so responses in flight at
+        # once together read no more than is left.
+        self.quota = quota
         # A job run's own allowance: each read takes its bytes from it first.
         self.allowance = allowance
         # A budget (the run's allowance, or the hour's) stopped the response: QUOTA_EXCEEDED.
@@ -469,30 +482,40 @@ class MeteredSocket:
         allowance leave, its bytes counted."""
         room = self.cap - self.received
         if room <= 0:
-            if self.quota_capped:
-                self.allowance_spent = True
-                raise AllowanceSpent("response over what is left of the hourly budget")
             raise ResponseTooLarge("response over the wire limit")
+        room = min(room, len(view))
         allowance = self.allowance
         if allowance is not None:
             # A job run's bytes are taken before the read and the read is given no more room
             # than they: the host never reads past the run's allowance, even by a buffer
             # (the HTTP parser reads the header block, 8 KiB at a time, before anything
             # else could look at it).
-            room = allowance.take(min(room, len(view)))
+            room = allowance.take(room)
             if room <= 0:
                 self.allowance_spent = True
                 raise AllowanceSpent("response over the run's network bytes")
+        taken, minute = (room, 0) if self.quota is None else self.quota.take(room)
+        if taken < room and allowance is not None:
+            allowance.refund(room - taken)
+        if taken <= 0:
+            self.allowance_spent = True
+            raise AllowanceSpent("response over what is left of the hourly quota")
         try:
-            n = read(view[:room] if len(view) > room else view) or 0
+            n = read(view[:taken] if len(view) > taken else view) or 0
         except BaseException:
-            if allowance is not None:
-                allowance.refund(room)
+            self._refund(taken, minute)
             raise
-        if allowance is not None and n < room:
-            allowance.refund(room - n)
+        if n < taken:
+            self._refund(taken - n, minute)
         self.received += n
         return n
+
+    def _refund(self, n: int, minute: int) -> None:
+        """Give back what a read took and did not read."""
+        if self.allowance is not None:
+            self.allowance.refund(n)
+        if self.quota is not None:
+            self.quota.refund(n, minute)
 
     def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
         if mode != "rb":
@@ -838,7 +861,7 @@ class HttpBroker:
         conn = self._connect(origin, addresses, deadline, exchange)
         sock = conn.sock
         assert sock is not None  # connected
-        meter = MeteredSocket(sock, MAX_RESPONSE_WIRE_BYTES, allowance, state.quota.left())
+        meter = MeteredSocket(sock, MAX_RESPONSE_WIRE_BYTES, allowance, state.quota)
         try:
             if origin.scheme == "https":
                 # TLS above the meter, so its own bytes are counted too (TlsSocket).
@@ -936,6 +959,14 @@ class HttpBroker:
             raise HostStatus(Status.PAYLOAD_TOO_LARGE)
         if not state.received(meter.uncounted()):
             raise HostStatus(Status.QUOTA_EXCEEDED)
+        transfer = response.headers.get("Transfer-Encoding")
+        if transfer is not None and [c.strip().lower() for c in transfer.split(",")] != [
+            "chunked"
+        ]:
+            # The host sends no TE, so chunked is the one transfer coding a server may use
+            # (RFC 9112 section 6.1); any other left the body coded (a secret reflected under
+            # "gzip, chunked" reached the guest compressed, where the scrubber cannot see it).
+            raise HostStatus(Status.UNAVAILABLE)
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         if forms and encoding != "identity":
             # The host asked for identity; a compressed body could carry the secret in a form

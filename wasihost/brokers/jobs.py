@@ -285,6 +285,14 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
             self._states.pop(state, None)
             self._cond.notify_all()
 
+    def withdraw(self, state: ExtensionJobs, capabilities: frozenset[str]) -> None:
+        """``jobs`` was withdrawn (Extension.withdraw): every job ends now, its queued run
+        with it, so a grant given again later starts with none."""
+        if CAPABILITY in capabilities:
+            with self._cond:
+                state.end_all()
+                self._cond.notify_all()
+
     def handler(self, entry: HostFunction, state: ExtensionJobs) -> Callable[[Any, Any], Any]:
         if entry.name == "jobs_schedule":
             return self._schedule_handler(entry, state)

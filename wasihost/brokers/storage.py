@@ -431,6 +431,9 @@ class StorageBroker:
             return
         try:
             store.replace(extension, saved if saved.exists() else None)
+        except StoreError as exc:
+            # An operator's command (remove --purge, rollback): a refusal with its remedy.
+            raise ConfigError(f"storage of {extension}: {exc}") from None
         finally:
             if opened:
                 store.close()

@@ -1,0 +1,285 @@
+"""Regression tests for issue 28's broker findings (red-team review, items 12-19): each failed
+on the code before its fix."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import ipaddress
+import json
+import os
+import re
+import socket
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, FakeClock
+from test_cli import run_cli
+from test_http import AUTH, SECRET, http_host, package, resolve
+from test_redteam_http import HOLD_S, Script, answer, counted, raw_server
+
+from wasihost.brokers.files import MAX_SWEEP_WAIT_S, FilesBroker
+from wasihost.brokers.http import MAX_INFLIGHT_PER_EXTENSION, HttpBroker
+from wasihost.brokers.secrets import SecretsBroker
+from wasihost.errors import CallError
+from wasihost.kvstore import KVStore
+from wasihost.kvtypes import DB_NAME as STORAGE_DB
+from wasihost.netpolicy import METADATA_ENDPOINTS, MetadataEndpoint, address_refusal
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+from wasihost.scrub import scrub, secret_forms
+from wasihost.secrets import MemorySecretStore
+
+FILES_FIXTURE = FIXTURES / "files"
+FILES_TTL_S = 60.0
+
+# -- 12: a purge leaves no copy of the purged values in the database's files ----------------------
+
+
+def test_a_purge_leaves_no_purged_value_in_the_files_while_another_host_holds_the_database(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Another host with the storage database open keeps the WAL from being removed at close:
+    the purged value stayed in it (and, deleted, in the database's free space) for anyone who
+    reads the files."""
+    state_dir = tmp_path / "state"
+    state = ["--state-dir", str(state_dir)]
+    ext = "org.wasihost.fixtures.storage"
+    assert run_cli(capsys, "install", str(FIXTURES / "storage"), *state)[0] == 0
+    assert run_cli(capsys, "grants", "grant", ext, "storage", *state)[0] == 0
+    secret = b"purge-me-0123456789abcdef" * 4
+    put = json.dumps({"key": "k", "value": {"$bytes": secret.hex()}})
+    other = KVStore(state_dir / STORAGE_DB)  # another host, with the database open throughout
+    try:
+        assert run_cli(capsys, "run", ext, "put", "--input", put, *state)[:2] == (0, "null\n")
+        code, out, _ = run_cli(capsys, "remove", ext, "--purge", *state)
+        assert (code, out) == (0, f"removed {ext} and its data\n")
+        files = sorted(state_dir.glob(STORAGE_DB + "*"))
+        assert files, "the storage database is where the test looks"
+        for path in files:
+            assert secret not in path.read_bytes(), f"{path.name} still holds the purged value"
+        assert other.check() == []
+    finally:
+        other.close()
+
+
+# -- 13: every cloud metadata endpoint is refused, allow_local_network or not ------------------
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["169.254.170.23", "fd00:ec2::23", "169.254.0.23", "fd20:ce::254"],
+)
+def test_the_metadata_endpoints_the_review_named_are_refused_with_the_local_network(
+    address: str,
+) -> None:
+    """EKS Pod Identity (both families), Tencent and GCE over IPv6 were reachable with
+    allow_local_network: they were only 'link-local' or 'private'."""
+    assert address_refusal(address, allow_local_network=True) == "metadata"
+    assert address_refusal(address, allow_local_network=False) == "metadata"
+
+
+@pytest.mark.parametrize("endpoint", METADATA_ENDPOINTS, ids=lambda e: e.address)
+def test_every_metadata_endpoint_cites_its_source_and_is_refused_in_every_spelling(
+    endpoint: MetadataEndpoint,
+) -> None:
+    assert endpoint.service and endpoint.source
+    assert endpoint.source.startswith("https://") or "documentation" in endpoint.source
+    address = ipaddress.ip_address(endpoint.address)
+    assert address_refusal(endpoint.address, allow_local_network=True) == "metadata"
+    if isinstance(address, ipaddress.IPv4Address):
+        # In the IPv6 forms that may carry it to a translator (netpolicy's embeddings).
+        for v6 in (f"::ffff:{address}", f"64:ff9b::{address}", f"64:ff9b:1::{address}"):
+            assert address_refusal(v6, allow_local_network=True) == "metadata", v6
+
+
+# -- 14: concurrent responses together read no more than the hourly quota left ------------------
+
+
+def test_concurrent_responses_share_what_is_left_of_the_hourly_quota(
+    tmp_path: Path, cache: Path
+) -> None:
+    """Each response was capped at the quota left when it started: four at once, each within
+    it, read 3-4x the hour's bytes. Now every read takes its bytes from the quota first."""
+    budget = 60_000
+    body = b"x" * 40_000  # one fits the hour, two do not
+    arrived = threading.Semaphore(0)
+    all_in = threading.Event()
+    lock = threading.Lock()
+    count = [0]
+
+    def together(sock: socket.socket, head: bytes) -> None:
+        with lock:
+            count[0] += 1
+            if count[0] == MAX_INFLIGHT_PER_EXTENSION:
+                all_in.set()
+        arrived.release()
+        all_in.wait(HOLD_S)  # every request started (and looked at the quota) first
+        answer(b"200 OK", body)(sock, head)
+
+    answers: list[object] = []
+    with http_host(cache) as h, raw_server(together) as server:
+        pkg = package(tmp_path, [server.origin()], bytes_per_hour=budget)
+        manifest = (pkg / "extension.toml").read_text()
+        (pkg / "extension.toml").write_text(
+            manifest.replace(
+                "timeout_ms = 2000",
+                f"timeout_ms = 10000\nmax_concurrency = {MAX_INFLIGHT_PER_EXTENSION}",
+            )
+        )
+        ext = h.load(pkg)
+        h.grant(ext.id, "http", {"allow_local_network": True})
+        ext.start()
+
+        def one() -> None:
+            try:
+                answers.append(ext.call("fetch", {"url": f"{server.origin()}/"})["status"])
+            except CallError as exc:
+                answers.append(exc.guest_class)
+
+        callers = [
+            threading.Thread(target=one, daemon=True) for _ in range(MAX_INFLIGHT_PER_EXTENSION)
+        ]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(HOLD_S)
+        assert all_in.is_set(), "the requests were not in flight at once"
+        assert len(answers) == MAX_INFLIGHT_PER_EXTENSION
+        assert answers.count(200) <= 1, answers
+        assert set(answers) <= {200, "quota_exceeded"}, answers
+        assert counted(ext) <= budget
+
+
+# -- 15: base64 broken into lines is scrubbed at every alignment ---------------------------------
+
+MIME_SECRET = b"sk-live-4f9a1c2e7b3d5f60a8c9e1d2b3a4f5e6"
+
+
+def _wrapped_forms(alignment: int) -> list[tuple[str, bytes]]:
+    blob = bytes(range(alignment)) + MIME_SECRET + b"\x00trailer"
+    mime = base64.encodebytes(blob)  # a line break every 76 characters
+    return [
+        ("mime", mime),
+        ("mime crlf", mime.replace(b"\n", b"\r\n")),
+        ("pem", "\n".join(textwrap.wrap(base64.b64encode(blob).decode(), 64)).encode()),
+        ("json", json.dumps({"attachment": mime.decode()}).encode()),
+        ("urlsafe", mime.translate(bytes.maketrans(b"+/", b"-_"))),
+    ]
+
+
+@pytest.mark.parametrize("alignment", range(26))
+def test_base64_broken_into_lines_is_scrubbed_at_every_alignment(alignment: int) -> None:
+    """MIME wraps base64 every 76 characters: a secret whose form a line break fell inside
+    came back whole (19 of 26 alignments)."""
+    forms = secret_forms(MIME_SECRET)
+    for name, text in _wrapped_forms(alignment):
+        cleaned = scrub(b"<pre>" + text + b"</pre>", forms)
+        joined = re.sub(rb"\r|\n|\\r|\\n", b"", cleaned)
+        for shift in range(4):
+            # Decoded at each character alignment, the secret is nowhere.
+            chunk = joined[shift:].translate(bytes.maketrans(b"-_", b"+/"))
+            letters = re.sub(rb"[^A-Za-z0-9+/]", b"", chunk)
+            decoded = base64.b64decode(letters[: len(letters) // 4 * 4])
+            assert MIME_SECRET not in decoded, (name, shift)
+        assert not any(form in joined for form in forms), name
+
+
+# -- 16: a transfer coding other than chunked is refused ----------------------------------------
+
+
+def _reflect_coded(transfer_encoding: bytes) -> Script:
+    """Reflects the request's Authorization header gzip-compressed as a transfer coding,
+    framed in chunks when the coding list ends in chunked."""
+
+    def script(sock: socket.socket, head: bytes) -> None:
+        reflected = gzip.compress(head.split(b"\r\n\r\n")[0])
+        body = reflected
+        if transfer_encoding.endswith(b"chunked"):
+            body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(reflected), reflected)
+        sock.sendall(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: " + transfer_encoding + b"\r\n"
+            b"Connection: close\r\n\r\n" + body
+        )
+        sock.shutdown(socket.SHUT_WR)
+
+    return script
+
+
+@pytest.mark.parametrize(
+    "transfer_encoding",
+    [b"gzip, chunked", b"gzip,chunked", b"deflate, chunked", b"gzip", b"chunked, chunked"],
+)
+def test_a_transfer_coding_other_than_chunked_is_refused(
+    cache: Path, tmp_path: Path, transfer_encoding: bytes
+) -> None:
+    """Only Content-Encoding was checked: a secret reflected under ``Transfer-Encoding: gzip,
+    chunked`` reached the guest compressed, where the scrubber could not see it."""
+    secrets = SecretsBroker(MemorySecretStore({"api-token": SECRET}))
+    policy = Policy(allow={"http", "secrets", "log"})
+    broker = HttpBroker(resolver=resolve)
+    with (
+        Host(policy, cache_dir=cache, brokers=[broker, secrets]) as host,
+        raw_server(_reflect_coded(transfer_encoding)) as server,
+    ):
+        ext = host.load(package(tmp_path, [server.origin()]))
+        host.grant(ext.id, "http", {"allow_local_network": True})
+        host.grant(ext.id, "secrets", {"headers": {"api-token": [server.origin()]}})
+        with pytest.raises(CallError) as info:
+            ext.call("fetch", {"url": f"{server.origin()}/", "headers": [AUTH]})
+        assert info.value.guest_class == "unavailable"
+
+
+def test_a_chunked_response_is_still_served(cache: Path, tmp_path: Path) -> None:
+    def script(sock: socket.socket, head: bytes) -> None:
+        sock.sendall(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
+        )
+
+    with http_host(cache) as host, raw_server(script) as server:
+        ext = host.load(package(tmp_path, [server.origin()]))
+        host.grant(ext.id, "http", {"allow_local_network": True})
+        got = ext.call("fetch", {"url": f"{server.origin()}/"})
+        assert (got["status"], got["body"]) == (200, b"hi")
+
+
+# -- 17: a temporary file is closed when its time is up, with no call of its extension ----------
+
+
+def test_a_temporary_file_is_closed_at_its_ttl_without_another_call(
+    tmp_path: Path, cache: Path
+) -> None:
+    """An expired temporary file kept its descriptor and its disk (and its handle counted)
+    until the extension's next files call, which an idle extension never makes."""
+    clock = FakeClock()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "tmp").mkdir()
+    broker = FilesBroker(clock=clock, temp_ttl_s=FILES_TTL_S, temp_dir=tmp_path / "tmp")
+    with Host(Policy(allow={"files", "log"}), cache_dir=cache, brokers=[broker]) as host:
+        ext = host.load(FILES_FIXTURE)
+        mounts = {"data": {"host": str(tmp_path / "data"), "mode": "rw"}}
+        host.grant(ext.id, "files", {"mounts": mounts})
+        ext.call("temp-keep", {"data": b"warm-up"})  # instantiated, and one file to expire
+        clock.now += FILES_TTL_S
+        ext.call("temp-keep", {"data": b"warm-up"})  # that call swept the first
+        fds = _open_fds()
+        ext.call("temp-keep", {"data": b"x" * 4096})
+        assert _open_fds() == fds + 1
+        assert ext.usage().open_handles == 2
+        clock.now += FILES_TTL_S - 1
+        time.sleep(2 * MAX_SWEEP_WAIT_S)
+        assert _open_fds() == fds + 1, "closed before its time"
+        clock.now += 1
+        deadline = time.monotonic() + 10 * MAX_SWEEP_WAIT_S
+        while _open_fds() > fds - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _open_fds() == fds - 1  # both files closed, no call made
+        assert ext.usage().open_handles == 0
+    assert not [t for t in threading.enumerate() if t.name == "wasihost-files-sweeper"]
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
