@@ -2,8 +2,8 @@
 
     wasihost wasi [--dir HOST[::GUEST]]... [--dir-ro HOST[::GUEST]]... [--env K=V]...
                   [--profile standard|anonymous|none] [--random | --random-seed HEX | --no-random]
-                  [--stdin FILE] [--max-write-bytes N] [--fuel N] [--timeout-ms N]
-                  [--cache-dir DIR | --no-cache] MODULE.wasm [ARGS...]
+                  [--stdin FILE] [--max-write-bytes N] [--max-memory N] [--fuel N]
+                  [--timeout-ms N] [--cache-dir DIR | --no-cache] MODULE.wasm [ARGS...]
 
 As in wasmtime's CLI, the guest's argv[0] is the module's file name and ARGS follow it
 (everything after MODULE goes to the guest, options included). stdout and stderr go to the
@@ -20,8 +20,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
+from .. import limits as resource_limits
 from ..errors import ConfigError, WasihostError
 from ..input_files import read_file_or_stdin
 from . import limits
@@ -34,6 +35,9 @@ from .config import (
     capabilities_for,
 )
 from .registry import CAP_CLOCK, CAP_RANDOM
+
+if TYPE_CHECKING:
+    from ..extension import Extension
 
 # What a bare `wasihost wasi prog.wasm` grants besides stdio and argv (see docs/wasi.md).
 DEFAULT_CLOCK_PROFILE = ClockProfile.STANDARD.value
@@ -93,6 +97,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="what the run may add to its --dir mounts: file growth and 4 KiB per file, "
         f"directory or link made (default: {limits.DEFAULT_MAX_WRITE_BYTES})",
     )
+    p.add_argument(
+        "--max-memory",
+        default=str(resource_limits.DEFAULT_COMMAND_MAX_MEMORY_BYTES),
+        metavar="N",
+        help="how far the program may grow its linear memory, in bytes or with a K, M or G "
+        f"suffix (KiB, MiB, GiB); {resource_limits.MIN_MAX_MEMORY_BYTES} to "
+        f"{resource_limits.MAX_MAX_MEMORY_BYTES} (1G, the default)",
+    )
     p.add_argument("--fuel", type=int, help="fuel budget for the run")
     p.add_argument("--timeout-ms", type=int, help="wall-clock deadline for the run")
     p.add_argument("--cache-dir", type=Path, help="compiled-module cache directory")
@@ -129,6 +141,29 @@ def _seed(text: str) -> bytes:
     return seed
 
 
+_SIZE_SUFFIXES = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def memory_size(text: str) -> int:
+    """``--max-memory``'s value: bytes, or a number with a K, M or G suffix (binary units)."""
+    digits = text.strip().upper().removesuffix("IB").removesuffix("B")
+    suffix = digits[-1:] if digits[-1:] in _SIZE_SUFFIXES else ""
+    number = digits[: len(digits) - len(suffix)]
+    low, high = resource_limits.MIN_MAX_MEMORY_BYTES, resource_limits.MAX_MAX_MEMORY_BYTES
+    if not (number.isascii() and number.isdigit()):
+        raise ConfigError(
+            f"--max-memory {text!r} is not a size: give bytes, or a number with K, M or G "
+            "(e.g. --max-memory 512M)"
+        )
+    size = int(number) * _SIZE_SUFFIXES[suffix]
+    if not low <= size <= high:
+        raise ConfigError(
+            f"--max-memory {text} is {size} bytes; it must be {low} (one wasm page) to "
+            f"{high} (1G, the most one memory may reserve here)"
+        )
+    return size
+
+
 def _stream(name: str) -> BinaryIO:
     stream = getattr(sys, name)
     buffer: BinaryIO | None = getattr(stream, "buffer", None)
@@ -162,6 +197,7 @@ def config_from_args(args: argparse.Namespace) -> WasiOptions:
         random_seed=_seed(args.random_seed) if args.random_seed is not None else None,
         mounts=mounts,
         max_write_bytes=args.max_write_bytes,
+        max_memory_bytes=memory_size(args.max_memory),
     )
 
 
@@ -195,12 +231,14 @@ def run(args: argparse.Namespace) -> int:
         try:
             code = ext.run_command()
         except WasihostError as exc:
-            exc.hint = exc.hint or denial_hint(ext.denied_capabilities)
+            exc.hint = memory_hint(ext) or exc.hint or denial_hint(ext.denied_capabilities)
             raise
         finally:
             _stream("stdout").flush()
-        if code != 0 and (hint := denial_hint(ext.denied_capabilities)) is not None:
-            print(f"hint: {hint}", file=sys.stderr)
+        if code != 0:
+            for hint in (memory_hint(ext), denial_hint(ext.denied_capabilities)):
+                if hint is not None:
+                    print(f"hint: {hint}", file=sys.stderr)
         return exit_status(code)
     finally:
         host.close()
@@ -213,6 +251,20 @@ _DENIAL_HINTS = {
     CAP_RANDOM: "the guest asked for random bytes, which were withheld: drop --no-random, or "
     "pass --random-seed HEX",
 }
+
+
+def memory_hint(ext: Extension) -> str | None:
+    """What to say when a memory.grow was refused in the failed run, and how to raise it."""
+    from ..extension import refused_grow_text  # loaded by the run already
+
+    refused = ext.last_refused_memory_bytes
+    if refused is None:
+        return None
+    limit = ext.resources.max_memory_bytes
+    text = refused_grow_text(refused, limit)
+    if limit >= resource_limits.MAX_MAX_MEMORY_BYTES:
+        return f"{text}, the most --max-memory allows"
+    return f"{text} (--max-memory): raise it, e.g. --max-memory 1G"
 
 
 def denial_hint(denied: set[str]) -> str | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from .. import limits as resource_limits
 from ..errors import ConfigError
 from . import limits
 from .registry import (
@@ -143,7 +144,11 @@ class WasiOptions:
       writable mount);
     - ``max_fds``: the handle budget: open descriptors of one instance, stdio and mounts included;
     - ``max_write_bytes``: what one instance may add to its writable mounts (file growth, holes
-      included, and 4 KiB per file, directory or link made); DQUOT beyond.
+      included, and 4 KiB per file, directory or link made); DQUOT beyond;
+    - ``max_memory_bytes``: how far a plain command run under these options may grow its linear
+      memory (1 GiB by default, ``limits.DEFAULT_COMMAND_MAX_MEMORY_BYTES``; a policy ceiling
+      lowers it); a ``memory.grow`` past it answers -1, and a run that then fails says so. A
+      wasihost ABI guest importing WASI keeps its manifest's ``max_memory_bytes``.
     """
 
     argv: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
@@ -157,6 +162,7 @@ class WasiOptions:
     mounts: tuple[Mount, ...] = attrs.field(default=(), converter=_mounts)
     max_fds: int = limits.DEFAULT_MAX_FDS
     max_write_bytes: int = limits.DEFAULT_MAX_WRITE_BYTES
+    max_memory_bytes: int = resource_limits.DEFAULT_COMMAND_MAX_MEMORY_BYTES
 
     def __attrs_post_init__(self) -> None:
         args = [_guest_text(a, "argument") for a in self.argv]
@@ -213,6 +219,9 @@ class WasiOptions:
             raise ConfigError(
                 f"max_write_bytes={self.max_write_bytes!r} outside 0..{limits.MAX_MAX_WRITE_BYTES}"
             )
+        low, high = resource_limits.MIN_MAX_MEMORY_BYTES, resource_limits.MAX_MAX_MEMORY_BYTES
+        if type(self.max_memory_bytes) is not int or not low <= self.max_memory_bytes <= high:
+            raise ConfigError(f"max_memory_bytes={self.max_memory_bytes!r} outside {low}..{high}")
         if self.max_fds < 3 + len(self.mounts) + 1:
             raise ConfigError(
                 f"max_fds={self.max_fds} leaves no descriptor beyond stdio and mounts"

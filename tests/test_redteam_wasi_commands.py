@@ -1,0 +1,169 @@
+"""Issue 28, items 25-27: what a plain WASI command run by ``wasihost wasi`` (or through
+``WasiOptions``) may use of memory, terminals and descriptors, checked with the wasi-libc C
+fixture (a real program on wasi-libc's malloc and stdio) and hand-written WAT where the
+program's own behaviour is beside the point."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import wasmtime
+from guests import build, guest_wat
+from wasi_support import CACHE_DIR, LIBC, package, run_wasihost
+
+from wasihost import limits
+from wasihost.cli import UsageError
+from wasihost.errors import CallError, ConfigError
+from wasihost.growprobe import GROW_REFUSED_EXPORT, probe_refused_grows
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+from wasihost.wasi import WasiOptions, wasi_profile
+from wasihost.wasi.cli import parse_args, run
+from wasihost.wasmbin import read_header
+
+MiB = 1024 * 1024
+
+
+def wasi(*argv: str) -> int:
+    return run(parse_args(["--cache-dir", str(CACHE_DIR), *argv]))
+
+
+# --- item 25: a command's memory ---------------------------------------------------------------
+
+
+def test_a_plain_command_may_grow_past_the_extension_default() -> None:
+    """A C program mallocs (and writes) 40 MB: before, a plain command had the extension
+    default of 16 MiB and malloc returned NULL."""
+    result = run_wasihost(LIBC, ["libc", "malloc:40000000"])
+    assert (result.code, result.lines) == (0, ["malloc:40000000: ok 1"])
+    assert result.ext is not None
+    assert result.ext.resources.max_memory_bytes == limits.DEFAULT_COMMAND_MAX_MEMORY_BYTES
+
+
+def test_max_memory_bytes_bounds_a_command_and_its_refused_grow_is_recorded() -> None:
+    result = run_wasihost(LIBC, ["libc", "malloc:17000000"], max_memory_bytes=16 * MiB)
+    assert (result.code, result.lines) == (1, ["malloc:17000000: error Out of memory"])
+    assert result.ext is not None
+    assert result.ext.resources.max_memory_bytes == 16 * MiB
+    refused = result.ext.last_refused_memory_bytes
+    assert refused is not None and 17_000_000 <= refused <= 16 * MiB + 17_000_000
+
+
+def test_a_run_that_recovers_from_a_refused_grow_is_not_a_failure() -> None:
+    """Only a failed run is told of a refused grow: a program may probe for memory."""
+    wat = """(module (memory (export "memory") 1)
+      (func (export "_start") (drop (memory.grow (i32.const 1000)))))"""
+    result = run_wasihost(build(wat), max_memory_bytes=MiB)
+    assert result.code == 0
+    assert result.ext is not None and result.ext.last_refused_memory_bytes is None
+
+
+def test_a_trap_after_a_refused_grow_names_the_limit() -> None:
+    """A Rust program whose allocation fails aborts with `unreachable`; the trap alone said
+    nothing of the limit (issue 28: "panic: wasm trap: unreachable")."""
+    wat = """(module (memory (export "memory") 1)
+      (func (export "_start")
+        (if (i32.eq (memory.grow (i32.const 1000)) (i32.const -1)) (then unreachable))))"""
+    with pytest.raises(CallError) as caught:
+        run_wasihost(build(wat), max_memory_bytes=16 * MiB)
+    assert caught.value.hint is not None
+    assert (
+        f"memory.grow to {1001 * 65536} bytes was refused: its linear memory is limited to "
+        f"{16 * MiB} bytes"
+    ) in caught.value.hint
+    assert "max_memory_bytes" in caught.value.hint
+
+
+def test_the_cli_names_a_refused_grow_and_the_flag_that_raises_it(
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    assert wasi("--max-memory", "1M", str(LIBC), "malloc:2000000") == 1
+    out, err = capsysbinary.readouterr()
+    assert out == b"malloc:2000000: error Out of memory\n"
+    assert err.startswith(b"hint: the program's memory.grow to ")
+    assert f"limited to {MiB} bytes (--max-memory)".encode() in err
+    assert wasi("--max-memory", "4096K", str(LIBC), "malloc:2000000") == 0
+    assert capsysbinary.readouterr() == (b"malloc:2000000: ok 1\n", b"")
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("2G", "--max-memory 2G is 2147483648 bytes; it must be 65536"),
+        ("1000", "--max-memory 1000 is 1000 bytes; it must be 65536"),
+        ("12x", "--max-memory '12x' is not a size"),
+        ("-1", "--max-memory '-1' is not a size"),
+    ],
+)
+def test_a_bad_max_memory_is_a_usage_error_naming_the_range(value: str, problem: str) -> None:
+    with pytest.raises(UsageError, match=problem):
+        wasi("--max-memory", value, str(LIBC))
+
+
+def test_max_memory_bytes_is_checked_where_it_is_given() -> None:
+    for bad in (0, 2 * limits.MAX_MAX_MEMORY_BYTES, True, 1.5):
+        with pytest.raises(ConfigError, match="max_memory_bytes"):
+            WasiOptions(max_memory_bytes=bad)  # type: ignore[arg-type]
+
+
+def test_policy_ceilings_still_lower_a_commands_memory() -> None:
+    config = WasiOptions(argv=["libc", "malloc:3000000"], stdout=lambda _: None)
+    host = Host(
+        Policy(allow={"wasi.args", "wasi.stdio"}, ceilings={"max_memory_bytes": 2 * MiB}),
+        cache_dir=CACHE_DIR,
+        profiles=[wasi_profile(config)],
+    )
+    try:
+        ext = host.admit(package(LIBC), grants={"wasi.args", "wasi.stdio"})
+        assert ext.resources.max_memory_bytes == 2 * MiB
+        assert ext.run_command() == 1
+        assert ext.last_refused_memory_bytes is not None
+    finally:
+        host.close()
+
+
+def test_an_abi_guest_keeps_the_extension_default() -> None:
+    host = Host(Policy(allow={"log"}), cache_dir=CACHE_DIR)
+    try:
+        ext = host.admit(package(build(guest_wat())))
+        assert ext.resources.max_memory_bytes == limits.DEFAULT_MAX_MEMORY_BYTES
+    finally:
+        host.close()
+
+
+def test_the_probe_keeps_what_memory_grow_answers() -> None:
+    """The rewritten grow answers as the instruction does (old size, or -1), and records only
+    a refusal: the pages the refused grow asked for."""
+    wat = """(module (memory (export "memory") 1 100)
+      (global $out (export "out") (mut i32) (i32.const 0))
+      (func (export "_start")
+        (global.set $out (i32.add (i32.mul (memory.grow (i32.const 2)) (i32.const 1000))
+                                  (memory.grow (i32.const 500))))))"""
+    wasm = build(wat)
+    probed = probe_refused_grows(wasm, read_header(wasm))
+    assert probed != wasm
+    results = []
+    for module in (wasm, probed):
+        store = wasmtime.Store()
+        instance = wasmtime.Instance(store, wasmtime.Module(store.engine, module), [])
+        start = instance.exports(store)["_start"]
+        assert isinstance(start, wasmtime.Func)
+        start(store)
+        out = instance.exports(store)["out"]
+        assert isinstance(out, wasmtime.Global)
+        results.append(out.value(store))
+    assert results == [1000 - 1, 1000 - 1]
+    store = wasmtime.Store()
+    instance = wasmtime.Instance(store, wasmtime.Module(store.engine, probed), [])
+    start = instance.exports(store)["_start"]
+    assert isinstance(start, wasmtime.Func)
+    start(store)
+    refused = instance.exports(store)[GROW_REFUSED_EXPORT]
+    assert isinstance(refused, wasmtime.Global)
+    assert refused.value(store) == 3 + 500
+
+
+def test_a_module_without_memory_grow_is_compiled_as_it_is(tmp_path: Path) -> None:
+    wasm = build('(module (memory (export "memory") 1) (func (export "_start")))')
+    assert probe_refused_grows(wasm, read_header(wasm)) == wasm
