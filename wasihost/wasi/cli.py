@@ -18,6 +18,7 @@ Files, env and sockets stay denied unless a flag grants them. Errors are raised 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -170,6 +171,25 @@ def _stream(name: str) -> BinaryIO:
     return buffer if buffer is not None else stream
 
 
+def _is_terminal(stream: object) -> bool:
+    """Whether ``stream`` writes to a terminal: os.isatty of its descriptor (a stream with
+    none, a test's capture, is no terminal)."""
+    try:
+        fileno = stream.fileno()  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return False
+    return isinstance(fileno, int) and os.isatty(fileno)
+
+
+def terminal_fds() -> frozenset[int]:
+    """The guest descriptors that are terminals: fd 1 and 2 where this process's stdout and
+    stderr are. Never fd 0: the guest's stdin is bytes read before the run (--stdin FILE, or
+    all of this process's stdin with --stdin -), which no one types into."""
+    return frozenset(
+        fd for fd, name in ((1, "stdout"), (2, "stderr")) if _is_terminal(getattr(sys, name))
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> WasiOptions:
     """The :class:`WasiOptions` the flags ask for; stdio goes to this process's streams."""
     mounts = [Mount.parse(spec, writable=True) for spec in args.dir]
@@ -198,6 +218,7 @@ def config_from_args(args: argparse.Namespace) -> WasiOptions:
         mounts=mounts,
         max_write_bytes=args.max_write_bytes,
         max_memory_bytes=memory_size(args.max_memory),
+        terminal_fds=terminal_fds(),
     )
 
 

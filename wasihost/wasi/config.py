@@ -118,6 +118,18 @@ def _mounts(value: Iterable[Mount]) -> tuple[Mount, ...]:
     return tuple(value)
 
 
+STDIO_FDS = frozenset({0, 1, 2})
+
+
+def _fd_set(value: Any) -> frozenset[int]:
+    if isinstance(value, str | bytes | int):
+        raise ConfigError(f"terminal_fds must be a collection of 0, 1 and 2, not {value!r}")
+    fds = frozenset(value)
+    if not all(type(fd) is int for fd in fds) or not fds <= STDIO_FDS:
+        raise ConfigError(f"terminal_fds may hold only 0, 1 and 2 (stdio), not {sorted(fds)}")
+    return fds
+
+
 def _clock(value: Any) -> ClockProfile | None:
     if value is None or isinstance(value, ClockProfile):
         return value
@@ -137,6 +149,11 @@ class WasiOptions:
       (needs ``wasi.env``);
     - ``stdin``: bytes served on fd 0; ``stdout``/``stderr``: caller sinks for fd 1 and 2
       (need ``wasi.stdio``; without it fd 1/2 go to the extension's log, one record per line);
+    - ``terminal_fds``: which of fd 0, 1 and 2 the guest sees as a terminal (a character
+      device: wasi-libc's ``isatty()`` is true, its stdout line-buffered, a shell prompts);
+      none by default, since bytes and a callable are no terminal. The others are of type
+      unknown, as wasmtime's built-in WASI reports a pipe or file. ``wasihost wasi`` names
+      the descriptors its own stdout and stderr are terminals on (needs ``wasi.stdio``);
     - ``clock``: the clock profile (needs ``wasi.clock``); None provides no clocks;
     - ``random``: provide random bytes from the OS CSPRNG, or from the deterministic stream of
       ``random_seed`` (needs ``wasi.random``);
@@ -163,6 +180,7 @@ class WasiOptions:
     max_fds: int = limits.DEFAULT_MAX_FDS
     max_write_bytes: int = limits.DEFAULT_MAX_WRITE_BYTES
     max_memory_bytes: int = resource_limits.DEFAULT_COMMAND_MAX_MEMORY_BYTES
+    terminal_fds: frozenset[int] = attrs.field(default=frozenset(), converter=_fd_set)
 
     def __attrs_post_init__(self) -> None:
         args = [_guest_text(a, "argument") for a in self.argv]
