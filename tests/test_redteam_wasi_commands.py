@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import pty
+import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,8 +24,11 @@ from wasihost.errors import CallError, ConfigError
 from wasihost.growprobe import GROW_REFUSED_EXPORT, probe_refused_grows
 from wasihost.policy import Policy
 from wasihost.runtime import Host
-from wasihost.wasi import WasiOptions, wasi_profile
-from wasihost.wasi.cli import parse_args, run
+from wasihost.wasi import Mount, WasiOptions, wasi_profile
+from wasihost.wasi import limits as limits_wasi
+from wasihost.wasi.cli import config_from_args, parse_args, run
+from wasihost.wasi.errno import WasiError
+from wasihost.wasi.fds import Descriptor, FdTable
 from wasihost.wasmbin import read_header
 
 MiB = 1024 * 1024
@@ -263,3 +268,81 @@ def test_the_cli_reports_a_terminal_where_its_own_stdout_is_one(tmp_path: Path) 
         if slave >= 0:
             os.close(slave)
     assert seen == b"isatty:0: 0\nisatty:1: 1\nisatty:2: 0\n"
+
+
+# --- item 27: descriptors ----------------------------------------------------------------------
+
+
+def _openmany(tmp_path: Path, count: int, **config_kw: object) -> list[str]:
+    (tmp_path / "f").write_text("x")
+    result = run_wasihost(
+        LIBC, ["libc", f"openmany:{count}:/d/f"], mounts=[Mount(tmp_path, "/d")], **config_kw
+    )
+    assert result.code == 0
+    return result.lines
+
+
+def test_a_program_may_open_hundreds_of_files(tmp_path: Path) -> None:
+    """64 descriptors in all let a program open 59 files where built-in WASI opened 200."""
+    assert _openmany(tmp_path, 250) == ["openmany:250: opened 250"]
+
+
+def test_max_fds_bounds_what_a_program_holds_open(tmp_path: Path) -> None:
+    # stdio and the mount hold 4 of the 20
+    assert _openmany(tmp_path, 100, max_fds=20) == [
+        "openmany:100: opened 16, then error No file descriptors available"
+    ]
+
+
+def test_the_cli_gives_a_native_programs_budget_and_max_fds_changes_it(
+    tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    (tmp_path / "f").write_text("x")
+    mount = f"{tmp_path}::/d"
+    assert wasi("--dir", mount, str(LIBC), "openmany:1100:/d/f") == 0
+    assert capsysbinary.readouterr().out == (
+        b"openmany:1100: opened 1020, then error No file descriptors available\n"
+    )
+    assert wasi("--max-fds", "100", "--dir", mount, str(LIBC), "openmany:1100:/d/f") == 0
+    assert capsysbinary.readouterr().out == (
+        b"openmany:1100: opened 96, then error No file descriptors available\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("4", "--max-fds must be in 5..65536, got 4"),
+        ("70000", "--max-fds must be in 5..65536, got 70000"),
+        ("900", r"--max-fds 900 needs 964 descriptors .* at most 512 .* give --max-fds 448"),
+    ],
+)
+def test_a_max_fds_the_process_cannot_hold_is_a_usage_error(
+    value: str, problem: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (512, 512))
+    with pytest.raises(UsageError, match=problem):
+        wasi("--max-fds", value, str(LIBC))
+
+
+def test_the_default_budget_fits_a_low_hard_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default is lowered to what the process may open, never refused."""
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (512, 512))
+    assert config_from_args(parse_args([str(LIBC)])).max_fds == 512 - 64
+
+
+def test_descriptor_numbers_are_lowest_free_without_a_scan() -> None:
+    table = FdTable(limits_wasi.MAX_MAX_FDS)
+    started = time.perf_counter()
+    for _ in range(limits_wasi.MAX_MAX_FDS):
+        table.insert(Descriptor(filetype=0, rights_base=0, rights_inheriting=0))
+    assert time.perf_counter() - started < 5  # a scan from 0 per open took minutes
+    for fd in (700, 3, 65_000):
+        table.close(fd)
+    table.renumber(10, 20)  # 10 is free now, 20 holds what 10 held
+    numbers = [
+        table.insert(Descriptor(filetype=0, rights_base=0, rights_inheriting=0)) for _ in range(4)
+    ]
+    assert numbers == [3, 10, 700, 65_000]
+    with pytest.raises(WasiError):
+        table.insert(Descriptor(filetype=0, rights_base=0, rights_inheriting=0))

@@ -2,8 +2,9 @@
 
     wasihost wasi [--dir HOST[::GUEST]]... [--dir-ro HOST[::GUEST]]... [--env K=V]...
                   [--profile standard|anonymous|none] [--random | --random-seed HEX | --no-random]
-                  [--stdin FILE] [--max-write-bytes N] [--max-memory N] [--fuel N]
-                  [--timeout-ms N] [--cache-dir DIR | --no-cache] MODULE.wasm [ARGS...]
+                  [--stdin FILE] [--max-write-bytes N] [--max-memory N] [--max-fds N]
+                  [--fuel N] [--timeout-ms N] [--cache-dir DIR | --no-cache]
+                  MODULE.wasm [ARGS...]
 
 As in wasmtime's CLI, the guest's argv[0] is the module's file name and ARGS follow it
 (everything after MODULE goes to the guest, options included). stdout and stderr go to the
@@ -106,6 +107,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         f"suffix (KiB, MiB, GiB); {resource_limits.MIN_MAX_MEMORY_BYTES} to "
         f"{resource_limits.MAX_MAX_MEMORY_BYTES} (1G, the default)",
     )
+    p.add_argument(
+        "--max-fds",
+        type=int,
+        metavar="N",
+        help="descriptors the program may hold open at once, stdio and --dir mounts included "
+        f"({limits.MIN_MAX_FDS} to {limits.MAX_MAX_FDS}; default "
+        f"{limits.DEFAULT_COMMAND_MAX_FDS}, as a native program's soft limit)",
+    )
     p.add_argument("--fuel", type=int, help="fuel budget for the run")
     p.add_argument("--timeout-ms", type=int, help="wall-clock deadline for the run")
     p.add_argument("--cache-dir", type=Path, help="compiled-module cache directory")
@@ -190,6 +199,37 @@ def terminal_fds() -> frozenset[int]:
     )
 
 
+def _descriptor_room(given: int | None) -> int:
+    """The guest's descriptor budget, with this process's soft RLIMIT_NOFILE raised to hold it
+    and the host's own (``limits.HOST_RESERVED_FDS``) as far as the hard limit allows: a
+    budget past what the process may open would end in the host's EMFILE, not the guest's.
+    A ``--max-fds`` beyond the hard limit is refused; the default is lowered to fit it."""
+    explicit = given is not None
+    max_fds = limits.DEFAULT_COMMAND_MAX_FDS if given is None else given
+    if not limits.MIN_MAX_FDS <= max_fds <= limits.MAX_MAX_FDS:
+        raise ConfigError(
+            f"--max-fds must be in {limits.MIN_MAX_FDS}..{limits.MAX_MAX_FDS}, got {max_fds}"
+        )
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX: no limit to raise or to check
+        return max_fds
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_fds + limits.HOST_RESERVED_FDS
+    if hard != resource.RLIM_INFINITY and wanted > hard:
+        if explicit:
+            raise ConfigError(
+                f"--max-fds {max_fds} needs {wanted} descriptors with the host's own, and "
+                f"this process may open at most {hard} (the hard limit, ulimit -Hn): give "
+                f"--max-fds {max(limits.MIN_MAX_FDS, hard - limits.HOST_RESERVED_FDS)} or less"
+            )
+        max_fds = max(limits.MIN_MAX_FDS, hard - limits.HOST_RESERVED_FDS)
+        wanted = max_fds + limits.HOST_RESERVED_FDS
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return max_fds
+
+
 def config_from_args(args: argparse.Namespace) -> WasiOptions:
     """The :class:`WasiOptions` the flags ask for; stdio goes to this process's streams."""
     mounts = [Mount.parse(spec, writable=True) for spec in args.dir]
@@ -219,6 +259,7 @@ def config_from_args(args: argparse.Namespace) -> WasiOptions:
         max_write_bytes=args.max_write_bytes,
         max_memory_bytes=memory_size(args.max_memory),
         terminal_fds=terminal_fds(),
+        max_fds=_descriptor_room(args.max_fds),
     )
 
 

@@ -159,7 +159,9 @@ class WasiOptions:
       ``random_seed`` (needs ``wasi.random``);
     - ``mounts``: host directories (need ``wasi.fs.read``; writes need ``wasi.fs.write`` and a
       writable mount);
-    - ``max_fds``: the handle budget: open descriptors of one instance, stdio and mounts included;
+    - ``max_fds``: the handle budget: open descriptors of one instance, stdio and mounts
+      included (256 by default; each is a host descriptor, so a larger budget needs the
+      process's RLIMIT_NOFILE to match);
     - ``max_write_bytes``: what one instance may add to its writable mounts (file growth, holes
       included, and 4 KiB per file, directory or link made); DQUOT beyond;
     - ``max_memory_bytes``: how far a plain command run under these options may grow its linear
