@@ -176,8 +176,14 @@ def test_stdio_descriptors() -> None:
     for fd in (0, 1, 2):
         assert g.call("fd_fdstat_get", fd, out) == 0
         filetype, _flags, base, _inh = FDSTAT.unpack(g.mem.read(out, 24))
-        assert filetype == Filetype.CHARACTER_DEVICE
-        assert not base & (Right.FD_SEEK | Right.FD_TELL)  # libc's isatty() says yes
+        assert filetype == Filetype.UNKNOWN  # bytes and sinks are no terminal
+        assert not base & (Right.FD_SEEK | Right.FD_TELL)
+    tty = DirectGuest(WasiOptions(stdout=lambda _: None, terminal_fds={1}), grants=["wasi.stdio"])
+    out = tty.alloc(24)
+    for fd, filetype_wanted in ((0, Filetype.UNKNOWN), (1, Filetype.CHARACTER_DEVICE)):
+        assert tty.call("fd_fdstat_get", fd, out) == 0
+        filetype, _flags, base, _inh = FDSTAT.unpack(tty.mem.read(out, 24))
+        assert filetype == filetype_wanted  # a character device: libc's isatty() says yes
     assert g.read(0, 3) == (0, b"inp") and g.read(0, 10) == (0, b"ut") and g.read(0, 1) == (0, b"")
     assert g.write(0, b"x")[0] == Errno.BADF
     assert g.read(1, 1)[0] == Errno.BADF

@@ -105,7 +105,7 @@ def test_with_nothing_granted_each_group_answers_its_documented_errno(tmp_path: 
         "sock 57 57 57 57",  # fd 1 is not a socket: NOTSOCK, granted or not
         "raise 52",
         "yield 0",
-        "fdstat 0 2 0",  # stdio is a character device
+        "fdstat 0 0 0",  # stdout to the log is no terminal: type unknown, as a pipe's
         "read 0 0 ",  # stdin: end of file
         "to-logwrite 0 6",
         "write 0 3",

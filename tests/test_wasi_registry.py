@@ -195,7 +195,7 @@ def test_capabilities_for_gives_exactly_what_the_config_provides(tmp_path: Path)
         ({"random_seed": b"short"}, "random_seed"),
         ({"clock": "precise"}, "not one of"),
         ({"max_fds": 4}, "max_fds"),
-        ({"max_fds": 10_000}, "max_fds"),
+        ({"max_fds": 100_000}, "max_fds"),
         ({"stdout": b"not callable"}, "callable"),
     ],
 )

@@ -81,6 +81,9 @@ class CodeShape:
 # Immediate kinds of one-byte opcodes.
 _NONE, _LEB, _LEB2, _BLOCK, _END, _BR_TABLE, _F32, _F64, _MEMARG, _SELECT_T = range(10)
 _TRY_TABLE, _FC, _FD, _BAD = 10, 11, 12, 13
+# memory.grow: one LEB (the memory index), and its offset noted when the caller asks
+# (growprobe rewrites each one).
+_GROW = 16
 # One LEB immediate, like _LEB, and counted: a conditional branch, or a table access or
 # indirect call.
 _LEB_BRANCH, _LEB_INDIRECT = 14, 15
@@ -114,6 +117,7 @@ _BRANCHING_BLOCKS = frozenset((0x04, 0x06, 0x1F))
 _FC_INDIRECT = frozenset((12, 14, 15, 17))
 for _op in (0x02, 0x03, 0x04, 0x06):  # block, loop, if, try
     _OPS[_op] = _BLOCK
+_OPS[0x40] = _GROW
 _OPS[0x0B] = _END
 _OPS[0x18] = _END  # delegate (legacy exceptions) ends its `try`, then names a label
 _OPS[0x0E] = _BR_TABLE
@@ -180,9 +184,12 @@ def _refuse(index: int, problem: str) -> CodeShapeError:
     return CodeShapeError([f"function {index}: {problem}"])
 
 
-def _scan_body(data: bytes, i: int, end: int, index: int) -> tuple[int, int, int, int, int, int]:
+def _scan_body(
+    data: bytes, i: int, end: int, index: int, grows: list[tuple[int, int]] | None = None
+) -> tuple[int, int, int, int, int, int]:
     """Check one body; return (locals, max depth, loops, locals x blocks, conditional
-    branches, table accesses and indirect calls). ``IndexError`` means it is truncated."""
+    branches, table accesses and indirect calls). ``IndexError`` means it is truncated.
+    ``grows``, when given, gets the offset and length of each ``memory.grow`` of memory 0."""
     groups, i = _read_uleb(data, i, end)
     n_locals = 0
     for _ in range(groups):
@@ -274,6 +281,12 @@ def _scan_body(data: bytes, i: int, end: int, index: int) -> tuple[int, int, int
                 )
             for _ in range(targets + 1):
                 i = _skip_leb(data, i, end)
+        elif kind == _GROW:
+            start = i - 1
+            memory, i = _read_uleb(data, i, end)
+            # A memory index of more than 5 bytes is refused by the compiler: left in place.
+            if grows is not None and memory == 0 and i - start <= 6:
+                grows.append((start, i - start))
         elif kind == _F32:
             i += 4
         elif kind == _F64:
@@ -319,6 +332,20 @@ def scan_code(data: bytes, imported_functions: int = 0) -> CodeShape:
         return _scan_sections(data, imported_functions)
     except IndexError:
         raise CodeShapeError(["the module's sections are truncated or malformed"]) from None
+
+
+def grow_sites(code: bytes) -> list[list[tuple[int, int]]]:
+    """For each body of a code section's payload (of an admitted module: ``scan_code``
+    accepted it), the offset within the body and the length of each ``memory.grow 0``."""
+    count, i = _read_uleb(code, 0, len(code))
+    sites: list[list[tuple[int, int]]] = []
+    for index in range(count):
+        size, start = _read_uleb(code, i, len(code))
+        grows: list[tuple[int, int]] = []
+        _scan_body(code, start, start + size, index, grows)
+        sites.append([(offset - start, length) for offset, length in grows])
+        i = start + size
+    return sites
 
 
 def scan_module(header: ModuleHeader, data: bytes) -> CodeShape:

@@ -14,7 +14,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
@@ -120,6 +120,22 @@ class ProfileBinding(Protocol):
 
 
 ProfileFactory = Callable[["Extension"], ProfileBinding]
+
+
+def refused_grow_text(asked_bytes: int, limit_bytes: int) -> str:
+    """What a failed command is told when a memory.grow was refused in its run."""
+    return (
+        f"the program's memory.grow to {asked_bytes} bytes was refused: its linear memory is "
+        f"limited to {limit_bytes} bytes"
+    )
+
+
+@runtime_checkable
+class CommandMemory(Protocol):
+    """A profile factory that also says how far a plain command of its profile may grow its
+    linear memory (``wasi_profile``'s carries ``WasiOptions.max_memory_bytes``)."""
+
+    command_max_memory_bytes: int
 
 
 class _Pooled:
@@ -262,6 +278,9 @@ class Extension:
         self._authorizes = host.grants.authorizer(self._id)
         self._seen_grants: GrantState | None = None
         self.denied_capabilities: set[str] = set()
+        # A plain command's last failed run (an exception or a nonzero exit code): the memory
+        # size a refused memory.grow asked for in it, in bytes; None when none was refused.
+        self.last_refused_memory_bytes: int | None = None
         self._gate = self._make_gate()
         self._command_names: dict[str, CommandWire] = {}
         self.steps: collections.deque[tuple[str, str]] = collections.deque(maxlen=MAX_STEPS)
@@ -777,9 +796,17 @@ class Extension:
             self._register(slot, None)  # so that a revocation or close can interrupt the run
             try:
                 with instance.lock:
+                    self.last_refused_memory_bytes = None
                     instance.instantiate(budget)
                     self._count_start()
-                    return instance.run_command(budget)
+                    try:
+                        code = instance.run_command(budget)
+                    except CallError as exc:
+                        self._note_refused_grow(instance, exc)
+                        raise
+                    if code:
+                        self._note_refused_grow(instance, None)
+                    return code
             except BaseException:
                 self._raise_if_halted_during(instance, "run")
                 raise
@@ -788,6 +815,17 @@ class Extension:
             self._record_fuel(budget.used)
             if slot is not None:
                 self._unregister(slot)
+
+    def _note_refused_grow(self, instance: Instance, failure: CallError | None) -> None:
+        """A command's run failed (``failure``, or a nonzero exit code): if a memory.grow was
+        refused in it, say so in ``last_refused_memory_bytes`` and the failure's hint (the
+        program's own words, "Out of memory" or a trap, never name the limit)."""
+        refused = self.last_refused_memory_bytes = instance.refused_memory_bytes()
+        if refused is not None and failure is not None:
+            failure.hint = (
+                f"{refused_grow_text(refused, self.resources.max_memory_bytes)}: raise "
+                "WasiOptions.max_memory_bytes (or the policy's max_memory_bytes ceiling)"
+            )
 
     def _count_start(self) -> None:
         with self._lock:
@@ -1171,6 +1209,7 @@ class Extension:
             timeout_ms=resources.timeout_ms,
             granted=granted,
             epoch=epoch,
+            command_memory=self.host.command_memory,
         )
         self.grant = grant
         self.plan = plan

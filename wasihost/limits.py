@@ -27,6 +27,16 @@ DEFAULT_MAX_MEMORY_BYTES: Final = 16 * 1024 * 1024
 MIN_MAX_MEMORY_BYTES: Final = 64 * 1024
 # 1 GiB caps the host's resident memory per instance well below wasm32's 4 GiB address space.
 MAX_MAX_MEMORY_BYTES: Final = 1024 * 1024 * 1024
+# A plain WASI command (a whole program, not a plugin answering calls) may grow its memory to
+# the most any extension may have: 1 GiB. Command-line programs size their memory by their
+# input (a JSON formatter holds the document several times over, SQLite its page cache), and the
+# extension default of 16 MiB made malloc return NULL for a 1.4 MB document. wasmtime's CLI
+# allows all of wasm32's 4 GiB; 1 GiB is what the host reserves for every memory
+# (settings.DEFAULT_MEMORY_RESERVATION, which memories never move past), so it is the most a
+# memory here can reach without changing the engine's settings, and it still bounds what one
+# runaway program takes of the host. ``WasiOptions.max_memory_bytes`` (``--max-memory``) and
+# policy ceilings lower it.
+DEFAULT_COMMAND_MAX_MEMORY_BYTES: Final = MAX_MAX_MEMORY_BYTES
 
 # One second of wall clock per call: interactive callers wait on it.
 DEFAULT_TIMEOUT_MS: Final = 1000

@@ -7,17 +7,18 @@ compiles anything, and again when an extension's grant changes.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import attrs
 
-from .admission import AdmissionPlan, admit_cached
+from . import limits
+from .admission import AdmissionPlan, admit_cached, command_profile
 from .errors import AdmissionError, ConfigError
 from .manifest import Manifest, Resources
 from .package import Package
 from .policy import Grant, Policy, effective_grant
 from .registry import AbiVersion, Registry
-from .wasmbin import WasmFormatError, read_header_cached
+from .wasmbin import ModuleHeader, WasmFormatError, read_header_cached
 
 # The manifest schema names "wasm-process" (out of process) too; this release runs neither it
 # nor anything else but in-process wasm, and says so at admission.
@@ -51,26 +52,30 @@ def plan_package(
     timeout_ms: int | None = None,
     granted: frozenset[str] | None = None,
     epoch: int = 0,
+    command_memory: Mapping[str, int] | None = None,
 ) -> tuple[AdmissionPlan, Grant, Resources]:
     """Resources, effective grant and static admission of a package; pure, nothing runs.
 
     ``granted`` is what the operator's grant table holds for the extension (a stateful host);
     the policy then only caps it. Without it, the policy alone decides (a stateless host).
+    ``command_memory`` maps a profile's import module to the memory a plain command of that
+    profile may grow to (``WasiOptions.max_memory_bytes``); a profile it does not name gives
+    ``limits.DEFAULT_COMMAND_MAX_MEMORY_BYTES``.
     """
     if isinstance(grants, (str, bytes)):
         # A string is an iterable of one-letter "capabilities": always a caller's mistake.
         raise ConfigError(f"grants must be a collection of capability names, not {grants!r}")
     check_package_policy(package, policy)
     manifest = package.manifest
-    resources = policy.cap(
-        _with_overrides(
-            manifest.resources if manifest is not None else Resources.default(), fuel, timeout_ms
-        )
-    )
     try:
         header = read_header_cached(package.wasm)
     except WasmFormatError as exc:
         raise AdmissionError([f"not a valid module: {exc}"]) from None
+    if manifest is not None:
+        base = manifest.resources
+    else:
+        base = bare_module_resources(header, registry, command_memory or {})
+    resources = policy.cap(_with_overrides(base, fuel, timeout_ms))
     if granted is not None:
         required = manifest.required if manifest is not None else frozenset()
         requested = (manifest.required | manifest.optional) if manifest is not None else granted
@@ -106,6 +111,20 @@ def plan_package(
         manifest_abi=_manifest_abi(manifest),
     )
     return plan, grant, resources
+
+
+def bare_module_resources(
+    header: ModuleHeader, registry: Registry, command_memory: Mapping[str, int]
+) -> Resources:
+    """The resources of a module without a manifest: an extension's defaults, but a plain
+    command of a profile (a WASI program) may grow its memory as a command-line program needs
+    (see ``limits.DEFAULT_COMMAND_MAX_MEMORY_BYTES``); a plugin's 16 MiB made malloc fail."""
+    resources = Resources.default()
+    profile = command_profile(header, registry)
+    if profile is None:
+        return resources
+    memory = command_memory.get(profile.module, limits.DEFAULT_COMMAND_MAX_MEMORY_BYTES)
+    return attrs.evolve(resources, max_memory_bytes=memory)
 
 
 def unsigned_refusal(package: Package) -> str:

@@ -10,6 +10,7 @@ table and (with a state directory) the durable state.
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
 import threading
 import time
@@ -29,11 +30,12 @@ from .errors import (
     AdmissionError,
     CallError,
     ConfigError,
+    FailureClass,
     PackageError,
     RevocationError,
     WasihostError,
 )
-from .extension import Extension, ProfileBinding, ProfileFactory
+from .extension import CommandMemory, Extension, ProfileBinding, ProfileFactory
 from .extlog import LogSink
 from .governor import Governor
 from .grants import GrantTable, withdrawn
@@ -57,7 +59,7 @@ from .registry import HostFunction, Profile, Registry, default_registry
 from .settings import EngineSettings
 from .supervision import Supervisor
 from .tokens import TokenIssuer
-from .wasmbin import read_header
+from .wasmbin import read_header, read_header_cached
 
 # What only some hosts use is imported where it is used: the state store (sqlite3) with a state
 # directory, installs and updates, the signature code with trust material, the WASI binding
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
     import concurrent.futures
 
     from .call_gate import CallGate
+    from .engine.instance import CompiledModule
     from .eviction import EvictionPolicy, Evictor
     from .opmetrics import MetricsPublisher
     from .packaging.allowed_signers import AllowedSigners, SshSigned
@@ -217,10 +220,15 @@ class Host:
         self.policy = policy if policy is not None else Policy()
         self.registry = registry if registry is not None else default_registry()
         self.profile_factories: dict[str, ProfileFactory] = {}
+        # How far a plain command of each profile may grow its memory, where its factory says
+        # (WasiOptions.max_memory_bytes); planning gives the others the command default.
+        self.command_memory: dict[str, int] = {}
         for profile, factory in profiles:
             if self.registry.profile_for_module(profile.module) is None:
                 self.registry.add_profile(profile)
             self.profile_factories[profile.module] = factory
+            if isinstance(factory, CommandMemory):
+                self.command_memory[profile.module] = factory.command_max_memory_bytes
         if (
             self.registry.serves_profile(WASI_MODULE)
             and WASI_MODULE not in self.profile_factories
@@ -787,7 +795,7 @@ class Host:
                 raise ExtensionRevoked(f"{package.name} is revoked: {table.revoked}")
             granted = frozenset(table.entries)
             epoch = table.epoch
-        return plan_package(
+        plan, grant, resources = plan_package(
             package,
             self.registry,
             self.policy,
@@ -796,7 +804,14 @@ class Host:
             timeout_ms=timeout_ms,
             granted=granted,
             epoch=epoch,
+            command_memory=self.command_memory,
         )
+        reservation = self.engine.settings.memory_reservation
+        if plan.is_command and resources.max_memory_bytes > reservation:
+            # A memory never moves past its reservation (settings), so a command grows no
+            # further than that: its limit says so, and so does a refused grow's message.
+            resources = attrs.evolve(resources, max_memory_bytes=reservation)
+        return plan, grant, resources
 
     def admit(
         self,
@@ -926,7 +941,10 @@ class Host:
         steps = [("verify package", f"sha256 {package.sha256[:16]}")]
         plan, grant, resources = self.plan(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
         try:
-            compiled = self.engine.compile(package.wasm, package.sha256)
+            if plan.is_command:
+                compiled = self._compile_command(package)
+            else:
+                compiled = self.engine.compile(package.wasm, package.sha256)
         except CallError as exc:
             raise AdmissionError([exc.message]) from None
         if replacing is not None:
@@ -958,6 +976,18 @@ class Host:
         for step, detail in steps:
             ext.record_step(step, detail)
         return ext
+
+    def _compile_command(self, package: Package) -> CompiledModule:
+        """A plain command compiled with its memory.grow refusals recorded (growprobe), so
+        that a run that fails after one names the memory limit."""
+        from .growprobe import probe_refused_grows
+
+        if hashlib.sha256(package.wasm).hexdigest() != package.sha256:
+            raise CallError(
+                FailureClass.ADMISSION, "the package's sha256 does not match its module bytes"
+            )
+        probed = probe_refused_grows(package.wasm, read_header_cached(package.wasm))
+        return self.engine.compile(probed)
 
     def extension(self, extension: str) -> Extension | None:
         if not isinstance(extension, str):

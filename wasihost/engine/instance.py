@@ -19,6 +19,7 @@ from wasmtime import _bindings as raw
 from wasmtime import _ffi as ffi
 
 from ..errors import CallError, ConfigError, FailureClass
+from ..growprobe import GROW_REFUSED_EXPORT, refused_bytes
 from ..limits import COMMAND_FUEL_PER_BYTE
 from . import sigint
 from .hostcalls import (
@@ -400,6 +401,38 @@ class Instance:
         if overran:
             raise _overrun()
         return self._ctx.exit_code if self._ctx.exit_code is not None else 0
+
+    def refused_memory_bytes(self) -> int | None:
+        """The memory size the last refused ``memory.grow`` asked for, in bytes, for a module
+        the host probed (``growprobe``); None when none was refused, the module was not
+        probed, or the instance is closed or in use. On the thread that owns the instance,
+        after its run: it holds the entry token while it reads, so a close from another
+        thread (a revocation) waits instead of freeing the Store under the read."""
+        instance = getattr(self, "_instance", None)  # set once instantiated
+        if instance is None:
+            return None
+        try:
+            self._token.pop()
+        except IndexError:
+            return None  # being closed from another thread
+        try:
+            if self.closed:
+                return None
+            name = GROW_REFUSED_EXPORT.encode()
+            item = ffi.wasmtime_extern_t()
+            if not raw._wasmtime_instance_export_get(
+                self._context, byref(instance), name, len(name), byref(item)
+            ):
+                return None
+            kind: Any = item.kind  # ctypes reads the field as an int; its stub says c_ubyte
+            if kind != ffi.WASMTIME_EXTERN_GLOBAL.value:
+                return None
+            value = ffi.wasmtime_val_t()
+            raw.wasmtime_global_get(self._context, byref(item.of.global_), byref(value))
+            pages = int(value.of.i64) & 0xFFFF_FFFF_FFFF_FFFF
+        finally:
+            self._leave()
+        return refused_bytes(pages) if pages else None
 
     def _export(self, name: bytes) -> Any:
         item = ffi.wasmtime_extern_t()

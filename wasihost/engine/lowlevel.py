@@ -212,6 +212,7 @@ def check_private_bindings() -> None:
         "_wasmtime_instance_new",
         "_wasmtime_instance_export_get",
         "_wasmtime_trap_new",
+        "wasmtime_global_get",
         "wasm_trap_delete",
         "wasmtime_error_delete",
     ]

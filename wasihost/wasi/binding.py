@@ -137,15 +137,22 @@ class WasiBinding:
 ProfileFactory = Callable[["Extension"], "ProfileBinding"]
 
 
+class WasiBindingFactory:
+    """Makes each instance's :class:`WasiBinding` over one config; the host reads
+    ``command_max_memory_bytes`` for the plain commands it admits (``extension.CommandMemory``)."""
+
+    def __init__(self, config: WasiOptions) -> None:
+        self.config = config
+        self.command_max_memory_bytes = config.max_memory_bytes
+
+    def __call__(self, ext: Extension) -> ProfileBinding:
+        return WasiBinding.for_extension(self.config, ext)
+
+
 def wasi_profile(config: WasiOptions | None = None) -> tuple[Profile, ProfileFactory]:
     """The WASI profile and a binding factory serving ``config``, for ``Host(profiles=[...])``.
 
     Grant the extension :func:`~wasihost.wasi.config.capabilities_for` of the same config to
     give it exactly what the config provides.
     """
-    cfg = config if config is not None else WasiOptions()
-
-    def factory(ext: Extension) -> ProfileBinding:
-        return WasiBinding.for_extension(cfg, ext)
-
-    return PROFILE, factory
+    return PROFILE, WasiBindingFactory(config if config is not None else WasiOptions())

@@ -2,8 +2,9 @@
 
     wasihost wasi [--dir HOST[::GUEST]]... [--dir-ro HOST[::GUEST]]... [--env K=V]...
                   [--profile standard|anonymous|none] [--random | --random-seed HEX | --no-random]
-                  [--stdin FILE] [--max-write-bytes N] [--fuel N] [--timeout-ms N]
-                  [--cache-dir DIR | --no-cache] MODULE.wasm [ARGS...]
+                  [--stdin FILE] [--max-write-bytes N] [--max-memory N] [--max-fds N]
+                  [--fuel N] [--timeout-ms N] [--cache-dir DIR | --no-cache]
+                  MODULE.wasm [ARGS...]
 
 As in wasmtime's CLI, the guest's argv[0] is the module's file name and ARGS follow it
 (everything after MODULE goes to the guest, options included). stdout and stderr go to the
@@ -18,10 +19,12 @@ Files, env and sockets stay denied unless a flag grants them. Errors are raised 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
+from .. import limits as resource_limits
 from ..errors import ConfigError, WasihostError
 from ..input_files import read_file_or_stdin
 from . import limits
@@ -34,6 +37,9 @@ from .config import (
     capabilities_for,
 )
 from .registry import CAP_CLOCK, CAP_RANDOM
+
+if TYPE_CHECKING:
+    from ..extension import Extension
 
 # What a bare `wasihost wasi prog.wasm` grants besides stdio and argv (see docs/wasi.md).
 DEFAULT_CLOCK_PROFILE = ClockProfile.STANDARD.value
@@ -93,6 +99,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="what the run may add to its --dir mounts: file growth and 4 KiB per file, "
         f"directory or link made (default: {limits.DEFAULT_MAX_WRITE_BYTES})",
     )
+    p.add_argument(
+        "--max-memory",
+        default=str(resource_limits.DEFAULT_COMMAND_MAX_MEMORY_BYTES),
+        metavar="N",
+        help="how far the program may grow its linear memory, in bytes or with a K, M or G "
+        f"suffix (KiB, MiB, GiB); {resource_limits.MIN_MAX_MEMORY_BYTES} to "
+        f"{resource_limits.MAX_MAX_MEMORY_BYTES} (1G, the default)",
+    )
+    p.add_argument(
+        "--max-fds",
+        type=int,
+        metavar="N",
+        help="descriptors the program may hold open at once, stdio and --dir mounts included "
+        f"({limits.MIN_MAX_FDS} to {limits.MAX_MAX_FDS}; default "
+        f"{limits.DEFAULT_COMMAND_MAX_FDS}, as a native program's soft limit)",
+    )
     p.add_argument("--fuel", type=int, help="fuel budget for the run")
     p.add_argument("--timeout-ms", type=int, help="wall-clock deadline for the run")
     p.add_argument("--cache-dir", type=Path, help="compiled-module cache directory")
@@ -129,10 +151,83 @@ def _seed(text: str) -> bytes:
     return seed
 
 
+_SIZE_SUFFIXES = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def memory_size(text: str) -> int:
+    """``--max-memory``'s value: bytes, or a number with a K, M or G suffix (binary units)."""
+    digits = text.strip().upper().removesuffix("IB").removesuffix("B")
+    suffix = digits[-1:] if digits[-1:] in _SIZE_SUFFIXES else ""
+    number = digits[: len(digits) - len(suffix)]
+    low, high = resource_limits.MIN_MAX_MEMORY_BYTES, resource_limits.MAX_MAX_MEMORY_BYTES
+    if not (number.isascii() and number.isdigit()):
+        raise ConfigError(
+            f"--max-memory {text!r} is not a size: give bytes, or a number with K, M or G "
+            "(e.g. --max-memory 512M)"
+        )
+    size = int(number) * _SIZE_SUFFIXES[suffix]
+    if not low <= size <= high:
+        raise ConfigError(
+            f"--max-memory {text} is {size} bytes; it must be {low} (one wasm page) to "
+            f"{high} (1G, the most one memory may reserve here)"
+        )
+    return size
+
+
 def _stream(name: str) -> BinaryIO:
     stream = getattr(sys, name)
     buffer: BinaryIO | None = getattr(stream, "buffer", None)
     return buffer if buffer is not None else stream
+
+
+def _is_terminal(stream: object) -> bool:
+    """Whether ``stream`` writes to a terminal: os.isatty of its descriptor (a stream with
+    none, a test's capture, is no terminal)."""
+    try:
+        fileno = stream.fileno()  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return False
+    return isinstance(fileno, int) and os.isatty(fileno)
+
+
+def terminal_fds() -> frozenset[int]:
+    """The guest descriptors that are terminals: fd 1 and 2 where this process's stdout and
+    stderr are. Never fd 0: the guest's stdin is bytes read before the run (--stdin FILE, or
+    all of this process's stdin with --stdin -), which no one types into."""
+    return frozenset(
+        fd for fd, name in ((1, "stdout"), (2, "stderr")) if _is_terminal(getattr(sys, name))
+    )
+
+
+def _descriptor_room(given: int | None) -> int:
+    """The guest's descriptor budget, with this process's soft RLIMIT_NOFILE raised to hold it
+    and the host's own (``limits.HOST_RESERVED_FDS``) as far as the hard limit allows: a
+    budget past what the process may open would end in the host's EMFILE, not the guest's.
+    A ``--max-fds`` beyond the hard limit is refused; the default is lowered to fit it."""
+    explicit = given is not None
+    max_fds = limits.DEFAULT_COMMAND_MAX_FDS if given is None else given
+    if not limits.MIN_MAX_FDS <= max_fds <= limits.MAX_MAX_FDS:
+        raise ConfigError(
+            f"--max-fds must be in {limits.MIN_MAX_FDS}..{limits.MAX_MAX_FDS}, got {max_fds}"
+        )
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX: no limit to raise or to check
+        return max_fds
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_fds + limits.HOST_RESERVED_FDS
+    if hard != resource.RLIM_INFINITY and wanted > hard:
+        if explicit:
+            raise ConfigError(
+                f"--max-fds {max_fds} needs {wanted} descriptors with the host's own, and "
+                f"this process may open at most {hard} (the hard limit, ulimit -Hn): give "
+                f"--max-fds {max(limits.MIN_MAX_FDS, hard - limits.HOST_RESERVED_FDS)} or less"
+            )
+        max_fds = max(limits.MIN_MAX_FDS, hard - limits.HOST_RESERVED_FDS)
+        wanted = max_fds + limits.HOST_RESERVED_FDS
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return max_fds
 
 
 def config_from_args(args: argparse.Namespace) -> WasiOptions:
@@ -162,6 +257,9 @@ def config_from_args(args: argparse.Namespace) -> WasiOptions:
         random_seed=_seed(args.random_seed) if args.random_seed is not None else None,
         mounts=mounts,
         max_write_bytes=args.max_write_bytes,
+        max_memory_bytes=memory_size(args.max_memory),
+        terminal_fds=terminal_fds(),
+        max_fds=_descriptor_room(args.max_fds),
     )
 
 
@@ -195,12 +293,14 @@ def run(args: argparse.Namespace) -> int:
         try:
             code = ext.run_command()
         except WasihostError as exc:
-            exc.hint = exc.hint or denial_hint(ext.denied_capabilities)
+            exc.hint = memory_hint(ext) or exc.hint or denial_hint(ext.denied_capabilities)
             raise
         finally:
             _stream("stdout").flush()
-        if code != 0 and (hint := denial_hint(ext.denied_capabilities)) is not None:
-            print(f"hint: {hint}", file=sys.stderr)
+        if code != 0:
+            for hint in (memory_hint(ext), denial_hint(ext.denied_capabilities)):
+                if hint is not None:
+                    print(f"hint: {hint}", file=sys.stderr)
         return exit_status(code)
     finally:
         host.close()
@@ -213,6 +313,20 @@ _DENIAL_HINTS = {
     CAP_RANDOM: "the guest asked for random bytes, which were withheld: drop --no-random, or "
     "pass --random-seed HEX",
 }
+
+
+def memory_hint(ext: Extension) -> str | None:
+    """What to say when a memory.grow was refused in the failed run, and how to raise it."""
+    from ..extension import refused_grow_text  # loaded by the run already
+
+    refused = ext.last_refused_memory_bytes
+    if refused is None:
+        return None
+    limit = ext.resources.max_memory_bytes
+    text = refused_grow_text(refused, limit)
+    if limit >= resource_limits.MAX_MAX_MEMORY_BYTES:
+        return f"{text}, the most --max-memory allows"
+    return f"{text} (--max-memory): raise it, e.g. --max-memory 1G"
 
 
 def denial_hint(denied: set[str]) -> str | None:

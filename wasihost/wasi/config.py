@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from .. import limits as resource_limits
 from ..errors import ConfigError
 from . import limits
 from .registry import (
@@ -117,6 +118,18 @@ def _mounts(value: Iterable[Mount]) -> tuple[Mount, ...]:
     return tuple(value)
 
 
+STDIO_FDS = frozenset({0, 1, 2})
+
+
+def _fd_set(value: Any) -> frozenset[int]:
+    if isinstance(value, str | bytes | int):
+        raise ConfigError(f"terminal_fds must be a collection of 0, 1 and 2, not {value!r}")
+    fds = frozenset(value)
+    if not all(type(fd) is int for fd in fds) or not fds <= STDIO_FDS:
+        raise ConfigError(f"terminal_fds may hold only 0, 1 and 2 (stdio), not {sorted(fds)}")
+    return fds
+
+
 def _clock(value: Any) -> ClockProfile | None:
     if value is None or isinstance(value, ClockProfile):
         return value
@@ -136,14 +149,25 @@ class WasiOptions:
       (needs ``wasi.env``);
     - ``stdin``: bytes served on fd 0; ``stdout``/``stderr``: caller sinks for fd 1 and 2
       (need ``wasi.stdio``; without it fd 1/2 go to the extension's log, one record per line);
+    - ``terminal_fds``: which of fd 0, 1 and 2 the guest sees as a terminal (a character
+      device: wasi-libc's ``isatty()`` is true, its stdout line-buffered, a shell prompts);
+      none by default, since bytes and a callable are no terminal. The others are of type
+      unknown, as wasmtime's built-in WASI reports a pipe or file. ``wasihost wasi`` names
+      the descriptors its own stdout and stderr are terminals on (needs ``wasi.stdio``);
     - ``clock``: the clock profile (needs ``wasi.clock``); None provides no clocks;
     - ``random``: provide random bytes from the OS CSPRNG, or from the deterministic stream of
       ``random_seed`` (needs ``wasi.random``);
     - ``mounts``: host directories (need ``wasi.fs.read``; writes need ``wasi.fs.write`` and a
       writable mount);
-    - ``max_fds``: the handle budget: open descriptors of one instance, stdio and mounts included;
+    - ``max_fds``: the handle budget: open descriptors of one instance, stdio and mounts
+      included (256 by default; each is a host descriptor, so a larger budget needs the
+      process's RLIMIT_NOFILE to match);
     - ``max_write_bytes``: what one instance may add to its writable mounts (file growth, holes
-      included, and 4 KiB per file, directory or link made); DQUOT beyond.
+      included, and 4 KiB per file, directory or link made); DQUOT beyond;
+    - ``max_memory_bytes``: how far a plain command run under these options may grow its linear
+      memory (1 GiB by default, ``limits.DEFAULT_COMMAND_MAX_MEMORY_BYTES``; a policy ceiling
+      lowers it); a ``memory.grow`` past it answers -1, and a run that then fails says so. A
+      wasihost ABI guest importing WASI keeps its manifest's ``max_memory_bytes``.
     """
 
     argv: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
@@ -157,6 +181,8 @@ class WasiOptions:
     mounts: tuple[Mount, ...] = attrs.field(default=(), converter=_mounts)
     max_fds: int = limits.DEFAULT_MAX_FDS
     max_write_bytes: int = limits.DEFAULT_MAX_WRITE_BYTES
+    max_memory_bytes: int = resource_limits.DEFAULT_COMMAND_MAX_MEMORY_BYTES
+    terminal_fds: frozenset[int] = attrs.field(default=frozenset(), converter=_fd_set)
 
     def __attrs_post_init__(self) -> None:
         args = [_guest_text(a, "argument") for a in self.argv]
@@ -213,6 +239,9 @@ class WasiOptions:
             raise ConfigError(
                 f"max_write_bytes={self.max_write_bytes!r} outside 0..{limits.MAX_MAX_WRITE_BYTES}"
             )
+        low, high = resource_limits.MIN_MAX_MEMORY_BYTES, resource_limits.MAX_MAX_MEMORY_BYTES
+        if type(self.max_memory_bytes) is not int or not low <= self.max_memory_bytes <= high:
+            raise ConfigError(f"max_memory_bytes={self.max_memory_bytes!r} outside {low}..{high}")
         if self.max_fds < 3 + len(self.mounts) + 1:
             raise ConfigError(
                 f"max_fds={self.max_fds} leaves no descriptor beyond stdio and mounts"

@@ -52,12 +52,22 @@ MAX_MAX_WRITE_BYTES: Final = 1 << 50
 NEW_ENTRY_BYTES: Final = 4 * KiB
 
 # Descriptors of one instance (stdio and preopens included): every open file or directory is a
-# host file descriptor, and a process has about a thousand of those for all its instances.
-DEFAULT_MAX_FDS: Final = 64
+# host file descriptor. An embedder's process shares its RLIMIT_NOFILE (1024 soft by default on
+# Linux) among all its instances and its own files, so an instance gets a quarter of it: 64 let
+# a program open 59 files where wasmtime's built-in WASI opened 200.
+DEFAULT_MAX_FDS: Final = 256
+# `wasihost wasi` runs one program in its own process: it gets what a native program gets, the
+# default soft RLIMIT_NOFILE (the CLI raises the process's soft limit to fit, see cli.py).
+DEFAULT_COMMAND_MAX_FDS: Final = 1024
 # Stdio (3) plus at least one preopen and one open file.
 MIN_MAX_FDS: Final = 5
-# A quarter of a usual RLIMIT_NOFILE soft limit (1024), for one instance.
-MAX_MAX_FDS: Final = 256
+# A common hard RLIMIT_NOFILE (systemd's default is 524,288; 65,536 is usual for servers):
+# more is a typo, not a need. Numbers are handed out lowest-free from a heap, so a full table
+# costs no scan.
+MAX_MAX_FDS: Final = 65_536
+# Descriptors the CLI keeps for the host beside the guest's (the interpreter, the module cache,
+# its compile worker): the process's soft limit is raised to the guest's budget plus these.
+HOST_RESERVED_FDS: Final = 64
 # Mounts of one config: each is a preopen descriptor counted against the budget above.
 MAX_MOUNTS: Final = 32
 

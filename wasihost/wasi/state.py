@@ -140,19 +140,28 @@ class WasiState:
                 self.fds.close_all()
                 raise
 
+    def _stdio_filetype(self, fd: int, stdio: bool) -> int:
+        """A character device only where the embedder says the guest's descriptor is a terminal
+        (the CLI: where its own is): wasi-libc's isatty() reads this, and a "terminal" made the
+        SQLite shell given a script prompt into its output and stdout line-buffered (4.5x the
+        writes). Otherwise unknown, as wasmtime reports a pipe or a file."""
+        if stdio and fd in self.config.terminal_fds:
+            return Filetype.CHARACTER_DEVICE
+        return Filetype.UNKNOWN
+
     def _setup_stdio(self, stdio: bool, log: ExtensionLog) -> None:
         stdin = self.config.stdin if stdio else b""
         self.fds.insert(
             StdinDescriptor(
-                filetype=Filetype.CHARACTER_DEVICE,
+                filetype=self._stdio_filetype(0, stdio),
                 rights_base=STDIN_RIGHTS,
                 rights_inheriting=0,
                 data=stdin,
             )
         )
-        for given, level, source in (
-            (self.config.stdout, Level.INFO, "stdout"),
-            (self.config.stderr, Level.WARN, "stderr"),
+        for fd, given, level, source in (
+            (1, self.config.stdout, Level.INFO, "stdout"),
+            (2, self.config.stderr, Level.WARN, "stderr"),
         ):
             sink: Callable[[bytes], object]
             if given is None or not stdio:
@@ -163,7 +172,7 @@ class WasiState:
                 sink, records = given, False
             self.fds.insert(
                 OutputDescriptor(
-                    filetype=Filetype.CHARACTER_DEVICE,
+                    filetype=self._stdio_filetype(fd, stdio and given is not None),
                     rights_base=STDOUT_RIGHTS,
                     rights_inheriting=0,
                     sink=sink,
