@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from wasi_support import CACHE_DIR, LIBC, PROBE, STD
 
+from wasihost import limits as resource_limits
 from wasihost.cli import UsageError, main
+from wasihost.cli.common import budget_hint
 from wasihost.errors import AdmissionError, CallError, FailureClass, WasihostError
 from wasihost.wasi.cli import config_from_args, exit_status, parse_args, run
 from wasihost.wasi.config import capabilities_for
@@ -161,3 +163,37 @@ def test_a_run_without_a_module_names_only_the_module_as_missing(
     """The guest's arguments are optional: argparse's default said "required: module, args"."""
     assert main(["wasi", "--dir", "/"]) == 2
     assert capsys.readouterr().err == "error: usage: the following arguments are required: module\n"
+
+
+def test_a_command_line_program_gets_a_command_line_budget(
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    """Issue 28, item 25: with no flag a program gets the most fuel and time a run may have
+    (before, the extension's 10M fuel and one second ended a program printing 300,000 lines out
+    of fuel in half a second); the flags still lower them."""
+    args = parse_args([str(LIBC), "lines:300000"])
+    assert (args.fuel, args.timeout_ms) == (
+        resource_limits.MAX_FUEL_PER_CALL,
+        resource_limits.MAX_TIMEOUT_MS,
+    )
+    assert wasi(str(LIBC), "lines:300000") == 0
+    assert capsysbinary.readouterr().out.splitlines()[-1] == b"line 299999"
+    with pytest.raises(CallError) as info:
+        wasi("--fuel", "1000000", str(LIBC), "lines:300000")
+    assert info.value.failure is FailureClass.OUT_OF_FUEL
+
+
+def test_a_run_out_of_fuel_or_time_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI says which flag raises the budget a program ran out of, and when it is already
+    the most a run may have, says that instead."""
+    assert main(["wasi", "--cache-dir", str(CACHE_DIR), "--fuel", "1000000", str(LIBC),
+                 "lines:300000"]) == 1  # fmt: skip
+    assert "hint: raise the budget with --fuel N (this run had 1000000)" in capsys.readouterr().err
+    assert main(["wasi", "--cache-dir", str(CACHE_DIR), "--timeout-ms", "200", str(PROBE),
+                 "sleep:10000000000"]) == 1  # fmt: skip
+    assert "hint: raise --timeout-ms (this run had 200 ms)" in capsys.readouterr().err
+    most = str(resource_limits.MAX_FUEL_PER_CALL)
+    assert budget_hint(FailureClass.OUT_OF_FUEL, int(most), 1000) == (
+        f"this run had {most} fuel, the most --fuel allows"
+    )
+    assert budget_hint(FailureClass.TRAP, 1, 1) is None

@@ -45,6 +45,17 @@ MIN_TIMEOUT_MS: Final = 1
 # Ten minutes: longer work is a batch job, not an extension call.
 MAX_TIMEOUT_MS: Final = 600_000
 
+# What `wasihost wasi` gives a program run from the command line when no flag says otherwise:
+# the most a run may have. A program's work follows its input, and the extension defaults (10M
+# fuel, one second, sized for a plugin answering calls) ended a program printing 300,000 lines
+# out of fuel in half a second. The fuel still bounds its CPU (seconds for ordinary code; a bare
+# branch loop, which burns about 1e9 fuel a CPU second, ran 94 s) and the deadline, ten minutes,
+# bounds the run whatever it does; a user who started it can stop it.
+# An embedder running a command through the library chooses its own (``Host.admit(fuel=,
+# timeout_ms=)``): a program run inside an application is that application's call.
+DEFAULT_COMMAND_LINE_FUEL: Final = MAX_FUEL_PER_CALL
+DEFAULT_COMMAND_LINE_TIMEOUT_MS: Final = MAX_TIMEOUT_MS
+
 # 128 KiB of command input, Shopify Functions' input limit.
 DEFAULT_MAX_INPUT_BYTES: Final = 128 * 1024
 # A CBOR item is at least one byte.

@@ -1,11 +1,13 @@
 """What every module of the command line shares: its usage error, its exit statuses, the limits
-it puts on its own flags, and the check of the budget flags that ``run`` and ``wasi`` share."""
+it puts on its own flags, and the check of the budget flags that ``run`` and ``wasi`` share
+(and the hint naming the one a run ran out of)."""
 
 from __future__ import annotations
 
 import argparse
 
 from .. import limits
+from ..errors import FailureClass
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -34,3 +36,16 @@ def check_budget_flags(args: argparse.Namespace) -> None:
     ):
         if value is not None and not low <= value <= high:
             raise UsageError(f"{flag} must be in {low}..{high}, got {value}")
+
+
+def budget_hint(failure: FailureClass | None, fuel: int, timeout_ms: int) -> str | None:
+    """The flag that raises the budget a run ran out of (``run`` and ``wasi``), or None."""
+    if failure is FailureClass.OUT_OF_FUEL:
+        if fuel >= limits.MAX_FUEL_PER_CALL:
+            return f"this run had {fuel} fuel, the most --fuel allows"
+        return f"raise the budget with --fuel N (this run had {fuel})"
+    if failure is FailureClass.DEADLINE:
+        if timeout_ms >= limits.MAX_TIMEOUT_MS:
+            return f"this run had {timeout_ms} ms, the most --timeout-ms allows"
+        return f"raise --timeout-ms (this run had {timeout_ms} ms)"
+    return None

@@ -10,12 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import cbor_json
-from ..errors import CallError, CodecError, ConfigError, FailureClass
+from ..errors import CallError, CodecError, ConfigError
 from ..package import Package, is_archive, load_package
 from ..policy import Policy
 from ..registry import AbiVersion, default_registry
 from ..terminal import printable
-from .common import EXIT_FAILURE, UsageError, check_budget_flags
+from .common import EXIT_FAILURE, UsageError, budget_hint, check_budget_flags
 from .options import (
     _host,
     _input_value,
@@ -118,12 +118,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         try:
             output = ext.call(args.command, value)
         except CallError as exc:
-            if exc.failure is FailureClass.OUT_OF_FUEL:
-                exc.hint = (
-                    f"raise the budget with --fuel N (this run had {ext.resources.fuel_per_call})"
-                )
-            elif exc.failure is FailureClass.DEADLINE:
-                exc.hint = f"raise --timeout-ms (this run had {ext.resources.timeout_ms} ms)"
+            resources = ext.resources
+            exc.hint = budget_hint(exc.failure, resources.fuel_per_call, resources.timeout_ms)
             raise
         except CodecError as exc:
             if "exceeds" in exc.message:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .. import limits as resource_limits
-from ..errors import ConfigError, WasihostError
+from ..errors import CallError, ConfigError, WasihostError
 from ..input_files import read_file_or_stdin
 from . import limits
 from .config import (
@@ -115,8 +115,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         f"({limits.MIN_MAX_FDS} to {limits.MAX_MAX_FDS}; default "
         f"{limits.DEFAULT_COMMAND_MAX_FDS}, as a native program's soft limit)",
     )
-    p.add_argument("--fuel", type=int, help="fuel budget for the run")
-    p.add_argument("--timeout-ms", type=int, help="wall-clock deadline for the run")
+    p.add_argument(
+        "--fuel",
+        type=int,
+        default=resource_limits.DEFAULT_COMMAND_LINE_FUEL,
+        help="fuel budget for the run (default and most: "
+        f"{resource_limits.DEFAULT_COMMAND_LINE_FUEL})",
+    )
+    p.add_argument(
+        "--timeout-ms",
+        type=int,
+        default=resource_limits.DEFAULT_COMMAND_LINE_TIMEOUT_MS,
+        help="wall-clock deadline for the run (default and most: "
+        f"{resource_limits.DEFAULT_COMMAND_LINE_TIMEOUT_MS} ms)",
+    )
     p.add_argument("--cache-dir", type=Path, help="compiled-module cache directory")
     p.add_argument("--no-cache", action="store_true", help="do not use the on-disk cache")
     p.add_argument("module", help="the WASI command module (.wasm)")
@@ -272,6 +284,7 @@ def exit_status(code: int) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run the module; return the process exit status (the guest's exit code)."""
     from ..cli import UsageError, check_budget_flags
+    from ..cli.common import budget_hint
     from ..package import load_package
     from ..policy import Policy
     from ..runtime import Host, default_cache_dir
@@ -293,7 +306,17 @@ def run(args: argparse.Namespace) -> int:
         try:
             code = ext.run_command()
         except WasihostError as exc:
-            exc.hint = memory_hint(ext) or exc.hint or denial_hint(ext.denied_capabilities)
+            resources = ext.resources
+            exc.hint = (
+                memory_hint(ext)
+                or exc.hint
+                or budget_hint(
+                    exc.failure if isinstance(exc, CallError) else None,
+                    resources.fuel_per_call,
+                    resources.timeout_ms,
+                )
+                or denial_hint(ext.denied_capabilities)
+            )
             raise
         finally:
             _stream("stdout").flush()
