@@ -4,6 +4,7 @@ on the code before its fix."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import ipaddress
 import json
@@ -21,10 +22,11 @@ from test_cli import run_cli
 from test_http import AUTH, SECRET, http_host, package, resolve
 from test_redteam_http import HOLD_S, Script, answer, counted, raw_server
 
-from wasihost.brokers.files import MAX_SWEEP_WAIT_S, FilesBroker
+from wasihost.brokers.files import MAX_SWEEP_WAIT_S, FilesBroker, FilesState
 from wasihost.brokers.http import MAX_INFLIGHT_PER_EXTENSION, HttpBroker
 from wasihost.brokers.secrets import SecretsBroker
 from wasihost.errors import CallError
+from wasihost.extension import Extension
 from wasihost.kvstore import KVStore
 from wasihost.kvtypes import DB_NAME as STORAGE_DB
 from wasihost.netpolicy import METADATA_ENDPOINTS, MetadataEndpoint, address_refusal
@@ -32,6 +34,7 @@ from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.scrub import scrub, secret_forms
 from wasihost.secrets import MemorySecretStore
+from wasihost.status import HostStatus, Status
 
 FILES_FIXTURE = FIXTURES / "files"
 FILES_TTL_S = 60.0
@@ -283,3 +286,103 @@ def test_a_temporary_file_is_closed_at_its_ttl_without_another_call(
 
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+# -- follow-up to 18-19: withdrawing files closes its handles at once ---------------------------
+
+FILES_POLICY = Policy(allow={"files", "log"})
+FILES_ID = "org.wasihost.fixtures.files"
+
+
+def _files_state(ext: Extension, broker: FilesBroker) -> FilesState:
+    state = ext._broker_states[id(broker)][1]
+    assert isinstance(state, FilesState)
+    return state
+
+
+def _withdraw_files(how: str, host: Host, ext_id: str, state_dir: Path, cache: Path) -> None:
+    """Withdraw ``files`` from the extension and give it back, in one of the three ways."""
+    if how == "revoke":
+        host.revoke(ext_id, "files")
+        host.grant(ext_id, "files", {"mounts": _data_mount(state_dir.parent)})
+    elif how == "other host":
+        with Host(FILES_POLICY, cache_dir=cache, state_dir=state_dir) as other:
+            other.revoke(ext_id, "files")
+            other.grant(ext_id, "files", {"mounts": _data_mount(state_dir.parent)})
+        assert host.sync_grants() == [ext_id]
+    else:
+        host.update_policy(Policy(allow={"log"}))
+        host.update_policy(FILES_POLICY)
+
+
+def _fds_under(*roots: Path) -> list[str]:
+    """What this process's descriptors open under ``roots`` (a nameless temporary file shows
+    as its directory's path and an inode)."""
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if any(target.startswith(str(root) + "/") for root in roots):
+                targets.append(target)
+    return targets
+
+
+def _data_mount(root: Path) -> dict[str, dict[str, str]]:
+    return {"data": {"host": str(root / "data"), "mode": "rw"}}
+
+
+@pytest.mark.parametrize("how", ["revoke", "other host", "policy"])
+def test_withdrawing_files_closes_its_handles_at_once_a_new_grant_does_not_revive_them(
+    tmp_path: Path, cache: Path, how: str
+) -> None:
+    """Revoked and granted again, files kept the extension's open handles: a temporary file
+    kept its descriptor and its contents, and a mounted file's handle read on, since the
+    mount it was checked against was granted again."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "kept.txt").write_bytes(b"before the revocation")
+    (tmp_path / "tmp").mkdir()
+    state_dir = tmp_path / "state"
+    broker = FilesBroker(temp_dir=tmp_path / "tmp")
+    with Host(FILES_POLICY, cache_dir=cache, state_dir=state_dir, brokers=[broker]) as host:
+        host.grant(FILES_ID, "files", {"mounts": _data_mount(tmp_path)})
+        ext = host.load(FILES_FIXTURE)
+        temp = ext.call("temp-keep", {"data": b"scratch of the old grant"})
+        # A mounted file's handle, as a guest's open leaves it (the fixture closes its own).
+        mounted = broker._open(_files_state(ext, broker), ["data", "kept.txt", "r"])
+        assert ext.call("read-handle", {"handle": mounted}) == b"before the revocation"
+        assert ext.usage().open_handles == 2
+        assert len(_fds_under(tmp_path / "data", tmp_path / "tmp")) == 2
+        _withdraw_files(how, host, ext.id, state_dir, cache)
+        assert ext.usage().open_handles == 0  # at once, before any call
+        assert _fds_under(tmp_path / "data", tmp_path / "tmp") == []
+        assert not list((tmp_path / "tmp").iterdir())  # the private directory is gone too
+        for handle in (temp, mounted):
+            with pytest.raises(CallError) as info:
+                ext.call("read-handle", {"handle": handle})
+            assert info.value.guest_class == "not_found"
+        # Files opened under the new grant are served.
+        fresh = ext.call("temp-keep", {"data": b"new"})
+        assert fresh > mounted
+        assert ext.call("read-handle", {"handle": fresh}) == b"new"
+
+
+def test_an_open_authorised_before_a_revocation_holds_no_handle_after_it(
+    tmp_path: Path, cache: Path
+) -> None:
+    """An open in flight when files was revoked (its call authorised before) took its handle
+    after the withdrawal had closed the others, and kept it through the next grant."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "kept.txt").write_bytes(b"x")
+    broker = FilesBroker()
+    with Host(FILES_POLICY, cache_dir=cache, brokers=[broker]) as host:
+        ext = host.load(FILES_FIXTURE)
+        host.grant(ext.id, "files", {"mounts": _data_mount(tmp_path)})
+        ext.call("temp-keep", {"data": b""})  # the epoch the open below is authorised under
+        state = _files_state(ext, broker)
+        assert ext.call("close-handle", {"handle": 1}) is None
+        host.revoke(ext.id, "files")  # withdrawn while the open was on its way
+        host.grant(ext.id, "files", {"mounts": _data_mount(tmp_path)})
+        with pytest.raises(HostStatus) as info:
+            broker._open(state, ["data", "kept.txt", "r"])  # under the epoch of before
+        assert info.value.status is Status.DENIED
+        assert ext.usage().open_handles == 0

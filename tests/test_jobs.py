@@ -314,6 +314,31 @@ def test_a_policy_no_longer_allowing_jobs_ends_them_and_allowing_it_again_does_n
     assert gate.runs() == []
 
 
+def test_withdrawing_events_ends_the_event_driven_jobs_and_a_new_grant_does_not_revive_them(
+    host: Host, clock: ManualClock, gate: Gate
+) -> None:
+    """An event-driven job is a subscription run as a command: revoked and granted events
+    again, it ran on the next event, where a subscription had ended (docs/events.md). Its
+    queued run ends with it; the other jobs, under jobs alone, go on."""
+    ext = host.load(JOBS)
+    periodic = schedule(ext, every_ms=1000)
+    schedule(ext, on_event="orders.created")
+    assert host.publish("orders.created") == 1  # queued, not yet run
+    host.revoke(ext.id, "events")
+    assert set(jobs_of(host).stats(ext.id)) == {periodic}  # at once, before any run
+    host.grant(ext.id, "events")
+    assert host.publish("orders.created") == 0
+    assert jobs_of(host).drain(WAIT_S)
+    assert gate.runs() == []
+    assert ticked(host, clock, 1) == 1
+    assert [r.split()[1] for r in gate.runs()] == [f"job={periodic}"]
+    # Withdrawn by a policy, the same.
+    schedule(ext, on_event="orders.created")
+    host.update_policy(Policy(allow=POLICY.allow - {"events"}))
+    host.update_policy(POLICY)
+    assert set(jobs_of(host).stats(ext.id)) == {periodic}
+
+
 def test_jobs_of_a_closed_extension_end_with_it(host: Host, clock: ManualClock, gate: Gate) -> None:
     ext = host.load(JOBS)
     schedule(ext, every_ms=1000)

@@ -246,7 +246,9 @@ class FilesState:
 
     def __init__(self, ext: Extension) -> None:
         self.ext = ext
-        self.lock = threading.Lock()
+        # Reentrant: a commit made under it may sync the grants, and a revocation it finds
+        # withdraws ``files`` (FilesBroker.withdraw) on the same thread.
+        self.lock = threading.RLock()
         self.handles: dict[int, OpenFile] = {}
         # Handle numbers are never reused, so a stale handle cannot come to name a new file.
         self.next_handle = 1
@@ -292,14 +294,20 @@ class FilesState:
     def close(self) -> None:
         with self.lock:
             self.closed = True
-            handles, self.handles = self.handles, {}
-            for f in handles.values():
-                f.close()
-            if self.temp_dir is not None:
-                # Not empty only if something else put a file there: left to the operator.
-                with contextlib.suppress(OSError):
-                    os.rmdir(self.temp_dir)
-                self.temp_dir = None
+            self.close_handles()
+
+    def close_handles(self) -> None:
+        """Close every handle and remove the temporary directory (called under the lock):
+        the extension closes, or ``files`` is withdrawn. Handle numbers go on from where they
+        were, and the bytes written stay counted."""
+        handles, self.handles = self.handles, {}
+        for f in handles.values():
+            f.close()
+        if self.temp_dir is not None:
+            # Not empty only if something else put a file there: left to the operator.
+            with contextlib.suppress(OSError):
+                os.rmdir(self.temp_dir)
+            self.temp_dir = None
 
 
 Handler = Callable[[Any, Any], Any]
@@ -402,6 +410,19 @@ class FilesBroker:
         with self._sweeping:
             self._expiries.pop(state, None)
             self._sweeping.notify_all()
+
+    def withdraw(self, state: FilesState, capabilities: frozenset[str]) -> None:
+        """``files`` was withdrawn (Extension.withdraw: a revocation, here or by another host,
+        or a policy no longer allowing it): every handle, of a mounted or a temporary file,
+        is closed now, so a grant given again later starts with none (re-checked at each use
+        but never ended, they outlived a revocation followed by a new grant)."""
+        if CAPABILITY not in capabilities:
+            return
+        with state.lock:
+            state.close_handles()
+            with self._sweeping:
+                self._expiries.pop(state, None)
+                self._sweeping.notify_all()
 
     def shutdown(self) -> None:
         """Stop the sweeper (the host calls this when it closes, after its extensions)."""
@@ -523,11 +544,19 @@ class FilesBroker:
             st.require_room()
             if creates:
                 fd = self._commit(st, lambda: self._open_creating(st, mount, path, flags, meter))
-            else:
-                fd = _open_file(mount.host, path, flags, meter)
-            return st.add(
-                OpenFile(fd, readable, writable, append, MAX_FILE_BYTES, name, mount.host)
-            )
+                opened = OpenFile(fd, readable, writable, append, MAX_FILE_BYTES, name, mount.host)
+                return st.add(opened)
+            fd = _open_file(mount.host, path, flags, meter)
+            opened = OpenFile(fd, readable, writable, append, MAX_FILE_BYTES, name, mount.host)
+            # The handle is taken through the grant table, as a creating open's file is made:
+            # a call authorised before a revocation (whose withdrawal closed the handles
+            # already) holds nothing after it returns.
+            try:
+                handle: int = self._commit(st, lambda: st.add(opened))
+            except BaseException:
+                opened.close()
+                raise
+            return handle
 
     def _open_creating(
         self, st: FilesState, mount: FileMount, path: bytes, flags: int, meter: Meter | None

@@ -44,6 +44,7 @@ from ..run_allowance import NetworkAllowance
 from ..status import HostStatus, Status
 from ..terminal import printable
 from .dispatch import ExtensionDispatcher
+from .events import CAPABILITY as EVENTS_CAPABILITY
 from .events import PAYLOAD_LIMITS, ExtensionEvents, _failure_text
 from .failure_log import FailureLogGate
 
@@ -227,6 +228,14 @@ class ExtensionJobs:
         self.jobs.clear()
         self.runs.clear()
 
+    def end_event_driven(self) -> None:
+        """End the jobs run by events, with their queued runs (``events`` was withdrawn)."""
+        for job_id, job in list(self.jobs.items()):
+            if job.on_event is not None:
+                job.ended = True
+                del self.jobs[job_id]
+        self.runs = collections.deque(run for run in self.runs if not run.job.ended)
+
 
 def _uint(request: dict[Any, Any], key: str, low: int, high: int) -> int | None:
     value = request.get(key)
@@ -287,10 +296,16 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
 
     def withdraw(self, state: ExtensionJobs, capabilities: frozenset[str]) -> None:
         """``jobs`` was withdrawn (Extension.withdraw): every job ends now, its queued run
-        with it, so a grant given again later starts with none."""
+        with it, so a grant given again later starts with none. ``events`` was: the
+        event-driven jobs end, as the subscriptions do (an event-driven job is one, run as a
+        command), and a grant of ``events`` given again later revives none."""
         if CAPABILITY in capabilities:
             with self._cond:
                 state.end_all()
+                self._cond.notify_all()
+        elif EVENTS_CAPABILITY in capabilities:
+            with self._cond:
+                state.end_event_driven()
                 self._cond.notify_all()
 
     def handler(self, entry: HostFunction, state: ExtensionJobs) -> Callable[[Any, Any], Any]:
