@@ -25,6 +25,7 @@ from test_redteam_http import HOLD_S, Script, answer, counted, raw_server
 from wasihost.brokers.files import MAX_SWEEP_WAIT_S, FilesBroker, FilesState
 from wasihost.brokers.http import MAX_INFLIGHT_PER_EXTENSION, HttpBroker
 from wasihost.brokers.secrets import SecretsBroker
+from wasihost.budgets import BudgetPolicy
 from wasihost.errors import CallError
 from wasihost.extension import Extension
 from wasihost.kvstore import KVStore
@@ -107,8 +108,31 @@ def test_concurrent_responses_share_what_is_left_of_the_hourly_quota(
 ) -> None:
     """Each response was capped at the quota left when it started: four at once, each within
     it, read 3-4x the hour's bytes. Now every read takes its bytes from the quota first."""
-    budget = 60_000
-    body = b"x" * 40_000  # one fits the hour, two do not
+    with http_host(cache) as host:
+        _four_responses_at_once(host, tmp_path, manifest_quota=HOUR_BYTES)
+
+
+def test_concurrent_responses_share_what_is_left_of_the_hosts_network_budget(
+    tmp_path: Path, cache: Path
+) -> None:
+    """The host's network budget (BudgetPolicy.network_bytes_per_hour, the governor's) was
+    charged after each read, as the manifest's quota was before item 14: four responses at
+    once, each within it, read 3-4x its bytes before any crossed. Now every read takes its
+    bytes from it first, as from the manifest's quota (the same MeteredSocket step)."""
+    budgets = BudgetPolicy(network_bytes_per_hour=HOUR_BYTES)
+    policy = Policy(allow={"http", "log"}, budgets=budgets)
+    with Host(policy, cache_dir=cache, brokers=[HttpBroker(resolver=resolve)]) as host:
+        # The manifest's own quota is far above: only the host's budget binds.
+        _four_responses_at_once(host, tmp_path, manifest_quota=64 * HOUR_BYTES)
+
+
+HOUR_BYTES = 60_000
+
+
+def _four_responses_at_once(host: Host, tmp_path: Path, manifest_quota: int) -> None:
+    """Four requests in flight together, each answered 40,000 bytes once all four are in: one
+    fits the hour of HOUR_BYTES, two do not; together they read no more than it."""
+    body = b"x" * 40_000
     arrived = threading.Semaphore(0)
     all_in = threading.Event()
     lock = threading.Lock()
@@ -124,8 +148,8 @@ def test_concurrent_responses_share_what_is_left_of_the_hourly_quota(
         answer(b"200 OK", body)(sock, head)
 
     answers: list[object] = []
-    with http_host(cache) as h, raw_server(together) as server:
-        pkg = package(tmp_path, [server.origin()], bytes_per_hour=budget)
+    with raw_server(together) as server:
+        pkg = package(tmp_path, [server.origin()], bytes_per_hour=manifest_quota)
         manifest = (pkg / "extension.toml").read_text()
         (pkg / "extension.toml").write_text(
             manifest.replace(
@@ -133,9 +157,10 @@ def test_concurrent_responses_share_what_is_left_of_the_hourly_quota(
                 f"timeout_ms = 10000\nmax_concurrency = {MAX_INFLIGHT_PER_EXTENSION}",
             )
         )
-        ext = h.load(pkg)
-        h.grant(ext.id, "http", {"allow_local_network": True})
+        ext = host.load(pkg)
+        host.grant(ext.id, "http", {"allow_local_network": True})
         ext.start()
+        assert ext.usage().budget.network_bytes_per_hour == HOUR_BYTES
 
         def one() -> None:
             try:
@@ -154,7 +179,7 @@ def test_concurrent_responses_share_what_is_left_of_the_hourly_quota(
         assert len(answers) == MAX_INFLIGHT_PER_EXTENSION
         assert answers.count(200) <= 1, answers
         assert set(answers) <= {200, "quota_exceeded"}, answers
-        assert counted(ext) <= budget
+        assert counted(ext) <= HOUR_BYTES
 
 
 # -- 15: base64 broken into lines is scrubbed at every alignment ---------------------------------
