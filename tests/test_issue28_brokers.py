@@ -100,6 +100,61 @@ def test_every_metadata_endpoint_cites_its_source_and_is_refused_in_every_spelli
             assert address_refusal(v6, allow_local_network=True) == "metadata", v6
 
 
+@pytest.mark.parametrize(
+    "address", ["fe80::a9fe:a9fe", "fe80::a9fe:a9fe%eth0", "FE80:0:0:0:0:0:A9FE:A9FE%2"]
+)
+def test_openstacks_ipv6_metadata_address_is_refused_with_the_local_network(
+    address: str,
+) -> None:
+    """Red-team pass on item 13: OpenStack serves metadata at the link-local fe80::a9fe:a9fe
+    too (nova since Victoria); a resolver's answer of it, with or without a zone, was only
+    'link-local', reachable with allow_local_network."""
+    assert address_refusal(address, allow_local_network=True) == "metadata"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "169.254.169.254.",
+        "0251.0376.0251.0376",
+        "0xa9.0xfe.0xa9.0xfe",
+        "2852039166",
+        "169.254.169.254 ",
+        "::ffff:169.254.169.254",
+        "::ffff:a9fe:a9fe",
+        "::169.254.169.254",
+        "fd00:ec2::254%eth0",
+    ],
+)
+def test_a_resolver_answering_a_metadata_address_in_another_spelling_is_refused(
+    tmp_path: Path, cache: Path, answer: str
+) -> None:
+    """A name (a trailing dot included) that a resolver answers with a metadata address in
+    another spelling, octal, hex, decimal, IPv4-mapped or zoned, is refused unsent with the
+    local network granted: a spelling that is no address is no answer to connect to (held)."""
+    names: list[str] = []
+
+    def resolver(name: str, port: int) -> list[str]:
+        names.append(name)
+        return [answer]
+
+    with Host(
+        Policy(allow={"http", "log"}),
+        cache_dir=cache,
+        brokers=[HttpBroker(resolver=resolver)],
+    ) as host:
+        ext = host.load(package(tmp_path, ["http://meta.test:80"]))
+        host.grant(ext.id, "http", {"allow_local_network": True})
+        for url in ("http://meta.test/latest", "http://META.test:80/"):
+            with pytest.raises(CallError) as info:
+                ext.call("fetch", {"url": url})
+            assert info.value.guest_class in ("denied",), url
+        with pytest.raises(CallError) as info:
+            ext.call("fetch", {"url": "http://meta.test./latest"})
+        assert info.value.guest_class in ("invalid_argument", "denied")
+    assert set(names) <= {"meta.test"}
+
+
 # -- 14: concurrent responses together read no more than the hourly quota left ------------------
 
 
