@@ -258,17 +258,52 @@ def _wrapped_forms(alignment: int) -> list[tuple[str, bytes]]:
 def test_base64_broken_into_lines_is_scrubbed_at_every_alignment(alignment: int) -> None:
     """MIME wraps base64 every 76 characters: a secret whose form a line break fell inside
     came back whole (19 of 26 alignments)."""
-    forms = secret_forms(MIME_SECRET)
     for name, text in _wrapped_forms(alignment):
-        cleaned = scrub(b"<pre>" + text + b"</pre>", forms)
-        joined = re.sub(rb"\r|\n|\\r|\\n", b"", cleaned)
-        for shift in range(4):
-            # Decoded at each character alignment, the secret is nowhere.
-            chunk = joined[shift:].translate(bytes.maketrans(b"-_", b"+/"))
-            letters = re.sub(rb"[^A-Za-z0-9+/]", b"", chunk)
-            decoded = base64.b64decode(letters[: len(letters) // 4 * 4])
-            assert MIME_SECRET not in decoded, (name, shift)
-        assert not any(form in joined for form in forms), name
+        _assert_scrubbed(name, text)
+
+
+def _assert_scrubbed(name: str, text: bytes) -> None:
+    forms = secret_forms(MIME_SECRET)
+    cleaned = scrub(b"<pre>" + text + b"</pre>", forms)
+    joined = re.sub(rb"\s|\\r|\\n", b"", cleaned)
+    for shift in range(4):
+        # Decoded at each character alignment, the secret is nowhere.
+        chunk = joined[shift:].translate(bytes.maketrans(b"-_", b"+/"))
+        letters = re.sub(rb"[^A-Za-z0-9+/]", b"", chunk)
+        decoded = base64.b64decode(letters[: len(letters) // 4 * 4])
+        assert MIME_SECRET not in decoded, (name, shift)
+    assert not any(form in joined for form in forms), name
+
+
+@pytest.mark.parametrize("alignment", range(26))
+def test_base64_split_by_spaces_tabs_or_folded_lines_is_scrubbed_at_every_alignment(
+    alignment: int,
+) -> None:
+    """Red-team pass on item 15: only line breaks were read past, so base64 split by spaces or
+    tabs (lines joined by a space, a folded header: CRLF and a space, indented lines, also
+    JSON-escaped) came back whole for up to 17 of 26 alignments. Held before: URL-safe and
+    unpadded base64, CRLF breaks."""
+    blob = bytes(range(alignment)) + MIME_SECRET + b"\x00trailer"
+    plain = base64.b64encode(blob)
+    urlsafe = base64.urlsafe_b64encode(blob)
+
+    def split(text: bytes, between: bytes, width: int = 76) -> bytes:
+        return between.join(text[i : i + width] for i in range(0, len(text), width))
+
+    forms = {
+        "spaces": split(plain, b" "),
+        "tabs": split(plain, b"\t", 64),
+        "two spaces, short lines": split(plain, b"  ", 16),
+        "folded": split(plain, b"\r\n "),
+        "space before the break": split(plain, b" \r\n"),
+        "indented": split(plain, b"\n    "),
+        "indented in json": json.dumps({"key": split(plain, b"\n    ").decode()}).encode(),
+        "unpadded": plain.rstrip(b"="),
+        "url-safe, unpadded": urlsafe.rstrip(b"="),
+        "url-safe, crlf": split(urlsafe, b"\r\n"),
+    }
+    for name, text in forms.items():
+        _assert_scrubbed(name, text)
 
 
 # -- 16: a transfer coding other than chunked is refused ----------------------------------------
@@ -294,7 +329,22 @@ def _reflect_coded(transfer_encoding: bytes) -> Script:
 
 @pytest.mark.parametrize(
     "transfer_encoding",
-    [b"gzip, chunked", b"gzip,chunked", b"deflate, chunked", b"gzip", b"chunked, chunked"],
+    [
+        b"gzip, chunked",
+        b"gzip,chunked",
+        b"deflate, chunked",
+        b"gzip",
+        b"chunked, chunked",
+        # The red-team pass on item 16 (held): other cases and spaces, the codings in repeated
+        # header lines (http.client reads the first, the check all of them), a folded line.
+        b"GZIP, Chunked",
+        b"gzip ,\tchunked",
+        b"gzip\r\nTransfer-Encoding: chunked",
+        b"chunked\r\nTransfer-Encoding: gzip, chunked",
+        b"gzip,\r\n chunked",
+        b"chunked;q=1",
+        b"x-gzip, chunked",
+    ],
 )
 def test_a_transfer_coding_other_than_chunked_is_refused(
     cache: Path, tmp_path: Path, transfer_encoding: bytes
