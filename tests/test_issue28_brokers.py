@@ -11,6 +11,7 @@ import json
 import os
 import re
 import socket
+import ssl
 import textwrap
 import threading
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, FakeClock
 from test_cli import run_cli
-from test_http import AUTH, SECRET, http_host, package, resolve
+from test_http import AUTH, SECRET, certificates, http_host, package, resolve
 from test_redteam_http import HOLD_S, Script, answer, counted, raw_server
 
 from wasihost.brokers.files import MAX_SWEEP_WAIT_S, FilesBroker, FilesState
@@ -167,27 +168,54 @@ def test_concurrent_responses_share_what_is_left_of_the_hourly_quota(
         _four_responses_at_once(host, tmp_path, manifest_quota=HOUR_BYTES)
 
 
+@pytest.mark.parametrize("framing", ["length", "chunked", "tls"])
 def test_concurrent_responses_share_what_is_left_of_the_hosts_network_budget(
-    tmp_path: Path, cache: Path
+    tmp_path: Path, cache: Path, framing: str
 ) -> None:
     """The host's network budget (BudgetPolicy.network_bytes_per_hour, the governor's) was
     charged after each read, as the manifest's quota was before item 14: four responses at
     once, each within it, read 3-4x its bytes before any crossed. Now every read takes its
-    bytes from it first, as from the manifest's quota (the same MeteredSocket step)."""
+    bytes from it first, as from the manifest's quota (the same MeteredSocket step), whether
+    the body has a length, comes in chunks or under TLS."""
     budgets = BudgetPolicy(network_bytes_per_hour=HOUR_BYTES)
     policy = Policy(allow={"http", "log"}, budgets=budgets)
-    with Host(policy, cache_dir=cache, brokers=[HttpBroker(resolver=resolve)]) as host:
+    cert, key, ca = certificates(tmp_path)
+    tls = None
+    if framing == "tls":
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(cert, key)
+    context = ssl.create_default_context(cadata=ca.decode())
+    broker = HttpBroker(resolver=resolve, ssl_context=context)
+    with Host(policy, cache_dir=cache, brokers=[broker]) as host:
         # The manifest's own quota is far above: only the host's budget binds.
-        _four_responses_at_once(host, tmp_path, manifest_quota=64 * HOUR_BYTES)
+        _four_responses_at_once(
+            host, tmp_path, 64 * HOUR_BYTES, chunked=framing == "chunked", tls=tls
+        )
 
 
 HOUR_BYTES = 60_000
 
 
-def _four_responses_at_once(host: Host, tmp_path: Path, manifest_quota: int) -> None:
+def _four_responses_at_once(
+    host: Host,
+    tmp_path: Path,
+    manifest_quota: int,
+    *,
+    chunked: bool = False,
+    tls: ssl.SSLContext | None = None,
+) -> None:
     """Four requests in flight together, each answered 40,000 bytes once all four are in: one
     fits the hour of HOUR_BYTES, two do not; together they read no more than it."""
     body = b"x" * 40_000
+
+    def send(sock: socket.socket, head: bytes) -> None:
+        if not chunked:
+            answer(b"200 OK", body)(sock, head)
+            return
+        chunks = b"".join(b"3e8\r\n%s\r\n" % body[i : i + 1000] for i in range(0, 40_000, 1000))
+        head_lines = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        sock.sendall(head_lines + chunks + b"0\r\n\r\n")
+
     arrived = threading.Semaphore(0)
     all_in = threading.Event()
     lock = threading.Lock()
@@ -200,11 +228,13 @@ def _four_responses_at_once(host: Host, tmp_path: Path, manifest_quota: int) -> 
                 all_in.set()
         arrived.release()
         all_in.wait(HOLD_S)  # every request started (and looked at the quota) first
-        answer(b"200 OK", body)(sock, head)
+        send(sock, head)
 
     answers: list[object] = []
-    with raw_server(together) as server:
-        pkg = package(tmp_path, [server.origin()], bytes_per_hour=manifest_quota)
+    scheme = "http" if tls is None else "https"
+    with raw_server(together, tls) as server:
+        origin = server.origin(scheme)
+        pkg = package(tmp_path, [origin], bytes_per_hour=manifest_quota)
         manifest = (pkg / "extension.toml").read_text()
         (pkg / "extension.toml").write_text(
             manifest.replace(
@@ -219,7 +249,7 @@ def _four_responses_at_once(host: Host, tmp_path: Path, manifest_quota: int) -> 
 
         def one() -> None:
             try:
-                answers.append(ext.call("fetch", {"url": f"{server.origin()}/"})["status"])
+                answers.append(ext.call("fetch", {"url": f"{origin}/"})["status"])
             except CallError as exc:
                 answers.append(exc.guest_class)
 
