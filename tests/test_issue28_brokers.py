@@ -546,3 +546,39 @@ def test_an_open_authorised_before_a_revocation_holds_no_handle_after_it(
             broker._open(state, ["data", "kept.txt", "r"])  # under the epoch of before
         assert info.value.status is Status.DENIED
         assert ext.usage().open_handles == 0
+
+
+def test_withdrawing_files_never_waits_for_a_files_call_in_progress(
+    tmp_path: Path, cache: Path
+) -> None:
+    """The withdrawal may run on a thread in another extension's files call (its commit syncs
+    the grants and finds a revocation), while a files call of this one, holding this state's
+    lock, would do the same for that one: waiting for the lock, the two threads deadlocked.
+    It waits for nothing: the call in progress closes the handles as it ends."""
+    broker = FilesBroker()
+    with Host(FILES_POLICY, cache_dir=cache, brokers=[broker]) as host:
+        ext = host.load(FILES_FIXTURE)
+        host.grant(ext.id, "files")
+        temp = ext.call("temp-keep", {"data": b"x"})
+        state = _files_state(ext, broker)
+        in_call, end_call = threading.Event(), threading.Event()
+
+        def files_call_in_progress() -> None:
+            with state.locked():
+                in_call.set()
+                end_call.wait(HOLD_S)
+
+        holder = threading.Thread(target=files_call_in_progress, daemon=True)
+        holder.start()
+        assert in_call.wait(HOLD_S)
+        revoking = threading.Thread(target=host.revoke, args=(ext.id, "files"), daemon=True)
+        revoking.start()
+        revoking.join(HOLD_S / 3)
+        assert not revoking.is_alive(), "the revocation waited for the files call"
+        end_call.set()
+        holder.join(HOLD_S)
+        assert ext.usage().open_handles == 0  # closed as the call ended
+        host.grant(ext.id, "files")
+        with pytest.raises(CallError) as info:
+            ext.call("read-handle", {"handle": temp})
+        assert info.value.guest_class == "not_found"
