@@ -17,6 +17,7 @@ import pytest
 from conftest import FIXTURES, bare
 from guests import build, escape, guest_wat, host_import
 
+from wasihost.brokers.events import ExtensionEvents
 from wasihost.brokers.jobs import (
     MAX_DELAY_MS,
     MAX_JOB_INPUT_BYTES,
@@ -337,6 +338,33 @@ def test_withdrawing_events_ends_the_event_driven_jobs_and_a_new_grant_does_not_
     host.update_policy(Policy(allow=POLICY.allow - {"events"}))
     host.update_policy(POLICY)
     assert set(jobs_of(host).stats(ext.id)) == {periodic}
+
+
+def test_a_publish_that_looked_before_the_events_grant_narrowed_queues_no_run(
+    host: Host, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red-team pass on items 18-19: a publish looks at the events grant, then queues under
+    the broker's lock. Narrowed between the two to classes that no longer cover the job's,
+    the stale look queued the run, and the job ran with an event its grant no longer
+    covered; a stale look now is looked at again."""
+    ext = host.load(JOBS)
+    schedule(ext, on_event="orders.created")
+    listening = ext._broker_states[id(jobs_of(host))][1].events
+    looked = ExtensionEvents.allowed
+    raced: list[bool] = []
+
+    def allowed_then_narrowed(self: ExtensionEvents) -> tuple[str, ...] | None:
+        seen = looked(self)
+        if self is listening and not raced:
+            raced.append(True)
+            host.grant(ext.id, "events", {"classes": ["orders.paid"]})
+        return seen
+
+    monkeypatch.setattr(ExtensionEvents, "allowed", allowed_then_narrowed)
+    assert host.publish("orders.created") == 0
+    assert raced
+    assert jobs_of(host).drain(WAIT_S)
+    assert gate.runs() == []
 
 
 def test_jobs_of_a_closed_extension_end_with_it(host: Host, clock: ManualClock, gate: Gate) -> None:

@@ -45,7 +45,7 @@ from ..status import HostStatus, Status
 from ..terminal import printable
 from .dispatch import ExtensionDispatcher
 from .events import CAPABILITY as EVENTS_CAPABILITY
-from .events import PAYLOAD_LIMITS, ExtensionEvents, _failure_text
+from .events import MAX_LOOKS, PAYLOAD_LIMITS, ExtensionEvents, _failure_text, _same
 from .failure_log import FailureLogGate
 
 if TYPE_CHECKING:
@@ -472,17 +472,28 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
                     for j in s.jobs.values()
                 )
             ]
-        # The grant table is consulted outside the broker's lock (see the lock order above).
-        views = [(state, state.events.allowed()) for state in listening]
         queued = 0
-        with self._cond:
-            for state, allowed in views:
-                for job in list(state.jobs.values()):
-                    if job.on_event is None or not matches(job.on_event, event_class):
+        for _ in range(MAX_LOOKS):
+            # The grant table is consulted outside the broker's lock (see the lock order
+            # above): a look no longer current when the lock is taken is taken again, as the
+            # events broker's publish does (a stale look queued a run for a class the grant
+            # had stopped covering meanwhile).
+            views = [(s, s.events.stamp(), s.events.allowed()) for s in listening]
+            stale: list[ExtensionJobs] = []
+            with self._cond:
+                for state, stamp, allowed in views:
+                    if not _same(stamp, state.events.stamp()):
+                        stale.append(state)
                         continue
-                    if allowed is None or not covered(allowed, job.on_event):
-                        continue  # the operator narrowed the events grant since
-                    queued += self._offer(state, Run(job, (event_class, data)))
+                    for job in list(state.jobs.values()):
+                        if job.on_event is None or not matches(job.on_event, event_class):
+                            continue
+                        if allowed is None or not covered(allowed, job.on_event):
+                            continue  # the operator narrowed the events grant since
+                        queued += self._offer(state, Run(job, (event_class, data)))
+            if not stale:
+                break
+            listening = stale
         return queued
 
     def _offer(self, state: ExtensionJobs, run: Run) -> int:
