@@ -22,6 +22,7 @@ from wasihost.brokers.jobs import (
     MAX_DELAY_MS,
     MAX_JOB_INPUT_BYTES,
     MIN_PERIOD_MS,
+    ExtensionJobs,
     JobsBroker,
     ManualClock,
 )
@@ -365,6 +366,31 @@ def test_a_publish_that_looked_before_the_events_grant_narrowed_queues_no_run(
     assert raced
     assert jobs_of(host).drain(WAIT_S)
     assert gate.runs() == []
+
+
+def test_a_run_taken_before_a_revocation_and_a_new_grant_does_not_start(
+    host: Host, clock: ManualClock, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red-team pass on item 19: a worker takes a queued run, sees the job not ended, then asks
+    the grant table whether jobs is granted. Revoked and granted again in between, it was
+    granted, and the ended job's run started after the revocation had returned."""
+    ext = host.load(JOBS)
+    schedule(ext, every_ms=1000)
+    asked = ExtensionJobs.granted
+    raced: list[bool] = []
+
+    def granted_after_a_revocation(self: ExtensionJobs) -> bool:
+        if self.ext is ext and not raced:
+            raced.append(True)
+            host.revoke(ext.id, "jobs")
+            host.grant(ext.id, "jobs")
+        return asked(self)
+
+    monkeypatch.setattr(ExtensionJobs, "granted", granted_after_a_revocation)
+    assert ticked(host, clock, 1) == 1
+    assert raced
+    assert gate.runs() == []
+    assert jobs_of(host).stats(ext.id) == {}
 
 
 def test_jobs_of_a_closed_extension_end_with_it(host: Host, clock: ManualClock, gate: Gate) -> None:

@@ -602,6 +602,10 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
         spec = state.spec
         assert spec is not None  # a job exists only with a [jobs] table
         with self._cond:
+            if job.ended or state.closed:
+                # Ended since the look above (a revocation's withdrawal, while the grant
+                # table was consulted: revoked and granted again then, the run went ahead).
+                return
             skipped, job.pending_skipped = job.pending_skipped, 0
             number = job.runs + job.failed + 1
         event = None
