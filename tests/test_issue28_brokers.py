@@ -582,3 +582,31 @@ def test_withdrawing_files_never_waits_for_a_files_call_in_progress(
         with pytest.raises(CallError) as info:
             ext.call("read-handle", {"handle": temp})
         assert info.value.guest_class == "not_found"
+
+
+def test_an_open_landing_during_a_policy_update_holds_no_handle_after_it(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """update_policy withdrew what a capability no longer allowed holds, then bumped the
+    epochs: an open authorised under the old policy that took its handle in between (its
+    epoch still current) kept it. The bump comes first now, then the withdrawal."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "kept.txt").write_bytes(b"x")
+    broker = FilesBroker()
+    with Host(FILES_POLICY, cache_dir=cache, brokers=[broker]) as host:
+        ext = host.load(FILES_FIXTURE)
+        host.grant(ext.id, "files", {"mounts": _data_mount(tmp_path)})
+        ext.call("temp-keep", {"data": b""})  # the epoch the open below is authorised under
+        state = _files_state(ext, broker)
+        bump = host.grants.bump
+        landed: list[int] = []
+
+        def open_lands_then_bump(extension: str) -> int:
+            if not landed:  # the open in flight takes its handle now
+                landed.append(broker._open(state, ["data", "kept.txt", "r"]))
+            return bump(extension)
+
+        monkeypatch.setattr(host.grants, "bump", open_lands_then_bump)
+        host.update_policy(Policy(allow={"log"}))
+        assert landed
+        assert ext.usage().open_handles == 0
