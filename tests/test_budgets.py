@@ -768,3 +768,24 @@ def test_throttles_reach_the_operators_status_json(
         assert metrics["throttles"] == 1 and metrics["budget_actions"]["throttle"] == 1
         assert metrics["throttle_refusals"] == 2
         assert metrics["extensions_by_state"] == {"throttled": 1}
+
+
+def test_a_take_never_passes_the_network_budget_and_its_refund_lands_where_it_was_taken() -> None:
+    """Account.take (the http broker's reads, issue 28's follow-up to item 14): as many bytes
+    as are left, none past the budget, the crossing when none are; a refund goes back into
+    the bucket its take went to, so the bytes kept leave the window when they would have."""
+    clock = FakeClock()
+    account = Account(pure_budget(10**6, 1_000, Action.THROTTLE), clock)
+    network = Resource.NETWORK_BYTES_PER_HOUR
+    granted, first, crossing = account.take(network, 800)
+    assert (granted, crossing) == (800, None)
+    clock.now += 60  # the next one-minute bucket
+    granted, second, crossing = account.take(network, 800)
+    assert (granted, crossing) == (200, None)
+    assert second != first
+    granted, _, crossing = account.take(network, 1)
+    assert granted == 0 and crossing is not None and crossing.refused and crossing.fired
+    account.refund_from(network, 300, first)  # 300 of the first take were not read
+    assert account.used(network) == 700
+    clock.now += 3600 - 60  # the first bucket leaves the window, the second stays
+    assert account.used(network) == 200

@@ -471,10 +471,10 @@ class HostNetworkBudget:
         self._ext = ext
 
     def take(self, n: int) -> tuple[int, int]:
-        return self._ext.host.governor.take_received(self._ext, n), 0
+        return self._ext.host.governor.take_received(self._ext, n)
 
     def refund(self, n: int, token: int) -> None:
-        self._ext.host.governor.refund(self._ext, Resource.NETWORK_BYTES_PER_HOUR, n)
+        self._ext.host.governor.refund_received(self._ext, n, token)
 
 
 class MeteredSocket:
