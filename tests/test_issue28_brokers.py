@@ -31,6 +31,7 @@ from wasihost.errors import CallError
 from wasihost.extension import Extension
 from wasihost.kvstore import KVStore
 from wasihost.kvtypes import DB_NAME as STORAGE_DB
+from wasihost.kvtypes import Namespace, Quota, StoreError
 from wasihost.netpolicy import METADATA_ENDPOINTS, MetadataEndpoint, address_refusal
 from wasihost.policy import Policy
 from wasihost.runtime import Host
@@ -69,6 +70,57 @@ def test_a_purge_leaves_no_purged_value_in_the_files_while_another_host_holds_th
         assert other.check() == []
     finally:
         other.close()
+
+
+def test_a_purge_while_another_host_writes_leaves_no_purged_value_in_the_files(
+    tmp_path: Path,
+) -> None:
+    """Red-team pass on item 12 (held): another host writing its own extension's values into
+    the same database all through a purge keeps the WAL growing, and pages holding the purged
+    rows are copied into it again; none of them holds a purged value, nor does the database."""
+    path = tmp_path / STORAGE_DB
+    quota = Quota(10**8, 10**6)
+    purging, writing = KVStore(path), KVStore(path)
+    secret = b"purge-me-0123456789abcdef" * 8
+    try:
+        for i in range(50):
+            purging.put(Namespace("victim"), b"k%d" % i, secret + b"%d" % i, quota)
+        stop = threading.Event()
+        written = [0]
+
+        def writer() -> None:
+            while not stop.is_set():
+                key = b"o%d" % (written[0] % 500)
+                writing.put(Namespace("other"), key, os.urandom(300), quota)
+                written[0] += 1
+
+        other = threading.Thread(target=writer, daemon=True)
+        other.start()
+        try:
+            while written[0] < 100:
+                time.sleep(0.01)
+            for _ in range(20):  # another host's write may keep the log busy: run it again
+                try:
+                    purging.replace("victim", None)
+                    break
+                except StoreError:
+                    continue
+            else:
+                pytest.fail("the purge never found the log free")
+            before = written[0]
+            while written[0] < before + 100:
+                time.sleep(0.01)
+        finally:
+            stop.set()
+            other.join(HOLD_S)
+        files = sorted(tmp_path.glob(STORAGE_DB + "*"))
+        assert any(f.name.endswith("-wal") for f in files)
+        for f in files:
+            assert b"purge-me-0123456789abcdef" not in f.read_bytes(), f.name
+        assert purging.check() == []
+    finally:
+        purging.close()
+        writing.close()
 
 
 # -- 13: every cloud metadata endpoint is refused, allow_local_network or not ------------------
