@@ -24,7 +24,12 @@ from test_http import AUTH, SECRET, certificates, http_host, package, resolve
 from test_redteam_http import HOLD_S, Script, answer, counted, raw_server
 
 from wasihost.brokers.files import MAX_SWEEP_WAIT_S, FilesBroker, FilesState
-from wasihost.brokers.http import MAX_INFLIGHT_PER_EXTENSION, HttpBroker
+from wasihost.brokers.http import (
+    MAX_INFLIGHT_PER_EXTENSION,
+    HourlyQuota,
+    HttpBroker,
+    MeteredSocket,
+)
 from wasihost.brokers.secrets import SecretsBroker
 from wasihost.budgets import BudgetPolicy
 from wasihost.errors import CallError
@@ -662,3 +667,17 @@ def test_an_open_landing_during_a_policy_update_holds_no_handle_after_it(
         host.update_policy(Policy(allow={"log"}))
         assert landed
         assert ext.usage().open_handles == 0
+
+
+def test_an_empty_read_spends_no_budget_and_marks_none_spent() -> None:
+    """A read asking for nothing met the budgets as one finding them spent: with the hour used
+    up it raised AllowanceSpent and marked the response stopped by a budget."""
+    spent = HourlyQuota(100)
+    assert spent.take(100)[0] == 100
+    meter = MeteredSocket(socket.socket(), 1024, [spent])
+    try:
+        assert meter.read_into(lambda view: 0, memoryview(bytearray(0))) == 0
+        assert not meter.allowance_spent
+        assert spent.used() == 100
+    finally:
+        meter.sock.close()

@@ -501,6 +501,8 @@ class MeteredSocket:
     def read_into(self, read: Callable[[memoryview], int | None], view: memoryview) -> int:
         """``read(view)`` from the socket, given no more room than the cap and the budgets
         leave, its bytes counted."""
+        if not len(view):
+            return 0  # nothing asked: no budget is spent by it
         room = self.cap - self.received
         if room <= 0:
             raise ResponseTooLarge("response over the wire limit")
