@@ -460,11 +460,10 @@ def test_network_bytes_per_hour_throttle_the_http_broker(
         assert "quota_exceeded" in statuses
         sent = server.hits
         usage = ext.usage()
-        # A request that would not fit is refused unsent and uncounted; an answer is counted
-        # as it arrives, and the one that crosses the budget fires the action and is
-        # withheld. So the account passes the budget by less than one exchange, and only
-        # with the throttle fired.
-        assert usage.network_bytes_last_hour < 1_000 + exchange
+        # A request that would not fit is refused unsent and uncounted; an answer's bytes are
+        # taken from the budget before each read, and the one that finds none left fires the
+        # action and is withheld. So the account never passes the budget.
+        assert exchange < usage.network_bytes_last_hour <= 1_000
         assert usage.actions_fired["throttle"] == 1
         assert statuses.count("200") < sent
         # The broker refuses; the extension itself keeps running and answering.
@@ -769,3 +768,24 @@ def test_throttles_reach_the_operators_status_json(
         assert metrics["throttles"] == 1 and metrics["budget_actions"]["throttle"] == 1
         assert metrics["throttle_refusals"] == 2
         assert metrics["extensions_by_state"] == {"throttled": 1}
+
+
+def test_a_take_never_passes_the_network_budget_and_its_refund_lands_where_it_was_taken() -> None:
+    """Account.take (the http broker's reads, issue 28's follow-up to item 14): as many bytes
+    as are left, none past the budget, the crossing when none are; a refund goes back into
+    the bucket its take went to, so the bytes kept leave the window when they would have."""
+    clock = FakeClock()
+    account = Account(pure_budget(10**6, 1_000, Action.THROTTLE), clock)
+    network = Resource.NETWORK_BYTES_PER_HOUR
+    granted, first, crossing = account.take(network, 800)
+    assert (granted, crossing) == (800, None)
+    clock.now += 60  # the next one-minute bucket
+    granted, second, crossing = account.take(network, 800)
+    assert (granted, crossing) == (200, None)
+    assert second != first
+    granted, _, crossing = account.take(network, 1)
+    assert granted == 0 and crossing is not None and crossing.refused and crossing.fired
+    account.refund_from(network, 300, first)  # 300 of the first take were not read
+    assert account.used(network) == 700
+    clock.now += 3600 - 60  # the first bucket leaves the window, the second stays
+    assert account.used(network) == 200

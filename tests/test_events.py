@@ -21,6 +21,7 @@ from wasihost.brokers.events import (
     MAX_QUEUED_BYTES_PER_SUBSCRIPTION,
     MAX_SUBSCRIPTIONS_PER_EXTENSION,
     EventsBroker,
+    ExtensionEvents,
 )
 from wasihost.errors import AdmissionError, CallError, ConfigError, ManifestError
 from wasihost.extension import Extension
@@ -514,6 +515,35 @@ def test_a_revocation_and_grant_by_another_host_end_the_subscriptions_at_its_syn
         assert host.sync_grants() == [ext.id]
         assert events_of(host).stats(ext.id) == {}
         assert host.publish("orders.created", 1) == 0
+
+
+def test_a_publish_that_looked_before_a_new_grant_keeps_the_subscription_made_under_it(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red-team pass on item 18: a publish looks at each extension's grant, then queues under
+    the broker's lock. Revoked when it looked, granted again and subscribed again before it
+    queued, the extension's new subscription was pruned by the stale look (no events at all)
+    and the event lost; a stale look now is looked at again."""
+    ext = subscribed(host, "orders.*")
+    broker = events_of(host)
+    host.revoke(ext.id, "events")
+    looked = ExtensionEvents.allowed
+    raced: list[bool] = []
+
+    def allowed_then_granted_again(self: ExtensionEvents) -> tuple[str, ...] | None:
+        seen = looked(self)
+        if not raced and self.ext is ext:
+            raced.append(True)
+            host.grant(ext.id, "events")
+            assert ext.call("subscribe", {"class": "orders.*"}) is None
+        return seen
+
+    monkeypatch.setattr(ExtensionEvents, "allowed", allowed_then_granted_again)
+    assert host.publish("orders.created", 1) == 1
+    assert raced
+    assert set(broker.stats(ext.id)) == {"orders.*"}
+    drained(host)
+    assert [e["payload"] for e in received(ext)] == [1]
 
 
 def test_a_new_scope_keeps_the_subscriptions_it_still_covers(host: Host) -> None:

@@ -17,10 +17,12 @@ import pytest
 from conftest import FIXTURES, bare
 from guests import build, escape, guest_wat, host_import
 
+from wasihost.brokers.events import ExtensionEvents
 from wasihost.brokers.jobs import (
     MAX_DELAY_MS,
     MAX_JOB_INPUT_BYTES,
     MIN_PERIOD_MS,
+    ExtensionJobs,
     JobsBroker,
     ManualClock,
 )
@@ -312,6 +314,83 @@ def test_a_policy_no_longer_allowing_jobs_ends_them_and_allowing_it_again_does_n
     host.update_policy(POLICY)
     assert ticked(host, clock, 1) == 0
     assert gate.runs() == []
+
+
+def test_withdrawing_events_ends_the_event_driven_jobs_and_a_new_grant_does_not_revive_them(
+    host: Host, clock: ManualClock, gate: Gate
+) -> None:
+    """An event-driven job is a subscription run as a command: revoked and granted events
+    again, it ran on the next event, where a subscription had ended (docs/events.md). Its
+    queued run ends with it; the other jobs, under jobs alone, go on."""
+    ext = host.load(JOBS)
+    periodic = schedule(ext, every_ms=1000)
+    schedule(ext, on_event="orders.created")
+    assert host.publish("orders.created") == 1  # queued, not yet run
+    host.revoke(ext.id, "events")
+    assert set(jobs_of(host).stats(ext.id)) == {periodic}  # at once, before any run
+    host.grant(ext.id, "events")
+    assert host.publish("orders.created") == 0
+    assert jobs_of(host).drain(WAIT_S)
+    assert gate.runs() == []
+    assert ticked(host, clock, 1) == 1
+    assert [r.split()[1] for r in gate.runs()] == [f"job={periodic}"]
+    # Withdrawn by a policy, the same.
+    schedule(ext, on_event="orders.created")
+    host.update_policy(Policy(allow=POLICY.allow - {"events"}))
+    host.update_policy(POLICY)
+    assert set(jobs_of(host).stats(ext.id)) == {periodic}
+
+
+def test_a_publish_that_looked_before_the_events_grant_narrowed_queues_no_run(
+    host: Host, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red-team pass on items 18-19: a publish looks at the events grant, then queues under
+    the broker's lock. Narrowed between the two to classes that no longer cover the job's,
+    the stale look queued the run, and the job ran with an event its grant no longer
+    covered; a stale look now is looked at again."""
+    ext = host.load(JOBS)
+    schedule(ext, on_event="orders.created")
+    listening = ext._broker_states[id(jobs_of(host))][1].events
+    looked = ExtensionEvents.allowed
+    raced: list[bool] = []
+
+    def allowed_then_narrowed(self: ExtensionEvents) -> tuple[str, ...] | None:
+        seen = looked(self)
+        if self is listening and not raced:
+            raced.append(True)
+            host.grant(ext.id, "events", {"classes": ["orders.paid"]})
+        return seen
+
+    monkeypatch.setattr(ExtensionEvents, "allowed", allowed_then_narrowed)
+    assert host.publish("orders.created") == 0
+    assert raced
+    assert jobs_of(host).drain(WAIT_S)
+    assert gate.runs() == []
+
+
+def test_a_run_taken_before_a_revocation_and_a_new_grant_does_not_start(
+    host: Host, clock: ManualClock, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red-team pass on item 19: a worker takes a queued run, sees the job not ended, then asks
+    the grant table whether jobs is granted. Revoked and granted again in between, it was
+    granted, and the ended job's run started after the revocation had returned."""
+    ext = host.load(JOBS)
+    schedule(ext, every_ms=1000)
+    asked = ExtensionJobs.granted
+    raced: list[bool] = []
+
+    def granted_after_a_revocation(self: ExtensionJobs) -> bool:
+        if self.ext is ext and not raced:
+            raced.append(True)
+            host.revoke(ext.id, "jobs")
+            host.grant(ext.id, "jobs")
+        return asked(self)
+
+    monkeypatch.setattr(ExtensionJobs, "granted", granted_after_a_revocation)
+    assert ticked(host, clock, 1) == 1
+    assert raced
+    assert gate.runs() == []
+    assert jobs_of(host).stats(ext.id) == {}
 
 
 def test_jobs_of_a_closed_extension_end_with_it(host: Host, clock: ManualClock, gate: Gate) -> None:

@@ -257,11 +257,20 @@ class Governor:
                 raise GuestInterrupted
             raise HostStatus(Status.QUOTA_EXCEEDED)
 
-    def charge_received(self, ext: Extension, amount: int) -> bool:
-        """Bytes that came in, already moved: counted. False when they crossed the budget
-        under any action but ``warn``: what they belong to is not handed over."""
-        crossing = self.charge(ext, Resource.NETWORK_BYTES_PER_HOUR, amount)
-        return crossing is None or crossing.action is Action.WARN
+    def take_received(self, ext: Extension, amount: int) -> tuple[int, int]:
+        """Bytes about to be read from a response's socket: counted before the read, as many
+        as the budget has left (``Account.take``; under ``warn``, all of them), so responses
+        in flight at once share what is left. 0 when it has none left, under any action but
+        ``warn``: the crossing's action is applied, and the response is not handed over.
+        Returns the bytes counted and their bucket, for :meth:`refund_received`."""
+        granted, index, crossing = ext.account.take(Resource.NETWORK_BYTES_PER_HOUR, amount)
+        if crossing is not None:
+            self._crossed(ext, crossing)
+        return granted, index
+
+    def refund_received(self, ext: Extension, amount: int, index: int) -> None:
+        """Bytes of :meth:`take_received` that were not read, given back into their bucket."""
+        ext.account.refund_from(Resource.NETWORK_BYTES_PER_HOUR, amount, index)
 
     def refund(self, ext: Extension, resource: Resource, amount: int) -> None:
         """Bytes charged for a request that was then not sent."""

@@ -255,7 +255,7 @@ class MetadataEndpoint:
 # included. Data, one row per address with its source, so that adding one is a row (and
 # tests/test_issue28_brokers.py checks every row is refused and cites a source). Red-team
 # 2026-12-01 (issue 28 item 13): EKS Pod Identity's, Tencent's and GCE's IPv6 endpoint were
-# missing, so a grant with allow_local_network reached them.
+# missing, so a grant with allow_local_network reached them; and then OpenStack's IPv6 one.
 METADATA_ENDPOINTS: Final = (
     MetadataEndpoint(
         "169.254.169.254",
@@ -291,6 +291,11 @@ METADATA_ENDPOINTS: Final = (
         "fd00:ec2::123",
         "AWS time sync over IPv6",
         "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/set-time.html",
+    ),
+    MetadataEndpoint(
+        "fe80::a9fe:a9fe",
+        "OpenStack instance metadata over IPv6 (link-local, on the instance's own link)",
+        "https://docs.openstack.org/nova/latest/admin/metadata-service.html",
     ),
     MetadataEndpoint(
         "fd20:ce::254",

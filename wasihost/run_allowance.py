@@ -40,14 +40,15 @@ class NetworkAllowance:
             self.left -= n
             return True
 
-    def take(self, n: int) -> int:
-        """Take up to ``n`` bytes: as many as are left, at most ``n`` (0: none left)."""
+    def take(self, n: int) -> tuple[int, int]:
+        """Take up to ``n`` bytes: as many as are left, at most ``n`` (0: none left); with a
+        token (always 0) as the http broker's other read budgets give one."""
         with self._lock:
             granted = min(n, self.left)
             self.left -= granted
-            return granted
+            return granted, 0
 
-    def refund(self, n: int) -> None:
+    def refund(self, n: int, token: int = 0) -> None:
         """Give back bytes taken that did not move (a refused request, a short read)."""
         with self._lock:
             self.left += n

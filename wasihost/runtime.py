@@ -1063,13 +1063,19 @@ class Host:
             live = list(self._extensions.values())
         for ext in live:
             self.governor.rebudget(ext)  # budgets: new ceilings and actions at once
-            ext.withdraw(dropped)  # subscriptions and jobs under a capability no longer allowed
         names = set(self.grants.known())
         if self.state is not None:
             names.update(self.state.extensions())
         for name in sorted(names):
             epoch = self.grants.bump(name)
             self.journal(name, "policy", f"security policy updated, epoch {epoch}")
+        # What the brokers keep under a capability no longer allowed (subscriptions, jobs,
+        # file handles) ends now. After the bump: a call authorised under the old policy that
+        # adds to it commits through the grant table, so it is refused from here on, or it
+        # committed before and is ended here (withdrawn before the bump, a subscribe or an
+        # open in flight added its own after the withdrawal, and it survived).
+        for ext in live:
+            ext.withdraw(dropped)
 
     # -- the revocation list, for what is running ----------------------------------------------
 

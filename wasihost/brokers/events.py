@@ -64,6 +64,10 @@ MAX_DISPATCH_THREADS: Final = 4
 # first (which interrupts their calls), so a dispatcher is at most one epoch tick from done.
 DISPATCHER_STOP_S: Final = 5.0
 # The most recent delivery failure kept per subscription is cut to this many characters.
+# How many times a publish or a delivery looks at an extension's grant again when it changed
+# between the look and the broker's lock (grant changes are an operator's acts: one more look
+# is the rule, and an event meeting this many in a row is not delivered to that extension).
+MAX_LOOKS: Final = 4
 MAX_FAILURE_CHARS: Final = 200
 # events_subscribe's price per selector its request is compared with (the manifest's classes,
 # then the grant scope's: up to MAX_SELECTORS each, and the package chooses its manifest),
@@ -230,6 +234,11 @@ class Delivery:
     coalesced: int
 
 
+def _same(before: tuple[object, ...], now: tuple[object, ...]) -> bool:
+    """Whether two :meth:`ExtensionEvents.stamp` are of the same grant, policy and state."""
+    return all(a is b for a, b in zip(before, now, strict=True))
+
+
 class ExtensionEvents:
     """The events state of one extension: its subscriptions and its place in the dispatch
     queue. Mutable fields change under the broker's lock."""
@@ -272,6 +281,14 @@ class ExtensionEvents:
 
     def halted(self) -> bool:
         return self.closed or self.ext.lifecycle.state in (State.REVOKED, State.CLOSED)
+
+    def stamp(self) -> tuple[object, object, object]:
+        """What :meth:`allowed` and :meth:`halted` are computed from: the grant state, the
+        policy and the lifecycle state, as they are now. Read without a lock (each is replaced
+        whole), so it may be taken under the broker's lock to see whether a look taken
+        before it is still current (:func:`_same`)."""
+        ext = self.ext
+        return (ext.host.grants.current(ext.id), ext.host.policy, ext.lifecycle.state)
 
     def prune(self, allowed: tuple[str, ...] | None) -> None:
         """Drop (with their queues) the subscriptions ``allowed`` no longer covers."""
@@ -527,25 +544,37 @@ class EventsBroker(ExtensionDispatcher["ExtensionEvents", "Delivery"]):
             if self._stopping:
                 raise ConfigError("the events broker is shut down (its host is closed)")
             states = list(self._states)
-        # The grant table is consulted outside the broker's lock (see the lock order above).
-        views = [(state, state.allowed(), state.halted()) for state in states]
         accepted = 0
         full: list[tuple[ExtensionEvents, int]] = []
-        with self._cond:
-            for state, allowed, halted in views:
-                if state.closed:
-                    continue
-                state.prune(None if halted else allowed)
-                sub = state.match(event_class)
-                if sub is None:
-                    continue
-                self._seq += 1
-                overflows = sub.overflows
-                if sub.offer(QueuedEvent(self._seq, event_class, data, key, critical)):
-                    accepted += 1
-                    self._schedule(state)
-                if sub.overflows != overflows:
-                    full.append((state, sub.depth))
+        for _ in range(MAX_LOOKS):
+            # The grant table is consulted outside the broker's lock (see the lock order
+            # above), so a grant may change between the look and the queueing: a look no
+            # longer current is taken again. (Revoked at the look, granted again and
+            # subscribed again before the queueing, the stale look pruned the new
+            # subscription and the event was lost: red-team pass on issue 28 item 18.)
+            views = [(state, state.stamp(), state.allowed(), state.halted()) for state in states]
+            stale: list[ExtensionEvents] = []
+            with self._cond:
+                for state, stamp, allowed, halted in views:
+                    if state.closed:
+                        continue
+                    if not _same(stamp, state.stamp()):
+                        stale.append(state)
+                        continue
+                    state.prune(None if halted else allowed)
+                    sub = state.match(event_class)
+                    if sub is None:
+                        continue
+                    self._seq += 1
+                    overflows = sub.overflows
+                    if sub.offer(QueuedEvent(self._seq, event_class, data, key, critical)):
+                        accepted += 1
+                        self._schedule(state)
+                    if sub.overflows != overflows:
+                        full.append((state, sub.depth))
+            if not stale:
+                break
+            states = stale  # given up after MAX_LOOKS: those get nothing of this event
         for state, depth in full:
             # budgets: the event_queue_depth level met; its action fires (out of the
             # broker's lock: the governor may stop calls and move the lifecycle).
@@ -618,13 +647,21 @@ class EventsBroker(ExtensionDispatcher["ExtensionEvents", "Delivery"]):
 
     def _deliver(self, state: ExtensionEvents, delivery: Delivery) -> None:
         """Call the guest's event command with one event; any failure is this delivery's."""
-        allowed = state.allowed()
         sub = delivery.subscription
-        if state.halted() or allowed is None or not covered(allowed, sub.selector):
+        for _ in range(MAX_LOOKS):
+            stamp = state.stamp()
+            allowed = state.allowed()
+            halted = state.halted()
+            if not (halted or allowed is None or not covered(allowed, sub.selector)):
+                break
             # Revoked, narrowed or closed since it was queued: it is not delivered, and the
-            # subscriptions the grant no longer covers go with their queues.
+            # subscriptions the grant no longer covers go with their queues, if the look is
+            # still current (else it is taken again, as in publish).
             with self._cond:
-                state.prune(None if state.halted() else allowed)
+                if _same(stamp, state.stamp()):
+                    state.prune(None if halted else allowed)
+                    return
+        else:
             return
         spec = state.spec
         assert spec is not None  # a subscription exists only with an [events] table

@@ -23,7 +23,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -246,7 +246,12 @@ class FilesState:
 
     def __init__(self, ext: Extension) -> None:
         self.ext = ext
-        self.lock = threading.Lock()
+        # Taken through locked(). Reentrant: a commit made under it may sync the grants, and
+        # a revocation it finds withdraws ``files`` (FilesBroker.withdraw) on the same thread.
+        self.lock = threading.RLock()
+        # ``files`` was withdrawn while another thread held the lock: its holder, or the next
+        # to take it, closes every handle (settle) before anything else.
+        self.withdrawn = False
         self.handles: dict[int, OpenFile] = {}
         # Handle numbers are never reused, so a stale handle cannot come to name a new file.
         self.next_handle = 1
@@ -258,6 +263,41 @@ class FilesState:
         # stored one after the other let a call of a new grant read the new epoch with the
         # mounts a stale call had just parsed (red-team 2026-12-01).
         self.scoped: tuple[int, FilesScope] | None = None
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The state's lock, with a withdrawal that came while another thread held it carried
+        out as it is taken and before it is given up, and, if one came just after that, at
+        once after (FilesBroker.withdraw never waits for the lock)."""
+        with self.lock:
+            self.settle()
+            try:
+                yield
+            finally:
+                self.settle()
+        if self.withdrawn and self.lock.acquire(blocking=False):
+            try:
+                self.settle()
+            finally:
+                self.lock.release()
+
+    def withdraw(self) -> bool:
+        """Close every handle now if no other thread holds the lock, else as its holder gives
+        it up (or the next takes it); True if they are closed."""
+        self.withdrawn = True
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            self.settle()
+        finally:
+            self.lock.release()
+        return True
+
+    def settle(self) -> None:
+        """Carry out a withdrawal that came meanwhile (called under the lock)."""
+        if self.withdrawn:
+            self.withdrawn = False
+            self.close_handles()
 
     def sweep(self, now: float) -> None:
         """Close the temporary files whose time is up (called under the lock)."""
@@ -290,16 +330,22 @@ class FilesState:
         return handle
 
     def close(self) -> None:
-        with self.lock:
+        with self.locked():
             self.closed = True
-            handles, self.handles = self.handles, {}
-            for f in handles.values():
-                f.close()
-            if self.temp_dir is not None:
-                # Not empty only if something else put a file there: left to the operator.
-                with contextlib.suppress(OSError):
-                    os.rmdir(self.temp_dir)
-                self.temp_dir = None
+            self.close_handles()
+
+    def close_handles(self) -> None:
+        """Close every handle and remove the temporary directory (called under the lock):
+        the extension closes, or ``files`` is withdrawn. Handle numbers go on from where they
+        were, and the bytes written stay counted."""
+        handles, self.handles = self.handles, {}
+        for f in handles.values():
+            f.close()
+        if self.temp_dir is not None:
+            # Not empty only if something else put a file there: left to the operator.
+            with contextlib.suppress(OSError):
+                os.rmdir(self.temp_dir)
+            self.temp_dir = None
 
 
 Handler = Callable[[Any, Any], Any]
@@ -394,7 +440,7 @@ class FilesBroker:
 
     def usage(self, state: FilesState) -> dict[str, int]:
         """budgets: the handles the extension holds open now (Extension.usage)."""
-        with state.lock:
+        with state.locked():
             return {"open_handles": len(state.handles)}
 
     def close(self, state: FilesState) -> None:
@@ -402,6 +448,24 @@ class FilesBroker:
         with self._sweeping:
             self._expiries.pop(state, None)
             self._sweeping.notify_all()
+
+    def withdraw(self, state: FilesState, capabilities: frozenset[str]) -> None:
+        """``files`` was withdrawn (Extension.withdraw: a revocation, here or by another host,
+        or a policy no longer allowing it): every handle, of a mounted or a temporary file,
+        is closed now, so a grant given again later starts with none (re-checked at each use
+        but never ended, they outlived a revocation followed by a new grant)."""
+        if CAPABILITY not in capabilities:
+            return
+        # Never waiting for the state's lock: the host may withdraw on a thread in a files
+        # call of another extension, committing (its grant sync finds the revocation), while
+        # a files call of this one, holding this lock, commits and syncs too, and would
+        # withdraw that other extension's: two threads, each waiting for the other's lock.
+        # A call holding it closes the handles as it ends; that call was authorised before
+        # the revocation, and nothing it adds commits after it (see _open).
+        if state.withdraw():
+            with self._sweeping:
+                self._expiries.pop(state, None)
+                self._sweeping.notify_all()
 
     def shutdown(self) -> None:
         """Stop the sweeper (the host calls this when it closes, after its extensions)."""
@@ -446,7 +510,7 @@ class FilesBroker:
                     wait = min(self._expiries.values()) - now
                     self._sweeping.wait(min(wait, MAX_SWEEP_WAIT_S))
             for st in due:
-                with st.lock:
+                with st.locked():
                     if not st.closed:
                         st.sweep(now)
                     upcoming = None if st.closed else st.next_expiry()
@@ -518,16 +582,24 @@ class FilesBroker:
         mount = self._mount(st, name)
         if mount is None or (writable and not mount.writable):
             raise HostStatus(Status.DENIED)
-        with st.lock:
+        with st.locked():
             st.sweep(self.clock())
             st.require_room()
             if creates:
                 fd = self._commit(st, lambda: self._open_creating(st, mount, path, flags, meter))
-            else:
-                fd = _open_file(mount.host, path, flags, meter)
-            return st.add(
-                OpenFile(fd, readable, writable, append, MAX_FILE_BYTES, name, mount.host)
-            )
+                opened = OpenFile(fd, readable, writable, append, MAX_FILE_BYTES, name, mount.host)
+                return st.add(opened)
+            fd = _open_file(mount.host, path, flags, meter)
+            opened = OpenFile(fd, readable, writable, append, MAX_FILE_BYTES, name, mount.host)
+            # The handle is taken through the grant table, as a creating open's file is made:
+            # a call authorised before a revocation (whose withdrawal closed the handles
+            # already) holds nothing after it returns.
+            try:
+                handle: int = self._commit(st, lambda: st.add(opened))
+            except BaseException:
+                opened.close()
+                raise
+            return handle
 
     def _open_creating(
         self, st: FilesState, mount: FileMount, path: bytes, flags: int, meter: Meter | None
@@ -552,7 +624,7 @@ class FilesBroker:
     def _temp(self, st: FilesState, request: Any) -> int:
         if request is not None:
             raise _invalid()
-        with st.lock:
+        with st.locked():
             now = self.clock()
             st.sweep(now)
             st.require_room()
@@ -609,7 +681,7 @@ class FilesBroker:
         when the guest retries with more room."""
         handle, offset, length = parse_io(request, int)
         _uint(length, MAX_IO_BYTES)
-        with st.lock:
+        with st.locked():
             f = self._file(st, handle)
             if not f.readable:
                 raise HostStatus(Status.DENIED)
@@ -628,7 +700,7 @@ class FilesBroker:
         handle, offset, data = parse_io(request, bytes)
         if len(data) > MAX_IO_BYTES:
             raise _invalid()
-        with st.lock:
+        with st.locked():
             f = self._file(st, handle)
             if not f.writable:
                 raise HostStatus(Status.DENIED)
@@ -663,7 +735,7 @@ class FilesBroker:
 
     def _close(self, st: FilesState, request: Any) -> None:
         handle = _uint(request, MAX_HANDLE)
-        with st.lock:
+        with st.locked():
             st.sweep(self.clock())
             f = st.handles.pop(handle, None)
             if f is None:

@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .. import run_allowance
 from ..budgets import Resource
@@ -231,13 +231,8 @@ class HttpState:
     def __init__(self, ext: Extension, quota: HourlyQuota) -> None:
         self.ext = ext
         self.quota = quota
+        self.host_budget = HostNetworkBudget(ext)
         self.inflight = threading.BoundedSemaphore(MAX_INFLIGHT_PER_EXTENSION)
-
-    def received(self, n: int) -> bool:
-        """``n`` bytes came in: counted by the host's budget (budgets: its action may fire);
-        False if it is now over (the response is withheld). The manifest's quota and a job
-        run's own allowance took them already, before they were read (MeteredSocket)."""
-        return self.ext.host.governor.charge_received(self.ext, n)
 
 
 class SecretRef:
@@ -450,83 +445,100 @@ class _MeteredReader(io.RawIOBase):
         super().close()
 
 
+class ReadBudget(Protocol):
+    """What a response's bytes are taken from before each read (:class:`MeteredSocket`): a
+    job run's allowance, the manifest's hourly quota, the host's network budget."""
+
+    def take(self, n: int) -> tuple[int, int]:
+        """Count up to ``n`` bytes about to be read, as many as are left (0: none); with a
+        token for :meth:`refund`."""
+        ...
+
+    def refund(self, n: int, token: int) -> None:
+        """Give back ``n`` bytes of a :meth:`take` (with its token) that were not read."""
+        ...
+
+
+class HostNetworkBudget:
+    """The host's network budget (the governor's ``network_bytes_per_hour``) as a
+    :class:`ReadBudget`: its bytes are taken before each read as the manifest's quota's are
+    (it was charged after the read: four responses in flight read 3-4x it before one was
+    charged over it). When it has none left, the crossing's action fires."""
+
+    __slots__ = ("_ext",)
+
+    def __init__(self, ext: Extension) -> None:
+        self._ext = ext
+
+    def take(self, n: int) -> tuple[int, int]:
+        return self._ext.host.governor.take_received(self._ext, n)
+
+    def refund(self, n: int, token: int) -> None:
+        self._ext.host.governor.refund_received(self._ext, n, token)
+
+
 class MeteredSocket:
     """A connection's socket whose reads are counted (``received``) and capped at ``cap``
     bytes: through :meth:`makefile` for plain HTTP, through :meth:`read_into` for the TLS layer
     (:class:`TlsSocket`), which reads every byte of its records from the socket here;
     everything else is the socket's own."""
 
-    def __init__(
-        self,
-        sock: socket.socket,
-        cap: int,
-        allowance: NetworkAllowance | None = None,
-        quota: HourlyQuota | None = None,
-    ) -> None:
+    def __init__(self, sock: socket.socket, cap: int, budgets: Sequence[ReadBudget] = ()) -> None:
         self.sock = sock
         self.cap = cap
-        # The extension's hourly quota: each read takes its bytes from it before it reads
-        # (the header block is read whole, up to the cap, before anything could refuse it:
-        # with 4 KiB of the hour left, one response read 512 KiB), so responses in flight at
-        # once together read no more than is left.
-        self.quota = quota
-        # A job run's own allowance: each read takes its bytes from it first.
-        self.allowance = allowance
-        # A budget (the run's allowance, or the hour's) stopped the response: QUOTA_EXCEEDED.
+        # Each read takes its bytes from every budget before it reads, and is given no more
+        # room than the least of them leaves (the header block is read whole, up to the cap,
+        # before anything could refuse it: with 4 KiB of the hour left, one response read
+        # 512 KiB), so responses in flight at once together read no more than is left, and
+        # the host never reads past a budget, even by a buffer. In order: a job run's
+        # allowance, the manifest's hourly quota, the host's network budget (last, since
+        # finding it spent fires its action).
+        self.budgets = tuple(budgets)
+        # A budget stopped the response: QUOTA_EXCEEDED.
         self.allowance_spent = False
         self.received = 0
-        self.counted = 0  # how much of ``received`` the traffic account has been told
 
     def read_into(self, read: Callable[[memoryview], int | None], view: memoryview) -> int:
-        """``read(view)`` from the socket, given no more room than the cap and a job run's
-        allowance leave, its bytes counted."""
+        """``read(view)`` from the socket, given no more room than the cap and the budgets
+        leave, its bytes counted."""
+        if not len(view):
+            return 0  # nothing asked: no budget is spent by it
         room = self.cap - self.received
         if room <= 0:
             raise ResponseTooLarge("response over the wire limit")
         room = min(room, len(view))
-        allowance = self.allowance
-        if allowance is not None:
-            # A job run's bytes are taken before the read and the read is given no more room
-            # than they: the host never reads past the run's allowance, even by a buffer
-            # (the HTTP parser reads the header block, 8 KiB at a time, before anything
-            # else could look at it).
-            room = allowance.take(room)
+        taken: list[tuple[ReadBudget, int]] = []
+        for budget in self.budgets:
+            granted, token = budget.take(room)
+            if granted < room:
+                for earlier, earlier_token in taken:
+                    earlier.refund(room - granted, earlier_token)
+                room = granted
             if room <= 0:
                 self.allowance_spent = True
-                raise AllowanceSpent("response over the run's network bytes")
-        taken, minute = (room, 0) if self.quota is None else self.quota.take(room)
-        if taken < room and allowance is not None:
-            allowance.refund(room - taken)
-        if taken <= 0:
-            self.allowance_spent = True
-            raise AllowanceSpent("response over what is left of the hourly quota")
+                raise AllowanceSpent("response over what is left of a network budget")
+            taken.append((budget, token))
         try:
-            n = read(view[:taken] if len(view) > taken else view) or 0
+            n = read(view[:room] if len(view) > room else view) or 0
         except BaseException:
-            self._refund(taken, minute)
+            self._refund(taken, room)
             raise
-        if n < taken:
-            self._refund(taken - n, minute)
+        if n < room:
+            self._refund(taken, room - n)
         self.received += n
         return n
 
-    def _refund(self, n: int, minute: int) -> None:
+    @staticmethod
+    def _refund(taken: Sequence[tuple[ReadBudget, int]], n: int) -> None:
         """Give back what a read took and did not read."""
-        if self.allowance is not None:
-            self.allowance.refund(n)
-        if self.quota is not None:
-            self.quota.refund(n, minute)
+        for budget, token in taken:
+            budget.refund(n, token)
 
     def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
         if mode != "rb":
             raise ValueError(f"a metered socket is read as 'rb', not {mode!r}")
         raw = self.sock.makefile("rb", buffering=0)
         return io.BufferedReader(_MeteredReader(self, raw))
-
-    def uncounted(self) -> int:
-        """The bytes received since the last call (for the traffic account)."""
-        n, self.counted = self.received - self.counted, self.received
-        return n
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sock, name)
@@ -861,7 +873,10 @@ class HttpBroker:
         conn = self._connect(origin, addresses, deadline, exchange)
         sock = conn.sock
         assert sock is not None  # connected
-        meter = MeteredSocket(sock, MAX_RESPONSE_WIRE_BYTES, allowance, state.quota)
+        budgets: list[ReadBudget] = [] if allowance is None else [allowance]
+        meter = MeteredSocket(
+            sock, MAX_RESPONSE_WIRE_BYTES, [*budgets, state.quota, state.host_budget]
+        )
         try:
             if origin.scheme == "https":
                 # TLS above the meter, so its own bytes are counted too (TlsSocket).
@@ -881,7 +896,7 @@ class HttpBroker:
             )
             _set_timeout(conn, deadline)
             response = conn.getresponse()
-            return self._read_response(response, request, conn, deadline, state, meter)
+            return self._read_response(response, request, conn, deadline)
         except HostStatus:
             raise
         except (
@@ -901,10 +916,6 @@ class HttpBroker:
         finally:
             conn.close()
             sock.close()  # a TLS connection's (its close leaves the socket to the exchange)
-            # Whatever came in counts, the response refused or not (a refused header block
-            # was read whole before it was refused); past the quota, the next request is
-            # refused before it is sent.
-            state.received(meter.uncounted())
 
     def _connect(
         self, origin: Origin, addresses: Sequence[str], deadline: float, exchange: Exchange
@@ -935,8 +946,6 @@ class HttpBroker:
         request: Request,
         conn: HTTPConnection,
         deadline: float,
-        state: HttpState,
-        meter: MeteredSocket,
     ) -> dict[str, Any]:
         if not MIN_STATUS <= response.status <= MAX_STATUS:
             # http.client takes any three digits (999 reached the guest as a status).
@@ -957,8 +966,6 @@ class HttpBroker:
             header_bytes, scrubbed_bytes
         ) > MAX_RESPONSE_HEADER_BYTES:
             raise HostStatus(Status.PAYLOAD_TOO_LARGE)
-        if not state.received(meter.uncounted()):
-            raise HostStatus(Status.QUOTA_EXCEEDED)
         transfer = response.headers.get("Transfer-Encoding")
         if transfer is not None and [c.strip().lower() for c in transfer.split(",")] != [
             "chunked"
@@ -981,8 +988,6 @@ class HttpBroker:
                 if not chunk:
                     break
                 body += chunk
-                if not state.received(meter.uncounted()):
-                    raise HostStatus(Status.QUOTA_EXCEEDED)
             if len(body) > MAX_RESPONSE_BODY_BYTES:
                 raise HostStatus(Status.PAYLOAD_TOO_LARGE)
         try:

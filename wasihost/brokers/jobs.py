@@ -44,7 +44,8 @@ from ..run_allowance import NetworkAllowance
 from ..status import HostStatus, Status
 from ..terminal import printable
 from .dispatch import ExtensionDispatcher
-from .events import PAYLOAD_LIMITS, ExtensionEvents, _failure_text
+from .events import CAPABILITY as EVENTS_CAPABILITY
+from .events import MAX_LOOKS, PAYLOAD_LIMITS, ExtensionEvents, _failure_text, _same
 from .failure_log import FailureLogGate
 
 if TYPE_CHECKING:
@@ -227,6 +228,14 @@ class ExtensionJobs:
         self.jobs.clear()
         self.runs.clear()
 
+    def end_event_driven(self) -> None:
+        """End the jobs run by events, with their queued runs (``events`` was withdrawn)."""
+        for job_id, job in list(self.jobs.items()):
+            if job.on_event is not None:
+                job.ended = True
+                del self.jobs[job_id]
+        self.runs = collections.deque(run for run in self.runs if not run.job.ended)
+
 
 def _uint(request: dict[Any, Any], key: str, low: int, high: int) -> int | None:
     value = request.get(key)
@@ -287,10 +296,16 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
 
     def withdraw(self, state: ExtensionJobs, capabilities: frozenset[str]) -> None:
         """``jobs`` was withdrawn (Extension.withdraw): every job ends now, its queued run
-        with it, so a grant given again later starts with none."""
+        with it, so a grant given again later starts with none. ``events`` was: the
+        event-driven jobs end, as the subscriptions do (an event-driven job is one, run as a
+        command), and a grant of ``events`` given again later revives none."""
         if CAPABILITY in capabilities:
             with self._cond:
                 state.end_all()
+                self._cond.notify_all()
+        elif EVENTS_CAPABILITY in capabilities:
+            with self._cond:
+                state.end_event_driven()
                 self._cond.notify_all()
 
     def handler(self, entry: HostFunction, state: ExtensionJobs) -> Callable[[Any, Any], Any]:
@@ -457,17 +472,28 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
                     for j in s.jobs.values()
                 )
             ]
-        # The grant table is consulted outside the broker's lock (see the lock order above).
-        views = [(state, state.events.allowed()) for state in listening]
         queued = 0
-        with self._cond:
-            for state, allowed in views:
-                for job in list(state.jobs.values()):
-                    if job.on_event is None or not matches(job.on_event, event_class):
+        for _ in range(MAX_LOOKS):
+            # The grant table is consulted outside the broker's lock (see the lock order
+            # above): a look no longer current when the lock is taken is taken again, as the
+            # events broker's publish does (a stale look queued a run for a class the grant
+            # had stopped covering meanwhile).
+            views = [(s, s.events.stamp(), s.events.allowed()) for s in listening]
+            stale: list[ExtensionJobs] = []
+            with self._cond:
+                for state, stamp, allowed in views:
+                    if not _same(stamp, state.events.stamp()):
+                        stale.append(state)
                         continue
-                    if allowed is None or not covered(allowed, job.on_event):
-                        continue  # the operator narrowed the events grant since
-                    queued += self._offer(state, Run(job, (event_class, data)))
+                    for job in list(state.jobs.values()):
+                        if job.on_event is None or not matches(job.on_event, event_class):
+                            continue
+                        if allowed is None or not covered(allowed, job.on_event):
+                            continue  # the operator narrowed the events grant since
+                        queued += self._offer(state, Run(job, (event_class, data)))
+            if not stale:
+                break
+            listening = stale
         return queued
 
     def _offer(self, state: ExtensionJobs, run: Run) -> int:
@@ -576,6 +602,10 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
         spec = state.spec
         assert spec is not None  # a job exists only with a [jobs] table
         with self._cond:
+            if job.ended or state.closed:
+                # Ended since the look above (a revocation's withdrawal, while the grant
+                # table was consulted: revoked and granted again then, the run went ahead).
+                return
             skipped, job.pending_skipped = job.pending_skipped, 0
             number = job.runs + job.failed + 1
         event = None
