@@ -42,6 +42,7 @@ from .lowlevel import (
     command_set_epoch_deadline,
     command_set_fuel,
     error_new,
+    fuel_kept_by,
     get_fuel,
     set_epoch_deadline,
     set_fuel,
@@ -133,6 +134,14 @@ CLOSE_WAIT_S = 0.5
 CLOSE_POLL_S = 0.002
 
 
+def _end_at_tick(ctx: int, message: bytes) -> int:
+    """The error that ends a call at an epoch tick. What the guest burnt since its last call
+    or return is in a register, lost as the error unwinds it (lowlevel.FUEL_KEPT_TRAPS): the
+    Store's counter is emptied, so the call is charged all the fuel it was given."""
+    set_fuel(ctx, 0)
+    return int(error_new(message) or 0)
+
+
 def _epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
     """Runs on the guest's thread at every epoch tick of a call.
 
@@ -143,13 +152,13 @@ def _epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
     try:
         host = EPOCH_TARGETS.get(env or 0)
         if host is None:
-            return int(error_new(b"wasihost: instance is gone") or 0)
+            return _end_at_tick(ctx, b"wasihost: instance is gone")
         if host.interrupted:
             host.failure = host.interrupted_failure()
-            return int(error_new(b"wasihost: interrupted") or 0)
+            return _end_at_tick(ctx, b"wasihost: interrupted")
         if time.monotonic() >= host.native.deadline:
             host.failure = CallError(FailureClass.DEADLINE, "wall-clock deadline passed")
-            return int(error_new(b"wasihost: deadline") or 0)
+            return _end_at_tick(ctx, b"wasihost: deadline")
         if host.keep_gil:
             # Other threads get the GIL here (this is Python code, where a waiting thread's
             # request is served). A tick may fall into any call; a second one in the same call
@@ -311,6 +320,8 @@ class Instance:
                 )
             finally:
                 GIL_WANTED.discard(self)
+            if trap:
+                self._forfeit_lost_fuel(ctypes.cast(trap, ctypes.c_void_p).value or 0)
             overran = self._account(budget)
             failure: BaseException | None = None
             if err or trap:
@@ -435,6 +446,15 @@ class Instance:
         budget.spend(used)
         return debt > left
 
+    def _forfeit_lost_fuel(self, trap_addr: int) -> None:
+        """Before the phase's fuel is read: after a trap that unwound what the guest burnt
+        since its last call or return (lowlevel.FUEL_KEPT_TRAPS), the phase is charged all the
+        fuel it was given. No bound tighter than that is sound: the CPU time of the call does
+        not bound its fuel (see docs/budgets.md), and a trap must never cost less than the
+        work it cut short would have."""
+        if not fuel_kept_by(trap_addr):
+            set_fuel(self._ctx_addr, 0)
+
     def _failure(self, err: Any, trap: Any, *, instantiating: bool = False) -> CallError:
         failure = self._ctx.take_failure()
         reraise = self._ctx.clear_slots()
@@ -479,6 +499,8 @@ class Instance:
     def _raise_failure(self, err: int | None) -> NoReturn:
         trap = self._trap_slot[0]
         self._trap_slot[0] = None
+        if trap:
+            self._forfeit_lost_fuel(trap)
         raise self._failure(
             ctypes.cast(err, POINTER(ffi.wasmtime_error_t)) if err else None,
             ctypes.cast(trap, POINTER(ffi.wasm_trap_t)) if trap else None,
