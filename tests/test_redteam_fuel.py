@@ -1,9 +1,11 @@
 """Red-team review, issue 28: what a guest's calls are charged, and for how long one call may
-hold the GIL. Each test here failed on the code before its fix (checked by taking the fix out).
+hold the GIL. A test guarding a fix failed on the code before it (checked by taking the fix
+out); the others pin what held.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 
 import pytest
@@ -14,8 +16,12 @@ from wasihost.budgets import Action, BudgetPolicy, Resource
 from wasihost.errors import CallError, FailureClass
 from wasihost.extension import Extension
 from wasihost.governor import Throttled
+from wasihost.manifest import parse_manifest
+from wasihost.package import Package
 from wasihost.policy import Policy
+from wasihost.registry import default_registry
 from wasihost.runtime import Host
+from wasihost.settings import EngineSettings
 
 # -- item 20: a trap that unwinds the guest's fuel counter is charged the whole budget --------
 
@@ -161,3 +167,66 @@ def test_trapping_does_not_escape_the_per_minute_cpu_budget() -> None:
         )
         assert calls_until_throttled(honest) == 5  # the fourth call crossed the budget
         assert calls_until_throttled(trapping) <= 5
+
+
+# -- item 22: one bulk memory instruction keeps the GIL at most once per module ---------------
+
+# A 1 ms tick, so that a fill of FILL_BYTES (3-20 ms measured here on touched pages, 120-240 ms
+# on fresh ones) runs well past one; the reviewer's 512 MiB fills at the 10 ms tick were the
+# same attack, slower.
+TICK_MS = 1
+FILL_BYTES = 128 * 1024 * 1024
+FILL_AT = 1024 * 1024
+FILL_PAGES = (FILL_AT + FILL_BYTES) // 65536
+# "fill" with CBOR false returns at once (seen short: its next call keeps the GIL); with CBOR
+# true it grows memory to FILL_PAGES once and fills FILL_BYTES of it in one instruction.
+FILL_BODY = f"""
+    (if (i32.eq (i32.load8_u (i32.add (local.get $ptr) (local.get $cmd_len))) (i32.const 0xf5))
+      (then
+        (if (i32.lt_u (memory.size) (i32.const {FILL_PAGES}))
+          (then (drop (memory.grow (i32.sub (i32.const {FILL_PAGES}) (memory.size))))))
+        (memory.fill (i32.const {FILL_AT}) (i32.const 7) (i32.const {FILL_BYTES}))))
+    (call $ok_null)"""
+FILL_MANIFEST = f"""[extension]
+schema = "wasihost-manifest/1"
+id = "org.test.fill"
+version = "0.1.0"
+abi = "1.0"
+module = "m.wasm"
+
+[resources]
+max_memory_bytes = {FILL_PAGES * 65536}
+fuel_per_call = {2 * FILL_BYTES}
+
+[commands]
+fill = {{}}
+"""
+
+
+def test_a_bulk_instruction_holds_the_gil_for_one_call_of_its_module_at_most() -> None:
+    # The attack: a command alternates a short call (trusted: its next call keeps the GIL)
+    # with one memory.fill far longer than a tick. A single instruction meets at most one
+    # tick, and trust was withdrawn only after two, so every fill kept the GIL (the reviewer:
+    # 5 of 10 calls, other threads stalled 20-365 ms each). A call that kept the GIL for
+    # longer than a tick now withdraws its module's trust: the first fill is the last.
+    wasm = build(
+        guest_wat(FILL_BODY, hello={"id": "org.test.fill", "version": "0.1.0", "abi": "1.0", "features": []})
+    )
+    manifest = parse_manifest(FILL_MANIFEST, default_registry().capabilities())
+    package = Package("fill", manifest, wasm, hashlib.sha256(wasm).hexdigest())
+    settings = EngineSettings(epoch_tick_ms=TICK_MS)
+    with Host(Policy(), cache_dir=None, settings=settings) as host:
+        assert host.engine.keep_gil_below_fuel > 0  # the native ticker is there (Linux)
+        ext = host.admit(package)
+        fills_keeping_the_gil = 0
+        for _ in range(5):
+            ext.call("fill", False)
+            (instance,) = ext._instances()
+            ext.call("fill", True)
+            fills_keeping_the_gil += instance.kept_gil
+        assert fills_keeping_the_gil == 1  # before the fix: 5
+        # Withdrawn from the module: a fresh instance does not keep it either.
+        ext.stop()
+        ext.call("fill", False)
+        (instance,) = ext._instances()
+        assert not instance.keeps_gil(b"fill")

@@ -240,6 +240,7 @@ class Instance:
             ctypes.cast(self._store.ptr(), ctypes.c_void_p).value, on_epoch_tick, epoch_env, None
         )
         self._timeout_s = limits.timeout_ms / 1000
+        self._tick_s = engine.settings.epoch_tick_ms / 1000
         # 0 when the engine's ticks need the GIL (then no call may keep it).
         self._keep_gil_below = engine.keep_gil_below_fuel
         self._gil_trust = self._ctx.gil_trust = module.gil_trust
@@ -535,9 +536,10 @@ class Instance:
         if room < needed:
             room = check_thread_stack(needed)
         # _arm and _account inlined: method calls are a measurable share of a no-op call.
+        started = time.monotonic()
         if budget is None:
             fuel = self._limits.fuel
-            deadline = time.monotonic() + self._timeout_s
+            deadline = started + self._timeout_s
         else:
             fuel = budget.fuel
             deadline = budget.deadline
@@ -655,6 +657,12 @@ class Instance:
                     self._short_commands.add(command)
             else:
                 self._short_commands.discard(command)
+                if keep and time.monotonic() - started > self._tick_s:
+                    # Kept the GIL past a whole tick: one bulk memory instruction (memory.fill
+                    # of 512 MiB) runs to its end between two epoch checks and meets at most
+                    # one tick, so the two-tick rule of on_epoch_tick never saw it. No later
+                    # call of its module keeps the GIL.
+                    self._gil_trust.kept = False
             if budget is not None:
                 budget.spend(used)
             token.append(True)
