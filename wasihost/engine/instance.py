@@ -171,7 +171,7 @@ def _epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
         kind[0] = UPDATE_DEADLINE_CONTINUE
         return 0
     except BaseException:
-        return int(error_new(b"wasihost: deadline check failed") or 0)
+        return _end_at_tick(ctx, b"wasihost: deadline check failed")
 
 
 on_epoch_tick = EPOCH_CALLBACK(_epoch_tick)
