@@ -218,13 +218,18 @@ def test_a_bulk_instruction_holds_the_gil_for_one_call_of_its_module_at_most() -
     with Host(Policy(), cache_dir=None, settings=settings) as host:
         assert host.engine.keep_gil_below_fuel > 0  # the native ticker is there (Linux)
         ext = host.admit(package)
-        fills_keeping_the_gil = 0
+        ext.call("fill", False)
+        (instance,) = ext._instances()
+        assert instance.keeps_gil(b"fill")  # seen short: the first fill keeps the GIL
+        fills_keeping_the_gil = []
         for _ in range(5):
-            ext.call("fill", False)
-            (instance,) = ext._instances()
             ext.call("fill", True)
-            fills_keeping_the_gil += instance.kept_gil
-        assert fills_keeping_the_gil == 1  # before the fix: 5
+            fills_keeping_the_gil.append(instance.kept_gil)
+            ext.call("fill", False)
+        # Before the fix: all 5. (The first is 0 too if a tick of the short calls' already
+        # withdrew the trust, which a loaded machine may do at a 1 ms tick.)
+        assert sum(fills_keeping_the_gil) <= 1, fills_keeping_the_gil
+        assert not any(fills_keeping_the_gil[1:])
         # Withdrawn from the module: a fresh instance does not keep it either.
         ext.stop()
         ext.call("fill", False)
