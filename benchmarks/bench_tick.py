@@ -2,16 +2,21 @@
 fires when one holds it.
 
 Deadlines are one epoch tick long and renewed by a Python callback on the guest's thread
-(docs/engine.md), and a watchdog thread ticks the epoch: both need the GIL. Part 1 times the same
-guest work under several tick settings, with the process otherwise idle and with a busy Python
-thread (pure-Python work, contending for the GIL), each against a baseline of a 1 s tick (next
-to no ticks) in the same run and condition:
+(docs/engine.md), which needs the GIL (the ticks themselves need none on Linux). Part 1 times
+the same guest work under several tick settings, with the process otherwise idle, with a busy
+Python thread (pure-Python work, contending for the GIL and a CPU) and with a busy Python
+process (the same work in a child: contending for a CPU only), each against a baseline of a
+1 s tick (next to no ticks) in the same run and condition:
 
 - ``spin``: ``fixtures/spin`` burning a fixed fuel budget (it ends ``out_of_fuel``), a guest
   that never leaves wasm;
 - ``noop``: a loop of no-op calls to ``fixtures/echo``, Python-heavy on the host side;
 - the busy thread's own progress while the guest spins: what the ticks cost the application
   that embeds wasihost.
+
+It also prints, per tick, the spinning guest beside the busy thread against the guest alone
+and against the guest beside the busy process: how much of the busy thread's cost is the CPU
+it takes, and how much the GIL the tick callbacks wait for.
 
 Each measurement also runs a spinning guest into a 30 ms deadline three times and records how
 late the call really ended: the deadline latency of that tick setting.
@@ -22,7 +27,7 @@ spinning guest has a 100 ms deadline, and reports when the call really ended.
 Part 3 measures the CPU the watchdog alone takes from an idle process at each setting.
 
 Usage: ``python benchmarks/bench_tick.py [--ticks 1,5,10,20,50] [--fuel 300000000]
-[--calls 3000] [--repeats 5] [--hog-s 2] [--json]``
+[--calls 3000] [--repeats 5] [--hog-s 2] [--switch-interval-ms MS] [--json]``
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -68,10 +74,25 @@ def _pure_python_work(stop: threading.Event, done: list[int]) -> None:
         done[0] += 1
 
 
+# The busy process's work: the same bytecode as _pure_python_work, until it is killed.
+_BUSY_PROCESS = "x = 0\nwhile True:\n    for i in range(1000):\n        x = (x + i) % 7919\n"
+CONDITIONS = ("idle", "busy", "process")
+
+
 @contextmanager
-def busy_thread(on: bool) -> Iterator[list[int]]:
+def contender(condition: str) -> Iterator[list[int]]:
+    """Nothing (``idle``), a busy Python thread of this process (``busy``: its rounds are
+    counted) or a busy Python process (``process``) beside the guest."""
     done = [0]
-    if not on:
+    if condition == "process":
+        child = subprocess.Popen([sys.executable, "-c", _BUSY_PROCESS])
+        try:
+            yield done
+        finally:
+            child.kill()
+            child.wait()
+        return
+    if condition != "busy":
         yield done
         return
     stop = threading.Event()
@@ -134,7 +155,7 @@ def tick_overhead(
     settings = [*ticks, BASELINE_TICK_MS]
     samples: dict[tuple[str, str, int], list[float]] = {}
     for round_ in range(repeats):
-        for condition in ("idle", "busy"):
+        for condition in CONDITIONS:
             # A different setting goes first each round, so drift within a round (the
             # machine's other load) does not always land on the same one.
             shift = round_ % len(settings)
@@ -143,7 +164,7 @@ def tick_overhead(
                     bench_policy(), settings=EngineSettings(epoch_tick_ms=tick), cache_dir=cache_dir
                 )
                 try:
-                    with busy_thread(condition == "busy") as done:
+                    with contender(condition) as done:
                         before = done[0]
                         spin = _spin_once(host, fuel)
                         app_rate = (done[0] - before) / spin
@@ -239,8 +260,16 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=3000, help="no-op calls per measurement")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--hog-s", type=float, default=2.0, help="GIL hold of part 2")
+    parser.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="the interpreter's GIL switch interval (sys.setswitchinterval); default: as is",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     ticks = [int(t) for t in args.ticks.split(",")]
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
@@ -269,16 +298,27 @@ def main() -> int:
     base = str(BASELINE_TICK_MS)
     for workload, unit, scale in (("spin", "ms", 1e3), ("noop", "µs/call", 1e6)):
         idle, busy = overhead["idle"][workload], overhead["busy"][workload]
+        process = overhead["process"][workload]
         print(
             f"{workload}: baseline ({base} ms tick) idle {idle[base] * scale:.1f} {unit}, "
-            f"busy {busy[base] * scale:.1f} {unit} (median of {args.repeats})"
+            f"busy thread {busy[base] * scale:.1f} {unit}, busy process "
+            f"{process[base] * scale:.1f} {unit} (median of {args.repeats})"
         )
         for tick in ticks:
             t = str(tick)
             print(
                 f"  tick {tick:>4} ms: idle {idle[t] / idle[base]:.2f}x, "
-                f"busy thread {busy[t] / busy[base]:.2f}x"
+                f"busy thread {busy[t] / busy[base]:.2f}x, "
+                f"busy process {process[t] / process[base]:.2f}x"
             )
+    print("the spinning guest beside the busy thread, against it alone / beside the busy process:")
+    for tick in [*ticks, BASELINE_TICK_MS]:
+        t = str(tick)
+        busy_spin = overhead["busy"]["spin"][t]
+        print(
+            f"  tick {tick:>4} ms: {busy_spin / overhead['idle']['spin'][t]:.2f}x / "
+            f"{busy_spin / overhead['process']['spin'][t]:.2f}x"
+        )
     app = overhead["busy"]["app_rate"]
     print("the busy Python thread's own progress while the guest spins, vs the baseline tick:")
     print("  " + ", ".join(f"tick {t} ms {app[str(t)] / app[base]:.2f}x" for t in ticks))

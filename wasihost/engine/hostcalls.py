@@ -126,7 +126,7 @@ def host_callback(dispatch: Dispatch) -> Any:
 class GilTrust:
     """Whether a module's short calls may keep the GIL: shared by its instances (through
     CompiledModule), withdrawn for good by the first call that keeps it through a whole epoch
-    tick."""
+    tick (two ticks met, or a call that ran longer than a tick: Instance.call)."""
 
     __slots__ = ("kept",)
 

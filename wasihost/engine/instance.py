@@ -43,6 +43,7 @@ from .lowlevel import (
     command_set_epoch_deadline,
     command_set_fuel,
     error_new,
+    fuel_kept_by,
     get_fuel,
     set_epoch_deadline,
     set_fuel,
@@ -142,6 +143,14 @@ CLOSE_WAIT_S = 0.5
 CLOSE_POLL_S = 0.002
 
 
+def _end_at_tick(ctx: int, message: bytes) -> int:
+    """The error that ends a call at an epoch tick. What the guest burnt since its last call
+    or return is in a register, lost as the error unwinds it (lowlevel.FUEL_KEPT_TRAPS): the
+    Store's counter is emptied, so the call is charged all the fuel it was given."""
+    set_fuel(ctx, 0)
+    return int(error_new(message) or 0)
+
+
 def _epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
     """Runs on the guest's thread at every epoch tick of a call.
 
@@ -152,13 +161,13 @@ def _epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
     try:
         host = EPOCH_TARGETS.get(env or 0)
         if host is None:
-            return int(error_new(b"wasihost: instance is gone") or 0)
+            return _end_at_tick(ctx, b"wasihost: instance is gone")
         if host.interrupted:
             host.failure = host.interrupted_failure()
-            return int(error_new(b"wasihost: interrupted") or 0)
+            return _end_at_tick(ctx, b"wasihost: interrupted")
         if time.monotonic() >= host.native.deadline:
             host.failure = CallError(FailureClass.DEADLINE, "wall-clock deadline passed")
-            return int(error_new(b"wasihost: deadline") or 0)
+            return _end_at_tick(ctx, b"wasihost: deadline")
         if host.keep_gil:
             # Other threads get the GIL here (this is Python code, where a waiting thread's
             # request is served). A tick may fall into any call; a second one in the same call
@@ -171,7 +180,7 @@ def _epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
         kind[0] = UPDATE_DEADLINE_CONTINUE
         return 0
     except BaseException:
-        return int(error_new(b"wasihost: deadline check failed") or 0)
+        return _end_at_tick(ctx, b"wasihost: deadline check failed")
 
 
 on_epoch_tick = EPOCH_CALLBACK(_epoch_tick)
@@ -240,6 +249,7 @@ class Instance:
             ctypes.cast(self._store.ptr(), ctypes.c_void_p).value, on_epoch_tick, epoch_env, None
         )
         self._timeout_s = limits.timeout_ms / 1000
+        self._tick_s = engine.settings.epoch_tick_ms / 1000
         # 0 when the engine's ticks need the GIL (then no call may keep it).
         self._keep_gil_below = engine.keep_gil_below_fuel
         self._gil_trust = self._ctx.gil_trust = module.gil_trust
@@ -315,6 +325,8 @@ class Instance:
                 )
             finally:
                 GIL_WANTED.discard(self)
+            if trap:
+                self._forfeit_lost_fuel(ctypes.cast(trap, ctypes.c_void_p).value or 0)
             overran = self._account(budget)
             failure: BaseException | None = None
             if err or trap:
@@ -465,6 +477,15 @@ class Instance:
         budget.spend(used)
         return debt > left
 
+    def _forfeit_lost_fuel(self, trap_addr: int) -> None:
+        """Before the phase's fuel is read: after a trap that unwound what the guest burnt
+        since its last call or return (lowlevel.FUEL_KEPT_TRAPS), the phase is charged all the
+        fuel it was given. No bound tighter than that is sound: the CPU time of the call does
+        not bound its fuel (see docs/budgets.md), and a trap must never cost less than the
+        work it cut short would have."""
+        if not fuel_kept_by(trap_addr):
+            set_fuel(self._ctx_addr, 0)
+
     def _failure(self, err: Any, trap: Any, *, instantiating: bool = False) -> CallError:
         failure = self._ctx.take_failure()
         reraise = self._ctx.clear_slots()
@@ -509,6 +530,8 @@ class Instance:
     def _raise_failure(self, err: int | None) -> NoReturn:
         trap = self._trap_slot[0]
         self._trap_slot[0] = None
+        if trap:
+            self._forfeit_lost_fuel(trap)
         raise self._failure(
             ctypes.cast(err, POINTER(ffi.wasmtime_error_t)) if err else None,
             ctypes.cast(trap, POINTER(ffi.wasm_trap_t)) if trap else None,
@@ -547,9 +570,10 @@ class Instance:
         if left < needed:
             raise refuse_entry(needed, left)
         # _arm and _account inlined: method calls are a measurable share of a no-op call.
+        started = time.monotonic()
         if budget is None:
             fuel = self._limits.fuel
-            deadline = time.monotonic() + self._timeout_s
+            deadline = started + self._timeout_s
         else:
             fuel = budget.fuel
             deadline = budget.deadline
@@ -665,6 +689,12 @@ class Instance:
                     self._short_commands.add(command)
             else:
                 self._short_commands.discard(command)
+                if keep and time.monotonic() - started > self._tick_s:
+                    # Kept the GIL past a whole tick: one bulk memory instruction (memory.fill
+                    # of 512 MiB) runs to its end between two epoch checks and meets at most
+                    # one tick, so the two-tick rule of on_epoch_tick never saw it. No later
+                    # call of its module keeps the GIL.
+                    self._gil_trust.kept = False
             if budget is not None:
                 budget.spend(used)
             token.append(True)

@@ -170,6 +170,37 @@ TRAP_CLASSES = {
 }
 
 
+# The traps after which the Store's fuel counter tells what the call burnt. Compiled code keeps
+# the fuel it burns in a register and writes it back to the Store only before a call, a return
+# or `unreachable`, and when it runs out; a trap raised anywhere else unwinds without writing
+# it, so wasmtime_context_get_fuel then answers what was left at the last of those points,
+# which a loop of no calls never passes. Measured with wasmtime 50 after a loop of 120M fuel:
+# unreachable, out of fuel and stack overflow (raised on entering a function, after its
+# caller wrote the counter back) reported it; a load or store out of bounds, a division by
+# zero or its overflow, a bad float conversion, memory.fill and table.get out of bounds, and
+# an error of the epoch callback (a deadline, an interrupt) reported only the 370 burnt before
+# the loop. The same with signals_based_traps off: it is the unwinding that loses it, not the
+# signal. A trap a host function makes has no code, and comes after the guest's call wrote
+# the counter back.
+FUEL_KEPT_TRAPS = frozenset(
+    {
+        wasmtime.TrapCode.OUT_OF_FUEL.value,
+        wasmtime.TrapCode.UNREACHABLE.value,
+        wasmtime.TrapCode.STACK_OVERFLOW.value,
+    }
+)
+_trap_code = private_fn("wasmtime_trap_code", ctypes.c_bool, VP, VP)
+
+
+def fuel_kept_by(trap_addr: int) -> bool:
+    """Whether the Store's fuel counter is current after the trap at ``trap_addr`` (see
+    FUEL_KEPT_TRAPS); the trap stays its owner's."""
+    code = ctypes.c_uint8()
+    if not _trap_code(trap_addr, ctypes.addressof(code)):
+        return True  # made by a host function (new_trap): at a host call, counter written
+    return code.value in FUEL_KEPT_TRAPS
+
+
 def trap_failure(trap_ptr: Any) -> CallError:
     trap = wasmtime.Trap._from_ptr(trap_ptr)
     code = trap.trap_code
