@@ -916,6 +916,10 @@ class Host:
         timeout_ms: int | None,
         replacing: Extension | None,
     ) -> Extension:
+        if self.state is not None:
+            # Bound to the id's kept grants, data and storage rows from here: only as the
+            # publisher they belong to (a package loaded from a path took them with no check).
+            self.state.check_heir(package.name, package.signer)
         # The extension holds its id's grant record from here to its close (GrantTable.hold);
         # an admission that fails lets go of it here.
         if self.presence is not None:  # refused while another host updates it

@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from .errors import ConfigError, PackageError
+from .errors import AdmissionError, ConfigError, PackageError
 from .grants import GrantEntry, GrantState
 from .host_options import check_extension_id
 from .statedir import UnsafeStateDir, resolve_state_dir
@@ -564,6 +564,46 @@ class StateStore:
                 "SELECT publisher FROM publisher_pins WHERE extension=?", (extension,)
             ).fetchone()
         return row[0] if row is not None else None
+
+    def kept_publisher(self, extension: str) -> str | None:
+        """The publisher what the state keeps for ``extension`` (grants, data, storage rows)
+        belongs to: its pin, or the signer of an install recorded before pins were kept;
+        None if no verified package held the id since its last purge."""
+        pinned = self.publisher_pin(extension)
+        if pinned is not None:
+            return pinned
+        installed = self.package(extension)
+        return installed.signer if installed is not None else None
+
+    def check_heir(self, extension: str, signer: str | None, *, adopt_data: bool = False) -> None:
+        """Raise :class:`AdmissionError` unless a package verified as ``signer``'s (None: not
+        verified) may be bound to what the state keeps for ``extension``: its grants, its data
+        directory and its storage rows, as an install, an update, a rollback or an admission
+        (``Host.load``, ``Host.load_installed``) binds it. They are the kept publisher's
+        (:meth:`kept_publisher`), installed or removed without ``--purge``, and go to another
+        publisher's package (or an unverified one) only by an install with ``adopt_data``.
+        The one check of every such binding: an admission of a package loaded from a path
+        took them with none."""
+        owner = self.kept_publisher(extension)
+        if owner is None or signer == owner or adopt_data:
+            return
+        installed = self.package(extension) is not None
+        raise AdmissionError(
+            [
+                f"{extension} "
+                + ("is installed" if installed else "was removed")
+                + f", and the grants and data kept for it belong to publisher {owner!r}; "
+                "this package is "
+                + ("not verified" if signer is None else f"published by {signer!r}")
+                + (
+                    f": verify it as {owner!r}'s, or remove the install with its data first "
+                    f"(wasihost remove {extension} --purge)"
+                    if installed
+                    else f": remove them first (wasihost remove {extension} --purge), or give "
+                    "them to this package by installing it with adopt_data=True (--adopt-data)"
+                )
+            ]
+        )
 
     def check_removable(self, extension: str, *, purge: bool) -> None:
         """Raise :class:`PackageError` unless :meth:`remove` has something to remove (a

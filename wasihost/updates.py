@@ -91,26 +91,6 @@ def _same_publisher(package: Package, current: InstalledPackage | None) -> None:
         )
 
 
-def _same_publisher_as_kept(
-    package: Package, extension: str, pinned: str | None, adopt_data: bool
-) -> None:
-    """With nothing installed: the grants, data and storage rows a ``remove`` without
-    ``--purge`` kept for ``extension`` are ``pinned``'s (the publisher whose verified package
-    held the id), and go to a package of another publisher (or an unverified one) only when
-    the operator says so."""
-    if pinned is None or package.signer == pinned or adopt_data:
-        return
-    raise AdmissionError(
-        [
-            f"{extension} was removed, and the grants and data kept for it belong to "
-            f"publisher {pinned!r}; this package is "
-            + ("not verified" if package.signer is None else f"published by {package.signer!r}")
-            + f": remove them first (wasihost remove {extension} --purge), or give them to "
-            "this package (adopt_data=True, --adopt-data)"
-        ]
-    )
-
-
 def content_digest(manifest: bytes, module: str, wasm: bytes) -> str:
     """What an unsigned install records of its content: the SHA-256 of the content record
     (``packaging/contents``, as an archive's package digest) of its manifest and module."""
@@ -215,7 +195,7 @@ def candidate(
     current = store.package(manifest.id)
     _same_publisher(package, current)
     if current is None:
-        _same_publisher_as_kept(package, manifest.id, store.publisher_pin(manifest.id), adopt_data)
+        store.check_heir(manifest.id, package.signer, adopt_data=adopt_data)
     _check_version(host, source, package, current, allow_downgrade)
     return package, current
 

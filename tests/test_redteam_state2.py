@@ -1,0 +1,126 @@
+"""Second red-team pass on issue 28's package and state fixes: what an id's kept state is bound
+to, the directory walks of the state directory and the module cache, and the state directory
+as an attacker leaves it (hand-edited records, links in its trees).
+
+Each test here was seen to fail against the code it guards (see the commit that added it),
+unless its docstring says it guards what already held.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import ALL_CAPS, FIXTURES
+from packages_support import PUBLISHER, hello_dir, hello_files, signed_archive, trust_of
+
+from wasihost import updates
+from wasihost.cli import main
+from wasihost.errors import AdmissionError
+from wasihost.packaging.trust import SigningKey
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+
+HELLO = "org.wasihost.fixtures.hello"
+OTHER = "other.example"
+
+# -- kept state goes only to its publisher's package, however it is loaded (issue 28 item 3) --
+
+
+def _two_publishers(tmp: Path) -> tuple[Path, Path, Policy, Path]:
+    """Ours and theirs, two signed packages of the hello id, a policy trusting both, and the
+    trust file of both."""
+    ours, theirs = SigningKey.generate(PUBLISHER), SigningKey.generate(OTHER)
+    first = tmp / "ours.whpkg"
+    first.write_bytes(signed_archive(hello_files(tmp / "a"), ours))
+    other = tmp / "theirs.whpkg"
+    other.write_bytes(signed_archive(hello_files(tmp / "b", publisher=OTHER), theirs))
+    trust = tmp / "trust"
+    trust.write_text(ours.public_line() + theirs.public_line())
+    return first, other, Policy(allow=ALL_CAPS, trusted_publishers=trust_of(ours, theirs)), trust
+
+
+def test_a_package_loaded_from_a_path_gets_an_ids_kept_state_only_as_its_publisher(
+    tmp_path: Path,
+) -> None:
+    """``Host.load(path)`` admitted another publisher's package (or an unverified one, or a bare
+    module named after the id) under the grants a ``remove`` without ``--purge`` kept, and
+    with the id's data and storage rows: the pin was checked by install and update only.
+    Now every admission on a state directory is checked as an install is."""
+    first, other, policy, _ = _two_publishers(tmp_path)
+    bare = tmp_path / f"{HELLO}.wasm"  # a bare module's id is its file name's stem
+    shutil.copy(FIXTURES / "hello" / "hello.wasm", bare)
+    unsigned = hello_dir(tmp_path / "c", publisher=OTHER)
+    with Host(policy, cache_dir=None, state_dir=tmp_path / "state") as host:
+        host.install(first)
+        host.grant(HELLO, "log")
+        host.grant(HELLO, "clock")
+        # Installed: another publisher's package is not admitted under its grants either.
+        with pytest.raises(AdmissionError, match=f"is installed, and the grants .* '{PUBLISHER}'"):
+            host.load(other)
+        updates.remove(host, HELLO, purge=False)
+        for source, what in (
+            (other, f"published by '{OTHER}'"),
+            (unsigned, "not verified"),
+            (bare, "not verified"),
+        ):
+            # Before: admitted, holding "clock" and "log" and the id's data.
+            with pytest.raises(
+                AdmissionError,
+                match=f"was removed, .* belong to publisher '{PUBLISHER}'; this package is {what}",
+            ):
+                host.load(source, grants=["log"])
+            assert host.extension(HELLO) is None
+        ext = host.load(first)  # its own publisher's package takes them
+        assert {"clock", "log"} <= ext.grant.capabilities
+        ext.close("checked")
+        host.forget(ext)
+        # Handed over by the operator: the adopter's package is admitted from then on.
+        host.install(other, adopt_data=True)
+        host.load(other).close("checked")
+
+
+def test_run_of_another_publishers_package_beside_a_state_directory_takes_nothing_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI's side of the same: ``run FILE --state-dir S`` of a package that is not
+    installed runs on a host without the state (the CLI's grants, no data), and ``install``
+    of it is refused; only ``install --adopt-data`` hands the kept grants over. (This held on
+    main already: ``run FILE`` never opened the state's grants; it guards that it stays so.)"""
+    first, other, _, trust = _two_publishers(tmp_path)
+    state = tmp_path / "state"
+    flags = ["--state-dir", str(state), "--trust", str(trust)]
+    assert main(["install", str(first), *flags]) == 0
+    assert main(["grants", "grant", HELLO, "log", "--state-dir", str(state)]) == 0
+    assert main(["remove", HELLO, "--state-dir", str(state)]) == 0
+    capsys.readouterr()
+    run = ["run", str(other), "greet", "--input", '{"name": "x"}', "--no-cache"]
+    assert main([*run, *flags]) == 0
+    assert '"hello, x"' in capsys.readouterr().out
+    assert main(["install", str(other), *flags]) == 1
+    assert f"belong to publisher '{PUBLISHER}'" in capsys.readouterr().err
+    assert main(["install", str(other), "--adopt-data", *flags]) == 0
+    assert main(["run", HELLO, "greet", "--input", '{"name": "y"}', *flags]) == 0
+    assert '"hello, y"' in capsys.readouterr().out
+
+
+def test_a_rollback_from_a_verified_publishers_version_to_an_unverified_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The same check on a rollback: an unverified install never replaces a verified one, and
+    returning to one would hand the verified publisher's grants and data (and what its
+    version wrote) to a package nobody vouches for; it rolled back unasked."""
+    ours = SigningKey.generate(PUBLISHER)
+    newer = tmp_path / "v2.whpkg"
+    newer.write_bytes(signed_archive(hello_files(tmp_path / "a", version="0.2.0"), ours))
+    policy = Policy(allow=ALL_CAPS, trusted_publishers=trust_of(ours))
+    with Host(policy, cache_dir=None, state_dir=tmp_path / "state") as host:
+        host.install(hello_dir(tmp_path / "u"))
+        host.grant(HELLO, "log")
+        assert host.install(newer).signer == PUBLISHER
+        with pytest.raises(updates.UpdateError, match="this package is not verified"):
+            host.rollback(HELLO)
+        installed = host.require_state().package(HELLO)
+        assert installed is not None and installed.signer == PUBLISHER
+
