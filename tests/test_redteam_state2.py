@@ -8,7 +8,9 @@ unless its docstring says it guards what already held.
 
 from __future__ import annotations
 
+import os
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,10 +19,12 @@ from packages_support import PUBLISHER, hello_dir, hello_files, signed_archive, 
 
 from wasihost import updates
 from wasihost.cli import main
+from wasihost.engine.cachedir import UnsafeCacheDir, open_private_dir
 from wasihost.errors import AdmissionError
 from wasihost.packaging.trust import SigningKey
 from wasihost.policy import Policy
 from wasihost.runtime import Host
+from wasihost.statedir import UnsafeStateDir, resolve_state_dir
 
 HELLO = "org.wasihost.fixtures.hello"
 OTHER = "other.example"
@@ -124,3 +128,53 @@ def test_a_rollback_from_a_verified_publishers_version_to_an_unverified_one_is_r
         installed = host.require_state().package(HELLO)
         assert installed is not None and installed.signer == PUBLISHER
 
+
+# -- one walk for the module cache and the state directory (issue 28 item 2) ----------------
+
+OTHER_UID = 65534  # "another user" (the tests run as root, which may chown a link)
+
+
+def _shared_links(tmp: Path) -> tuple[Path, Path, Path]:
+    """A directory of ours (0700), and in a sticky shared directory two links to it: one
+    owned by another user, one of ours."""
+    mine = tmp / "mine"
+    mine.mkdir(mode=0o700)
+    mine.chmod(0o700)
+    shared = tmp / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    theirs = shared / "theirs"
+    theirs.symlink_to(mine)
+    os.lchown(theirs, OTHER_UID, OTHER_UID)
+    own = shared / "own"
+    own.symlink_to(mine)
+    return mine, theirs, own
+
+
+def test_the_module_cache_follows_no_other_users_link_on_its_way(tmp_path: Path) -> None:
+    """``open_private_dir`` resolved its path with ``os.path.realpath`` before its no-follow
+    walk, so another user's link on the way was followed: that user could point it at a
+    directory of their own key and entries before the host started (docs/security.md said
+    "walked from / without following symlinks"). Now the cache and the state directory share
+    one walk, and another user's link is refused by both, naming it; one of ours is followed."""
+    mine, theirs, own = _shared_links(tmp_path)
+    with pytest.raises(UnsafeCacheDir, match=f"theirs is a symbolic link owned by uid {OTHER_UID}"):
+        os.close(open_private_dir(theirs / "modules"))
+    with pytest.raises(UnsafeStateDir, match=f"theirs is a symbolic link owned by uid {OTHER_UID}"):
+        resolve_state_dir(theirs / "state")
+    assert not (mine / "modules").exists() and not (mine / "state").exists()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Host(Policy(allow=ALL_CAPS), cache_dir=theirs / "modules") as host:
+            assert host.engine.cache.directory is None
+    assert any(
+        "module cache disabled" in str(w.message) and f"owned by uid {OTHER_UID}" in str(w.message)
+        for w in caught
+    ), [str(w.message) for w in caught]
+    fd = open_private_dir(own / "modules")
+    try:
+        assert os.path.samestat(os.fstat(fd), os.stat(mine / "modules"))
+        assert (mine / "modules").stat().st_mode & 0o777 == 0o700
+    finally:
+        os.close(fd)
+    assert resolve_state_dir(own / "state") == mine / "state"
