@@ -114,8 +114,6 @@ def open_trusted_dir(
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.EMLINK):
                     raise UntrustedDir(f"{where} is a symbolic link") from None
-                if exc.errno == errno.ENOTDIR:
-                    raise UntrustedDir(f"{where} is not a directory") from None
                 raise UntrustedDir(f"{where}: {exc.strerror}") from None
             resolved.append(name)
             if pending:
