@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import warnings
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from packages_support import PUBLISHER, hello_dir, hello_files, signed_archive, 
 from wasihost import updates
 from wasihost.cli import main
 from wasihost.engine.cachedir import UnsafeCacheDir, open_private_dir
-from wasihost.errors import AdmissionError
+from wasihost.errors import AdmissionError, ConfigError
+from wasihost.packaging.revocation import StateDirFloor
 from wasihost.packaging.trust import SigningKey
 from wasihost.policy import Policy
 from wasihost.runtime import Host
@@ -178,3 +180,44 @@ def test_the_module_cache_follows_no_other_users_link_on_its_way(tmp_path: Path)
     finally:
         os.close(fd)
     assert resolve_state_dir(own / "state") == mine / "state"
+
+
+# -- a state database is made whole, so an empty one is always damage (issue 28 item 11) -----
+
+
+@pytest.mark.parametrize("how", ["zero-length", "tables dropped"])
+def test_a_state_directory_holding_only_its_database_is_refused_when_that_is_empty(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    """The fix of item 11 refused an empty database only beside ``packages/`` or ``data/``.
+    A state directory the CLI keeps the revocation list's version floor in (``run FILE
+    --revocations LIST --state-dir S``), or one of grants and revocations only, holds nothing
+    else: truncated, it opened as a new state and the floor was 0 (an older list verified
+    again), the whole-extension revocation gone. A database is now made whole aside and
+    linked into place, so one that is empty or lacks a table is damage wherever it is."""
+    state = tmp_path / "state"
+    with Host(Policy(allow={"log"}), cache_dir=None, state_dir=state) as host:
+        host.grant("org.example.a", "log")
+        host.disable("org.example.a", "compromised")
+        host.require_state().raise_high_water("revocation_list", 7)
+    assert sorted(p.name for p in state.iterdir()) == ["state.sqlite3"]
+    database = state / "state.sqlite3"
+    if how == "zero-length":
+        database.write_bytes(b"")
+        said = "is empty"
+    else:
+        with sqlite3.connect(database) as db:
+            db.execute("DROP TABLE grant_epochs")
+        said = "is without its tables grant_epochs"
+    with pytest.raises(ConfigError, match=f"is damaged: its database state.sqlite3 {said}"):
+        StateDirFloor(state).highest()
+    with pytest.raises(ConfigError, match="revocation-list floor would be lost"):
+        Host(Policy(allow={"log"}), cache_dir=None, state_dir=state)
+    assert main(["status", "--state-dir", str(state)]) == 1
+    assert capsys.readouterr().err.startswith(f"error: config: state directory {state} is damaged")
+    # A new state directory is made whole, nothing left beside it; two hosts may make it at once.
+    new = tmp_path / "new"
+    with Host(cache_dir=None, state_dir=new), Host(cache_dir=None, state_dir=new) as second:
+        assert second.require_state().extensions() == []
+    assert sorted(p.name for p in new.iterdir()) == ["state.sqlite3"]
+

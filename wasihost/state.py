@@ -79,6 +79,10 @@ CREATE TABLE IF NOT EXISTS metrics_snapshots (
 """
 
 
+# The tables every schema had since the first: a database without one of them is damaged.
+_FIRST_TABLES = frozenset({"meta", "packages", "grant_epochs", "grants", "lifecycle", "events"})
+
+
 def _raise_in(db: sqlite3.Connection, key: str, value: int) -> None:
     """In a transaction: record ``value`` under high-water ``key`` unless a higher one is."""
     row = db.execute("SELECT value FROM meta WHERE key=?", (f"hw:{key}",)).fetchone()
@@ -286,19 +290,26 @@ class StateStore:
         self._own_dir(directory / DATA_DIR_NAME, links=True)
         self._lock = threading.Lock()
         # What the host made here besides the database: it made the database first, so with
-        # any of them a database without its tables is not a new state but a lost one.
+        # any of them a missing database is not a new state but a lost one.
         made = [n for n in (*_OWN_DIRS, DATA_DIR_NAME) if os.path.lexists(directory / n)]
-        if made and not (directory / DB_NAME).exists():
-            raise self._lost_database(made)
-        try:
-            self._db = sqlite3.connect(
-                directory / DB_NAME, check_same_thread=False, isolation_level=None
-            )
-            if made and not self._db.execute(
-                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'"
-            ).fetchone():
-                self._db.close()
+        database = directory / DB_NAME
+        if not os.path.lexists(database):
+            if made:
                 raise self._lost_database(made)
+            self._create_database(database)
+        try:
+            # The database appears only whole (_create_database): one that is empty, or
+            # without a table every schema had, is damage, also in a state directory that
+            # holds nothing else (one the CLI keeps the revocation list's floor in).
+            self._db = sqlite3.connect(database, check_same_thread=False, isolation_level=None)
+            tables = {
+                r[0]
+                for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+            missing = sorted(_FIRST_TABLES - tables)
+            if missing:
+                self._db.close()
+                raise self._lost_database(made, missing=missing)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
@@ -311,8 +322,9 @@ class StateStore:
                     "UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),)
                 )
             elif row is None:
-                # OR IGNORE: another host opening the new directory at once may have recorded
-                # it since the read above (a plain INSERT failed the second one).
+                # A database an older host made in place and left before it recorded the
+                # schema (a new one is made whole now). OR IGNORE: another host opening it at
+                # once may have recorded it since the read above.
                 self._db.execute(
                     "INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
                 )
@@ -328,16 +340,50 @@ class StateStore:
         with self._lock:
             self._db.close()
 
-    def _lost_database(self, made: list[str]) -> ConfigError:
-        """A state directory whose database is missing, empty or without its tables, though
-        the host made ``made`` in it: opened as a new state, it silently lost the grants, the
-        whole-extension revocations and the revocation list's version floor."""
+    def _lost_database(self, made: list[str], missing: list[str] | None = None) -> ConfigError:
+        """A state directory whose database is missing though the host made ``made`` in it,
+        or is empty or without its tables (``missing``): opened as a new state, it silently
+        lost the grants, the whole-extension revocations and the revocation list's version
+        floor."""
+        if missing is None:
+            what = "missing"
+        elif len(missing) == len(_FIRST_TABLES):
+            what = "empty"
+        else:
+            what = f"without its tables {', '.join(missing)}"
+        held = f", but it holds {', '.join(f'{n}/' for n in made)}" if made else ""
         return ConfigError(
-            f"state directory {self.directory} is damaged: its database {DB_NAME} is missing or "
-            f"empty, but it holds {', '.join(f'{n}/' for n in made)} (its grants, revocations "
-            "and revocation-list floor would be lost): restore the database from a backup, or "
-            "move the directory away to start a new state"
+            f"state directory {self.directory} is damaged: its database {DB_NAME} is {what}"
+            f"{held} (its grants, revocations and revocation-list floor would be lost): "
+            "restore the database from a backup, or move the directory away to start a new "
+            "state"
         )
+
+    @staticmethod
+    def _create_database(database: Path) -> None:
+        """Make a new state database whole beside ``database`` and link it into place: a
+        database file is never seen empty or half made, so one that is (truncated, its
+        tables dropped) is damage, not a new state. A host that loses the race to another
+        making it at once uses the other's."""
+        tmp = database.with_name(f".{database.name}.{os.getpid()}.{time.time_ns()}.new")
+        try:
+            made = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                made.execute("PRAGMA journal_mode=WAL")
+                made.executescript(_SCHEMA)
+                made.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            finally:
+                made.close()  # the last connection: its log is checkpointed into the file
+            fsync_path(tmp)
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, database)
+            fsync_path(database.parent)
+        except (OSError, sqlite3.Error) as exc:
+            raise ConfigError(f"cannot create the state database {database}: {exc}") from None
+        finally:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{tmp}{suffix}")
 
     def _own_dir(self, path: Path, *, links: bool = False) -> Path:
         """``path``, a directory the host makes under the state directory; a ``ConfigError``
