@@ -21,7 +21,7 @@ from packages_support import PUBLISHER, hello_dir, hello_files, signed_archive, 
 from wasihost import updates
 from wasihost.cli import main
 from wasihost.engine.cachedir import UnsafeCacheDir, open_private_dir
-from wasihost.errors import AdmissionError, ConfigError
+from wasihost.errors import AdmissionError, ConfigError, PackageError
 from wasihost.packaging.revocation import StateDirFloor
 from wasihost.packaging.trust import SigningKey
 from wasihost.policy import Policy
@@ -221,3 +221,45 @@ def test_a_state_directory_holding_only_its_database_is_refused_when_that_is_emp
         assert second.require_state().extensions() == []
     assert sorted(p.name for p in new.iterdir()) == ["state.sqlite3"]
 
+
+# -- a purge removes the data where data/<id> leads (issue 28 item 3) ------------------------
+
+
+def test_a_purge_removes_the_data_a_linked_data_directory_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``data/<id>`` may be a link (data kept on another disk). A purge removed the data
+    directory with errors ignored, and a link cannot be removed so: the data stayed where the
+    link led, the CLI said "removed ... and its data", and the id's next package, of any
+    publisher since the pin went with the purge, was given it. Now the data the link leads to
+    is removed, then the link; one reached through another user's link is refused by name
+    and kept, and the id with it, so the purge can be run again."""
+    first, other, policy, _ = _two_publishers(tmp_path)
+    state = tmp_path / "state"
+    disk = tmp_path / "disk" / HELLO
+    disk.mkdir(parents=True, mode=0o700)
+    (disk / "secret").write_text("ours")
+    (disk / "sub").mkdir()
+    (disk / "sub" / "more").write_text("ours")
+    with Host(policy, cache_dir=None, state_dir=state) as host:
+        host.install(first)
+        (state / "data").mkdir()
+        (state / "data" / HELLO).symlink_to(disk)
+    flags = ["--state-dir", str(state)]
+    capsys.readouterr()
+    assert main(["remove", HELLO, "--purge", *flags]) == 0
+    assert capsys.readouterr().out.strip() == f"removed {HELLO} and its data"
+    assert list(disk.iterdir()) == []  # before: secret and sub/more were left
+    assert not os.path.lexists(state / "data" / HELLO)
+    assert main(["status", HELLO, *flags]) == 0
+    assert "nothing is kept for it in this state directory" in capsys.readouterr().out
+    # Reached through another user's link: refused by name, the data and the id kept.
+    _, theirs, _ = _shared_links(tmp_path)
+    (theirs / "secret").write_text("mine")
+    with Host(policy, cache_dir=None, state_dir=state) as host:
+        host.install(other)
+        (state / "data" / HELLO).symlink_to(theirs)
+        with pytest.raises(PackageError, match=f"is not this user's own .*owned by uid {OTHER_UID}"):
+            updates.remove(host, HELLO, purge=True)
+        assert (theirs / "secret").read_text() == "mine"
+        assert host.require_state().keeps(HELLO)

@@ -22,10 +22,11 @@ from typing import Any
 
 import attrs
 
+from .dirtrust import UntrustedDir, open_trusted_dir
 from .errors import AdmissionError, ConfigError, PackageError
 from .grants import GrantEntry, GrantState
 from .host_options import check_extension_id
-from .statedir import UnsafeStateDir, resolve_state_dir
+from .statedir import UnsafeStateDir, own_dir_problem, resolve_state_dir
 
 DB_NAME = "state.sqlite3"
 SCHEMA_VERSION = 3
@@ -599,7 +600,47 @@ class StateStore:
                 for table in ("grants", "grant_epochs", "lifecycle", "events", "publisher_pins"):
                     db.execute(f"DELETE FROM {table} WHERE extension=?", (extension,))  # noqa: S608
         if purge:
-            shutil.rmtree(self.data_dir(extension), ignore_errors=True)
+            self._purge_data(extension)
+
+    def _purge_data(self, extension: str) -> None:
+        """Delete ``extension``'s data directory, or, where ``data/<id>`` is a link (data kept
+        on another disk), everything in the directory it leads to and then the link. The
+        data directory was removed with errors ignored, and a link cannot be: a purge left
+        the data where the link led, reported it removed, and the next package of the id,
+        any publisher's since the pin went with the purge, was given it. The directory a
+        link leads to is reached by the state directory's walk (another user's link on the
+        way is refused), and what cannot be removed is a ``PackageError`` naming it (the id
+        is still kept then, and the same purge can be run again)."""
+        data = self.data_dir(extension)
+        if data.is_symlink():
+            if data.is_dir():
+                try:
+                    target, fd = open_trusted_dir(
+                        data.parent / os.readlink(data), own_dir_problem, what="data directory"
+                    )
+                except UntrustedDir as exc:
+                    raise PackageError(
+                        f"{extension}: its data directory {data} is a link, and what it leads "
+                        f"to is not this user's own ({exc}): its data was not removed; remove "
+                        "it and the link by hand"
+                    ) from None
+                os.close(fd)
+                for child in target.iterdir():
+                    remove_tree(child)
+                left = [str(p) for p in target.iterdir()]
+            else:
+                left = []  # a link to nothing: no data of the id is left to remove
+            if not left:
+                data.unlink()
+        else:
+            remove_tree(data)
+            left = [str(data)] if os.path.lexists(data) else []
+        if left:
+            raise PackageError(
+                f"{extension}: its records are purged, but not all of its data could be "
+                f"removed ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}): remove it "
+                f"by hand, or run the purge again (wasihost remove {extension} --purge)"
+            )
 
     def publisher_pin(self, extension: str) -> str | None:
         """The publisher whose verified package last held ``extension``: what is kept for the

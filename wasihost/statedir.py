@@ -27,7 +27,10 @@ class UnsafeStateDir(Exception):
     """The state directory, or one above it, could be changed by somebody else; says why."""
 
 
-def _own_problem(st: os.stat_result, euid: int) -> str | None:
+def own_dir_problem(st: os.stat_result, euid: int) -> str | None:
+    """Why a directory of the state (the state directory, a data directory it links to) is
+    not this user's own, or None."""
+
     if st.st_uid != euid:
         return f"is owned by uid {st.st_uid}, not by this user ({euid})"
     if st.st_mode & _SHARED_WRITE:
@@ -46,7 +49,7 @@ def resolve_state_dir(path: Path) -> Path:
     swap the trees under a running host. The result holds no link: the host uses it, and only
     it, from then on."""
     try:
-        resolved, fd = open_trusted_dir(path, _own_problem, what="state directory")
+        resolved, fd = open_trusted_dir(path, own_dir_problem, what="state directory")
     except UntrustedDir as exc:
         raise UnsafeStateDir(str(exc)) from None
     os.close(fd)
