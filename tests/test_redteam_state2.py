@@ -8,11 +8,14 @@ unless its docstring says it guards what already held.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ALL_CAPS, FIXTURES
@@ -263,3 +266,126 @@ def test_a_purge_removes_the_data_a_linked_data_directory_holds(
             updates.remove(host, HELLO, purge=True)
         assert (theirs / "secret").read_text() == "mine"
         assert host.require_state().keeps(HELLO)
+
+
+# -- a hand-edited or damaged state directory is an error naming it, never exit 70 (item 10) -
+
+
+def _edit_record(edit: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
+    def damage(state: Path) -> None:
+        with sqlite3.connect(state / "state.sqlite3") as db:
+            (text,) = db.execute("SELECT record FROM package_records").fetchone()
+            changed = edit(json.loads(text))
+            db.execute(
+                "UPDATE package_records SET record=?",
+                (changed if isinstance(changed, str) else json.dumps(changed),),
+            )
+
+    return damage
+
+
+def _nested_previous(record: dict[str, Any]) -> str:
+    """The record with a ``previous`` chain 5,000 deep (json.dumps cannot write it)."""
+    body = json.dumps({k: v for k, v in record.items() if k != "previous"})[:-1]
+    return (body + ', "previous": ') * 5000 + json.dumps(record) + "}" * 5000
+
+
+def _sql(statement: str) -> Callable[[Path], None]:
+    def damage(state: Path) -> None:
+        with sqlite3.connect(state / "state.sqlite3") as db:
+            db.execute(statement)
+
+    return damage
+
+
+def _in_place_of(relative: str, make: Callable[[Path], None]) -> Callable[[Path], None]:
+    def damage(state: Path) -> None:
+        path = state / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        make(path)
+
+    return damage
+
+
+DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "record previous 5000 deep": (_edit_record(_nested_previous), "install record of"),
+    "record digest a number": (
+        _edit_record(lambda r: {**r, "content_digest": 5}),
+        "(content_digest is 5)",
+    ),
+    "record time a string": (
+        _edit_record(lambda r: {**r, "installed_at": "x"}),
+        "(installed_at is 'x')",
+    ),
+    "record previous a string": (_edit_record(lambda r: {**r, "previous": "x"}), "previous is"),
+    "record a list": (_edit_record(lambda r: [r]), "the record is list"),
+    "grant epoch a string": (
+        _sql("UPDATE grant_epochs SET epoch='x'"),
+        "holds 'x', not a number",
+    ),
+    "high water a string": (
+        _sql("INSERT INTO meta VALUES ('hw:grant_epoch', 'x')"),
+        "meta hw:grant_epoch holds 'x'",
+    ),
+    "grant scope no JSON": (_sql("UPDATE grants SET scope='{bad'"), "with scope '{bad'"),
+    "lock file a link": (
+        _in_place_of(f"locks/{HELLO}.lock", lambda p: p.symlink_to("/tmp/nowhere")),
+        f"{HELLO}.lock is a symbolic link",
+    ),
+    "lock file a directory": (
+        _in_place_of(f"locks/{HELLO}.lock", lambda p: p.mkdir()),
+        f"{HELLO}.lock: Is a directory",
+    ),
+    "presence file a directory": (
+        _in_place_of("locks/admitted", lambda p: p.mkdir()),
+        "admitted: Is a directory",
+    ),
+    "update marker a link": (
+        _in_place_of(f"checkpoints/{HELLO}/pending.json", lambda p: p.symlink_to("/etc/passwd")),
+        "an interrupted update left",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_hand_edited_or_damaged_state_directory_is_an_error_naming_the_damage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    """Each of these was an internal error (exit 70) at some command: an install record
+    whose field has the wrong type (a digest that is a number failed at ``run``) or whose
+    ``previous`` nests thousands deep (RecursionError), a grant epoch or high-water mark that
+    is no number, a grant scope that is no JSON, a link or a directory where the host keeps
+    a lock file, the presence file or an update's marker (a record that is a list, or whose
+    ``previous`` is a string, was refused already, naming a Python exception). Now every
+    command on it either
+    works (what it reads is sound) or fails with one line naming the damage, and the
+    commands that use what is damaged fail so."""
+    src = hello_dir(tmp_path / "src", publisher=None)
+    state = tmp_path / "state"
+    with Host(Policy(allow=ALL_CAPS), cache_dir=None, state_dir=state) as host:
+        host.install(src)
+        host.grant(HELLO, "log")
+    make, named = DAMAGES[damage]
+    make(state)
+    failed = []
+    for argv in (
+        ["status"],
+        ["grants", "list", HELLO],
+        ["grants", "grant", HELLO, "clock"],
+        ["run", HELLO, "greet", "--input", '{"name": "a"}'],
+        ["install", str(src)],
+        ["update", str(src)],
+        ["rollback", HELLO],
+        ["remove", HELLO],
+        ["remove", HELLO, "--purge"],
+    ):
+        code = main([*argv, "--state-dir", str(state)])
+        err = capsys.readouterr().err
+        assert code in (0, 1), (argv, code, err)
+        if code == 1 and argv[0] != "update":  # update: "0.1.0 is already installed" first
+            assert err.startswith(("error: config: ", "error: package: ")), (argv, err)
+            assert named in err, (argv, err)
+        if code == 1:
+            failed.append(argv[0])
+    assert "rollback" in failed  # which reads every part damaged here

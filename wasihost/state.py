@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import stat
@@ -84,27 +85,60 @@ CREATE TABLE IF NOT EXISTS metrics_snapshots (
 _FIRST_TABLES = frozenset({"meta", "packages", "grant_epochs", "grants", "lifecycle", "events"})
 
 
-def _raise_in(db: sqlite3.Connection, key: str, value: int) -> None:
+def _damaged(database: Path, what: str) -> ConfigError:
+    return ConfigError(
+        f"state database {database}: {what}; the state directory is damaged: restore it from a "
+        "backup"
+    )
+
+
+def _stored_int(database: Path, value: Any, what: str) -> int:
+    """An epoch or counter read from the state database: SQLite keeps whatever was written
+    (a hand edit's 'x' too), and it was an internal error (exit 70) at the first ``int()``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,30}", value):
+        return int(value)
+    raise _damaged(database, f"{what} holds {value!r}, not a whole number")
+
+
+def _stored_grant(database: Path, extension: str, row: Any) -> GrantEntry:
+    """A row of the grants table, as ``save_grants`` writes it: a capability name, a scope
+    that is a JSON object, the epoch it was held since."""
+    capability, scope, since = row
+    try:
+        ok = isinstance(capability, str) and isinstance(json.loads(scope), dict)
+    except (TypeError, ValueError, RecursionError):
+        ok = False
+    if not ok:
+        raise _damaged(database, f"a grant of {extension} is {capability!r} with scope {scope!r}")
+    return GrantEntry(capability, scope, _stored_int(database, since, f"a grant of {extension}"))
+
+
+def _raise_in(db: sqlite3.Connection, database: Path, key: str, value: int) -> None:
     """In a transaction: record ``value`` under high-water ``key`` unless a higher one is."""
     row = db.execute("SELECT value FROM meta WHERE key=?", (f"hw:{key}",)).fetchone()
-    if row is None or int(row[0]) < value:
+    if row is None or _stored_int(database, row[0], f"meta hw:{key}") < value:
         db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"hw:{key}", str(value)))
 
 
 def _installed(directory: Path, row: Any, record: Any) -> InstalledPackage | None:
     if row is None:
         return None
-    if record is not None:
-        try:
+    try:
+        if record is not None:
             found = InstalledPackage.from_record(row[0], json.loads(record[0]), directory)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ConfigError(
-                f"state database {directory / DB_NAME}: the install record of {row[0]} cannot "
-                f"be read ({exc!r}); the state directory is damaged: restore it from a backup"
-            ) from None
-        if found.version == row[1] and found.sha256 == row[2]:
-            return found
-    path = record_path(directory, row[0], PACKAGES_DIR_NAME, row[3])
+            if found.version == row[1] and found.sha256 == row[2]:
+                return found
+        # A row of schema 1 (no record), or one a later host than the record wrote.
+        if not all(isinstance(v, str) for v in row[:4]) or not isinstance(row[4], int):
+            raise ValueError(f"its row is {tuple(row)!r}")
+        path = record_path(directory, row[0], PACKAGES_DIR_NAME, row[3])
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise ConfigError(
+            f"state database {directory / DB_NAME}: the install record of {row[0]!r} cannot "
+            f"be read ({exc}); the state directory is damaged: restore it from a backup"
+        ) from None
     return InstalledPackage(row[0], row[1], row[2], path, row[4])
 
 
@@ -233,27 +267,52 @@ class InstalledPackage:
 
     @classmethod
     def from_record(
-        cls, extension: str, record: dict[str, Any], directory: Path
+        cls, extension: str, record: dict[str, Any], directory: Path, *, nested: bool = False
     ) -> InstalledPackage:
+        """The record as :meth:`to_record` wrote it; a ``ValueError`` naming the field that is
+        not (a hand-edited or damaged record: a digest that is a number failed at the next
+        start as an internal error, and a ``previous`` nested thousands deep at the read).
+        A record's ``previous`` holds none of its own (activate and rollback drop it)."""
+        if not isinstance(record, dict):
+            raise ValueError(f"the record is {type(record).__name__}, not an object")
+
+        def text(key: str, *, optional: bool = False) -> Any:
+            value = record.get(key)
+            if isinstance(value, str) or (optional and value is None):
+                return value
+            raise ValueError(f"{key} is {value!r}")
+
+        installed_at = record.get("installed_at")
+        if not isinstance(installed_at, int) or isinstance(installed_at, bool):
+            raise ValueError(f"installed_at is {installed_at!r}")
+        migrated = record.get("migrated", False)
+        if not isinstance(migrated, bool):
+            raise ValueError(f"migrated is {migrated!r}")
         previous = record.get("previous")
-        checkpoint = record.get("checkpoint")
+        if previous is not None and (nested or not isinstance(previous, dict)):
+            raise ValueError("previous is " + ("nested" if nested else repr(previous)))
+        checkpoint = text("checkpoint", optional=True)
         return cls(
             id=extension,
-            version=record["version"],
-            sha256=record["sha256"],
-            path=record_path(directory, extension, PACKAGES_DIR_NAME, record["path"]),
-            installed_at=record["installed_at"],
-            package_digest=record.get("package_digest"),
-            signer=record.get("signer"),
-            verified_by=record.get("verified_by"),
+            version=text("version"),
+            sha256=text("sha256"),
+            path=record_path(directory, extension, PACKAGES_DIR_NAME, text("path")),
+            installed_at=installed_at,
+            package_digest=text("package_digest", optional=True),
+            signer=text("signer", optional=True),
+            verified_by=text("verified_by", optional=True),
             checkpoint=(
                 record_path(directory, extension, CHECKPOINTS_DIR_NAME, checkpoint)
                 if checkpoint
                 else None
             ),
-            migrated=bool(record.get("migrated")),
-            previous=cls.from_record(extension, previous, directory) if previous else None,
-            content_digest=record.get("content_digest"),
+            migrated=migrated,
+            previous=(
+                cls.from_record(extension, previous, directory, nested=True)
+                if previous
+                else None
+            ),
+            content_digest=text("content_digest", optional=True),
         )
 
 
@@ -286,6 +345,7 @@ class StateStore:
         except UnsafeStateDir as exc:
             raise ConfigError(f"state directory refused: {exc}") from None
         self.directory = directory
+        self._database = directory / DB_NAME
         for name in _OWN_DIRS:
             self._own_dir(directory / name)
         self._own_dir(directory / DATA_DIR_NAME, links=True)
@@ -447,12 +507,12 @@ class StateStore:
         """The highest value recorded under ``key`` (0 when none was)."""
         with self._reading() as db:
             row = db.execute("SELECT value FROM meta WHERE key=?", (f"hw:{key}",)).fetchone()
-        return int(row[0]) if row is not None else 0
+        return _stored_int(self._database, row[0], f"meta hw:{key}") if row is not None else 0
 
     def raise_high_water(self, key: str, value: int) -> None:
         """Record ``value`` under ``key`` unless a higher one is recorded (atomically)."""
         with self._tx() as db:
-            _raise_in(db, key, value)
+            _raise_in(db, self._database, key, value)
 
     # -- packages ---------------------------------------------------------------------------
 
@@ -596,7 +656,8 @@ class StateStore:
                     "SELECT epoch FROM grant_epochs WHERE extension=?", (extension,)
                 ).fetchone()
                 if row is not None:
-                    _raise_in(db, GRANT_EPOCH_KEY, int(row[0]))
+                    epoch = _stored_int(self._database, row[0], f"the grant epoch of {extension}")
+                    _raise_in(db, self._database, GRANT_EPOCH_KEY, epoch)
                 for table in ("grants", "grant_epochs", "lifecycle", "events", "publisher_pins"):
                     db.execute(f"DELETE FROM {table} WHERE extension=?", (extension,))  # noqa: S608
         if purge:
@@ -719,8 +780,18 @@ class StateStore:
     def highest_grant_epoch(self) -> int:
         """The highest grant epoch held now or purged before (GrantStore)."""
         with self._reading() as db:
+            # MAX() ranks text above every number: an epoch that is none is damage, named.
+            bad = db.execute(
+                "SELECT extension, epoch FROM grant_epochs WHERE typeof(epoch) != 'integer' "
+                "LIMIT 1"
+            ).fetchone()
             row = db.execute("SELECT MAX(epoch) FROM grant_epochs").fetchone()
-        return max(int(row[0] or 0), self.high_water(GRANT_EPOCH_KEY))
+        if bad is not None:
+            raise _damaged(
+                self._database, f"the grant epoch of {bad[0]!r} holds {bad[1]!r}, not a number"
+            )
+        held = _stored_int(self._database, row[0] or 0, "the highest grant epoch")
+        return max(held, self.high_water(GRANT_EPOCH_KEY))
 
     def grant_epochs(self, extensions: list[str]) -> dict[str, int]:
         """The durable grant epoch of each of ``extensions`` that has one, a query per
@@ -735,7 +806,10 @@ class StateStore:
                     f"SELECT extension, epoch FROM grant_epochs WHERE extension IN ({marks})",  # noqa: S608
                     batch,
                 ).fetchall()
-            found.update((r[0], int(r[1])) for r in rows)
+            found.update(
+                (r[0], _stored_int(self._database, r[1], f"the grant epoch of {r[0]!r}"))
+                for r in rows
+            )
         return found
 
     def load_grants(self, extension: str) -> GrantState | None:
@@ -749,8 +823,11 @@ class StateStore:
                 "SELECT capability, scope, since_epoch FROM grants WHERE extension=?",
                 (extension,),
             ).fetchall()
-        entries = {r[0]: GrantEntry(r[0], r[1], r[2]) for r in rows}
-        return GrantState(entries, head[0], head[1])
+        entries = {r[0]: _stored_grant(self._database, extension, r) for r in rows}
+        epoch = _stored_int(self._database, head[0], f"the grant epoch of {extension}")
+        if head[1] is not None and not isinstance(head[1], str):
+            raise _damaged(self._database, f"the revocation of {extension} is {head[1]!r}")
+        return GrantState(entries, epoch, head[1])
 
     # -- lifecycle and journal ---------------------------------------------------------------
 

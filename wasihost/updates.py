@@ -424,9 +424,20 @@ LOCKS_DIR_NAME = "locks"
 
 
 def _lock_file(directory: Path, name: str) -> int:
+    """The lock file ``locks/<name>``, made if missing; a ``ConfigError`` naming it if
+    something else is in its place (a link or a directory was an internal error, exit 70)."""
     locks = directory / LOCKS_DIR_NAME
-    locks.mkdir(mode=0o700, exist_ok=True)
-    return os.open(locks / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    path = locks / name
+    try:
+        locks.mkdir(mode=0o700, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        link = exc.errno == errno.ELOOP
+        what = f"{path} is a symbolic link" if link else f"{path}: {exc.strerror}"
+        raise ConfigError(
+            f"state directory {directory} is damaged: {what}, where the host keeps a lock "
+            "file; move it away while no host runs on the state directory"
+        ) from None
 
 
 @contextmanager
@@ -642,6 +653,8 @@ def recover_interrupted(host: Host, extension: str) -> str | None:
         fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    except OSError as exc:  # a link in its place (an internal error, exit 70, before)
+        raise _unreadable_marker(extension, marker, exc) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -662,11 +675,8 @@ def _recover(host: Host, extension: str, marker: Path, fd: int) -> str:
             store.directory, extension, CHECKPOINTS_DIR_NAME, doc["checkpoint"]
         )
         running = record_path(store.directory, extension, PACKAGES_DIR_NAME, doc["running"])
-    except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
-        raise PackageError(
-            f"{extension}: an interrupted update left {marker}, which cannot be read ({exc}); "
-            "restore its state by hand from the checkpoints directory, then remove the file"
-        ) from None
+    except (OSError, ValueError, KeyError, TypeError, ConfigError, RecursionError) as exc:
+        raise _unreadable_marker(extension, marker, exc) from None
     active = store.package(extension)
     if active is not None and active.path == running:
         restore_checkpoint(host, extension, checkpoint)
@@ -678,6 +688,13 @@ def _recover(host: Host, extension: str, marker: Path, fd: int) -> str:
         remove_tree(checkpoint)
     host.journal(extension, "interrupted update", done)
     return done
+
+
+def _unreadable_marker(extension: str, marker: Path, exc: BaseException) -> PackageError:
+    return PackageError(
+        f"{extension}: an interrupted update left {marker}, which cannot be read ({exc}); "
+        "restore its state by hand from the checkpoints directory, then remove the file"
+    )
 
 
 def restore_checkpoint(host: Host, extension: str, checkpoint: Path) -> None:
