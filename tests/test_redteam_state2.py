@@ -389,3 +389,28 @@ def test_a_hand_edited_or_damaged_state_directory_is_an_error_naming_the_damage(
         if code == 1:
             failed.append(argv[0])
     assert "rollback" in failed  # which reads every part damaged here
+
+
+def test_a_checkpoint_is_restored_into_the_directory_a_linked_data_directory_leads_to(
+    tmp_path: Path,
+) -> None:
+    """Restoring a checkpoint (a failed update or rollback, a host killed in one) removed
+    ``data/<id>`` and copied the checkpoint in its place: a link to data kept on another
+    disk became a local directory, and what the link led to stayed there, newer than the
+    checkpoint, for no purge to find. The checkpoint is restored into that directory now."""
+    state, disk = tmp_path / "state", tmp_path / "disk"
+    disk.mkdir(mode=0o700)
+    (disk / "value").write_text("before")
+    with Host(Policy(allow={"log"}), cache_dir=None, state_dir=state) as host:
+        host.grant("org.example.a", "log")
+        (state / "data").mkdir()
+        (state / "data" / "org.example.a").symlink_to(disk)
+        checkpoint = updates.take_checkpoint(host, "org.example.a", "1.0.0")
+        (disk / "value").write_text("after")
+        (disk / "new").write_text("after")
+        updates.restore_checkpoint(host, "org.example.a", checkpoint)
+        assert (state / "data" / "org.example.a").is_symlink()  # before: a local copy
+        assert sorted(p.name for p in disk.iterdir()) == ["value"]
+        assert (disk / "value").read_text() == "before"
+        updates.remove(host, "org.example.a", purge=True)
+        assert list(disk.iterdir()) == []

@@ -664,44 +664,55 @@ class StateStore:
             self._purge_data(extension)
 
     def _purge_data(self, extension: str) -> None:
-        """Delete ``extension``'s data directory, or, where ``data/<id>`` is a link (data kept
-        on another disk), everything in the directory it leads to and then the link. The
-        data directory was removed with errors ignored, and a link cannot be: a purge left
-        the data where the link led, reported it removed, and the next package of the id,
-        any publisher's since the pin went with the purge, was given it. The directory a
-        link leads to is reached by the state directory's walk (another user's link on the
-        way is refused), and what cannot be removed is a ``PackageError`` naming it (the id
-        is still kept then, and the same purge can be run again)."""
+        """Delete ``extension``'s data, and ``data/<id>`` with it (a link too): see
+        :meth:`clear_data`."""
+        self.clear_data(extension, keep_link=False)
+
+    def clear_data(self, extension: str, *, keep_link: bool) -> Path:
+        """Delete ``extension``'s data, and return where its data now goes. Where
+        ``data/<id>`` is a link (data kept on another disk), everything in the directory it
+        leads to is deleted, and the link kept (``keep_link``: a checkpoint is restored
+        into that directory) or unlinked; else ``data/<id>`` is removed.
+
+        A purge removed the data directory with errors ignored, and a link cannot be
+        removed so: the data stayed where the link led, reported removed, and the id's next
+        package, any publisher's since the pin went with the purge, was given it. A restored
+        checkpoint replaced the link by a local copy, leaving the data where it led for no
+        purge to find. The directory a link leads to is reached by the state directory's
+        walk (another user's link on the way is refused), and what cannot be removed is a
+        ``PackageError`` naming it (the id is still kept then, and the same purge can be run
+        again)."""
         data = self.data_dir(extension)
-        if data.is_symlink():
-            if data.is_dir():
-                try:
-                    target, fd = open_trusted_dir(
-                        data.parent / os.readlink(data), own_dir_problem, what="data directory"
-                    )
-                except UntrustedDir as exc:
-                    raise PackageError(
-                        f"{extension}: its data directory {data} is a link, and what it leads "
-                        f"to is not this user's own ({exc}): its data was not removed; remove "
-                        "it and the link by hand"
-                    ) from None
-                os.close(fd)
-                for child in target.iterdir():
-                    remove_tree(child)
-                left = [str(p) for p in target.iterdir()]
-            else:
-                left = []  # a link to nothing: no data of the id is left to remove
-            if not left:
+        if data.is_symlink() and data.is_dir():
+            try:
+                target, fd = open_trusted_dir(
+                    data.parent / os.readlink(data), own_dir_problem, what="data directory"
+                )
+            except UntrustedDir as exc:
+                raise PackageError(
+                    f"{extension}: its data directory {data} is a link, and what it leads to "
+                    f"is not this user's own ({exc}): its data was not removed; remove it and "
+                    "the link by hand"
+                ) from None
+            os.close(fd)
+            for child in target.iterdir():
+                remove_tree(child)
+            left = [str(p) for p in target.iterdir()]
+            if not left and not keep_link:
                 data.unlink()
+            where = target if keep_link else data
         else:
+            # A directory, or a link to nothing (no data of the id is left where it led).
             remove_tree(data)
             left = [str(data)] if os.path.lexists(data) else []
+            where = data
         if left:
             raise PackageError(
-                f"{extension}: its records are purged, but not all of its data could be "
-                f"removed ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}): remove it "
-                f"by hand, or run the purge again (wasihost remove {extension} --purge)"
+                f"{extension}: not all of its data could be removed "
+                f"({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}): remove it by "
+                f"hand (a purge can be run again: wasihost remove {extension} --purge)"
             )
+        return where
 
     def publisher_pin(self, extension: str) -> str | None:
         """The publisher whose verified package last held ``extension``: what is kept for the

@@ -699,10 +699,11 @@ def _unreadable_marker(extension: str, marker: Path, exc: BaseException) -> Pack
 
 def restore_checkpoint(host: Host, extension: str, checkpoint: Path) -> None:
     store = host.require_state()
-    data = store.data_dir(extension)
-    remove_tree(data)
+    # Into the directory data/<id> leads to, where it is a link (data on another disk): the
+    # link was replaced by a local copy, leaving the data it led to for no purge to find.
+    data = store.clear_data(extension, keep_link=True)
     if (checkpoint / "data").exists():
-        shutil.copytree(checkpoint / "data", data, symlinks=True)
+        shutil.copytree(checkpoint / "data", data, symlinks=True, dirs_exist_ok=True)
     for broker in _checkpointing(host):
         broker.restore(host, extension, checkpoint / "brokers" / broker.name)
 
