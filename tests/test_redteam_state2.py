@@ -414,3 +414,36 @@ def test_a_checkpoint_is_restored_into_the_directory_a_linked_data_directory_lea
         assert (disk / "value").read_text() == "before"
         updates.remove(host, "org.example.a", purge=True)
         assert list(disk.iterdir()) == []
+
+
+def test_a_version_that_is_a_path_names_no_checkpoint_outside_the_state_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint is named after a version: ``updates.take_checkpoint(host, id,
+    '../../../escaped')`` made a directory outside the state directory and copied the
+    extension's data into it, and a rollback took the version from the install record,
+    which was read as any string (a hand-edited ``../../../../escaped`` reached the path).
+    Now a record's version must be SemVer, its sha256 a digest, and a checkpoint's name one
+    component, for every caller."""
+    state = tmp_path / "base" / "state"
+    with Host(Policy(allow=ALL_CAPS), cache_dir=None, state_dir=state) as host:
+        host.install(hello_dir(tmp_path / "v1", publisher=None))
+        host.install(hello_dir(tmp_path / "v2", version="0.2.0", publisher=None))
+        host.grant(HELLO, "log")
+        host.require_state().data_dir(HELLO).mkdir(parents=True)
+        before = sorted(p.name for p in tmp_path.iterdir())
+        for version in ("../../../escaped", "/abs", ".hidden", "a/b"):
+            with pytest.raises(ConfigError, match="a checkpoint is named after a version"):
+                updates.take_checkpoint(host, HELLO, version)
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+    with sqlite3.connect(state / "state.sqlite3") as db:
+        (text,) = db.execute("SELECT record FROM package_records").fetchone()
+        record = {**json.loads(text), "version": "../../../../escaped"}
+        db.execute("UPDATE package_records SET record=?", (json.dumps(record),))
+        db.execute("UPDATE packages SET version=?", (record["version"],))
+    capsys.readouterr()
+    for argv in (["rollback", HELLO], ["status", HELLO]):
+        assert main([*argv, "--state-dir", str(state)]) == 1
+        err = capsys.readouterr().err
+        assert "(version is '../../../../escaped', not a SemVer version)" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

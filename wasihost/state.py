@@ -27,6 +27,7 @@ from .dirtrust import UntrustedDir, open_trusted_dir
 from .errors import AdmissionError, ConfigError, PackageError
 from .grants import GrantEntry, GrantState
 from .host_options import check_extension_id
+from .manifest import is_version
 from .statedir import UnsafeStateDir, own_dir_problem, resolve_state_dir
 
 DB_NAME = "state.sqlite3"
@@ -82,6 +83,7 @@ CREATE TABLE IF NOT EXISTS metrics_snapshots (
 
 
 # The tables every schema had since the first: a database without one of them is damaged.
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _FIRST_TABLES = frozenset({"meta", "packages", "grant_epochs", "grants", "lifecycle", "events"})
 
 
@@ -131,7 +133,11 @@ def _installed(directory: Path, row: Any, record: Any) -> InstalledPackage | Non
             if found.version == row[1] and found.sha256 == row[2]:
                 return found
         # A row of schema 1 (no record), or one a later host than the record wrote.
-        if not all(isinstance(v, str) for v in row[:4]) or not isinstance(row[4], int):
+        if (
+            not all(isinstance(v, str) for v in row[:4])
+            or not isinstance(row[4], int)
+            or not is_version(row[1])
+        ):
             raise ValueError(f"its row is {tuple(row)!r}")
         path = record_path(directory, row[0], PACKAGES_DIR_NAME, row[3])
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
@@ -292,10 +298,15 @@ class InstalledPackage:
         if previous is not None and (nested or not isinstance(previous, dict)):
             raise ValueError("previous is " + ("nested" if nested else repr(previous)))
         checkpoint = text("checkpoint", optional=True)
+        version, sha256 = text("version"), text("sha256")
+        if not is_version(version):  # it names checkpoints: '../../x' named one outside
+            raise ValueError(f"version is {version!r}, not a SemVer version")
+        if not _SHA256.fullmatch(sha256):
+            raise ValueError(f"sha256 is {sha256!r}")
         return cls(
             id=extension,
-            version=text("version"),
-            sha256=text("sha256"),
+            version=version,
+            sha256=sha256,
             path=record_path(directory, extension, PACKAGES_DIR_NAME, text("path")),
             installed_at=installed_at,
             package_digest=text("package_digest", optional=True),

@@ -395,7 +395,12 @@ def take_checkpoint(host: Host, extension: str, version: str) -> Path:
     """Copy the extension's durable state (its data directory and what each checkpointing
     broker keeps for it) into a new checkpoint directory."""
     store = host.require_state()
-    target = store.checkpoint_dir(extension) / f"{version}-{time.time_ns()}"
+    name = f"{version}-{time.time_ns()}"
+    if not isinstance(version, str) or "/" in name or name.startswith("."):
+        # A name in checkpoints/<id>/, never a path: a version read from a record is checked
+        # as SemVer (InstalledPackage.from_record), this is the same rule for every caller.
+        raise ConfigError(f"a checkpoint is named after a version, not {version!r}")
+    target = store.checkpoint_dir(extension) / name
     target.mkdir(parents=True, mode=0o700)
     data = store.data_dir(extension)
     if data.exists():
