@@ -447,3 +447,24 @@ def test_a_version_that_is_a_path_names_no_checkpoint_outside_the_state_director
         err = capsys.readouterr().err
         assert "(version is '../../../../escaped', not a SemVer version)" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_name_longer_than_a_file_name_may_be_is_no_internal_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``run NAME``, ``install NAME``, ``inspect NAME`` and ``wasi NAME`` with a NAME of 300
+    bytes were internal errors (exit 70: "File name too long" at the first look at it as a
+    path). ``run`` now takes it for the id it is not (a ``config`` error), and a package
+    source so long is a ``package`` error naming it."""
+    state = tmp_path / "state"
+    name = "a" * 300
+    for argv, kind in (
+        (["run", name, "greet", "--state-dir", str(state)], "config"),
+        (["run", f"{name}.wasm", "greet"], "package"),
+        (["install", name, "--state-dir", str(state)], "package"),
+        (["inspect", name], "package"),
+        (["wasi", name], "package"),
+    ):
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {kind}: "), (argv, err)
