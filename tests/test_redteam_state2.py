@@ -25,6 +25,7 @@ from wasihost import updates
 from wasihost.cli import main
 from wasihost.engine.cachedir import UnsafeCacheDir, open_private_dir
 from wasihost.errors import AdmissionError, ConfigError, PackageError
+from wasihost.packaging.files import write_key_pair
 from wasihost.packaging.revocation import StateDirFloor
 from wasihost.packaging.trust import SigningKey
 from wasihost.policy import Policy
@@ -468,3 +469,38 @@ def test_a_name_longer_than_a_file_name_may_be_is_no_internal_error(
         assert main(argv) == 1, argv
         err = capsys.readouterr().err
         assert err.startswith(f"error: {kind}: "), (argv, err)
+
+
+def test_revoke_with_a_state_dir_goes_past_a_damaged_install_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``wasihost revoke LIST --state-dir D`` read every install record at once, and one that
+    could not be read (not JSON, or one of the fields checked now) stopped the pass with a
+    ``config`` error before anything was disabled: the extensions the list revokes stayed
+    enabled (item 4's hole, reopened by a damaged record). A damaged record is matched on
+    its packages row now (id, version, module digest) and disabled if that is revoked,
+    reported otherwise; the others are all matched."""
+    state = tmp_path / "state"
+    ops = SigningKey.generate("ops.example")
+    ops_key = str(write_key_pair(str(tmp_path / "ops"), ops)[0])
+    with Host(Policy(allow=ALL_CAPS), cache_dir=None, state_dir=state) as host:
+        for name in ("org.aaa.damaged", "org.bbb.damaged", "org.ccc.revoked"):
+            root = hello_dir(tmp_path / name, publisher=None)
+            manifest = root / "extension.toml"
+            manifest.write_text(manifest.read_text().replace(HELLO, name))
+            host.install(root)
+    with sqlite3.connect(state / "state.sqlite3") as db:
+        db.execute("UPDATE package_records SET record='{' WHERE id LIKE '%.damaged'")
+    argv = ["revoke", str(tmp_path / "list"), "--key", ops_key, "--state-dir", str(state)]
+    for name in ("org.aaa.damaged", "org.ccc.revoked"):
+        argv += ["--extension", name, "0.1.0"]
+    capsys.readouterr()
+    assert main(argv) == 1  # one was not checked
+    out, err = capsys.readouterr()
+    assert "disabled installed org.aaa.damaged: extension org.aaa.damaged 0.1.0 is revoked" in out
+    assert "disabled installed org.ccc.revoked: extension org.ccc.revoked 0.1.0 is revoked" in out
+    assert "installed org.bbb.damaged was not checked against the list" in err
+    with Host(Policy(allow=ALL_CAPS), cache_dir=None, state_dir=state) as host:
+        assert host.grants.state("org.aaa.damaged").revoked is not None
+        assert host.grants.state("org.ccc.revoked").revoked is not None
+        assert host.grants.state("org.bbb.damaged").revoked is None

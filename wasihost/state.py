@@ -634,6 +634,14 @@ class StateStore:
         ]
         return [p for p in found if p is not None]
 
+    def package_rows(self) -> list[tuple[str, Any, Any]]:
+        """The id, version and module digest of every installed extension, as the packages
+        table holds them, whatever its install record holds (``revoke_installed`` matches
+        one whose record is damaged by these); an id that is no text is skipped."""
+        with self._reading() as db:
+            rows = db.execute("SELECT id, version, sha256 FROM packages ORDER BY id").fetchall()
+        return [(r[0], r[1], r[2]) for r in rows if isinstance(r[0], str)]
+
     def remove(self, extension: str, *, purge: bool) -> None:
         """Forget a package; with ``purge`` also its data, grants history and journal.
 

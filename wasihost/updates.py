@@ -338,7 +338,26 @@ def revoke_installed(host: Host, revocations: RevocationList) -> InstalledRevoca
     store = host.require_state()
     disabled: dict[str, str] = {}
     unchecked: dict[str, str] = {}
-    for installed in store.packages():
+    for extension, version, sha256 in store.package_rows():
+        try:
+            installed = store.package(extension)
+        except ConfigError as exc:
+            # A damaged install record stopped the whole pass (store.packages() raised),
+            # leaving every revoked extension after it enabled: it is matched on its row.
+            claims = Claims(
+                module_digest=sha256 if isinstance(sha256, str) else "",
+                extension=extension,
+                version=version if isinstance(version, str) else None,
+            )
+            why = revocations.revocation_of_claims(claims)
+            if why is not None:
+                host.disable(extension, clip_reason(f"{why} by the revocation list"))
+                disabled[extension] = why
+            else:
+                unchecked[extension] = str(exc)
+            continue
+        if installed is None:
+            continue  # removed meanwhile
         record = Claims(
             module_digest=installed.sha256,
             extension=installed.id,
