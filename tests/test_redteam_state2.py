@@ -504,3 +504,30 @@ def test_revoke_with_a_state_dir_goes_past_a_damaged_install_record(
         assert host.grants.state("org.aaa.damaged").revoked is not None
         assert host.grants.state("org.ccc.revoked").revoked is not None
         assert host.grants.state("org.bbb.damaged").revoked is None
+
+
+def test_restore_brings_back_every_extension_but_the_one_whose_record_is_damaged(
+    tmp_path: Path,
+) -> None:
+    """``Host.restore()`` maps each installed extension to its Extension or to the error that
+    keeps it down, but read every install record at once: one damaged record raised out of
+    it, and no extension came back. Each record is read on its own now."""
+    state = tmp_path / "state"
+    with Host(Policy(allow=ALL_CAPS), cache_dir=None, state_dir=state) as host:
+        for name in ("org.aaa.damaged", HELLO):
+            root = hello_dir(tmp_path / name, publisher=None)
+            manifest = root / "extension.toml"
+            manifest.write_text(manifest.read_text().replace(HELLO, name))
+            host.install(root)
+            host.grant(name, "log")
+    with sqlite3.connect(state / "state.sqlite3") as db:
+        db.execute("UPDATE package_records SET record='{' WHERE id='org.aaa.damaged'")
+    with Host(Policy(allow=ALL_CAPS), cache_dir=None, state_dir=state) as host:
+        restored = host.restore()
+        assert isinstance(restored["org.aaa.damaged"], ConfigError)
+        assert "install record of 'org.aaa.damaged' cannot be read" in str(
+            restored["org.aaa.damaged"]
+        )
+        fine = restored[HELLO]
+        assert not isinstance(fine, Exception)
+        assert fine.call("greet", {"name": "x"}) == {"greeting": "hello, x"}

@@ -762,11 +762,13 @@ class Host:
         Each maps to its Extension (admitted under its stored grants, started on first use),
         or to the error that keeps it down: revoked, missing a required grant, tampered."""
         restored: dict[str, Extension | WasihostError] = {}
-        for installed in self.require_state().packages():
+        # By id, each record read on its own: one damaged record raised out of the whole
+        # restore (StateStore.packages reads them all), and no extension came back.
+        for extension, _, _ in self.require_state().package_rows():
             try:
-                restored[installed.id] = self.load_installed(installed.id)
+                restored[extension] = self.load_installed(extension)
             except WasihostError as exc:
-                restored[installed.id] = exc
+                restored[extension] = exc
         return restored
 
     def require_state(self) -> StateStore:
