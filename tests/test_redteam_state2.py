@@ -323,7 +323,7 @@ DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "record a list": (_edit_record(lambda r: [r]), "the record is list"),
     "grant epoch a string": (
         _sql("UPDATE grant_epochs SET epoch='x'"),
-        "holds 'x', not a number",
+        "holds 'x', not a whole number",
     ),
     "high water a string": (
         _sql("INSERT INTO meta VALUES ('hw:grant_epoch', 'x')"),
@@ -531,3 +531,27 @@ def test_restore_brings_back_every_extension_but_the_one_whose_record_is_damaged
         fine = restored[HELLO]
         assert not isinstance(fine, Exception)
         assert fine.call("greet", {"name": "x"}) == {"greeting": "hello, x"}
+
+
+def test_one_extensions_damaged_grant_epoch_stops_no_revocation_of_another(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new grant epoch is drawn above the highest held, read with ``MAX(epoch)``: with one
+    extension's epoch hand-edited to text, every grant and revocation of every other
+    extension failed (an internal error, then a ``config`` one), so nothing could be revoked.
+    The damaged row is refused where it is read, its own extension's grants, and only
+    there."""
+    state = tmp_path / "state"
+    with Host(Policy(allow=ALL_CAPS), cache_dir=None, state_dir=state) as host:
+        host.grant("org.example.damaged", "log")
+        host.grant("org.example.other", "log")
+    with sqlite3.connect(state / "state.sqlite3") as db:
+        db.execute("UPDATE grant_epochs SET epoch='x' WHERE extension='org.example.damaged'")
+    capsys.readouterr()
+    flags = ["--state-dir", str(state)]
+    assert main(["grants", "revoke", "org.example.other", "log", *flags]) == 0
+    assert main(["grants", "list", "org.example.damaged", *flags]) == 1
+    assert "the grant epoch of org.example.damaged holds 'x'" in capsys.readouterr().err
+    with Host(Policy(allow=ALL_CAPS), cache_dir=None, state_dir=state) as host:
+        host.disable("org.example.other", "compromised")
+        assert host.grants.state("org.example.other").revoked == "compromised"
