@@ -6,6 +6,7 @@ bound and every path stays inside the package; an archive is verified whole (see
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from pathlib import Path
@@ -187,6 +188,10 @@ def _source_text(source: object) -> str:
     return text
 
 
+# The errors pathlib's is_dir() and exists() answer False to.
+_NO_SUCH_FILE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
+
+
 def load_package(
     source: str | os.PathLike[str],
     known_capabilities: frozenset[str],
@@ -198,6 +203,13 @@ def load_package(
     unsigned one loads unverified: whether that is allowed is the policy's answer). With
     ``ssh``, the archive must verify by that OpenSSH signature (and ``trust`` is unused)."""
     path = Path(_source_text(source))
+    try:
+        path.stat()
+    except OSError as exc:
+        # What pathlib's is_dir() and exists() take for "no such file" stays so; any other
+        # failure (a name too long for the system) was an internal error at is_dir().
+        if exc.errno not in _NO_SUCH_FILE:
+            raise PackageError(f"{path}: {exc.strerror}") from None
     if is_archive(path) and not path.is_dir():
         return _load_archive(path, known_capabilities, trust, ssh)
     if ssh is not None:

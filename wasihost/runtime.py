@@ -762,11 +762,13 @@ class Host:
         Each maps to its Extension (admitted under its stored grants, started on first use),
         or to the error that keeps it down: revoked, missing a required grant, tampered."""
         restored: dict[str, Extension | WasihostError] = {}
-        for installed in self.require_state().packages():
+        # By id, each record read on its own: one damaged record raised out of the whole
+        # restore (StateStore.packages reads them all), and no extension came back.
+        for extension, _, _ in self.require_state().package_rows():
             try:
-                restored[installed.id] = self.load_installed(installed.id)
+                restored[extension] = self.load_installed(extension)
             except WasihostError as exc:
-                restored[installed.id] = exc
+                restored[extension] = exc
         return restored
 
     def require_state(self) -> StateStore:
@@ -916,6 +918,10 @@ class Host:
         timeout_ms: int | None,
         replacing: Extension | None,
     ) -> Extension:
+        if self.state is not None:
+            # Bound to the id's kept grants, data and storage rows from here: only as the
+            # publisher they belong to (a package loaded from a path took them with no check).
+            self.state.check_heir(package.name, package.signer)
         # The extension holds its id's grant record from here to its close (GrantTable.hold);
         # an admission that fails lets go of it here.
         if self.presence is not None:  # refused while another host updates it

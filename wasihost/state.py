@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import stat
@@ -22,10 +23,12 @@ from typing import Any
 
 import attrs
 
-from .errors import ConfigError, PackageError
+from .dirtrust import UntrustedDir, open_trusted_dir
+from .errors import AdmissionError, ConfigError, PackageError
 from .grants import GrantEntry, GrantState
 from .host_options import check_extension_id
-from .statedir import UnsafeStateDir, resolve_state_dir
+from .manifest import is_version
+from .statedir import UnsafeStateDir, own_dir_problem, resolve_state_dir
 
 DB_NAME = "state.sqlite3"
 SCHEMA_VERSION = 3
@@ -79,27 +82,69 @@ CREATE TABLE IF NOT EXISTS metrics_snapshots (
 """
 
 
-def _raise_in(db: sqlite3.Connection, key: str, value: int) -> None:
+# The tables every schema had since the first: a database without one of them is damaged.
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_FIRST_TABLES = frozenset({"meta", "packages", "grant_epochs", "grants", "lifecycle", "events"})
+
+
+def _damaged(database: Path, what: str) -> ConfigError:
+    return ConfigError(
+        f"state database {database}: {what}; the state directory is damaged: restore it from a "
+        "backup"
+    )
+
+
+def _stored_int(database: Path, value: Any, what: str) -> int:
+    """An epoch or counter read from the state database: SQLite keeps whatever was written
+    (a hand edit's 'x' too), and it was an internal error (exit 70) at the first ``int()``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,30}", value):
+        return int(value)
+    raise _damaged(database, f"{what} holds {value!r}, not a whole number")
+
+
+def _stored_grant(database: Path, extension: str, row: Any) -> GrantEntry:
+    """A row of the grants table, as ``save_grants`` writes it: a capability name, a scope
+    that is a JSON object, the epoch it was held since."""
+    capability, scope, since = row
+    try:
+        ok = isinstance(capability, str) and isinstance(json.loads(scope), dict)
+    except (TypeError, ValueError, RecursionError):
+        ok = False
+    if not ok:
+        raise _damaged(database, f"a grant of {extension} is {capability!r} with scope {scope!r}")
+    return GrantEntry(capability, scope, _stored_int(database, since, f"a grant of {extension}"))
+
+
+def _raise_in(db: sqlite3.Connection, database: Path, key: str, value: int) -> None:
     """In a transaction: record ``value`` under high-water ``key`` unless a higher one is."""
     row = db.execute("SELECT value FROM meta WHERE key=?", (f"hw:{key}",)).fetchone()
-    if row is None or int(row[0]) < value:
+    if row is None or _stored_int(database, row[0], f"meta hw:{key}") < value:
         db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"hw:{key}", str(value)))
 
 
 def _installed(directory: Path, row: Any, record: Any) -> InstalledPackage | None:
     if row is None:
         return None
-    if record is not None:
-        try:
+    try:
+        if record is not None:
             found = InstalledPackage.from_record(row[0], json.loads(record[0]), directory)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ConfigError(
-                f"state database {directory / DB_NAME}: the install record of {row[0]} cannot "
-                f"be read ({exc!r}); the state directory is damaged: restore it from a backup"
-            ) from None
-        if found.version == row[1] and found.sha256 == row[2]:
-            return found
-    path = record_path(directory, row[0], PACKAGES_DIR_NAME, row[3])
+            if found.version == row[1] and found.sha256 == row[2]:
+                return found
+        # A row of schema 1 (no record), or one a later host than the record wrote.
+        if (
+            not all(isinstance(v, str) for v in row[:4])
+            or not isinstance(row[4], int)
+            or not is_version(row[1])
+        ):
+            raise ValueError(f"its row is {tuple(row)!r}")
+        path = record_path(directory, row[0], PACKAGES_DIR_NAME, row[3])
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise ConfigError(
+            f"state database {directory / DB_NAME}: the install record of {row[0]!r} cannot "
+            f"be read ({exc}); the state directory is damaged: restore it from a backup"
+        ) from None
     return InstalledPackage(row[0], row[1], row[2], path, row[4])
 
 
@@ -228,27 +273,57 @@ class InstalledPackage:
 
     @classmethod
     def from_record(
-        cls, extension: str, record: dict[str, Any], directory: Path
+        cls, extension: str, record: dict[str, Any], directory: Path, *, nested: bool = False
     ) -> InstalledPackage:
+        """The record as :meth:`to_record` wrote it; a ``ValueError`` naming the field that is
+        not (a hand-edited or damaged record: a digest that is a number failed at the next
+        start as an internal error, and a ``previous`` nested thousands deep at the read).
+        A record's ``previous`` holds none of its own (activate and rollback drop it)."""
+        if not isinstance(record, dict):
+            raise ValueError(f"the record is {type(record).__name__}, not an object")
+
+        def text(key: str, *, optional: bool = False) -> Any:
+            value = record.get(key)
+            if isinstance(value, str) or (optional and value is None):
+                return value
+            raise ValueError(f"{key} is {value!r}")
+
+        installed_at = record.get("installed_at")
+        if not isinstance(installed_at, int) or isinstance(installed_at, bool):
+            raise ValueError(f"installed_at is {installed_at!r}")
+        migrated = record.get("migrated", False)
+        if not isinstance(migrated, bool):
+            raise ValueError(f"migrated is {migrated!r}")
         previous = record.get("previous")
-        checkpoint = record.get("checkpoint")
+        if previous is not None and (nested or not isinstance(previous, dict)):
+            raise ValueError("previous is " + ("nested" if nested else repr(previous)))
+        checkpoint = text("checkpoint", optional=True)
+        version, sha256 = text("version"), text("sha256")
+        if not is_version(version):  # it names checkpoints: '../../x' named one outside
+            raise ValueError(f"version is {version!r}, not a SemVer version")
+        if not _SHA256.fullmatch(sha256):
+            raise ValueError(f"sha256 is {sha256!r}")
         return cls(
             id=extension,
-            version=record["version"],
-            sha256=record["sha256"],
-            path=record_path(directory, extension, PACKAGES_DIR_NAME, record["path"]),
-            installed_at=record["installed_at"],
-            package_digest=record.get("package_digest"),
-            signer=record.get("signer"),
-            verified_by=record.get("verified_by"),
+            version=version,
+            sha256=sha256,
+            path=record_path(directory, extension, PACKAGES_DIR_NAME, text("path")),
+            installed_at=installed_at,
+            package_digest=text("package_digest", optional=True),
+            signer=text("signer", optional=True),
+            verified_by=text("verified_by", optional=True),
             checkpoint=(
                 record_path(directory, extension, CHECKPOINTS_DIR_NAME, checkpoint)
                 if checkpoint
                 else None
             ),
-            migrated=bool(record.get("migrated")),
-            previous=cls.from_record(extension, previous, directory) if previous else None,
-            content_digest=record.get("content_digest"),
+            migrated=migrated,
+            previous=(
+                cls.from_record(extension, previous, directory, nested=True)
+                if previous
+                else None
+            ),
+            content_digest=text("content_digest", optional=True),
         )
 
 
@@ -281,24 +356,32 @@ class StateStore:
         except UnsafeStateDir as exc:
             raise ConfigError(f"state directory refused: {exc}") from None
         self.directory = directory
+        self._database = directory / DB_NAME
         for name in _OWN_DIRS:
             self._own_dir(directory / name)
         self._own_dir(directory / DATA_DIR_NAME, links=True)
         self._lock = threading.Lock()
         # What the host made here besides the database: it made the database first, so with
-        # any of them a database without its tables is not a new state but a lost one.
+        # any of them a missing database is not a new state but a lost one.
         made = [n for n in (*_OWN_DIRS, DATA_DIR_NAME) if os.path.lexists(directory / n)]
-        if made and not (directory / DB_NAME).exists():
-            raise self._lost_database(made)
-        try:
-            self._db = sqlite3.connect(
-                directory / DB_NAME, check_same_thread=False, isolation_level=None
-            )
-            if made and not self._db.execute(
-                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'"
-            ).fetchone():
-                self._db.close()
+        database = directory / DB_NAME
+        if not os.path.lexists(database):
+            if made:
                 raise self._lost_database(made)
+            self._create_database(database)
+        try:
+            # The database appears only whole (_create_database): one that is empty, or
+            # without a table every schema had, is damage, also in a state directory that
+            # holds nothing else (one the CLI keeps the revocation list's floor in).
+            self._db = sqlite3.connect(database, check_same_thread=False, isolation_level=None)
+            tables = {
+                r[0]
+                for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+            missing = sorted(_FIRST_TABLES - tables)
+            if missing:
+                self._db.close()
+                raise self._lost_database(made, missing=missing)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
@@ -311,8 +394,9 @@ class StateStore:
                     "UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),)
                 )
             elif row is None:
-                # OR IGNORE: another host opening the new directory at once may have recorded
-                # it since the read above (a plain INSERT failed the second one).
+                # A database an older host made in place and left before it recorded the
+                # schema (a new one is made whole now). OR IGNORE: another host opening it at
+                # once may have recorded it since the read above.
                 self._db.execute(
                     "INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
                 )
@@ -328,16 +412,50 @@ class StateStore:
         with self._lock:
             self._db.close()
 
-    def _lost_database(self, made: list[str]) -> ConfigError:
-        """A state directory whose database is missing, empty or without its tables, though
-        the host made ``made`` in it: opened as a new state, it silently lost the grants, the
-        whole-extension revocations and the revocation list's version floor."""
+    def _lost_database(self, made: list[str], missing: list[str] | None = None) -> ConfigError:
+        """A state directory whose database is missing though the host made ``made`` in it,
+        or is empty or without its tables (``missing``): opened as a new state, it silently
+        lost the grants, the whole-extension revocations and the revocation list's version
+        floor."""
+        if missing is None:
+            what = "missing"
+        elif len(missing) == len(_FIRST_TABLES):
+            what = "empty"
+        else:
+            what = f"without its tables {', '.join(missing)}"
+        held = f", but it holds {', '.join(f'{n}/' for n in made)}" if made else ""
         return ConfigError(
-            f"state directory {self.directory} is damaged: its database {DB_NAME} is missing or "
-            f"empty, but it holds {', '.join(f'{n}/' for n in made)} (its grants, revocations "
-            "and revocation-list floor would be lost): restore the database from a backup, or "
-            "move the directory away to start a new state"
+            f"state directory {self.directory} is damaged: its database {DB_NAME} is {what}"
+            f"{held} (its grants, revocations and revocation-list floor would be lost): "
+            "restore the database from a backup, or move the directory away to start a new "
+            "state"
         )
+
+    @staticmethod
+    def _create_database(database: Path) -> None:
+        """Make a new state database whole beside ``database`` and link it into place: a
+        database file is never seen empty or half made, so one that is (truncated, its
+        tables dropped) is damage, not a new state. A host that loses the race to another
+        making it at once uses the other's."""
+        tmp = database.with_name(f".{database.name}.{os.getpid()}.{time.time_ns()}.new")
+        try:
+            made = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                made.execute("PRAGMA journal_mode=WAL")
+                made.executescript(_SCHEMA)
+                made.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            finally:
+                made.close()  # the last connection: its log is checkpointed into the file
+            fsync_path(tmp)
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, database)
+            fsync_path(database.parent)
+        except (OSError, sqlite3.Error) as exc:
+            raise ConfigError(f"cannot create the state database {database}: {exc}") from None
+        finally:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{tmp}{suffix}")
 
     def _own_dir(self, path: Path, *, links: bool = False) -> Path:
         """``path``, a directory the host makes under the state directory; a ``ConfigError``
@@ -400,12 +518,12 @@ class StateStore:
         """The highest value recorded under ``key`` (0 when none was)."""
         with self._reading() as db:
             row = db.execute("SELECT value FROM meta WHERE key=?", (f"hw:{key}",)).fetchone()
-        return int(row[0]) if row is not None else 0
+        return _stored_int(self._database, row[0], f"meta hw:{key}") if row is not None else 0
 
     def raise_high_water(self, key: str, value: int) -> None:
         """Record ``value`` under ``key`` unless a higher one is recorded (atomically)."""
         with self._tx() as db:
-            _raise_in(db, key, value)
+            _raise_in(db, self._database, key, value)
 
     # -- packages ---------------------------------------------------------------------------
 
@@ -516,6 +634,14 @@ class StateStore:
         ]
         return [p for p in found if p is not None]
 
+    def package_rows(self) -> list[tuple[str, Any, Any]]:
+        """The id, version and module digest of every installed extension, as the packages
+        table holds them, whatever its install record holds (``revoke_installed`` matches
+        one whose record is damaged by these); an id that is no text is skipped."""
+        with self._reading() as db:
+            rows = db.execute("SELECT id, version, sha256 FROM packages ORDER BY id").fetchall()
+        return [(r[0], r[1], r[2]) for r in rows if isinstance(r[0], str)]
+
     def remove(self, extension: str, *, purge: bool) -> None:
         """Forget a package; with ``purge`` also its data, grants history and journal.
 
@@ -549,11 +675,63 @@ class StateStore:
                     "SELECT epoch FROM grant_epochs WHERE extension=?", (extension,)
                 ).fetchone()
                 if row is not None:
-                    _raise_in(db, GRANT_EPOCH_KEY, int(row[0]))
+                    epoch = _stored_int(self._database, row[0], f"the grant epoch of {extension}")
+                    _raise_in(db, self._database, GRANT_EPOCH_KEY, epoch)
                 for table in ("grants", "grant_epochs", "lifecycle", "events", "publisher_pins"):
                     db.execute(f"DELETE FROM {table} WHERE extension=?", (extension,))  # noqa: S608
         if purge:
-            shutil.rmtree(self.data_dir(extension), ignore_errors=True)
+            self._purge_data(extension)
+
+    def _purge_data(self, extension: str) -> None:
+        """Delete ``extension``'s data, and ``data/<id>`` with it (a link too): see
+        :meth:`clear_data`."""
+        self.clear_data(extension, keep_link=False)
+
+    def clear_data(self, extension: str, *, keep_link: bool) -> Path:
+        """Delete ``extension``'s data, and return where its data now goes. Where
+        ``data/<id>`` is a link (data kept on another disk), everything in the directory it
+        leads to is deleted, and the link kept (``keep_link``: a checkpoint is restored
+        into that directory) or unlinked; else ``data/<id>`` is removed.
+
+        A purge removed the data directory with errors ignored, and a link cannot be
+        removed so: the data stayed where the link led, reported removed, and the id's next
+        package, any publisher's since the pin went with the purge, was given it. A restored
+        checkpoint replaced the link by a local copy, leaving the data where it led for no
+        purge to find. The directory a link leads to is reached by the state directory's
+        walk (another user's link on the way is refused), and what cannot be removed is a
+        ``PackageError`` naming it (the id is still kept then, and the same purge can be run
+        again)."""
+        data = self.data_dir(extension)
+        if data.is_symlink() and data.is_dir():
+            try:
+                target, fd = open_trusted_dir(
+                    data.parent / os.readlink(data), own_dir_problem, what="data directory"
+                )
+            except UntrustedDir as exc:
+                raise PackageError(
+                    f"{extension}: its data directory {data} is a link, and what it leads to "
+                    f"is not this user's own ({exc}): its data was not removed; remove it and "
+                    "the link by hand"
+                ) from None
+            os.close(fd)
+            for child in target.iterdir():
+                remove_tree(child)
+            left = [str(p) for p in target.iterdir()]
+            if not left and not keep_link:
+                data.unlink()
+            where = target if keep_link else data
+        else:
+            # A directory, or a link to nothing (no data of the id is left where it led).
+            remove_tree(data)
+            left = [str(data)] if os.path.lexists(data) else []
+            where = data
+        if left:
+            raise PackageError(
+                f"{extension}: not all of its data could be removed "
+                f"({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}): remove it by "
+                f"hand (a purge can be run again: wasihost remove {extension} --purge)"
+            )
+        return where
 
     def publisher_pin(self, extension: str) -> str | None:
         """The publisher whose verified package last held ``extension``: what is kept for the
@@ -564,6 +742,46 @@ class StateStore:
                 "SELECT publisher FROM publisher_pins WHERE extension=?", (extension,)
             ).fetchone()
         return row[0] if row is not None else None
+
+    def kept_publisher(self, extension: str) -> str | None:
+        """The publisher what the state keeps for ``extension`` (grants, data, storage rows)
+        belongs to: its pin, or the signer of an install recorded before pins were kept;
+        None if no verified package held the id since its last purge."""
+        pinned = self.publisher_pin(extension)
+        if pinned is not None:
+            return pinned
+        installed = self.package(extension)
+        return installed.signer if installed is not None else None
+
+    def check_heir(self, extension: str, signer: str | None, *, adopt_data: bool = False) -> None:
+        """Raise :class:`AdmissionError` unless a package verified as ``signer``'s (None: not
+        verified) may be bound to what the state keeps for ``extension``: its grants, its data
+        directory and its storage rows, as an install, an update, a rollback or an admission
+        (``Host.load``, ``Host.load_installed``) binds it. They are the kept publisher's
+        (:meth:`kept_publisher`), installed or removed without ``--purge``, and go to another
+        publisher's package (or an unverified one) only by an install with ``adopt_data``.
+        The one check of every such binding: an admission of a package loaded from a path
+        took them with none."""
+        owner = self.kept_publisher(extension)
+        if owner is None or signer == owner or adopt_data:
+            return
+        installed = self.package(extension) is not None
+        raise AdmissionError(
+            [
+                f"{extension} "
+                + ("is installed" if installed else "was removed")
+                + f", and the grants and data kept for it belong to publisher {owner!r}; "
+                "this package is "
+                + ("not verified" if signer is None else f"published by {signer!r}")
+                + (
+                    f": verify it as {owner!r}'s, or remove the install with its data first "
+                    f"(wasihost remove {extension} --purge)"
+                    if installed
+                    else f": remove them first (wasihost remove {extension} --purge), or give "
+                    "them to this package by installing it with adopt_data=True (--adopt-data)"
+                )
+            ]
+        )
 
     def check_removable(self, extension: str, *, purge: bool) -> None:
         """Raise :class:`PackageError` unless :meth:`remove` has something to remove (a
@@ -592,8 +810,14 @@ class StateStore:
     def highest_grant_epoch(self) -> int:
         """The highest grant epoch held now or purged before (GrantStore)."""
         with self._reading() as db:
-            row = db.execute("SELECT MAX(epoch) FROM grant_epochs").fetchone()
-        return max(int(row[0] or 0), self.high_water(GRANT_EPOCH_KEY))
+            # Numbers only: MAX() ranks text above every number. A row whose epoch is none is
+            # damage, refused where it is read (load_grants, grant_epochs) and nowhere else:
+            # it stopped every grant and revocation of every other extension here.
+            row = db.execute(
+                "SELECT MAX(epoch) FROM grant_epochs WHERE typeof(epoch) = 'integer'"
+            ).fetchone()
+        held = int(row[0] or 0)
+        return max(held, self.high_water(GRANT_EPOCH_KEY))
 
     def grant_epochs(self, extensions: list[str]) -> dict[str, int]:
         """The durable grant epoch of each of ``extensions`` that has one, a query per
@@ -608,7 +832,10 @@ class StateStore:
                     f"SELECT extension, epoch FROM grant_epochs WHERE extension IN ({marks})",  # noqa: S608
                     batch,
                 ).fetchall()
-            found.update((r[0], int(r[1])) for r in rows)
+            found.update(
+                (r[0], _stored_int(self._database, r[1], f"the grant epoch of {r[0]!r}"))
+                for r in rows
+            )
         return found
 
     def load_grants(self, extension: str) -> GrantState | None:
@@ -622,8 +849,11 @@ class StateStore:
                 "SELECT capability, scope, since_epoch FROM grants WHERE extension=?",
                 (extension,),
             ).fetchall()
-        entries = {r[0]: GrantEntry(r[0], r[1], r[2]) for r in rows}
-        return GrantState(entries, head[0], head[1])
+        entries = {r[0]: _stored_grant(self._database, extension, r) for r in rows}
+        epoch = _stored_int(self._database, head[0], f"the grant epoch of {extension}")
+        if head[1] is not None and not isinstance(head[1], str):
+            raise _damaged(self._database, f"the revocation of {extension} is {head[1]!r}")
+        return GrantState(entries, epoch, head[1])
 
     # -- lifecycle and journal ---------------------------------------------------------------
 

@@ -91,26 +91,6 @@ def _same_publisher(package: Package, current: InstalledPackage | None) -> None:
         )
 
 
-def _same_publisher_as_kept(
-    package: Package, extension: str, pinned: str | None, adopt_data: bool
-) -> None:
-    """With nothing installed: the grants, data and storage rows a ``remove`` without
-    ``--purge`` kept for ``extension`` are ``pinned``'s (the publisher whose verified package
-    held the id), and go to a package of another publisher (or an unverified one) only when
-    the operator says so."""
-    if pinned is None or package.signer == pinned or adopt_data:
-        return
-    raise AdmissionError(
-        [
-            f"{extension} was removed, and the grants and data kept for it belong to "
-            f"publisher {pinned!r}; this package is "
-            + ("not verified" if package.signer is None else f"published by {package.signer!r}")
-            + f": remove them first (wasihost remove {extension} --purge), or give them to "
-            "this package (adopt_data=True, --adopt-data)"
-        ]
-    )
-
-
 def content_digest(manifest: bytes, module: str, wasm: bytes) -> str:
     """What an unsigned install records of its content: the SHA-256 of the content record
     (``packaging/contents``, as an archive's package digest) of its manifest and module."""
@@ -215,7 +195,7 @@ def candidate(
     current = store.package(manifest.id)
     _same_publisher(package, current)
     if current is None:
-        _same_publisher_as_kept(package, manifest.id, store.publisher_pin(manifest.id), adopt_data)
+        store.check_heir(manifest.id, package.signer, adopt_data=adopt_data)
     _check_version(host, source, package, current, allow_downgrade)
     return package, current
 
@@ -358,7 +338,26 @@ def revoke_installed(host: Host, revocations: RevocationList) -> InstalledRevoca
     store = host.require_state()
     disabled: dict[str, str] = {}
     unchecked: dict[str, str] = {}
-    for installed in store.packages():
+    for extension, version, sha256 in store.package_rows():
+        try:
+            installed = store.package(extension)
+        except ConfigError as exc:
+            # A damaged install record stopped the whole pass (store.packages() raised),
+            # leaving every revoked extension after it enabled: it is matched on its row.
+            claims = Claims(
+                module_digest=sha256 if isinstance(sha256, str) else "",
+                extension=extension,
+                version=version if isinstance(version, str) else None,
+            )
+            why = revocations.revocation_of_claims(claims)
+            if why is not None:
+                host.disable(extension, clip_reason(f"{why} by the revocation list"))
+                disabled[extension] = why
+            else:
+                unchecked[extension] = str(exc)
+            continue
+        if installed is None:
+            continue  # removed meanwhile
         record = Claims(
             module_digest=installed.sha256,
             extension=installed.id,
@@ -415,7 +414,12 @@ def take_checkpoint(host: Host, extension: str, version: str) -> Path:
     """Copy the extension's durable state (its data directory and what each checkpointing
     broker keeps for it) into a new checkpoint directory."""
     store = host.require_state()
-    target = store.checkpoint_dir(extension) / f"{version}-{time.time_ns()}"
+    name = f"{version}-{time.time_ns()}"
+    if not isinstance(version, str) or "/" in name or name.startswith("."):
+        # A name in checkpoints/<id>/, never a path: a version read from a record is checked
+        # as SemVer (InstalledPackage.from_record), this is the same rule for every caller.
+        raise ConfigError(f"a checkpoint is named after a version, not {version!r}")
+    target = store.checkpoint_dir(extension) / name
     target.mkdir(parents=True, mode=0o700)
     data = store.data_dir(extension)
     if data.exists():
@@ -444,9 +448,20 @@ LOCKS_DIR_NAME = "locks"
 
 
 def _lock_file(directory: Path, name: str) -> int:
+    """The lock file ``locks/<name>``, made if missing; a ``ConfigError`` naming it if
+    something else is in its place (a link or a directory was an internal error, exit 70)."""
     locks = directory / LOCKS_DIR_NAME
-    locks.mkdir(mode=0o700, exist_ok=True)
-    return os.open(locks / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    path = locks / name
+    try:
+        locks.mkdir(mode=0o700, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        link = exc.errno == errno.ELOOP
+        what = f"{path} is a symbolic link" if link else f"{path}: {exc.strerror}"
+        raise ConfigError(
+            f"state directory {directory} is damaged: {what}, where the host keeps a lock "
+            "file; move it away while no host runs on the state directory"
+        ) from None
 
 
 @contextmanager
@@ -662,6 +677,8 @@ def recover_interrupted(host: Host, extension: str) -> str | None:
         fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    except OSError as exc:  # a link in its place (an internal error, exit 70, before)
+        raise _unreadable_marker(extension, marker, exc) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -682,11 +699,8 @@ def _recover(host: Host, extension: str, marker: Path, fd: int) -> str:
             store.directory, extension, CHECKPOINTS_DIR_NAME, doc["checkpoint"]
         )
         running = record_path(store.directory, extension, PACKAGES_DIR_NAME, doc["running"])
-    except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
-        raise PackageError(
-            f"{extension}: an interrupted update left {marker}, which cannot be read ({exc}); "
-            "restore its state by hand from the checkpoints directory, then remove the file"
-        ) from None
+    except (OSError, ValueError, KeyError, TypeError, ConfigError, RecursionError) as exc:
+        raise _unreadable_marker(extension, marker, exc) from None
     active = store.package(extension)
     if active is not None and active.path == running:
         restore_checkpoint(host, extension, checkpoint)
@@ -700,12 +714,20 @@ def _recover(host: Host, extension: str, marker: Path, fd: int) -> str:
     return done
 
 
+def _unreadable_marker(extension: str, marker: Path, exc: BaseException) -> PackageError:
+    return PackageError(
+        f"{extension}: an interrupted update left {marker}, which cannot be read ({exc}); "
+        "restore its state by hand from the checkpoints directory, then remove the file"
+    )
+
+
 def restore_checkpoint(host: Host, extension: str, checkpoint: Path) -> None:
     store = host.require_state()
-    data = store.data_dir(extension)
-    remove_tree(data)
+    # Into the directory data/<id> leads to, where it is a link (data on another disk): the
+    # link was replaced by a local copy, leaving the data it led to for no purge to find.
+    data = store.clear_data(extension, keep_link=True)
     if (checkpoint / "data").exists():
-        shutil.copytree(checkpoint / "data", data, symlinks=True)
+        shutil.copytree(checkpoint / "data", data, symlinks=True, dirs_exist_ok=True)
     for broker in _checkpointing(host):
         broker.restore(host, extension, checkpoint / "brokers" / broker.name)
 

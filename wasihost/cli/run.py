@@ -66,6 +66,15 @@ def _not_shadowing(args: argparse.Namespace) -> None:
         )
 
 
+def _is_path_here(name: str) -> bool:
+    """Whether ``name`` is a file or directory here; a name the system cannot look up (longer
+    than a file name may be) is none, and was an internal error (exit 70)."""
+    try:
+        return Path(name).exists()
+    except OSError:
+        return False
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     value = _input_value(args)
     check_budget_flags(args)
@@ -75,7 +84,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         not is_archive(args.source)
         and "/" not in args.source
         and not args.source.endswith(".wasm")
-        and not Path(args.source).exists()
+        and not _is_path_here(args.source)
         and (args.state_dir is not None or _state_dir(args).exists())
     )
     if not installed and args.state_dir is not None and "/" not in args.source:
