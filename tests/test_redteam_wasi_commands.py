@@ -16,7 +16,15 @@ from pathlib import Path
 import pytest
 import wasmtime
 from guests import build, guest_wat
-from wasi_support import CACHE_DIR, LIBC, ROOT, package, run_reference, run_wasihost
+from wasi_support import (
+    CACHE_DIR,
+    LIBC,
+    ROOT,
+    package,
+    run_reference,
+    run_wasihost,
+    validates,
+)
 
 from wasihost import limits
 from wasihost.cli import UsageError
@@ -150,7 +158,7 @@ def test_the_probe_keeps_what_memory_grow_answers() -> None:
         (global.set $out (i32.add (i32.mul (memory.grow (i32.const 2)) (i32.const 1000))
                                   (memory.grow (i32.const 500))))))"""
     wasm = build(wat)
-    probed = probe_refused_grows(wasm, read_header(wasm))
+    probed = probe_refused_grows(wasm, read_header(wasm), validates)
     assert probed != wasm
     results = []
     for module in (wasm, probed):
@@ -175,7 +183,7 @@ def test_the_probe_keeps_what_memory_grow_answers() -> None:
 
 def test_a_module_without_memory_grow_is_compiled_as_it_is(tmp_path: Path) -> None:
     wasm = build('(module (memory (export "memory") 1) (func (export "_start")))')
-    assert probe_refused_grows(wasm, read_header(wasm)) == wasm
+    assert probe_refused_grows(wasm, read_header(wasm), validates) == wasm
 
 
 # --- item 26: a terminal only where there is one -------------------------------------------

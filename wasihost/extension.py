@@ -232,6 +232,8 @@ class Extension:
         grant: Grant,
         resources: Resources,
         compiled: CompiledModule,
+        *,
+        grow_probed: bool = False,
     ) -> None:
         self.host = host
         self.package = package
@@ -281,6 +283,9 @@ class Extension:
         # A plain command's last failed run (an exception or a nonzero exit code): the memory
         # size a refused memory.grow asked for in it, in bytes; None when none was refused.
         self.last_refused_memory_bytes: int | None = None
+        # Whether the host rewrote this command's memory.grow (growprobe): only then is the
+        # exported refusal global the host's own, not one the guest defined and wrote.
+        self._grow_probed = grow_probed
         self._gate = self._make_gate()
         self._command_names: dict[str, CommandWire] = {}
         self.steps: collections.deque[tuple[str, str]] = collections.deque(maxlen=MAX_STEPS)
@@ -820,7 +825,9 @@ class Extension:
         """A command's run failed (``failure``, or a nonzero exit code): if a memory.grow was
         refused in it, say so in ``last_refused_memory_bytes`` and the failure's hint (the
         program's own words, "Out of memory" or a trap, never name the limit)."""
-        refused = self.last_refused_memory_bytes = instance.refused_memory_bytes()
+        refused = self.last_refused_memory_bytes = (
+            instance.refused_memory_bytes() if self._grow_probed else None
+        )
         if refused is not None and failure is not None:
             failure.hint = (
                 f"{refused_grow_text(refused, self.resources.max_memory_bytes)}: raise "
