@@ -219,6 +219,59 @@ def test_a_probed_module_runs_as_its_original(case: tuple[str, int]) -> None:
     _differ(*case)
 
 
+def _uleb(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, i
+
+
+def _index_spaces(wasm: bytes) -> tuple[int, int]:
+    """How many functions and globals ``wasm`` has, imported ones included: the next free
+    indices, which the probe's function and global take."""
+    header = read_header(wasm)
+    functions = sum(1 for i in header.imports if i.kind == "func")
+    globals_ = sum(1 for i in header.imports if i.kind == "global")
+    pos = 8
+    while pos < len(wasm):
+        section, (size, start) = wasm[pos], _uleb(wasm, pos + 1)
+        if section == 3:
+            functions += _uleb(wasm, start)[0]
+        elif section == 6:
+            globals_ += _uleb(wasm, start)[0]
+        pos = start + size
+    return functions, globals_
+
+
+def _naming_past_the_end(wat: str, how: str) -> bytes:
+    """``wat`` whose _start also names the next free function or global index (a module
+    that does not validate)."""
+    functions, globals_ = _index_spaces(bytes(wasmtime.wat2wasm(wat)))
+    stray = {
+        "call": f"(drop (call {functions} (i32.const 0)))",
+        "global.set": f"(global.set {globals_} (i64.const 123456))",
+        "global.get": f"(drop (global.get {globals_}))",
+        "ref.func": f"(drop (ref.func {functions}))",
+    }[how]
+    entry = '(func (export "_start") (local $b i32) (local $r i32) (local $i i32)'
+    return bytes(wasmtime.wat2wasm(wat.replace(entry, f"{entry} {stray}")))
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(modules(), st.sampled_from(["call", "global.set", "global.get", "ref.func"]))
+def test_a_module_naming_the_next_free_index_stays_refused(case: tuple[str, int], how: str) -> None:
+    """The probe's function and global take the next free indices: a module naming them is
+    invalid, and must stay so once rewritten (before, it compiled, a global.set of the
+    probe's global forging a refusal)."""
+    wasm = _naming_past_the_end(case[0], how)
+    assert not validates(wasm)
+    assert not validates(probe_refused_grows(wasm, read_header(wasm), validates))
+
+
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(modules(), st.data())
 def test_a_damaged_module_is_refused_alike(case: tuple[str, int], data: st.DataObject) -> None:
