@@ -118,6 +118,41 @@ def test_a_bad_max_memory_is_a_usage_error_naming_the_range(value: str, problem:
         wasi("--max-memory", value, str(LIBC))
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "problem"),
+    [
+        (
+            "--max-memory",
+            "9" * 5000,
+            r"--max-memory '9{40}'\.\.\. \(5000 characters\) is far too large",
+        ),
+        ("--max-memory", "\u0661\u0660M", "--max-memory '\u0661\u0660M' is not a size"),
+        ("--max-memory", "1.5G", "--max-memory '1.5G' is not a size"),
+        ("--max-memory", "0x10", "--max-memory '0x10' is not a size"),
+        (
+            "--max-fds",
+            "\u0661\u0660\u0660",
+            "--max-fds '\u0661\u0660\u0660' is not a number of descriptors",
+        ),
+        ("--max-fds", "9" * 5000, r"--max-fds '9{40}'\.\.\. \(5000 characters\) is far too large"),
+        ("--max-fds", " 100", "--max-fds ' 100' is not a number"),
+        ("--max-fds", "1_000", "--max-fds '1_000' is not a number"),
+        ("--max-fds", "0x10", "--max-fds '0x10' is not a number"),
+        ("--max-fds", "-1", r"--max-fds must be in 5\.\.65536, got -1"),
+        ("--max-fds", "0", r"--max-fds must be in 5\.\.65536, got 0"),
+    ],
+    ids=lambda v: v if len(v) < 20 and v.isascii() else f"<{len(v)} chars>",
+)
+def test_a_flag_value_no_decimal_reading_fits_is_a_usage_error(
+    flag: str, value: str, problem: str
+) -> None:
+    """int() read '\u0661\u0660\u0660' (Arabic-Indic digits) as 100, and a --max-memory of 5,000
+    digits ended in "error: internal: ValueError" (int's 4,300-digit limit), quoted whole."""
+    with pytest.raises(UsageError, match=problem) as caught:
+        wasi(flag, value, str(LIBC))
+    assert len(str(caught.value)) < 300
+
+
 def test_max_memory_bytes_is_checked_where_it_is_given() -> None:
     for bad in (0, 2 * limits.MAX_MAX_MEMORY_BYTES, True, 1.5):
         with pytest.raises(ConfigError, match="max_memory_bytes"):

@@ -109,7 +109,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-fds",
-        type=int,
         metavar="N",
         help="descriptors the program may hold open at once, stdio and --dir mounts included "
         f"({limits.MIN_MAX_FDS} to {limits.MAX_MAX_FDS}; default "
@@ -166,6 +165,19 @@ def _seed(text: str) -> bytes:
 _SIZE_SUFFIXES = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
 
+# A flag's value is quoted in its refusal at most this long (argv may hold megabytes).
+_MAX_QUOTED_VALUE = 40
+# More digits than any limit a flag counts in has: refused as out of range before int() sees
+# them (past 4,300 digits int() raises, and the run ended in "error: internal: ValueError").
+_MAX_DIGITS = 20
+
+
+def _quoted(text: str) -> str:
+    if len(text) <= _MAX_QUOTED_VALUE:
+        return repr(text)
+    return f"{text[:_MAX_QUOTED_VALUE]!r}... ({len(text)} characters)"
+
+
 def memory_size(text: str) -> int:
     """``--max-memory``'s value: bytes, or a number with a K, M or G suffix (binary units)."""
     digits = text.strip().upper().removesuffix("IB").removesuffix("B")
@@ -174,16 +186,38 @@ def memory_size(text: str) -> int:
     low, high = resource_limits.MIN_MAX_MEMORY_BYTES, resource_limits.MAX_MAX_MEMORY_BYTES
     if not (number.isascii() and number.isdigit()):
         raise ConfigError(
-            f"--max-memory {text!r} is not a size: give bytes, or a number with K, M or G "
-            "(e.g. --max-memory 512M)"
+            f"--max-memory {_quoted(text)} is not a size: give bytes, or a number with K, M "
+            "or G (e.g. --max-memory 512M)"
         )
+    in_range = (
+        f"it must be {low} (one wasm page) to {high} (1G, the most one memory may reserve here)"
+    )
+    if len(number.lstrip("0")) > _MAX_DIGITS:
+        raise ConfigError(f"--max-memory {_quoted(text)} is far too large; {in_range}")
     size = int(number) * _SIZE_SUFFIXES[suffix]
     if not low <= size <= high:
-        raise ConfigError(
-            f"--max-memory {text} is {size} bytes; it must be {low} (one wasm page) to "
-            f"{high} (1G, the most one memory may reserve here)"
-        )
+        raise ConfigError(f"--max-memory {text} is {size} bytes; {in_range}")
     return size
+
+
+def descriptor_count(text: str) -> int:
+    """``--max-fds``'s value: a whole number in ASCII digits (``int`` also took Arabic-Indic
+    and other scripts' digits, ' 8' and '1_000'), in ``MIN_MAX_FDS..MAX_MAX_FDS``."""
+    in_range = f"it must be in {limits.MIN_MAX_FDS}..{limits.MAX_MAX_FDS}"
+    number = text.removeprefix("-")
+    if not (number.isascii() and number.isdigit()):
+        raise ConfigError(
+            f"--max-fds {_quoted(text)} is not a number of descriptors: give one in decimal "
+            f"digits (e.g. --max-fds 4096); {in_range}"
+        )
+    if len(number.lstrip("0")) > _MAX_DIGITS:
+        raise ConfigError(f"--max-fds {_quoted(text)} is far too large; {in_range}")
+    count = int(text)
+    if not limits.MIN_MAX_FDS <= count <= limits.MAX_MAX_FDS:
+        raise ConfigError(
+            f"--max-fds must be in {limits.MIN_MAX_FDS}..{limits.MAX_MAX_FDS}, got {count}"
+        )
+    return count
 
 
 def _stream(name: str) -> BinaryIO:
@@ -211,17 +245,13 @@ def terminal_fds() -> frozenset[int]:
     )
 
 
-def _descriptor_room(given: int | None) -> int:
+def _descriptor_room(text: str | None) -> int:
     """The guest's descriptor budget, with this process's soft RLIMIT_NOFILE raised to hold it
     and the host's own (``limits.HOST_RESERVED_FDS``) as far as the hard limit allows: a
     budget past what the process may open would end in the host's EMFILE, not the guest's.
     A ``--max-fds`` beyond the hard limit is refused; the default is lowered to fit it."""
-    explicit = given is not None
-    max_fds = limits.DEFAULT_COMMAND_MAX_FDS if given is None else given
-    if not limits.MIN_MAX_FDS <= max_fds <= limits.MAX_MAX_FDS:
-        raise ConfigError(
-            f"--max-fds must be in {limits.MIN_MAX_FDS}..{limits.MAX_MAX_FDS}, got {max_fds}"
-        )
+    explicit = text is not None
+    max_fds = limits.DEFAULT_COMMAND_MAX_FDS if text is None else descriptor_count(text)
     try:
         import resource
     except ImportError:  # pragma: no cover - not POSIX: no limit to raise or to check
