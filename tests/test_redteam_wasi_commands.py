@@ -33,6 +33,7 @@ from wasihost.growprobe import GROW_REFUSED_EXPORT, probe_refused_grows
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.wasi import Mount, WasiOptions, wasi_profile
+from wasihost.wasi import cli as wasi_cli
 from wasihost.wasi import limits as limits_wasi
 from wasihost.wasi.cli import config_from_args, parse_args, run
 from wasihost.wasi.errno import WasiError
@@ -357,13 +358,15 @@ def test_the_cli_gives_a_native_programs_budget_and_max_fds_changes_it(
     [
         ("4", "--max-fds must be in 5..65536, got 4"),
         ("70000", "--max-fds must be in 5..65536, got 70000"),
-        ("900", r"--max-fds 900 needs 964 descriptors .* at most 512 .* give --max-fds 448"),
+        ("900", r"--max-fds 900 needs 984 descriptors .* at most 512 .* give --max-fds 428"),
     ],
 )
 def test_a_max_fds_the_process_cannot_hold_is_a_usage_error(
     value: str, problem: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The budget, 64 for the host, and the 20 the process holds already must fit."""
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (512, 512))
+    monkeypatch.setattr(wasi_cli, "_open_descriptors", lambda: 20)
     with pytest.raises(UsageError, match=problem):
         wasi("--max-fds", value, str(LIBC))
 
@@ -371,7 +374,8 @@ def test_a_max_fds_the_process_cannot_hold_is_a_usage_error(
 def test_the_default_budget_fits_a_low_hard_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """The default is lowered to what the process may open, never refused."""
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (512, 512))
-    assert config_from_args(parse_args([str(LIBC)])).max_fds == 512 - 64
+    monkeypatch.setattr(wasi_cli, "_open_descriptors", lambda: 20)
+    assert config_from_args(parse_args([str(LIBC)])).max_fds == 512 - 64 - 20
 
 
 def test_descriptor_numbers_are_lowest_free_without_a_scan() -> None:
@@ -389,3 +393,54 @@ def test_descriptor_numbers_are_lowest_free_without_a_scan() -> None:
     assert numbers == [3, 10, 700, 65_000]
     with pytest.raises(WasiError):
         table.insert(Descriptor(filetype=0, rights_base=0, rights_inheriting=0))
+
+
+_HOLD_EVERYTHING = """
+import os, resource, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from wasi_support import LIBC, run_wasihost
+from wasihost.wasi import Mount, WasiOptions
+free_while_held = []
+
+def sink(data):
+    # Host code running while the guest holds every descriptor it could open.
+    opened = []
+    try:
+        while len(opened) < 64:
+            opened.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    free_while_held.append(len(opened))
+    for fd in opened:
+        os.close(fd)
+    sys.stdout.write(data.decode())
+
+config = WasiOptions(
+    argv=["libc", "openmany:1000:/d/f"], mounts=[Mount(Path(sys.argv[2]), "/d")],
+    max_fds=65536, stdout=sink,
+)
+result = run_wasihost(LIBC, config=config)
+print(result.code, free_while_held)
+"""
+
+
+def test_guests_leave_the_host_descriptors_under_the_process_limit(tmp_path: Path) -> None:
+    """A library host's guest with max_fds 65,536 (or many guests with 256 each) took every
+    descriptor under the process's soft RLIMIT_NOFILE: the host's own opens (its files,
+    sockets, compile pipes) failed with EMFILE while the guest held them. A guest's open is
+    refused (NFILE) while it would leave the host fewer than 64."""
+    (tmp_path / "f").write_text("x")
+    done = subprocess.run(
+        [sys.executable, "-c", _HOLD_EVERYTHING, str(ROOT / "tests"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report, summary = done.stdout.splitlines()
+    assert report.startswith("openmany:1000: opened ") and "then error" in report
+    assert summary == "0 [64]"

@@ -245,6 +245,18 @@ def terminal_fds() -> frozenset[int]:
     )
 
 
+def _open_descriptors() -> int:
+    """How many descriptors this process holds now (the interpreter's, the cache's): what
+    /proc/self/fd or /dev/fd lists, less the one listing it; HOST_RESERVED_FDS where neither
+    can be listed."""
+    for listing in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return len(os.listdir(listing)) - 1
+        except OSError:
+            continue
+    return limits.HOST_RESERVED_FDS
+
+
 def _descriptor_room(text: str | None) -> int:
     """The guest's descriptor budget, with this process's soft RLIMIT_NOFILE raised to hold it
     and the host's own (``limits.HOST_RESERVED_FDS``) as far as the hard limit allows: a
@@ -257,16 +269,20 @@ def _descriptor_room(text: str | None) -> int:
     except ImportError:  # pragma: no cover - not POSIX: no limit to raise or to check
         return max_fds
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = max_fds + limits.HOST_RESERVED_FDS
+    # The guest's opens leave HOST_RESERVED_FDS free under the soft limit, beside what this
+    # process holds already (fds.leave_host_room): room for both.
+    held = _open_descriptors()
+    wanted = max_fds + limits.HOST_RESERVED_FDS + held
     if hard != resource.RLIM_INFINITY and wanted > hard:
         if explicit:
             raise ConfigError(
                 f"--max-fds {max_fds} needs {wanted} descriptors with the host's own, and "
                 f"this process may open at most {hard} (the hard limit, ulimit -Hn): give "
-                f"--max-fds {max(limits.MIN_MAX_FDS, hard - limits.HOST_RESERVED_FDS)} or less"
+                f"--max-fds {max(limits.MIN_MAX_FDS, hard - limits.HOST_RESERVED_FDS - held)} "
+                "or less"
             )
-        max_fds = max(limits.MIN_MAX_FDS, hard - limits.HOST_RESERVED_FDS)
-        wanted = max_fds + limits.HOST_RESERVED_FDS
+        max_fds = max(limits.MIN_MAX_FDS, hard - limits.HOST_RESERVED_FDS - held)
+        wanted = max_fds + limits.HOST_RESERVED_FDS + held
     if soft != resource.RLIM_INFINITY and soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     return max_fds

@@ -161,7 +161,9 @@ class WasiOptions:
       writable mount);
     - ``max_fds``: the handle budget: open descriptors of one instance, stdio and mounts
       included (256 by default; each is a host descriptor, so a larger budget needs the
-      process's RLIMIT_NOFILE to match);
+      process's RLIMIT_NOFILE to match: an open that would leave the process fewer than
+      ``limits.HOST_RESERVED_FDS`` under its soft limit is refused with NFILE, whatever the
+      budget);
     - ``max_write_bytes``: what one instance may add to its writable mounts (file growth, holes
       included, and 4 KiB per file, directory or link made); DQUOT beyond;
     - ``max_memory_bytes``: how far a plain command run under these options may grow its linear
