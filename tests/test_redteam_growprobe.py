@@ -9,6 +9,7 @@ import pytest
 from guests import build
 from wasi_support import run_wasihost, validates
 
+from wasihost.codeshape import MAX_FUNCTION_BODY_BYTES, MAX_FUNCTIONS, scan_module
 from wasihost.errors import AdmissionError, CallError
 from wasihost.growprobe import GROW_REFUSED_EXPORT, probe_refused_grows
 from wasihost.wasmbin import read_header
@@ -97,3 +98,66 @@ def test_a_guest_exporting_the_probes_name_cannot_forge_a_refusal() -> None:
     result = run_wasihost(build(exits), max_memory_bytes=MiB)
     assert result.code == 1
     assert result.ext is not None and result.ext.last_refused_memory_bytes is None
+
+
+def test_a_module_at_the_function_limit_is_not_pushed_over_it() -> None:
+    """Admission's shape scan allows MAX_FUNCTIONS functions; the probe's one more made a
+    module admission accepts one it refused ("module defines 50001 functions")."""
+    functions = MAX_FUNCTIONS
+    grow_body = b"\x00" + _GROW + b"\x0b"
+    empty_body = b"\x00\x0b"
+    code = _leb(functions) + bytes([len(grow_body)]) + grow_body
+    code += (bytes([len(empty_body)]) + empty_body) * (functions - 1)
+    sections = [
+        (1, b"\x01\x60\x00\x00"),
+        (3, _leb(functions) + b"\x00" * functions),
+        (5, b"\x01\x00\x01"),
+        (7, b"\x02\x06_start\x00\x00\x06memory\x02\x00"),
+        (10, code),
+    ]
+    wasm = b"\x00asm\x01\x00\x00\x00" + b"".join(
+        bytes([sid]) + _leb(len(payload)) + payload for sid, payload in sections
+    )
+    header = read_header(wasm)
+    scan_module(header, wasm)  # admitted as it is
+    assert validates(wasm)
+    probed = probe_refused_grows(wasm, header, validates)
+    scan_module(read_header(probed), probed)
+    assert probed == wasm
+
+
+def _leb(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def test_a_body_at_its_byte_limit_is_not_pushed_over_it() -> None:
+    """A call of function 128 or later takes three bytes where `memory.grow 0` took two: a
+    body of MAX_FUNCTION_BODY_BYTES with grows in it came out over the limit."""
+    functions = 200  # the probe's function is number 200: a two-byte LEB index
+    grow = b"\x41\x00\x40\x00\x1a"  # i32.const 0; memory.grow 0; drop
+    body = b"\x00" + grow * 1000
+    body += b"\x01" * (MAX_FUNCTION_BODY_BYTES - len(body) - 1) + b"\x0b"  # nops, end
+    empty_body = b"\x00\x0b"
+    code = _leb(functions) + _leb(len(body)) + body
+    code += (bytes([len(empty_body)]) + empty_body) * (functions - 1)
+    sections = [
+        (1, b"\x01\x60\x00\x00"),
+        (3, _leb(functions) + b"\x00" * functions),
+        (5, b"\x01\x00\x01"),
+        (7, b"\x02\x06_start\x00\x00\x06memory\x02\x00"),
+        (10, code),
+    ]
+    wasm = b"\x00asm\x01\x00\x00\x00" + b"".join(
+        bytes([sid]) + _leb(len(payload)) + payload for sid, payload in sections
+    )
+    header = read_header(wasm)
+    scan_module(header, wasm)
+    assert validates(wasm)
+    probed = probe_refused_grows(wasm, header, validates)
+    scan_module(read_header(probed), probed)
+    assert probed == wasm

@@ -115,6 +115,13 @@ class _Malformed(Exception):
     the compiler refuses it."""
 
 
+class _OverShape(Exception):
+    """The rewrite would cross a limit of admission's shape scan (``codeshape``) that the
+    module is within: the probe's one more function, or calls longer than the grows they
+    replace (a function index past 127 takes two LEB bytes) in a body or code section at its
+    limit. The module is compiled as it is: the rewrite must not make it refused."""
+
+
 def _count(sections: list[tuple[int, bytes]], section_id: int) -> int:
     for sid, payload in sections:
         if sid == section_id:
@@ -140,7 +147,7 @@ def probe_refused_grows(
         return wasm
     try:
         probed = _probe(wasm, header)
-    except (_Malformed, IndexError, CodeShapeError):
+    except (_Malformed, _OverShape, IndexError, CodeShapeError):
         return wasm
     if probed is wasm or not validates(wasm) or not validates(probed):
         return wasm
@@ -161,6 +168,10 @@ def _probe(wasm: bytes, header: ModuleHeader) -> bytes:
     sites = grow_sites(code)
     if not any(sites):
         return wasm
+    from .codeshape import MAX_FUNCTIONS
+
+    if _count(sections, _FUNCTION) >= MAX_FUNCTIONS:
+        return wasm  # the probe's one more would be over admission's limit
     functions = sum(1 for i in header.imports if i.kind == "func") + _count(sections, _FUNCTION)
     global_index = sum(1 for i in header.imports if i.kind == "global") + _count(sections, _GLOBAL)
     type_index = _count(sections, _TYPE)
@@ -195,13 +206,20 @@ def _probed_section(
             payload, _uleb(len(name)) + name + bytes([_EXPORT_GLOBAL]) + _uleb(global_index)
         )
     if sid == _CODE:
-        return _append(_rewrite_code(payload, sites, call), _grow_function(global_index))
+        from .codeshape import MAX_CODE_BYTES
+
+        code = _append(_rewrite_code(payload, sites, call), _grow_function(global_index))
+        if len(code) > MAX_CODE_BYTES:
+            raise _OverShape  # a call may be longer than the grow it replaces
+        return code
     return payload
 
 
 def _rewrite_code(code: bytes, sites: list[list[tuple[int, int]]], call: bytes) -> bytes:
     """The code section's payload with each site (offset and length of a ``memory.grow 0``
     within its body) replaced by ``call``, and each body's size written anew."""
+    from .codeshape import MAX_FUNCTION_BODY_BYTES
+
     count, i = _read_uleb(code, 0)
     bodies = [_uleb(count)]
     for body_sites in sites:
@@ -216,6 +234,8 @@ def _rewrite_code(code: bytes, sites: list[list[tuple[int, int]]], call: bytes) 
                 last = offset + length
             parts.append(body[last:])
             body = b"".join(parts)
+            if len(body) > MAX_FUNCTION_BODY_BYTES:
+                raise _OverShape
         bodies += [_uleb(len(body)), body]
     if i != len(code):
         raise _Malformed  # bytes after the last body would be dropped
