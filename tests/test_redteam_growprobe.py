@@ -12,7 +12,7 @@ from wasi_support import run_wasihost, validates
 from wasihost.codeshape import MAX_FUNCTION_BODY_BYTES, MAX_FUNCTIONS, scan_module
 from wasihost.errors import AdmissionError, CallError
 from wasihost.growprobe import GROW_REFUSED_EXPORT, probe_refused_grows
-from wasihost.wasmbin import read_header
+from wasihost.wasmbin import MAX_TYPE_VALUES, read_header
 
 MiB = 1024 * 1024
 
@@ -160,4 +160,27 @@ def test_a_body_at_its_byte_limit_is_not_pushed_over_it() -> None:
     assert validates(wasm)
     probed = probe_refused_grows(wasm, header, validates)
     scan_module(read_header(probed), probed)
+    assert probed == wasm
+
+
+def test_a_module_at_the_header_scans_limits_is_not_pushed_over_them() -> None:
+    """The header scan allows MAX_TYPE_VALUES value types in all; the probe's (i32) -> i32
+    adds two, and a module at the limit was refused once rewritten."""
+    wide = b"\x60" + _leb(1000) + b"\x7f" * 1000 + b"\x00"  # 1,000 i32 params, no result
+    types = MAX_TYPE_VALUES // 1000
+    body = b"\x00" + _GROW + b"\x0b"
+    sections = [
+        (1, _leb(types + 1) + b"\x60\x00\x00" + wide * types),
+        (3, b"\x01\x00"),
+        (5, b"\x01\x00\x01"),
+        (7, b"\x02\x06_start\x00\x00\x06memory\x02\x00"),
+        (10, b"\x01" + bytes([len(body)]) + body),
+    ]
+    wasm = b"\x00asm\x01\x00\x00\x00" + b"".join(
+        bytes([sid]) + _leb(len(payload)) + payload for sid, payload in sections
+    )
+    header = read_header(wasm)
+    assert validates(wasm)
+    probed = probe_refused_grows(wasm, header, validates)
+    read_header(probed)
     assert probed == wasm

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .wasmbin import PAGE_BYTES
+from .wasmbin import PAGE_BYTES, WasmFormatError, read_header
 
 if TYPE_CHECKING:
     from .wasmbin import ModuleHeader
@@ -150,6 +150,12 @@ def probe_refused_grows(
     except (_Malformed, _OverShape, IndexError, CodeShapeError):
         return wasm
     if probed is wasm or not validates(wasm) or not validates(probed):
+        return wasm
+    try:
+        # The header scan's own limits (module bytes, entries of a section, value types of
+        # the type section) hold for the module: the probe's one more must not cross them.
+        read_header(probed)
+    except WasmFormatError:
         return wasm
     return probed
 
