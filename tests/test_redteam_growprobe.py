@@ -5,13 +5,17 @@ refused grow."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 from guests import build
-from wasi_support import run_wasihost, validates
+from wasi_support import CACHE_DIR, run_wasihost, validates
 
 from wasihost.codeshape import MAX_FUNCTION_BODY_BYTES, MAX_FUNCTIONS, scan_module
 from wasihost.errors import AdmissionError, CallError
 from wasihost.growprobe import GROW_REFUSED_EXPORT, probe_refused_grows
+from wasihost.wasi.cli import parse_args, run
 from wasihost.wasmbin import MAX_TYPE_VALUES, read_header
 
 MiB = 1024 * 1024
@@ -184,3 +188,30 @@ def test_a_module_at_the_header_scans_limits_is_not_pushed_over_them() -> None:
     probed = probe_refused_grows(wasm, header, validates)
     read_header(probed)
     assert probed == wasm
+
+
+@pytest.mark.parametrize(
+    ("memory", "delta", "reason"),
+    [
+        ("1 2", 5, f"the module declares a maximum of {2 * 65536} bytes"),
+        ("1", 65536, f"past the {4 * 1024 * MiB} bytes a 32-bit memory can hold"),
+    ],
+)
+def test_a_grow_refused_whatever_the_limit_does_not_blame_the_limit(
+    memory: str, delta: int, reason: str
+) -> None:
+    """A grow past the module's own declared maximum, or past wasm32's 4 GiB, is refused
+    whatever the limit: the hint named the limit anyway ("grow to 393216 bytes was refused:
+    its linear memory is limited to 1073741824 bytes") and told the user to raise it."""
+    wat = f"""(module (memory (export "memory") {memory})
+      (func (export "_start")
+        (if (i32.eq (memory.grow (i32.const {delta})) (i32.const -1)) (then unreachable))))"""
+    with pytest.raises(CallError) as caught:
+        run_wasihost(build(wat))
+    asked = (1 + delta) * 65536
+    assert caught.value.hint == f"the program's memory.grow to {asked} bytes was refused: {reason}"
+    module = Path(tempfile.mkdtemp()) / "grow.wasm"
+    module.write_bytes(build(wat))
+    with pytest.raises(CallError) as by_cli:
+        run(parse_args(["--cache-dir", str(CACHE_DIR), str(module)]))
+    assert by_cli.value.hint == f"the program's memory.grow to {asked} bytes was refused: {reason}"

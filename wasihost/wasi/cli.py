@@ -386,14 +386,13 @@ _DENIAL_HINTS = {
 
 def memory_hint(ext: Extension) -> str | None:
     """What to say when a memory.grow was refused in the failed run, and how to raise it."""
-    from ..extension import refused_grow_text  # loaded by the run already
-
-    refused = ext.last_refused_memory_bytes
-    if refused is None:
+    refusal = ext.refused_grow()
+    if refusal is None:
         return None
-    limit = ext.resources.max_memory_bytes
-    text = refused_grow_text(refused, limit)
-    if limit >= resource_limits.MAX_MAX_MEMORY_BYTES:
+    text, limited = refusal
+    if not limited:
+        return text  # the module's own maximum or wasm32's: no flag raises it
+    if ext.resources.max_memory_bytes >= resource_limits.MAX_MAX_MEMORY_BYTES:
         return f"{text}, the most --max-memory allows"
     return f"{text} (--max-memory): raise it, e.g. --max-memory 1G"
 
