@@ -251,6 +251,18 @@ def test_stdio_is_a_terminal_only_where_the_config_says() -> None:
     assert out == b"isatty:0: 0\nisatty:1: 1\nisatty:2: 1\n"
 
 
+def test_a_named_descriptor_going_to_the_log_is_no_terminal() -> None:
+    """terminal_fds names what the embedder's own descriptors are; fd 1 without a sink writes
+    to the extension's log, which no one types into or watches line by line (docs/wasi.md)."""
+    config = WasiOptions(argv=["libc", "isatty:1", "isatty:2"], terminal_fds={1, 2})
+    result = run_wasihost(LIBC, config=config)
+    assert result.ext is not None
+    assert [r.message for r in result.ext.logs() if r.source == "stdout"] == [
+        "isatty:1: 0",
+        "isatty:2: 0",
+    ]
+
+
 def test_stdout_to_a_sink_is_fully_buffered_by_libc() -> None:
     """wasi-libc line-buffers a terminal's stdout: 10,000 short lines were 10,003 writes
     (a `.dump` of 10k rows 9,236 against built-in WASI's 2,028); to a sink, a buffer's worth

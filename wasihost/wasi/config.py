@@ -151,8 +151,10 @@ class WasiOptions:
       (need ``wasi.stdio``; without it fd 1/2 go to the extension's log, one record per line);
     - ``terminal_fds``: which of fd 0, 1 and 2 the guest sees as a terminal (a character
       device: wasi-libc's ``isatty()`` is true, its stdout line-buffered, a shell prompts);
-      none by default, since bytes and a callable are no terminal. The others are of type
-      unknown, as wasmtime's built-in WASI reports a pipe or file. ``wasihost wasi`` names
+      none by default, since bytes and a callable are no terminal. A named descriptor is a
+      terminal only where ``wasi.stdio`` is granted, and fd 1 or 2 only with its sink (one
+      going to the extension's log is none). The others are of type unknown, as wasmtime's
+      built-in WASI reports a pipe or file. ``wasihost wasi`` names
       the descriptors its own stdout and stderr are terminals on (needs ``wasi.stdio``);
     - ``clock``: the clock profile (needs ``wasi.clock``); None provides no clocks;
     - ``random``: provide random bytes from the OS CSPRNG, or from the deterministic stream of
