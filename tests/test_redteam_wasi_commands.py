@@ -16,7 +16,15 @@ from pathlib import Path
 import pytest
 import wasmtime
 from guests import build, guest_wat
-from wasi_support import CACHE_DIR, LIBC, ROOT, package, run_reference, run_wasihost
+from wasi_support import (
+    CACHE_DIR,
+    LIBC,
+    ROOT,
+    package,
+    run_reference,
+    run_wasihost,
+    validates,
+)
 
 from wasihost import limits
 from wasihost.cli import UsageError
@@ -25,6 +33,7 @@ from wasihost.growprobe import GROW_REFUSED_EXPORT, probe_refused_grows
 from wasihost.policy import Policy
 from wasihost.runtime import Host
 from wasihost.wasi import Mount, WasiOptions, wasi_profile
+from wasihost.wasi import cli as wasi_cli
 from wasihost.wasi import limits as limits_wasi
 from wasihost.wasi.cli import config_from_args, parse_args, run
 from wasihost.wasi.errno import WasiError
@@ -110,6 +119,41 @@ def test_a_bad_max_memory_is_a_usage_error_naming_the_range(value: str, problem:
         wasi("--max-memory", value, str(LIBC))
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "problem"),
+    [
+        (
+            "--max-memory",
+            "9" * 5000,
+            r"--max-memory '9{40}'\.\.\. \(5000 characters\) is far too large",
+        ),
+        ("--max-memory", "\u0661\u0660M", "--max-memory '\u0661\u0660M' is not a size"),
+        ("--max-memory", "1.5G", "--max-memory '1.5G' is not a size"),
+        ("--max-memory", "0x10", "--max-memory '0x10' is not a size"),
+        (
+            "--max-fds",
+            "\u0661\u0660\u0660",
+            "--max-fds '\u0661\u0660\u0660' is not a number of descriptors",
+        ),
+        ("--max-fds", "9" * 5000, r"--max-fds '9{40}'\.\.\. \(5000 characters\) is far too large"),
+        ("--max-fds", " 100", "--max-fds ' 100' is not a number"),
+        ("--max-fds", "1_000", "--max-fds '1_000' is not a number"),
+        ("--max-fds", "0x10", "--max-fds '0x10' is not a number"),
+        ("--max-fds", "-1", r"--max-fds must be in 5\.\.65536, got -1"),
+        ("--max-fds", "0", r"--max-fds must be in 5\.\.65536, got 0"),
+    ],
+    ids=lambda v: v if len(v) < 20 and v.isascii() else f"<{len(v)} chars>",
+)
+def test_a_flag_value_no_decimal_reading_fits_is_a_usage_error(
+    flag: str, value: str, problem: str
+) -> None:
+    """int() read '\u0661\u0660\u0660' (Arabic-Indic digits) as 100, and a --max-memory of 5,000
+    digits ended in "error: internal: ValueError" (int's 4,300-digit limit), quoted whole."""
+    with pytest.raises(UsageError, match=problem) as caught:
+        wasi(flag, value, str(LIBC))
+    assert len(str(caught.value)) < 300
+
+
 def test_max_memory_bytes_is_checked_where_it_is_given() -> None:
     for bad in (0, 2 * limits.MAX_MAX_MEMORY_BYTES, True, 1.5):
         with pytest.raises(ConfigError, match="max_memory_bytes"):
@@ -150,7 +194,7 @@ def test_the_probe_keeps_what_memory_grow_answers() -> None:
         (global.set $out (i32.add (i32.mul (memory.grow (i32.const 2)) (i32.const 1000))
                                   (memory.grow (i32.const 500))))))"""
     wasm = build(wat)
-    probed = probe_refused_grows(wasm, read_header(wasm))
+    probed = probe_refused_grows(wasm, read_header(wasm), validates)
     assert probed != wasm
     results = []
     for module in (wasm, probed):
@@ -175,7 +219,7 @@ def test_the_probe_keeps_what_memory_grow_answers() -> None:
 
 def test_a_module_without_memory_grow_is_compiled_as_it_is(tmp_path: Path) -> None:
     wasm = build('(module (memory (export "memory") 1) (func (export "_start")))')
-    assert probe_refused_grows(wasm, read_header(wasm)) == wasm
+    assert probe_refused_grows(wasm, read_header(wasm), validates) == wasm
 
 
 # --- item 26: a terminal only where there is one -------------------------------------------
@@ -205,6 +249,18 @@ def test_stdio_is_a_terminal_only_where_the_config_says() -> None:
     assert run_reference(LIBC, ["libc", *steps]).stdout == out
     _, out, _ = _stdio_sinks(frozenset({1, 2}), steps)
     assert out == b"isatty:0: 0\nisatty:1: 1\nisatty:2: 1\n"
+
+
+def test_a_named_descriptor_going_to_the_log_is_no_terminal() -> None:
+    """terminal_fds names what the embedder's own descriptors are; fd 1 without a sink writes
+    to the extension's log, which no one types into or watches line by line (docs/wasi.md)."""
+    config = WasiOptions(argv=["libc", "isatty:1", "isatty:2"], terminal_fds={1, 2})
+    result = run_wasihost(LIBC, config=config)
+    assert result.ext is not None
+    assert [r.message for r in result.ext.logs() if r.source == "stdout"] == [
+        "isatty:1: 0",
+        "isatty:2: 0",
+    ]
 
 
 def test_stdout_to_a_sink_is_fully_buffered_by_libc() -> None:
@@ -314,13 +370,15 @@ def test_the_cli_gives_a_native_programs_budget_and_max_fds_changes_it(
     [
         ("4", "--max-fds must be in 5..65536, got 4"),
         ("70000", "--max-fds must be in 5..65536, got 70000"),
-        ("900", r"--max-fds 900 needs 964 descriptors .* at most 512 .* give --max-fds 448"),
+        ("900", r"--max-fds 900 needs 984 descriptors .* at most 512 .* give --max-fds 428"),
     ],
 )
 def test_a_max_fds_the_process_cannot_hold_is_a_usage_error(
     value: str, problem: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The budget, 64 for the host, and the 20 the process holds already must fit."""
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (512, 512))
+    monkeypatch.setattr(wasi_cli, "_open_descriptors", lambda: 20)
     with pytest.raises(UsageError, match=problem):
         wasi("--max-fds", value, str(LIBC))
 
@@ -328,7 +386,8 @@ def test_a_max_fds_the_process_cannot_hold_is_a_usage_error(
 def test_the_default_budget_fits_a_low_hard_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """The default is lowered to what the process may open, never refused."""
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (512, 512))
-    assert config_from_args(parse_args([str(LIBC)])).max_fds == 512 - 64
+    monkeypatch.setattr(wasi_cli, "_open_descriptors", lambda: 20)
+    assert config_from_args(parse_args([str(LIBC)])).max_fds == 512 - 64 - 20
 
 
 def test_descriptor_numbers_are_lowest_free_without_a_scan() -> None:
@@ -346,3 +405,54 @@ def test_descriptor_numbers_are_lowest_free_without_a_scan() -> None:
     assert numbers == [3, 10, 700, 65_000]
     with pytest.raises(WasiError):
         table.insert(Descriptor(filetype=0, rights_base=0, rights_inheriting=0))
+
+
+_HOLD_EVERYTHING = """
+import os, resource, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from wasi_support import LIBC, run_wasihost
+from wasihost.wasi import Mount, WasiOptions
+free_while_held = []
+
+def sink(data):
+    # Host code running while the guest holds every descriptor it could open.
+    opened = []
+    try:
+        while len(opened) < 64:
+            opened.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    free_while_held.append(len(opened))
+    for fd in opened:
+        os.close(fd)
+    sys.stdout.write(data.decode())
+
+config = WasiOptions(
+    argv=["libc", "openmany:1000:/d/f"], mounts=[Mount(Path(sys.argv[2]), "/d")],
+    max_fds=65536, stdout=sink,
+)
+result = run_wasihost(LIBC, config=config)
+print(result.code, free_while_held)
+"""
+
+
+def test_guests_leave_the_host_descriptors_under_the_process_limit(tmp_path: Path) -> None:
+    """A library host's guest with max_fds 65,536 (or many guests with 256 each) took every
+    descriptor under the process's soft RLIMIT_NOFILE: the host's own opens (its files,
+    sockets, compile pipes) failed with EMFILE while the guest held them. A guest's open is
+    refused (NFILE) while it would leave the host fewer than 64."""
+    (tmp_path / "f").write_text("x")
+    done = subprocess.run(
+        [sys.executable, "-c", _HOLD_EVERYTHING, str(ROOT / "tests"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report, summary = done.stdout.splitlines()
+    assert report.startswith("openmany:1000: opened ") and "then error" in report
+    assert summary == "0 [64]"

@@ -100,6 +100,18 @@ def run_wasihost(
 
 
 _REF_ENGINE = wasmtime.Engine()
+
+
+def validates(wasm: bytes) -> bool:
+    """Whether wasmtime's default configuration accepts ``wasm`` (growprobe's validator in
+    tests that rewrite modules without a host)."""
+    try:
+        wasmtime.Module.validate(_REF_ENGINE, wasm)
+    except wasmtime.WasmtimeError:
+        return False
+    return True
+
+
 _REF_MODULES: dict[str, wasmtime.Module] = {}
 
 

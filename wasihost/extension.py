@@ -49,6 +49,7 @@ from .planning import check_package_policy, plan_package
 from .policy import Grant
 from .registry import CORE_CAPABILITY, HostFunction
 from .supervision import BackingOff, crash_class
+from .wasmbin import PAGE_BYTES, read_header_cached
 
 if TYPE_CHECKING:
     from .eviction import Room
@@ -122,12 +123,25 @@ class ProfileBinding(Protocol):
 ProfileFactory = Callable[["Extension"], ProfileBinding]
 
 
-def refused_grow_text(asked_bytes: int, limit_bytes: int) -> str:
-    """What a failed command is told when a memory.grow was refused in its run."""
-    return (
-        f"the program's memory.grow to {asked_bytes} bytes was refused: its linear memory is "
-        f"limited to {limit_bytes} bytes"
-    )
+# The most a 32-bit linear memory can address (65,536 pages).
+WASM32_MAX_MEMORY_BYTES = 4 * 1024 * 1024 * 1024
+
+
+def refused_grow_text(
+    asked_bytes: int, limit_bytes: int, declared_max_bytes: int | None
+) -> tuple[str, bool]:
+    """What a failed command is told when a memory.grow was refused in its run, and whether
+    the host's limit refused it (only then does raising the limit help). A grow is refused
+    past wasm32's 4 GiB or the module's own declared maximum whatever the limit: that one was
+    named for them too ("grow to 393216 bytes was refused: ... limited to 1073741824 bytes")."""
+    text = f"the program's memory.grow to {asked_bytes} bytes was refused: "
+    if asked_bytes > WASM32_MAX_MEMORY_BYTES:
+        return f"{text}past the {WASM32_MAX_MEMORY_BYTES} bytes a 32-bit memory can hold", False
+    if declared_max_bytes is not None and asked_bytes > declared_max_bytes:
+        return f"{text}the module declares a maximum of {declared_max_bytes} bytes", False
+    if asked_bytes > limit_bytes:
+        return f"{text}its linear memory is limited to {limit_bytes} bytes", True
+    return f"{text}the memory could not grow (its limit is {limit_bytes} bytes)", False
 
 
 @runtime_checkable
@@ -232,6 +246,8 @@ class Extension:
         grant: Grant,
         resources: Resources,
         compiled: CompiledModule,
+        *,
+        grow_probed: bool = False,
     ) -> None:
         self.host = host
         self.package = package
@@ -281,6 +297,9 @@ class Extension:
         # A plain command's last failed run (an exception or a nonzero exit code): the memory
         # size a refused memory.grow asked for in it, in bytes; None when none was refused.
         self.last_refused_memory_bytes: int | None = None
+        # Whether the host rewrote this command's memory.grow (growprobe): only then is the
+        # exported refusal global the host's own, not one the guest defined and wrote.
+        self._grow_probed = grow_probed
         self._gate = self._make_gate()
         self._command_names: dict[str, CommandWire] = {}
         self.steps: collections.deque[tuple[str, str]] = collections.deque(maxlen=MAX_STEPS)
@@ -820,12 +839,32 @@ class Extension:
         """A command's run failed (``failure``, or a nonzero exit code): if a memory.grow was
         refused in it, say so in ``last_refused_memory_bytes`` and the failure's hint (the
         program's own words, "Out of memory" or a trap, never name the limit)."""
-        refused = self.last_refused_memory_bytes = instance.refused_memory_bytes()
-        if refused is not None and failure is not None:
+        self.last_refused_memory_bytes = (
+            instance.refused_memory_bytes() if self._grow_probed else None
+        )
+        refusal = self.refused_grow()
+        if refusal is not None and failure is not None:
+            text, limited = refusal
             failure.hint = (
-                f"{refused_grow_text(refused, self.resources.max_memory_bytes)}: raise "
-                "WasiOptions.max_memory_bytes (or the policy's max_memory_bytes ceiling)"
+                f"{text}: raise WasiOptions.max_memory_bytes (or the policy's max_memory_bytes "
+                "ceiling)"
+                if limited
+                else text
             )
+
+    def refused_grow(self) -> tuple[str, bool] | None:
+        """After a command's failed run with a refused memory.grow: what to say of it, and
+        whether the host's limit refused it (see :func:`refused_grow_text`); None otherwise."""
+        refused = self.last_refused_memory_bytes
+        if refused is None:
+            return None
+        memories = read_header_cached(self.package.wasm)
+        declared = (memories.imported_memories + memories.memories)[0].maximum
+        return refused_grow_text(
+            refused,
+            self.resources.max_memory_bytes,
+            None if declared is None else declared * PAGE_BYTES,
+        )
 
     def _count_start(self) -> None:
         with self._lock:

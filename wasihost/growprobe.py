@@ -10,16 +10,22 @@ it asked for in an exported global. After a failed run the host reads that globa
 limit (``Instance.refused_memory_bytes``). What the guest sees is unchanged: the same result
 from the same grow, a few more instructions paid from its fuel.
 
-Pure: bytes in, bytes out. Only an admitted module is rewritten (``codeshape`` has walked its
-code already), and a module it cannot rewrite (no memory.grow, a grow of another memory, no
-type, function, code or export section) is returned as it is.
+Bytes in, bytes out, and the caller's validator says which modules the engine accepts: only a
+module that validates is rewritten, and the rewrite is kept only if it validates too. The probe's
+function and global take the next free indices, so in a module that does not validate a
+``call``, ``ref.func`` or ``global.set`` of those indices would have become a valid call of the
+probe or a write of its global (a forged refusal, a broken module compiled); a valid module
+cannot name them. A module it cannot rewrite (no memory.grow, a grow of another memory, a
+64-bit memory, no type, function, code or export section, an export of the probe's name) is
+returned as it is, and the host then reads no refusal from it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .wasmbin import PAGE_BYTES
+from .wasmbin import PAGE_BYTES, WasmFormatError, read_header
 
 if TYPE_CHECKING:
     from .wasmbin import ModuleHeader
@@ -31,8 +37,9 @@ GROW_REFUSED_EXPORT = "wasihost:memory-grow-refused"
 _TYPE, _FUNCTION, _GLOBAL, _EXPORT, _CODE = 1, 3, 6, 7, 10
 _EXPORT_GLOBAL = 3
 _CALL = 0x10
-# The appended function's type, (i32) -> i32 as memory.grow's, and its global: a mutable i64
-# initialised to 0 (no refusal), the pages the last refused grow asked for otherwise.
+# The appended function's type, (i32) -> i32 as memory.grow's of a 32-bit memory, and its
+# global: a mutable i64 initialised to 0 (no refusal), the pages the last refused grow asked
+# for otherwise.
 _FUNC_TYPE = b"\x60\x01\x7f\x01\x7f"
 _GLOBAL_I64_ZERO = b"\x7e\x01\x42\x00\x0b"
 
@@ -108,6 +115,13 @@ class _Malformed(Exception):
     the compiler refuses it."""
 
 
+class _OverShape(Exception):
+    """The rewrite would cross a limit of admission's shape scan (``codeshape``) that the
+    module is within: the probe's one more function, or calls longer than the grows they
+    replace (a function index past 127 takes two LEB bytes) in a body or code section at its
+    limit. The module is compiled as it is: the rewrite must not make it refused."""
+
+
 def _count(sections: list[tuple[int, bytes]], section_id: int) -> int:
     for sid, payload in sections:
         if sid == section_id:
@@ -115,11 +129,16 @@ def _count(sections: list[tuple[int, bytes]], section_id: int) -> int:
     return 0
 
 
-def probe_refused_grows(wasm: bytes, header: ModuleHeader) -> bytes:
+def probe_refused_grows(
+    wasm: bytes, header: ModuleHeader, validates: Callable[[bytes], bool]
+) -> bytes:
     """``wasm`` with every ``memory.grow`` of memory 0 recording its refusals in the global
     exported as :data:`GROW_REFUSED_EXPORT`; ``wasm`` itself when there is nothing to probe,
-    or when its sections or code are malformed (this runs before the compiler has validated
-    it: a rewrite must never turn a broken module into one that compiles)."""
+    when ``validates`` (the engine's validation, under the configuration that will compile
+    it) refuses ``wasm`` or would refuse the rewrite, or when its sections or code are
+    malformed. This runs before the compiler: a rewrite must never turn a broken module into
+    one that compiles, nor a module that compiles into one that does not (a limit of the
+    engine's, such as its most globals, may be reached by the probe's one more)."""
     # The code walker only where a command is compiled: the engine imports this module for
     # the export's name, and a warm `wasihost run` loads no code scanner.
     from .codeshape import CodeShapeError
@@ -127,15 +146,27 @@ def probe_refused_grows(wasm: bytes, header: ModuleHeader) -> bytes:
     if any(e.name == GROW_REFUSED_EXPORT for e in header.exports):
         return wasm
     try:
-        return _probe(wasm, header)
-    except (_Malformed, IndexError, CodeShapeError):
+        probed = _probe(wasm, header)
+    except (_Malformed, _OverShape, IndexError, CodeShapeError):
         return wasm
+    if probed is wasm or not validates(wasm) or not validates(probed):
+        return wasm
+    try:
+        # The header scan's own limits (module bytes, entries of a section, value types of
+        # the type section) hold for the module: the probe's one more must not cross them.
+        read_header(probed)
+    except WasmFormatError:
+        return wasm
+    return probed
 
 
 def _probe(wasm: bytes, header: ModuleHeader) -> bytes:
     sections = _sections(wasm)
     present = {sid for sid, _ in sections}
-    if not {_TYPE, _FUNCTION, _CODE, _EXPORT} <= present:
+    memories = header.imported_memories + header.memories
+    # A 64-bit memory's grow takes and answers an i64 (admission refuses such memories; the
+    # probe's (i32) -> i32 made a valid module one that failed to validate).
+    if not memories or memories[0].is_64 or not {_TYPE, _FUNCTION, _CODE, _EXPORT} <= present:
         return wasm
     from .codeshape import grow_sites
 
@@ -143,6 +174,10 @@ def _probe(wasm: bytes, header: ModuleHeader) -> bytes:
     sites = grow_sites(code)
     if not any(sites):
         return wasm
+    from .codeshape import MAX_FUNCTIONS
+
+    if _count(sections, _FUNCTION) >= MAX_FUNCTIONS:
+        return wasm  # the probe's one more would be over admission's limit
     functions = sum(1 for i in header.imports if i.kind == "func") + _count(sections, _FUNCTION)
     global_index = sum(1 for i in header.imports if i.kind == "global") + _count(sections, _GLOBAL)
     type_index = _count(sections, _TYPE)
@@ -177,13 +212,20 @@ def _probed_section(
             payload, _uleb(len(name)) + name + bytes([_EXPORT_GLOBAL]) + _uleb(global_index)
         )
     if sid == _CODE:
-        return _append(_rewrite_code(payload, sites, call), _grow_function(global_index))
+        from .codeshape import MAX_CODE_BYTES
+
+        code = _append(_rewrite_code(payload, sites, call), _grow_function(global_index))
+        if len(code) > MAX_CODE_BYTES:
+            raise _OverShape  # a call may be longer than the grow it replaces
+        return code
     return payload
 
 
 def _rewrite_code(code: bytes, sites: list[list[tuple[int, int]]], call: bytes) -> bytes:
     """The code section's payload with each site (offset and length of a ``memory.grow 0``
     within its body) replaced by ``call``, and each body's size written anew."""
+    from .codeshape import MAX_FUNCTION_BODY_BYTES
+
     count, i = _read_uleb(code, 0)
     bodies = [_uleb(count)]
     for body_sites in sites:
@@ -198,6 +240,8 @@ def _rewrite_code(code: bytes, sites: list[list[tuple[int, int]]], call: bytes) 
                 last = offset + length
             parts.append(body[last:])
             body = b"".join(parts)
+            if len(body) > MAX_FUNCTION_BODY_BYTES:
+                raise _OverShape
         bodies += [_uleb(len(body)), body]
     if i != len(code):
         raise _Malformed  # bytes after the last body would be dropped

@@ -947,8 +947,9 @@ class Host:
         steps = [("verify package", f"sha256 {package.sha256[:16]}")]
         plan, grant, resources = self.plan(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
         try:
+            grow_probed = False
             if plan.is_command:
-                compiled = self._compile_command(package)
+                compiled, grow_probed = self._compile_command(package)
             else:
                 compiled = self.engine.compile(package.wasm, package.sha256)
         except CallError as exc:
@@ -978,22 +979,26 @@ class Host:
                 ),
             ),
         ]
-        ext = Extension(self, package, plan, grant, resources, compiled)
+        ext = Extension(self, package, plan, grant, resources, compiled, grow_probed=grow_probed)
         for step, detail in steps:
             ext.record_step(step, detail)
         return ext
 
-    def _compile_command(self, package: Package) -> CompiledModule:
+    def _compile_command(self, package: Package) -> tuple[CompiledModule, bool]:
         """A plain command compiled with its memory.grow refusals recorded (growprobe), so
-        that a run that fails after one names the memory limit."""
+        that a run that fails after one names the memory limit; and whether it was probed
+        (only then is the probe's global the host's to read: a module that exports its name
+        itself is compiled as it is, and what its global holds is the guest's word)."""
         from .growprobe import probe_refused_grows
 
         if hashlib.sha256(package.wasm).hexdigest() != package.sha256:
             raise CallError(
                 FailureClass.ADMISSION, "the package's sha256 does not match its module bytes"
             )
-        probed = probe_refused_grows(package.wasm, read_header_cached(package.wasm))
-        return self.engine.compile(probed)
+        probed = probe_refused_grows(
+            package.wasm, read_header_cached(package.wasm), self.engine.validates
+        )
+        return self.engine.compile(probed), probed is not package.wasm
 
     def extension(self, extension: str) -> Extension | None:
         if not isinstance(extension, str):

@@ -416,10 +416,13 @@ class Instance:
 
     def refused_memory_bytes(self) -> int | None:
         """The memory size the last refused ``memory.grow`` asked for, in bytes, for a module
-        the host probed (``growprobe``); None when none was refused, the module was not
-        probed, or the instance is closed or in use. On the thread that owns the instance,
-        after its run: it holds the entry token while it reads, so a close from another
-        thread (a revocation) waits instead of freeing the Store under the read."""
+        the host probed (``growprobe``); None when none was refused, the module has no such
+        export, or the instance is closed or in use. Only the caller knows whether the host
+        probed the module (``Extension`` does): a module exporting the probe's name itself is
+        compiled as it is, and what this reads from it is the guest's own word. On the thread
+        that owns the instance, after its run: it holds the entry token while it reads, so a
+        close from another thread (a revocation) waits instead of freeing the Store under the
+        read."""
         instance = getattr(self, "_instance", None)  # set once instantiated
         if instance is None:
             return None

@@ -130,6 +130,15 @@ class WasmEngine:
         compiled = self._compiled[digest] = CompiledModule(module, digest)
         return compiled
 
+    def validates(self, wasm: bytes) -> bool:
+        """Whether this engine's configuration accepts ``wasm`` (validation only, no code
+        generated: about 1 ms per 100 KB, against 100+ ms to compile it)."""
+        try:
+            wasmtime.Module.validate(self._engine, wasm)
+        except wasmtime.WasmtimeError:
+            return False
+        return True
+
     def new_instance(
         self,
         module: CompiledModule,

@@ -109,7 +109,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-fds",
-        type=int,
         metavar="N",
         help="descriptors the program may hold open at once, stdio and --dir mounts included "
         f"({limits.MIN_MAX_FDS} to {limits.MAX_MAX_FDS}; default "
@@ -166,6 +165,19 @@ def _seed(text: str) -> bytes:
 _SIZE_SUFFIXES = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
 
+# A flag's value is quoted in its refusal at most this long (argv may hold megabytes).
+_MAX_QUOTED_VALUE = 40
+# More digits than any limit a flag counts in has: refused as out of range before int() sees
+# them (past 4,300 digits int() raises, and the run ended in "error: internal: ValueError").
+_MAX_DIGITS = 20
+
+
+def _quoted(text: str) -> str:
+    if len(text) <= _MAX_QUOTED_VALUE:
+        return repr(text)
+    return f"{text[:_MAX_QUOTED_VALUE]!r}... ({len(text)} characters)"
+
+
 def memory_size(text: str) -> int:
     """``--max-memory``'s value: bytes, or a number with a K, M or G suffix (binary units)."""
     digits = text.strip().upper().removesuffix("IB").removesuffix("B")
@@ -174,16 +186,38 @@ def memory_size(text: str) -> int:
     low, high = resource_limits.MIN_MAX_MEMORY_BYTES, resource_limits.MAX_MAX_MEMORY_BYTES
     if not (number.isascii() and number.isdigit()):
         raise ConfigError(
-            f"--max-memory {text!r} is not a size: give bytes, or a number with K, M or G "
-            "(e.g. --max-memory 512M)"
+            f"--max-memory {_quoted(text)} is not a size: give bytes, or a number with K, M "
+            "or G (e.g. --max-memory 512M)"
         )
+    in_range = (
+        f"it must be {low} (one wasm page) to {high} (1G, the most one memory may reserve here)"
+    )
+    if len(number.lstrip("0")) > _MAX_DIGITS:
+        raise ConfigError(f"--max-memory {_quoted(text)} is far too large; {in_range}")
     size = int(number) * _SIZE_SUFFIXES[suffix]
     if not low <= size <= high:
-        raise ConfigError(
-            f"--max-memory {text} is {size} bytes; it must be {low} (one wasm page) to "
-            f"{high} (1G, the most one memory may reserve here)"
-        )
+        raise ConfigError(f"--max-memory {text} is {size} bytes; {in_range}")
     return size
+
+
+def descriptor_count(text: str) -> int:
+    """``--max-fds``'s value: a whole number in ASCII digits (``int`` also took Arabic-Indic
+    and other scripts' digits, ' 8' and '1_000'), in ``MIN_MAX_FDS..MAX_MAX_FDS``."""
+    in_range = f"it must be in {limits.MIN_MAX_FDS}..{limits.MAX_MAX_FDS}"
+    number = text.removeprefix("-")
+    if not (number.isascii() and number.isdigit()):
+        raise ConfigError(
+            f"--max-fds {_quoted(text)} is not a number of descriptors: give one in decimal "
+            f"digits (e.g. --max-fds 4096); {in_range}"
+        )
+    if len(number.lstrip("0")) > _MAX_DIGITS:
+        raise ConfigError(f"--max-fds {_quoted(text)} is far too large; {in_range}")
+    count = int(text)
+    if not limits.MIN_MAX_FDS <= count <= limits.MAX_MAX_FDS:
+        raise ConfigError(
+            f"--max-fds must be in {limits.MIN_MAX_FDS}..{limits.MAX_MAX_FDS}, got {count}"
+        )
+    return count
 
 
 def _stream(name: str) -> BinaryIO:
@@ -211,32 +245,44 @@ def terminal_fds() -> frozenset[int]:
     )
 
 
-def _descriptor_room(given: int | None) -> int:
+def _open_descriptors() -> int:
+    """How many descriptors this process holds now (the interpreter's, the cache's): what
+    /proc/self/fd or /dev/fd lists, less the one listing it; HOST_RESERVED_FDS where neither
+    can be listed."""
+    for listing in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return len(os.listdir(listing)) - 1
+        except OSError:
+            continue
+    return limits.HOST_RESERVED_FDS
+
+
+def _descriptor_room(text: str | None) -> int:
     """The guest's descriptor budget, with this process's soft RLIMIT_NOFILE raised to hold it
     and the host's own (``limits.HOST_RESERVED_FDS``) as far as the hard limit allows: a
     budget past what the process may open would end in the host's EMFILE, not the guest's.
     A ``--max-fds`` beyond the hard limit is refused; the default is lowered to fit it."""
-    explicit = given is not None
-    max_fds = limits.DEFAULT_COMMAND_MAX_FDS if given is None else given
-    if not limits.MIN_MAX_FDS <= max_fds <= limits.MAX_MAX_FDS:
-        raise ConfigError(
-            f"--max-fds must be in {limits.MIN_MAX_FDS}..{limits.MAX_MAX_FDS}, got {max_fds}"
-        )
+    explicit = text is not None
+    max_fds = limits.DEFAULT_COMMAND_MAX_FDS if text is None else descriptor_count(text)
     try:
         import resource
     except ImportError:  # pragma: no cover - not POSIX: no limit to raise or to check
         return max_fds
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = max_fds + limits.HOST_RESERVED_FDS
+    # The guest's opens leave HOST_RESERVED_FDS free under the soft limit, beside what this
+    # process holds already (fds.leave_host_room): room for both.
+    held = _open_descriptors()
+    wanted = max_fds + limits.HOST_RESERVED_FDS + held
     if hard != resource.RLIM_INFINITY and wanted > hard:
         if explicit:
             raise ConfigError(
                 f"--max-fds {max_fds} needs {wanted} descriptors with the host's own, and "
                 f"this process may open at most {hard} (the hard limit, ulimit -Hn): give "
-                f"--max-fds {max(limits.MIN_MAX_FDS, hard - limits.HOST_RESERVED_FDS)} or less"
+                f"--max-fds {max(limits.MIN_MAX_FDS, hard - limits.HOST_RESERVED_FDS - held)} "
+                "or less"
             )
-        max_fds = max(limits.MIN_MAX_FDS, hard - limits.HOST_RESERVED_FDS)
-        wanted = max_fds + limits.HOST_RESERVED_FDS
+        max_fds = max(limits.MIN_MAX_FDS, hard - limits.HOST_RESERVED_FDS - held)
+        wanted = max_fds + limits.HOST_RESERVED_FDS + held
     if soft != resource.RLIM_INFINITY and soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     return max_fds
@@ -340,14 +386,13 @@ _DENIAL_HINTS = {
 
 def memory_hint(ext: Extension) -> str | None:
     """What to say when a memory.grow was refused in the failed run, and how to raise it."""
-    from ..extension import refused_grow_text  # loaded by the run already
-
-    refused = ext.last_refused_memory_bytes
-    if refused is None:
+    refusal = ext.refused_grow()
+    if refusal is None:
         return None
-    limit = ext.resources.max_memory_bytes
-    text = refused_grow_text(refused, limit)
-    if limit >= resource_limits.MAX_MAX_MEMORY_BYTES:
+    text, limited = refusal
+    if not limited:
+        return text  # the module's own maximum or wasm32's: no flag raises it
+    if ext.resources.max_memory_bytes >= resource_limits.MAX_MAX_MEMORY_BYTES:
         return f"{text}, the most --max-memory allows"
     return f"{text} (--max-memory): raise it, e.g. --max-memory 1G"
 

@@ -151,8 +151,10 @@ class WasiOptions:
       (need ``wasi.stdio``; without it fd 1/2 go to the extension's log, one record per line);
     - ``terminal_fds``: which of fd 0, 1 and 2 the guest sees as a terminal (a character
       device: wasi-libc's ``isatty()`` is true, its stdout line-buffered, a shell prompts);
-      none by default, since bytes and a callable are no terminal. The others are of type
-      unknown, as wasmtime's built-in WASI reports a pipe or file. ``wasihost wasi`` names
+      none by default, since bytes and a callable are no terminal. A named descriptor is a
+      terminal only where ``wasi.stdio`` is granted, and fd 1 or 2 only with its sink (one
+      going to the extension's log is none). The others are of type unknown, as wasmtime's
+      built-in WASI reports a pipe or file. ``wasihost wasi`` names
       the descriptors its own stdout and stderr are terminals on (needs ``wasi.stdio``);
     - ``clock``: the clock profile (needs ``wasi.clock``); None provides no clocks;
     - ``random``: provide random bytes from the OS CSPRNG, or from the deterministic stream of
@@ -161,7 +163,9 @@ class WasiOptions:
       writable mount);
     - ``max_fds``: the handle budget: open descriptors of one instance, stdio and mounts
       included (256 by default; each is a host descriptor, so a larger budget needs the
-      process's RLIMIT_NOFILE to match);
+      process's RLIMIT_NOFILE to match: an open that would leave the process fewer than
+      ``limits.HOST_RESERVED_FDS`` under its soft limit is refused with NFILE, whatever the
+      budget);
     - ``max_write_bytes``: what one instance may add to its writable mounts (file growth, holes
       included, and 4 KiB per file, directory or link made); DQUOT beyond;
     - ``max_memory_bytes``: how far a plain command run under these options may grow its linear

@@ -10,12 +10,20 @@ from __future__ import annotations
 import heapq
 import os
 from collections.abc import Callable, Iterator
+from types import ModuleType
 
 import attrs
 
 from .abi import R_FD_WRITE, Filetype
 from .errno import Errno, WasiError
 from .fs import Ident
+from .limits import HOST_RESERVED_FDS
+
+resource: ModuleType | None
+try:
+    import resource
+except ImportError:  # pragma: no cover - not POSIX: no descriptor limit to keep room under
+    resource = None
 
 
 @attrs.define(eq=False)
@@ -76,6 +84,22 @@ class HostDescriptor(Descriptor):
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
             os.close(fd)
+
+
+def leave_host_room(host_fd: int) -> None:
+    """Raise NFILE if ``host_fd``, just opened for a guest, leaves this process fewer than
+    ``limits.HOST_RESERVED_FDS`` descriptors under its soft ``RLIMIT_NOFILE``.
+
+    Each instance's ``max_fds`` is its own budget, and together (or one budget past the
+    limit, ``WasiOptions.max_fds`` goes to 65,536) guests could take every descriptor the
+    process may open: the host's own files, sockets and compile pipes then failed with EMFILE
+    while a guest held them. The kernel hands out the lowest free number, so a descriptor
+    numbered ``soft - HOST_RESERVED_FDS`` or more means that many are open: the guest's open
+    is refused, as a full system table (NFILE) rather than its own budget (MFILE). The caller
+    closes ``host_fd``."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0] if resource is not None else -1
+    if 0 <= soft - HOST_RESERVED_FDS <= host_fd:
+        raise WasiError(Errno.NFILE)
 
 
 class FdTable:

@@ -38,7 +38,7 @@ from .abi import (
 )
 from .errno import Errno, WasiError
 from .fd_attrs import new_times, pack_filestat, set_times
-from .fds import HostDescriptor
+from .fds import HostDescriptor, leave_host_room
 from .fs import CREATE_FILE_MODE, OPEN_ALWAYS, Meter, PathWalk, open_walked
 from .memio import charge, read_path
 from .registry import FUEL_PER_WALK_STEP, WALK_STEPS_IN_BASE
@@ -158,6 +158,7 @@ def path_open(
     with _walk(mem, parent, path) as walk:
         host_fd = open_walked(walk, flags, CREATE_FILE_MODE, follow=follow)
     try:
+        leave_host_room(host_fd)
         mode = os.fstat(host_fd)
         if stat.S_ISDIR(mode.st_mode):
             kind = Filetype.DIRECTORY
