@@ -512,3 +512,34 @@ def test_python_dash_m_wasihost_is_the_cli() -> None:
         check=False,
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("value", ["1e5", "\u0661\u0660\u0660", "1_000", " 8", "8 ", "+8", "0x10"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", str(FIXTURES / "hello"), "greet", "--fuel"],
+        ["run", str(FIXTURES / "hello"), "greet", "--timeout-ms"],
+        ["wasi", "--fuel"],
+        ["wasi", "--timeout-ms"],
+        ["wasi", "--max-write-bytes"],
+        ["revoke", "list.json", "--key", "k.key", "--expires-days"],
+    ],
+)
+def test_an_integer_flag_takes_ascii_digits_only(
+    argv: list[str], value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """int() read Arabic-Indic digits, '1_000' and spaces around a number as counts: every
+    integer flag takes digits 0-9 (a '-' in front), anything else is a usage error naming it."""
+    module = [] if argv[0] != "wasi" else [str(FIXTURES / "wasi-libc" / "wasi-libc.wasm")]
+    assert main([*argv, value, *module]) == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[-1]}: " in err and "is not a whole number in digits 0-9" in err
+
+
+def test_an_integer_flag_of_more_digits_than_any_limit_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run", str(FIXTURES / "hello"), "greet", "--fuel", "9" * 5000]) == 2
+    err = capsys.readouterr().err
+    assert "has more digits than any limit here" in err and len(err) < 200

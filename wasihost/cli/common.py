@@ -38,6 +38,22 @@ def check_budget_flags(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} must be in {low}..{high}, got {value}")
 
 
+# More digits than any count or size a flag takes can hold (2^64 has 20): refused before int()
+# reads them (int's own limit is 4,300 digits, and its error would be an internal one).
+MAX_FLAG_DIGITS = 20
+
+
+def whole_number(text: str) -> int:
+    """An integer flag's value: ASCII decimal digits, with a '-' in front at most (``int``
+    alone also reads other scripts' digits, '1_000' and spaces around the number)."""
+    digits = text.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number in digits 0-9")
+    if len(digits.lstrip("0")) > MAX_FLAG_DIGITS:
+        raise argparse.ArgumentTypeError(f"{text[:40]}... has more digits than any limit here")
+    return int(text)
+
+
 def budget_hint(failure: FailureClass | None, fuel: int, timeout_ms: int) -> str | None:
     """The flag that raises the budget a run ran out of (``run`` and ``wasi``), or None."""
     if failure is FailureClass.OUT_OF_FUEL:

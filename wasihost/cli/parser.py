@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .common import DEFAULT_REVOCATION_DAYS, UsageError
+from .common import DEFAULT_REVOCATION_DAYS, UsageError, whole_number
 
 
 class _Parser(argparse.ArgumentParser):
@@ -104,8 +104,8 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         metavar="CAP",
         help="grant an optional capability (repeatable)",
     )
-    run.add_argument("--fuel", type=int, help="fuel budget per call")
-    run.add_argument("--timeout-ms", type=int, help="wall-clock deadline per call")
+    run.add_argument("--fuel", type=whole_number, help="fuel budget per call")
+    run.add_argument("--timeout-ms", type=whole_number, help="wall-clock deadline per call")
     run.add_argument(
         "--json",
         action="store_true",
@@ -164,7 +164,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     revoke.add_argument("--key", required=True, type=Path, metavar="PREFIX.key")
     revoke.add_argument(
         "--expires-days",
-        type=int,
+        type=whole_number,
         default=DEFAULT_REVOCATION_DAYS,
         metavar="N",
         help=f"the new list expires N days from now (default {DEFAULT_REVOCATION_DAYS})",

@@ -52,6 +52,8 @@ EXIT_STATUS_WRAPPED = 1
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``wasi`` subcommand to the main CLI's subparsers."""
+    from ..cli.common import whole_number  # the main CLI's, loaded with it (no cycle at import)
+
     p: argparse.ArgumentParser = subparsers.add_parser(
         "wasi",
         help="run a WASI command module (_start) through the restricted WASI profile",
@@ -93,7 +95,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--stdin", metavar="FILE", help="serve FILE ('-': this process's stdin) on fd 0")
     p.add_argument(
         "--max-write-bytes",
-        type=int,
+        type=whole_number,
         default=limits.DEFAULT_MAX_WRITE_BYTES,
         metavar="N",
         help="what the run may add to its --dir mounts: file growth and 4 KiB per file, "
@@ -116,14 +118,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--fuel",
-        type=int,
+        type=whole_number,
         default=resource_limits.DEFAULT_COMMAND_LINE_FUEL,
         help="fuel budget for the run (default and most: "
         f"{resource_limits.DEFAULT_COMMAND_LINE_FUEL})",
     )
     p.add_argument(
         "--timeout-ms",
-        type=int,
+        type=whole_number,
         default=resource_limits.DEFAULT_COMMAND_LINE_TIMEOUT_MS,
         help="wall-clock deadline for the run (default and most: "
         f"{resource_limits.DEFAULT_COMMAND_LINE_TIMEOUT_MS} ms)",
