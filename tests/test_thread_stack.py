@@ -130,3 +130,77 @@ def test_a_deep_caller_gets_stack_overflow_not_a_sigsegv() -> None:
     refusal = results[f"recurse@{NEEDED}@600"]
     assert f"of this thread's {NEEDED // KiB} KiB stack" in refusal
     assert "threading.stack_size(" in refusal
+
+
+# A guest burning 12M fuel a call, called from a thread too deep to enter it (one extension
+# started from a shallow thread before, one never started), then from a shallow thread.
+REFUSED_CHILD = """
+import json, sys, threading
+sys.path.insert(0, "tests")
+from conftest import ALL_CAPS, bare
+from guests import build, guest_wat
+from wasihost.errors import CallError
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+
+BURN = ("(local.set $i (i32.const 2000000)) (loop $l (local.set $i (i32.sub (local.get $i) "
+        "(i32.const 1))) (br_if $l (local.get $i)))")
+entry = "(param $in_len i32) (result i64)"
+wasm = build(guest_wat(BURN + " (call $ok_null)").replace(entry, entry + " (local $i i32)", 1))
+host = Host(Policy(allow=ALL_CAPS), cache_dir=None)
+ran = host.admit(bare(wasm, "ran.wasm"), grants=(), fuel=20_000_000)
+fresh = host.admit(bare(wasm, "fresh.wasm"), grants=(), fuel=20_000_000)
+ran.call("run")
+out = {}
+
+def seen(ext, before):
+    return {"state": ext.lifecycle.state.value, "starts": ext.starts,
+            "last_fuel_used": ext.last_fuel_used,
+            "charged": ext.usage().cpu_fuel_last_minute - before}
+
+def refused(name, ext):
+    before = ext.usage().cpu_fuel_last_minute
+    try:
+        ext.call("run")
+        verdict = "ok"
+    except CallError as exc:
+        verdict = exc.failure.value + ": " + exc.message
+    out[name] = {"verdict": verdict, **seen(ext, before)}
+
+def down(levels, name, ext):
+    if levels == 0:
+        return refused(name, ext)
+    return list(map(down, [levels - 1], [name], [ext]))[0]
+
+threading.stack_size(int(sys.argv[1]))
+for name, ext in (("ran", ran), ("fresh", fresh)):
+    thread = threading.Thread(target=down, args=(600, name, ext))
+    thread.start()
+    thread.join()
+for name, ext in (("ran", ran), ("fresh", fresh)):
+    ext.call("run")  # served from this shallow thread, by the same instance if one ran
+    out[name + " after"] = seen(ext, 0)
+host.close()
+print(json.dumps(out))
+"""
+
+
+def test_an_entry_refused_for_a_deep_caller_charges_nothing_and_crashes_nothing() -> None:
+    # Break (issue 28, second pass on item 21): the refusal is the caller's, raised before
+    # any guest code runs, but the call path took it for the guest's stack_overflow. The
+    # refused call was charged the extension's previous call again (12M fuel into the CPU
+    # budget and last_fuel_used: the instance's figure of that call), and it crashed the
+    # extension (failed, restarted by the supervisor, quarantined after a few); on a
+    # never-started extension, the start-up failed the same way.
+    out, _ = run_child(REFUSED_CHILD, str(NEEDED))
+    for name in ("ran", "fresh"):
+        refusal = out[name]
+        assert refusal["verdict"].startswith("stack_overflow: "), refusal
+        assert REFUSED in refusal["verdict"]
+        assert refusal["last_fuel_used"] == 0
+        assert refusal["charged"] == 0
+    assert out["ran"]["state"] == "running"
+    assert out["fresh"]["state"] == "provisioning"
+    # Not restarted: the instance that ran before the refusal serves the next call.
+    assert out["ran after"]["starts"] == 1
+    assert out["fresh after"] == {**out["fresh after"], "state": "running", "starts": 1}

@@ -555,6 +555,10 @@ class Instance:
         byte of the call's fuel."""
         host = self._ctx
         if self.closed or host.interrupted:
+            # Each refusal before the guest runs says the call burnt nothing: an owner charges
+            # last_call_fuel after a failure, and the last call's figure would charge that
+            # call twice (12M fuel again for a deep caller's refusal, issue 28 second pass).
+            self.last_call_fuel = 0
             raise CallError(
                 FailureClass.HOST_ERROR if self.closed else FailureClass.DEADLINE,
                 "instance is closed" if self.closed else "interrupted by the host",
@@ -568,6 +572,7 @@ class Instance:
         GET_CONTEXT(context)
         left = context[SP_WORD] - stack.low
         if left < needed:
+            self.last_call_fuel = 0
             raise refuse_entry(needed, left)
         # _arm and _account inlined: method calls are a measurable share of a no-op call.
         started = time.monotonic()
@@ -580,6 +585,7 @@ class Instance:
         # The host's copy of the input is paid for before it is made, like the guest's work.
         input_price = len(payload) * COMMAND_FUEL_PER_BYTE
         if input_price >= fuel:
+            self.last_call_fuel = 0
             raise CallError(
                 FailureClass.OUT_OF_FUEL,
                 f"{fuel} fuel cannot pay for copying {len(payload)} bytes of input "

@@ -177,13 +177,16 @@ def refuse_entry(needed: int, left: int) -> CallError:
     left = max(left, 0)
     # A thread this caller's frames would leave enough on, rounded up to 64 KiB.
     enough = -(-(size + needed - left) // (64 * KiB)) * 64 * KiB
-    return CallError(
+    refusal = CallError(
         FailureClass.STACK_OVERFLOW,
         f"{left // KiB} KiB of this thread's {size // KiB} KiB stack are left where the guest "
         f"would be entered, and it needs {needed // KiB} KiB: the caller's frames (deep "
         f"recursion, or guests nested through host functions) hold the rest; call from a "
         f"shallower point, or from a thread started after threading.stack_size({enough})",
     )
+    # The caller's depth, not the guest's doing: no fuel burnt, nothing of the guest's harmed.
+    refusal.before_entry = True
+    return refusal
 
 
 def check_stack_here(needed: int) -> None:

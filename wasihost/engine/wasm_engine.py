@@ -22,6 +22,7 @@ from .hostcalls import BoundImport, Gate
 from .instance import CompiledModule, Instance, StoreLimits
 from .sigint import install as install_sigint_handler
 from .sigint import install_unraisable_hook
+from .stack import STACK_MARGIN, check_stack_here
 from .ticker import make_ticker
 
 GC_NUDGE_STORES = 64
@@ -94,6 +95,12 @@ class WasmEngine:
         self._compiled: weakref.WeakValueDictionary[str, CompiledModule] = (
             weakref.WeakValueDictionary()
         )
+
+    def check_entry_stack(self) -> None:
+        """Refuse, as an entry into a guest of this engine would be refused here (stack.py), a
+        caller whose thread cannot or whose frames leave too little stack to run one: for an
+        owner to look before it commits to a start-up the entry would then refuse."""
+        check_stack_here(self.settings.max_wasm_stack + STACK_MARGIN)
 
     def func_type(self, entry: HostFunction) -> wasmtime.FuncType:
         key = (entry.params, entry.results)
