@@ -5,6 +5,7 @@ the events and jobs brokers stop."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -272,9 +273,44 @@ def test_a_close_that_raised_in_a_phase_is_finished_by_the_next_close(cache: Pat
     with pytest.raises(RuntimeError, match="could not be flushed"):
         host.close()
     assert host.closed and ext.lifecycle.state is State.CLOSED
-    assert host.engine._watchdog in ticker._RUNNING  # the engine was not closed
+    # every other step ran (the engine's ticker stopped: since the second pass on item 23);
+    # the next close runs the broker's shutdown again
+    assert host.engine._watchdog not in ticker._RUNNING
     host.close()
     assert jobs.failures == 0
     assert host.engine._watchdog not in ticker._RUNNING
     assert not any(t.name == "wasihost-jobs-timer" and t.is_alive() for t in threading.enumerate())
     host.close()  # and once finished, close is a no-op again
+
+
+class NeverShutJobs(JobsBroker):
+    """A jobs broker whose shutdown fails every time (its store is gone for good)."""
+
+    def shutdown(self, timeout_s: float = DEFAULT_STOP_S) -> None:
+        raise RuntimeError("the jobs store is gone")
+
+
+def test_a_step_of_close_that_always_fails_keeps_no_other_from_running(tmp_path: Path) -> None:
+    # Break (issue 28, second pass on item 23): the steps after the extensions ran in order,
+    # the first to raise ending the close there; the next close ran it again, and so on. A
+    # broker that never shuts down (or an embedder profile whose close always raises) so
+    # left the engine's ticker, the brokers after it and the state's database open for good,
+    # close after close. Now every step runs, and the failure is raised after them.
+    jobs = NeverShutJobs(clock=ManualClock())
+    host = Host(POLICY, state_dir=tmp_path / "state", cache_dir=None, brokers=[jobs])
+    for capability in ("jobs", "log"):
+        host.grant("org.wasihost.fixtures.jobs", capability)
+    ext = host.load(FIXTURES / "jobs")
+    ext.call("schedule", {"command": "tick", "every_ms": 1000, "delay_ms": 0})
+    events = host.broker("events")
+    assert isinstance(events, EventsBroker)
+    state = host.state
+    assert state is not None
+    for _ in range(2):  # the next close runs the failed step again, and only it
+        with pytest.raises(RuntimeError, match="jobs store is gone"):
+            host.close()
+        assert ext.lifecycle.state is State.CLOSED
+        assert host.engine._watchdog not in ticker._RUNNING
+        assert events.threads == 0
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            state._db.execute("select 1")

@@ -171,8 +171,27 @@ class _Closing:
     journaled: set[int] = attrs.field(factory=set)  # the hooks whose outcome is journaled
     flushed: bool = False  # phase 3
     extensions_closed: bool = False  # phase 5, the extensions
-    terminated: int = 0  # phase 5: how many of the closes after the extensions' are done
+    # phase 5: which of the closes after the extensions' are done (by their place)
+    terminated: set[int] = attrs.field(factory=set)
     done: bool = False
+
+
+def _failure_of(step: Callable[[], None]) -> BaseException | None:
+    """Run ``step``; what it raised, or None. Ctrl-C (KeyboardInterrupt) and SystemExit
+    propagate: they end the close at once (see _only_exception)."""
+    try:
+        step()
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _only_exception(outcome: BaseException) -> Exception:
+    """A step's failure to collect; a KeyboardInterrupt or SystemExit (from an extension
+    closed on a thread of the pool) is raised at once."""
+    if not isinstance(outcome, Exception):
+        raise outcome
+    return outcome
 
 
 class Host:
@@ -421,7 +440,8 @@ class Host:
            per operation in SQLite transactions, so what a finished call did is already on
            disk and what an interrupted one had not committed never is.
         5. Terminate: every extension is closed (what still runs is interrupted), the brokers
-           stop their threads, then the engine and the state close.
+           stop their threads, then the engine and the state close. A step that raises
+           keeps none of the others from running; its exception is raised after them.
 
         ``close()`` (no timeout) interrupts everything in flight at once, as before."""
         if (
@@ -489,20 +509,31 @@ class Host:
                         closing.journaled.add(i)
                         self.journal(ext.id, "shutdown", future.result())
             closing.flushed = True
+        # A step's failure (an embedder's profile state or broker that cannot close) keeps
+        # no other step from running: each stops something of its own (the engine's ticker,
+        # a broker's threads, the state's database), and one failing for good left all those
+        # after it running, close after close. The failures are raised once every step ran;
+        # the next close runs the failed steps again. Ctrl-C or SystemExit stop the close at
+        # once, and the next resumes it.
+        failures: list[Exception] = []
         if not closing.extensions_closed:
+            outcomes: list[BaseException | None]
             if len(extensions) > 1:
                 closers = min(MAX_CLOSING_THREADS, len(extensions))
                 with concurrent.futures.ThreadPoolExecutor(closers) as pool:
-                    list(pool.map(Extension.close, extensions))
-            elif extensions:
-                extensions[0].close()
-            closing.extensions_closed = True
+                    futures = [pool.submit(ext.close) for ext in extensions]
+                outcomes = [future.exception() for future in futures]
+            else:
+                outcomes = [_failure_of(ext.close) for ext in extensions]
+            for outcome in outcomes:
+                if outcome is not None:
+                    failures.append(_only_exception(outcome))
+            closing.extensions_closed = not failures
         if closing.pool is not None:
             # Interrupted by the closes above: each flush is at most an epoch tick from done.
             closing.pool.shutdown(wait=False, cancel_futures=True)
             concurrent.futures.wait(closing.flushing, timeout=TERMINATE_WAIT_S)
-        # Each once: a close resuming after one of these raised runs that one again, then
-        # the rest.
+        # Each once: a close resuming after some of these raised runs those again.
         finals: list[Callable[[], None]] = [
             self._call_workers.close,
             self._spare_workers.close,
@@ -517,9 +548,18 @@ class Host:
             finals.append(self.presence.close)
         if self.state is not None:
             finals.append(self.state.close)
-        while closing.terminated < len(finals):
-            finals[closing.terminated]()
-            closing.terminated += 1
+        for index, final in enumerate(finals):
+            if index not in closing.terminated:
+                outcome = _failure_of(final)
+                if outcome is None:
+                    closing.terminated.add(index)
+                else:
+                    failures.append(_only_exception(outcome))
+        if failures:
+            first = failures[0]
+            for other in failures[1:]:
+                first.add_note(f"closing the host also failed: {type(other).__name__}: {other}")
+            raise first
 
     def call_workers(self) -> CallWorkers:
         """The bounded pool of threads on which async calls run (:mod:`wasihost.callworkers`)."""
