@@ -204,3 +204,79 @@ def test_an_entry_refused_for_a_deep_caller_charges_nothing_and_crashes_nothing(
     # Not restarted: the instance that ran before the refusal serves the next call.
     assert out["ran after"]["starts"] == 1
     assert out["fresh after"] == {**out["fresh after"], "state": "running", "starts": 1}
+
+
+# An embedder that lowered threading.stack_size for threads of its own, then used the host:
+# every way the host runs a guest on a thread of its own. Prints what each came to.
+SMALL_STACKS_CHILD = """
+import asyncio, json, sys, threading, time
+sys.path.insert(0, "tests")
+from conftest import FIXTURES
+from wasihost.brokers.jobs import JobsBroker, ManualClock
+from wasihost.errors import CallError, ConfigError
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+
+EMBEDDERS = 256 * 1024
+threading.stack_size(EMBEDDERS)
+logged = []
+jobs = JobsBroker(clock=ManualClock())
+host = Host(Policy(allow={"jobs", "log", "events"}), cache_dir=None, brokers=[jobs],
+            log_sink=lambda ext, record: logged.append(record.message))
+for capability in ("jobs", "log", "events"):
+    host.grant("org.wasihost.fixtures.jobs", capability)
+ext = host.load(FIXTURES / "jobs")
+hello = host.load(FIXTURES / "hello", grants=["log"])
+out = {}
+
+def outcome(run):
+    try:
+        run()
+        return "ok"
+    except (CallError, ConfigError) as exc:
+        return type(exc).__name__ + ": " + exc.message
+
+out["main thread"] = outcome(lambda: ext.call("tick"))
+out["acall"] = outcome(lambda: asyncio.run(ext.acall("tick")))
+ext.call("schedule", {"command": "tick", "every_ms": 1000, "delay_ms": 0})
+ext.call("schedule", {"command": "tick", "on_event": "orders.created"})
+jobs.tick()
+host.publish("orders.created")
+deadline = time.monotonic() + 10
+while jobs.runs + jobs.failed < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
+out["job runs"] = [jobs.runs, jobs.failed]
+hello.call("greet", {"name": "a"})
+try:
+    hello.call("greet", {"name": "x"}, fuel=1)  # out of fuel: a warm spare is made
+except CallError:
+    pass
+out["spare"] = hello.wait_for_spare(10.0) and hello.spare_starts == 0
+def embedders_thread():
+    out["embedder's thread"] = outcome(lambda: ext.call("tick"))
+thread = threading.Thread(target=embedders_thread)
+thread.start()
+thread.join()
+host.close(timeout_s=5.0)
+out["shutdown hook"] = "shutdown" in logged
+out["setting after"] = threading.stack_size()
+print(json.dumps(out))
+"""
+
+
+def test_the_hosts_own_threads_run_guests_whatever_stack_size_the_embedder_set() -> None:
+    # Break (issue 28, second pass on item 21): the host's threads that run guests (call
+    # threads, warm-spare threads, the jobs and events workers, the shutdown hooks' threads)
+    # were started with the process-wide threading.stack_size. After an embedder lowered it
+    # to 256 KiB for threads of its own, every acall was refused with a ConfigError telling
+    # the embedder to raise it, no job run or event delivery ran, no warm spare was made and
+    # no shutdown hook ran. Now those threads get 8 MiB (threadstack.GUEST_THREAD_STACK).
+    out, _ = run_child(SMALL_STACKS_CHILD)
+    assert out["main thread"] == "ok"
+    assert out["acall"] == "ok"
+    assert out["job runs"] == [2, 0]
+    assert out["spare"] is True
+    assert out["shutdown hook"] is True
+    # The embedder's own small threads are still refused, and its setting is as it left it.
+    assert out["embedder's thread"].startswith("ConfigError: the calling thread's stack is 256")
+    assert out["setting after"] == 256 * KiB

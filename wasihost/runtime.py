@@ -58,6 +58,7 @@ from .registry import WASI_IMPORT_MODULE as WASI_MODULE
 from .registry import HostFunction, Profile, Registry, default_registry
 from .settings import EngineSettings
 from .supervision import Supervisor
+from .threadstack import guest_thread_stack
 from .tokens import TokenIssuer
 from .wasmbin import read_header, read_header_cached
 
@@ -495,9 +496,10 @@ class Host:
                     min(MAX_CLOSING_THREADS, len(extensions)),
                     thread_name_prefix="wasihost-shutdown",
                 )
-                closing.flushing = [
-                    closing.pool.submit(ext.run_shutdown_hook, deadline) for ext in extensions
-                ]
+                with guest_thread_stack():  # submit starts the threads, which run the hooks
+                    closing.flushing = [
+                        closing.pool.submit(ext.run_shutdown_hook, deadline) for ext in extensions
+                    ]
             if closing.flushing:
                 # A close resuming one cut short waits for the hooks that one started, until
                 # its own deadline.
