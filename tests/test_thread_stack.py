@@ -9,6 +9,10 @@ The calls run in a child process, so a regression shows as a failed test, not a 
 
 from __future__ import annotations
 
+import os
+import sys
+
+import pytest
 from conftest import run_child
 
 from wasihost.engine.stack import ENTRY_HEADROOM, STACK_MARGIN
@@ -280,3 +284,65 @@ def test_the_hosts_own_threads_run_guests_whatever_stack_size_the_embedder_set()
     # The embedder's own small threads are still refused, and its setting is as it left it.
     assert out["embedder's thread"].startswith("ConfigError: the calling thread's stack is 256")
     assert out["setting after"] == 256 * KiB
+
+
+# The recurse fixture entered on a stack of the caller's making (makecontext/swapcontext, as a
+# coroutine library does), mapped before the thread starts so that it lies above the thread's
+# own stack; prints what the call came to.
+FOREIGN_STACK_CHILD = """
+import ctypes, json, mmap, sys, threading
+from pathlib import Path
+from wasihost.errors import CallError, ConfigError
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+
+host = Host(Policy(allow=set()), cache_dir=None)
+ext = host.load(Path("fixtures/recurse"))
+libc = ctypes.CDLL(None)
+size = int(sys.argv[1])
+region = mmap.mmap(-1, size, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+own, coroutine = ctypes.create_string_buffer(8192), ctypes.create_string_buffer(8192)
+out = {}
+
+@ctypes.CFUNCTYPE(None)
+def on_foreign_stack():
+    try:
+        ext.call("run")
+        out["verdict"] = "ok"
+    except (CallError, ConfigError) as exc:
+        out["verdict"] = type(exc).__name__ + ": " + exc.message
+    libc.setcontext(own)
+
+def run():
+    libc.getcontext(coroutine)
+    # ucontext_t on x86_64 and aarch64: uc_link at 8, uc_stack.ss_sp at 16, ss_size at 32
+    ctypes.c_void_p.from_buffer(coroutine, 8).value = None
+    ctypes.c_void_p.from_buffer(coroutine, 16).value = base
+    ctypes.c_size_t.from_buffer(coroutine, 32).value = size
+    libc.makecontext(coroutine, on_foreign_stack, 0)
+    libc.swapcontext(own, coroutine)
+
+thread = threading.Thread(target=run)
+thread.start()
+thread.join()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(
+    os.uname().machine not in ("x86_64", "aarch64") or sys.platform != "linux",
+    reason="the ucontext_t layout written is glibc's on x86_64 and aarch64",
+)
+def test_a_guest_entered_on_a_stack_not_the_threads_own_is_refused_not_crashed() -> None:
+    # Break (issue 28, second pass on item 21): the check measured the stack pointer from the
+    # thread's stack's low bound without asking whether it was on that stack at all. On a
+    # coroutine's stack above the thread's, everything looked left: the recurse fixture was
+    # entered on a 192 KiB stack and the process died of SIGSEGV. Its size cannot be read, so
+    # such an entry is refused, however large the stack.
+    for size in (192 * KiB, 4096 * KiB):
+        out, _ = run_child(FOREIGN_STACK_CHILD, str(size))
+        assert out["verdict"].startswith(
+            "ConfigError: the guest would be entered on a stack "
+            "that is not the calling thread's own"
+        ), (size, out)

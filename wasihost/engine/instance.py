@@ -571,7 +571,7 @@ class Instance:
             context = read_thread_stack(needed)
         GET_CONTEXT(context)
         left = context[SP_WORD] - stack.low
-        if left < needed:
+        if left < needed or left > stack.size:  # too little, or not the thread's stack
             self.last_call_fuel = 0
             raise refuse_entry(needed, left)
         # _arm and _account inlined: method calls are a measurable share of a no-op call.
