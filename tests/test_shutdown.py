@@ -249,6 +249,57 @@ def test_a_close_cut_short_by_ctrl_c_is_finished_by_the_next_close() -> None:
     assert len(report["call_outcome"]) == 1 and report["call_outcome"][0] != "returned"
 
 
+# The same, with a second thread calling close() while the first is in its flush, before the
+# SIGINT: prints when that close returned (against the SIGINT) and what was left running then.
+BESIDE = """
+second = {}
+
+def close_beside():
+    started = time.monotonic()
+    host.close()
+    second["returned"] = time.monotonic()
+    second["took"] = second["returned"] - started
+    second["left"] = left_running()
+
+signal_at = []
+def interrupt():
+    signal_at.append(time.monotonic())
+    os.kill(os.getpid(), signal.SIGINT)
+
+beside = threading.Thread(target=close_beside)
+threading.Timer(0.1, beside.start).start()
+threading.Timer(0.4, interrupt).start()
+try:
+    host.close(timeout_s=5.0)
+    first = "returned"
+except KeyboardInterrupt:
+    first = "KeyboardInterrupt"
+beside.join(10)
+caller.join(10)
+print(json.dumps({"first": first, "second_after_signal": second["returned"] - signal_at[0],
+                  "second_left": second["left"], "call_outcome": outcome}))
+"""
+CTRL_C_BESIDE_ANOTHER_CLOSE = CTRL_C_IN_CLOSE.partition("threading.Timer(")[0] + BESIDE
+
+
+def test_a_close_beside_one_cut_short_waits_and_finishes_the_work() -> None:
+    # Break (issue 28, second pass on item 23): a close() while another thread was closing
+    # the host returned at once, "that thread finishes the work"; when that thread's close
+    # was then cut short by Ctrl-C, nothing finished it: the second caller had been told the
+    # host was closed while the spinning call, the ticker and the call threads ran on. Now it
+    # waits for the closing thread and takes over if that one stops short.
+    report, _ = run_child(CTRL_C_BESIDE_ANOTHER_CLOSE)
+    assert report["first"] == "KeyboardInterrupt"
+    assert report["second_after_signal"] > 0  # it returned only after the first gave up
+    assert report["second_left"] == {
+        "extension": "closed",
+        "call": False,
+        "ticker": False,
+        "call_threads": [],
+    }
+    assert len(report["call_outcome"]) == 1 and report["call_outcome"][0] != "returned"
+
+
 class BrokenShutdownJobs(JobsBroker):
     """A jobs broker whose first shutdown fails (a disk full, an embedder's bug)."""
 

@@ -155,6 +155,14 @@ def _default_wasi_binding(ext: Extension) -> ProfileBinding:
     return wasi_profile()[1](ext)
 
 
+# The prefix of every thread the host starts (call threads, broker workers, the event loop's):
+# a close from one of them, while another thread closes the host, returns at once (see close).
+HOST_THREAD_PREFIX = "wasihost-"
+# How often a close waiting for another thread's looks whether that thread is still alive
+# (it notifies as it stops; a thread that died without doing so is seen within this).
+CLOSER_LOOK_S = 0.1
+
+
 @attrs.define(eq=False)
 class _Closing:
     """How far ``Host.close`` has got, so that a close cut short (Ctrl-C, or any exception in
@@ -315,6 +323,8 @@ class Host:
         self._lock = threading.Lock()
         self.closed = False
         self._closing: _Closing | None = None  # set by the first close (see _Closing)
+        # Notified as a thread stops running close's phases (done, or cut short).
+        self._closer_left = threading.Condition(self._lock)
         # The threads running Extension.acall's calls: started on first use.
         self._call_workers = CallWorkers(async_workers)
         # The threads starting warm spares, never a call's (see SPARE_WORKERS).
@@ -430,7 +440,8 @@ class Host:
         docs/supervision.md, "Shutdown". Idempotent, and resumable: a close cut short (Ctrl-C
         in the flush's wait, an exception in a phase) leaves the host closed to new work, and
         the next ``close()`` finishes what it left. While another thread closes the host, a
-        close returns at once.
+        close waits for it and finishes the work if it stopped short; from one of the host's
+        own threads (inside a call) it returns at once.
 
         1. Stop new work: nothing more is admitted or published, and each broker with a
            ``quiesce()`` starts nothing new (no event delivery, no job run).
@@ -460,18 +471,30 @@ class Host:
                 if closing is None:
                     self.closed = True
                     closing = self._closing = _Closing(list(self._extensions.values()))
-                elif closing.done:
+                while closing.closer not in (None, me) and closing.closer.is_alive():
+                    if me.name.startswith(HOST_THREAD_PREFIX):
+                        # One of the host's own threads (a call thread, a broker's worker)
+                        # inside a call: the closing thread may be waiting for it. That
+                        # thread finishes the work.
+                        return
+                    # Another thread is closing the host: wait for it, and finish the work
+                    # if it stopped short (Ctrl-C in its flush, an exception). Returning at
+                    # once left nothing to finish it then, and told the caller the host
+                    # was closed while its calls, ticker and threads ran on.
+                    self._closer_left.wait(CLOSER_LOOK_S)
+                if closing.done:
                     return
-                elif closing.closer not in (None, me) and closing.closer.is_alive():
-                    return  # another thread is closing the host: it finishes the work
                 closing.closer = me
             self._close_phases(closing, timeout_s, deadline)
             closing.done = True
         finally:
             # Cleared here, also when a phase raised (Ctrl-C in the flush's wait): the next
-            # close, from any thread, then finishes what this one left.
+            # close, from any thread, then finishes what this one left; a close waiting in
+            # another thread takes over now.
             if closing is not None and closing.closer is me:
-                closing.closer = None
+                with self._lock:
+                    closing.closer = None
+                    self._closer_left.notify_all()
 
     def _close_phases(self, closing: _Closing, timeout_s: float, deadline: float) -> None:
         """The phases of ``close`` that ``closing`` has not done yet (see _Closing)."""
