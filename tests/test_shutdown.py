@@ -5,6 +5,7 @@ the events and jobs brokers stop."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 import time
@@ -365,3 +366,56 @@ def test_a_step_of_close_that_always_fails_keeps_no_other_from_running(tmp_path:
         assert events.threads == 0
         with pytest.raises(sqlite3.ProgrammingError, match="closed"):
             state._db.execute("select 1")
+
+
+# The steps of close a Ctrl-C may land in, each as (what owns it, its method).
+CLOSE_STEPS = {
+    "broker quiesce": lambda host, ext, jobs: (jobs, "quiesce"),
+    "extension drain": lambda host, ext, jobs: (ext, "drain"),
+    "extension close": lambda host, ext, jobs: (ext, "close"),
+    "call threads": lambda host, ext, jobs: (host._call_workers, "close"),
+    "brokers": lambda host, ext, jobs: (host.functions, "close"),
+    "engine": lambda host, ext, jobs: (host.engine, "close"),
+    "state": lambda host, ext, jobs: (host.state, "close"),
+}
+
+
+@pytest.mark.parametrize("step", CLOSE_STEPS)
+def test_ctrl_c_in_any_step_of_close_is_finished_by_the_next(step: str, tmp_path: Path) -> None:
+    # Held (issue 28, second pass on item 23): a KeyboardInterrupt raised in each step of
+    # close(timeout_s=...), with a spinning call in flight on a call thread, a spinning job
+    # run and the state open; the next close() leaves nothing running.
+    jobs = JobsBroker(clock=ManualClock())
+    host = Host(POLICY, cache_dir=None, state_dir=tmp_path / "state", brokers=[jobs])
+    for capability in ("jobs", "log"):
+        host.grant("org.wasihost.fixtures.jobs", capability)
+    ext = host.load(FIXTURES / "jobs")
+    spin = host.load(FIXTURES / "spin", fuel=SPIN_FUEL, timeout_ms=SPIN_TIMEOUT_MS)
+    ext.call("schedule", {"command": "spin", "every_ms": 1000, "delay_ms": 0})
+    assert jobs.tick() == 1
+    caller, errors = call_in_thread(lambda: asyncio.run(spin.acall("run")))
+    wait_running(spin)
+    owner, name = CLOSE_STEPS[step](host, ext, jobs)
+    real = getattr(owner, name)
+    fired: list[str] = []
+
+    def ctrl_c(*args: Any, **kwargs: Any) -> Any:
+        if not fired:
+            fired.append(step)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    setattr(owner, name, ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        host.close(timeout_s=0.3)
+    assert fired == [step]
+    host.close()
+    caller.join(WAIT_S)
+    assert not caller.is_alive() and len(errors) == 1
+    assert ext.lifecycle.state is State.CLOSED and spin.lifecycle.state is State.CLOSED
+    assert host.engine._watchdog not in ticker._RUNNING
+    assert jobs.threads == 0
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("wasihost-")]
+    assert host.state is not None
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        host.state._db.execute("select 1")
