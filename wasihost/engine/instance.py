@@ -174,7 +174,7 @@ def _epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
             # (same deadline) means it ran a whole tick: not short, and no later call of its
             # module (any instance, now or later) keeps the GIL.
             if host.ticked_deadline == host.native.deadline:
-                host.gil_trust.kept = False
+                host.gil_trust.withdraw()
             host.ticked_deadline = host.native.deadline
         delta[0] = 1
         kind[0] = UPDATE_DEADLINE_CONTINUE
@@ -194,7 +194,8 @@ class CompiledModule:
     module: wasmtime.Module = attrs.field(eq=False)
     sha256: str
     # Withdrawn for good once a call of any of its instances kept the GIL for a whole epoch
-    # tick (see Instance.call): that module's calls always release it from then on.
+    # tick (see Instance.call): that module's calls always release it from then on, also
+    # those of a CompiledModule made again for the same bytes (see GilTrust).
     gil_trust: GilTrust = attrs.field(factory=GilTrust, eq=False, repr=False)
     # Read from the engine once per compiled module, not once per instance (about 12 µs).
     _imports: tuple[tuple[str, str], ...] = attrs.field(init=False, eq=False, repr=False)
@@ -700,7 +701,7 @@ class Instance:
                     # of 512 MiB) runs to its end between two epoch checks and meets at most
                     # one tick, so the two-tick rule of on_epoch_tick never saw it. No later
                     # call of its module keeps the GIL.
-                    self._gil_trust.kept = False
+                    self._gil_trust.withdraw()
             if budget is not None:
                 budget.spend(used)
             token.append(True)
