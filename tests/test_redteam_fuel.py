@@ -5,6 +5,7 @@ out); the others pin what held.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 from collections.abc import Iterator
 
@@ -55,6 +56,7 @@ SIGNAL_TRAPS = {
 EXTRA = """
   (type $r (func (result i32)))
   (table $t 2 funcref)
+  (tag $thrown)
   (func $recurse (call $recurse))"""
 
 
@@ -125,9 +127,13 @@ def test_a_call_ended_at_its_deadline_in_guest_code_is_charged_the_whole_budget(
     [
         ("unreachable", FailureClass.PANIC),
         ("(call $recurse)", FailureClass.STACK_OVERFLOW),
+        # wasmtime 50 runs the exceptions proposal: an uncaught throw ends the call with a
+        # trap of no code, taken as a host function's, and the throw is a call into the
+        # runtime, before which the counter is written (pinned: else it would escape).
+        ("(throw $thrown)", FailureClass.TRAP),
         ("", None),
     ],
-    ids=["unreachable", "stack overflow", "return"],
+    ids=["unreachable", "stack overflow", "uncaught exception", "return"],
 )
 def test_a_call_whose_fuel_wasmtime_kept_is_charged_what_it_burnt(
     host: Host, end: str, failure: FailureClass | None
@@ -210,7 +216,10 @@ def test_a_bulk_instruction_holds_the_gil_for_one_call_of_its_module_at_most() -
     # 5 of 10 calls, other threads stalled 20-365 ms each). A call that kept the GIL for
     # longer than a tick now withdraws its module's trust: the first fill is the last.
     wasm = build(
-        guest_wat(FILL_BODY, hello={"id": "org.test.fill", "version": "0.1.0", "abi": "1.0", "features": []})
+        guest_wat(
+            FILL_BODY,
+            hello={"id": "org.test.fill", "version": "0.1.0", "abi": "1.0", "features": []},
+        )
     )
     manifest = parse_manifest(FILL_MANIFEST, default_registry().capabilities())
     package = Package("fill", manifest, wasm, hashlib.sha256(wasm).hexdigest())
@@ -235,3 +244,35 @@ def test_a_bulk_instruction_holds_the_gil_for_one_call_of_its_module_at_most() -
         ext.call("fill", False)
         (instance,) = ext._instances()
         assert not instance.keeps_gil(b"fill")
+
+
+def test_the_withdrawn_gil_trust_stays_withdrawn_when_the_same_bytes_are_admitted_again() -> None:
+    # Break (issue 28, second pass on item 22): the trust lived on the CompiledModule, which
+    # goes once no extension holds it; the same bytes admitted again after a close (or
+    # compiled again after the module cache let them go) got a new one, trusted: its next
+    # fill kept the GIL again, one per re-admission. Now the engine keeps the digests whose
+    # trust was withdrawn, and a module made again for them starts without it.
+    wasm = build(
+        guest_wat(
+            FILL_BODY,
+            hello={"id": "org.test.fill", "version": "0.1.0", "abi": "1.0", "features": []},
+        )
+    )
+    manifest = parse_manifest(FILL_MANIFEST, default_registry().capabilities())
+    package = Package("fill", manifest, wasm, hashlib.sha256(wasm).hexdigest())
+    settings = EngineSettings(epoch_tick_ms=TICK_MS)
+    with Host(Policy(), cache_dir=None, settings=settings) as host:
+        ext = host.admit(package)
+        for fill in (False, True, False):
+            ext.call("fill", fill)
+        (instance,) = ext._instances()
+        assert not instance.keeps_gil(b"fill")  # the fill ran past a tick: withdrawn
+        ext.close()
+        del ext, instance
+        gc.collect()  # the CompiledModule goes with its last extension
+        again = host.admit(package)
+        again.call("fill", False)
+        (instance,) = again._instances()
+        assert not instance.keeps_gil(b"fill")
+        again.call("fill", True)
+        assert not instance.kept_gil

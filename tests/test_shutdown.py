@@ -5,6 +5,8 @@ the events and jobs brokers stop."""
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -248,6 +250,57 @@ def test_a_close_cut_short_by_ctrl_c_is_finished_by_the_next_close() -> None:
     assert len(report["call_outcome"]) == 1 and report["call_outcome"][0] != "returned"
 
 
+# The same, with a second thread calling close() while the first is in its flush, before the
+# SIGINT: prints when that close returned (against the SIGINT) and what was left running then.
+BESIDE = """
+second = {}
+
+def close_beside():
+    started = time.monotonic()
+    host.close()
+    second["returned"] = time.monotonic()
+    second["took"] = second["returned"] - started
+    second["left"] = left_running()
+
+signal_at = []
+def interrupt():
+    signal_at.append(time.monotonic())
+    os.kill(os.getpid(), signal.SIGINT)
+
+beside = threading.Thread(target=close_beside)
+threading.Timer(0.1, beside.start).start()
+threading.Timer(0.4, interrupt).start()
+try:
+    host.close(timeout_s=5.0)
+    first = "returned"
+except KeyboardInterrupt:
+    first = "KeyboardInterrupt"
+beside.join(10)
+caller.join(10)
+print(json.dumps({"first": first, "second_after_signal": second["returned"] - signal_at[0],
+                  "second_left": second["left"], "call_outcome": outcome}))
+"""
+CTRL_C_BESIDE_ANOTHER_CLOSE = CTRL_C_IN_CLOSE.partition("threading.Timer(")[0] + BESIDE
+
+
+def test_a_close_beside_one_cut_short_waits_and_finishes_the_work() -> None:
+    # Break (issue 28, second pass on item 23): a close() while another thread was closing
+    # the host returned at once, "that thread finishes the work"; when that thread's close
+    # was then cut short by Ctrl-C, nothing finished it: the second caller had been told the
+    # host was closed while the spinning call, the ticker and the call threads ran on. Now it
+    # waits for the closing thread and takes over if that one stops short.
+    report, _ = run_child(CTRL_C_BESIDE_ANOTHER_CLOSE)
+    assert report["first"] == "KeyboardInterrupt"
+    assert report["second_after_signal"] > 0  # it returned only after the first gave up
+    assert report["second_left"] == {
+        "extension": "closed",
+        "call": False,
+        "ticker": False,
+        "call_threads": [],
+    }
+    assert len(report["call_outcome"]) == 1 and report["call_outcome"][0] != "returned"
+
+
 class BrokenShutdownJobs(JobsBroker):
     """A jobs broker whose first shutdown fails (a disk full, an embedder's bug)."""
 
@@ -272,9 +325,97 @@ def test_a_close_that_raised_in_a_phase_is_finished_by_the_next_close(cache: Pat
     with pytest.raises(RuntimeError, match="could not be flushed"):
         host.close()
     assert host.closed and ext.lifecycle.state is State.CLOSED
-    assert host.engine._watchdog in ticker._RUNNING  # the engine was not closed
+    # every other step ran (the engine's ticker stopped: since the second pass on item 23);
+    # the next close runs the broker's shutdown again
+    assert host.engine._watchdog not in ticker._RUNNING
     host.close()
     assert jobs.failures == 0
     assert host.engine._watchdog not in ticker._RUNNING
     assert not any(t.name == "wasihost-jobs-timer" and t.is_alive() for t in threading.enumerate())
     host.close()  # and once finished, close is a no-op again
+
+
+class NeverShutJobs(JobsBroker):
+    """A jobs broker whose shutdown fails every time (its store is gone for good)."""
+
+    def shutdown(self, timeout_s: float = DEFAULT_STOP_S) -> None:
+        raise RuntimeError("the jobs store is gone")
+
+
+def test_a_step_of_close_that_always_fails_keeps_no_other_from_running(tmp_path: Path) -> None:
+    # Break (issue 28, second pass on item 23): the steps after the extensions ran in order,
+    # the first to raise ending the close there; the next close ran it again, and so on. A
+    # broker that never shuts down (or an embedder profile whose close always raises) so
+    # left the engine's ticker, the brokers after it and the state's database open for good,
+    # close after close. Now every step runs, and the failure is raised after them.
+    jobs = NeverShutJobs(clock=ManualClock())
+    host = Host(POLICY, state_dir=tmp_path / "state", cache_dir=None, brokers=[jobs])
+    for capability in ("jobs", "log"):
+        host.grant("org.wasihost.fixtures.jobs", capability)
+    ext = host.load(FIXTURES / "jobs")
+    ext.call("schedule", {"command": "tick", "every_ms": 1000, "delay_ms": 0})
+    events = host.broker("events")
+    assert isinstance(events, EventsBroker)
+    state = host.state
+    assert state is not None
+    for _ in range(2):  # the next close runs the failed step again, and only it
+        with pytest.raises(RuntimeError, match="jobs store is gone"):
+            host.close()
+        assert ext.lifecycle.state is State.CLOSED
+        assert host.engine._watchdog not in ticker._RUNNING
+        assert events.threads == 0
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            state._db.execute("select 1")
+
+
+# The steps of close a Ctrl-C may land in, each as (what owns it, its method).
+CLOSE_STEPS = {
+    "broker quiesce": lambda host, ext, jobs: (jobs, "quiesce"),
+    "extension drain": lambda host, ext, jobs: (ext, "drain"),
+    "extension close": lambda host, ext, jobs: (ext, "close"),
+    "call threads": lambda host, ext, jobs: (host._call_workers, "close"),
+    "brokers": lambda host, ext, jobs: (host.functions, "close"),
+    "engine": lambda host, ext, jobs: (host.engine, "close"),
+    "state": lambda host, ext, jobs: (host.state, "close"),
+}
+
+
+@pytest.mark.parametrize("step", CLOSE_STEPS)
+def test_ctrl_c_in_any_step_of_close_is_finished_by_the_next(step: str, tmp_path: Path) -> None:
+    # Held (issue 28, second pass on item 23): a KeyboardInterrupt raised in each step of
+    # close(timeout_s=...), with a spinning call in flight on a call thread, a spinning job
+    # run and the state open; the next close() leaves nothing running.
+    jobs = JobsBroker(clock=ManualClock())
+    host = Host(POLICY, cache_dir=None, state_dir=tmp_path / "state", brokers=[jobs])
+    for capability in ("jobs", "log"):
+        host.grant("org.wasihost.fixtures.jobs", capability)
+    ext = host.load(FIXTURES / "jobs")
+    spin = host.load(FIXTURES / "spin", fuel=SPIN_FUEL, timeout_ms=SPIN_TIMEOUT_MS)
+    ext.call("schedule", {"command": "spin", "every_ms": 1000, "delay_ms": 0})
+    assert jobs.tick() == 1
+    caller, errors = call_in_thread(lambda: asyncio.run(spin.acall("run")))
+    wait_running(spin)
+    owner, name = CLOSE_STEPS[step](host, ext, jobs)
+    real = getattr(owner, name)
+    fired: list[str] = []
+
+    def ctrl_c(*args: Any, **kwargs: Any) -> Any:
+        if not fired:
+            fired.append(step)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    setattr(owner, name, ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        host.close(timeout_s=0.3)
+    assert fired == [step]
+    host.close()
+    caller.join(WAIT_S)
+    assert not caller.is_alive() and len(errors) == 1
+    assert ext.lifecycle.state is State.CLOSED and spin.lifecycle.state is State.CLOSED
+    assert host.engine._watchdog not in ticker._RUNNING
+    assert jobs.threads == 0
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("wasihost-")]
+    assert host.state is not None
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        host.state._db.execute("select 1")

@@ -9,6 +9,10 @@ The calls run in a child process, so a regression shows as a failed test, not a 
 
 from __future__ import annotations
 
+import os
+import sys
+
+import pytest
 from conftest import run_child
 
 from wasihost.engine.stack import ENTRY_HEADROOM, STACK_MARGIN
@@ -130,3 +134,215 @@ def test_a_deep_caller_gets_stack_overflow_not_a_sigsegv() -> None:
     refusal = results[f"recurse@{NEEDED}@600"]
     assert f"of this thread's {NEEDED // KiB} KiB stack" in refusal
     assert "threading.stack_size(" in refusal
+
+
+# A guest burning 12M fuel a call, called from a thread too deep to enter it (one extension
+# started from a shallow thread before, one never started), then from a shallow thread.
+REFUSED_CHILD = """
+import json, sys, threading
+sys.path.insert(0, "tests")
+from conftest import ALL_CAPS, bare
+from guests import build, guest_wat
+from wasihost.errors import CallError
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+
+BURN = ("(local.set $i (i32.const 2000000)) (loop $l (local.set $i (i32.sub (local.get $i) "
+        "(i32.const 1))) (br_if $l (local.get $i)))")
+entry = "(param $in_len i32) (result i64)"
+wasm = build(guest_wat(BURN + " (call $ok_null)").replace(entry, entry + " (local $i i32)", 1))
+host = Host(Policy(allow=ALL_CAPS), cache_dir=None)
+ran = host.admit(bare(wasm, "ran.wasm"), grants=(), fuel=20_000_000)
+fresh = host.admit(bare(wasm, "fresh.wasm"), grants=(), fuel=20_000_000)
+ran.call("run")
+out = {}
+
+def seen(ext, before):
+    return {"state": ext.lifecycle.state.value, "starts": ext.starts,
+            "last_fuel_used": ext.last_fuel_used,
+            "charged": ext.usage().cpu_fuel_last_minute - before}
+
+def refused(name, ext):
+    before = ext.usage().cpu_fuel_last_minute
+    try:
+        ext.call("run")
+        verdict = "ok"
+    except CallError as exc:
+        verdict = exc.failure.value + ": " + exc.message
+    out[name] = {"verdict": verdict, **seen(ext, before)}
+
+def down(levels, name, ext):
+    if levels == 0:
+        return refused(name, ext)
+    return list(map(down, [levels - 1], [name], [ext]))[0]
+
+threading.stack_size(int(sys.argv[1]))
+for name, ext in (("ran", ran), ("fresh", fresh)):
+    thread = threading.Thread(target=down, args=(600, name, ext))
+    thread.start()
+    thread.join()
+for name, ext in (("ran", ran), ("fresh", fresh)):
+    ext.call("run")  # served from this shallow thread, by the same instance if one ran
+    out[name + " after"] = seen(ext, 0)
+host.close()
+print(json.dumps(out))
+"""
+
+
+def test_an_entry_refused_for_a_deep_caller_charges_nothing_and_crashes_nothing() -> None:
+    # Break (issue 28, second pass on item 21): the refusal is the caller's, raised before
+    # any guest code runs, but the call path took it for the guest's stack_overflow. The
+    # refused call was charged the extension's previous call again (12M fuel into the CPU
+    # budget and last_fuel_used: the instance's figure of that call), and it crashed the
+    # extension (failed, restarted by the supervisor, quarantined after a few); on a
+    # never-started extension, the start-up failed the same way.
+    out, _ = run_child(REFUSED_CHILD, str(NEEDED))
+    for name in ("ran", "fresh"):
+        refusal = out[name]
+        assert refusal["verdict"].startswith("stack_overflow: "), refusal
+        assert REFUSED in refusal["verdict"]
+        assert refusal["last_fuel_used"] == 0
+        assert refusal["charged"] == 0
+    assert out["ran"]["state"] == "running"
+    assert out["fresh"]["state"] == "provisioning"
+    # Not restarted: the instance that ran before the refusal serves the next call.
+    assert out["ran after"]["starts"] == 1
+    assert out["fresh after"] == {**out["fresh after"], "state": "running", "starts": 1}
+
+
+# An embedder that lowered threading.stack_size for threads of its own, then used the host:
+# every way the host runs a guest on a thread of its own. Prints what each came to.
+SMALL_STACKS_CHILD = """
+import asyncio, json, sys, threading, time
+sys.path.insert(0, "tests")
+from conftest import FIXTURES
+from wasihost.brokers.jobs import JobsBroker, ManualClock
+from wasihost.errors import CallError, ConfigError
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+
+EMBEDDERS = 256 * 1024
+threading.stack_size(EMBEDDERS)
+logged = []
+jobs = JobsBroker(clock=ManualClock())
+host = Host(Policy(allow={"jobs", "log", "events"}), cache_dir=None, brokers=[jobs],
+            log_sink=lambda ext, record: logged.append(record.message))
+for capability in ("jobs", "log", "events"):
+    host.grant("org.wasihost.fixtures.jobs", capability)
+ext = host.load(FIXTURES / "jobs")
+hello = host.load(FIXTURES / "hello", grants=["log"])
+out = {}
+
+def outcome(run):
+    try:
+        run()
+        return "ok"
+    except (CallError, ConfigError) as exc:
+        return type(exc).__name__ + ": " + exc.message
+
+out["main thread"] = outcome(lambda: ext.call("tick"))
+out["acall"] = outcome(lambda: asyncio.run(ext.acall("tick")))
+ext.call("schedule", {"command": "tick", "every_ms": 1000, "delay_ms": 0})
+ext.call("schedule", {"command": "tick", "on_event": "orders.created"})
+jobs.tick()
+host.publish("orders.created")
+deadline = time.monotonic() + 10
+while jobs.runs + jobs.failed < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
+out["job runs"] = [jobs.runs, jobs.failed]
+hello.call("greet", {"name": "a"})
+try:
+    hello.call("greet", {"name": "x"}, fuel=1)  # out of fuel: a warm spare is made
+except CallError:
+    pass
+out["spare"] = hello.wait_for_spare(10.0) and hello.spare_starts == 0
+def embedders_thread():
+    out["embedder's thread"] = outcome(lambda: ext.call("tick"))
+thread = threading.Thread(target=embedders_thread)
+thread.start()
+thread.join()
+host.close(timeout_s=5.0)
+out["shutdown hook"] = "shutdown" in logged
+out["setting after"] = threading.stack_size()
+print(json.dumps(out))
+"""
+
+
+def test_the_hosts_own_threads_run_guests_whatever_stack_size_the_embedder_set() -> None:
+    # Break (issue 28, second pass on item 21): the host's threads that run guests (call
+    # threads, warm-spare threads, the jobs and events workers, the shutdown hooks' threads)
+    # were started with the process-wide threading.stack_size. After an embedder lowered it
+    # to 256 KiB for threads of its own, every acall was refused with a ConfigError telling
+    # the embedder to raise it, no job run or event delivery ran, no warm spare was made and
+    # no shutdown hook ran. Now those threads get 8 MiB (threadstack.GUEST_THREAD_STACK).
+    out, _ = run_child(SMALL_STACKS_CHILD)
+    assert out["main thread"] == "ok"
+    assert out["acall"] == "ok"
+    assert out["job runs"] == [2, 0]
+    assert out["spare"] is True
+    assert out["shutdown hook"] is True
+    # The embedder's own small threads are still refused, and its setting is as it left it.
+    assert out["embedder's thread"].startswith("ConfigError: the calling thread's stack is 256")
+    assert out["setting after"] == 256 * KiB
+
+
+# The recurse fixture entered on a stack of the caller's making (makecontext/swapcontext, as a
+# coroutine library does), mapped before the thread starts so that it lies above the thread's
+# own stack; prints what the call came to.
+FOREIGN_STACK_CHILD = """
+import ctypes, json, mmap, sys, threading
+from pathlib import Path
+from wasihost.errors import CallError, ConfigError
+from wasihost.policy import Policy
+from wasihost.runtime import Host
+
+host = Host(Policy(allow=set()), cache_dir=None)
+ext = host.load(Path("fixtures/recurse"))
+libc = ctypes.CDLL(None)
+size = int(sys.argv[1])
+region = mmap.mmap(-1, size, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+own, coroutine = ctypes.create_string_buffer(8192), ctypes.create_string_buffer(8192)
+out = {}
+
+@ctypes.CFUNCTYPE(None)
+def on_foreign_stack():
+    try:
+        ext.call("run")
+        out["verdict"] = "ok"
+    except (CallError, ConfigError) as exc:
+        out["verdict"] = type(exc).__name__ + ": " + exc.message
+    libc.setcontext(own)
+
+def run():
+    libc.getcontext(coroutine)
+    # ucontext_t on x86_64 and aarch64: uc_link at 8, uc_stack.ss_sp at 16, ss_size at 32
+    ctypes.c_void_p.from_buffer(coroutine, 8).value = None
+    ctypes.c_void_p.from_buffer(coroutine, 16).value = base
+    ctypes.c_size_t.from_buffer(coroutine, 32).value = size
+    libc.makecontext(coroutine, on_foreign_stack, 0)
+    libc.swapcontext(own, coroutine)
+
+thread = threading.Thread(target=run)
+thread.start()
+thread.join()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(
+    os.uname().machine not in ("x86_64", "aarch64") or sys.platform != "linux",
+    reason="the ucontext_t layout written is glibc's on x86_64 and aarch64",
+)
+def test_a_guest_entered_on_a_stack_not_the_threads_own_is_refused_not_crashed() -> None:
+    # Break (issue 28, second pass on item 21): the check measured the stack pointer from the
+    # thread's stack's low bound without asking whether it was on that stack at all. On a
+    # coroutine's stack above the thread's, everything looked left: the recurse fixture was
+    # entered on a 192 KiB stack and the process died of SIGSEGV. Its size cannot be read, so
+    # such an entry is refused, however large the stack.
+    for size in (192 * KiB, 4096 * KiB):
+        out, _ = run_child(FOREIGN_STACK_CHILD, str(size))
+        assert out["verdict"].startswith(
+            "ConfigError: the guest would be entered on a stack "
+            "that is not the calling thread's own"
+        ), (size, out)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ConfigError
 from .hostlog import host_logger
+from .threadstack import guest_thread_stack
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -200,7 +201,8 @@ class CallWorkers:
                     name=f"wasihost-call-{len(shared.threads)}",
                     daemon=True,
                 )
-                thread.start()  # it takes no lock before its first job is done
+                with guest_thread_stack():  # whatever threading.stack_size the process has
+                    thread.start()  # it takes no lock before its first job is done
                 shared.threads.append(thread)
             else:
                 shared.queue.append(job)

@@ -132,7 +132,12 @@ class CallError(WasihostError):
     """A guest call or start-up failed; ``failure`` says why.
 
     For ``guest_error`` (the guest answered with an error of its own), ``guest_class`` and
-    ``guest_message`` carry its ``{"class", "message"}``, bounded; None otherwise."""
+    ``guest_message`` carry its ``{"class", "message"}``, bounded; None otherwise.
+    ``before_entry`` is True for a call refused before any guest code ran (the caller's stack
+    had too little left): the guest did nothing, so its instance is unharmed and it is no
+    crash of the extension's."""
+
+    before_entry = False
 
     def __init__(
         self,

@@ -905,6 +905,10 @@ class Extension:
         follows. Returns it in a call. Caller has reserved room for it."""
         owns_lifecycle = False
         try:
+            # A caller too deep in its stack to enter the guest is refused before the
+            # lifecycle moves (instantiate checks again where it enters): the refusal is the
+            # caller's, no failed start of the extension's (docs/engine.md, Stack).
+            self.host.engine.check_entry_stack()
             owns_lifecycle = self._enter_start()
             spare = self._take_spare()
             if spare is None:
@@ -1496,9 +1500,10 @@ class Extension:
                     raise _cancelled() from exc
                 # A trap may have left the guest half-way, and so may a KeyboardInterrupt or
                 # SystemExit (or a bug) out of a host function: the instance goes. A refusal
-                # before the guest ran (a ConfigError: the caller's stack is too small) keeps
-                # it.
-                if isinstance(exc, CallError):
+                # before the guest ran (a ConfigError: the caller's stack is too small; a
+                # CallError before_entry: the caller's frames leave too little of it) keeps
+                # it, and is no crash: a deep caller failed the extension before.
+                if isinstance(exc, CallError) and not exc.before_entry:
                     if exc.failure in _LEVEL_FAILURES:
                         self._level_failure(exc, budget, instance)
                     if exc.failure.discards_instance:

@@ -629,11 +629,24 @@ class HostFunctions:
 
     def close(self) -> None:
         """The host is closing (its extensions are closed): stop the event loop and let each
-        broker with a ``shutdown()`` stop what it runs (the events dispatchers)."""
-        self.loop.close()
+        broker with a ``shutdown()`` stop what it runs (the events dispatchers). One broker
+        failing to shut down keeps no other from it (nor from stopping its threads): the
+        first failure is raised after every broker was asked, the others noted on it."""
+        failures: list[Exception] = []
+        steps = [self.loop.close]
         done = set()
         for broker in self.made_brokers():
             shutdown = getattr(broker, "shutdown", None)
             if shutdown is not None and id(broker) not in done:
                 done.add(id(broker))
-                shutdown()
+                steps.append(shutdown)
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:
+                failures.append(exc)
+        if failures:
+            first = failures[0]
+            for other in failures[1:]:
+                first.add_note(f"another shutdown failed too: {type(other).__name__}: {other}")
+            raise first

@@ -58,6 +58,7 @@ from .registry import WASI_IMPORT_MODULE as WASI_MODULE
 from .registry import HostFunction, Profile, Registry, default_registry
 from .settings import EngineSettings
 from .supervision import Supervisor
+from .threadstack import guest_thread_stack
 from .tokens import TokenIssuer
 from .wasmbin import read_header, read_header_cached
 
@@ -154,6 +155,14 @@ def _default_wasi_binding(ext: Extension) -> ProfileBinding:
     return wasi_profile()[1](ext)
 
 
+# The prefix of every thread the host starts (call threads, broker workers, the event loop's):
+# a close from one of them, while another thread closes the host, returns at once (see close).
+HOST_THREAD_PREFIX = "wasihost-"
+# How often a close waiting for another thread's looks whether that thread is still alive
+# (it notifies as it stops; a thread that died without doing so is seen within this).
+CLOSER_LOOK_S = 0.1
+
+
 @attrs.define(eq=False)
 class _Closing:
     """How far ``Host.close`` has got, so that a close cut short (Ctrl-C, or any exception in
@@ -171,8 +180,27 @@ class _Closing:
     journaled: set[int] = attrs.field(factory=set)  # the hooks whose outcome is journaled
     flushed: bool = False  # phase 3
     extensions_closed: bool = False  # phase 5, the extensions
-    terminated: int = 0  # phase 5: how many of the closes after the extensions' are done
+    # phase 5: which of the closes after the extensions' are done (by their place)
+    terminated: set[int] = attrs.field(factory=set)
     done: bool = False
+
+
+def _failure_of(step: Callable[[], None]) -> BaseException | None:
+    """Run ``step``; what it raised, or None. Ctrl-C (KeyboardInterrupt) and SystemExit
+    propagate: they end the close at once (see _only_exception)."""
+    try:
+        step()
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _only_exception(outcome: BaseException) -> Exception:
+    """A step's failure to collect; a KeyboardInterrupt or SystemExit (from an extension
+    closed on a thread of the pool) is raised at once."""
+    if not isinstance(outcome, Exception):
+        raise outcome
+    return outcome
 
 
 class Host:
@@ -295,6 +323,8 @@ class Host:
         self._lock = threading.Lock()
         self.closed = False
         self._closing: _Closing | None = None  # set by the first close (see _Closing)
+        # Notified as a thread stops running close's phases (done, or cut short).
+        self._closer_left = threading.Condition(self._lock)
         # The threads running Extension.acall's calls: started on first use.
         self._call_workers = CallWorkers(async_workers)
         # The threads starting warm spares, never a call's (see SPARE_WORKERS).
@@ -410,7 +440,8 @@ class Host:
         docs/supervision.md, "Shutdown". Idempotent, and resumable: a close cut short (Ctrl-C
         in the flush's wait, an exception in a phase) leaves the host closed to new work, and
         the next ``close()`` finishes what it left. While another thread closes the host, a
-        close returns at once.
+        close waits for it and finishes the work if it stopped short; from one of the host's
+        own threads (inside a call) it returns at once.
 
         1. Stop new work: nothing more is admitted or published, and each broker with a
            ``quiesce()`` starts nothing new (no event delivery, no job run).
@@ -421,7 +452,8 @@ class Host:
            per operation in SQLite transactions, so what a finished call did is already on
            disk and what an interrupted one had not committed never is.
         5. Terminate: every extension is closed (what still runs is interrupted), the brokers
-           stop their threads, then the engine and the state close.
+           stop their threads, then the engine and the state close. A step that raises
+           keeps none of the others from running; its exception is raised after them.
 
         ``close()`` (no timeout) interrupts everything in flight at once, as before."""
         if (
@@ -439,18 +471,30 @@ class Host:
                 if closing is None:
                     self.closed = True
                     closing = self._closing = _Closing(list(self._extensions.values()))
-                elif closing.done:
+                while closing.closer not in (None, me) and closing.closer.is_alive():
+                    if me.name.startswith(HOST_THREAD_PREFIX):
+                        # One of the host's own threads (a call thread, a broker's worker)
+                        # inside a call: the closing thread may be waiting for it. That
+                        # thread finishes the work.
+                        return
+                    # Another thread is closing the host: wait for it, and finish the work
+                    # if it stopped short (Ctrl-C in its flush, an exception). Returning at
+                    # once left nothing to finish it then, and told the caller the host
+                    # was closed while its calls, ticker and threads ran on.
+                    self._closer_left.wait(CLOSER_LOOK_S)
+                if closing.done:
                     return
-                elif closing.closer not in (None, me) and closing.closer.is_alive():
-                    return  # another thread is closing the host: it finishes the work
                 closing.closer = me
             self._close_phases(closing, timeout_s, deadline)
             closing.done = True
         finally:
             # Cleared here, also when a phase raised (Ctrl-C in the flush's wait): the next
-            # close, from any thread, then finishes what this one left.
+            # close, from any thread, then finishes what this one left; a close waiting in
+            # another thread takes over now.
             if closing is not None and closing.closer is me:
-                closing.closer = None
+                with self._lock:
+                    closing.closer = None
+                    self._closer_left.notify_all()
 
     def _close_phases(self, closing: _Closing, timeout_s: float, deadline: float) -> None:
         """The phases of ``close`` that ``closing`` has not done yet (see _Closing)."""
@@ -475,9 +519,10 @@ class Host:
                     min(MAX_CLOSING_THREADS, len(extensions)),
                     thread_name_prefix="wasihost-shutdown",
                 )
-                closing.flushing = [
-                    closing.pool.submit(ext.run_shutdown_hook, deadline) for ext in extensions
-                ]
+                with guest_thread_stack():  # submit starts the threads, which run the hooks
+                    closing.flushing = [
+                        closing.pool.submit(ext.run_shutdown_hook, deadline) for ext in extensions
+                    ]
             if closing.flushing:
                 # A close resuming one cut short waits for the hooks that one started, until
                 # its own deadline.
@@ -489,20 +534,31 @@ class Host:
                         closing.journaled.add(i)
                         self.journal(ext.id, "shutdown", future.result())
             closing.flushed = True
+        # A step's failure (an embedder's profile state or broker that cannot close) keeps
+        # no other step from running: each stops something of its own (the engine's ticker,
+        # a broker's threads, the state's database), and one failing for good left all those
+        # after it running, close after close. The failures are raised once every step ran;
+        # the next close runs the failed steps again. Ctrl-C or SystemExit stop the close at
+        # once, and the next resumes it.
+        failures: list[Exception] = []
         if not closing.extensions_closed:
+            outcomes: list[BaseException | None]
             if len(extensions) > 1:
                 closers = min(MAX_CLOSING_THREADS, len(extensions))
                 with concurrent.futures.ThreadPoolExecutor(closers) as pool:
-                    list(pool.map(Extension.close, extensions))
-            elif extensions:
-                extensions[0].close()
-            closing.extensions_closed = True
+                    futures = [pool.submit(ext.close) for ext in extensions]
+                outcomes = [future.exception() for future in futures]
+            else:
+                outcomes = [_failure_of(ext.close) for ext in extensions]
+            for outcome in outcomes:
+                if outcome is not None:
+                    failures.append(_only_exception(outcome))
+            closing.extensions_closed = not failures
         if closing.pool is not None:
             # Interrupted by the closes above: each flush is at most an epoch tick from done.
             closing.pool.shutdown(wait=False, cancel_futures=True)
             concurrent.futures.wait(closing.flushing, timeout=TERMINATE_WAIT_S)
-        # Each once: a close resuming after one of these raised runs that one again, then
-        # the rest.
+        # Each once: a close resuming after some of these raised runs those again.
         finals: list[Callable[[], None]] = [
             self._call_workers.close,
             self._spare_workers.close,
@@ -517,9 +573,18 @@ class Host:
             finals.append(self.presence.close)
         if self.state is not None:
             finals.append(self.state.close)
-        while closing.terminated < len(finals):
-            finals[closing.terminated]()
-            closing.terminated += 1
+        for index, final in enumerate(finals):
+            if index not in closing.terminated:
+                outcome = _failure_of(final)
+                if outcome is None:
+                    closing.terminated.add(index)
+                else:
+                    failures.append(_only_exception(outcome))
+        if failures:
+            first = failures[0]
+            for other in failures[1:]:
+                first.add_note(f"closing the host also failed: {type(other).__name__}: {other}")
+            raise first
 
     def call_workers(self) -> CallWorkers:
         """The bounded pool of threads on which async calls run (:mod:`wasihost.callworkers`)."""

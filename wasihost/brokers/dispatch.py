@@ -18,6 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ..call_gate import run_calls_as
 from ..scheduling import Priority
+from ..threadstack import guest_thread_stack
 
 LOG = logging.getLogger("wasihost")
 
@@ -87,7 +88,8 @@ class ExtensionDispatcher(Generic[S, I]):
                 daemon=True,
             )
             self._workers.append(worker)
-            worker.start()
+            with guest_thread_stack():  # it runs jobs and deliveries: guest calls
+                worker.start()
         self._cond.notify()
 
     def _unschedule(self, state: S) -> None:

@@ -126,12 +126,24 @@ def host_callback(dispatch: Dispatch) -> Any:
 class GilTrust:
     """Whether a module's short calls may keep the GIL: shared by its instances (through
     CompiledModule), withdrawn for good by the first call that keeps it through a whole epoch
-    tick (two ticks met, or a call that ran longer than a tick: Instance.call)."""
+    tick (two ticks met, or a call that ran longer than a tick: Instance.call).
 
-    __slots__ = ("kept",)
+    For good means for the engine's life: the module's digest goes into ``withdrawn`` (the
+    engine's), and a CompiledModule made again for the same bytes (re-admitted after its
+    extensions closed, or compiled again after the module cache let it go) starts without
+    trust. Held by the CompiledModule alone, the trust came back with each new one."""
 
-    def __init__(self) -> None:
-        self.kept = True
+    __slots__ = ("digest", "kept", "withdrawn")
+
+    def __init__(self, digest: str = "", withdrawn: set[str] | None = None) -> None:
+        self.digest = digest
+        self.withdrawn = withdrawn if withdrawn is not None else set()
+        self.kept = digest not in self.withdrawn
+
+    def withdraw(self) -> None:
+        """No call of this module keeps the GIL again in this engine."""
+        self.kept = False
+        self.withdrawn.add(self.digest)
 
 
 class HostContext:

@@ -174,7 +174,7 @@ def _epoch_tick(ctx: int, env: int, delta: Any, kind: Any) -> int:
             # (same deadline) means it ran a whole tick: not short, and no later call of its
             # module (any instance, now or later) keeps the GIL.
             if host.ticked_deadline == host.native.deadline:
-                host.gil_trust.kept = False
+                host.gil_trust.withdraw()
             host.ticked_deadline = host.native.deadline
         delta[0] = 1
         kind[0] = UPDATE_DEADLINE_CONTINUE
@@ -194,7 +194,8 @@ class CompiledModule:
     module: wasmtime.Module = attrs.field(eq=False)
     sha256: str
     # Withdrawn for good once a call of any of its instances kept the GIL for a whole epoch
-    # tick (see Instance.call): that module's calls always release it from then on.
+    # tick (see Instance.call): that module's calls always release it from then on, also
+    # those of a CompiledModule made again for the same bytes (see GilTrust).
     gil_trust: GilTrust = attrs.field(factory=GilTrust, eq=False, repr=False)
     # Read from the engine once per compiled module, not once per instance (about 12 µs).
     _imports: tuple[tuple[str, str], ...] = attrs.field(init=False, eq=False, repr=False)
@@ -558,6 +559,10 @@ class Instance:
         byte of the call's fuel."""
         host = self._ctx
         if self.closed or host.interrupted:
+            # Each refusal before the guest runs says the call burnt nothing: an owner charges
+            # last_call_fuel after a failure, and the last call's figure would charge that
+            # call twice (12M fuel again for a deep caller's refusal, issue 28 second pass).
+            self.last_call_fuel = 0
             raise CallError(
                 FailureClass.HOST_ERROR if self.closed else FailureClass.DEADLINE,
                 "instance is closed" if self.closed else "interrupted by the host",
@@ -570,7 +575,8 @@ class Instance:
             context = read_thread_stack(needed)
         GET_CONTEXT(context)
         left = context[SP_WORD] - stack.low
-        if left < needed:
+        if left < needed or left > stack.size:  # too little, or not the thread's stack
+            self.last_call_fuel = 0
             raise refuse_entry(needed, left)
         # _arm and _account inlined: method calls are a measurable share of a no-op call.
         started = time.monotonic()
@@ -583,6 +589,7 @@ class Instance:
         # The host's copy of the input is paid for before it is made, like the guest's work.
         input_price = len(payload) * COMMAND_FUEL_PER_BYTE
         if input_price >= fuel:
+            self.last_call_fuel = 0
             raise CallError(
                 FailureClass.OUT_OF_FUEL,
                 f"{fuel} fuel cannot pay for copying {len(payload)} bytes of input "
@@ -697,7 +704,7 @@ class Instance:
                     # of 512 MiB) runs to its end between two epoch checks and meets at most
                     # one tick, so the two-tick rule of on_epoch_tick never saw it. No later
                     # call of its module keeps the GIL.
-                    self._gil_trust.kept = False
+                    self._gil_trust.withdraw()
             if budget is not None:
                 budget.spend(used)
             token.append(True)

@@ -10,6 +10,8 @@ too little left below it is refused, before its guest runs:
 
 - a thread whose whole stack is smaller than the need can never run a guest: ``ConfigError``,
   naming the ``threading.stack_size`` to use;
+- a stack pointer outside the thread's stack (a coroutine library's own stack) is refused
+  with ``ConfigError``: what is left of such a stack cannot be read;
 - a caller already deep in its stack fails the call with ``stack_overflow``. Its frames may be
   Python's own (450 C-level Python frames on a 768 KiB thread were SIGSEGV before, red-team
   issue 28) or guests nested through host functions: an embedder function that calls an
@@ -171,19 +173,34 @@ def read_thread_stack(needed: int) -> Any:
     return context
 
 
-def refuse_entry(needed: int, left: int) -> CallError:
-    """The ``stack_overflow`` of an entry with only ``left`` bytes of stack below it."""
+def refuse_entry(needed: int, left: int) -> CallError | ConfigError:
+    """The ``stack_overflow`` of an entry with only ``left`` bytes of stack below it; the
+    ``ConfigError`` of one whose stack pointer is not on the thread's stack at all."""
     size = THREAD_STACK.size
-    left = max(left, 0)
+    if not 0 <= left <= size:
+        # A stack of the caller's making (a coroutine library's makecontext/swapcontext, a
+        # C extension's): its bounds cannot be read, so what is left of it is unknown. Above
+        # the thread's stack it passed the check as if larger than the whole stack, and on a
+        # 192 KiB one the guest's recursion killed the process with SIGSEGV (issue 28,
+        # second red-team pass on item 21).
+        return ConfigError(
+            "the guest would be entered on a stack that is not the calling thread's own (a "
+            "coroutine's, made by makecontext or a C extension): how much of it is left "
+            "cannot be known, and a guest may overflow it; call from the thread's own stack "
+            "(a plain thread, or asyncio with acall)"
+        )
     # A thread this caller's frames would leave enough on, rounded up to 64 KiB.
     enough = -(-(size + needed - left) // (64 * KiB)) * 64 * KiB
-    return CallError(
+    refusal = CallError(
         FailureClass.STACK_OVERFLOW,
         f"{left // KiB} KiB of this thread's {size // KiB} KiB stack are left where the guest "
         f"would be entered, and it needs {needed // KiB} KiB: the caller's frames (deep "
         f"recursion, or guests nested through host functions) hold the rest; call from a "
         f"shallower point, or from a thread started after threading.stack_size({enough})",
     )
+    # The caller's depth, not the guest's doing: no fuel burnt, nothing of the guest's harmed.
+    refusal.before_entry = True
+    return refusal
 
 
 def check_stack_here(needed: int) -> None:
@@ -196,5 +213,5 @@ def check_stack_here(needed: int) -> None:
         context = read_thread_stack(needed)
     GET_CONTEXT(context)
     left = context[SP_WORD] - THREAD_STACK.low
-    if left < needed:
+    if left < needed or left > THREAD_STACK.size:
         raise refuse_entry(needed, left)

@@ -18,10 +18,11 @@ from .cache import ModuleCache
 from .compile_worker import build_config
 from .compiler import ModuleCompiler
 from .density import trim_native_heap, use_pooling_allocator
-from .hostcalls import BoundImport, Gate
+from .hostcalls import BoundImport, Gate, GilTrust
 from .instance import CompiledModule, Instance, StoreLimits
 from .sigint import install as install_sigint_handler
 from .sigint import install_unraisable_hook
+from .stack import STACK_MARGIN, check_stack_here
 from .ticker import make_ticker
 
 GC_NUDGE_STORES = 64
@@ -90,10 +91,19 @@ class WasmEngine:
         self._func_types_lock = threading.Lock()
         # Their addresses (the FuncTypes above never go while the engine lives).
         self._func_type_addresses: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = {}
+        # The digests of the modules whose GIL trust was withdrawn (GilTrust): a few bytes for
+        # each module that ever held the GIL through a tick, kept for the engine's life.
+        self._gil_withdrawn: set[str] = set()
         # The CompiledModule of each digest while anything (an extension) still holds it.
         self._compiled: weakref.WeakValueDictionary[str, CompiledModule] = (
             weakref.WeakValueDictionary()
         )
+
+    def check_entry_stack(self) -> None:
+        """Refuse, as an entry into a guest of this engine would be refused here (stack.py), a
+        caller whose thread cannot or whose frames leave too little stack to run one: for an
+        owner to look before it commits to a start-up the entry would then refuse."""
+        check_stack_here(self.settings.max_wasm_stack + STACK_MARGIN)
 
     def func_type(self, entry: HostFunction) -> wasmtime.FuncType:
         key = (entry.params, entry.results)
@@ -127,7 +137,8 @@ class WasmEngine:
         known = self._compiled.get(digest)
         if known is not None and known.module is module:
             return known  # what is read once per module (its imports) stays read
-        compiled = self._compiled[digest] = CompiledModule(module, digest)
+        trust = GilTrust(digest, self._gil_withdrawn)
+        compiled = self._compiled[digest] = CompiledModule(module, digest, trust)
         return compiled
 
     def validates(self, wasm: bytes) -> bool:
