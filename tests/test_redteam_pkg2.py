@@ -1,4 +1,5 @@
-"""Second attack on issue 28's package fixes: the .whpkg reader's own zip parsing (item 8)."""
+"""Second attack on issue 28's package fixes: the .whpkg reader's own zip parsing (item 8) and
+endorsements (item 5)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,22 @@ import struct
 import time
 import zipfile
 import zlib
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from packages_support import recorded_zip
+from packages_support import PUBLISHER, hello_files, recorded_zip, signed_archive
 
-from wasihost.errors import ArchiveError
+from wasihost.errors import ArchiveError, ExpiredKeyError
+from wasihost.package import load_package
 from wasihost.packaging import archive
 from wasihost.packaging.archive import read_archive
+from wasihost.packaging.trust import SigningKey, TrustStore
+from wasihost.registry import default_registry
 
+CAPS = default_registry().capabilities()
+JAN_2027, JUL_2027 = 1798761600.0, 1814400000.0  # 2027-01-01, 2027-07-01 (UTC)
 SMALL = {"extension.toml": b"x = 1\n", "m.wasm": b"\0asm\1\0\0\0"}
 _LOCAL_FLAGS_AT = 6  # offset of the flags in a local file header
 _CENTRAL_FLAGS_AT = 8  # offset of the flags in a central directory record
@@ -290,3 +297,42 @@ def test_the_reader_reads_what_zipfile_reads_or_raises_archive_error(seed: int) 
         return
     assert time.monotonic() - started < 1.0
     assert got == _zipfile_reads(data)
+
+
+# --- Endorsements (item 5) ----------------------------------------------------------------
+
+
+def test_an_endorsement_makes_a_key_trusted_only_as_its_endorsers_publisher(
+    tmp_path: Path,
+) -> None:
+    """Before: whether a key was "the operator's own word" (not ended by its endorsers'
+    expiry) and which endorsements counted for it were kept per key, not per publisher. A key
+    the operator lists for one publisher, endorsed for another by that one's old key expired
+    since 2027-01-01, stayed trusted for the other in July; and an endorsement by the first
+    publisher's unexpired key kept alive an endorsement for the second whose endorser had
+    expired."""
+    other = "other.example"
+    held = SigningKey.generate(other)  # the other publisher's key, listed for it by the operator
+    as_acme = SigningKey(PUBLISHER, held.private)  # the same key signing as acme.example
+    old = SigningKey.generate(PUBLISHER)
+    path = tmp_path / "hello.whpkg"
+    path.write_bytes(signed_archive(hello_files(tmp_path), as_acme))
+    old_line = old.public_line().rstrip("\n") + " expires=2027-01-01\n"
+    lines = held.public_line() + old_line + old.endorse(held.public_bytes)
+    late = TrustStore.parse(lines, clock=lambda: JUL_2027)
+    with pytest.raises(ExpiredKeyError, match="expiry of the keys that endorsed it"):
+        load_package(path, CAPS, late)
+    assert late.expired(held.public_bytes, other) is None  # still the other publisher's key
+    # Before its endorser's expiry, the endorsement counts.
+    early = TrustStore.parse(lines, clock=lambda: JAN_2027 - 60)
+    assert load_package(path, CAPS, early).signer == PUBLISHER
+    # An endorsement for the other publisher by a key of its own does not extend it either.
+    other_old = SigningKey.generate(other)
+    crossed = (
+        other_old.public_line()
+        + old_line
+        + other_old.endorse(held.public_bytes)
+        + old.endorse(held.public_bytes)
+    )
+    with pytest.raises(ExpiredKeyError, match="expiry of the keys that endorsed it"):
+        load_package(path, CAPS, TrustStore.parse(crossed, clock=lambda: JUL_2027))
