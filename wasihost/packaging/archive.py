@@ -175,6 +175,10 @@ def _check_entries(infos: list[zipfile.ZipInfo]) -> None:
         name = info.filename
         if info.orig_filename != name:
             raise ArchiveError(f"entry name {quote(info.orig_filename)} holds a NUL byte")
+        if not name:
+            # Before anything asks zipfile about the name: ZipInfo.is_dir reads its last
+            # character, and an empty name left the reader with an IndexError.
+            raise ArchiveError("an entry has an empty name (pack the archive again)")
         if info.is_dir():
             raise ArchiveError(f"entry {quote(name)} is a folder entry")
         mode = info.external_attr >> 16
