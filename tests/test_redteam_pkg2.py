@@ -1,5 +1,5 @@
-"""Second attack on issue 28's package fixes: the .whpkg reader's own zip parsing (item 8) and
-endorsements (item 5)."""
+"""Second attack on issue 28's package fixes: the .whpkg reader's own zip parsing (item 8),
+endorsements (item 5), allowed_signers (item 9) and revoke --state-dir (item 4)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,22 @@ import zlib
 from pathlib import Path
 
 import pytest
+from conftest import ALL_CAPS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from packages_support import PUBLISHER, hello_files, raw_zip, recorded_zip, signed_archive
 
+from wasihost.cli import main
 from wasihost.errors import ArchiveError, ConfigError, ExpiredKeyError, SignatureError
 from wasihost.package import load_package
 from wasihost.packaging import archive
 from wasihost.packaging.allowed_signers import MAX_PATTERN_CHARS, AllowedSigners
 from wasihost.packaging.archive import read_archive
+from wasihost.packaging.files import write_key_pair
 from wasihost.packaging.trust import SigningKey, TrustStore
+from wasihost.policy import Policy
 from wasihost.registry import default_registry
+from wasihost.runtime import Host
 
 CAPS = default_registry().capabilities()
 SSH_KEYGEN = Path("/usr/bin/ssh-keygen")
@@ -435,3 +440,37 @@ def test_random_pattern_lists_match_as_ssh_keygen_matches_them(tmp_path: Path) -
             continue
         assert ours == oracle.accepts(line, identity), (line, identity)
     assert refused < 100
+
+
+# --- revoke --state-dir (item 4) -------------------------------------------------------------
+
+
+def test_revoke_of_a_key_without_the_trust_file_reports_what_its_endorsements_may_reach(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A list revoking a key disables what keys it endorsed signed only if it knows the
+    endorsements, from the trust file (--trust). Before: without --trust, an installed package
+    signed by a key the revoked key endorsed stayed enabled, was named nowhere, and the command
+    exited 0."""
+    old, new = SigningKey.generate(PUBLISHER), SigningKey.generate(PUBLISHER)
+    trust_file = tmp_path / "trust"
+    trust_file.write_text(old.public_line() + old.endorse(new.public_bytes))
+    trust = TrustStore.from_file(trust_file)
+    ops_key = str(write_key_pair(str(tmp_path / "ops"), SigningKey.generate("ops.example"))[0])
+    package = tmp_path / "hello.whpkg"
+    package.write_bytes(signed_archive(hello_files(tmp_path), new))
+    state = tmp_path / "state"
+    policy = Policy(allow=ALL_CAPS, trusted_publishers=trust)
+    with Host(policy, cache_dir=None, state_dir=state) as host:
+        extension = host.install(package).id
+    argv = ["revoke", str(tmp_path / "list"), "--key", ops_key, "--state-dir", str(state)]
+    argv += ["--signing-key", old.public_line().split()[2]]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert f"error: installed {extension} was not checked against the list" in err
+    assert "give it with --trust" in err and "wasihost grants revoke" in err
+    assert main([*argv, "--trust", str(trust_file)]) == 0
+    out, err = capsys.readouterr()
+    assert f"disabled installed {extension}: the key" in out and "endorsed" in out
+    with Host(policy, cache_dir=None, state_dir=state) as host:
+        assert host.grants.state(extension).revoked is not None
