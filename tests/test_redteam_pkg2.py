@@ -73,7 +73,7 @@ def test_an_entry_flagged_as_encrypted_patch_or_masked_is_refused(
 
 
 def test_an_entry_with_an_empty_name_is_refused() -> None:
-    """Found by the property below in its 20-minute run: an entry named by zero bytes left
+    """Found by the property below in a 20-minute run: an entry named by zero bytes left
     the reader with an IndexError (zipfile's ZipInfo.is_dir reads the name's last character)."""
     with pytest.raises(ArchiveError, match="an entry has an empty name"):
         read_archive(raw_zip([("", b"x")]))
@@ -299,8 +299,8 @@ def test_the_reader_reads_what_zipfile_reads_or_raises_archive_error(seed: int) 
     stored blocks; gaps, prepended bytes, fake end records) and byte-mangled ones: only
     ArchiveError leaves the reader, within a second; what it accepts is exactly what zipfile
     reads; a zip built without a defect and with names the reader allows is accepted. Run for
-    20 minutes (about 240,000 archives): it found an empty entry name (an IndexError), and
-    nothing else once that was fixed."""
+    20 minutes (106,003 archives) it found an empty entry name (an IndexError); 26 more minutes
+    once that was fixed (216,555 archives, under 65 MiB of RSS) found nothing."""
     rng = random.Random(seed)
     data, clean = _hostile_zip(rng)
     if rng.random() < 0.3:
