@@ -317,8 +317,10 @@ def verify_installed(host: Host, installed: InstalledPackage) -> Package:
 @attrs.frozen
 class InstalledRevocations:
     """What :func:`revoke_installed` did: the installed extensions it disabled, each with why
-    (``disabled``), and those it could not match against the list because their stored
-    package cannot be read, each with why (``unchecked``: the list may revoke them)."""
+    (``disabled``), and those it could not match against the list, each with why
+    (``unchecked``: the list may revoke them): their stored package cannot be read, or the
+    list revokes keys and, without the host's trust, the keys that endorsed theirs are
+    unknown."""
 
     disabled: dict[str, str]
     unchecked: dict[str, str]
@@ -354,7 +356,7 @@ def revoke_installed(host: Host, revocations: RevocationList) -> InstalledRevoca
                 host.disable(extension, clip_reason(f"{why} by the revocation list"))
                 disabled[extension] = why
             else:
-                unchecked[extension] = str(exc)
+                unchecked[extension] = f"its install record cannot be read: {exc}"
             continue
         if installed is None:
             continue  # removed meanwhile
@@ -370,13 +372,31 @@ def revoke_installed(host: Host, revocations: RevocationList) -> InstalledRevoca
             claims = _tree_claims(host, installed, record)
         except (WasihostError, OSError, ValueError) as exc:
             claims, problem = record, str(exc) or type(exc).__name__
+            problem = f"its stored package cannot be read: {problem}"
         why = revocations.revocation_of_claims(claims)
         if why is not None:
             host.disable(installed.id, clip_reason(f"{why} by the revocation list"))
             disabled[installed.id] = why
         elif problem is not None:
             unchecked[installed.id] = problem
+        elif revocations.keys and _endorsers_unknown(host, installed):
+            # Its signing key may be one a revoked key endorsed (a rotation): only the trust
+            # file says so, and without it such a package was left enabled, reported nowhere.
+            unchecked[installed.id] = (
+                "the list revokes keys, and the keys that endorsed its signing key are known "
+                "only from the host's trust file (give it with --trust)"
+            )
     return InstalledRevocations(disabled, unchecked)
+
+
+def _endorsers_unknown(host: Host, installed: InstalledPackage) -> bool:
+    """Whether ``installed`` was verified by a trust-file key whose endorsers the host cannot
+    know: it has no trust store (an OpenSSH-signed or unsigned package has no endorsers)."""
+    return (
+        installed.package_digest is not None
+        and host.policy.trusted_publishers is None
+        and not (installed.path / SSH_SIGNATURE_NAME).exists()
+    )
 
 
 def _tree_claims(host: Host, installed: InstalledPackage, record: Claims) -> Claims:

@@ -236,8 +236,8 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
             print(f"disabled installed {printable(extension)}: {printable(why)}")
         for extension, why in sorted(done.unchecked.items()):
             print(
-                f"error: installed {printable(extension)} was not checked against the list, its "
-                f"stored package cannot be read ({printable(why)}): it may be revoked; disable "
+                f"error: installed {printable(extension)} was not checked against the list "
+                f"({printable(why)}): it may be revoked; disable "
                 f"it with: wasihost grants revoke {printable(extension)}{_state_flag(args)}",
                 file=sys.stderr,
             )

@@ -57,6 +57,10 @@ _TIME = re.compile(r"(\d{8})(\d{4}(\d{2})?)?(Z?)")
 # The characters of a principal pattern: a publisher id's, plus the two wildcards, after an
 # optional negation.
 _PRINCIPAL = re.compile(r"!?[A-Za-z0-9._@+*?-]{1,128}")
+# OpenSSH's match_pattern_list copies each pattern into a 1 KiB buffer and matches nothing at
+# all, for the whole list, if one has 1,023 characters or more: such a namespace pattern is
+# refused here rather than read as a pattern ssh-keygen -Y verify would never match.
+MAX_PATTERN_CHARS: Final = 1022
 _OPTION = re.compile(r'([a-z-]+)(?:="([^"]*)")?')
 
 
@@ -203,12 +207,20 @@ def parse_line(number: int, fields: list[str], origin: str) -> AllowedSigner:
     for name in ("namespaces", "valid-after", "valid-before"):
         if name in options and options[name] is None:
             raise ConfigError(f'{where}: option {name} needs a value ({name}="...")')
+    namespace_patterns = tuple(namespaces.split(",")) if namespaces is not None else None
+    for pattern in namespace_patterns or ():
+        if len(pattern) > MAX_PATTERN_CHARS:
+            raise ConfigError(
+                f"{where}: a namespaces pattern of {len(pattern)} characters, more than "
+                f"{MAX_PATTERN_CHARS}: ssh-keygen -Y verify matches no namespace against the "
+                "list then (shorten it; 'wasihost' is the namespace packages are signed for)"
+            )
     return AllowedSigner(
         number,
         principals,
         key_type,
         key,
-        tuple(namespaces.split(",")) if namespaces is not None else None,
+        namespace_patterns,
         _timestamp(after, where) if after is not None else None,
         _timestamp(before, where) if before is not None else None,
     )

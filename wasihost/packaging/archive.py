@@ -69,6 +69,12 @@ _ZIP64_LOCATOR_MAGIC: Final = b"PK\x06\x07"
 _ACCEPTED_METHODS: Final = frozenset({zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED})
 _ENCRYPTED_FLAG: Final = 0x1
 _UTF8_FLAG: Final = 0x800
+# The general-purpose flags an entry may carry, those that do not change how its bytes are
+# read: deflate's level hints (bits 1 and 2), a data descriptor after the data (bit 3) and a
+# UTF-8 name (bit 11). Every other bit means bytes we would misread as plain data: traditional
+# (bit 0) or strong (bit 6) encryption, compressed patch data (bit 5), a masked local header
+# (bit 13), or something defined later.
+_ACCEPTED_FLAGS: Final = 0x2 | 0x4 | 0x8 | _UTF8_FLAG
 # A local file header: magic, version, flags, method, time, date, CRC, sizes, name and extra
 # field lengths (its name and extra field follow, then the entry's data).
 _LOCAL_HEADER: Final = struct.Struct("<4s5H3L2H")
@@ -108,6 +114,12 @@ class Archive:
 
 def read_archive(data: bytes) -> Archive:
     """Check and read a ``.whpkg``; raise :class:`ArchiveError` for anything wrong."""
+    return _match_record(_read_entries(data))
+
+
+def _read_entries(data: bytes) -> dict[str, bytes]:
+    """Every entry of the zip ``data`` by name, each checked and inflated here (not yet
+    matched against the content record)."""
     if len(data) > MAX_ARCHIVE_BYTES:
         raise ArchiveError(f"archive of {len(data)} bytes exceeds {MAX_ARCHIVE_BYTES}")
     count, cd_offset = _check_end_record(data)
@@ -123,7 +135,7 @@ def read_archive(data: bytes) -> Archive:
         raw = {info.filename: _read_entry(data, info, spans[info.filename]) for info in infos}
     except _ZIP_FAILURES as exc:
         raise ArchiveError(f"not a readable zip archive: {exc}") from None
-    return _match_record(raw)
+    return raw
 
 
 def _check_end_record(data: bytes) -> tuple[int, int]:
@@ -163,6 +175,10 @@ def _check_entries(infos: list[zipfile.ZipInfo]) -> None:
         name = info.filename
         if info.orig_filename != name:
             raise ArchiveError(f"entry name {quote(info.orig_filename)} holds a NUL byte")
+        if not name:
+            # Before anything asks zipfile about the name: ZipInfo.is_dir reads its last
+            # character, and an empty name left the reader with an IndexError.
+            raise ArchiveError("an entry has an empty name (pack the archive again)")
         if info.is_dir():
             raise ArchiveError(f"entry {quote(name)} is a folder entry")
         mode = info.external_attr >> 16
@@ -173,8 +189,7 @@ def _check_entries(infos: list[zipfile.ZipInfo]) -> None:
             check_name(name)
         except UnsafeName as exc:
             raise ArchiveError(f"entry name refused: {exc}") from None
-        if info.flag_bits & _ENCRYPTED_FLAG:
-            raise ArchiveError(f"entry {quote(name)} is encrypted")
+        _check_flags(name, info.flag_bits)
         if info.compress_type not in _ACCEPTED_METHODS:
             raise ArchiveError(
                 f"entry {quote(name)} uses compression method {info.compress_type}; "
@@ -205,6 +220,18 @@ def _check_entries(infos: list[zipfile.ZipInfo]) -> None:
         raise ArchiveError(f"entry names refused: {exc}") from None
 
 
+def _check_flags(name: str, flags: int) -> None:
+    if flags & _ENCRYPTED_FLAG:
+        raise ArchiveError(f"entry {quote(name)} is encrypted")
+    unknown = flags & ~_ACCEPTED_FLAGS
+    if unknown:
+        raise ArchiveError(
+            f"entry {quote(name)} has zip flags {unknown:#06x} set (encryption, patch data or "
+            "a masked header): only plain stored or deflated entries are accepted; "
+            "pack it again with `wasihost pack`"
+        )
+
+
 def _entry_spans(
     data: bytes, infos: list[zipfile.ZipInfo], cd_offset: int
 ) -> dict[str, tuple[int, int]]:
@@ -230,11 +257,11 @@ def _entry_spans(
             magic != _LOCAL_MAGIC
             or local_name.decode(encoding, errors="replace") != info.orig_filename
             or method != info.compress_type
-            or flags & _ENCRYPTED_FLAG
         ):
             raise ArchiveError(
                 f"entry {quote(name)}: its local header does not match its directory record"
             )
+        _check_flags(name, flags)
         end = start + info.compress_size
         if end > cd_offset:
             raise ArchiveError(f"entry {quote(name)} overlaps another entry or the directory")

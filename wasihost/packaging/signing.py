@@ -142,11 +142,12 @@ def verify(
             f"key {b64(parsed.key)[:16]}... is not one of publisher {parsed.publisher!r}'s "
             "trusted keys"
         )
-    expired = trust.expired(parsed.key)
+    expired = trust.expired(parsed.key, parsed.publisher)
     if expired is not None:
+        reason = trust.expiry_reason(parsed.key, parsed.publisher)
         raise ExpiredKeyError(
             f"key {b64(parsed.key)[:16]}... of publisher {parsed.publisher!r} expired at "
-            f"{format_time(expired)} ({trust.expiry_reason(parsed.key)}): the publisher signs "
+            f"{format_time(expired)} ({reason}): the publisher signs "
             "with a newer key (a new trust-file line), or the operator extends the expiry"
         )
     try:

@@ -198,36 +198,40 @@ def parse_expiry(text: str, where: str) -> float:
 
 def _endorsed_until(
     expiry: Mapping[bytes, float],
-    endorsers: Mapping[bytes, frozenset[bytes]],
-    vouched: set[bytes],
-) -> dict[bytes, float]:
-    """For each key whose every line is an endorsement: until when one of its endorsements
-    counts (none: no end). An endorsement carries no date, so that its endorsing key was valid
-    when it signed is known only as "it is unexpired now" (an expiry never moves back): an
-    endorsement counts while its endorser is trusted, and an endorser trusted only through
-    endorsements itself while one of those counts. A date in the endorsement would not do: the
-    holder of the old key, whom its expiry is meant to stop, would choose it.
+    endorsers: Mapping[tuple[str, bytes], frozenset[bytes]],
+    vouched: set[tuple[str, bytes]],
+) -> dict[tuple[str, bytes], float]:
+    """For each (publisher, key) whose every line is an endorsement: until when one of its
+    endorsements counts (none: no end). Each is its publisher's own: a key the operator
+    vouches for as one publisher's, or another publisher's old key endorsed, is trusted as
+    this publisher's only through this publisher's endorsements. An endorsement carries no
+    date, so that its endorsing key was valid when it signed is known only as "it is unexpired
+    now" (an expiry never moves back): an endorsement counts while its endorser is trusted, and
+    an endorser trusted only through endorsements itself while one of those counts. A date in
+    the endorsement would not do: the holder of the old key, whom its expiry is meant to stop,
+    would choose it.
 
     A key's end is the latest over its endorsers (one endorsement that counts suffices),
     bounded by its own expiry; found by relaxing until nothing moves (a widest-path search:
     each round settles at least one more key, so at most a round per key)."""
     inf = float("inf")
-    until = {key: -inf for key in endorsers if key not in vouched}
+    until = {held: -inf for held in endorsers if held not in vouched}
 
-    def end(key: bytes) -> float:
-        return min(until.get(key, inf), expiry.get(key, inf))
+    def end(held: tuple[str, bytes]) -> float:
+        return min(until.get(held, inf), expiry.get(held[1], inf))
 
     changed = True
     while changed:
         changed = False
-        for key, known in until.items():
-            best = min(max(end(e) for e in endorsers[key]), expiry.get(key, inf))
+        for (publisher, key), known in until.items():
+            endorsed_by = endorsers[(publisher, key)]
+            best = min(max(end((publisher, e)) for e in endorsed_by), expiry.get(key, inf))
             if best > known:
-                until[key] = best
+                until[(publisher, key)] = best
                 changed = True
     # (-inf, a key no endorsement reaches, cannot be: a key's first line needs an endorser on
     # an earlier line; 0 would make it expired since 1970.)
-    return {key: max(value, 0.0) for key, value in until.items() if value != inf}
+    return {held: max(value, 0.0) for held, value in until.items() if value != inf}
 
 
 @attrs.frozen
@@ -244,21 +248,34 @@ class TrustStore:
     # A rotated-to key -> every older key of its publisher that signed an endorsement of it (a
     # key may be endorsed on several lines: each endorser stays one its revocation reaches).
     endorsers: Mapping[bytes, frozenset[bytes]] = attrs.field(factory=dict, eq=False, hash=False)
-    # A key every line of which is endorsed (none is the operator's own word) -> when the last
-    # of its endorsements stops counting: an endorsement counts only while its endorsing key is
-    # trusted, so the key's trust ends there (folded into ``expiry`` too; kept apart to say so).
-    endorsed_until: Mapping[bytes, float] = attrs.field(factory=dict, eq=False, hash=False)
+    # A (publisher, key) every line of which is endorsed (none is the operator's own word for
+    # that publisher) -> when the last of its endorsements stops counting: an endorsement counts
+    # only while its endorsing key is trusted, so the key's trust as that publisher's ends there.
+    endorsed_until: Mapping[tuple[str, bytes], float] = attrs.field(
+        factory=dict, eq=False, hash=False
+    )
 
-    def expired(self, key: bytes) -> float | None:
-        """The expiry of ``key`` if it has passed, else None (for a key trusted only through
-        endorsements, the end of the last of them, if that is sooner: see ``endorsed_until``)."""
-        when = self.expiry.get(key)
+    def _ends(self, key: bytes, publisher: str | None) -> float | None:
+        """When ``key`` stops being trusted as ``publisher``'s (as anyone's, if None): its own
+        expiry or, for a key trusted only through endorsements, the end of the last of them."""
+        ends = [self.expiry[key]] if key in self.expiry else []
+        ends += [
+            until
+            for (holder, endorsed), until in self.endorsed_until.items()
+            if endorsed == key and publisher in (None, holder)
+        ]
+        return min(ends, default=None)
+
+    def expired(self, key: bytes, publisher: str | None = None) -> float | None:
+        """When ``key``'s trust as ``publisher``'s key ended, if it has, else None; without a
+        publisher, the soonest end over every publisher it is listed for."""
+        when = self._ends(key, publisher)
         return when if when is not None and when <= self.clock() else None
 
-    def expiry_reason(self, key: bytes) -> str:
+    def expiry_reason(self, key: bytes, publisher: str | None = None) -> str:
         """Why ``key`` expires when it does, for an error: its own line, or its endorsers."""
-        ends = self.endorsed_until.get(key)
-        if ends is None or ends > self.expiry.get(key, ends):
+        ends = self._ends(key, publisher)
+        if ends is None or ends == self.expiry.get(key):
             return "its expiry"
         return (
             "the expiry of the keys that endorsed it: an endorsement counts only while its "
@@ -288,7 +305,9 @@ class TrustStore:
         revokers: set[tuple[str, bytes]] = set()
         expiry: dict[bytes, float] = {}
         endorsers: dict[bytes, frozenset[bytes]] = {}
-        vouched: set[bytes] = set()  # keys with a line that is not an endorsement
+        endorsed_by: dict[tuple[str, bytes], frozenset[bytes]] = {}
+        # (publisher, key) with a line that is not an endorsement: the operator's own word
+        vouched: set[tuple[str, bytes]] = set()
         for number, fields in _lines(text):
             where = f"{origin} line {number}"
             if len(fields) < 3:
@@ -323,19 +342,17 @@ class TrustStore:
                         f"key of publisher {publisher!r}"
                     ) from None
                 endorsers[raw] = endorsers.get(raw, frozenset()) | {endorser}
+                held = (publisher, raw)
+                endorsed_by[held] = endorsed_by.get(held, frozenset()) | {endorser}
             else:
-                vouched.add(raw)
+                vouched.add((publisher, raw))
             (revokers if role else keys).add((publisher, raw))
             if expires is not None:
                 expiry[raw] = min(expires, expiry.get(raw, expires))
             if len(keys) + len(revokers) > MAX_TRUSTED_KEYS:
                 raise ConfigError(f"{origin}: more than {MAX_TRUSTED_KEYS} keys")
-        endorsed_until = _endorsed_until(expiry, endorsers, vouched)
-        for endorsed, until in endorsed_until.items():
-            expiry[endorsed] = min(until, expiry.get(endorsed, until))
-        return cls(
-            frozenset(keys), frozenset(revokers), expiry, clock, endorsers, endorsed_until
-        )
+        endorsed_until = _endorsed_until(expiry, endorsed_by, vouched)
+        return cls(frozenset(keys), frozenset(revokers), expiry, clock, endorsers, endorsed_until)
 
     @classmethod
     def from_file(cls, path: str | Path) -> TrustStore:
