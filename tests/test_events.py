@@ -18,6 +18,7 @@ from guests import build, escape, guest_wat, host_import
 
 from wasihost.brokers.events import (
     MAX_EVENT_PAYLOAD_BYTES,
+    MAX_LOOKS,
     MAX_QUEUED_BYTES_PER_SUBSCRIPTION,
     MAX_SUBSCRIPTIONS_PER_EXTENSION,
     EventsBroker,
@@ -27,6 +28,7 @@ from wasihost.errors import AdmissionError, CallError, ConfigError, ManifestErro
 from wasihost.extension import Extension
 from wasihost.extlog import LogRecord
 from wasihost.inspect import inspect_package
+from wasihost.lifecycle import State
 from wasihost.manifest import parse_manifest
 from wasihost.package import load_package
 from wasihost.policy import Policy
@@ -836,3 +838,31 @@ def test_one_dispatcher_serves_every_extension_in_turn(cache: Path, tmp_path: Pa
         assert broker.threads == 1
         assert [e["payload"] for e in received(good)] == [0, 1, 2]
         assert broker.stats(bad.id)["orders.*"].failed == 3
+
+
+def test_a_lifecycle_moving_between_its_running_states_loses_no_published_event(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish looks at each subscriber's grant outside the broker's lock and takes the look
+    again if it went stale (the red-team pass on item 18). The look counted the lifecycle
+    state itself: an extension failing its deliveries moves between running, failed and
+    restarting at every event, so beside it four publishers found their looks stale
+    MAX_LOOKS times running and gave events up, counted nowhere (399 of 400 accounted for,
+    under load). Only whether the state halts deliveries makes a look stale now."""
+    good = subscribed(host, "orders.*")
+    moves = iter([State.FAILED, State.RUNNING] * MAX_LOOKS * 2)
+    real_allowed = ExtensionEvents.allowed
+
+    def allowed_then_moved(self: ExtensionEvents) -> tuple[str, ...] | None:
+        value = real_allowed(self)
+        # What a failing delivery on another thread does between this look and the lock.
+        self.ext.lifecycle._state = next(moves, State.RUNNING)
+        return value
+
+    monkeypatch.setattr(ExtensionEvents, "allowed", allowed_then_moved)
+    assert host.publish("orders.created", {"n": 1}) == 1
+    monkeypatch.undo()
+    good.lifecycle._state = State.RUNNING
+    drained(host)
+    stats = events_of(host).stats(good.id)["orders.*"]
+    assert stats.accepted == 1 and stats.delivered == 1

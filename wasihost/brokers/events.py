@@ -234,6 +234,10 @@ class Delivery:
     coalesced: int
 
 
+# The lifecycle states in which no event reaches an extension (its subscriptions go).
+_HALTING_STATES: Final = (State.REVOKED, State.CLOSED)
+
+
 def _same(before: tuple[object, ...], now: tuple[object, ...]) -> bool:
     """Whether two :meth:`ExtensionEvents.stamp` are of the same grant, policy and state."""
     return all(a is b for a, b in zip(before, now, strict=True))
@@ -280,15 +284,22 @@ class ExtensionEvents:
         return allowed
 
     def halted(self) -> bool:
-        return self.closed or self.ext.lifecycle.state in (State.REVOKED, State.CLOSED)
+        return self.closed or self.ext.lifecycle.state in _HALTING_STATES
 
-    def stamp(self) -> tuple[object, object, object]:
-        """What :meth:`allowed` and :meth:`halted` are computed from: the grant state, the
-        policy and the lifecycle state, as they are now. Read without a lock (each is replaced
-        whole), so it may be taken under the broker's lock to see whether a look taken
-        before it is still current (:func:`_same`)."""
+    def stamp(self) -> tuple[object, object, bool]:
+        """What :meth:`allowed` and :meth:`halted` are computed from: the grant state and the
+        policy as they are now, and whether the lifecycle state halts deliveries. Read without
+        a lock (each is replaced whole), so it may be taken under the broker's lock to see
+        whether a look taken before it is still current (:func:`_same`). The lifecycle state
+        itself is not in it: an extension failing its deliveries moves between running,
+        failed and restarting at every event, and four publishers beside it found their looks
+        stale MAX_LOOKS times running and gave events up without counting them."""
         ext = self.ext
-        return (ext.host.grants.current(ext.id), ext.host.policy, ext.lifecycle.state)
+        return (
+            ext.host.grants.current(ext.id),
+            ext.host.policy,
+            ext.lifecycle.state in _HALTING_STATES,
+        )
 
     def prune(self, allowed: tuple[str, ...] | None) -> None:
         """Drop (with their queues) the subscriptions ``allowed`` no longer covers."""
