@@ -209,12 +209,8 @@ fill = {{}}
 """
 
 
-def test_a_bulk_instruction_holds_the_gil_for_one_call_of_its_module_at_most() -> None:
-    # The attack: a command alternates a short call (trusted: its next call keeps the GIL)
-    # with one memory.fill far longer than a tick. A single instruction meets at most one
-    # tick, and trust was withdrawn only after two, so every fill kept the GIL (the reviewer:
-    # 5 of 10 calls, other threads stalled 20-365 ms each). A call that kept the GIL for
-    # longer than a tick now withdraws its module's trust: the first fill is the last.
+def _fill_package() -> Package:
+    """The fill command's package: a short call or one long memory.fill, by its argument."""
     wasm = build(
         guest_wat(
             FILL_BODY,
@@ -222,8 +218,16 @@ def test_a_bulk_instruction_holds_the_gil_for_one_call_of_its_module_at_most() -
         )
     )
     manifest = parse_manifest(FILL_MANIFEST, default_registry().capabilities())
-    package = Package("fill", manifest, wasm, hashlib.sha256(wasm).hexdigest())
-    settings = EngineSettings(epoch_tick_ms=TICK_MS)
+    return Package("fill", manifest, wasm, hashlib.sha256(wasm).hexdigest())
+
+
+def test_a_bulk_instruction_holds_the_gil_for_one_call_of_its_module_at_most() -> None:
+    # The attack: a command alternates a short call (trusted: its next call keeps the GIL)
+    # with one memory.fill far longer than a tick. A single instruction meets at most one
+    # tick, and trust was withdrawn only after two, so every fill kept the GIL (the reviewer:
+    # 5 of 10 calls, other threads stalled 20-365 ms each). A call that kept the GIL for
+    # longer than a tick now withdraws its module's trust: the first fill is the last.
+    package, settings = _fill_package(), EngineSettings(epoch_tick_ms=TICK_MS)
     with Host(Policy(), cache_dir=None, settings=settings) as host:
         assert host.engine.keep_gil_below_fuel > 0  # the native ticker is there (Linux)
         ext = host.admit(package)
@@ -252,15 +256,7 @@ def test_the_withdrawn_gil_trust_stays_withdrawn_when_the_same_bytes_are_admitte
     # compiled again after the module cache let them go) got a new one, trusted: its next
     # fill kept the GIL again, one per re-admission. Now the engine keeps the digests whose
     # trust was withdrawn, and a module made again for them starts without it.
-    wasm = build(
-        guest_wat(
-            FILL_BODY,
-            hello={"id": "org.test.fill", "version": "0.1.0", "abi": "1.0", "features": []},
-        )
-    )
-    manifest = parse_manifest(FILL_MANIFEST, default_registry().capabilities())
-    package = Package("fill", manifest, wasm, hashlib.sha256(wasm).hexdigest())
-    settings = EngineSettings(epoch_tick_ms=TICK_MS)
+    package, settings = _fill_package(), EngineSettings(epoch_tick_ms=TICK_MS)
     with Host(Policy(), cache_dir=None, settings=settings) as host:
         ext = host.admit(package)
         for fill in (False, True, False):

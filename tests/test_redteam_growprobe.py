@@ -119,15 +119,20 @@ def test_a_module_at_the_function_limit_is_not_pushed_over_it() -> None:
         (7, b"\x02\x06_start\x00\x00\x06memory\x02\x00"),
         (10, code),
     ]
-    wasm = b"\x00asm\x01\x00\x00\x00" + b"".join(
-        bytes([sid]) + _leb(len(payload)) + payload for sid, payload in sections
-    )
+    wasm = _module(sections)
     header = read_header(wasm)
     scan_module(header, wasm)  # admitted as it is
     assert validates(wasm)
     probed = probe_refused_grows(wasm, header, validates)
     scan_module(read_header(probed), probed)
     assert probed == wasm
+
+
+def _module(sections: list[tuple[int, bytes]]) -> bytes:
+    """A module of ``sections`` (id, payload), in the order given."""
+    return b"\x00asm\x01\x00\x00\x00" + b"".join(
+        bytes([sid]) + _leb(len(payload)) + payload for sid, payload in sections
+    )
 
 
 def _leb(value: int) -> bytes:
@@ -156,9 +161,7 @@ def test_a_body_at_its_byte_limit_is_not_pushed_over_it() -> None:
         (7, b"\x02\x06_start\x00\x00\x06memory\x02\x00"),
         (10, code),
     ]
-    wasm = b"\x00asm\x01\x00\x00\x00" + b"".join(
-        bytes([sid]) + _leb(len(payload)) + payload for sid, payload in sections
-    )
+    wasm = _module(sections)
     header = read_header(wasm)
     scan_module(header, wasm)
     assert validates(wasm)
@@ -180,9 +183,7 @@ def test_a_module_at_the_header_scans_limits_is_not_pushed_over_them() -> None:
         (7, b"\x02\x06_start\x00\x00\x06memory\x02\x00"),
         (10, b"\x01" + bytes([len(body)]) + body),
     ]
-    wasm = b"\x00asm\x01\x00\x00\x00" + b"".join(
-        bytes([sid]) + _leb(len(payload)) + payload for sid, payload in sections
-    )
+    wasm = _module(sections)
     header = read_header(wasm)
     assert validates(wasm)
     probed = probe_refused_grows(wasm, header, validates)
