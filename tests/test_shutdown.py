@@ -260,6 +260,9 @@ def close_beside():
     host.close()
     second["returned"] = time.monotonic()
     second["took"] = second["returned"] - started
+    # The caller's own thread ends once its failed call reaches it (asyncio.run winds down);
+    # a call still spinning would keep it alive past the bound.
+    caller.join(10)
     second["left"] = left_running()
 
 signal_at = []
