@@ -22,7 +22,7 @@ from wasi_support import LIBC, ROOT, validates
 from wasi_testsuite import SUITE
 
 from wasihost.growprobe import GROW_REFUSED_EXPORT, probe_refused_grows
-from wasihost.wasmbin import Limits, WasmFormatError, read_header
+from wasihost.wasmbin import Limits, WasmFormatError, read_header, read_u32
 
 EXAMPLES = int(os.environ.get("WASIHOST_GROWPROBE_EXAMPLES", "60"))
 PAGE = 65536
@@ -219,17 +219,6 @@ def test_a_probed_module_runs_as_its_original(case: tuple[str, int]) -> None:
     _differ(*case)
 
 
-def _uleb(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, i
-
-
 def _index_spaces(wasm: bytes) -> tuple[int, int]:
     """How many functions and globals ``wasm`` has, imported ones included: the next free
     indices, which the probe's function and global take."""
@@ -238,11 +227,11 @@ def _index_spaces(wasm: bytes) -> tuple[int, int]:
     globals_ = sum(1 for i in header.imports if i.kind == "global")
     pos = 8
     while pos < len(wasm):
-        section, (size, start) = wasm[pos], _uleb(wasm, pos + 1)
+        section, (size, start) = wasm[pos], read_u32(wasm, pos + 1)
         if section == 3:
-            functions += _uleb(wasm, start)[0]
+            functions += read_u32(wasm, start)[0]
         elif section == 6:
-            globals_ += _uleb(wasm, start)[0]
+            globals_ += read_u32(wasm, start)[0]
         pos = start + size
     return functions, globals_
 

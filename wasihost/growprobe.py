@@ -25,7 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .wasmbin import PAGE_BYTES, WasmFormatError, read_header
+# Sizes and counts are read as the header scan reads a u32 (at most 5 bytes, below 2^32): the
+# rewrite encodes them anew, so a longer encoding, refused by the compiler as it stands, would
+# come out repaired.
+from .wasmbin import PAGE_BYTES, WasmFormatError, read_header, read_u32
 
 if TYPE_CHECKING:
     from .wasmbin import ModuleHeader
@@ -56,26 +59,6 @@ def _uleb(value: int) -> bytes:
             return bytes(out)
 
 
-# A u32 takes at most 5 LEB bytes; wasmparser refuses a longer one. The rewrite encodes the
-# sizes and counts it reads anew, so a longer one (refused by the compiler as it stands) would
-# come out repaired.
-_MAX_U32_LEB_BYTES = 5
-
-
-def _read_uleb(data: bytes, i: int) -> tuple[int, int]:
-    result = shift = 0
-    start = i
-    while True:
-        byte = data[i]
-        i += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            if i - start > _MAX_U32_LEB_BYTES:
-                raise _Malformed
-            return result, i
-
-
 def _grow_function(global_index: int) -> bytes:
     """The body that replaces each ``memory.grow 0``: grow by the argument, and when that
     answered -1, record the pages asked for (memory.size + delta, as unsigned 64-bit)."""
@@ -93,7 +76,7 @@ def _grow_function(global_index: int) -> bytes:
 
 def _append(payload: bytes, item: bytes) -> bytes:
     """A vector section's payload with one more item at its end."""
-    count, rest = _read_uleb(payload, 0)
+    count, rest = read_u32(payload, 0)
     return _uleb(count + 1) + payload[rest:] + item
 
 
@@ -102,7 +85,7 @@ def _sections(wasm: bytes) -> list[tuple[int, bytes]]:
     pos = 8
     while pos < len(wasm):
         section_id = wasm[pos]
-        size, start = _read_uleb(wasm, pos + 1)
+        size, start = read_u32(wasm, pos + 1)
         if start + size > len(wasm):
             raise _Malformed  # re-framed, a truncated section would read as a whole one
         sections.append((section_id, wasm[start : start + size]))
@@ -125,7 +108,7 @@ class _OverShape(Exception):
 def _count(sections: list[tuple[int, bytes]], section_id: int) -> int:
     for sid, payload in sections:
         if sid == section_id:
-            return _read_uleb(payload, 0)[0]
+            return read_u32(payload, 0)[0]
     return 0
 
 
@@ -147,7 +130,7 @@ def probe_refused_grows(
         return wasm
     try:
         probed = _probe(wasm, header)
-    except (_Malformed, _OverShape, IndexError, CodeShapeError):
+    except (_Malformed, _OverShape, IndexError, CodeShapeError, WasmFormatError):
         return wasm
     if probed is wasm or not validates(wasm) or not validates(probed):
         return wasm
@@ -226,10 +209,10 @@ def _rewrite_code(code: bytes, sites: list[list[tuple[int, int]]], call: bytes) 
     within its body) replaced by ``call``, and each body's size written anew."""
     from .codeshape import MAX_FUNCTION_BODY_BYTES
 
-    count, i = _read_uleb(code, 0)
+    count, i = read_u32(code, 0)
     bodies = [_uleb(count)]
     for body_sites in sites:
-        size, start = _read_uleb(code, i)
+        size, start = read_u32(code, i)
         body = code[start : start + size]
         i = start + size
         if body_sites:

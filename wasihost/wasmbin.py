@@ -311,6 +311,13 @@ def read_header_cached(data: bytes) -> ModuleHeader:
     return header
 
 
+def read_u32(data: bytes, pos: int) -> tuple[int, int]:
+    """The unsigned LEB128 u32 at ``pos`` and the offset after it, bounded as the header scan
+    (and wasmtime) reads one; :class:`WasmFormatError` otherwise."""
+    reader = _Reader(data, pos, len(data))
+    return reader.uleb(32), reader.pos
+
+
 def read_header(data: bytes) -> ModuleHeader:
     """Scan ``data``'s sections; raise :class:`WasmFormatError` on anything malformed."""
     if len(data) > MAX_MODULE_BYTES:
