@@ -107,25 +107,30 @@ def test_a_guest_exporting_the_probes_name_cannot_forge_a_refusal() -> None:
 def test_a_module_at_the_function_limit_is_not_pushed_over_it() -> None:
     """Admission's shape scan allows MAX_FUNCTIONS functions; the probe's one more made a
     module admission accepts one it refused ("module defines 50001 functions")."""
-    functions = MAX_FUNCTIONS
-    grow_body = b"\x00" + _GROW + b"\x0b"
-    empty_body = b"\x00\x0b"
-    code = _leb(functions) + bytes([len(grow_body)]) + grow_body
-    code += (bytes([len(empty_body)]) + empty_body) * (functions - 1)
-    sections = [
-        (1, b"\x01\x60\x00\x00"),
-        (3, _leb(functions) + b"\x00" * functions),
-        (5, b"\x01\x00\x01"),
-        (7, b"\x02\x06_start\x00\x00\x06memory\x02\x00"),
-        (10, code),
-    ]
-    wasm = _module(sections)
+    wasm = _functions_module(MAX_FUNCTIONS, b"\x00" + _GROW + b"\x0b")
     header = read_header(wasm)
     scan_module(header, wasm)  # admitted as it is
     assert validates(wasm)
     probed = probe_refused_grows(wasm, header, validates)
     scan_module(read_header(probed), probed)
     assert probed == wasm
+
+
+def _functions_module(functions: int, first_body: bytes) -> bytes:
+    """A command of ``functions`` functions of type () -> (), the first (its ``_start``) with
+    ``first_body``, the rest empty, and one page of memory."""
+    empty_body = b"\x00\x0b"
+    code = _leb(functions) + _leb(len(first_body)) + first_body
+    code += (bytes([len(empty_body)]) + empty_body) * (functions - 1)
+    return _module(
+        [
+            (1, b"\x01\x60\x00\x00"),
+            (3, _leb(functions) + b"\x00" * functions),
+            (5, b"\x01\x00\x01"),
+            (7, b"\x02\x06_start\x00\x00\x06memory\x02\x00"),
+            (10, code),
+        ]
+    )
 
 
 def _module(sections: list[tuple[int, bytes]]) -> bytes:
@@ -151,17 +156,7 @@ def test_a_body_at_its_byte_limit_is_not_pushed_over_it() -> None:
     grow = b"\x41\x00\x40\x00\x1a"  # i32.const 0; memory.grow 0; drop
     body = b"\x00" + grow * 1000
     body += b"\x01" * (MAX_FUNCTION_BODY_BYTES - len(body) - 1) + b"\x0b"  # nops, end
-    empty_body = b"\x00\x0b"
-    code = _leb(functions) + _leb(len(body)) + body
-    code += (bytes([len(empty_body)]) + empty_body) * (functions - 1)
-    sections = [
-        (1, b"\x01\x60\x00\x00"),
-        (3, _leb(functions) + b"\x00" * functions),
-        (5, b"\x01\x00\x01"),
-        (7, b"\x02\x06_start\x00\x00\x06memory\x02\x00"),
-        (10, code),
-    ]
-    wasm = _module(sections)
+    wasm = _functions_module(functions, body)
     header = read_header(wasm)
     scan_module(header, wasm)
     assert validates(wasm)
