@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from wasihost.benchmark.guests import loop_guest_wat
 from wasihost.benchmark.hosts import bench_policy
 from wasihost.engine.benchraw import PublicGuest, RawFloor, RawModule
-from wasihost.runtime import Host
+from wasihost.host.runtime import Host
 
 ECHO = ROOT / "fixtures" / "echo"
 HOSTFLOOD = ROOT / "fixtures" / "hostflood"
@@ -127,7 +127,7 @@ assert len(REQUEST64) == 64
 
 def request_calls(calls: int, repeats: int) -> dict[str, dict[str, float]]:
     """Per host call µs of ``log`` and of an embedder function, each with a 64-byte request."""
-    from wasihost.package import Package
+    from wasihost.packaging.package import Package
 
     host = Host(bench_policy({"log", "bench"}), cache_dir=None)
     host.add_function(

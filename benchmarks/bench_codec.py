@@ -2,7 +2,7 @@
 
 Each case is one value, encoded and decoded by:
 
-- ``wasihost``: ``wasihost.codec`` with the limits it is used with (every bound checked);
+- ``wasihost``: ``wasihost.core.codec`` with the limits it is used with (every bound checked);
 - ``cbor2``: ``cbor2.dumps``/``cbor2.loads``, C, no bounds at all;
 - ``before``: the codec before its fast paths, kept as the oracle in ``tests/reference_codec.py``.
 
@@ -18,7 +18,7 @@ a ~58 KiB structured value at most 2x cbor2.
 
 ``--echo``: the codec's share of a whole call instead. ``Extension.call("echo", 64 bytes)`` on
 ``fixtures/echo`` (the ``echo64`` case of ``bench_calls.py``), rounds alternating between the
-codec as it is and the codec before (``wasihost.extension``'s ``encode``/``decode`` swapped for
+codec as it is and the codec before (``wasihost.host.extension``'s ``encode``/``decode`` swapped for
 ``tests/reference_codec.py``'s), same process, same instance.
 
 Usage: ``python benchmarks/bench_codec.py [--rounds 15] [--budget-ms 40] [--clock cpu|wall]
@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import reference_codec
 
-from wasihost import codec
-from wasihost.codec import CodecLimits
+from wasihost.core import codec
+from wasihost.core.codec import CodecLimits
 
 # The limits Extension.call uses for a command's input and output (max_bytes from the
 # resources, the ABI's defaults for the rest): the bounds are part of what is timed.
@@ -190,9 +190,9 @@ def run(rounds: int, budget_ms: float, clock_name: str, only: frozenset[str]) ->
 def run_echo(rounds: int, calls: int, clock_name: str) -> dict[str, Any]:
     """Per-call µs of the 64-byte echo through Extension.call with each codec, interleaved."""
     os.environ["RUST_BACKTRACE"] = "0"
-    from wasihost import extension
     from wasihost.benchmark.hosts import bench_policy
-    from wasihost.runtime import Host
+    from wasihost.host import extension
+    from wasihost.host.runtime import Host
 
     clock = time.process_time_ns if clock_name == "cpu" else time.perf_counter_ns
     payload = bytes(range(64))

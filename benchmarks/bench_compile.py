@@ -1,6 +1,6 @@
 """The worst compile cost per KB that the code-shape pre-check admits.
 
-Builds modules of the costliest shapes at (or just under) the limits of ``wasihost.codeshape``,
+Builds modules of the costliest shapes at (or just under) the limits of ``wasihost.core.codeshape``,
 checks that the pre-check admits them, and compiles each in a fresh process with the host's
 engine configuration (fuel and epoch instrumentation on), reporting wall and CPU time, peak
 RSS and address space, and each per KB of module. Ordinary code (the wasi-std fixture) is the
@@ -21,11 +21,11 @@ from pathlib import Path
 
 os.environ.setdefault("RUST_BACKTRACE", "0")
 
-from wasihost import codeshape as cs
-from wasihost.codeshape import scan_code
+from wasihost.core import codeshape as cs
+from wasihost.core.codeshape import scan_code
+from wasihost.core.settings import EngineSettings
 from wasihost.engine import compiler as comp
 from wasihost.engine.wasm_engine import engine_options
-from wasihost.settings import EngineSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -60,10 +60,10 @@ import attrs
 
 import wasihost.engine.instance as instance_module
 from wasihost.benchmark.hosts import bench_policy
-from wasihost.extension import Extension
-from wasihost.package import Package, load_package
-from wasihost.runtime import Host
-from wasihost.settings import EngineSettings
+from wasihost.core.settings import EngineSettings
+from wasihost.host.extension import Extension
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import Package, load_package
 
 ECHO = ROOT / "fixtures" / "echo"
 COMPUTE = ROOT / "fixtures" / "compute"

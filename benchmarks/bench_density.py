@@ -73,13 +73,13 @@ def child(name: str, n: int) -> dict[str, Any]:
     import gc
     import tracemalloc
 
+    from wasihost.core.settings import EngineSettings
     from wasihost.engine.density import trim_native_heap
-    from wasihost.eviction import EvictionPolicy
-    from wasihost.governor import Governor
-    from wasihost.package import Package, load_package
-    from wasihost.policy import Policy
-    from wasihost.runtime import Host
-    from wasihost.settings import EngineSettings
+    from wasihost.host.policy import Policy
+    from wasihost.host.runtime import Host
+    from wasihost.packaging.package import Package, load_package
+    from wasihost.supervisor.eviction import EvictionPolicy
+    from wasihost.supervisor.governor import Governor
 
     spec = dict(CONFIGS[name])
     evict = bool(spec.pop("evict", False))
@@ -186,10 +186,10 @@ def startup_ratio(batches: int, batch: int) -> dict[str, Any]:
     admit + first call + close of one echo extension, median per batch."""
     import gc
 
-    from wasihost.package import Package, load_package
-    from wasihost.policy import Policy
-    from wasihost.runtime import Host
-    from wasihost.settings import EngineSettings
+    from wasihost.core.settings import EngineSettings
+    from wasihost.host.policy import Policy
+    from wasihost.host.runtime import Host
+    from wasihost.packaging.package import Package, load_package
 
     base = load_package(ROOT / "fixtures" / "echo", frozenset(), None, None)
     hosts = {
@@ -227,10 +227,10 @@ def call_ratio(batches: int, batch: int) -> dict[str, Any]:
     LRU order) vs off, in one process, interleaved batch by batch; median per batch."""
     import gc
 
-    from wasihost.eviction import EvictionPolicy
-    from wasihost.package import Package, load_package
-    from wasihost.policy import Policy
-    from wasihost.runtime import Host
+    from wasihost.host.policy import Policy
+    from wasihost.host.runtime import Host
+    from wasihost.packaging.package import Package, load_package
+    from wasihost.supervisor.eviction import EvictionPolicy
 
     base = load_package(ROOT / "fixtures" / "echo", frozenset(), None, None)
     exts = {}

@@ -71,10 +71,10 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from wasihost.benchmark.hosts import bench_policy
-from wasihost.package import Package
-from wasihost.runtime import Host
-from wasihost.settings import EngineSettings
-from wasihost.status import Status
+from wasihost.core.settings import EngineSettings
+from wasihost.core.status import Status
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import Package
 
 HOST_CALLS = 1000  # host calls per timed command (fixed in i64_plugin.wat)
 LOG_OK = 1  # log and lookup answer null: a one-byte response

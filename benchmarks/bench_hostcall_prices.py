@@ -59,12 +59,12 @@ from wasihost.brokers.http import HttpBroker
 from wasihost.brokers.jobs import MAX_JOB_INPUT_ITEMS
 from wasihost.brokers.secrets import SecretsBroker
 from wasihost.brokers.storage import StorageBroker
-from wasihost.event_classes import MAX_SELECTORS
-from wasihost.manifest import parse_manifest
-from wasihost.package import Package
-from wasihost.registry import default_registry
-from wasihost.runtime import Host
-from wasihost.secrets import MemorySecretStore
+from wasihost.core.event_classes import MAX_SELECTORS
+from wasihost.core.manifest import parse_manifest
+from wasihost.core.registry import default_registry
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import Package
+from wasihost.store.secrets import MemorySecretStore
 from wasihost.wasi import limits as wasi_limits
 
 REQ_AT = 65536  # requests are laid out from here, one after another

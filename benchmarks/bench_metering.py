@@ -27,8 +27,8 @@ import wasmtime
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from wasihost.core.settings import EngineSettings
 from wasihost.engine import WasmEngine
-from wasihost.settings import EngineSettings
 
 COMPUTE = ROOT / "fixtures" / "compute" / "compute.wasm"
 BIG_FUEL = 10**15

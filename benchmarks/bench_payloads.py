@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from wasihost.benchmark.guests import EXTISM_PLUGIN_WAT
 from wasihost.benchmark.hosts import bench_policy
-from wasihost.runtime import Host
+from wasihost.host.runtime import Host
 
 RAWECHO = ROOT / "fixtures" / "rawecho"
 SIZES = {"64KiB": 64 * 1024, "1MiB": 1024 * 1024}

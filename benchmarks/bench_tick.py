@@ -51,9 +51,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from wasihost.benchmark.hosts import bench_policy
-from wasihost.errors import CallError, FailureClass
-from wasihost.runtime import Host
-from wasihost.settings import MAX_EPOCH_TICK_MS, EngineSettings
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.core.settings import MAX_EPOCH_TICK_MS, EngineSettings
+from wasihost.host.runtime import Host
 
 SPIN = ROOT / "fixtures" / "spin"
 ECHO = ROOT / "fixtures" / "echo"

@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from wasihost.benchmark.hosts import bench_policy
-from wasihost.package import Package
-from wasihost.runtime import Host
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import Package
 from wasihost.wasi import Mount, WasiOptions, capabilities_for, wasi_profile
 
 MODULE = ROOT / "fixtures" / "wasi-bench" / "wasi-bench.wasm"

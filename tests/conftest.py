@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from wasihost.package import Package
-from wasihost.policy import Policy
-from wasihost.registry import AbiVersion, HostFunction
-from wasihost.runtime import Host
+from wasihost.core.registry import AbiVersion, HostFunction
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import Package
 
 # Trap paths of wasmtime are much slower with Rust backtraces on; tests trap a lot.
 os.environ["RUST_BACKTRACE"] = "0"

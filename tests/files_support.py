@@ -14,8 +14,8 @@ from typing import Any
 import cbor2
 from guests import build, guest_wat, host_import
 
-from wasihost.extension import Extension
-from wasihost.status import Status
+from wasihost.core.status import Status
+from wasihost.host.extension import Extension
 
 OUT = 16384
 RESPONSE = OUT + 13

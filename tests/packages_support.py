@@ -12,10 +12,10 @@ from pathlib import Path
 
 from conftest import FIXTURES
 
-from wasihost.package import identity
 from wasihost.packaging import contents, signing
 from wasihost.packaging.archive import CONTENTS_NAME, SIGNATURE_NAME, write_archive
 from wasihost.packaging.files import pack_directory
+from wasihost.packaging.package import identity
 from wasihost.packaging.trust import SigningKey, TrustStore
 
 PUBLISHER = "acme.example"
@@ -40,8 +40,8 @@ def hello_files(tmp: Path, **kwargs: str | None) -> dict[str, bytes]:
 
 def signature_for(files: dict[str, bytes], key: SigningKey) -> bytes:
     """The signature record ``wasihost sign`` would add to the archive of ``files``."""
-    from wasihost.manifest import parse_manifest
-    from wasihost.registry import default_registry
+    from wasihost.core.manifest import parse_manifest
+    from wasihost.core.registry import default_registry
 
     manifest = parse_manifest(files["extension.toml"].decode(), default_registry().capabilities())
     module = hashlib.sha256(files[manifest.module]).hexdigest()

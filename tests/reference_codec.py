@@ -1,6 +1,6 @@
 """The codec as it was before the fast rewrite (commit 68d7b0b), kept verbatim as the oracle.
 
-``tests/test_codec_differential.py`` checks that ``wasihost.codec`` gives exactly what this
+``tests/test_codec_differential.py`` checks that ``wasihost.core.codec`` gives exactly what this
 module gives (the same value, or a CodecError with the same message) on the vectors and on
 generated inputs, valid and hostile. Only the limits class is shared (imported), so that one
 ``CodecLimits`` drives both. Do not optimise or fix this file: it is the reference.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Final, cast
 
-from wasihost.codec import DEFAULT_LIMITS, CodecLimits, Value
-from wasihost.errors import CodecError
+from wasihost.core.codec import DEFAULT_LIMITS, CodecLimits, Value
+from wasihost.core.errors import CodecError
 
 # The largest argument a CBOR head can carry (additional information 27, eight bytes).
 _UINT64_MAX: Final = (1 << 64) - 1

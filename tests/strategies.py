@@ -8,8 +8,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from wasihost.codec import Value, encode
-from wasihost.limits import RESOURCE_BOUNDS
+from wasihost.core.codec import Value, encode
+from wasihost.core.limits import RESOURCE_BOUNDS
 
 # Values stay far inside the default limits: depth 32, 4096 items, 64 KiB strings.
 MAX_TEST_DEPTH = 32

@@ -15,12 +15,12 @@ from conftest import FIXTURES, ROOT, bare
 from guests import build, escape, guest_wat, host_import
 
 from wasihost.brokers.log import LogBroker
-from wasihost.errors import AdmissionError, CallError, FailureClass
-from wasihost.package import load_package
-from wasihost.policy import Policy
-from wasihost.registry import AbiVersion, HostFunction, default_registry
-from wasihost.runtime import Host
-from wasihost.status import Status
+from wasihost.core.errors import AdmissionError, CallError, FailureClass
+from wasihost.core.registry import AbiVersion, HostFunction, default_registry
+from wasihost.core.status import Status
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import load_package
 
 CAPS = frozenset({"log", "clock", "random", "storage"})
 V2_LOG = '(import "wasihost_v2" "log" (func $log (param i32 i32 i32) (result i32)))'
@@ -68,7 +68,7 @@ def _refusal(host: Host, wasm: bytes, grants: tuple[str, ...] = ("log",)) -> str
 
 def test_v2_registry_ships_byte_identical_and_carries_v1_1_over_with_one_change() -> None:
     normative = ROOT / "abi" / "v2" / "registry.json"
-    assert (ROOT / "wasihost" / "abi_data" / "v2.json").read_bytes() == normative.read_bytes()
+    assert (ROOT / "wasihost" / "core" / "abi_data" / "v2.json").read_bytes() == normative.read_bytes()
     v1 = json.loads((ROOT / "abi" / "v1" / "registry.json").read_text())
     v2 = json.loads(normative.read_text())
     assert (v2["abi_major"], v2["latest_minor"], v2["import_module"]) == (2, 0, "wasihost_v2")

@@ -8,9 +8,9 @@ from conftest import bare
 from guests import build, escape, guest_wat, host_import
 
 from wasihost.brokers.core import MAX_PANIC_MESSAGE_CHARS
-from wasihost.errors import CallError, FailureClass
-from wasihost.registry import default_registry
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.core.registry import default_registry
+from wasihost.host.runtime import Host
 
 REQUEST_AT = 9000
 MEMORY_BYTES = 2 * 65536  # the skeleton's memory

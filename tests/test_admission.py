@@ -12,13 +12,13 @@ from guests import build, guest_wat, host_import
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wasihost.admission import admit, declared_version
-from wasihost.errors import AdmissionError
-from wasihost.package import load_package
-from wasihost.planning import plan_package
-from wasihost.policy import Grant, Policy
-from wasihost.registry import AbiVersion, default_registry
-from wasihost.wasmbin import WasmFormatError, read_header
+from wasihost.core.admission import admit, declared_version
+from wasihost.core.errors import AdmissionError
+from wasihost.core.registry import AbiVersion, default_registry
+from wasihost.core.wasmbin import WasmFormatError, read_header
+from wasihost.host.planning import plan_package
+from wasihost.host.policy import Grant, Policy
+from wasihost.packaging.package import load_package
 
 REGISTRY = default_registry()
 MiB = 1024 * 1024

@@ -16,12 +16,12 @@ from conftest import ALL_CAPS, FIXTURES, bare
 from guests import build, guest_wat
 
 from wasihost import AsyncHost
-from wasihost.errors import CallError, FailureClass
-from wasihost.extension import Extension
-from wasihost.lifecycle import ExtensionUnavailable, State
-from wasihost.package import load_package
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.core.lifecycle import ExtensionUnavailable, State
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import load_package
 
 ECHO = FIXTURES / "echo"
 SPIN = FIXTURES / "spin"

@@ -18,9 +18,9 @@ from wasihost.benchmark import scenarios, systems, targets
 from wasihost.benchmark.hosts import bench_policy
 from wasihost.benchmark.names import SCENARIOS, SYSTEMS
 from wasihost.cli import EXIT_FAILURE, EXIT_USAGE, main
-from wasihost.governor import Throttled
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.supervisor.governor import Throttled
 
 REQUIRED_SCENARIOS = {"noop", "echo-0", "echo-64", "echo-4KiB", "echo-64KiB", "echo-1MiB",
                       "host-call-64", "host-call-native", "instantiate-cached",

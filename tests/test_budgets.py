@@ -24,7 +24,8 @@ from strategies import BUDGET_TICKS, budget_steps
 
 from wasihost.brokers.http import HttpBroker
 from wasihost.brokers.jobs import JobsBroker, ManualClock
-from wasihost.budgets import (
+from wasihost.cli import main
+from wasihost.core.budgets import (
     RATES,
     Account,
     Action,
@@ -35,16 +36,15 @@ from wasihost.budgets import (
     ThrottleMode,
     budget_for,
 )
-from wasihost.cli import main
-from wasihost.errors import CallError, ConfigError, FailureClass
-from wasihost.extension import Extension
-from wasihost.governor import Governor, Throttled, Usage
-from wasihost.lifecycle import ExtensionUnavailable, State
-from wasihost.manifest import parse_manifest
-from wasihost.package import load_package
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.supervision import CrashClass
+from wasihost.core.errors import CallError, ConfigError, FailureClass
+from wasihost.core.lifecycle import ExtensionUnavailable, State
+from wasihost.core.manifest import parse_manifest
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import load_package
+from wasihost.supervisor.governor import Governor, Throttled, Usage
+from wasihost.supervisor.supervision import CrashClass
 
 COMPUTE = FIXTURES / "compute"
 ECHO = FIXTURES / "echo"

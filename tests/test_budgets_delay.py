@@ -18,7 +18,8 @@ import attrs
 import pytest
 from conftest import FIXTURES, FakeClock, run_in_thread
 
-from wasihost.budgets import (
+from wasihost.cli import main
+from wasihost.core.budgets import (
     MAX_THROTTLE_DELAY_S,
     BudgetPolicy,
     Resource,
@@ -26,17 +27,16 @@ from wasihost.budgets import (
     budget_for,
     stricter_mode,
 )
-from wasihost.call_ticket import CallTicket
-from wasihost.cli import main
-from wasihost.errors import CallError, FailureClass, ManifestError
-from wasihost.extension import Extension
-from wasihost.governor import Governor, Throttled
-from wasihost.lifecycle import ExtensionUnavailable, State
-from wasihost.manifest import parse_manifest
-from wasihost.package import load_package
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.scheduling import HostBusy, Scheduler
+from wasihost.core.call_ticket import CallTicket
+from wasihost.core.errors import CallError, FailureClass, ManifestError
+from wasihost.core.lifecycle import ExtensionUnavailable, State
+from wasihost.core.manifest import parse_manifest
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import load_package
+from wasihost.supervisor.governor import Governor, Throttled
+from wasihost.supervisor.scheduling import HostBusy, Scheduler
 
 COMPUTE = FIXTURES / "compute"
 ECHO = FIXTURES / "echo"

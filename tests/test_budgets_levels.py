@@ -23,7 +23,7 @@ from strategies import level_steps
 
 from wasihost.brokers.events import EventsBroker
 from wasihost.brokers.files import FilesBroker
-from wasihost.budgets import (
+from wasihost.core.budgets import (
     LEVEL_COOL_OFF_S,
     LEVELS,
     Account,
@@ -32,15 +32,15 @@ from wasihost.budgets import (
     Resource,
     budget_for,
 )
-from wasihost.errors import CallError, ConfigError, FailureClass
-from wasihost.extension import Extension
-from wasihost.governor import Governor, Throttled
-from wasihost.lifecycle import ExtensionUnavailable, State
-from wasihost.limits import MAX_OPEN_FILES
-from wasihost.package import Package, load_package
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.supervision import CrashClass
+from wasihost.core.errors import CallError, ConfigError, FailureClass
+from wasihost.core.lifecycle import ExtensionUnavailable, State
+from wasihost.core.limits import MAX_OPEN_FILES
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import Package, load_package
+from wasihost.supervisor.governor import Governor, Throttled
+from wasihost.supervisor.supervision import CrashClass
 from wasihost.wasi import wasi_profile
 
 STORAGE = FIXTURES / "storage"

@@ -20,11 +20,11 @@ import pytest
 from conftest import ALL_CAPS, bare
 from guests import build, escape, guest_wat
 
+from wasihost.core.errors import AdmissionError
 from wasihost.engine.cache import CACHE_KEY_BYTES
-from wasihost.errors import AdmissionError
-from wasihost.package import Package
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import Package
 
 # The uid the tests give "another user"'s files (we run as root, which may chown).
 OTHER_UID = 65534

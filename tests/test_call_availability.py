@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from conftest import ALL_CAPS, FIXTURES
 
-from wasihost.policy import Policy
-from wasihost.runtime import Extension, Host
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Extension, Host
 
 ECHO = "org.wasihost.fixtures.echo"
 

@@ -9,8 +9,8 @@ import pytest
 from conftest import bare
 from guests import HEAP_START, build, guest_wat
 
-from wasihost.errors import CallError, FailureClass
-from wasihost.runtime import Extension, Host
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.host.runtime import Extension, Host
 
 # Four phases run on a first call: start function, hello, welcome, command.
 PHASES = 4

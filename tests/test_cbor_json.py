@@ -16,9 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import cbor_values
 
-from wasihost import cbor_json
-from wasihost.cbor_json import JsonFormError, from_json, to_json
 from wasihost.cli import main
+from wasihost.core import cbor_json
+from wasihost.core.cbor_json import JsonFormError, from_json, to_json
 
 
 def _refuse_constant(name: str) -> Any:

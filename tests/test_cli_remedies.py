@@ -15,9 +15,9 @@ from conftest import FIXTURES, ROOT, bare
 from guests import build, guest_wat, host_import
 
 from wasihost.cli import main
-from wasihost.errors import AdmissionError
-from wasihost.manifest import version_order
-from wasihost.runtime import Host
+from wasihost.core.errors import AdmissionError
+from wasihost.core.manifest import version_order
+from wasihost.host.runtime import Host
 
 HELLO_ID = "org.wasihost.fixtures.hello"
 

@@ -22,7 +22,7 @@ from strategies import (
     same_value,
 )
 
-from wasihost.codec import (
+from wasihost.core.codec import (
     DEFAULT_LIMITS,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DEPTH,
@@ -34,7 +34,7 @@ from wasihost.codec import (
     decode,
     encode,
 )
-from wasihost.errors import CodecError, ConfigError
+from wasihost.core.errors import CodecError, ConfigError
 
 VECTORS_PATH = Path(__file__).resolve().parent.parent / "abi" / "vectors" / "cbor.json"
 VECTORS_DOC: dict[str, Any] = json.loads(VECTORS_PATH.read_text(encoding="utf-8"))

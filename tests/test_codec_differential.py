@@ -1,6 +1,6 @@
 """The fast codec against the codec it replaced: same value, same bytes, same error.
 
-``reference_codec`` is ``wasihost/codec.py`` as it was before the fast paths (kept verbatim).
+``reference_codec`` is ``wasihost/core/codec.py`` as it was before the fast paths (kept verbatim).
 For every input, valid or hostile, under the default limits and under small random ones, both
 must return identical results (types, float bits, key order included) or raise a CodecError with
 the same message, which names the limit or rule hit. Any other exception must be the same too.
@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import cbor_like_bytes, cbor_values, mutated_cbor
 
-from wasihost import codec
-from wasihost.codec import DEFAULT_LIMITS, CodecLimits
-from wasihost.errors import CodecError
+from wasihost.core import codec
+from wasihost.core.codec import DEFAULT_LIMITS, CodecLimits
+from wasihost.core.errors import CodecError
 
 VECTORS_PATH = Path(__file__).resolve().parent.parent / "abi" / "vectors" / "cbor.json"
 VECTORS: list[dict[str, Any]] = json.loads(VECTORS_PATH.read_text(encoding="utf-8"))["vectors"]

@@ -13,9 +13,9 @@ import cbor2
 import pytest
 import reference_codec
 
-from wasihost import codec, codec_fast
-from wasihost.codec import CodecLimits
-from wasihost.errors import CodecError
+from wasihost.core import codec, codec_fast
+from wasihost.core.codec import CodecLimits
+from wasihost.core.errors import CodecError
 
 
 class Spy:

@@ -7,8 +7,8 @@ import cbor2
 from conftest import bare
 from guests import build, escape, guest_wat, host_import
 
-from wasihost.runtime import Host
-from wasihost.status import Status
+from wasihost.core.status import Status
+from wasihost.host.runtime import Host
 
 REQUEST = cbor2.dumps([2, "once"])
 

@@ -13,9 +13,9 @@ from conftest import FIXTURES, ROOT, bare
 
 from wasihost.benchmark.compat import matrix
 from wasihost.benchmark.runner import Budget
-from wasihost.policy import Policy
-from wasihost.registry import AbiVersion
-from wasihost.runtime import Host
+from wasihost.core.registry import AbiVersion
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 RAN = ("ran", None)
 V1_ONLY = (RAN, RAN, ("refused", "other-major"))  # a 1.0 guest

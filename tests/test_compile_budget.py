@@ -17,20 +17,20 @@ from guests import build, guest_wat
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wasihost import codeshape as cs
 from wasihost.cli import main
-from wasihost.codeshape import CodeShape, CodeShapeError, scan_code
+from wasihost.core import codeshape as cs
+from wasihost.core.codeshape import CodeShape, CodeShapeError, scan_code
+from wasihost.core.errors import AdmissionError, CallError
+from wasihost.core.settings import EngineSettings, MiB
+from wasihost.core.wasmbin import read_header
 from wasihost.engine.compile_worker import FRAME_MAGIC
 from wasihost.engine.compiler import (
     IN_PROCESS_MAX_BRANCHES,
     IN_PROCESS_MAX_INDIRECT,
     ModuleCompiler,
 )
-from wasihost.errors import AdmissionError, CallError
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.settings import EngineSettings, MiB
-from wasihost.wasmbin import read_header
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 # Beside the checkout, as CI lays it out (tests/test_wasi_conformance.py finds it the same way).
 TESTSUITE = ROOT.parent / "shared" / "wasi-testsuite" / "tests"

@@ -29,18 +29,18 @@ from conftest import (
     run_in_thread,
 )
 
-from wasihost import runtime
-from wasihost.errors import CallError, ConfigError
-from wasihost.eviction import EvictionPolicy, Evictor, HostFull
-from wasihost.extension import Extension
-from wasihost.governor import Governor
-from wasihost.hostfn import CallContext
-from wasihost.lifecycle import ExtensionRevoked, ExtensionUnavailable, State
-from wasihost.package import load_package
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.scheduling import Scheduler
-from wasihost.settings import EngineSettings
+from wasihost.core.errors import CallError, ConfigError
+from wasihost.core.lifecycle import ExtensionRevoked, ExtensionUnavailable, State
+from wasihost.core.settings import EngineSettings
+from wasihost.host import runtime
+from wasihost.host.extension import Extension
+from wasihost.host.functions import CallContext
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import load_package
+from wasihost.supervisor.eviction import EvictionPolicy, Evictor, HostFull
+from wasihost.supervisor.governor import Governor
+from wasihost.supervisor.scheduling import Scheduler
 
 ECHO = (FIXTURES / "echo" / "echo.wasm").read_bytes()
 STORAGE = (FIXTURES / "storage" / "storage.wasm").read_bytes()

@@ -23,8 +23,8 @@ from typing import NamedTuple
 import pytest
 from conftest import FIXTURES, ROOT
 
-from wasihost import limits, manifest
 from wasihost.cli import _parser, main
+from wasihost.core import limits, manifest
 
 PAGES = [
     ROOT / "README.md",
@@ -85,7 +85,7 @@ NOT_RUN = {
         "needs an SSH signature (above); test_package_ssh loads through the same API",
     ("docs/packages.md", "wasihost install hello-0.1.0.whpkg --state-dir /var/lib/app --trust trusted-publishers"):
         "needs two signed releases with a migration; test_updates runs install/update/rollback",
-    ("docs/scheduling.md", "from wasihost.call_gate import calls_as"):
+    ("docs/scheduling.md", "from wasihost.host.call_gate import calls_as"):
         "a fragment inside a broker's handler; test_scheduling runs calls_as",
 }
 
@@ -639,8 +639,8 @@ def _amount(text: str) -> int:
 def test_the_engine_settings_table_is_what_engine_settings_accepts() -> None:
     """engine.md's table: each setting's default is EngineSettings' and its range's ends are
     accepted while one past each is refused."""
-    from wasihost.errors import ConfigError
-    from wasihost.settings import EngineSettings
+    from wasihost.core.errors import ConfigError
+    from wasihost.core.settings import EngineSettings
 
     text = (ROOT / "docs" / "engine.md").read_text()
     rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \| ([^|]+) \|", text[text.index("## Settings") :], re.M)

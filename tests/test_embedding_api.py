@@ -10,9 +10,9 @@ import pytest
 from conftest import ALL_CAPS, FIXTURES
 
 from wasihost.brokers.log import Level, LogRecord, to_logging
-from wasihost.errors import CallError, ConfigError, FailureClass
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, ConfigError, FailureClass
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 
 def test_per_call_fuel_and_timeout_lower_the_budget_for_one_call(host: Host) -> None:

@@ -13,10 +13,10 @@ import pytest
 from conftest import ALL_CAPS, bare
 from guests import build, escape, guest_wat, host_import
 
-from wasihost.errors import CallError, ConfigError, FailureClass
-from wasihost.policy import Policy
-from wasihost.runtime import Extension, Host
-from wasihost.settings import EngineSettings
+from wasihost.core.errors import CallError, ConfigError, FailureClass
+from wasihost.core.settings import EngineSettings
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Extension, Host
 
 REQ_AT = 8192
 RESP_AT = 12288

@@ -12,12 +12,12 @@ from guests import build, guest_wat, host_import
 
 import wasihost.brokers.random
 import wasihost.engine.hostcalls
+from wasihost.core.errors import CallError, ConfigError, FailureClass
+from wasihost.core.guestmem import GuestMemory
+from wasihost.core.registry import HostFunction, Profile
 from wasihost.engine.lowlevel import check_version
-from wasihost.errors import CallError, ConfigError, FailureClass
-from wasihost.guestmem import GuestMemory
-from wasihost.policy import Policy
-from wasihost.registry import HostFunction, Profile
-from wasihost.runtime import Host
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 
 def child(source: str) -> dict[str, Any]:
@@ -33,9 +33,9 @@ import json, sys, threading, time
 sys.path.insert(0, "tests")
 from conftest import bare
 from guests import build, guest_wat
-from wasihost.errors import CallError, ConfigError
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, ConfigError
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 host = Host(Policy(), cache_dir=None)
 ext = host.admit(bare(build(guest_wat("(loop $l (br $l)) (call $ok_null)")), "spin.wasm"),
@@ -109,7 +109,7 @@ os.listdir = lambda path=".": (
     ["wasmtime-30.0.0.dist-info"] if os.fspath(path) == site else real(path)
 )
 try:
-    import wasihost.runtime
+    import wasihost.host.runtime
     print(json.dumps({"error": None}))
 except Exception as exc:
     print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wasihost.event_classes import MAX_CLASS_CHARS, covers, is_class, is_selector, matches
+from wasihost.core.event_classes import MAX_CLASS_CHARS, covers, is_class, is_selector, matches
 
 LABEL = st.text("abcxyz09_-", min_size=1, max_size=4).filter(lambda t: t[0].isalpha())
 CLASS = st.lists(LABEL, min_size=1, max_size=4).map(".".join)

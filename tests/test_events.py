@@ -24,17 +24,17 @@ from wasihost.brokers.events import (
     EventsBroker,
     ExtensionEvents,
 )
-from wasihost.errors import AdmissionError, CallError, ConfigError, ManifestError
-from wasihost.extension import Extension
-from wasihost.extlog import LogRecord
-from wasihost.inspect import inspect_package
-from wasihost.lifecycle import State
-from wasihost.manifest import parse_manifest
-from wasihost.package import load_package
-from wasihost.policy import Policy
-from wasihost.registry import default_registry
-from wasihost.runtime import Host
-from wasihost.status import Status
+from wasihost.core.errors import AdmissionError, CallError, ConfigError, ManifestError
+from wasihost.core.extlog import LogRecord
+from wasihost.core.lifecycle import State
+from wasihost.core.manifest import parse_manifest
+from wasihost.core.registry import default_registry
+from wasihost.core.status import Status
+from wasihost.host.extension import Extension
+from wasihost.host.inspect import inspect_package
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import load_package
 
 POLICY = Policy(allow={"events", "log"})
 # Generous: a drain or a gate only waits this long when something is broken.

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import wasihost
-from wasihost import errors
+from wasihost.core import errors
 
 
 def test_public_names_resolve() -> None:
@@ -27,11 +27,11 @@ def test_root_error_cannot_be_raised_directly() -> None:
 
 def test_pure_core_imports_without_the_engine() -> None:
     code = (
-        "import sys; import wasihost.registry, wasihost.admission, wasihost.codec, "
-        "wasihost.manifest, wasihost.policy, wasihost.grants, wasihost.lifecycle, "
-        "wasihost.wasmbin, wasihost.tokens, wasihost.planning, wasihost.inspect, "
-        "wasihost.package, wasihost.packaging.archive, wasihost.packaging.signing, "
-        "wasihost.budgets, wasihost.scheduling, wasihost.supervision; "
+        "import sys; import wasihost.core.registry, wasihost.core.admission, wasihost.core.codec, "
+        "wasihost.core.manifest, wasihost.host.policy, wasihost.core.grants, wasihost.core.lifecycle, "
+        "wasihost.core.wasmbin, wasihost.core.tokens, wasihost.host.planning, wasihost.host.inspect, "
+        "wasihost.packaging.package, wasihost.packaging.archive, wasihost.packaging.signing, "
+        "wasihost.core.budgets, wasihost.supervisor.scheduling, wasihost.supervisor.supervision; "
         "assert 'wasmtime' not in sys.modules, 'the pure core imported wasmtime'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -11,8 +11,8 @@ from conftest import FIXTURES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wasihost.limits import COMMAND_FUEL_PER_BYTE
-from wasihost.runtime import Host
+from wasihost.core.limits import COMMAND_FUEL_PER_BYTE
+from wasihost.host.runtime import Host
 
 FUEL = 10_000_000
 

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 
 from wasihost.brokers import files as files_module
 from wasihost.brokers.files import MAX_FILE_BYTES, MAX_IO_BYTES, MAX_OPEN_FILES, FilesBroker
-from wasihost.errors import AdmissionError, CallError, ConfigError
-from wasihost.extension import Extension
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.status import Status
+from wasihost.core.errors import AdmissionError, CallError, ConfigError
+from wasihost.core.status import Status
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.wasi import fs as wasi_fs
 
 FILES = FIXTURES / "files"

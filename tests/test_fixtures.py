@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from conftest import ALL_CAPS, FIXTURES, ROOT, rust_toolchain_present, toolchain_present
 
-from wasihost.admission import declared_version
-from wasihost.errors import AdmissionError, CallError, ConfigError, FailureClass
-from wasihost.package import load_package
-from wasihost.policy import Policy
-from wasihost.registry import CBOR_PARAMS, CBOR_RESULTS, default_registry
-from wasihost.runtime import Extension, Host
-from wasihost.wasmbin import read_header
+from wasihost.core.admission import declared_version
+from wasihost.core.errors import AdmissionError, CallError, ConfigError, FailureClass
+from wasihost.core.registry import CBOR_PARAMS, CBOR_RESULTS, default_registry
+from wasihost.core.wasmbin import read_header
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Extension, Host
+from wasihost.packaging.package import load_package
 
 FIXTURE_NAMES = sorted(p.parent.name for p in FIXTURES.glob("*/extension.toml"))
 

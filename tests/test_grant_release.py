@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, bare
 
-from wasihost.errors import AdmissionError
-from wasihost.extension import Extension
-from wasihost.grants import GrantTable
-from wasihost.lifecycle import ExtensionRevoked
-from wasihost.package import Package, load_package
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.state import StateStore
+from wasihost.core.errors import AdmissionError
+from wasihost.core.grants import GrantTable
+from wasihost.core.lifecycle import ExtensionRevoked
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import Package, load_package
+from wasihost.store.state import StateStore
 
 LOGGER = (FIXTURES / "logger" / "logger.wasm").read_bytes()
 CAPS = frozenset({"log", "clock", "random"})

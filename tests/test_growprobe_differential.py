@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from wasi_support import LIBC, ROOT, validates
 from wasi_testsuite import SUITE
 
-from wasihost.growprobe import GROW_REFUSED_EXPORT, probe_refused_grows
-from wasihost.wasmbin import Limits, WasmFormatError, read_header, read_u32
+from wasihost.core.growprobe import GROW_REFUSED_EXPORT, probe_refused_grows
+from wasihost.core.wasmbin import Limits, WasmFormatError, read_header, read_u32
 
 EXAMPLES = int(os.environ.get("WASIHOST_GROWPROBE_EXAMPLES", "60"))
 PAGE = 65536

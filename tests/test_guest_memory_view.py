@@ -19,11 +19,11 @@ from guests import build
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from wasihost.errors import CallError, FailureClass
-from wasihost.guestmem import GuestMemory
-from wasihost.policy import Policy
-from wasihost.registry import HostFunction, Profile
-from wasihost.runtime import Extension, Host
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.core.guestmem import GuestMemory
+from wasihost.core.registry import HostFunction, Profile
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Extension, Host
 
 MODULE = "probe_preview1"
 PAGE = 65536

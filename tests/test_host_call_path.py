@@ -13,13 +13,13 @@ from conftest import bare
 from guests import build, guest_wat
 
 from wasihost.brokers.log import LogBroker
-from wasihost.extension import Extension
-from wasihost.extlog import RECORD_OVERHEAD_BYTES, Level, LogRecord
-from wasihost.grants import GrantTable
-from wasihost.hostfn import CallContext
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.status import HostStatus, Status, StatusAnswer
+from wasihost.core.extlog import RECORD_OVERHEAD_BYTES, Level, LogRecord
+from wasihost.core.grants import GrantTable
+from wasihost.core.status import HostStatus, Status, StatusAnswer
+from wasihost.host.extension import Extension
+from wasihost.host.functions import CallContext
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 RESP_AT = 8192
 RESP_CAP = 64

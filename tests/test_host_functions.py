@@ -16,15 +16,15 @@ import pytest
 from conftest import FIXTURES, bare
 from guests import build, guest_wat
 
-from wasihost.errors import AdmissionError, CallError, ConfigError, FailureClass
-from wasihost.extension import Extension
-from wasihost.hostfn import CallContext
-from wasihost.inspect import abi_listing
-from wasihost.lifecycle import ExtensionRevoked
-from wasihost.policy import Policy
-from wasihost.registry import HostFunction
-from wasihost.runtime import Host
-from wasihost.status import HostStatus, Status
+from wasihost.core.errors import AdmissionError, CallError, ConfigError, FailureClass
+from wasihost.core.lifecycle import ExtensionRevoked
+from wasihost.core.registry import HostFunction
+from wasihost.core.status import HostStatus, Status
+from wasihost.host.extension import Extension
+from wasihost.host.functions import CallContext
+from wasihost.host.inspect import abi_listing
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 CAPS = frozenset({"log", "myapp.read", "myapp.write"})
 RESP_AT = 8192
@@ -333,7 +333,7 @@ class CountingBroker:
 
 
 def test_a_broker_keeps_per_extension_state_across_restarts_until_close(app: Host) -> None:
-    from wasihost.registry import embedder_function
+    from wasihost.core.registry import embedder_function
 
     entry = embedder_function("myapp.count", capability="myapp.read", since="1.0", **LIMITS)
     app.registry.add_function(entry)
@@ -369,7 +369,7 @@ def test_the_builtin_brokers_are_registered_brokers_and_extension_imports_none(
         "clock_now": ClockBroker,
         "random_bytes": RandomBroker,
     }
-    source = (Path(__file__).parent.parent / "wasihost" / "extension.py").read_text()
+    source = (Path(__file__).parent.parent / "wasihost" / "host" / "extension.py").read_text()
     assert "brokers" not in "".join(
         line for line in source.splitlines() if line.startswith(("from", "import"))
     )
@@ -403,7 +403,7 @@ def test_the_seeded_random_stream_continues_across_restarts(tmp_path: Path) -> N
 
 
 def test_inspect_reports_embedder_imports_against_the_hosts_registry(app: Host) -> None:
-    from wasihost.inspect import inspect_package
+    from wasihost.host.inspect import inspect_package
 
     app.add_function("myapp.lookup", lambda ctx, req: 1, capability="myapp.read", **LIMITS)
     report = inspect_package(bare(fn_guest("lookup")), app.registry, app.policy, ["myapp.read"])

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from conftest import FIXTURES
 
-from wasihost.errors import AdmissionError, CallError, FailureClass
-from wasihost.hostfn import CallContext
-from wasihost.lifecycle import ExtensionRevoked
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.status import HostStatus, Status
+from wasihost.core.errors import AdmissionError, CallError, FailureClass
+from wasihost.core.lifecycle import ExtensionRevoked
+from wasihost.core.status import HostStatus, Status
+from wasihost.host.functions import CallContext
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 APPFNS = FIXTURES / "appfns"
 LOOKUP_FUEL = 50_000

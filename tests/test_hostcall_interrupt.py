@@ -12,9 +12,9 @@ import pytest
 from conftest import bare
 from guests import build, escape, guest_wat, host_import
 
-from wasihost.lifecycle import ExtensionUnavailable
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.lifecycle import ExtensionUnavailable
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 LOG_REQUEST = b"\x82\x02\x65after"  # [2, "after"]: an info record
 NULL = b"\xf6"

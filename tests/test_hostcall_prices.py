@@ -16,10 +16,10 @@ from guests import build, guest_wat, host_import
 from wasihost.brokers import files as files_broker
 from wasihost.brokers import storage as storage_broker
 from wasihost.brokers.files import FilesBroker
+from wasihost.core.errors import CallError, FailureClass
 from wasihost.engine.native import SETTLE_FUEL
-from wasihost.errors import CallError, FailureClass
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 RESP_AT = 12292
 

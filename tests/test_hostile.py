@@ -10,9 +10,9 @@ from guests import build, escape, guest_wat, host_import
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wasihost.errors import CallError, FailureClass
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 HOST = Host(Policy(allow=ALL_CAPS), cache_dir=None)
 SLOW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

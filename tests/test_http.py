@@ -37,12 +37,10 @@ from wasihost.brokers.http import (
     HttpBroker,
 )
 from wasihost.brokers.secrets import SecretsBroker
-from wasihost.errors import AdmissionError, CallError, ConfigError, FailureClass, ManifestError
-from wasihost.extension import Extension
-from wasihost.governor import Governor
-from wasihost.lifecycle import ExtensionRevoked
-from wasihost.manifest import DEFAULT_HTTP_BYTES_PER_HOUR, parse_manifest
-from wasihost.netpolicy import (
+from wasihost.core.errors import AdmissionError, CallError, ConfigError, FailureClass, ManifestError
+from wasihost.core.lifecycle import ExtensionRevoked
+from wasihost.core.manifest import DEFAULT_HTTP_BYTES_PER_HOUR, parse_manifest
+from wasihost.core.netpolicy import (
     NetPolicyError,
     Origin,
     address_class,
@@ -52,10 +50,12 @@ from wasihost.netpolicy import (
     parse_pattern,
     parse_url,
 )
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.scrub import MIN_FORM_BYTES, Unscrubbable, scrub, scrub_text, secret_forms
-from wasihost.secrets import MemorySecretStore
+from wasihost.core.scrub import MIN_FORM_BYTES, Unscrubbable, scrub, scrub_text, secret_forms
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.store.secrets import MemorySecretStore
+from wasihost.supervisor.governor import Governor
 
 HTTPGET = FIXTURES / "httpget"
 # How long the slow handler holds a request at most, so a failing test still ends.

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import ALL_CAPS, FIXTURES, run_in_thread
 
-from wasihost.errors import AdmissionError, ConfigError
-from wasihost.lifecycle import ExtensionRevoked, ExtensionUnavailable, State
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import AdmissionError, ConfigError
+from wasihost.core.lifecycle import ExtensionRevoked, ExtensionUnavailable, State
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 HELLO = "org.wasihost.fixtures.hello"
 

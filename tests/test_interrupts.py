@@ -21,13 +21,13 @@ import pytest
 from conftest import bare, native_entry, run_child
 from guests import build, guest_wat, host_import
 
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.core.guestmem import GuestMemory
+from wasihost.core.limits import MAX_FUEL_PER_CALL
+from wasihost.core.registry import HostFunction, Profile
 from wasihost.engine import sigint
-from wasihost.errors import CallError, FailureClass
-from wasihost.guestmem import GuestMemory
-from wasihost.limits import MAX_FUEL_PER_CALL
-from wasihost.policy import Policy
-from wasihost.registry import HostFunction, Profile
-from wasihost.runtime import Extension, Host
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Extension, Host
 
 MODULE = "ping_preview1"
 PROFILE = Profile(
@@ -253,9 +253,9 @@ OTHER_SIGNAL = """
 import collections, json, os, signal, sys, threading
 sys.path.insert(0, "tests")
 from test_interrupts import BOUNDED_HAMMER, PROFILE, PingBinding, load
-from wasihost.errors import CallError
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 def leave(signum, frame):
     raise SystemExit(7)

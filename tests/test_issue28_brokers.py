@@ -31,18 +31,18 @@ from wasihost.brokers.http import (
     MeteredSocket,
 )
 from wasihost.brokers.secrets import SecretsBroker
-from wasihost.budgets import BudgetPolicy
-from wasihost.errors import CallError
-from wasihost.extension import Extension
-from wasihost.kvstore import KVStore
-from wasihost.kvtypes import DB_NAME as STORAGE_DB
-from wasihost.kvtypes import Namespace, Quota, StoreError
-from wasihost.netpolicy import METADATA_ENDPOINTS, MetadataEndpoint, address_refusal
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.scrub import scrub, secret_forms
-from wasihost.secrets import MemorySecretStore
-from wasihost.status import HostStatus, Status
+from wasihost.core.budgets import BudgetPolicy
+from wasihost.core.errors import CallError
+from wasihost.core.netpolicy import METADATA_ENDPOINTS, MetadataEndpoint, address_refusal
+from wasihost.core.scrub import scrub, secret_forms
+from wasihost.core.status import HostStatus, Status
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.store.kvstore import KVStore
+from wasihost.store.kvtypes import DB_NAME as STORAGE_DB
+from wasihost.store.kvtypes import Namespace, Quota, StoreError
+from wasihost.store.secrets import MemorySecretStore
 
 FILES_FIXTURE = FIXTURES / "files"
 FILES_TTL_S = 60.0

@@ -18,13 +18,13 @@ from conftest import FIXTURES
 
 from wasihost.brokers.http import HttpBroker
 from wasihost.brokers.jobs import MIN_PERIOD_MS, JobsBroker, ManualClock
-from wasihost.errors import CallError, ManifestError
-from wasihost.extension import Extension
-from wasihost.extlog import LogRecord
-from wasihost.manifest import MAX_HTTP_BYTES_PER_HOUR, parse_manifest
-from wasihost.policy import Policy
-from wasihost.registry import default_registry
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, ManifestError
+from wasihost.core.extlog import LogRecord
+from wasihost.core.manifest import MAX_HTTP_BYTES_PER_HOUR, parse_manifest
+from wasihost.core.registry import default_registry
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 JOBBUDGET = FIXTURES / "jobbudget"
 WAIT_S = 10.0

@@ -26,14 +26,14 @@ from wasihost.brokers.jobs import (
     JobsBroker,
     ManualClock,
 )
-from wasihost.errors import AdmissionError, CallError, ConfigError, ManifestError
-from wasihost.extension import Extension
-from wasihost.extlog import LogRecord
-from wasihost.manifest import parse_manifest
-from wasihost.policy import Policy
-from wasihost.registry import default_registry
-from wasihost.runtime import Host
-from wasihost.status import Status
+from wasihost.core.errors import AdmissionError, CallError, ConfigError, ManifestError
+from wasihost.core.extlog import LogRecord
+from wasihost.core.manifest import parse_manifest
+from wasihost.core.registry import default_registry
+from wasihost.core.status import Status
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 POLICY = Policy(allow={"jobs", "log", "events"})
 # Generous: a drain or a gate only waits this long when something is broken.

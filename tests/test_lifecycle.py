@@ -13,8 +13,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from wasihost.grants import GrantTable
-from wasihost.lifecycle import (
+from wasihost.core.grants import GrantTable
+from wasihost.core.lifecycle import (
     COMMAND_STATES,
     TRANSITIONS,
     Event,
@@ -25,8 +25,8 @@ from wasihost.lifecycle import (
     State,
     mermaid,
 )
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 
 def test_there_is_no_shortcut_into_running() -> None:

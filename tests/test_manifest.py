@@ -16,9 +16,9 @@ from strategies import (
     to_toml,
 )
 
-from wasihost import limits
-from wasihost.errors import ConfigError, ManifestError
-from wasihost.manifest import (
+from wasihost.core import limits
+from wasihost.core.errors import ConfigError, ManifestError
+from wasihost.core.manifest import (
     MAX_COMMANDS,
     MAX_MANIFEST_CHARS,
     CommandSpec,

@@ -18,9 +18,9 @@ import gc, json, sys
 sys.path.insert(0, "tests")
 from conftest import bare, native_entry
 from guests import build, guest_wat
-from wasihost.policy import Policy
-from wasihost.registry import Profile
-from wasihost.runtime import Host
+from wasihost.host.policy import Policy
+from wasihost.core.registry import Profile
+from wasihost.host.runtime import Host
 
 MODULE = "keep_preview1"
 PROFILE = Profile(name="keep", module=MODULE,

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wasi_support import LIBC
 
-from wasihost.errors import WasihostError
-from wasihost.policy import Policy
-from wasihost.runtime import Extension, Host
+from wasihost.core.errors import WasihostError
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Extension, Host
 from wasihost.wasi import WasiOptions, capabilities_for, wasi_profile
 
 ECHO = (FIXTURES / "echo" / "echo.wasm").read_bytes()

@@ -14,14 +14,14 @@ import pytest
 from conftest import FIXTURES, bare
 from guests import build, guest_wat
 
-from wasihost.errors import AdmissionError, CallError, ConfigError, FailureClass
-from wasihost.hostfn import CallContext
-from wasihost.inspect import abi_listing, inspect_package, render_abi_text
-from wasihost.lifecycle import ExtensionRevoked
-from wasihost.package import Package, load_package
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.status import HostStatus, Status
+from wasihost.core.errors import AdmissionError, CallError, ConfigError, FailureClass
+from wasihost.core.lifecycle import ExtensionRevoked
+from wasihost.core.status import HostStatus, Status
+from wasihost.host.functions import CallContext
+from wasihost.host.inspect import abi_listing, inspect_package, render_abi_text
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import Package, load_package
 
 NATIVEFNS = FIXTURES / "nativefns"
 ADD_FUEL = 20_000

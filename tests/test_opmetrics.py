@@ -14,13 +14,13 @@ from conftest import FIXTURES, bare
 from guests import build, escape, guest_wat, host_import
 
 from wasihost.cli import main
-from wasihost.errors import CallError, FailureClass
-from wasihost.extension import Extension
-from wasihost.opmetrics import LIVE_WITHIN_S, status_metrics
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.scheduling import Scheduler
-from wasihost.state import SCHEMA_VERSION, StateStore
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.store.state import SCHEMA_VERSION, StateStore
+from wasihost.supervisor.opmetrics import LIVE_WITHIN_S, status_metrics
+from wasihost.supervisor.scheduling import Scheduler
 
 REQ_AT = 8192
 RESP_AT = 12288
@@ -211,7 +211,7 @@ def test_an_older_state_schema_is_migrated(tmp_path: Path, old: str) -> None:
 def test_the_publisher_writes_periodically_and_a_last_snapshot_as_it_closes(
     tmp_path: Path,
 ) -> None:
-    from wasihost.opmetrics import MetricsPublisher
+    from wasihost.supervisor.opmetrics import MetricsPublisher
 
     store = StateStore(tmp_path / "state")
     counts = {"restarts": 0}

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from packages_support import REGULAR, hello_files, raw_zip, recorded_zip
 
-from wasihost.errors import ArchiveError
+from wasihost.core.errors import ArchiveError
 from wasihost.packaging import archive, contents
 from wasihost.packaging.archive import CONTENTS_NAME, read_archive, write_archive
 

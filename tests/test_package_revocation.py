@@ -16,21 +16,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from packages_support import PUBLISHER, hello_files, signed_archive
 
-from wasihost import runtime
 from wasihost.cli import main
-from wasihost.errors import (
+from wasihost.core.errors import (
     CallError,
     ConfigError,
     RevocationListError,
     RevokedError,
     UntrustedKeyError,
 )
-from wasihost.lifecycle import ExtensionRevoked, State
+from wasihost.core.lifecycle import ExtensionRevoked, State
+from wasihost.host import runtime
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.packaging import revocation
 from wasihost.packaging.revocation import MemoryFloor, RevocationList, Revocations
 from wasihost.packaging.trust import SigningKey, TrustStore
-from wasihost.policy import Policy
-from wasihost.runtime import Host
 
 KEY = SigningKey.generate(PUBLISHER)
 OPS = SigningKey.generate("ops.example")

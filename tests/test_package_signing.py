@@ -17,7 +17,7 @@ from packages_support import (
     trust_of,
 )
 
-from wasihost.errors import (
+from wasihost.core.errors import (
     ArchiveError,
     ConfigError,
     ExpiredKeyError,
@@ -27,13 +27,13 @@ from wasihost.errors import (
     UnsignedPackageError,
     UntrustedKeyError,
 )
-from wasihost.manifest import parse_manifest
-from wasihost.package import identity
+from wasihost.core.manifest import parse_manifest
+from wasihost.core.registry import default_registry
 from wasihost.packaging import signing
 from wasihost.packaging.archive import read_archive, write_archive
 from wasihost.packaging.files import read_signing_key, write_key_pair
+from wasihost.packaging.package import identity
 from wasihost.packaging.trust import SigningKey, TrustStore, b64
-from wasihost.registry import default_registry
 
 KEY = SigningKey.generate(PUBLISHER)
 CAPS = default_registry().capabilities()
@@ -228,7 +228,7 @@ def test_a_rotation_the_old_key_signed_is_trusted_and_nothing_else_is(
 
 
 def test_revoking_the_old_key_revokes_what_it_endorsed(tmp_path: Path) -> None:
-    from wasihost.package import load_package
+    from wasihost.packaging.package import load_package
     from wasihost.packaging.revocation import RevocationList
 
     new = SigningKey.generate(PUBLISHER)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from packages_support import PUBLISHER, hello_files
 
 from wasihost.cli import main
-from wasihost.errors import (
+from wasihost.core.errors import (
     AdmissionError,
     ConfigError,
     InvalidSignatureError,
@@ -27,11 +27,11 @@ from wasihost.errors import (
     PublisherMismatchError,
     UntrustedKeyError,
 )
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.packaging import sshsig
 from wasihost.packaging.allowed_signers import AllowedSigners
 from wasihost.packaging.archive import write_archive
-from wasihost.policy import Policy
-from wasihost.runtime import Host
 
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
 GREET = {"name": "ada"}

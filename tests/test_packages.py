@@ -22,17 +22,17 @@ from packages_support import (
 )
 
 from wasihost.cli import main
-from wasihost.errors import (
+from wasihost.core.errors import (
     AdmissionError,
     ArchiveError,
     ConfigError,
     InvalidSignatureError,
     UntrustedKeyError,
 )
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.packaging.archive import write_archive
 from wasihost.packaging.trust import SigningKey
-from wasihost.policy import Policy
-from wasihost.runtime import Host
 
 KEY = SigningKey.generate(PUBLISHER)
 GREET = {"name": "ada"}

@@ -12,15 +12,15 @@ import attrs
 import pytest
 from conftest import ALL_CAPS, APPFNS_LOOKUP, APPFNS_REMEMBER, FIXTURES, run_in_thread
 
-from wasihost.errors import CallError, ConfigError, FailureClass, ManifestError
-from wasihost.extension import Extension
-from wasihost.hostfn import CallContext
-from wasihost.lifecycle import ExtensionRevoked, ExtensionUnavailable, State
-from wasihost.limits import MAX_MAX_CONCURRENCY
-from wasihost.manifest import Resources, parse_manifest
-from wasihost.package import load_package
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, ConfigError, FailureClass, ManifestError
+from wasihost.core.lifecycle import ExtensionRevoked, ExtensionUnavailable, State
+from wasihost.core.limits import MAX_MAX_CONCURRENCY
+from wasihost.core.manifest import Resources, parse_manifest
+from wasihost.host.extension import Extension
+from wasihost.host.functions import CallContext
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import load_package
 
 APPFNS = FIXTURES / "appfns"
 SPIN = FIXTURES / "spin"

@@ -14,13 +14,13 @@ import pytest
 from conftest import bare, native_entry
 from guests import build
 
+from wasihost.core.errors import AdmissionError, CallError, FailureClass
+from wasihost.core.guestmem import GuestMemory
+from wasihost.core.registry import HostFunction, Profile
+from wasihost.core.status import GuestExit
 from wasihost.engine.native import SETTLE_FUEL
-from wasihost.errors import AdmissionError, CallError, FailureClass
-from wasihost.guestmem import GuestMemory
-from wasihost.policy import Policy
-from wasihost.registry import HostFunction, Profile
-from wasihost.runtime import Extension, Host
-from wasihost.status import GuestExit
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Extension, Host
 
 MODULE = "toy_preview1"
 

@@ -10,11 +10,11 @@ import pytest
 from conftest import FIXTURES
 from strategies import KNOWN_CAPABILITIES
 
-from wasihost import limits
-from wasihost.errors import CallError, CodecError, ConfigError, FailureClass, ManifestError
-from wasihost.manifest import CommandSpec, parse_manifest
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core import limits
+from wasihost.core.errors import CallError, CodecError, ConfigError, FailureClass, ManifestError
+from wasihost.core.manifest import CommandSpec, parse_manifest
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 MIB = 1024 * 1024
 KIB = 1024

@@ -22,15 +22,15 @@ from wasihost.brokers.files import FilesBroker
 from wasihost.brokers.http import MAX_RESPONSE_BODY_BYTES, MAX_RESPONSE_HEADER_BYTES, HttpBroker
 from wasihost.brokers.jobs import MIN_RESCHEDULE_MS, JobsBroker, ManualClock
 from wasihost.brokers.secrets import SecretsBroker
-from wasihost.errors import CallError, FailureClass
-from wasihost.manifest import parse_manifest
-from wasihost.package import Package
-from wasihost.policy import Policy
-from wasihost.registry import default_registry
-from wasihost.runtime import Host
-from wasihost.scrub import MIN_FORM_BYTES
-from wasihost.secrets import MemorySecretStore
-from wasihost.status import HostStatus, Status
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.core.manifest import parse_manifest
+from wasihost.core.registry import default_registry
+from wasihost.core.scrub import MIN_FORM_BYTES
+from wasihost.core.status import HostStatus, Status
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import Package
+from wasihost.store.secrets import MemorySecretStore
 
 WAIT_S = 10.0
 REQUEST_AT = 60000  # where a guest below keeps its canned host-call request

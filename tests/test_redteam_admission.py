@@ -13,10 +13,10 @@ import wasmtime
 from conftest import bare
 from guests import build, guest_wat, host_import
 
-from wasihost.errors import AdmissionError
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.wasmbin import WasmFormatError, read_header
+from wasihost.core.errors import AdmissionError
+from wasihost.core.wasmbin import WasmFormatError, read_header
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 HOST_POLICY = Policy(allow=frozenset({"log", "random"}))
 # CPU seconds a refusal may take: the scans below cost milliseconds once bounded; the holes

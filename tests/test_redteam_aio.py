@@ -16,18 +16,18 @@ from guests import build, guest_wat
 from test_density import echo, evicting_host, live
 from test_host_functions import CAPS, LIMITS, fn_guest, load
 
-from wasihost.aio import AsyncExtension, AsyncHost
-from wasihost.call_gate import calls_as
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.core.lifecycle import ExtensionUnavailable, State
+from wasihost.core.limits import MAX_FUEL_PER_CALL
+from wasihost.core.status import GuestInterrupted
 from wasihost.engine.native import SETTLE_FUEL
-from wasihost.errors import CallError, FailureClass
-from wasihost.extension import Extension
-from wasihost.hostfn import CallContext
-from wasihost.lifecycle import ExtensionUnavailable, State
-from wasihost.limits import MAX_FUEL_PER_CALL
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.scheduling import HostBusy, Priority, Scheduler
-from wasihost.status import GuestInterrupted
+from wasihost.host.aio import AsyncExtension, AsyncHost
+from wasihost.host.call_gate import calls_as
+from wasihost.host.extension import Extension
+from wasihost.host.functions import CallContext
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.supervisor.scheduling import HostBusy, Priority, Scheduler
 
 # A bounded wait for something that takes milliseconds: generous, for a loaded CI machine.
 WAIT_S = 30.0

@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 from conftest import FIXTURES
 
-from wasihost.budgets import BudgetPolicy
 from wasihost.cli import main
-from wasihost.errors import ConfigError, PackageError, WasihostError
-from wasihost.lifecycle import MAX_REASON_BYTES, ExtensionUnavailable, clip_reason
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.settings import EngineSettings
+from wasihost.core.budgets import BudgetPolicy
+from wasihost.core.errors import ConfigError, PackageError, WasihostError
+from wasihost.core.lifecycle import MAX_REASON_BYTES, ExtensionUnavailable, clip_reason
+from wasihost.core.settings import EngineSettings
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 ECHO = FIXTURES / "echo"
 ECHO_ID = "org.wasihost.fixtures.echo"

@@ -21,11 +21,11 @@ from test_pool import pooled
 from wasihost.brokers import files as files_module
 from wasihost.brokers import storage as storage_module
 from wasihost.brokers.files import FilesBroker
-from wasihost.errors import CallError
-from wasihost.kvstore import KVStore
-from wasihost.kvtypes import Namespace
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.store.kvstore import KVStore
+from wasihost.store.kvtypes import Namespace
 
 # Generous: only a broken fix waits it out. The held call starts its instance under a trace
 # function, and on a loaded 2-core machine that took over 5 s once.

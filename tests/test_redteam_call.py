@@ -16,12 +16,12 @@ from conftest import ALL_CAPS, FIXTURES, bare
 from guests import build, escape, guest_wat, host_import
 from test_host_functions import CAPS, LIMITS, fn_guest
 
-from wasihost.errors import CallError, CodecError, ConfigError, FailureClass
-from wasihost.extension import Extension
-from wasihost.hostfn import CallContext
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.status import Status
+from wasihost.core.errors import CallError, CodecError, ConfigError, FailureClass
+from wasihost.core.status import Status
+from wasihost.host.extension import Extension
+from wasihost.host.functions import CallContext
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.wasi import wasi_profile
 
 WAIT_S = 10.0  # how long a test waits for another thread to reach a state before failing

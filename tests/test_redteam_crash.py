@@ -30,12 +30,12 @@ from test_updates import CAPS, KEY, Notes, installed_running, make_host
 from test_updates import ID as NOTES_ID
 from test_updates import package as update_package
 
-from wasihost import updates
-from wasihost.extension import Extension
-from wasihost.kvtypes import DB_NAME as STORAGE_DB
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.updates import UpdateError
+from wasihost.host import updates
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.host.updates import UpdateError
+from wasihost.store.kvtypes import DB_NAME as STORAGE_DB
 
 STORAGE = "org.wasihost.fixtures.storage"
 
@@ -154,7 +154,7 @@ def test_a_purge_killed_midway_can_be_repeated_and_leaves_no_stored_value(
     # knew of the id, so a second `remove --purge` refused ("not installed and nothing is kept
     # for it") and the rows stayed for good, handed to the next install of that id.
     state = installed_storage
-    cli(state, "remove", STORAGE, "--purge", kill_at="wasihost.kvstore:KVStore.replace:1")
+    cli(state, "remove", STORAGE, "--purge", kill_at="wasihost.store.kvstore:KVStore.replace:1")
     ok(state, "remove", STORAGE, "--purge")
     assert stored_rows(state, STORAGE) == 0
     ok(state, "install", str(FIXTURES / "storage"))
@@ -256,7 +256,7 @@ def test_an_update_is_refused_while_another_host_runs_the_extension(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**ENV, "PAUSE_AT": "wasihost.updates:_start_checked:1", "PAUSE_DIR": str(gate)},
+            env={**ENV, "PAUSE_AT": "wasihost.host.updates:_start_checked:1", "PAUSE_DIR": str(gate)},
         )
         try:
             while child.poll() is None and not (gate / "paused").exists():
@@ -289,7 +289,7 @@ UPDATING = (
 sys.path.insert(0, "tests")
 from pathlib import Path
 from test_redteam_embed import UPDATE, DurableNotes, make_host, update_package
-from wasihost.extension import Extension
+from wasihost.host.extension import Extension
 from wasihost.packaging.trust import SigningKey
 tmp = Path(sys.argv[1])
 key = SigningKey.parse((tmp / "publisher.key").read_text(), "publisher.key")
@@ -299,13 +299,13 @@ with make_host(tmp / "state", DurableNotes(), key) as host:
 )
 
 UPDATE_STEPS = [
-    "wasihost.state:StateStore.write_tree:1",
-    "wasihost.updates:take_checkpoint:1",
+    "wasihost.store.state:StateStore.write_tree:1",
+    "wasihost.host.updates:take_checkpoint:1",
     "os:replace:1",  # the pending marker
-    "wasihost.updates:_start_checked:1",
-    "wasihost.state:StateStore.activate:1",
-    "wasihost.updates:_clear_pending:1",
-    "wasihost.updates:prune:1",
+    "wasihost.host.updates:_start_checked:1",
+    "wasihost.store.state:StateStore.activate:1",
+    "wasihost.host.updates:_clear_pending:1",
+    "wasihost.host.updates:prune:1",
 ]
 
 

@@ -28,14 +28,14 @@ from conftest import FIXTURES, ROOT
 from test_updates import ID, UPDATE, Notes, installed_running, make_host
 from test_updates import package as update_package
 
-from wasihost import runtime
 from wasihost.cli import main
-from wasihost.errors import CallError, ConfigError, WasihostError
-from wasihost.lifecycle import ExtensionRevoked
+from wasihost.core.errors import CallError, ConfigError, WasihostError
+from wasihost.core.lifecycle import ExtensionRevoked
+from wasihost.host import runtime
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.host.updates import UpdateError
 from wasihost.packaging.trust import SigningKey
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.updates import UpdateError
 
 # A refusal is a quick local check: far below this. A read that blocks on a FIFO never ends.
 HANG_S = 5.0
@@ -649,7 +649,7 @@ def test_an_install_whose_source_changes_while_it_is_read_installs_nothing(
     another id, under that id's grants. The tree is now verified against its record before it
     is activated, and (red-team pass of 2026-12-01) the manifest read again is compared whole
     with the one checked before anything is written."""
-    from wasihost import updates
+    from wasihost.host import updates
 
     source = tmp_path / "hello"
     shutil.copytree(FIXTURES / "hello", source)
@@ -683,7 +683,7 @@ def test_an_extension_revoked_by_another_host_is_refused_even_if_it_commits_noth
     """The echo fixture makes no host call, so no commit re-reads the grants: the host's
     periodic state work (the metrics thread, every ``METRICS_PUBLISH_S``) adopts the change,
     and its calls are refused within a period or so (they ran on for as long as the host did)."""
-    from wasihost.opmetrics import METRICS_PUBLISH_S
+    from wasihost.supervisor.opmetrics import METRICS_PUBLISH_S
 
     state = tmp_path / "state"
     echo = "org.wasihost.fixtures.echo"
@@ -729,7 +729,7 @@ def test_the_crash_history_of_closed_extensions_does_not_pile_up() -> None:
     from conftest import bare
     from guests import build, guest_wat
 
-    from wasihost.supervision import BoundedRetry, Supervisor
+    from wasihost.supervisor.supervision import BoundedRetry, Supervisor
 
     clock = [0.0]
     supervisor = Supervisor(BoundedRetry(max_restarts=5, window_s=60), clock=lambda: clock[0])
@@ -839,7 +839,7 @@ def test_the_grant_epochs_of_a_thousand_extensions_are_read_on_any_sqlite(tmp_pa
     extensions. Read in batches; the limit of such a build is set here."""
     import sqlite3
 
-    from wasihost.state import StateStore
+    from wasihost.store.state import StateStore
 
     store = StateStore(tmp_path / "state")
     try:
@@ -862,7 +862,7 @@ def test_a_manifest_that_lies_about_its_modules_digest_is_refused(tmp_path: Path
     and in a ``.whpkg`` alike (it held; nothing tested it)."""
     import hashlib
 
-    from wasihost.errors import PackageError
+    from wasihost.core.errors import PackageError
 
     root = tmp_path / "echo"
     shutil.copytree(FIXTURES / "echo", root)

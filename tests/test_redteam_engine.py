@@ -18,9 +18,9 @@ import pytest
 from conftest import ALL_CAPS, bare, run_child
 from guests import build, guest_wat
 
-from wasihost.errors import CallError, FailureClass
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 
 @pytest.fixture
@@ -50,9 +50,9 @@ import json, sys, threading
 sys.path.insert(0, "tests")
 from conftest import bare
 from guests import build, guest_wat
-from wasihost.errors import CallError, FailureClass
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 DEPTH, LEVELS = 3000, 64
 LOCALS = " ".join(f"(local $l{i} i64)" for i in range(16))

@@ -22,14 +22,14 @@ from wasihost.brokers import events as events_broker
 from wasihost.brokers import jobs as jobs_broker
 from wasihost.brokers.failure_log import FAILURE_LOG_INTERVAL_S
 from wasihost.brokers.jobs import JobsBroker, ManualClock
+from wasihost.core.event_classes import MAX_SELECTORS
+from wasihost.core.extlog import LogRecord
+from wasihost.core.manifest import parse_manifest
+from wasihost.core.registry import default_registry
 from wasihost.engine import hostcalls
-from wasihost.event_classes import MAX_SELECTORS
-from wasihost.extlog import LogRecord
-from wasihost.manifest import parse_manifest
-from wasihost.package import Package
-from wasihost.policy import Policy
-from wasihost.registry import default_registry
-from wasihost.runtime import Host
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import Package
 
 REQ_AT = 20000  # a fixed request, laid out by a data segment
 RESP_AT = 8000

@@ -13,16 +13,16 @@ import pytest
 from conftest import ALL_CAPS, bare
 from guests import build, guest_wat
 
-from wasihost.budgets import Action, BudgetPolicy, Resource
-from wasihost.errors import CallError, FailureClass
-from wasihost.extension import Extension
-from wasihost.governor import Throttled
-from wasihost.manifest import parse_manifest
-from wasihost.package import Package
-from wasihost.policy import Policy
-from wasihost.registry import default_registry
-from wasihost.runtime import Host
-from wasihost.settings import EngineSettings
+from wasihost.core.budgets import Action, BudgetPolicy, Resource
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.core.manifest import parse_manifest
+from wasihost.core.registry import default_registry
+from wasihost.core.settings import EngineSettings
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import Package
+from wasihost.supervisor.governor import Throttled
 
 # -- item 20: a trap that unwinds the guest's fuel counter is charged the whole budget --------
 

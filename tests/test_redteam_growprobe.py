@@ -12,11 +12,11 @@ import pytest
 from guests import build
 from wasi_support import CACHE_DIR, run_wasihost, validates
 
-from wasihost.codeshape import MAX_FUNCTION_BODY_BYTES, MAX_FUNCTIONS, scan_module
-from wasihost.errors import AdmissionError, CallError
-from wasihost.growprobe import GROW_REFUSED_EXPORT, probe_refused_grows
-from wasihost.wasi.cli import parse_args, run
-from wasihost.wasmbin import MAX_TYPE_VALUES, read_header
+from wasihost.cli.wasi_command import parse_args, run
+from wasihost.core.codeshape import MAX_FUNCTION_BODY_BYTES, MAX_FUNCTIONS, scan_module
+from wasihost.core.errors import AdmissionError, CallError
+from wasihost.core.growprobe import GROW_REFUSED_EXPORT, probe_refused_grows
+from wasihost.core.wasmbin import MAX_TYPE_VALUES, read_header
 
 MiB = 1024 * 1024
 

@@ -16,15 +16,15 @@ import pytest
 from conftest import FIXTURES, bare, run_in_thread
 from test_host_functions import LIMITS, fn_guest
 
-from wasihost import hostfn as hostfn_module
+from wasihost.core.errors import CallError, ConfigError, FailureClass
+from wasihost.core.lifecycle import ExtensionUnavailable
+from wasihost.core.status import GuestInterrupted, Status
 from wasihost.engine.native import SETTLE_FUEL
-from wasihost.errors import CallError, ConfigError, FailureClass
-from wasihost.hostfn import CallContext
-from wasihost.inspect import abi_listing
-from wasihost.lifecycle import ExtensionUnavailable
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.status import GuestInterrupted, Status
+from wasihost.host import functions as hostfn_module
+from wasihost.host.functions import CallContext
+from wasihost.host.inspect import abi_listing
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 WAIT_S = 30.0  # bounded waits only: generous for a loaded 2-core machine
 

@@ -27,12 +27,12 @@ from wasihost.brokers.http import (
     MAX_RESPONSE_WIRE_BYTES,
     HttpBroker,
 )
-from wasihost.errors import CallError, FailureClass
-from wasihost.extension import Extension
-from wasihost.netpolicy import NetPolicyError, address_class, address_refusal, parse_url
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.status import Status
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.core.netpolicy import NetPolicyError, address_class, address_refusal, parse_url
+from wasihost.core.status import Status
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 # How long a server's connection waits for the host at most, so a failing test still ends.
 HOLD_S = 30.0

@@ -21,8 +21,8 @@ from test_job_budgets import RUN_MEMORY, RUN_NETWORK, clock, host, load, message
 
 from wasihost.brokers.http import HttpBroker
 from wasihost.brokers.jobs import JobsBroker, ManualClock
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 __all__ = ["clock", "host", "messages"]  # fixtures shared with test_job_budgets
 

@@ -20,18 +20,18 @@ import pytest
 from conftest import ALL_CAPS
 from packages_support import PUBLISHER, hello_dir, hello_files, signed_archive
 
-from wasihost import updates
-from wasihost.errors import ConfigError, PackageError, RevocationListError
-from wasihost.lifecycle import ExtensionRevoked
-from wasihost.package import load_package
+from wasihost.core.errors import ConfigError, PackageError, RevocationListError
+from wasihost.core.lifecycle import ExtensionRevoked
+from wasihost.core.registry import default_registry
+from wasihost.host import updates
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.packaging import revocation
 from wasihost.packaging.allowed_signers import AllowedSigners
 from wasihost.packaging.archive import write_archive
+from wasihost.packaging.package import load_package
 from wasihost.packaging.revocation import RevocationList
 from wasihost.packaging.trust import SigningKey, TrustStore
-from wasihost.policy import Policy
-from wasihost.registry import default_registry
-from wasihost.runtime import Host
 
 CAPS = default_registry().capabilities()
 HELLO = "org.wasihost.fixtures.hello"

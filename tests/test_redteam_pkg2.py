@@ -19,16 +19,16 @@ from hypothesis import strategies as st
 from packages_support import PUBLISHER, hello_files, raw_zip, recorded_zip, signed_archive
 
 from wasihost.cli import main
-from wasihost.errors import ArchiveError, ConfigError, ExpiredKeyError, SignatureError
-from wasihost.package import load_package
+from wasihost.core.errors import ArchiveError, ConfigError, ExpiredKeyError, SignatureError
+from wasihost.core.registry import default_registry
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.packaging import archive
 from wasihost.packaging.allowed_signers import MAX_PATTERN_CHARS, AllowedSigners
 from wasihost.packaging.archive import read_archive
 from wasihost.packaging.files import write_key_pair
+from wasihost.packaging.package import load_package
 from wasihost.packaging.trust import SigningKey, TrustStore
-from wasihost.policy import Policy
-from wasihost.registry import default_registry
-from wasihost.runtime import Host
 
 CAPS = default_registry().capabilities()
 SSH_KEYGEN = Path("/usr/bin/ssh-keygen")

@@ -38,24 +38,24 @@ from packages_support import (
     trust_of,
 )
 
-from wasihost import updates
 from wasihost.cli import main
-from wasihost.errors import (
+from wasihost.core.errors import (
     AdmissionError,
     ArchiveError,
     ExpiredKeyError,
     PackageError,
     SignatureError,
 )
-from wasihost.package import load_package
+from wasihost.core.registry import default_registry
+from wasihost.host import updates
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.packaging.allowed_signers import AllowedSigners
 from wasihost.packaging.archive import MAX_COMPRESSION_RATIO, read_archive, write_archive
 from wasihost.packaging.files import write_key_pair
+from wasihost.packaging.package import load_package
 from wasihost.packaging.revocation import RevocationList
 from wasihost.packaging.trust import SigningKey, TrustStore
-from wasihost.policy import Policy
-from wasihost.registry import default_registry
-from wasihost.runtime import Host
 
 CAPS = default_registry().capabilities()
 HELLO = "org.wasihost.fixtures.hello"

@@ -29,18 +29,18 @@ from hypothesis import strategies as st
 from wasihost.brokers.http import HttpBroker, parse_request
 from wasihost.brokers.jobs import JobsBroker, ManualClock
 from wasihost.brokers.secrets import SecretsBroker
-from wasihost.errors import CallError, ConfigError
-from wasihost.extlog import Level, LogRecord, to_logging
-from wasihost.kvstore import KVStore
-from wasihost.kvtypes import Namespace, Quota
-from wasihost.manifest import parse_manifest
-from wasihost.package import Package
-from wasihost.policy import Policy
-from wasihost.registry import default_registry
-from wasihost.runtime import Host
-from wasihost.scrub import Unscrubbable, scrub, secret_forms
-from wasihost.secrets import FileSecretStore, MemorySecretStore
-from wasihost.status import HostStatus, Status
+from wasihost.core.errors import CallError, ConfigError
+from wasihost.core.extlog import Level, LogRecord, to_logging
+from wasihost.core.manifest import parse_manifest
+from wasihost.core.registry import default_registry
+from wasihost.core.scrub import Unscrubbable, scrub, secret_forms
+from wasihost.core.status import HostStatus, Status
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import Package
+from wasihost.store.kvstore import KVStore
+from wasihost.store.kvtypes import Namespace, Quota
+from wasihost.store.secrets import FileSecretStore, MemorySecretStore
 
 REQ_AT = 20000  # a fixed request, laid out by a data segment
 RESP_AT = 8000

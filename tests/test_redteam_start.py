@@ -11,10 +11,10 @@ import wasmtime
 from conftest import bare
 from guests import build, guest_wat
 
-from wasihost.errors import AdmissionError, CallError, FailureClass
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.wasmbin import MAX_DECLARED, WasmFormatError, read_header
+from wasihost.core.errors import AdmissionError, CallError, FailureClass
+from wasihost.core.wasmbin import MAX_DECLARED, WasmFormatError, read_header
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 SPARE_WAIT_S = 10.0
 # The welcome request's bytes up to the head of its "granted" array: a map(4) head, the key

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from conftest import FIXTURES
 
-from wasihost import updates
 from wasihost.cli import main
-from wasihost.errors import ConfigError, PackageError
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import ConfigError, PackageError
+from wasihost.host import updates
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 # -- ids that are paths (issue 28 item 1) ---------------------------------------------------
 

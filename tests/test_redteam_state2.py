@@ -21,16 +21,16 @@ import pytest
 from conftest import ALL_CAPS, FIXTURES
 from packages_support import PUBLISHER, hello_dir, hello_files, signed_archive, trust_of
 
-from wasihost import updates
 from wasihost.cli import main
+from wasihost.core.errors import AdmissionError, ConfigError, PackageError
 from wasihost.engine.cachedir import UnsafeCacheDir, open_private_dir
-from wasihost.errors import AdmissionError, ConfigError, PackageError
+from wasihost.host import updates
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.packaging.files import write_key_pair
 from wasihost.packaging.revocation import StateDirFloor
 from wasihost.packaging.trust import SigningKey
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.statedir import UnsafeStateDir, resolve_state_dir
+from wasihost.store.statedir import UnsafeStateDir, resolve_state_dir
 
 HELLO = "org.wasihost.fixtures.hello"
 OTHER = "other.example"

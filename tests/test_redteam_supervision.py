@@ -12,12 +12,12 @@ from conftest import APPFNS_LOOKUP, APPFNS_REMEMBER, FakeClock, bare, run_in_thr
 from test_pool import APPFNS, WAIT_S, pooled
 from test_supervision import CRASHER, crash, host_with, refused
 
-from wasihost.errors import CallError, WasihostError
-from wasihost.hostfn import CallContext
-from wasihost.lifecycle import State
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.supervision import BoundedRetry, Never, Supervisor
+from wasihost.core.errors import CallError, WasihostError
+from wasihost.core.lifecycle import State
+from wasihost.host.functions import CallContext
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.supervisor.supervision import BoundedRetry, Never, Supervisor
 
 
 @pytest.fixture

@@ -17,14 +17,14 @@ from conftest import bare
 from guests import build, escape, guest_wat
 from wasi_support import package, revoke_mid_run
 
+from wasihost.cli.wasi_command import config_from_args, parse_args
+from wasihost.core.errors import CallError, ConfigError, FailureClass
+from wasihost.core.lifecycle import ExtensionRevoked
 from wasihost.engine.native import SETTLE_FUEL
-from wasihost.errors import CallError, ConfigError, FailureClass
-from wasihost.lifecycle import ExtensionRevoked
-from wasihost.policy import Policy
-from wasihost.runtime import Extension, Host
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Extension, Host
 from wasihost.wasi import Errno, Mount, WasiOptions, capabilities_for, limits, wasi_profile
 from wasihost.wasi.abi import ALL_RIGHTS, DIR_READ_RIGHTS
-from wasihost.wasi.cli import config_from_args, parse_args
 from wasihost.wasi.registry import (
     FUEL_PER_LOG_RECORD,
     FUEL_PER_SEEDED_RANDOM_BYTE,

@@ -26,19 +26,19 @@ from wasi_support import (
     validates,
 )
 
-from wasihost import limits
 from wasihost.cli import UsageError
-from wasihost.errors import CallError, ConfigError
-from wasihost.growprobe import GROW_REFUSED_EXPORT, probe_refused_grows
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.cli import wasi_command as wasi_cli
+from wasihost.cli.wasi_command import config_from_args, parse_args, run
+from wasihost.core import limits
+from wasihost.core.errors import CallError, ConfigError
+from wasihost.core.growprobe import GROW_REFUSED_EXPORT, probe_refused_grows
+from wasihost.core.wasmbin import read_header
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.wasi import Mount, WasiOptions, wasi_profile
-from wasihost.wasi import cli as wasi_cli
 from wasihost.wasi import limits as limits_wasi
-from wasihost.wasi.cli import config_from_args, parse_args, run
 from wasihost.wasi.errno import WasiError
 from wasihost.wasi.fds import Descriptor, FdTable
-from wasihost.wasmbin import read_header
 
 MiB = 1024 * 1024
 

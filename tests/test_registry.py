@@ -7,19 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from wasihost.errors import ConfigError
-from wasihost.registry import AbiVersion, Registry, default_registry, major_from_json
-from wasihost.status import Status
+from wasihost.core.errors import ConfigError
+from wasihost.core.registry import AbiVersion, Registry, default_registry, major_from_json
+from wasihost.core.status import Status
 
 ROOT = Path(__file__).resolve().parent.parent
 NORMATIVE = ROOT / "abi" / "v1" / "registry.json"
-SHIPPED = ROOT / "wasihost" / "abi_data" / "v1.json"
+SHIPPED = ROOT / "wasihost" / "core" / "abi_data" / "v1.json"
 
 
 @pytest.mark.parametrize("major", [1, 2])
 def test_shipped_registry_is_the_normative_file(major: int) -> None:
     normative = ROOT / "abi" / f"v{major}" / "registry.json"
-    assert (ROOT / "wasihost" / "abi_data" / f"v{major}.json").read_bytes() == normative.read_bytes()
+    assert (ROOT / "wasihost" / "core" / "abi_data" / f"v{major}.json").read_bytes() == normative.read_bytes()
 
 
 def test_python_registry_agrees_with_json_entry_by_entry() -> None:

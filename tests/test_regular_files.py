@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from wasihost.regular_files import NotARegularFile, read_regular
+from wasihost.packaging.regular_files import NotARegularFile, read_regular
 
 # Far above the few hundred milliseconds a refusal takes, far below a hang.
 CHILD_TIMEOUT_S = 60

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from wasihost.errors import AdmissionError
-from wasihost.lifecycle import ExtensionRevoked, State
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import AdmissionError
+from wasihost.core.lifecycle import ExtensionRevoked, State
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 CAPS = {"log", "clock", "random"}
 

@@ -16,13 +16,13 @@ from guests import build, guest_wat
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wasihost.call_gate import calls_as
-from wasihost.errors import CallError, ConfigError, FailureClass, ManifestError
-from wasihost.extension import Extension
-from wasihost.lifecycle import ExtensionUnavailable
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.scheduling import (
+from wasihost.core.errors import CallError, ConfigError, FailureClass, ManifestError
+from wasihost.core.lifecycle import ExtensionUnavailable
+from wasihost.host.call_gate import calls_as
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.supervisor.scheduling import (
     MIN_CHARGE_S,
     WEIGHTS,
     HostBusy,

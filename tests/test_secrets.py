@@ -16,18 +16,18 @@ from conftest import FIXTURES, bare
 from guests import build, escape, guest_wat, host_import
 
 from wasihost.brokers.secrets import SecretsBroker, normalize_origin, use_secret
-from wasihost.errors import AdmissionError, CallError, ConfigError
-from wasihost.extension import Extension
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.secrets import (
+from wasihost.core.errors import AdmissionError, CallError, ConfigError
+from wasihost.core.status import HostStatus, Status
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.store.secrets import (
     MAX_SECRET_BYTES,
     EnvSecretStore,
     FileSecretStore,
     MemorySecretStore,
     SecretUnavailable,
 )
-from wasihost.status import HostStatus, Status
 
 SECRET = b"s3cr3t-token-that-must-never-leak-0123456789"
 FIXTURE = FIXTURES / "secrets"

@@ -16,12 +16,12 @@ import pytest
 from conftest import bare, run_in_thread
 from guests import build, guest_wat
 
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.core.settings import EngineSettings
 from wasihost.engine import Instance, ticker
 from wasihost.engine.ticker import GIL_WANTED
-from wasihost.errors import CallError, FailureClass
-from wasihost.policy import Policy
-from wasihost.runtime import Extension, Host
-from wasihost.settings import EngineSettings
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Extension, Host
 
 # "run" returns at once. "burn" loops BURN_ITERATIONS times: over the fuel line. "spins"
 # returns at once for an input of CBOR false and loops forever for CBOR true (so it is first
@@ -183,9 +183,9 @@ import os, sys, time
 sys.path[:0] = [sys.argv[1]]
 from guests import build, guest_wat
 from test_short_calls import TIMEOUT_MS, WASM, bare, load
-from wasihost.errors import CallError, FailureClass
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 with Host(Policy(), cache_dir=None) as host, Host(Policy(), cache_dir=None) as unused:
     ext = load(host)

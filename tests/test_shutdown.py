@@ -17,12 +17,12 @@ from conftest import FIXTURES, run_child
 
 from wasihost.brokers.events import EventsBroker
 from wasihost.brokers.jobs import DEFAULT_STOP_S, JobsBroker, ManualClock
+from wasihost.core.errors import CallError, ConfigError, WasihostError
+from wasihost.core.extlog import LogRecord
+from wasihost.core.lifecycle import ExtensionUnavailable, State
 from wasihost.engine import ticker
-from wasihost.errors import CallError, ConfigError, WasihostError
-from wasihost.extlog import LogRecord
-from wasihost.lifecycle import ExtensionUnavailable, State
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 POLICY = Policy(allow={"jobs", "log", "events"})
 WAIT_S = 10.0
@@ -181,9 +181,9 @@ import asyncio, json, os, signal, sys, threading, time
 sys.path.insert(0, "tests")
 from conftest import FIXTURES
 from wasihost.engine import ticker
-from wasihost.lifecycle import State
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.lifecycle import State
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 host = Host(Policy(allow={"log"}), cache_dir=None)
 spin = host.load(FIXTURES / "spin", fuel=100_000_000_000, timeout_ms=60_000)

@@ -11,8 +11,8 @@ from conftest import ALL_CAPS, bare
 from guests import build, guest_wat, host_import
 
 from wasihost import Host, Policy
-from wasihost.errors import AdmissionError, CallError, FailureClass
-from wasihost.registry import MEMO_ENTRIES, Registry
+from wasihost.core.errors import AdmissionError, CallError, FailureClass
+from wasihost.core.registry import MEMO_ENTRIES, Registry
 
 ECHO_HELLO = {"id": "org.test.wat", "version": "0.1.0", "abi": "1.0", "features": []}
 

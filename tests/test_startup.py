@@ -14,11 +14,12 @@ import pytest
 from conftest import FIXTURES, run_child
 from guests import build, guest_wat
 
-from wasihost import brokers, cli, registry
-from wasihost.admission import admit
+from wasihost import brokers, cli
+from wasihost.core import registry
+from wasihost.core.admission import admit
+from wasihost.core.errors import AdmissionError, ConfigError
 from wasihost.engine.lowlevel import WASMTIME_VERSION, installed_version
-from wasihost.errors import AdmissionError, ConfigError
-from wasihost.policy import Grant
+from wasihost.host.policy import Grant
 
 # What a plain run never needs: package archives, signatures and their crypto, revocation lists,
 # the durable state (sqlite3), installs and updates, asyncio (async host functions only), and an
@@ -35,8 +36,8 @@ NOT_FOR_A_PLAIN_RUN = (
     "wasihost.packaging.revocation",
     "wasihost.packaging.signing",
     "wasihost.packaging.trust",
-    "wasihost.state",
-    "wasihost.updates",
+    "wasihost.store.state",
+    "wasihost.host.updates",
     # The built-in brokers of ABI 1.1 are made on first use (brokers.DeferredBroker).
     "socket",
     "wasihost.brokers.events",
@@ -47,27 +48,27 @@ NOT_FOR_A_PLAIN_RUN = (
     "wasihost.brokers.storage",
     # Imported where they are used (issue 12 section 4, third pass): thread pools for a
     # shutdown flush, several closes or an async call's future; Python logging for the host's
-    # own error records (wasihost.hostlog); the origin parser for a manifest with [http].
+    # own error records (wasihost.core.hostlog); the origin parser for a manifest with [http].
     "concurrent.futures",
     "logging",
-    "wasihost.aio",  # asyncio's front end; the Host's call threads are wasihost.callworkers
-    "wasihost.event_classes",  # the manifest's [events] patterns
-    "wasihost.netpolicy",
+    "wasihost.host.aio",  # asyncio's front end; the Host's call threads are wasihost.host.callworkers
+    "wasihost.core.event_classes",  # the manifest's [events] patterns
+    "wasihost.core.netpolicy",
     # A host with no eviction policy, no scheduler, no state directory (published metrics).
-    "wasihost.call_gate",
-    "wasihost.eviction",
-    "wasihost.opmetrics",
-    "wasihost.scheduling",
+    "wasihost.host.call_gate",
+    "wasihost.supervisor.eviction",
+    "wasihost.supervisor.opmetrics",
+    "wasihost.supervisor.scheduling",
     # Records a plain run defines but never makes (issue 12 section 4, fourth pass): they live
     # where they are made: a crash, an operator's question, a restart policy an embedder sets,
     # a manifest's [events] or [jobs], a budget crossed.
-    "wasihost.budget_crossing",
-    "wasihost.manifest_tables",
-    "wasihost.reports",
-    "wasihost.restart_policies",
+    "wasihost.core.budget_crossing",
+    "wasihost.core.manifest_tables",
+    "wasihost.supervisor.reports",
+    "wasihost.supervisor.restart_policies",
 )
 # What a module found in the cache never needs: the shape scan runs before a compile.
-NOT_FOR_A_WARM_RUN = ("wasihost.codeshape",)
+NOT_FOR_A_WARM_RUN = ("wasihost.core.codeshape",)
 # The WASI profile's table, its errno and layout tables: made when a guest imports WASI or a
 # listing needs every entry (registry.DeferredProfile), not for a guest importing no WASI.
 WASI_PROFILE_TABLES = (
@@ -77,7 +78,7 @@ WASI_PROFILE_TABLES = (
     "wasihost.wasi.registry",
 )
 # What only `wasihost wasi` (and a WASI grant's scope) needs: its options and their checks.
-WASI_COMMAND_ONLY = ("wasihost.wasi.cli", "wasihost.wasi.config", "wasihost.wasi.scopes")
+WASI_COMMAND_ONLY = ("wasihost.cli.wasi_command", "wasihost.wasi.config", "wasihost.wasi.scopes")
 
 LOADED = """
 import contextlib, io, json, sys
@@ -133,7 +134,7 @@ def test_a_run_from_a_warm_cache_starts_no_subprocess_nor_loads_the_benchmark(
     unwanted = {
         "subprocess",
         "ctypes.util",
-        "wasihost.benchmark.cli",
+        "wasihost.cli.bench_command",
         *NOT_FOR_A_PLAIN_RUN,
         *NOT_FOR_A_WARM_RUN,
         *WASI_PROFILE_TABLES,
@@ -199,8 +200,8 @@ def test_each_deferred_broker_says_what_its_class_says() -> None:
 
 def test_a_deferred_broker_is_made_on_first_use_and_served_as_itself() -> None:
     from wasihost.brokers.storage import StorageBroker
-    from wasihost.policy import Policy
-    from wasihost.runtime import Host
+    from wasihost.host.policy import Policy
+    from wasihost.host.runtime import Host
 
     host = Host(Policy(allow={"storage"}), cache_dir=None)
     try:
@@ -222,7 +223,7 @@ def test_the_log_sinks_levels_are_pythons_logging_levels() -> None:
     # extlog writes logging's level numbers out so as not to import logging at start-up.
     import logging
 
-    from wasihost.extlog import _LOGGING_LEVELS, TRACE_LOGGING_LEVEL, Level
+    from wasihost.core.extlog import _LOGGING_LEVELS, TRACE_LOGGING_LEVEL, Level
 
     assert _LOGGING_LEVELS == {
         Level.TRACE: TRACE_LOGGING_LEVEL,
@@ -235,16 +236,16 @@ def test_the_log_sinks_levels_are_pythons_logging_levels() -> None:
 
 # (module, name, where it is defined now): each old import path still gives the same class.
 MOVED = [
-    ("wasihost.supervision", "CrashRecord", "wasihost.reports"),
-    ("wasihost.supervision", "Metrics", "wasihost.reports"),
-    ("wasihost.supervision", "QuarantineReport", "wasihost.reports"),
-    ("wasihost.supervision", "Never", "wasihost.restart_policies"),
-    ("wasihost.supervision", "BoundedRetry", "wasihost.restart_policies"),
-    ("wasihost.governor", "Usage", "wasihost.reports"),
-    ("wasihost.hostcall_metrics", "HostCallErrors", "wasihost.reports"),
-    ("wasihost.manifest", "EventsSpec", "wasihost.manifest_tables"),
-    ("wasihost.manifest", "JobsSpec", "wasihost.manifest_tables"),
-    ("wasihost.budgets", "Crossing", "wasihost.budget_crossing"),
+    ("wasihost.supervisor.supervision", "CrashRecord", "wasihost.supervisor.reports"),
+    ("wasihost.supervisor.supervision", "Metrics", "wasihost.supervisor.reports"),
+    ("wasihost.supervisor.supervision", "QuarantineReport", "wasihost.supervisor.reports"),
+    ("wasihost.supervisor.supervision", "Never", "wasihost.supervisor.restart_policies"),
+    ("wasihost.supervisor.supervision", "BoundedRetry", "wasihost.supervisor.restart_policies"),
+    ("wasihost.supervisor.governor", "Usage", "wasihost.supervisor.reports"),
+    ("wasihost.supervisor.hostcall_metrics", "HostCallErrors", "wasihost.supervisor.reports"),
+    ("wasihost.core.manifest", "EventsSpec", "wasihost.core.manifest_tables"),
+    ("wasihost.core.manifest", "JobsSpec", "wasihost.core.manifest_tables"),
+    ("wasihost.core.budgets", "Crossing", "wasihost.core.budget_crossing"),
 ]
 
 
@@ -260,8 +261,8 @@ def test_a_class_moved_off_the_start_up_path_is_still_exported_where_it_was(
 
 
 def test_the_restart_policy_union_is_still_exported() -> None:
-    from wasihost.restart_policies import BoundedRetry, Never
-    from wasihost.supervision import OnCrash, RestartPolicy
+    from wasihost.supervisor.restart_policies import BoundedRetry, Never
+    from wasihost.supervisor.supervision import OnCrash, RestartPolicy
 
     assert RestartPolicy == Never | OnCrash | BoundedRetry
 
@@ -312,7 +313,7 @@ ADMISSION_CASES = {
 
 
 def _outcome(wasm: bytes, reg: registry.Registry, caps: frozenset[str]) -> object:
-    from wasihost.wasmbin import read_header
+    from wasihost.core.wasmbin import read_header
 
     try:
         plan = admit(

@@ -12,10 +12,10 @@ import pytest
 from conftest import ALL_CAPS, FIXTURES, bare, run_in_thread
 from guests import HEAP_START, build, guest_wat
 
-from wasihost.errors import CallError, FailureClass
-from wasihost.lifecycle import ExtensionRevoked, ExtensionUnavailable, State
-from wasihost.policy import Policy
-from wasihost.runtime import Extension, Host
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.core.lifecycle import ExtensionRevoked, ExtensionUnavailable, State
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Extension, Host
 
 SPIN = "(loop $forever (br $forever))"
 # What "promptly" means for these tests: the target is 100 ms (a few epoch ticks); the bound

@@ -25,12 +25,12 @@ from hypothesis import strategies as st
 
 from wasihost.brokers.storage import ExtensionStorage, StorageBroker
 from wasihost.cli import main
-from wasihost.errors import AdmissionError, CallError, ConfigError, FailureClass
-from wasihost.extension import Extension
-from wasihost.kvstore import DB_NAME, KVStore, Namespace, Quota, QuotaExceeded, Usage
-from wasihost.lifecycle import ExtensionRevoked, State
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import AdmissionError, CallError, ConfigError, FailureClass
+from wasihost.core.lifecycle import ExtensionRevoked, State
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.store.kvstore import DB_NAME, KVStore, Namespace, Quota, QuotaExceeded, Usage
 
 FIXTURE = FIXTURES / "storage"
 FIXTURE_ID = "org.wasihost.fixtures.storage"
@@ -719,20 +719,20 @@ def test_concurrent_extensions_write_consistently(host: Host) -> None:
 CHILD = """
 import os, signal, sys
 from pathlib import Path
-import wasihost.kvstore
+import wasihost.store.kvstore
 from wasihost import Host, Policy
 
 state, prefix, kill_inside = Path(sys.argv[1]), sys.argv[2], int(sys.argv[4])
 if kill_inside:
     # Die inside the kill_inside-th write transaction, after its row is written and before
     # its usage counter is: the transaction must vanish whole.
-    count, seen = wasihost.kvstore._count, []
+    count, seen = wasihost.store.kvstore._count, []
     def dying(*args):
         seen.append(1)
         if len(seen) == kill_inside:
             os.kill(os.getpid(), signal.SIGKILL)
         count(*args)
-    wasihost.kvstore._count = dying
+    wasihost.store.kvstore._count = dying
 with Host(Policy(allow={"storage"}), cache_dir=Path(sys.argv[3]), state_dir=state) as host:
     host.grant("org.wasihost.fixtures.storage", "storage")
     ext = host.load("fixtures/storage")
@@ -928,10 +928,10 @@ def test_the_store_matches_a_dictionary_under_quotas(
 def test_an_update_checkpoint_restores_the_entries_of_every_tenant(
     cache: Path, tmp_path: Path
 ) -> None:
-    """The storage broker takes part in an update's checkpoint (wasihost.updates): a restore
+    """The storage broker takes part in an update's checkpoint (wasihost.host.updates): a restore
     brings back exactly what the extension stored at the checkpoint, in every tenant, and
     leaves other extensions' entries alone."""
-    from wasihost.updates import restore_checkpoint, take_checkpoint
+    from wasihost.host.updates import restore_checkpoint, take_checkpoint
 
     with new_host(cache, state_dir=tmp_path / "state") as host:
         for name in ("upd", "other"):

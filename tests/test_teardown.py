@@ -20,11 +20,11 @@ import pytest
 from conftest import FIXTURES
 from guests import build, guest_wat, host_import
 
+from wasihost.core.registry import AbiVersion, HostFunction, default_registry
+from wasihost.core.settings import EngineSettings
 from wasihost.engine import BoundImport, Budget, Instance, StoreLimits, WasmEngine
-from wasihost.policy import Policy
-from wasihost.registry import AbiVersion, HostFunction, default_registry
-from wasihost.runtime import Host
-from wasihost.settings import EngineSettings
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 CYCLES = 2000
 KiB = 1024

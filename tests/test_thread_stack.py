@@ -15,8 +15,8 @@ import sys
 import pytest
 from conftest import run_child
 
+from wasihost.core.settings import DEFAULT_MAX_WASM_STACK
 from wasihost.engine.stack import ENTRY_HEADROOM, STACK_MARGIN
-from wasihost.settings import DEFAULT_MAX_WASM_STACK
 
 KiB = 1024
 NEEDED = DEFAULT_MAX_WASM_STACK + STACK_MARGIN
@@ -33,10 +33,10 @@ from pathlib import Path
 sys.path.insert(0, "tests")
 from conftest import bare, native_entry
 from guests import build, guest_wat
-from wasihost.errors import CallError, ConfigError
-from wasihost.policy import Policy
-from wasihost.registry import Profile
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, ConfigError
+from wasihost.host.policy import Policy
+from wasihost.core.registry import Profile
+from wasihost.host.runtime import Host
 
 MODULE = "ping_preview1"
 PROFILE = Profile(name="ping", module=MODULE,
@@ -143,9 +143,9 @@ import json, sys, threading
 sys.path.insert(0, "tests")
 from conftest import ALL_CAPS, bare
 from guests import build, guest_wat
-from wasihost.errors import CallError
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 BURN = ("(local.set $i (i32.const 2000000)) (loop $l (local.set $i (i32.sub (local.get $i) "
         "(i32.const 1))) (br_if $l (local.get $i)))")
@@ -217,9 +217,9 @@ import asyncio, json, sys, threading, time
 sys.path.insert(0, "tests")
 from conftest import FIXTURES
 from wasihost.brokers.jobs import JobsBroker, ManualClock
-from wasihost.errors import CallError, ConfigError
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, ConfigError
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 EMBEDDERS = 256 * 1024
 threading.stack_size(EMBEDDERS)
@@ -292,9 +292,9 @@ def test_the_hosts_own_threads_run_guests_whatever_stack_size_the_embedder_set()
 FOREIGN_STACK_CHILD = """
 import ctypes, json, mmap, sys, threading
 from pathlib import Path
-from wasihost.errors import CallError, ConfigError
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, ConfigError
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 host = Host(Policy(allow=set()), cache_dir=None)
 ext = host.load(Path("fixtures/recurse"))

@@ -11,12 +11,12 @@ import time
 import attrs
 from conftest import ALL_CAPS, FIXTURES
 
-from wasihost.call_ticket import CallTicket
-from wasihost.errors import CallError, FailureClass
-from wasihost.extension import Extension
-from wasihost.package import load_package
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.call_ticket import CallTicket
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import load_package
 
 ECHO = FIXTURES / "echo"
 SPIN = FIXTURES / "spin"

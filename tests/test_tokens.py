@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from wasihost.tokens import TOKEN_BYTES, InvalidToken, TokenIssuer
+from wasihost.core.tokens import TOKEN_BYTES, InvalidToken, TokenIssuer
 
 
 class FakeClock:

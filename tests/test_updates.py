@@ -23,21 +23,21 @@ from conftest import FIXTURES
 from guests import build, guest_wat
 from packages_support import trust_of
 
-from wasihost import updates
 from wasihost.cli import main
-from wasihost.errors import AdmissionError, PackageError, UntrustedKeyError
-from wasihost.extension import Extension
-from wasihost.manifest import parse_manifest
-from wasihost.package import identity
+from wasihost.core.errors import AdmissionError, PackageError, UntrustedKeyError
+from wasihost.core.manifest import parse_manifest
+from wasihost.core.registry import HostFunction, default_registry, embedder_function
+from wasihost.core.status import HostStatus, Status
+from wasihost.host import updates
+from wasihost.host.extension import Extension
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.host.updates import ARCHIVE_NAME, UpdateError
 from wasihost.packaging import contents, signing
 from wasihost.packaging.archive import write_archive
 from wasihost.packaging.files import pack_directory
+from wasihost.packaging.package import identity
 from wasihost.packaging.trust import SigningKey
-from wasihost.policy import Policy
-from wasihost.registry import HostFunction, default_registry, embedder_function
-from wasihost.runtime import Host
-from wasihost.status import HostStatus, Status
-from wasihost.updates import ARCHIVE_NAME, UpdateError
 
 PUBLISHER = "acme.example"
 KEY = SigningKey.generate(PUBLISHER)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from conftest import FIXTURES
 
-from wasihost.errors import CallError, FailureClass
-from wasihost.lifecycle import ExtensionRevoked, State
-from wasihost.policy import Policy
-from wasihost.runtime import Host
-from wasihost.supervision import Never, Supervisor
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.core.lifecycle import ExtensionRevoked, State
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.supervisor.supervision import Never, Supervisor
 
 CAPS = frozenset({"log", "clock", "random"})
 # A spare is one instantiation and handshake on a call thread: milliseconds, even loaded.

@@ -5,8 +5,8 @@ from __future__ import annotations
 from conftest import bare
 from guests import build, escape, guest_wat
 
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 
 FD_WRITE = (
     '(import "wasi_snapshot_preview1" "fd_write" '

@@ -14,11 +14,11 @@ import pytest
 from conftest import bare, run_in_thread
 from guests import build
 
-from wasihost.errors import CallError, FailureClass
-from wasihost.extension import Extension, ProfileBinding
-from wasihost.lifecycle import ExtensionRevoked
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.core.lifecycle import ExtensionRevoked
+from wasihost.host.extension import Extension, ProfileBinding
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.wasi import Mount, WasiBinding, WasiOptions, capabilities_for
 from wasihost.wasi.fds import Descriptor, HostDescriptor, StdinDescriptor
 from wasihost.wasi.registry import PROFILE

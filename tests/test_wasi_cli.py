@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from wasi_support import CACHE_DIR, LIBC, PROBE, STD
 
-from wasihost import limits as resource_limits
 from wasihost.cli import UsageError, main
 from wasihost.cli.common import budget_hint
-from wasihost.errors import AdmissionError, CallError, FailureClass, WasihostError
-from wasihost.wasi.cli import config_from_args, exit_status, parse_args, run
+from wasihost.cli.wasi_command import config_from_args, exit_status, parse_args, run
+from wasihost.core import limits as resource_limits
+from wasihost.core.errors import AdmissionError, CallError, FailureClass, WasihostError
 from wasihost.wasi.config import capabilities_for
 
 

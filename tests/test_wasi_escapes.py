@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from wasi_support import PROBE, DirectGuest, package, run_wasihost
 
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.wasi import Errno, Mount, WasiOptions, capabilities_for, wasi_profile
 from wasihost.wasi import fs as wasi_fs
 from wasihost.wasi.abi import ALL_RIGHTS, OFLAG_CREAT

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from wasi_support import FIXTURES
 
+from wasihost.core.wasmbin import read_header
 from wasihost.wasi import FUNCTIONS, MODULE
-from wasihost.wasmbin import read_header
 
 WASI_FIXTURES = ["wasi-probe", "wasi-libc", "wasi-std", "wasi-bench"]
 ENTRIES = {f.name: f for f in FUNCTIONS}

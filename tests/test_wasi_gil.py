@@ -12,10 +12,10 @@ from conftest import run_child
 _CHILD = r'''
 import hashlib, json, sys, threading, time
 import wasmtime
-from wasihost.errors import CallError
-from wasihost.package import Package
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError
+from wasihost.packaging.package import Package
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.wasi import WasiOptions, capabilities_for, wasi_profile
 
 WAT = """

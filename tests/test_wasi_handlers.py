@@ -12,7 +12,7 @@ import pytest
 from wasi_support import DirectGuest
 
 from wasihost.brokers.log import RECORD_OVERHEAD_BYTES, ExtensionLog, Level
-from wasihost.status import GuestDeadline, GuestExit, GuestFault, GuestOutOfFuel
+from wasihost.core.status import GuestDeadline, GuestExit, GuestFault, GuestOutOfFuel
 from wasihost.wasi import Errno, Mount, WasiOptions
 from wasihost.wasi import limits as wasi_limits
 from wasihost.wasi.abi import ALL_RIGHTS, DIRENT, EVENT, FDSTAT, PRESTAT, Filetype, Right

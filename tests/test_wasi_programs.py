@@ -15,10 +15,10 @@ import wasmtime
 from guests import build, escape, guest_wat
 from wasi_support import LIBC, PROBE, STD, Run, package, run_reference, run_wasihost
 
-from wasihost.errors import CallError, ConfigError, FailureClass
-from wasihost.policy import Policy
-from wasihost.registry import CORE_CAPABILITY
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, ConfigError, FailureClass
+from wasihost.core.registry import CORE_CAPABILITY
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.wasi import FUNCTIONS, MODULE, Errno, Mount, WasiOptions, wasi_profile
 
 Setup = Callable[[Path], None]

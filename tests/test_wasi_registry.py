@@ -10,10 +10,10 @@ import pytest
 import wasmtime
 from wasi_support import ROOT
 
-from wasihost.errors import ConfigError
-from wasihost.policy import Policy
-from wasihost.registry import CORE_CAPABILITY
-from wasihost.runtime import Host
+from wasihost.core.errors import ConfigError
+from wasihost.core.registry import CORE_CAPABILITY
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.wasi import (
     CAPABILITIES,
     FUNCTIONS,

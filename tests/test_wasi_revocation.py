@@ -9,10 +9,10 @@ from conftest import bare
 from guests import build
 from wasi_support import revoke_mid_run
 
-from wasihost.errors import CallError, FailureClass
-from wasihost.lifecycle import ExtensionRevoked
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import CallError, FailureClass
+from wasihost.core.lifecycle import ExtensionRevoked
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.wasi import Mount, WasiOptions, capabilities_for, wasi_profile
 
 WRITER = """(module

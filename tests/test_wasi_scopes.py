@@ -8,9 +8,9 @@ import pytest
 from conftest import bare
 from guests import build
 
-from wasihost.errors import ConfigError
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.core.errors import ConfigError
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
 from wasihost.wasi import Mount, WasiOptions
 from wasihost.wasi.config import ClockProfile
 from wasihost.wasi.scopes import apply_scopes, check_scope

@@ -11,7 +11,7 @@ import pytest
 import wasmtime
 from wasi_support import run_wasihost
 
-from wasihost.errors import CallError, FailureClass
+from wasihost.core.errors import CallError, FailureClass
 from wasihost.wasi import WasiOptions
 from wasihost.wasi.errno import Errno
 

@@ -19,10 +19,10 @@ import wasmtime
 
 from wasihost.brokers.clock import Clock, SystemClock
 from wasihost.brokers.log import ExtensionLog
-from wasihost.guestmem import BytearrayMemory
-from wasihost.package import Package
-from wasihost.policy import Policy
-from wasihost.runtime import Extension, Host
+from wasihost.core.guestmem import BytearrayMemory
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Extension, Host
+from wasihost.packaging.package import Package
 from wasihost.wasi import Mount, WasiBinding, WasiOptions, capabilities_for, wasi_profile
 from wasihost.wasi.abi import ALL_RIGHTS, WRITE_ACCESS_RIGHTS
 from wasihost.wasi.registry import CAPABILITIES, FUNCTIONS_BY_NAME

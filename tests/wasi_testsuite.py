@@ -21,10 +21,10 @@ from typing import Any
 
 import attrs
 
-from wasihost.extension import Extension, ProfileBinding
-from wasihost.package import Package
-from wasihost.policy import Policy
-from wasihost.runtime import Host
+from wasihost.host.extension import Extension, ProfileBinding
+from wasihost.host.policy import Policy
+from wasihost.host.runtime import Host
+from wasihost.packaging.package import Package
 from wasihost.wasi import WasiBinding, WasiOptions
 from wasihost.wasi.config import Mount
 from wasihost.wasi.registry import CAPABILITIES, PROFILE

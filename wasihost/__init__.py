@@ -1,7 +1,8 @@
 """wasihost: run untrusted WebAssembly extensions behind a versioned host-function registry.
 
 The daily-use names live here. They are loaded lazily so that the pure core
-(``wasihost.registry``, ``wasihost.admission``, ``wasihost.codec`` ...) can be imported and
+(``wasihost.core.registry``, ``wasihost.core.admission``, ``wasihost.core.codec`` ...) can be
+imported and
 tested without loading the engine.
 """
 
@@ -47,58 +48,58 @@ __all__ = [
 ]
 
 _LAZY = {
-    "BudgetPolicy": "wasihost.budgets",
-    "EvictionPolicy": "wasihost.eviction",
-    "HostFull": "wasihost.eviction",
-    "Throttled": "wasihost.governor",
-    "Governor": "wasihost.governor",
-    "Scheduler": "wasihost.scheduling",
-    "Priority": "wasihost.scheduling",
-    "HostBusy": "wasihost.scheduling",
-    "AsyncHost": "wasihost.aio",
-    "AsyncExtension": "wasihost.aio",
-    "Host": "wasihost.runtime",
-    "Extension": "wasihost.extension",
-    "Policy": "wasihost.policy",
+    "BudgetPolicy": "wasihost.core.budgets",
+    "EvictionPolicy": "wasihost.supervisor.eviction",
+    "HostFull": "wasihost.supervisor.eviction",
+    "Throttled": "wasihost.supervisor.governor",
+    "Governor": "wasihost.supervisor.governor",
+    "Scheduler": "wasihost.supervisor.scheduling",
+    "Priority": "wasihost.supervisor.scheduling",
+    "HostBusy": "wasihost.supervisor.scheduling",
+    "AsyncHost": "wasihost.host.aio",
+    "AsyncExtension": "wasihost.host.aio",
+    "Host": "wasihost.host.runtime",
+    "Extension": "wasihost.host.extension",
+    "Policy": "wasihost.host.policy",
     "TrustStore": "wasihost.packaging.trust",
-    "SignatureError": "wasihost.errors",
-    "EngineSettings": "wasihost.settings",
-    "WasihostError": "wasihost.errors",
-    "AdmissionError": "wasihost.errors",
-    "CallError": "wasihost.errors",
-    "FailureClass": "wasihost.errors",
-    "ExtensionRevoked": "wasihost.lifecycle",
-    "ExtensionUnavailable": "wasihost.lifecycle",
-    "LogRecord": "wasihost.extlog",
-    "to_logging": "wasihost.extlog",
-    "Broker": "wasihost.hostfn",
-    "CallContext": "wasihost.hostfn",
-    "HostStatus": "wasihost.status",
-    "Status": "wasihost.status",
+    "SignatureError": "wasihost.core.errors",
+    "EngineSettings": "wasihost.core.settings",
+    "WasihostError": "wasihost.core.errors",
+    "AdmissionError": "wasihost.core.errors",
+    "CallError": "wasihost.core.errors",
+    "FailureClass": "wasihost.core.errors",
+    "ExtensionRevoked": "wasihost.core.lifecycle",
+    "ExtensionUnavailable": "wasihost.core.lifecycle",
+    "LogRecord": "wasihost.core.extlog",
+    "to_logging": "wasihost.core.extlog",
+    "Broker": "wasihost.host.functions",
+    "CallContext": "wasihost.host.functions",
+    "HostStatus": "wasihost.core.status",
+    "Status": "wasihost.core.status",
     "SecretsBroker": "wasihost.brokers.secrets",
-    "FileSecretStore": "wasihost.secrets",
-    "EnvSecretStore": "wasihost.secrets",
-    "MemorySecretStore": "wasihost.secrets",
+    "FileSecretStore": "wasihost.store.secrets",
+    "EnvSecretStore": "wasihost.store.secrets",
+    "MemorySecretStore": "wasihost.store.secrets",
 }
 
 if TYPE_CHECKING:
-    from .aio import AsyncExtension, AsyncHost
     from .brokers.secrets import SecretsBroker
-    from .budgets import BudgetPolicy
-    from .errors import AdmissionError, CallError, FailureClass, SignatureError, WasihostError
-    from .eviction import EvictionPolicy, HostFull
-    from .extension import Extension
-    from .extlog import LogRecord, to_logging
-    from .governor import Governor, Throttled
-    from .hostfn import Broker, CallContext
-    from .lifecycle import ExtensionRevoked, ExtensionUnavailable
+    from .core.budgets import BudgetPolicy
+    from .core.errors import AdmissionError, CallError, FailureClass, SignatureError, WasihostError
+    from .core.extlog import LogRecord, to_logging
+    from .core.lifecycle import ExtensionRevoked, ExtensionUnavailable
+    from .core.settings import EngineSettings
+    from .core.status import HostStatus, Status
+    from .host.aio import AsyncExtension, AsyncHost
+    from .host.extension import Extension
+    from .host.functions import Broker, CallContext
+    from .host.policy import Policy
+    from .host.runtime import Host
     from .packaging.trust import TrustStore
-    from .policy import Policy
-    from .runtime import Host
-    from .scheduling import HostBusy, Priority, Scheduler
-    from .secrets import EnvSecretStore, FileSecretStore, MemorySecretStore
-    from .settings import EngineSettings
-    from .status import HostStatus, Status
+    from .store.secrets import EnvSecretStore, FileSecretStore, MemorySecretStore
+    from .supervisor.eviction import EvictionPolicy, HostFull
+    from .supervisor.governor import Governor, Throttled
+    from .supervisor.scheduling import HostBusy, Priority, Scheduler
 
 
 def __getattr__(name: str) -> Any:

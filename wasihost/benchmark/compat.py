@@ -33,15 +33,15 @@ NOT_BUILT = "not built: wasihost has no out-of-process runtime yet"
 class Guest:
     name: str
     source: str  # a fixture directory, or "built at run time"
-    package: Any  # wasihost.package.Package, None when it could not be loaded
+    package: Any  # wasihost.packaging.package.Package, None when it could not be loaded
     commands: frozenset[str]
     load_error: str | None = None
     grants: tuple[str, ...] = ()
 
 
 def _fixture_guests(fixtures: Path, capabilities: frozenset[str]) -> list[Guest]:
-    from ..errors import WasihostError
-    from ..package import Package, load_package
+    from ..core.errors import WasihostError
+    from ..packaging.package import Package, load_package
 
     guests = []
     for directory in sorted(p for p in fixtures.iterdir() if p.is_dir()):
@@ -72,7 +72,7 @@ def _fixture_guests(fixtures: Path, capabilities: frozenset[str]) -> list[Guest]
 def _wat_guests(registry: Any) -> list[Guest]:
     """Guests built at run time for the edges fixtures do not cover."""
     from ..engine.benchraw import wat_to_wasm
-    from ..package import Package
+    from ..packaging.package import Package
 
     newer = next(f for f in registry.functions() if str(f.since) != "1.0")
     wat = {
@@ -104,7 +104,7 @@ def _wat_guests(registry: Any) -> list[Guest]:
 
 
 def served_views(registry: Any) -> list[Any]:
-    from ..registry import AbiVersion
+    from ..core.registry import AbiVersion
 
     return [
         AbiVersion(latest.major, minor)
@@ -115,10 +115,10 @@ def served_views(registry: Any) -> list[Any]:
 
 def _declared(package: Any) -> Any:
     """The ABI version the module's marker declares, None for a plain profile command."""
-    from ..admission import command_profile, declared_version
-    from ..errors import AdmissionError
-    from ..registry import default_registry
-    from ..wasmbin import read_header
+    from ..core.admission import command_profile, declared_version
+    from ..core.errors import AdmissionError
+    from ..core.registry import default_registry
+    from ..core.wasmbin import read_header
 
     header = read_header(package.wasm)
     if command_profile(header, default_registry()) is not None:
@@ -160,7 +160,7 @@ class _Verdict:
 
 
 def _admit_and_run(host: Any, guest: Guest, budget: Budget) -> _Verdict:
-    from ..errors import AdmissionError, WasihostError
+    from ..core.errors import AdmissionError, WasihostError
 
     required = guest.package.manifest.required if guest.package.manifest else frozenset()
     try:
@@ -196,8 +196,8 @@ def _admit_and_run(host: Any, guest: Guest, budget: Budget) -> _Verdict:
 
 
 def matrix(fixtures: Path, budget: Budget) -> list[dict[str, Any]]:
-    from ..registry import default_registry
-    from ..runtime import Host
+    from ..core.registry import default_registry
+    from ..host.runtime import Host
 
     registry = default_registry()
     host = Host(bench_policy(registry.capabilities()))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..budgets import Action, BudgetPolicy, Resource
-from ..policy import Policy
+from ..core.budgets import Action, BudgetPolicy, Resource
+from ..host.policy import Policy
 
 # A benchmark measures calls, not governance. Simple wasm runs at about 1e10 fuel a second on
 # the 2-core machine, so the default CPU budget (6e10 fuel a sliding minute) is spent within

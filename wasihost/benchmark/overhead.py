@@ -28,7 +28,7 @@ def overhead(fixtures: Path, rounds: int, budget: Budget) -> list[dict[str, Any]
     import cbor2
 
     from ..engine.benchraw import RawModule
-    from ..runtime import Host
+    from ..host.runtime import Host
 
     wasm = (fixtures / "compute" / "compute.wasm").read_bytes()
     request = cbor2.dumps({"n": rounds})

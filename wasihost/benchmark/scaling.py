@@ -22,8 +22,8 @@ WORKER_TIMEOUT_S = 120
 def _load(fixtures: Path, workload: str, copies: int) -> tuple[Any, list[Any]]:
     import hashlib
 
-    from ..package import Package
-    from ..runtime import Host
+    from ..host.runtime import Host
+    from ..packaging.package import Package
     from .hosts import bench_policy
 
     fixture, _, _ = WORKLOADS[workload]

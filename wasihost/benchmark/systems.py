@@ -52,8 +52,8 @@ class Wasihost:
     payloads); an embedder function for host calls."""
 
     def __init__(self, fixtures: Path) -> None:
-        from ..package import Package, load_package
-        from ..runtime import Host
+        from ..host.runtime import Host
+        from ..packaging.package import Package, load_package
 
         self.host = Host(bench_policy({"log", "clock", "random", "bench"}), cache_dir=None)
         self.host.add_function(

@@ -3,7 +3,7 @@
 A broker never sees a guest pointer. The engine adapter has already checked bounds, the gate
 and the payload limit, and decoded the request with the entry's CBOR bounds; a broker validates
 the request's *shape*, does the work, and answers a value or raises
-:class:`~wasihost.status.HostStatus`.
+:class:`~wasihost.core.status.HostStatus`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class DeferredBroker:
     or shut down (:meth:`loaded` tells; the host skips it then)."""
 
     def __init__(self, name: str, cls: str) -> None:
-        from ..registry import shipped_major  # parsed once per process
+        from ..core.registry import shipped_major  # parsed once per process
 
         self.name = name
         self.functions = tuple(

@@ -6,12 +6,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..hostfn import refuse_any_scope
-from ..status import HostStatus, Status
+from ..core.status import HostStatus, Status
+from ..host.functions import refuse_any_scope
 
 if TYPE_CHECKING:
-    from ..extension import Extension
-    from ..registry import HostFunction
+    from ..core.registry import HostFunction
+    from ..host.extension import Extension
 
 
 class Clock(Protocol):

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..extlog import ExtensionLog, Level
-from ..status import GuestAbort, UnreadableRequest
+from ..core.extlog import ExtensionLog, Level
+from ..core.status import GuestAbort, UnreadableRequest
 
 if TYPE_CHECKING:
-    from ..extension import Extension
-    from ..registry import HostFunction
+    from ..core.registry import HostFunction
+    from ..host.extension import Extension
 
 # A panic message is for a human reading the log; the first 512 characters say it.
 MAX_PANIC_MESSAGE_CHARS = 512

@@ -16,9 +16,9 @@ import threading
 import time
 from typing import Any, Generic, Protocol, TypeVar
 
-from ..call_gate import run_calls_as
-from ..scheduling import Priority
-from ..threadstack import guest_thread_stack
+from ..core.threadstack import guest_thread_stack
+from ..host.call_gate import run_calls_as
+from ..supervisor.scheduling import Priority
 
 LOG = logging.getLogger("wasihost")
 

@@ -25,20 +25,27 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
-from ..budgets import Resource
-from ..codec import CodecLimits, decode, encode
-from ..errors import CallError, CodecError, ConfigError
-from ..event_classes import MAX_CLASS_CHARS, MAX_SELECTORS, covered, is_class, is_selector, matches
-from ..lifecycle import State
-from ..status import HostStatus, Status
-from ..terminal import printable
+from ..core.budgets import Resource
+from ..core.codec import CodecLimits, decode, encode
+from ..core.errors import CallError, CodecError, ConfigError
+from ..core.event_classes import (
+    MAX_CLASS_CHARS,
+    MAX_SELECTORS,
+    covered,
+    is_class,
+    is_selector,
+    matches,
+)
+from ..core.lifecycle import State
+from ..core.status import HostStatus, Status
+from ..core.terminal import printable
 from .dispatch import ExtensionDispatcher
 from .failure_log import FailureLogGate
 
 if TYPE_CHECKING:
-    from ..extension import Extension
-    from ..manifest_tables import EventsSpec
-    from ..registry import HostFunction
+    from ..core.manifest_tables import EventsSpec
+    from ..core.registry import HostFunction
+    from ..host.extension import Extension
 
 LOG = logging.getLogger("wasihost")
 

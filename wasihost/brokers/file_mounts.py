@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import attrs
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 # What a mount name may be: short, printable, no separator, so it can never be read as a path.
 MOUNT_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
-from ..budgets import Resource
-from ..errors import ConfigError
-from ..limits import MAX_OPEN_FILES  # open handles per extension (see there)
-from ..status import HostStatus, Status
+from ..core.budgets import Resource
+from ..core.errors import ConfigError
+from ..core.limits import MAX_OPEN_FILES  # open handles per extension (see there)
+from ..core.status import HostStatus, Status
 from ..wasi import limits as wasi_limits
 from ..wasi.errno import Errno, WasiError, from_oserror
 from ..wasi.fs import (
@@ -53,8 +53,8 @@ from .file_mounts import (
 )
 
 if TYPE_CHECKING:
-    from ..extension import Extension
-    from ..registry import HostFunction
+    from ..core.registry import HostFunction
+    from ..host.extension import Extension
 
 __all__ = [
     "DEFAULT_MAX_TEMP_BYTES",

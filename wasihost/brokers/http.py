@@ -1,7 +1,7 @@
 """The http broker: one outbound HTTP/1.1 request per ``http_request`` call, to an allowed
 origin, over a connection pinned to an address the host resolved and checked itself.
 
-What may be reached is decided by :mod:`wasihost.netpolicy` (pure); this module does the I/O:
+What may be reached is decided by :mod:`wasihost.core.netpolicy` (pure); this module does the I/O:
 it resolves the name (an injectable resolver), refuses the request if any answer is a refused
 address, connects to the checked address itself (urllib3's connection; for https, TLS over
 memory BIOs with the name as server name and certificate host, so that its bytes are counted
@@ -27,12 +27,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from .. import run_allowance
-from ..budgets import Resource
-from ..errors import ConfigError
-from ..hostfn import ASYNC_WAKE_CHECK_S
-from ..manifest import DEFAULT_HTTP_BYTES_PER_HOUR
-from ..netpolicy import (
+from ..core.budgets import Resource
+from ..core.errors import ConfigError
+from ..core.manifest import DEFAULT_HTTP_BYTES_PER_HOUR
+from ..core.netpolicy import (
     NetPolicyError,
     Origin,
     OriginPattern,
@@ -42,10 +40,12 @@ from ..netpolicy import (
     parse_pattern,
     parse_url,
 )
-from ..run_allowance import NetworkAllowance
-from ..scrub import MIN_FORM_BYTES, Unscrubbable, scrub, scrub_text, secret_forms
-from ..secrets import MAX_SECRET_BYTES
-from ..status import GuestDeadline, GuestInterrupted, HostStatus, Status
+from ..core.scrub import MIN_FORM_BYTES, Unscrubbable, scrub, scrub_text, secret_forms
+from ..core.status import GuestDeadline, GuestInterrupted, HostStatus, Status
+from ..host.functions import ASYNC_WAKE_CHECK_S
+from ..store.secrets import MAX_SECRET_BYTES
+from . import run_allowance
+from .run_allowance import NetworkAllowance
 from .secrets import use_secret
 
 if TYPE_CHECKING:
@@ -54,8 +54,8 @@ if TYPE_CHECKING:
     import urllib3
     from urllib3.connection import HTTPConnection
 
-    from ..extension import Extension
-    from ..registry import HostFunction
+    from ..core.registry import HostFunction
+    from ..host.extension import Extension
 
 LOG = logging.getLogger("wasihost")
 
@@ -270,7 +270,7 @@ class Request:
 
     def attach_secrets(self, use: Callable[[str], bytes]) -> None:
         """Replace each secret reference by its value (``use(name)`` raises the guest's
-        status) and note the secret's forms for :func:`~wasihost.scrub.scrub`."""
+        status) and note the secret's forms for :func:`~wasihost.core.scrub.scrub`."""
         attached: list[tuple[str, str | SecretRef]] = []
         for name, value in self.headers:
             if isinstance(value, SecretRef):

@@ -32,26 +32,26 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
 
-from .. import run_allowance
-from ..budgets import Resource
-from ..call_ticket import CallTicket
-from ..codec import CodecLimits, decode, encode
-from ..errors import CodecError, ConfigError
-from ..event_classes import MAX_CLASS_CHARS, covered, is_class, is_selector, matches
-from ..hostfn import refuse_any_scope
-from ..lifecycle import State
-from ..run_allowance import NetworkAllowance
-from ..status import HostStatus, Status
-from ..terminal import printable
+from ..core.budgets import Resource
+from ..core.call_ticket import CallTicket
+from ..core.codec import CodecLimits, decode, encode
+from ..core.errors import CodecError, ConfigError
+from ..core.event_classes import MAX_CLASS_CHARS, covered, is_class, is_selector, matches
+from ..core.lifecycle import State
+from ..core.status import HostStatus, Status
+from ..core.terminal import printable
+from ..host.functions import refuse_any_scope
+from . import run_allowance
 from .dispatch import ExtensionDispatcher
 from .events import CAPABILITY as EVENTS_CAPABILITY
 from .events import MAX_LOOKS, PAYLOAD_LIMITS, ExtensionEvents, _failure_text, _same
 from .failure_log import FailureLogGate
+from .run_allowance import NetworkAllowance
 
 if TYPE_CHECKING:
-    from ..extension import Extension
-    from ..manifest_tables import JobsSpec
-    from ..registry import HostFunction
+    from ..core.manifest_tables import JobsSpec
+    from ..core.registry import HostFunction
+    from ..host.extension import Extension
 
 LOG = logging.getLogger("wasihost")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..extlog import (
+from ..core.extlog import (
     RECORD_OVERHEAD_BYTES,
     TRACE_LOGGING_LEVEL,
     ExtensionLog,
@@ -15,12 +15,12 @@ from ..extlog import (
     LogSink,
     to_logging,
 )
-from ..hostfn import refuse_any_scope
-from ..status import Status, StatusAnswer
+from ..core.status import Status, StatusAnswer
+from ..host.functions import refuse_any_scope
 
 if TYPE_CHECKING:
-    from ..extension import Extension
-    from ..registry import HostFunction
+    from ..core.registry import HostFunction
+    from ..host.extension import Extension
 
 __all__ = [
     "RECORD_OVERHEAD_BYTES",
@@ -39,7 +39,7 @@ __all__ = [
 Commit = Callable[..., tuple[bool, Any]]
 """``commit(action, *args)``: runs ``action(*args)`` if the caller's grant epoch still
 authorises it, under the grant table's lock: (authorised, result). See
-:meth:`wasihost.extension.Extension.committer`."""
+:meth:`wasihost.host.extension.Extension.committer`."""
 
 # Levels by their code: the request's level indexes this after a range check (constructing the
 # enum from an int, and catching its ValueError, cost more than the rest of the shape check).

@@ -9,12 +9,12 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..hostfn import refuse_any_scope
-from ..status import HostStatus, Status
+from ..core.status import HostStatus, Status
+from ..host.functions import refuse_any_scope
 
 if TYPE_CHECKING:
-    from ..extension import Extension
-    from ..registry import HostFunction
+    from ..core.registry import HostFunction
+    from ..host.extension import Extension
 
 # One call's worth; the registry's response limit (4099) is this plus CBOR framing.
 MAX_RANDOM_BYTES_PER_CALL = 4096

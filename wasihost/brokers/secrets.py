@@ -3,7 +3,7 @@
 A guest holds a secret's name. It may ask the host to HMAC-sign data under it
 (``secret_hmac``), or to attach it to an outbound request as a header (the http broker calls
 :func:`use_secret` with the request's origin). The plaintext is read from the operator's
-:class:`~wasihost.secrets.SecretStore` at each use and never written to guest memory, a log,
+:class:`~wasihost.store.secrets.SecretStore` at each use and never written to guest memory, a log,
 storage or an error text.
 
 What an extension may use is its ``secrets`` grant's scope, set by the operator::
@@ -26,18 +26,13 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
-from ..secrets import (
-    MemorySecretStore,
-    SecretStore,
-    SecretUnavailable,
-    check_secret_name,
-)
-from ..status import HostStatus, Status
+from ..core.errors import ConfigError
+from ..core.status import HostStatus, Status
+from ..store.secrets import MemorySecretStore, SecretStore, SecretUnavailable, check_secret_name
 
 if TYPE_CHECKING:
-    from ..extension import Extension
-    from ..registry import HostFunction
+    from ..core.registry import HostFunction
+    from ..host.extension import Extension
 
 LOG = logging.getLogger("wasihost")
 
@@ -109,7 +104,7 @@ def _scope_headers(scope: Mapping[str, Any]) -> dict[str, frozenset[str]]:
 
 class SecretsBroker:
     """Serves ``secret_hmac`` and lends secrets to the http broker, from ``store`` (by default
-    an empty :class:`~wasihost.secrets.MemorySecretStore`: no secrets until the embedder gives
+    an empty :class:`~wasihost.store.secrets.MemorySecretStore`: no secrets until the embedder gives
     a store)."""
 
     name = "secrets"

@@ -1,5 +1,5 @@
 """The storage broker: ``storage_get``, ``storage_put``, ``storage_delete``, ``storage_list``
-and ``storage_cas`` of ABI 1.1, on a :class:`~wasihost.kvstore.KVStore`.
+and ``storage_cas`` of ABI 1.1, on a :class:`~wasihost.store.kvstore.KVStore`.
 
 The guest names keys, never a namespace: the namespace is the calling extension's id and the
 tenant of the operator's ``storage`` grant scope (``{"tenant": "acme"}``), each its own column
@@ -17,11 +17,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from .. import limits
-from ..budgets import Resource
-from ..errors import ConfigError
-from ..grants import GrantEntry
-from ..kvtypes import (
+from ..core import limits
+from ..core.budgets import Resource
+from ..core.errors import ConfigError
+from ..core.grants import GrantEntry
+from ..core.status import HostStatus, Status
+from ..store.kvtypes import (
     DB_NAME,
     MAX_KEY_BYTES,
     MAX_PAGE_KEYS,
@@ -32,13 +33,12 @@ from ..kvtypes import (
     QuotaExceeded,
     StoreError,
 )
-from ..status import HostStatus, Status
 
 if TYPE_CHECKING:
-    from ..extension import Extension
-    from ..kvstore import KVStore
-    from ..registry import HostFunction
-    from ..runtime import Host
+    from ..core.registry import HostFunction
+    from ..host.extension import Extension
+    from ..host.runtime import Host
+    from ..store.kvstore import KVStore
 
 LOG = logging.getLogger("wasihost")
 
@@ -310,7 +310,7 @@ class StorageBroker:
     """Serves the ``storage_*`` entries from one SQLite database.
 
     Where the database lives, first that applies: ``store`` (an open
-    :class:`~wasihost.kvstore.KVStore` the embedder owns and closes), ``path``, the host's
+    :class:`~wasihost.store.kvstore.KVStore` the embedder owns and closes), ``path``, the host's
     state directory (``<state_dir>/storage.sqlite3``), or else memory. A database file is
     opened with the first extension that uses storage and closed with the last; an in-memory
     one lives until :meth:`shutdown` (which ``Host.close`` calls): its content is lost then.
@@ -342,7 +342,7 @@ class StorageBroker:
 
     def open(self, ext: Extension) -> ExtensionStorage:
         # SQLite loads with the first extension that uses storage, not with every host.
-        from ..kvstore import KVStore
+        from ..store.kvstore import KVStore
 
         with self._lock:
             store = self._store
@@ -394,12 +394,12 @@ class StorageBroker:
     def check_scope(self, capability: str, scope: Mapping[str, Any]) -> None:
         parse_scope(scope)
 
-    # -- update checkpoints (wasihost.updates) ------------------------------------------------
+    # -- update checkpoints (wasihost.host.updates) ------------------------------------------------
 
     def _store_for(self, host: Host) -> tuple[KVStore | None, bool]:
         """The database that holds ``host``'s extensions' entries, and whether it was opened
         here (to be closed again); None for memory no extension has opened (nothing in it)."""
-        from ..kvstore import KVStore
+        from ..store.kvstore import KVStore
 
         with self._lock:
             store = self._store

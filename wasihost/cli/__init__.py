@@ -21,8 +21,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import WasihostError
-from ..terminal import printable
+from ..core.errors import WasihostError
+from ..core.terminal import printable
 from .common import (
     DEFAULT_REVOCATION_DAYS,
     EXIT_BROKEN_PIPE,

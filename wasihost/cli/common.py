@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from .. import limits
-from ..errors import FailureClass
+from ..core import limits
+from ..core.errors import FailureClass
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2

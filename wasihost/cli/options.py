@@ -8,19 +8,19 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import cbor_json
-from ..errors import ConfigError
-from ..input_files import read_file_or_stdin
-from ..package import is_archive
-from ..policy import Policy
-from ..registry import default_registry
+from ..core import cbor_json
+from ..core.errors import ConfigError
+from ..core.registry import default_registry
+from ..host.policy import Policy
+from ..packaging.package import is_archive
 from .common import MAX_CLI_INPUT_BYTES, UsageError
+from .input_files import read_file_or_stdin
 
 if TYPE_CHECKING:
+    from ..host.runtime import Host
     from ..packaging.allowed_signers import SshSigned
     from ..packaging.revocation import Revocations
     from ..packaging.trust import TrustStore
-    from ..runtime import Host
 
 
 def _revocations(args: argparse.Namespace) -> Revocations | None:
@@ -79,13 +79,13 @@ def _brokers(args: argparse.Namespace) -> list[Any]:
             raise UsageError("--secret NAME needs --secrets-dir DIR (where the secret is)")
         return []
     from ..brokers.secrets import SecretsBroker
-    from ..secrets import FileSecretStore
+    from ..store.secrets import FileSecretStore
 
     return [SecretsBroker(FileSecretStore(directory))]
 
 
 def _host(policy: Policy, args: argparse.Namespace) -> Host:
-    from ..runtime import Host, default_cache_dir
+    from ..host.runtime import Host, default_cache_dir
 
     if getattr(args, "no_cache", False):
         cache: Path | None = None
@@ -95,7 +95,7 @@ def _host(policy: Policy, args: argparse.Namespace) -> Host:
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
-    from ..state import default_state_dir
+    from ..store.state import default_state_dir
 
     return args.state_dir if args.state_dir is not None else default_state_dir()
 
@@ -114,8 +114,8 @@ def _state_dir_to_read(args: argparse.Namespace) -> None:
 def _state_host(args: argparse.Namespace) -> Host:
     """A host on the durable state: the grant table decides; the policy allows every
     capability the registry knows, so that it caps nothing the operator granted."""
+    from ..host.runtime import Host
     from ..packaging.allowed_signers import AllowedSigners
-    from ..runtime import Host
 
     registry = default_registry()
     trust = _trust(args)

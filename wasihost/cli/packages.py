@@ -11,16 +11,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UnsignedPackageError
-from ..package import archive_parts, identity, is_archive, load_package, open_archive
+from ..core.errors import UnsignedPackageError
+from ..core.registry import default_registry
+from ..core.terminal import printable
 from ..packaging.names import PACKAGE_SUFFIX
-from ..registry import default_registry
-from ..terminal import printable
+from ..packaging.package import archive_parts, identity, is_archive, load_package, open_archive
 from .common import MAX_REVOCATION_DAYS, UsageError
 from .options import _revocations, _ssh, _state_flag, _state_host, _trust
 
 if TYPE_CHECKING:
-    from ..state import InstalledPackage
+    from ..store.state import InstalledPackage
 
 
 def _ssh_pair(args: argparse.Namespace) -> dict[str, Any]:
@@ -47,7 +47,7 @@ def _cmd_update(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
-    from ..host_options import check_extension_id
+    from ..host.options import check_extension_id
 
     check_extension_id(args.extension)  # before the state directory is opened or made
     with _state_host(args) as host:
@@ -164,7 +164,7 @@ def _check_revocation_entries(args: argparse.Namespace) -> None:
     otherwise be refused by the list's own parser as if the list were corrupt, and an entry
     that no package can match (an extension version that is not SemVer) would revoke nothing
     while the command reported success."""
-    from ..manifest import is_extension_id, is_version
+    from ..core.manifest import is_extension_id, is_version
     from ..packaging.trust import KEY_BYTES, PUBLISHER_ID, b64_exact
 
     for digest in args.module_sha256:
@@ -228,7 +228,7 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
         f"{revocation.format_time(merged.expires)}, signed by {key.publisher}"
     )
     if args.state_dir is not None:
-        from ..updates import revoke_installed
+        from ..host.updates import revoke_installed
 
         with _state_host(args) as host:
             done = revoke_installed(host, merged)
@@ -267,11 +267,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_remove(args: argparse.Namespace) -> int:
-    from ..host_options import check_extension_id
+    from ..host.options import check_extension_id
 
     check_extension_id(args.extension)  # before the state directory is opened or made
     with _state_host(args) as host:
-        from ..updates import remove
+        from ..host.updates import remove
 
         remove(host, args.extension, purge=args.purge)
         print(f"removed {args.extension}" + (" and its data" if args.purge else ""))

@@ -258,11 +258,11 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     state_opt(status)
 
     if only in (None, "wasi"):
-        from ..wasi import cli as wasi_cli  # its options' types, for its command only
+        from . import wasi_command as wasi_cli  # its options' types, for its command only
 
         wasi_cli.add_parser(sub)
     if only in (None, "bench"):
-        from ..benchmark import cli as bench_cli  # the benchmark's code, for its command only
+        from . import bench_command as bench_cli  # the benchmark's code, for its command only
 
         bench_cli.add_parser(sub)
 

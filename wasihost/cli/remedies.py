@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import (
+from ..core.errors import (
     AdmissionError,
     ConfigError,
     PackageError,

@@ -1,6 +1,6 @@
 """The commands that run or describe code: ``run``, ``inspect``, ``abi``, and the entry points
-of ``wasi`` and ``bench`` (whose code is in :mod:`wasihost.wasi.cli` and
-:mod:`wasihost.benchmark.cli`)."""
+of ``wasi`` and ``bench`` (whose code is in :mod:`wasihost.cli.wasi_command` and
+:mod:`wasihost.cli.bench_command`)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import cbor_json
-from ..errors import CallError, CodecError, ConfigError
-from ..package import Package, is_archive, load_package
-from ..policy import Policy
-from ..registry import AbiVersion, default_registry
-from ..terminal import printable
+from ..core import cbor_json
+from ..core.errors import CallError, CodecError, ConfigError
+from ..core.registry import AbiVersion, default_registry
+from ..core.terminal import printable
+from ..host.policy import Policy
+from ..packaging.package import Package, is_archive, load_package
 from .common import EXIT_FAILURE, UsageError, budget_hint, check_budget_flags
 from .options import (
     _host,
@@ -47,8 +47,8 @@ def _not_shadowing(args: argparse.Namespace) -> None:
     """``run NAME --state-dir D`` where NAME is both a path here and an extension installed in
     D: running the path would run whatever a file or directory of that name in the current
     directory holds, under the CLI's grants, instead of the installed, verified extension."""
-    from ..host_options import check_extension_id
-    from ..state import StateStore
+    from ..host.options import check_extension_id
+    from ..store.state import StateStore
 
     try:
         check_extension_id(args.source)
@@ -161,7 +161,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from ..inspect import inspect_package, render_text
+    from ..host.inspect import inspect_package, render_text
     from ..packaging.revocation import MemoryFloor
 
     registry = default_registry()
@@ -180,7 +180,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_abi(args: argparse.Namespace) -> int:
-    from ..inspect import abi_listing, render_abi_text
+    from ..host.inspect import abi_listing, render_abi_text
 
     version = None
     if args.version is not None:
@@ -197,12 +197,12 @@ def _cmd_abi(args: argparse.Namespace) -> int:
 
 
 def _cmd_wasi(args: argparse.Namespace) -> int:
-    from ..wasi import cli as wasi_cli
+    from . import wasi_command as wasi_cli
 
     return wasi_cli.run(args)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from ..benchmark import cli as bench_cli
+    from . import bench_command as bench_cli
 
     return bench_cli.run(args)

@@ -7,17 +7,17 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .. import cbor_json
-from ..terminal import printable
+from ..core import cbor_json
+from ..core.terminal import printable
 from .common import UsageError
 from .options import _state_dir_to_read, _state_flag, _state_host
 
 if TYPE_CHECKING:
-    from ..runtime import Host
+    from ..host.runtime import Host
 
 
 def _cmd_grants(args: argparse.Namespace) -> int:
-    from ..host_options import check_extension_id
+    from ..host.options import check_extension_id
 
     check_extension_id(args.extension)
     if args.grants_cmd == "list":
@@ -98,7 +98,7 @@ def _cmd_grants(args: argparse.Namespace) -> int:
 
 
 def _status_of(host: Host, ext: str) -> dict[str, Any]:
-    from ..updates import interrupted
+    from ..host.updates import interrupted
 
     store = host.require_state()
     pkg = store.package(ext)
@@ -154,7 +154,7 @@ def _metrics_line(metrics: dict[str, Any]) -> str:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from ..host_options import check_extension_id
+    from ..host.options import check_extension_id
 
     if args.extension is not None:
         check_extension_id(args.extension)
@@ -163,7 +163,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         store = host.require_state()
         names = [args.extension] if args.extension else store.extensions()
         reports = [_status_of(host, n) for n in names]
-        from ..opmetrics import status_metrics
+        from ..supervisor.opmetrics import status_metrics
 
         metrics = status_metrics(store)
         if args.json:

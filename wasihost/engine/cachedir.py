@@ -15,7 +15,7 @@ import os
 import stat
 from pathlib import Path
 
-from ..dirtrust import UntrustedDir, open_trusted_dir
+from ..store.dirtrust import UntrustedDir, open_trusted_dir
 
 # The cache directory itself grants nothing to group or others (mode 0700).
 _NOT_PRIVATE = stat.S_IRWXG | stat.S_IRWXO
@@ -44,7 +44,7 @@ def open_private_dir(path: Path) -> int:
     """Open ``path`` (made if missing) as a directory only this user controls; return its fd.
 
     Raise :class:`UnsafeCacheDir` saying which component fails and why. The walk is the state
-    directory's (:func:`wasihost.dirtrust.open_trusted_dir`): from ``/``, a symbolic link
+    directory's (:func:`wasihost.store.dirtrust.open_trusted_dir`): from ``/``, a symbolic link
     followed only if root or this user owns it (a user's own ``~/.cache`` may be one), so what
     is checked is exactly what is opened. (``os.path.realpath`` first followed every link on
     the way, another user's too, before a walk that then followed none.)

@@ -1,7 +1,7 @@
 """Compiling a module under a budget: a static shape pre-check, then a worker process.
 
 Compile cost is the one cost a module imposes before any limit of a Store applies, and it is
-superlinear in some shapes (see :mod:`wasihost.codeshape`). So:
+superlinear in some shapes (see :mod:`wasihost.core.codeshape`). So:
 
 1. the pure shape scan refuses, as ``admission``, a module over any of its named limits;
 2. a module bigger than ``compile_in_process_max_bytes`` is compiled in a fresh interpreter
@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 
 import wasmtime
 
-from ..errors import CallError, FailureClass
-from ..settings import EngineSettings
-from ..wasmbin import WasmFormatError, read_header
+from ..core.errors import CallError, FailureClass
+from ..core.settings import EngineSettings
+from ..core.wasmbin import WasmFormatError, read_header
 from .compile_worker import EXIT_INVALID, EXIT_NO_MEMORY, FRAME_MAGIC, options_digest
 from .lowlevel import short_message
 from .ticker import in_forked_child
@@ -46,7 +46,7 @@ from .ticker import in_forked_child
 if TYPE_CHECKING:
     import subprocess
 
-    from ..codeshape import CodeShape
+    from ..core.codeshape import CodeShape
 
 WORKER = Path(__file__).with_name("compile_worker.py")
 _FRAME_HEADER = len(FRAME_MAGIC) + 32 + 32 + 8 + 32
@@ -161,7 +161,7 @@ class ModuleCompiler:
     def compile(self, wasm: bytes) -> tuple[wasmtime.Module, bytes | None]:
         """The module, and its serialized form when a worker made it (the cache stores it).
 
-        Raises ``CallError(ADMISSION)`` (or :class:`~wasihost.errors.AdmissionError` from the
+        Raises ``CallError(ADMISSION)`` (or :class:`~wasihost.core.errors.AdmissionError` from the
         shape scan) naming the reason: invalid, over a shape limit, over the budget.
         """
         try:
@@ -169,7 +169,7 @@ class ModuleCompiler:
         except WasmFormatError as exc:
             raise _refuse(f"not a valid module: {exc}") from None
         # The shape scan is for a compile: a module found in the cache never loads it.
-        from ..codeshape import scan_code
+        from ..core.codeshape import scan_code
 
         shape = scan_code(wasm, imported)
         # A forked child compiles in the worker whatever the size: wasmtime's parallel compile

@@ -14,8 +14,8 @@ from typing import cast
 import wasmtime
 from wasmtime import _bindings as raw
 
-from ..limits import MAX_MAX_TABLE_ELEMENTS
-from ..settings import EngineSettings
+from ..core.limits import MAX_MAX_TABLE_ELEMENTS
+from ..core.settings import EngineSettings
 
 # A guest has one memory and one table (StoreLimits in instance.py); the pool's slots need no
 # more, and each one more would multiply its reservation.

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 from wasmtime import _ffi as ffi
 
-from ..codec import CodecLimits, decode, decode_counted, encode
-from ..codec_fast import UNSURE, flat
-from ..errors import CallError, CodecError, FailureClass
-from ..hostlog import host_logger
-from ..registry import HostFunction
-from ..status import (
+from ..core.codec import CodecLimits, decode, decode_counted, encode
+from ..core.codec_fast import UNSURE, flat
+from ..core.errors import CallError, CodecError, FailureClass
+from ..core.hostlog import host_logger
+from ..core.registry import HostFunction
+from ..core.status import (
     GuestAbort,
     GuestDeadline,
     GuestInterrupted,
@@ -41,7 +41,7 @@ from .native import SETTLE_FUEL, NativeCall, native_dispatch
 from .sigint import CALLBACK_CODES
 
 if TYPE_CHECKING:
-    from ..hostcall_metrics import HostCallTally
+    from ..supervisor.hostcall_metrics import HostCallTally
 
 HostHandler = Callable[[Any, Any], Any]
 """A broker entry point: ``handler(call, request)``, the instance's guest-memory accessor (a
@@ -179,7 +179,7 @@ class HostContext:
         self.native = NativeCall()
         self.native.can_pay = self.can_pay
         self.native._charge = self.charge_work
-        # Operator metrics hook (wasihost.hostcall_metrics): told every refusal and every
+        # Operator metrics hook (wasihost.supervisor.hostcall_metrics): told every refusal and every
         # call-ending failure of a host call, by class; None counts nothing.
         self.tally: HostCallTally | None = None
         self.native.per_byte = max(

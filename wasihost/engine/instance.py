@@ -18,9 +18,9 @@ import wasmtime
 from wasmtime import _bindings as raw
 from wasmtime import _ffi as ffi
 
-from ..errors import CallError, ConfigError, FailureClass
-from ..growprobe import GROW_REFUSED_EXPORT, refused_bytes
-from ..limits import COMMAND_FUEL_PER_BYTE
+from ..core.errors import CallError, ConfigError, FailureClass
+from ..core.growprobe import GROW_REFUSED_EXPORT, refused_bytes
+from ..core.limits import COMMAND_FUEL_PER_BYTE
 from . import sigint
 from .hostcalls import (
     BoundImport,
@@ -63,7 +63,7 @@ from .stack import (
 from .ticker import GIL_WANTED
 
 if TYPE_CHECKING:
-    from ..hostcall_metrics import HostCallTally
+    from ..supervisor.hostcall_metrics import HostCallTally
     from .wasm_engine import WasmEngine
 
 

@@ -15,7 +15,7 @@ import wasmtime
 from wasmtime import _bindings as raw
 from wasmtime import _ffi as ffi
 
-from ..errors import CallError, ConfigError, FailureClass
+from ..core.errors import CallError, ConfigError, FailureClass
 
 U32 = 0xFFFF_FFFF
 U64 = 0xFFFF_FFFF_FFFF_FFFF

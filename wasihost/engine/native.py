@@ -17,10 +17,10 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import FailureClass
-from ..guestmem import WriteRoute
-from ..registry import CORE_CAPABILITY, HostFunction
-from ..status import (
+from ..core.errors import FailureClass
+from ..core.guestmem import WriteRoute
+from ..core.registry import CORE_CAPABILITY, HostFunction
+from ..core.status import (
     GuestDeadline,
     GuestExit,
     GuestFault,

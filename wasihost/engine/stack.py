@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CallError, ConfigError, FailureClass
+from ..core.errors import CallError, ConfigError, FailureClass
 
 KiB = 1024
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import wasmtime
 
-from ..errors import CallError, FailureClass
-from ..registry import HostFunction
-from ..settings import EngineSettings
+from ..core.errors import CallError, FailureClass
+from ..core.registry import HostFunction
+from ..core.settings import EngineSettings
 from .cache import ModuleCache
 from .compile_worker import build_config
 from .compiler import ModuleCompiler

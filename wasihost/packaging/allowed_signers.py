@@ -14,7 +14,7 @@ verify anything.
 The rule that maps an SSH signer to a package's publisher is ``ssh-keygen -Y verify -I``'s:
 the manifest's ``publisher`` is the identity, and it must match one of the principal patterns
 of a line holding the signing key. The file is the operator's configuration, so its errors
-are :class:`~wasihost.errors.ConfigError` naming the line.
+are :class:`~wasihost.core.errors.ConfigError` naming the line.
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ from typing import Final
 
 import attrs
 
-from ..errors import (
+from ..core.errors import (
     ConfigError,
     InvalidSignatureError,
     PublisherMismatchError,
     UntrustedKeyError,
 )
-from ..regular_files import read_regular
 from . import sshsig
+from .regular_files import read_regular
 from .sshsig import ED25519, NAMESPACE, ed25519_key
 from .trust import _read_text, b64
 
@@ -259,7 +259,7 @@ class AllowedSigners:
         now: Callable[[], float] = time.time,
     ) -> AllowedSigner:
         """The line that lets the SSH signature ``signature_file`` of ``message`` stand for
-        ``publisher`` now; raise the specific :class:`~wasihost.errors.SignatureError`
+        ``publisher`` now; raise the specific :class:`~wasihost.core.errors.SignatureError`
         otherwise (None is never returned)."""
         signature = sshsig.parse(signature_file)
         lines = [s for s in self.signers if s.key == signature.key]

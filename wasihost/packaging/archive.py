@@ -11,7 +11,7 @@ ratio, declared and of the bytes actually read, entries that do not overlap), ev
 :mod:`.names`), every entry type (regular files only: no links, devices or folders) and that
 the files are exactly those of the content record with their recorded digests, before it
 returns anything. It reads into memory and writes nothing; the only error that leaves it is
-:class:`~wasihost.errors.ArchiveError`. zipfile reads the central directory; the entries'
+:class:`~wasihost.core.errors.ArchiveError`. zipfile reads the central directory; the entries'
 data is read and inflated here, so what is counted is what is read.
 """
 
@@ -29,8 +29,8 @@ from typing import Final
 
 import attrs
 
-from ..errors import ArchiveError
-from ..wasmbin import MAX_MODULE_BYTES
+from ..core.errors import ArchiveError
+from ..core.wasmbin import MAX_MODULE_BYTES
 from . import contents
 from .names import RESERVED_DIR, UnsafeName, check_name, check_unambiguous, quote
 

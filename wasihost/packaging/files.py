@@ -8,11 +8,11 @@ import os
 import stat
 from pathlib import Path
 
-from ..errors import ArchiveError, ConfigError
-from ..regular_files import open_regular, read_fd
+from ..core.errors import ArchiveError, ConfigError
 from .archive import MAX_ARCHIVE_BYTES, MAX_FILE_BYTES, MAX_FILES, MAX_TOTAL_BYTES
 from .names import PACKAGE_SUFFIX as _SUFFIX
 from .names import RESERVED_DIR, UnsafeName, check_name
+from .regular_files import open_regular, read_fd
 from .trust import MAX_KEY_FILE_BYTES, SigningKey
 
 # Defined in .names (which imports nothing heavy); kept here for code that takes it from here.

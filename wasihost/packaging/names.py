@@ -19,7 +19,8 @@ MAX_NAME_DEPTH: Final = 16
 # The archive's own records live under this folder; no packed file may use it.
 RESERVED_DIR: Final = ".whpkg"
 # A package archive's file suffix. Here, with no heavy import, so that telling an archive from a
-# directory or module (wasihost.package.is_archive) loads none of the archive or crypto code.
+# directory or module (wasihost.packaging.package.is_archive) loads none of the archive or crypto
+# code.
 PACKAGE_SUFFIX: Final = ".whpkg"
 
 # Portable file-name characters (POSIX's portable filename character set, plus "+"): nothing

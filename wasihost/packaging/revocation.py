@@ -21,7 +21,7 @@ malformed, signed by anything but a revocation key, expired (a freeze attack: an
 served forever), or older than the highest version this host has seen (a rollback, also
 across restarts when the host has a state directory) refuses every package. The list comes
 from wherever the operator fetched it, so :func:`parse` is a bounded reader whose only error
-is :class:`~wasihost.errors.RevocationListError`.
+is :class:`~wasihost.core.errors.RevocationListError`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import attrs
 
-from ..errors import RevocationListError, RevokedError
-from ..regular_files import read_regular
+from ..core.errors import RevocationListError, RevokedError
+from .regular_files import read_regular
 from .trust import (
     KEY_BYTES,
     PUBLISHER_ID,
@@ -49,8 +49,8 @@ from .trust import (
 )
 
 if TYPE_CHECKING:
-    from ..package import Package
-    from ..state import StateStore
+    from ..store.state import StateStore
+    from .package import Package
 
 SCHEMA: Final = "wasihost-revocations/1"
 # What the signature covers is prefixed with this, so that no other wasihost signature (a
@@ -78,7 +78,7 @@ class Claims:
     """What a revocation list is matched against: a package's id and version, publishers
     (the verified signer, and the manifest's claim), signing key and the keys that endorsed it,
     package and module digests. Made from a loaded package (:meth:`of`), or from an install
-    record without loading its package again (``wasihost.updates.revoke_installed``)."""
+    record without loading its package again (``wasihost.host.updates.revoke_installed``)."""
 
     module_digest: str
     extension: str | None = None
@@ -328,7 +328,7 @@ class StateDirFloor:
         self.directory = directory
 
     def highest(self) -> int:
-        from ..state import StateStore
+        from ..store.state import StateStore
 
         store = StateStore(self.directory)
         try:
@@ -337,7 +337,7 @@ class StateDirFloor:
             store.close()
 
     def raise_to(self, version: int) -> None:
-        from ..state import StateStore
+        from ..store.state import StateStore
 
         store = StateStore(self.directory)
         try:

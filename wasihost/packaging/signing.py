@@ -6,7 +6,7 @@ module's SHA-256 and the package digest (the SHA-256 of the content record, whic
 file's SHA-256). The signature record (``.whpkg/signature`` in the archive) names the publisher
 and the public key, so that the verifier picks that one key from its trust store.
 
-:func:`verify` returns None or raises a :class:`~wasihost.errors.SignatureError` subclass;
+:func:`verify` returns None or raises a :class:`~wasihost.core.errors.SignatureError` subclass;
 there is no boolean to forget to check.
 """
 
@@ -20,7 +20,7 @@ import attrs
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ..errors import (
+from ..core.errors import (
     ExpiredKeyError,
     InvalidSignatureError,
     PublisherMismatchError,

@@ -7,9 +7,9 @@ string, the hash algorithm and the hash of the signed file, so a signature made 
 namespace (``git``, ``file``) never verifies as a ``wasihost`` one.
 
 The signature file comes from whoever handed us the package, so :func:`parse` reads it like
-:mod:`wasihost.codec` reads guest bytes: every length is checked against the bytes actually
+:mod:`wasihost.core.codec` reads guest bytes: every length is checked against the bytes actually
 left (and a bound) before anything is sliced, nothing may trail, and the only error that
-leaves it is :class:`~wasihost.errors.InvalidSignatureError`. Only Ed25519 keys are accepted;
+leaves it is :class:`~wasihost.core.errors.InvalidSignatureError`. Only Ed25519 keys are accepted;
 other key types (RSA, ECDSA, certificates) are refused by name. Whether the key is allowed to
 sign as a publisher is :mod:`.allowed_signers`' answer.
 """
@@ -26,7 +26,7 @@ import attrs
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ..errors import InvalidSignatureError
+from ..core.errors import InvalidSignatureError
 from .trust import KEY_BYTES, weak_public_key
 
 MAGIC: Final = b"SSHSIG"

@@ -15,7 +15,7 @@ the publisher ships without checking the new key by other means; revoking the ol
 what it endorsed, and an endorsement counts only while its endorsing key is unexpired (a key
 every line of which is endorsed expires with the last of its endorsers). A ``.pub``
 file written by ``wasihost keygen`` is one such line. The trust file is the operator's own
-configuration, so its errors are :class:`~wasihost.errors.ConfigError`.
+configuration, so its errors are :class:`~wasihost.core.errors.ConfigError`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Final
 
 import attrs
 
-from ..errors import ConfigError
-from ..regular_files import read_regular
+from ..core.errors import ConfigError
+from .regular_files import read_regular
 
 # The cryptography package is imported where a key is made or used: reading a trust file needs
 # none of it, and a host run with no signing key should not pay its import at start-up.

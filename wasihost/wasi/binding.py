@@ -12,8 +12,8 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
-from ..registry import CORE_CAPABILITY, HostFunction, Profile
+from ..core.errors import ConfigError
+from ..core.registry import CORE_CAPABILITY, HostFunction, Profile
 from .clock_calls import HANDLERS as CLOCK_HANDLERS
 from .config import WasiOptions
 from .errno import Errno, WasiError, from_oserror
@@ -29,7 +29,7 @@ from .sock_calls import HANDLERS as SOCK_HANDLERS
 from .state import WasiState
 
 if TYPE_CHECKING:
-    from ..extension import Extension, ProfileBinding
+    from ..host.extension import Extension, ProfileBinding
 
 Handler = Callable[..., Any]
 
@@ -93,7 +93,7 @@ def committed(fn: Handler, st: WasiState) -> Handler:
 
 
 class WasiBinding:
-    """The :class:`~wasihost.extension.ProfileBinding` of one instance."""
+    """The :class:`~wasihost.host.extension.ProfileBinding` of one instance."""
 
     def __init__(self, state: WasiState) -> None:
         self.state = state

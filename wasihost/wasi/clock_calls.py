@@ -3,7 +3,7 @@
 poll_oneoff never keeps the host thread past the call's deadline (``mem.deadline``), and waits
 in ``mem.sleep``, which the host's interrupt wakes. When the
 earliest subscription is due later than that, it waits until the deadline and then ends the
-call with class ``deadline`` (:class:`~wasihost.status.GuestDeadline`), exactly as the engine's
+call with class ``deadline`` (:class:`~wasihost.core.status.GuestDeadline`), exactly as the engine's
 epoch interrupt ends a guest that computes past it. It never claims a clock fired early.
 """
 
@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..guestmem import GuestMemory
-from ..status import GuestDeadline
+from ..core.guestmem import GuestMemory
+from ..core.status import GuestDeadline
 from . import limits
 from .abi import (
     EVENT,

@@ -16,8 +16,8 @@ from typing import Any
 
 import attrs
 
-from .. import limits as resource_limits
-from ..errors import ConfigError
+from ..core import limits as resource_limits
+from ..core.errors import ConfigError
 from . import limits
 from .registry import (
     CAP_ARGS,

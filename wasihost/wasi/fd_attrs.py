@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..guestmem import GuestMemory
+from ..core.guestmem import GuestMemory
 from . import limits
 from .abi import (
     ALL_FDFLAGS,

@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..guestmem import GuestMemory
+from ..core.guestmem import GuestMemory
 from . import limits
 from .abi import (
     DIRENT,

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..guestmem import GuestMemory, WriteRoute
+from ..core.guestmem import GuestMemory, WriteRoute
 from . import limits
 from .abi import (
     FDFLAG_APPEND,

@@ -2,12 +2,12 @@
 
 Counts and lengths are checked against the profile's limits *before* guest memory is read, so a
 huge count costs the host nothing; every access goes through the bounds-checked
-:class:`~wasihost.guestmem.GuestMemory`, which faults (a ``protocol`` trap) outside memory.
+:class:`~wasihost.core.guestmem.GuestMemory`, which faults (a ``protocol`` trap) outside memory.
 """
 
 from __future__ import annotations
 
-from ..guestmem import GuestMemory
+from ..core.guestmem import GuestMemory
 from . import limits
 from .abi import IOVEC
 from .errno import Errno, WasiError

@@ -13,7 +13,7 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-from ..guestmem import GuestMemory
+from ..core.guestmem import GuestMemory
 from . import limits
 from .abi import (
     ALL_FDFLAGS,

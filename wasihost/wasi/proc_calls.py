@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..guestmem import GuestMemory
-from ..status import GuestExit
+from ..core.guestmem import GuestMemory
+from ..core.status import GuestExit
 from . import limits
 from .errno import Errno
 from .memio import write_strings

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from ..registry import CORE_CAPABILITY, AbiVersion, HostFunction, Profile
+from ..core.registry import CORE_CAPABILITY, AbiVersion, HostFunction, Profile
 from . import limits
 from .abi import DIRENT, EVENT, SUBSCRIPTION_SIZE
 from .errno import Errno

@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .config import Mount, WasiOptions
 from .registry import CAP_ARGS, CAP_CLOCK, CAP_ENV, CAP_FS_READ, CAP_FS_WRITE
 

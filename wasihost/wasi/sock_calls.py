@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..guestmem import GuestMemory
+from ..core.guestmem import GuestMemory
 from .errno import Errno
 from .state import WasiState
 

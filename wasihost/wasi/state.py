@@ -13,8 +13,8 @@ from typing import Protocol, TypeVar, cast
 
 from ..brokers.clock import Clock
 from ..brokers.random import SeededRandom
-from ..errors import ConfigError
-from ..extlog import ExtensionLog, Level
+from ..core.errors import ConfigError
+from ..core.extlog import ExtensionLog, Level
 from . import limits
 from .abi import (
     DIR_READ_RIGHTS,

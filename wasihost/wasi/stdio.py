@@ -3,7 +3,7 @@ one record per line."""
 
 from __future__ import annotations
 
-from ..extlog import ExtensionLog, Level
+from ..core.extlog import ExtensionLog, Level
 from . import limits
 
 

@@ -1,0 +1,264 @@
+"""``wasihost inspect``: what a module imports and exports, whether it would be admitted, and
+which protections are enforced by the host versus merely declared by the package.
+
+Nothing is compiled or run: the report comes from the module's bytes, the manifest, the
+registry and the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..core.admission import command_profile, declared_namespaces, declared_version
+from ..core.codeshape import scan_module
+from ..core.errors import AdmissionError, WasihostError
+from ..core.registry import AbiVersion, Registry
+from ..core.terminal import printable
+from ..core.wasmbin import WasmFormatError, read_header
+from ..packaging.package import Package
+from .planning import plan_package
+from .policy import Policy
+
+
+def inspect_package(
+    package: Package, registry: Registry, policy: Policy, grants: Sequence[str]
+) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "source": package.source,
+        "sha256": package.sha256,
+        "size": len(package.wasm),
+        "manifest": None,
+        "signature": None,
+    }
+    if package.signer is not None:
+        report["signature"] = {
+            "publisher": package.signer,
+            "package_sha256": package.package_digest,
+            "verified": True,
+            "verified_by": package.verified_by or "an Ed25519 key of the trust file",
+        }
+    manifest = package.manifest
+    if manifest is not None:
+        report["manifest"] = {
+            "id": manifest.id,
+            "version": manifest.version,
+            "publisher": manifest.publisher,
+            "abi": manifest.abi,
+            "required": sorted(manifest.required),
+            "optional": sorted(manifest.optional),
+            "commands": {c.name: c.description for c in manifest.commands},
+            "events": (
+                {
+                    "classes": list(manifest.events.classes),
+                    "command": manifest.events.command,
+                    "on_overflow": manifest.events.on_overflow,
+                    "queue_depth": manifest.events.queue_depth,
+                }
+                if manifest.events is not None
+                else None
+            ),
+            "identity": "enforced" if package.signer is not None else "declared",
+        }
+    try:
+        header = read_header(package.wasm)
+    except WasmFormatError as exc:
+        report["admission"] = {"admitted": False, "problems": [f"not a valid module: {exc}"]}
+        return report
+    profile = command_profile(header, registry)
+    view = None
+    if profile is not None:
+        report["abi"] = f"none: a plain {profile.name} command"
+        view = registry.profile_view(profile)
+    else:
+        try:
+            version = declared_version(header)
+            report["abi"] = str(version)
+            namespaces, _ = declared_namespaces(header, registry)
+            view = registry.view(version, namespaces) if registry.supports(version) else None
+            if view is not None:
+                report["features"] = list(view.features)
+        except AdmissionError:
+            report["abi"] = None
+    imports = []
+    for imp in header.imports:
+        row: dict[str, Any] = {
+            "module": imp.module,
+            "name": imp.name,
+            "kind": imp.kind,
+            "type": str(imp.func_type) if imp.func_type else None,
+            "entry": None,
+        }
+        entry = view.lookup(imp.module, imp.name) if view is not None else None
+        if entry is not None:
+            row["entry"] = {
+                "capability": entry.capability,
+                "max_request_bytes": entry.max_request_bytes,
+                "max_response_bytes": entry.max_response_bytes,
+                "fuel_base": entry.fuel_base,
+                "fuel_per_byte": entry.fuel_per_byte,
+            }
+            if entry.convention != "cbor":  # as the registry's JSON says it
+                row["entry"]["convention"] = entry.convention
+        imports.append(row)
+    report["imports"] = imports
+    report["exports"] = [
+        {"name": e.name, "kind": e.kind, "type": str(e.func_type) if e.func_type else None}
+        for e in header.exports
+    ]
+    try:
+        plan, grant, resources = plan_package(
+            package, registry, policy, grants=grants if grants else None
+        )
+        # The compile budget's static half: a module over a shape limit would be refused at
+        # load, so inspect says so now (nothing is compiled).
+        scan_module(header, package.wasm)
+    except WasihostError as exc:
+        problems = list(exc.problems) if isinstance(exc, AdmissionError) else [exc.message]
+        report["admission"] = {"admitted": False, "problems": problems}
+        return report
+    report["admission"] = {
+        "admitted": True,
+        "abi": str(plan.version) if plan.version is not None else plan.view.label,
+        "granted": sorted(grant.capabilities),
+    }
+    report["enforced"] = [
+        "wasm isolation: the guest reaches the host only through the imports listed above",
+        f"imports limited to the registry view of {plan.view.label} and the granted capabilities",
+        "capability checked again on every host call; payload limits per registry entry",
+        "guest pointers and lengths bounds-checked before every host read or write",
+        f"fuel: {resources.fuel_per_call} per call, host calls charged",
+        f"wall-clock deadline: {resources.timeout_ms} ms per call (epoch interruption)",
+        f"linear memory: at most {resources.max_memory_bytes} bytes; "
+        f"tables: at most {resources.max_table_elements} elements",
+        f"command input <= {resources.max_input_bytes} B, output <= "
+        f"{resources.max_output_bytes} B, log <= {resources.max_log_bytes} B",
+    ]
+    if "storage" in grant.capabilities:
+        report["enforced"].append(
+            f"storage: the extension's own namespace, at most {resources.storage_max_bytes} B "
+            f"in {resources.storage_max_objects} keys (a grant scope may lower both)"
+        )
+    report["declared"] = [
+        "command descriptions and optional capabilities the guest may or may not use",
+    ]
+    events = manifest.events if manifest is not None else None
+    if events is not None and "events" in grant.capabilities:
+        report["enforced"].append(
+            f"events: subscriptions only within {', '.join(events.classes)} (and the grant's "
+            f"scope); each queue <= {events.queue_depth} events, '{events.on_overflow}' when "
+            f"full; delivered through {events.command} under the per-call budget"
+        )
+    if package.signer is not None and manifest is not None:
+        report["enforced"].insert(
+            0,
+            f"extension id {manifest.id}, version {manifest.version} and publisher "
+            f"{package.signer}: verified by "
+            + (
+                f"{package.verified_by} over the archive file"
+                if package.verified_by
+                else f"a trusted Ed25519 key of {package.signer} over the package digest "
+                f"{package.package_digest}"
+            )
+            + ", which covers every file",
+        )
+    else:
+        report["declared"].insert(
+            0,
+            "extension id, version and publisher: taken from the manifest, not verified "
+            "(only a signed .whpkg checked against a trust store is verified)",
+        )
+    return report
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """The report as lines for a terminal. Names and texts come from the package (the
+    manifest, the module's imports, exports and sections), so each is escaped where it is put
+    in a line: a name holding a line break or an escape sequence cannot forge a line."""
+    s = printable
+    lines = [f"source:  {s(report['source'])}", f"sha256:  {report['sha256']}"]
+    if report.get("manifest"):
+        m = report["manifest"]
+        lines.append(f"manifest: {s(m['id'])} {s(m['version'])} (abi {s(m['abi'])})")
+    if report.get("signature"):
+        sig = report["signature"]
+        lines.append(
+            f"signed:  by {s(sig['publisher'])} (verified; package {sig['package_sha256']})"
+        )
+    lines.append(f"abi:     {s(report.get('abi') or 'none declared')}")
+    if "features" in report:
+        lines.append(f"features: {s(', '.join(report['features'])) or '(none)'}")
+    lines.append("imports:")
+    for imp in report.get("imports", []):
+        entry = imp["entry"]
+        desc = (
+            f"capability={entry['capability']} request<={entry['max_request_bytes']}B "
+            f"response<={entry['max_response_bytes']}B "
+            f"fuel={entry['fuel_base']}+{entry['fuel_per_byte']}/B"
+            if entry
+            else "NOT A REGISTRY ENTRY"
+        )
+        lines.append(f"  {s(imp['module'])}.{s(imp['name'])} {imp['type'] or imp['kind']}  {desc}")
+    lines.append("exports:")
+    for exp in report.get("exports", []):
+        lines.append(f"  {s(exp['name'])} {exp['type'] or exp['kind']}")
+    adm = report["admission"]
+    if adm["admitted"]:
+        lines.append(f"admission: admitted (granted: {s(', '.join(adm['granted'])) or 'nothing'})")
+        lines.append("enforced by the host:")
+        lines += [f"  - {s(e)}" for e in report["enforced"]]
+        lines.append("declared only (not enforced):")
+        lines += [f"  - {s(d)}" for d in report["declared"]]
+    else:
+        lines.append("admission: REFUSED")
+        lines += [f"  - {s(p)}" for p in adm["problems"]]
+    return "\n".join(lines)
+
+
+def abi_listing(registry: Registry, version: AbiVersion | None = None) -> dict[str, Any]:
+    """What ``wasihost abi --json`` prints for ``registry``: its ABI versions, its embedder
+    namespaces and their versions, and every entry (an embedding application passes its own
+    host's registry to list its functions too). With ``version``, that view of the core ABI
+    only."""
+    if version is not None:
+        entries = list(registry.functions(version))
+        versions = [str(version)]
+    else:
+        entries = list(registry.functions())
+        versions = [str(v) for v in registry.versions]
+    # Every view served (each minor of each major), with the feature flags its handshake
+    # offers: a host at 2.0 still serves the 1.0 view to a 1.0 guest.
+    views = (
+        [version]
+        if version is not None
+        else [AbiVersion(v.major, m) for v in registry.versions for m in range(v.minor + 1)]
+    )
+    return {
+        "versions": versions,
+        "features": {str(v): list(registry.view(v).features) for v in views},
+        "namespaces": registry.namespace_versions() if version is None else {},
+        "functions": [e.to_json() for e in entries],
+    }
+
+
+def render_abi_text(listing: dict[str, Any]) -> str:
+    lines = [f"ABI versions: {', '.join(listing['versions'])}"]
+    for view, flags in listing.get("features", {}).items():
+        lines.append(f"view {view}: features {', '.join(flags) or '(none)'}")
+    for namespace, versions in listing["namespaces"].items():
+        lines.append(f"namespace {namespace}: {', '.join(versions)}")
+    for e in listing["functions"]:
+        # A native entry moves no payload (WASI's read and write guest memory themselves).
+        payload = (
+            f"native fuel={e['fuel_base']}/call"
+            if e.get("signed_args")
+            else f"request<={e['max_request_bytes']}B response<={e['max_response_bytes']}B "
+            f"fuel={e['fuel_base']}+{e['fuel_per_byte']}/B"
+        )
+        lines.append(
+            f"{e['module']}.{e['name']} ({', '.join(e['params'])}) -> ({', '.join(e['results'])})"
+            f"  capability={e['capability']} since={e['since']} {payload}"
+        )
+        if e["doc"]:
+            lines.append(f"    {e['doc']}")
+    return "\n".join(lines)

@@ -1,0 +1,162 @@
+"""Planning a package's admission: resources, effective grant and the static check.
+
+Pure: no engine, no I/O beyond what the package already holds. The host runs this before it
+compiles anything, and again when an extension's grant changes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from ..core import limits
+from ..core.admission import AdmissionPlan, admit_cached, command_profile
+from ..core.errors import AdmissionError, ConfigError
+from ..core.manifest import Manifest, Resources
+from ..core.registry import AbiVersion, Registry
+from ..core.wasmbin import ModuleHeader, WasmFormatError, read_header_cached
+from ..packaging.package import Package
+from .policy import Grant, Policy, effective_grant
+
+# The manifest schema names "wasm-process" (out of process) too; this release runs neither it
+# nor anything else but in-process wasm, and says so at admission.
+SERVED_RUNTIMES = frozenset({"wasm"})
+
+
+def check_package_policy(package: Package, policy: Policy) -> None:
+    """What the policy says of the package as a whole, whatever it imports: its signature and
+    the runtime it asks for. Checked at admission and again when the policy changes."""
+    if policy.require_signed and package.signer is None:
+        raise AdmissionError([unsigned_refusal(package)])
+    manifest = package.manifest
+    if manifest is not None and manifest.runtime not in SERVED_RUNTIMES:
+        # Running it in-process would quietly give it weaker isolation than it asked for.
+        raise AdmissionError(
+            [
+                f"runtime {manifest.runtime!r} is not available in this host (it serves "
+                f"{', '.join(sorted(SERVED_RUNTIMES))}); the out-of-process runtime is not "
+                "implemented yet"
+            ]
+        )
+
+
+def plan_package(
+    package: Package,
+    registry: Registry,
+    policy: Policy,
+    *,
+    grants: Iterable[str] | None = None,
+    fuel: int | None = None,
+    timeout_ms: int | None = None,
+    granted: frozenset[str] | None = None,
+    epoch: int = 0,
+    command_memory: Mapping[str, int] | None = None,
+) -> tuple[AdmissionPlan, Grant, Resources]:
+    """Resources, effective grant and static admission of a package; pure, nothing runs.
+
+    ``granted`` is what the operator's grant table holds for the extension (a stateful host);
+    the policy then only caps it. Without it, the policy alone decides (a stateless host).
+    ``command_memory`` maps a profile's import module to the memory a plain command of that
+    profile may grow to (``WasiOptions.max_memory_bytes``); a profile it does not name gives
+    ``limits.DEFAULT_COMMAND_MAX_MEMORY_BYTES``.
+    """
+    if isinstance(grants, (str, bytes)):
+        # A string is an iterable of one-letter "capabilities": always a caller's mistake.
+        raise ConfigError(f"grants must be a collection of capability names, not {grants!r}")
+    check_package_policy(package, policy)
+    manifest = package.manifest
+    try:
+        header = read_header_cached(package.wasm)
+    except WasmFormatError as exc:
+        raise AdmissionError([f"not a valid module: {exc}"]) from None
+    if manifest is not None:
+        base = manifest.resources
+    else:
+        base = bare_module_resources(header, registry, command_memory or {})
+    resources = policy.cap(_with_overrides(base, fuel, timeout_ms))
+    if granted is not None:
+        required = manifest.required if manifest is not None else frozenset()
+        requested = (manifest.required | manifest.optional) if manifest is not None else granted
+        missing = sorted(required - granted)
+        if missing:
+            raise AdmissionError(
+                [
+                    f"required capability {c!r} is not granted "
+                    f"(Host.grant({package.name!r}, {c!r}))"
+                    for c in missing
+                ],
+                ungranted=tuple(missing),
+            )
+        grant = effective_grant(required, requested & granted, policy, epoch=epoch)
+    elif manifest is not None:
+        grant = effective_grant(manifest.required, manifest.optional, policy)
+        extra = sorted(set(grants or ()) - grant.capabilities)
+        if extra:
+            raise AdmissionError([f"grant {c!r} was not requested by the manifest" for c in extra])
+    else:
+        requested = frozenset(grants or ())
+        unknown = sorted(requested - registry.capabilities())
+        if unknown:
+            raise AdmissionError([f"unknown capability {c!r}" for c in unknown])
+        grant = effective_grant(requested, (), policy)
+    plan = admit_cached(
+        header,
+        registry,
+        grant,
+        module_digest=package.sha256,
+        max_memory_bytes=resources.max_memory_bytes,
+        max_table_elements=resources.max_table_elements,
+        manifest_abi=_manifest_abi(manifest),
+    )
+    return plan, grant, resources
+
+
+def bare_module_resources(
+    header: ModuleHeader, registry: Registry, command_memory: Mapping[str, int]
+) -> Resources:
+    """The resources of a module without a manifest: an extension's defaults, but a plain
+    command of a profile (a WASI program) may grow its memory as a command-line program needs
+    (see ``limits.DEFAULT_COMMAND_MAX_MEMORY_BYTES``); a plugin's 16 MiB made malloc fail."""
+    resources = Resources.default()
+    profile = command_profile(header, registry)
+    if profile is None:
+        return resources
+    memory = command_memory.get(profile.module, limits.DEFAULT_COMMAND_MAX_MEMORY_BYTES)
+    return attrs.evolve(resources, max_memory_bytes=memory)
+
+
+def unsigned_refusal(package: Package) -> str:
+    """Why an unverified package is refused where a signature is required."""
+    if package.package_digest is None:
+        kind = "a package directory" if package.manifest is not None else "a bare module"
+        return (
+            f"{package.source} is {kind}, not a signed .whpkg: the host requires packages "
+            "signed by a trusted publisher (wasihost pack, then wasihost sign)"
+        )
+    return (
+        f"{package.source} carries no signature verified by a trusted publisher, and the host "
+        "requires one"
+    )
+
+
+def _manifest_abi(manifest: Manifest | None) -> AbiVersion | None:
+    return _abi_version(manifest.abi) if manifest is not None else None
+
+
+# Manifests name a handful of versions; parsing one anew was a few µs of every admission.
+# Only valid versions are kept (a parse error is raised, never remembered).
+@functools.lru_cache(maxsize=64)
+def _abi_version(text: str) -> AbiVersion:
+    return AbiVersion.parse(text)
+
+
+def _with_overrides(resources: Resources, fuel: int | None, timeout_ms: int | None) -> Resources:
+    """The caller's overrides; Resources' own validators refuse out-of-range values."""
+    changes = {
+        name: value
+        for name, value in (("fuel_per_call", fuel), ("timeout_ms", timeout_ms))
+        if value is not None
+    }
+    return attrs.evolve(resources, **changes) if changes else resources

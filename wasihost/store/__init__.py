@@ -1,0 +1,1 @@
+"""State on disk: the state directory, its SQLite database, key-value rows and secrets."""

@@ -1,0 +1,1 @@
+"""Bounds on running extensions: the governor, scheduling, eviction and supervision."""
