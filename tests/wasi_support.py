@@ -17,9 +17,9 @@ from typing import Any
 import attrs
 import wasmtime
 
-from wasihost.brokers.clock import Clock, SystemClock
 from wasihost.brokers.log import ExtensionLog
 from wasihost.core.guestmem import BytearrayMemory
+from wasihost.core.sources import Clock, SystemClock
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Extension, Host
 from wasihost.packaging.package import Package

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from ..core.sources import Clock, SystemClock
 from ..core.status import HostStatus, Status
 from ..host.functions import refuse_any_scope
 
@@ -13,21 +13,9 @@ if TYPE_CHECKING:
     from ..core.registry import HostFunction
     from ..host.extension import Extension
 
-
-class Clock(Protocol):
-    """A time source; tests inject a fake one instead of sleeping."""
-
-    def realtime_ns(self) -> int: ...
-
-    def monotonic_ns(self) -> int: ...
-
-
-class SystemClock:
-    def realtime_ns(self) -> int:
-        return time.time_ns()
-
-    def monotonic_ns(self) -> int:
-        return time.monotonic_ns()
+# The clock and its system source moved to core.sources (the WASI profile reads them too, and
+# the profile sits below the brokers); their old home keeps the names.
+__all__ = ["Clock", "ClockBroker", "SystemClock", "clock_handler"]
 
 
 def clock_handler(clock: Clock, resolution_ns: int) -> Callable[[Any, Any], Any]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..core.sources import SeededRandom
 from ..core.status import HostStatus, Status
 from ..host.functions import refuse_any_scope
 
@@ -22,23 +22,14 @@ MAX_RANDOM_BYTES_PER_CALL = 4096
 # policy's seed derives the same key.
 STREAM_LABEL = b"wasihost random_bytes stream\0"
 
-
-class SeededRandom:
-    """HMAC-SHA256 in counter mode: reproducible given the seed, and not guessable without it."""
-
-    def __init__(self, seed: bytes) -> None:
-        self._key = seed
-        self._counter = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, n: int) -> bytes:
-        out = bytearray()
-        with self._lock:
-            while len(out) < n:
-                block = self._counter.to_bytes(8, "big")
-                out += hmac.new(self._key, block, hashlib.sha256).digest()
-                self._counter += 1
-        return bytes(out[:n])
+# SeededRandom moved to core.sources (the WASI profile draws from it too); kept here by name.
+__all__ = [
+    "MAX_RANDOM_BYTES_PER_CALL",
+    "STREAM_LABEL",
+    "RandomBroker",
+    "SeededRandom",
+    "random_handler",
+]
 
 
 def random_handler(source: Callable[[int], bytes] = os.urandom) -> Callable[[Any, Any], Any]:

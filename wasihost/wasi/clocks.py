@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..brokers.clock import Clock
+from ..core.sources import Clock
 from . import limits
 from .abi import Clock as ClockId
 from .config import ClockProfile

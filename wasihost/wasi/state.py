@@ -11,10 +11,9 @@ import stat
 from collections.abc import Callable
 from typing import Protocol, TypeVar, cast
 
-from ..brokers.clock import Clock
-from ..brokers.random import SeededRandom
 from ..core.errors import ConfigError
 from ..core.extlog import ExtensionLog, Level
+from ..core.sources import Clock, SeededRandom
 from . import limits
 from .abi import (
     DIR_READ_RIGHTS,
