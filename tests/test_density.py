@@ -31,10 +31,10 @@ from conftest import (
 
 from wasihost.core.errors import CallError, ConfigError
 from wasihost.core.lifecycle import ExtensionRevoked, ExtensionUnavailable, State
+from wasihost.core.serving import CallContext
 from wasihost.core.settings import EngineSettings
 from wasihost.host import runtime
 from wasihost.host.extension import Extension
-from wasihost.host.functions import CallContext
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.packaging.package import load_package

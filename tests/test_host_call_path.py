@@ -15,9 +15,9 @@ from guests import build, guest_wat
 from wasihost.brokers.log import LogBroker
 from wasihost.core.extlog import RECORD_OVERHEAD_BYTES, Level, LogRecord
 from wasihost.core.grants import GrantTable
+from wasihost.core.serving import CallContext
 from wasihost.core.status import HostStatus, Status, StatusAnswer
 from wasihost.host.extension import Extension
-from wasihost.host.functions import CallContext
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 

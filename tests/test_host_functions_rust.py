@@ -15,8 +15,8 @@ from conftest import FIXTURES
 
 from wasihost.core.errors import AdmissionError, CallError, FailureClass
 from wasihost.core.lifecycle import ExtensionRevoked
+from wasihost.core.serving import CallContext
 from wasihost.core.status import HostStatus, Status
-from wasihost.host.functions import CallContext
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 

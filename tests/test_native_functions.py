@@ -16,8 +16,8 @@ from guests import build, guest_wat
 
 from wasihost.core.errors import AdmissionError, CallError, ConfigError, FailureClass
 from wasihost.core.lifecycle import ExtensionRevoked
+from wasihost.core.serving import CallContext
 from wasihost.core.status import HostStatus, Status
-from wasihost.host.functions import CallContext
 from wasihost.host.inspect import abi_listing, inspect_package, render_abi_text
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host

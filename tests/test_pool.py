@@ -16,8 +16,8 @@ from wasihost.core.errors import CallError, ConfigError, FailureClass, ManifestE
 from wasihost.core.lifecycle import ExtensionRevoked, ExtensionUnavailable, State
 from wasihost.core.limits import MAX_MAX_CONCURRENCY
 from wasihost.core.manifest import Resources, parse_manifest
+from wasihost.core.serving import CallContext
 from wasihost.host.extension import Extension
-from wasihost.host.functions import CallContext
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.packaging.package import load_package

@@ -19,12 +19,12 @@ from test_host_functions import CAPS, LIMITS, fn_guest, load
 from wasihost.core.errors import CallError, FailureClass
 from wasihost.core.lifecycle import ExtensionUnavailable, State
 from wasihost.core.limits import MAX_FUEL_PER_CALL
+from wasihost.core.serving import CallContext
 from wasihost.core.status import GuestInterrupted
 from wasihost.engine.native import SETTLE_FUEL
 from wasihost.host.aio import AsyncExtension, AsyncHost
 from wasihost.host.call_gate import calls_as
 from wasihost.host.extension import Extension
-from wasihost.host.functions import CallContext
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.supervisor.scheduling import HostBusy, Priority, Scheduler

@@ -17,9 +17,9 @@ from guests import build, escape, guest_wat, host_import
 from test_host_functions import CAPS, LIMITS, fn_guest
 
 from wasihost.core.errors import CallError, CodecError, ConfigError, FailureClass
+from wasihost.core.serving import CallContext
 from wasihost.core.status import Status
 from wasihost.host.extension import Extension
-from wasihost.host.functions import CallContext
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.wasi import wasi_profile

@@ -18,10 +18,10 @@ from test_host_functions import LIMITS, fn_guest
 
 from wasihost.core.errors import CallError, ConfigError, FailureClass
 from wasihost.core.lifecycle import ExtensionUnavailable
+from wasihost.core.serving import CallContext
 from wasihost.core.status import GuestInterrupted, Status
 from wasihost.engine.native import SETTLE_FUEL
 from wasihost.host import functions as hostfn_module
-from wasihost.host.functions import CallContext
 from wasihost.host.inspect import abi_listing
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host

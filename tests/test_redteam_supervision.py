@@ -14,7 +14,7 @@ from test_supervision import CRASHER, crash, host_with, refused
 
 from wasihost.core.errors import CallError, WasihostError
 from wasihost.core.lifecycle import State
-from wasihost.host.functions import CallContext
+from wasihost.core.serving import CallContext
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.supervisor.supervision import BoundedRetry, Never, Supervisor

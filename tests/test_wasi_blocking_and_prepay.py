@@ -16,7 +16,8 @@ from guests import build
 
 from wasihost.core.errors import CallError, FailureClass
 from wasihost.core.lifecycle import ExtensionRevoked
-from wasihost.host.extension import Extension, ProfileBinding
+from wasihost.core.serving import ProfileBinding
+from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.wasi import Mount, WasiBinding, WasiOptions, capabilities_for

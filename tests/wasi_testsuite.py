@@ -21,7 +21,8 @@ from typing import Any
 
 import attrs
 
-from wasihost.host.extension import Extension, ProfileBinding
+from wasihost.core.serving import ProfileBinding
+from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.packaging.package import Package

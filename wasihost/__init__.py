@@ -72,8 +72,8 @@ _LAZY = {
     "ExtensionUnavailable": "wasihost.core.lifecycle",
     "LogRecord": "wasihost.core.extlog",
     "to_logging": "wasihost.core.extlog",
-    "Broker": "wasihost.host.functions",
-    "CallContext": "wasihost.host.functions",
+    "Broker": "wasihost.core.serving",
+    "CallContext": "wasihost.core.serving",
     "HostStatus": "wasihost.core.status",
     "Status": "wasihost.core.status",
     "SecretsBroker": "wasihost.brokers.secrets",
@@ -88,11 +88,11 @@ if TYPE_CHECKING:
     from .core.errors import AdmissionError, CallError, FailureClass, SignatureError, WasihostError
     from .core.extlog import LogRecord, to_logging
     from .core.lifecycle import ExtensionRevoked, ExtensionUnavailable
+    from .core.serving import Broker, CallContext
     from .core.settings import EngineSettings
     from .core.status import HostStatus, Status
     from .host.aio import AsyncExtension, AsyncHost
     from .host.extension import Extension
-    from .host.functions import Broker, CallContext
     from .host.policy import Policy
     from .host.runtime import Host
     from .packaging.trust import TrustStore

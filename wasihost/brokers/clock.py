@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..core.serving import refuse_any_scope
 from ..core.sources import Clock, SystemClock
 from ..core.status import HostStatus, Status
-from ..host.functions import refuse_any_scope
 
 if TYPE_CHECKING:
     from ..core.registry import HostFunction
-    from ..host.extension import Extension
+    from ..core.serving import ExtensionView
 
 # The clock and its system source moved to core.sources (the WASI profile reads them too, and
 # the profile sits below the brokers); their old home keeps the names.
@@ -44,11 +44,11 @@ class ClockBroker:
 
     def check_scope(self, capability: str, scope: Mapping[str, Any]) -> None:
         refuse_any_scope(capability, scope)
-    def open(self, ext: Extension) -> Extension:
+    def open(self, ext: ExtensionView) -> ExtensionView:
         return ext
 
-    def handler(self, entry: HostFunction, state: Extension) -> Callable[[Any, Any], Any]:
+    def handler(self, entry: HostFunction, state: ExtensionView) -> Callable[[Any, Any], Any]:
         return clock_handler(state.host.clock, state.host.policy.clock_resolution_ns)
 
-    def close(self, state: Extension) -> None:
+    def close(self, state: ExtensionView) -> None:
         pass

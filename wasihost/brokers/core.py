@@ -10,7 +10,7 @@ from ..core.status import GuestAbort, UnreadableRequest
 
 if TYPE_CHECKING:
     from ..core.registry import HostFunction
-    from ..host.extension import Extension
+    from ..core.serving import ExtensionView
 
 # A panic message is for a human reading the log; the first 512 characters say it.
 MAX_PANIC_MESSAGE_CHARS = 512
@@ -52,7 +52,7 @@ class CoreBroker:
     functions = ("wasihost_v1.abort",)
     capabilities = frozenset({"core"})
 
-    def open(self, ext: Extension) -> ExtensionLog:
+    def open(self, ext: ExtensionView) -> ExtensionLog:
         return ext.log
 
     def handler(self, entry: HostFunction, state: ExtensionLog) -> Callable[[Any, Any], Any]:

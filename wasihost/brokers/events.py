@@ -45,7 +45,7 @@ from .failure_log import FailureLogGate
 if TYPE_CHECKING:
     from ..core.manifest_tables import EventsSpec
     from ..core.registry import HostFunction
-    from ..host.extension import Extension
+    from ..core.serving import ExtensionView
 
 LOG = logging.getLogger("wasihost")
 
@@ -254,7 +254,7 @@ class ExtensionEvents:
     """The events state of one extension: its subscriptions and its place in the dispatch
     queue. Mutable fields change under the broker's lock."""
 
-    def __init__(self, ext: Extension) -> None:
+    def __init__(self, ext: ExtensionView) -> None:
         self.ext = ext
         manifest = ext.manifest
         self.spec: EventsSpec | None = manifest.events if manifest is not None else None
@@ -423,7 +423,7 @@ class EventsBroker(ExtensionDispatcher["ExtensionEvents", "Delivery"]):
 
     # -- Broker protocol ---------------------------------------------------------------------
 
-    def open(self, ext: Extension) -> ExtensionEvents:
+    def open(self, ext: ExtensionView) -> ExtensionEvents:
         state = ExtensionEvents(ext)
         with self._cond:
             self._states[state] = None

@@ -54,7 +54,7 @@ from .file_mounts import (
 
 if TYPE_CHECKING:
     from ..core.registry import HostFunction
-    from ..host.extension import Extension
+    from ..core.serving import ExtensionView
 
 __all__ = [
     "DEFAULT_MAX_TEMP_BYTES",
@@ -244,7 +244,7 @@ class _HandlesFull(HostStatus):
 class FilesState:
     """One extension's handles, bytes written and temporary directory."""
 
-    def __init__(self, ext: Extension) -> None:
+    def __init__(self, ext: ExtensionView) -> None:
         self.ext = ext
         # Taken through locked(). Reentrant: a commit made under it may sync the grants, and
         # a revocation it finds withdraws ``files`` (FilesBroker.withdraw) on the same thread.
@@ -435,7 +435,7 @@ class FilesBroker:
 
     # -- the Broker protocol --------------------------------------------------------------
 
-    def open(self, ext: Extension) -> FilesState:
+    def open(self, ext: ExtensionView) -> FilesState:
         return FilesState(ext)
 
     def usage(self, state: FilesState) -> dict[str, int]:

@@ -41,8 +41,8 @@ from ..core.netpolicy import (
     parse_url,
 )
 from ..core.scrub import MIN_FORM_BYTES, Unscrubbable, scrub, scrub_text, secret_forms
+from ..core.serving import ASYNC_WAKE_CHECK_S
 from ..core.status import GuestDeadline, GuestInterrupted, HostStatus, Status
-from ..host.functions import ASYNC_WAKE_CHECK_S
 from ..store.secrets import MAX_SECRET_BYTES
 from . import run_allowance
 from .run_allowance import NetworkAllowance
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from urllib3.connection import HTTPConnection
 
     from ..core.registry import HostFunction
-    from ..host.extension import Extension
+    from ..core.serving import ExtensionView
 
 LOG = logging.getLogger("wasihost")
 
@@ -228,7 +228,7 @@ class HourlyQuota:
 class HttpState:
     """One extension's http state: its traffic account and its requests in flight."""
 
-    def __init__(self, ext: Extension, quota: HourlyQuota) -> None:
+    def __init__(self, ext: ExtensionView, quota: HourlyQuota) -> None:
         self.ext = ext
         self.quota = quota
         self.host_budget = HostNetworkBudget(ext)
@@ -467,7 +467,7 @@ class HostNetworkBudget:
 
     __slots__ = ("_ext",)
 
-    def __init__(self, ext: Extension) -> None:
+    def __init__(self, ext: ExtensionView) -> None:
         self._ext = ext
 
     def take(self, n: int) -> tuple[int, int]:
@@ -719,7 +719,7 @@ class HttpBroker:
 
     # -- broker protocol ------------------------------------------------------------------
 
-    def open(self, ext: Extension) -> HttpState:
+    def open(self, ext: ExtensionView) -> HttpState:
         manifest = ext.manifest
         budget = manifest.http.bytes_per_hour if manifest is not None else None
         limit = DEFAULT_HTTP_BYTES_PER_HOUR if budget is None else budget

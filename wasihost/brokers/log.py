@@ -15,12 +15,12 @@ from ..core.extlog import (
     LogSink,
     to_logging,
 )
+from ..core.serving import refuse_any_scope
 from ..core.status import Status, StatusAnswer
-from ..host.functions import refuse_any_scope
 
 if TYPE_CHECKING:
     from ..core.registry import HostFunction
-    from ..host.extension import Extension
+    from ..core.serving import ExtensionView
 
 __all__ = [
     "RECORD_OVERHEAD_BYTES",
@@ -141,10 +141,10 @@ class LogBroker:
 
     def check_scope(self, capability: str, scope: Mapping[str, Any]) -> None:
         refuse_any_scope(capability, scope)
-    def open(self, ext: Extension) -> Extension:
+    def open(self, ext: ExtensionView) -> ExtensionView:
         return ext
 
-    def handler(self, entry: HostFunction, state: Extension) -> Callable[..., Any]:
+    def handler(self, entry: HostFunction, state: ExtensionView) -> Callable[..., Any]:
         ext = state
         if entry.convention == "native":
             return native_log_handler(
@@ -152,5 +152,5 @@ class LogBroker:
             )
         return log_handler(ext.log, ext.committer(entry.capability))
 
-    def close(self, state: Extension) -> None:
+    def close(self, state: ExtensionView) -> None:
         pass  # the log is the extension's: it outlives the broker's use of it

@@ -8,13 +8,13 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..core.serving import refuse_any_scope
 from ..core.sources import SeededRandom
 from ..core.status import HostStatus, Status
-from ..host.functions import refuse_any_scope
 
 if TYPE_CHECKING:
     from ..core.registry import HostFunction
-    from ..host.extension import Extension
+    from ..core.serving import ExtensionView
 
 # One call's worth; the registry's response limit (4099) is this plus CBOR framing.
 MAX_RANDOM_BYTES_PER_CALL = 4096
@@ -58,7 +58,7 @@ class RandomBroker:
 
     def check_scope(self, capability: str, scope: Mapping[str, Any]) -> None:
         refuse_any_scope(capability, scope)
-    def open(self, ext: Extension) -> Callable[[int], bytes]:
+    def open(self, ext: ExtensionView) -> Callable[[int], bytes]:
         seed = ext.host.policy.random_seed
         if seed is None:
             return os.urandom

@@ -32,7 +32,7 @@ from ..store.secrets import MemorySecretStore, SecretStore, SecretUnavailable, c
 
 if TYPE_CHECKING:
     from ..core.registry import HostFunction
-    from ..host.extension import Extension
+    from ..core.serving import ExtensionView
 
 LOG = logging.getLogger("wasihost")
 
@@ -138,7 +138,7 @@ class SecretsBroker:
 
     # -- use ----------------------------------------------------------------------------------
 
-    def use(self, ext: Extension, name: object, origin: str | None = None) -> bytes:
+    def use(self, ext: ExtensionView, name: object, origin: str | None = None) -> bytes:
         """The bytes of secret ``name`` for ``ext``: for signing when ``origin`` is None,
         else to attach to a request to ``origin``. Raises ``HostStatus``: INVALID_ARGUMENT
         for a malformed name, DENIED if not granted for this use or revoked, NOT_FOUND if the
@@ -172,10 +172,10 @@ class SecretsBroker:
 
     # -- broker protocol ----------------------------------------------------------------------
 
-    def open(self, ext: Extension) -> Extension:
+    def open(self, ext: ExtensionView) -> ExtensionView:
         return ext
 
-    def handler(self, entry: HostFunction, state: Extension) -> Callable[[Any, Any], Any]:
+    def handler(self, entry: HostFunction, state: ExtensionView) -> Callable[[Any, Any], Any]:
         ext = state
 
         def hmac_sha256(call: Any, request: Any) -> bytes:
@@ -191,11 +191,11 @@ class SecretsBroker:
 
         return hmac_sha256
 
-    def close(self, state: Extension) -> None:
+    def close(self, state: ExtensionView) -> None:
         pass
 
 
-def use_secret(ext: Extension, name: object, origin: str | None = None) -> bytes:
+def use_secret(ext: ExtensionView, name: object, origin: str | None = None) -> bytes:
     """The secret ``name`` for ``ext`` from the secrets broker serving its host (see
     :meth:`SecretsBroker.use`); the http broker's way to attach one to a request."""
     broker = ext.host.broker(SecretsBroker.name)

@@ -36,8 +36,7 @@ from ..store.kvtypes import (
 
 if TYPE_CHECKING:
     from ..core.registry import HostFunction
-    from ..host.extension import Extension
-    from ..host.runtime import Host
+    from ..core.serving import ExtensionView, HostView
     from ..store.kvstore import KVStore
 
 LOG = logging.getLogger("wasihost")
@@ -144,7 +143,7 @@ class ExtensionStorage:
     """One extension's use of the store: where its keys live and how much they may take,
     read from its grant under the call's epoch."""
 
-    def __init__(self, ext: Extension, store: KVStore) -> None:
+    def __init__(self, ext: ExtensionView, store: KVStore) -> None:
         self.ext = ext
         self.store = store
         # The grant entry the namespace was last parsed from, with what it says: entries are
@@ -334,13 +333,13 @@ class StorageBroker:
         """The database serving now (None while no extension has opened it)."""
         return self._store
 
-    def _path_for(self, ext: Extension) -> Path | None:
+    def _path_for(self, ext: ExtensionView) -> Path | None:
         if self._path is not None:
             return self._path
         state = ext.host.state
         return state.directory / DB_NAME if state is not None else None
 
-    def open(self, ext: Extension) -> ExtensionStorage:
+    def open(self, ext: ExtensionView) -> ExtensionStorage:
         # SQLite loads with the first extension that uses storage, not with every host.
         from ..store.kvstore import KVStore
 
@@ -396,7 +395,7 @@ class StorageBroker:
 
     # -- update checkpoints (wasihost.host.updates) ------------------------------------------------
 
-    def _store_for(self, host: Host) -> tuple[KVStore | None, bool]:
+    def _store_for(self, host: HostView) -> tuple[KVStore | None, bool]:
         """The database that holds ``host``'s extensions' entries, and whether it was opened
         here (to be closed again); None for memory no extension has opened (nothing in it)."""
         from ..store.kvstore import KVStore
@@ -411,7 +410,7 @@ class StorageBroker:
             path = host.state.directory / DB_NAME if host.state is not None else None
         return (KVStore(path), True) if path is not None else (None, False)
 
-    def checkpoint(self, host: Host, extension: str, directory: Path) -> None:
+    def checkpoint(self, host: HostView, extension: str, directory: Path) -> None:
         """Copy ``extension``'s entries (every tenant) into ``directory``."""
         directory.mkdir(parents=True, mode=0o700)
         store, opened = self._store_for(host)
@@ -423,7 +422,7 @@ class StorageBroker:
             if opened:
                 store.close()
 
-    def restore(self, host: Host, extension: str, directory: Path) -> None:
+    def restore(self, host: HostView, extension: str, directory: Path) -> None:
         """Make ``extension``'s entries those of the checkpoint in ``directory``."""
         saved = directory / CHECKPOINT_NAME
         store, opened = self._store_for(host)

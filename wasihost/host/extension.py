@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
+from ..core import serving
 from ..core.admission import AdmissionPlan
 from ..core.budgets import Resource
 from ..core.call_ticket import CallTicket
@@ -108,18 +109,11 @@ def payload_limits(max_payload: int) -> CodecLimits:
     return CodecLimits(max_bytes=max_payload + CBOR_HEAD_BYTES, max_string_bytes=max_payload)
 
 
-class ProfileBinding(Protocol):
-    """The brokers of one profile (e.g. WASI) for one instance of one extension.
-
-    Made fresh for every instance, because profile state (open file descriptors, for WASI)
-    belongs to the instance and must not survive a discarded one.
-    """
-
-    def handler(self, entry: HostFunction) -> Callable[..., Any]: ...
-
-    def close(self) -> None: ...
-
-
+# The contract of a profile's binding is core.serving's (the WASI profile implements it below
+# the host layer); it keeps its name here, where the host and its users import it from.
+ProfileBinding = serving.ProfileBinding
+# The host's own table holds any factory that takes its Extension; core.serving's
+# ProfileFactory, the one a profile implements, takes any ExtensionView.
 ProfileFactory = Callable[["Extension"], ProfileBinding]
 
 

@@ -18,11 +18,24 @@ import threading
 import time
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..core.errors import ConfigError
 from ..core.hostlog import host_logger
 from ..core.registry import HostFunction, Registry, embedder_function
+
+# The plug-in contract (core.serving: brokers and profiles implement it below the host layer),
+# re-exported from its old home; the host's own use of it is below.
+from ..core.serving import (
+    ASYNC_WAKE_CHECK_S,
+    Broker,
+    CallContext,
+    Function,
+    HostHandler,
+    ScopedBroker,
+    broker_conventions,
+    refuse_any_scope,
+)
 from ..core.status import (
     GuestDeadline,
     GuestInterrupted,
@@ -31,184 +44,36 @@ from ..core.status import (
     HostStatus,
     Status,
 )
-from .policy import Grant
 
 if TYPE_CHECKING:
     import asyncio
     import concurrent.futures
 
-    from .extension import Extension
+    from ..core.serving import ExtensionView
+
+__all__ = [
+    "ASYNC_LOOP_STOP_S",
+    "ASYNC_WAKE_CHECK_S",
+    "NATIVE_RESULT_RANGE",
+    "AsyncLoop",
+    "Broker",
+    "CallContext",
+    "Function",
+    "FunctionBroker",
+    "HostFunctions",
+    "HostHandler",
+    "ScopedBroker",
+    "broker_conventions",
+    "is_async_function",
+    "refuse_any_scope",
+    "wait_for",
+]
 
 T = TypeVar("T")
 
-HostHandler = Callable[[Any, Any], Any]
-"""What the engine calls for a cbor entry: ``handler(call, request) -> response``. ``call`` is
-the instance's guest-memory accessor (its ``deadline`` and ``wakeup`` concern blocking
-handlers); ``request`` is the decoded, bounded CBOR value."""
-
-# How often a guest thread waiting for an async handler looks at the instance's interrupt:
-# well under the 10 ms epoch tick (settings.DEFAULT_EPOCH_TICK_MS) that bounds how late a
-# running guest sees one, so a disable reaches a waiting call no later than a running one.
-ASYNC_WAKE_CHECK_S = 0.005
 # How long Host.close waits for the event-loop thread to finish cancelling its tasks.
 ASYNC_LOOP_STOP_S = 2.0
 
-
-class Broker(Protocol):
-    """The host side of some registry entries, with its per-extension state and teardown."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def functions(self) -> tuple[str, ...]:
-        """Qualified names (``module.name``) of the cbor registry entries it serves."""
-        ...
-
-    @property
-    def capabilities(self) -> frozenset[str]:
-        """The capabilities its entries need (checked against the registry)."""
-        ...
-
-    def open(self, ext: Extension) -> Any:
-        """State for one extension, made the first time one of its instances needs it."""
-        ...
-
-    def handler(self, entry: HostFunction, state: Any) -> HostHandler:
-        """The handler of ``entry`` for the extension whose state this is (per instance)."""
-        ...
-
-    def close(self, state: Any) -> None:
-        """The extension is closed: release its state.
-
-        A broker that owns threads or other host-wide resources may also define
-        ``shutdown()``: the host calls it once when it closes, after closing its extensions."""
-        ...
-
-
-class ScopedBroker(Broker, Protocol):
-    """A broker whose capabilities take a grant scope (an http grant's origins, a storage
-    grant's tenant): it refuses a malformed scope before the grant table stores it."""
-
-    def check_scope(self, capability: str, scope: Mapping[str, Any]) -> None:
-        """Raise :class:`~wasihost.core.errors.ConfigError` naming what is wrong with ``scope``."""
-        ...
-
-
-def refuse_any_scope(capability: str, scope: Mapping[str, Any]) -> None:
-    """``check_scope`` of a broker that reads no scope (log, clock, random, jobs): a scope
-    given to it would be stored and shown as if it bounded something, so any key is refused."""
-    if not isinstance(scope, Mapping):
-        raise ConfigError("a grant scope must be a JSON object")
-    if scope:
-        raise ConfigError(
-            f"grant scope of {capability} takes no keys (got {', '.join(sorted(map(str, scope)))})"
-        )
-
-
-def broker_conventions(broker: Broker) -> frozenset[str]:
-    """The calling conventions ``broker``'s handlers speak: ``cbor`` unless it says more in a
-    ``conventions`` attribute (the log broker also serves ABI 2.0's native ``log``)."""
-    return frozenset(getattr(broker, "conventions", ("cbor",)))
-
-
-class CallContext:
-    """What an embedder's host function knows of the call it serves. It serves that host call
-    only: once the call is over (the function returned, or, for an ``async def``, its call
-    stopped waiting for it), :meth:`charge` raises ``GuestInterrupted`` and reaches nothing."""
-
-    __slots__ = ("_call", "_ext", "_lock", "epoch", "function")
-
-    def __init__(
-        self,
-        ext: Extension,
-        function: HostFunction,
-        call: Any,
-        lock: threading.Lock | None = None,
-    ) -> None:
-        self._ext = ext
-        # The instance's guest accessor while the host call runs; None once it is over
-        # (_end). Its charge settles fuel on the instance's Store by address, and an async
-        # function's coroutine may outlive its call (it went on after its cancellation):
-        # by then the Store is freed, or serving the instance's next call (red-team
-        # 2026-12-01).
-        self._call: Any = call
-        # For an async function, whose coroutine runs on the host's loop thread: charge and
-        # _end take it, so the call cannot end (and its Store go) half-way through a charge.
-        self._lock = lock
-        self.function = function
-        # The grant epoch this call was authorised under: a commit checks it is still current.
-        self.epoch = ext.call_epoch
-
-    @property
-    def extension(self) -> str:
-        """The calling extension's id."""
-        return self._ext.id
-
-    @property
-    def grant(self) -> Grant:
-        """The capabilities the calling extension holds now."""
-        return self._ext.grant
-
-    @property
-    def scope(self) -> dict[str, Any]:
-        """The scope the operator granted this function's capability with (``{}`` if none)."""
-        return self._ext.grant_scopes().get(self.function.capability, {})
-
-    @property
-    def deadline(self) -> float:
-        """The call's wall-clock deadline, on ``time.monotonic()``'s clock (0.0, long past,
-        once the call is over)."""
-        call = self._call
-        return float(call.deadline) if call is not None else 0.0
-
-    def charge(self, units: int) -> None:
-        """Pay ``units`` fuel for a step of work the function is about to do, before doing it
-        (an item scanned, a byte range hashed): a budget that cannot pay ends the guest's call
-        ``out_of_fuel`` at this point (the exception this raises must be let through). For
-        work that grows with what the guest asks, so the guest's fuel bounds it. Once the
-        call is over, ``GuestInterrupted``: nothing is left to pay with."""
-        lock = self._lock
-        if lock is None:
-            call = self._call
-            if call is None:
-                raise GuestInterrupted
-            call.charge(units)
-            return
-        with lock:
-            call = self._call
-            if call is None:
-                raise GuestInterrupted
-            call.charge(units)
-
-    def _end(self) -> None:
-        """The host call is over (on its guest's thread, as the handler returns)."""
-        lock = self._lock
-        if lock is None:
-            self._call = None
-            return
-        with lock:
-            self._call = None
-
-    def commit(self, action: Callable[[], T]) -> T:
-        """Run ``action`` (an effect a later call can observe) only if the call's grant epoch
-        still authorises this function's capability, atomically with respect to every grant
-        change: nothing commits after a revocation returns. Otherwise raise
-        ``HostStatus(DENIED)`` (the guest gets ``DENIED``)."""
-        host = self._ext.host
-        if not host.revocations_allow_commit():
-            raise HostStatus(Status.DENIED)
-        authorised, result = host.grants.commit(
-            self._ext.id, self.epoch, self.function.capability, action
-        )
-        if not authorised:
-            raise HostStatus(Status.DENIED)
-        return result  # type: ignore[return-value]
-
-
-Function = Callable[..., Any]
-"""An embedder's host function: ``fn(ctx, request) -> response`` (cbor convention) or
-``fn(ctx, *ints) -> int | None`` (native convention), or ``async def``."""
 
 # The values a native result of each type may take: signed or unsigned, so that ``-1`` and
 # ``0xFFFF_FFFF`` both mean the i32 whose bits are all ones; anything else is the function's bug.
@@ -375,13 +240,13 @@ class FunctionBroker:
     def capabilities(self) -> frozenset[str]:
         return frozenset({self.entry.capability})
 
-    def open(self, ext: Extension) -> Extension:
+    def open(self, ext: ExtensionView) -> ExtensionView:
         return ext
 
-    def close(self, state: Extension) -> None:
+    def close(self, state: ExtensionView) -> None:
         pass
 
-    def handler(self, entry: HostFunction, state: Extension) -> HostHandler:
+    def handler(self, entry: HostFunction, state: ExtensionView) -> HostHandler:
         if entry.convention == "native":
             return self._native_handler(entry, state)
         ext = state
@@ -414,7 +279,7 @@ class FunctionBroker:
 
         return handle
 
-    def _native_handler(self, entry: HostFunction, ext: Extension) -> HostHandler:
+    def _native_handler(self, entry: HostFunction, ext: ExtensionView) -> HostHandler:
         """``handle(call, *ints)`` for the native convention: the engine has checked the gate
         and unpacked the arguments (signed); the function's result is checked against the
         entry's result type here, since a wrong one must not reach the guest masked."""

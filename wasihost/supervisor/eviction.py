@@ -37,7 +37,7 @@ from ..core.errors import ConfigError
 from ..core.lifecycle import ExtensionUnavailable
 
 if TYPE_CHECKING:
-    from ..host.extension import Extension
+    from ..core.serving import ExtensionView
 
 # A host with more live instances than this reserves more address space than x86-64 gives a
 # process (1 GiB each of 128 TiB), so no limit above it means anything.
@@ -150,7 +150,7 @@ class Evictor:
         # Extensions with live instances, least recently used first, with when each was last
         # used and that use's number (see _evict). An extension enters at the end of its
         # first call and leaves when evicted or closed.
-        self._used: collections.OrderedDict[Extension, tuple[float, int]] = (
+        self._used: collections.OrderedDict[ExtensionView, tuple[float, int]] = (
             collections.OrderedDict()
         )
         self._uses = 0
@@ -174,7 +174,7 @@ class Evictor:
 
     # -- hooks called by Extension ---------------------------------------------------------
 
-    def make_room(self, ext: Extension) -> Room:
+    def make_room(self, ext: ExtensionView) -> Room:
         """Before ``ext`` builds an instance: its place under ``max_live_instances``, made by
         evicting the least recently used idle extensions (never ``ext``) if needed; a
         :class:`HostFull` if every other live instance is in a call."""
@@ -196,7 +196,7 @@ class Evictor:
                     retry_after_s=HOST_FULL_RETRY_S,
                 )
 
-    def touch(self, ext: Extension) -> None:
+    def touch(self, ext: ExtensionView) -> None:
         """A call of ``ext`` ended: it is now the most recently used."""
         now = self._clock()
         with self._lock:
@@ -205,7 +205,7 @@ class Evictor:
             used[ext] = (now, self._uses)
             used.move_to_end(ext)
 
-    def forget(self, ext: Extension) -> None:
+    def forget(self, ext: ExtensionView) -> None:
         """``ext`` closed: its instances are freed by its close, and it is never a victim."""
         with self._lock:
             self._used.pop(ext, None)
@@ -216,7 +216,7 @@ class Evictor:
 
     # -- eviction -------------------------------------------------------------------------
 
-    def _evict_first(self, ext: Extension, candidates: list[Extension]) -> bool:
+    def _evict_first(self, ext: ExtensionView, candidates: list[ExtensionView]) -> bool:
         """Evict the first of ``candidates`` (least recently used first) that is idle; True
         once there is room for ``ext``'s instance (a victim freed one, or another call's
         instance went meanwhile)."""
@@ -229,7 +229,7 @@ class Evictor:
                     return True
         return False
 
-    def _evict(self, victim: Extension, *, idle: bool = False) -> bool:
+    def _evict(self, victim: ExtensionView, *, idle: bool = False) -> bool:
         with self._lock:
             seen = self._used.get(victim)
         dropped = victim.evict()

@@ -43,7 +43,7 @@ from ..core.status import GuestInterrupted, HostStatus, Status
 if TYPE_CHECKING:
     from ..core.budget_crossing import Crossing
     from ..core.call_ticket import CallTicket
-    from ..host.extension import Extension
+    from ..core.serving import ExtensionView
     from .reports import Usage
 
 
@@ -141,7 +141,7 @@ class Governor:
         self._accounts: dict[str, Account] = {}
         self._policies: dict[str, BudgetPolicy] = {}
         # The live extension of each id, so that a new policy for one applies at once.
-        self._live: dict[str, weakref.ref[Extension]] = {}
+        self._live: dict[str, weakref.ref[ExtensionView]] = {}
         self._fired: dict[Action, int] = dict.fromkeys(Action, 0)
         self._refusals = 0
         # [density] Accounts of closed ids that still hold usage: (when to look again, id),
@@ -160,14 +160,14 @@ class Governor:
         if ext is not None:
             self.rebudget(ext)
 
-    def _budget(self, ext: Extension) -> ResourceBudget:
+    def _budget(self, ext: ExtensionView) -> ResourceBudget:
         with self._lock:
             policy = self._policies.get(ext.id)
         if policy is None:
             policy = ext.host.policy.budgets
         return budget_for(ext.resources, ext.manifest, policy, _open_handles_limit())
 
-    def open(self, ext: Extension) -> Account:
+    def open(self, ext: ExtensionView) -> Account:
         """The account of ``ext``'s id (made on its first admission), on its current budget."""
         budget = self._budget(ext)
         with self._lock:
@@ -181,7 +181,7 @@ class Governor:
         account.rebudget(budget)
         return account
 
-    def close(self, ext: Extension) -> None:
+    def close(self, ext: ExtensionView) -> None:
         """``ext`` closed. Unless another extension of its id is open, its account goes now if
         its windows are empty, else once they are (:meth:`prune`)."""
         account = ext.account
@@ -222,7 +222,7 @@ class Governor:
                 heapq.heappush(retired, (now + empty_after, extension))
         return dropped
 
-    def rebudget(self, ext: Extension) -> None:
+    def rebudget(self, ext: ExtensionView) -> None:
         """The extension's resources or the host's policy changed: its next call meets the
         new budget (a lower one may already be crossed)."""
         self.open(ext)
@@ -231,7 +231,7 @@ class Governor:
     # -- charging -------------------------------------------------------------------------
 
     def charge(
-        self, ext: Extension, resource: Resource, amount: int, *, refusable: bool = False
+        self, ext: ExtensionView, resource: Resource, amount: int, *, refusable: bool = False
     ) -> Crossing | None:
         """Count ``amount`` against ``ext``'s budget and apply what a crossing fires."""
         crossing = ext.account.charge(resource, amount, refusable=refusable)
@@ -239,7 +239,7 @@ class Governor:
             self._crossed(ext, crossing)
         return crossing
 
-    def fuel_crossed(self, ext: Extension, crossing: Crossing) -> CallError | None:
+    def fuel_crossed(self, ext: ExtensionView, crossing: Crossing) -> CallError | None:
         """A call's fuel crossed the CPU budget (``Account.add_fuel``): apply the action.
         Under ``terminate`` the calls in flight are stopped, and the failure the crossing call
         ends with is returned (its caller raises it)."""
@@ -248,7 +248,7 @@ class Governor:
             return _termination(crossing)
         return None
 
-    def charge_request(self, ext: Extension, amount: int) -> None:
+    def charge_request(self, ext: ExtensionView, amount: int) -> None:
         """The bytes of a request about to be sent: counted, or refused (raises the status
         the guest gets, or stops the call under ``terminate``)."""
         crossing = self.charge(ext, Resource.NETWORK_BYTES_PER_HOUR, amount, refusable=True)
@@ -257,7 +257,7 @@ class Governor:
                 raise GuestInterrupted
             raise HostStatus(Status.QUOTA_EXCEEDED)
 
-    def take_received(self, ext: Extension, amount: int) -> tuple[int, int]:
+    def take_received(self, ext: ExtensionView, amount: int) -> tuple[int, int]:
         """Bytes about to be read from a response's socket: counted before the read, as many
         as the budget has left (``Account.take``; under ``warn``, all of them), so responses
         in flight at once share what is left. 0 when it has none left, under any action but
@@ -268,15 +268,15 @@ class Governor:
             self._crossed(ext, crossing)
         return granted, index
 
-    def refund_received(self, ext: Extension, amount: int, index: int) -> None:
+    def refund_received(self, ext: ExtensionView, amount: int, index: int) -> None:
         """Bytes of :meth:`take_received` that were not read, given back into their bucket."""
         ext.account.refund_from(Resource.NETWORK_BYTES_PER_HOUR, amount, index)
 
-    def refund(self, ext: Extension, resource: Resource, amount: int) -> None:
+    def refund(self, ext: ExtensionView, resource: Resource, amount: int) -> None:
         """Bytes charged for a request that was then not sent."""
         ext.account.refund(resource, amount)
 
-    def check_call(self, ext: Extension) -> None:
+    def check_call(self, ext: ExtensionView) -> None:
         """Before a call (``ext``'s lock held): refuse it while its CPU rate is over budget,
         or a level cools off, under ``throttle`` or ``terminate`` (in ``ThrottleMode.DELAY``,
         raise :class:`Delayed` for the call path to wait instead); once back within, a
@@ -301,12 +301,12 @@ class Governor:
         if ext.lifecycle.state is State.THROTTLED:
             ext.lifecycle.try_fire(Event.RESUME, "back within its budget")
 
-    def _refused(self, ext: Extension) -> None:
+    def _refused(self, ext: ExtensionView) -> None:
         ext.account.count_refusal()
         with self._lock:
             self._refusals += 1
 
-    def refuse(self, ext: Extension, delayed: Delayed) -> Throttled:
+    def refuse(self, ext: ExtensionView, delayed: Delayed) -> Throttled:
         """A :class:`Delayed` call that will not wait after all: counted, and the refusal it
         raises instead."""
         self._refused(ext)
@@ -314,7 +314,7 @@ class Governor:
 
     def wait_for_room(
         self,
-        ext: Extension,
+        ext: ExtensionView,
         delayed: Delayed,
         deadline: float,
         ticket: CallTicket | None,
@@ -357,7 +357,7 @@ class Governor:
 
     def level_crossed(
         self,
-        ext: Extension,
+        ext: ExtensionView,
         resource: Resource,
         used: int,
         limit: int,
@@ -385,7 +385,7 @@ class Governor:
 
     def _crossed(
         self,
-        ext: Extension,
+        ext: ExtensionView,
         crossing: Crossing,
         *,
         locked: bool = False,
@@ -421,7 +421,7 @@ class Governor:
 
     def usage(
         self,
-        ext: Extension,
+        ext: ExtensionView,
         calls_in_flight: int,
         broker_states: Iterable[tuple[Any, Any]],
     ) -> Usage:

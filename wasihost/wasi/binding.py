@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError
 from ..core.registry import CORE_CAPABILITY, HostFunction, Profile
+
+# What wasi_profile returns (its name here was the module's own alias of it).
+from ..core.serving import ProfileFactory
 from .clock_calls import HANDLERS as CLOCK_HANDLERS
 from .config import WasiOptions
 from .errno import Errno, WasiError, from_oserror
@@ -29,7 +32,7 @@ from .sock_calls import HANDLERS as SOCK_HANDLERS
 from .state import WasiState
 
 if TYPE_CHECKING:
-    from ..host.extension import Extension, ProfileBinding
+    from ..core.serving import ExtensionView, ProfileBinding
 
 Handler = Callable[..., Any]
 
@@ -93,14 +96,14 @@ def committed(fn: Handler, st: WasiState) -> Handler:
 
 
 class WasiBinding:
-    """The :class:`~wasihost.host.extension.ProfileBinding` of one instance."""
+    """The :class:`~wasihost.core.serving.ProfileBinding` of one instance."""
 
     def __init__(self, state: WasiState) -> None:
         self.state = state
         self._handlers: dict[str, Handler] = {}
 
     @classmethod
-    def for_extension(cls, config: WasiOptions, ext: Extension) -> WasiBinding:
+    def for_extension(cls, config: WasiOptions, ext: ExtensionView) -> WasiBinding:
         host = ext.host
         config = apply_scopes(config, ext.grant_scopes())
         state = WasiState(
@@ -134,9 +137,6 @@ class WasiBinding:
         self.state.close()
 
 
-ProfileFactory = Callable[["Extension"], "ProfileBinding"]
-
-
 class WasiBindingFactory:
     """Makes each instance's :class:`WasiBinding` over one config; the host reads
     ``command_max_memory_bytes`` for the plain commands it admits (``extension.CommandMemory``)."""
@@ -145,7 +145,7 @@ class WasiBindingFactory:
         self.config = config
         self.command_max_memory_bytes = config.max_memory_bytes
 
-    def __call__(self, ext: Extension) -> ProfileBinding:
+    def __call__(self, ext: ExtensionView) -> ProfileBinding:
         return WasiBinding.for_extension(self.config, ext)
 
 
