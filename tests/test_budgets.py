@@ -28,16 +28,14 @@ from wasihost.cli import main
 from wasihost.core.budgets import (
     RATES,
     Account,
-    Action,
     BudgetPolicy,
     Crossing,
-    Resource,
     ResourceBudget,
-    ThrottleMode,
     budget_for,
 )
 from wasihost.core.errors import CallError, ConfigError, FailureClass
 from wasihost.core.lifecycle import ExtensionUnavailable, State
+from wasihost.core.limits import Action, Resource, ThrottleMode
 from wasihost.core.manifest import parse_manifest
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
