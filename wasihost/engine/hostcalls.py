@@ -37,7 +37,7 @@ from .lowlevel import (
     private_fn,
     set_fuel,
 )
-from .native import SETTLE_FUEL, NativeCall, native_dispatch
+from .native import SETTLE_FUEL, Dispatch, NativeCall, native_dispatch
 from .sigint import CALLBACK_CODES
 
 if TYPE_CHECKING:
@@ -59,10 +59,6 @@ class BoundImport:
     entry: HostFunction
     handler: HostHandler = attrs.field(eq=False, hash=False)
 
-
-Dispatch = Callable[[int, int, int, int], int]
-"""One import's host call, called by libwasmtime: (env, caller address, address of the
-wasmtime_val_raw_t array, its length) -> a trap pointer, or 0. It must not raise."""
 
 # Our own callback type: the caller and the argument array arrive as plain addresses (ints), so
 # the hot path never builds a ctypes pointer object; arguments are unpacked with struct.
