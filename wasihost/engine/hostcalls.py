@@ -41,7 +41,17 @@ from .native import SETTLE_FUEL, Dispatch, NativeCall, native_dispatch
 from .sigint import CALLBACK_CODES
 
 if TYPE_CHECKING:
-    from ..supervisor.hostcall_metrics import HostCallTally
+    from typing import Protocol
+
+    # For the type checker only: no class is made at start-up, where this module is loaded.
+    class HostCallCounter(Protocol):
+        """Where the host-call path reports its refusals and call-ending failures, by class:
+        the host's operator metrics (``wasihost.supervisor.hostcall_metrics.HostCallTally``,
+        a layer above the engine, which hands it in)."""
+
+        def status(self, code: int) -> None: ...
+
+        def failure(self, failure: FailureClass) -> None: ...
 
 HostHandler = Callable[[Any, Any], Any]
 """A broker entry point: ``handler(call, request)``, the instance's guest-memory accessor (a
@@ -175,9 +185,9 @@ class HostContext:
         self.native = NativeCall()
         self.native.can_pay = self.can_pay
         self.native._charge = self.charge_work
-        # Operator metrics hook (wasihost.supervisor.hostcall_metrics): told every refusal and every
+        # Operator metrics hook (the host's HostCallTally): told every refusal and every
         # call-ending failure of a host call, by class; None counts nothing.
-        self.tally: HostCallTally | None = None
+        self.tally: HostCallCounter | None = None
         self.native.per_byte = max(
             (b.entry.fuel_per_byte for b in self.imports if b.entry.convention == "native"),
             default=0,
