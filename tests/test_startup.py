@@ -18,8 +18,8 @@ from wasihost import brokers, cli
 from wasihost.core import registry
 from wasihost.core.admission import admit
 from wasihost.core.errors import AdmissionError, ConfigError
+from wasihost.core.grants import Grant
 from wasihost.engine.lowlevel import WASMTIME_VERSION, installed_version
-from wasihost.host.policy import Grant
 
 # What a plain run never needs: package archives, signatures and their crypto, revocation lists,
 # the durable state (sqlite3), installs and updates, asyncio (async host functions only), and an
