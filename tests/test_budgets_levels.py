@@ -30,7 +30,7 @@ from wasihost.core.budgets import (
     BudgetPolicy,
     budget_for,
 )
-from wasihost.core.errors import CallError, ConfigError, FailureClass
+from wasihost.core.errors import CallError, ConfigError, CrashClass, FailureClass
 from wasihost.core.lifecycle import ExtensionUnavailable, State
 from wasihost.core.limits import MAX_OPEN_FILES, Action, Resource
 from wasihost.host.extension import Extension
@@ -38,7 +38,6 @@ from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.packaging.package import Package, load_package
 from wasihost.supervisor.governor import Governor, Throttled
-from wasihost.supervisor.supervision import CrashClass
 from wasihost.wasi import wasi_profile
 
 STORAGE = FIXTURES / "storage"

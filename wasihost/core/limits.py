@@ -182,6 +182,11 @@ RESOURCE_BOUNDS: Final[Mapping[str, ResourceBound]] = types.MappingProxyType(
 # runs. Here, not in brokers/files.py, so that the budgets read it without importing the broker.
 MAX_OPEN_FILES: Final = 16
 
+# Restart budgets an operator can mean (a BoundedRetry restart policy, the supervisor's): up to
+# a thousand restarts over up to a day.
+MAX_RESTARTS: Final = 1000
+MAX_WINDOW_S: Final = 86_400.0
+
 
 # The resource governor's vocabulary (wasihost.core.budgets accounts the budgets, and
 # re-exports these): here, so that the record of a crossing (core.budget_crossing), which the
