@@ -182,6 +182,13 @@ RESOURCE_BOUNDS: Final[Mapping[str, ResourceBound]] = types.MappingProxyType(
 # runs. Here, not in brokers/files.py, so that the budgets read it without importing the broker.
 MAX_OPEN_FILES: Final = 16
 
+# What a subscription's queue does when full, unless the manifest's [events] says otherwise
+# (manifest.OVERFLOW_POLICIES lists the choices; docs/events.md defines each).
+DEFAULT_OVERFLOW: Final = "drop"
+# Events queued per subscription before its overflow policy applies: enough to ride out a
+# burst, small enough that a stalled consumer holds little (the broker also caps the bytes).
+DEFAULT_QUEUE_DEPTH: Final = 64
+
 # Restart budgets an operator can mean (a BoundedRetry restart policy, the supervisor's): up to
 # a thousand restarts over up to a day.
 MAX_RESTARTS: Final = 1000

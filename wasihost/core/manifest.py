@@ -16,6 +16,7 @@ import attrs
 
 from wasihost.core import limits
 from wasihost.core.errors import ConfigError, ManifestError
+from wasihost.core.limits import DEFAULT_OVERFLOW, DEFAULT_QUEUE_DEPTH
 from wasihost.core.registry import AbiVersion
 
 if TYPE_CHECKING:
@@ -74,12 +75,9 @@ _QUOTE_CHARS: Final = 40
 _KEY_CHARS: Final = 80
 
 _UPDATE_KEYS: Final = ("health", "migrate", "reversible")
-# The overflow policies of an event subscription's queue (docs/events.md defines each).
+# The overflow policies of an event subscription's queue (docs/events.md defines each); the
+# default one and the default depth are in limits (the parsed [events] table's defaults).
 OVERFLOW_POLICIES: Final = ("coalesce", "drop", "pause")
-DEFAULT_OVERFLOW: Final = "drop"
-# Events queued per subscription before its overflow policy applies: enough to ride out a
-# burst, small enough that a stalled consumer holds little (the broker also caps the bytes).
-DEFAULT_QUEUE_DEPTH: Final = 64
 MAX_QUEUE_DEPTH: Final = 1024
 # Background jobs one extension may hold at once: each is a timer (or an event hook) the host
 # keeps for it, and a run on the jobs broker's few threads; 32 covers any plugin's upkeep.
@@ -133,6 +131,9 @@ _LIFECYCLE_KEYS: Final = ("on_shutdown",)
 # its calls; the host's scheduler caps it. Silent manifests claim the highest class, as every
 # call had before scheduling existed.
 _SCHEDULING_KEYS: Final = ("priority",)
+# The priority classes, highest first: the names of wasihost.supervisor.scheduling.Priority's
+# members, in its order (the scheduler exports this too).
+PRIORITY_NAMES: Final[tuple[str, ...]] = ("interactive", "background", "maintenance")
 DEFAULT_PRIORITY: Final = "interactive"
 # The ``[budget]`` table (docs/budgets.md): what the extension asks ``throttle`` to do to its
 # calls. A silent manifest follows the host's policy; "refuse" asks for its calls to be
@@ -826,9 +827,6 @@ def _parse_scheduling(table: Mapping[str, object] | None) -> str:
     priority = _optional_string(table, "priority", "scheduling")
     if priority is None:
         return DEFAULT_PRIORITY
-    # Here: the scheduler's module is for a manifest that names a class, or a host with one.
-    from wasihost.supervisor.scheduling import PRIORITY_NAMES
-
     if priority not in PRIORITY_NAMES:
         raise ManifestError(
             "scheduling.priority",
