@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import UnsignedPackageError
-from ..core.registry import default_registry
 from ..core.terminal import printable
+from ..host.defaults import default_registry
 from ..packaging.names import PACKAGE_SUFFIX
 from ..packaging.package import archive_parts, identity, is_archive, load_package, open_archive
 from .common import MAX_REVOCATION_DAYS, UsageError

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from ..core import cbor_json
 from ..core.errors import CallError, CodecError, ConfigError
-from ..core.registry import AbiVersion, default_registry
+from ..core.registry import AbiVersion
 from ..core.terminal import printable
+from ..host.defaults import default_registry
 from ..host.policy import Policy
 from ..packaging.package import Package, is_archive, load_package
 from .common import EXIT_FAILURE, UsageError, budget_hint, check_budget_flags
