@@ -47,7 +47,7 @@ def _cmd_update(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
-    from ..host.options import check_extension_id
+    from ..core.manifest import check_extension_id
 
     check_extension_id(args.extension)  # before the state directory is opened or made
     with _state_host(args) as host:
@@ -267,7 +267,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_remove(args: argparse.Namespace) -> int:
-    from ..host.options import check_extension_id
+    from ..core.manifest import check_extension_id
 
     check_extension_id(args.extension)  # before the state directory is opened or made
     with _state_host(args) as host:

@@ -48,7 +48,7 @@ def _not_shadowing(args: argparse.Namespace) -> None:
     """``run NAME --state-dir D`` where NAME is both a path here and an extension installed in
     D: running the path would run whatever a file or directory of that name in the current
     directory holds, under the CLI's grants, instead of the installed, verified extension."""
-    from ..host.options import check_extension_id
+    from ..core.manifest import check_extension_id
     from ..store.state import StateStore
 
     try:
