@@ -61,7 +61,7 @@ from wasihost.brokers.secrets import SecretsBroker
 from wasihost.brokers.storage import StorageBroker
 from wasihost.core.event_classes import MAX_SELECTORS
 from wasihost.core.manifest import parse_manifest
-from wasihost.core.registry import default_registry
+from wasihost.host.defaults import default_registry
 from wasihost.host.runtime import Host
 from wasihost.packaging.package import Package
 from wasihost.store.secrets import MemorySecretStore

@@ -41,7 +41,7 @@ def hello_files(tmp: Path, **kwargs: str | None) -> dict[str, bytes]:
 def signature_for(files: dict[str, bytes], key: SigningKey) -> bytes:
     """The signature record ``wasihost sign`` would add to the archive of ``files``."""
     from wasihost.core.manifest import parse_manifest
-    from wasihost.core.registry import default_registry
+    from wasihost.host.defaults import default_registry
 
     manifest = parse_manifest(files["extension.toml"].decode(), default_registry().capabilities())
     module = hashlib.sha256(files[manifest.module]).hexdigest()

@@ -16,8 +16,9 @@ from guests import build, escape, guest_wat, host_import
 
 from wasihost.brokers.log import LogBroker
 from wasihost.core.errors import AdmissionError, CallError, FailureClass
-from wasihost.core.registry import AbiVersion, HostFunction, default_registry
+from wasihost.core.registry import AbiVersion, HostFunction
 from wasihost.core.status import Status
+from wasihost.host.defaults import default_registry
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.packaging.package import load_package

@@ -9,7 +9,7 @@ from guests import build, escape, guest_wat, host_import
 
 from wasihost.brokers.core import MAX_PANIC_MESSAGE_CHARS
 from wasihost.core.errors import CallError, FailureClass
-from wasihost.core.registry import default_registry
+from wasihost.host.defaults import default_registry
 from wasihost.host.runtime import Host
 
 REQUEST_AT = 9000

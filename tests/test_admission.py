@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 
 from wasihost.core.admission import admit, declared_version
 from wasihost.core.errors import AdmissionError
-from wasihost.core.registry import AbiVersion, default_registry
+from wasihost.core.grants import Grant
+from wasihost.core.registry import AbiVersion
 from wasihost.core.wasmbin import WasmFormatError, read_header
+from wasihost.host.defaults import default_registry
 from wasihost.host.planning import plan_package
-from wasihost.host.policy import Grant, Policy
+from wasihost.host.policy import Policy
 from wasihost.packaging.package import load_package
 
 REGISTRY = default_registry()

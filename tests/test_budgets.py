@@ -28,23 +28,20 @@ from wasihost.cli import main
 from wasihost.core.budgets import (
     RATES,
     Account,
-    Action,
     BudgetPolicy,
     Crossing,
-    Resource,
     ResourceBudget,
-    ThrottleMode,
     budget_for,
 )
-from wasihost.core.errors import CallError, ConfigError, FailureClass
+from wasihost.core.errors import CallError, ConfigError, CrashClass, FailureClass
 from wasihost.core.lifecycle import ExtensionUnavailable, State
+from wasihost.core.limits import Action, Resource, ThrottleMode
 from wasihost.core.manifest import parse_manifest
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.packaging.package import load_package
 from wasihost.supervisor.governor import Governor, Throttled, Usage
-from wasihost.supervisor.supervision import CrashClass
 
 COMPUTE = FIXTURES / "compute"
 ECHO = FIXTURES / "echo"

@@ -22,14 +22,13 @@ from wasihost.cli import main
 from wasihost.core.budgets import (
     MAX_THROTTLE_DELAY_S,
     BudgetPolicy,
-    Resource,
-    ThrottleMode,
     budget_for,
     stricter_mode,
 )
 from wasihost.core.call_ticket import CallTicket
 from wasihost.core.errors import CallError, FailureClass, ManifestError
 from wasihost.core.lifecycle import ExtensionUnavailable, State
+from wasihost.core.limits import Resource, ThrottleMode
 from wasihost.core.manifest import parse_manifest
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy

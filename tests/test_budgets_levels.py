@@ -27,20 +27,17 @@ from wasihost.core.budgets import (
     LEVEL_COOL_OFF_S,
     LEVELS,
     Account,
-    Action,
     BudgetPolicy,
-    Resource,
     budget_for,
 )
-from wasihost.core.errors import CallError, ConfigError, FailureClass
+from wasihost.core.errors import CallError, ConfigError, CrashClass, FailureClass
 from wasihost.core.lifecycle import ExtensionUnavailable, State
-from wasihost.core.limits import MAX_OPEN_FILES
+from wasihost.core.limits import MAX_OPEN_FILES, Action, Resource
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.packaging.package import Package, load_package
 from wasihost.supervisor.governor import Governor, Throttled
-from wasihost.supervisor.supervision import CrashClass
 from wasihost.wasi import wasi_profile
 
 STORAGE = FIXTURES / "storage"

@@ -577,7 +577,7 @@ def test_the_manifest_reference_gives_each_resource_its_default_and_range() -> N
         low, high = re.search(r"#\s*([\d_]+)\s*\.\.\s*([\d_]+)", line).groups()  # type: ignore[union-attr]
         assert (int(low), int(high)) == (bound.minimum, bound.maximum), name
     assert reference["http"]["bytes_per_hour"] == manifest.DEFAULT_HTTP_BYTES_PER_HOUR
-    assert reference["events"]["queue_depth"] == manifest.DEFAULT_QUEUE_DEPTH
+    assert reference["events"]["queue_depth"] == limits.DEFAULT_QUEUE_DEPTH
     assert reference["jobs"]["max_jobs"] == manifest.DEFAULT_MAX_JOBS
 
 

@@ -28,8 +28,8 @@ from wasihost.core.errors import AdmissionError, CallError, ConfigError, Manifes
 from wasihost.core.extlog import LogRecord
 from wasihost.core.lifecycle import State
 from wasihost.core.manifest import parse_manifest
-from wasihost.core.registry import default_registry
 from wasihost.core.status import Status
+from wasihost.host.defaults import default_registry
 from wasihost.host.extension import Extension
 from wasihost.host.inspect import inspect_package
 from wasihost.host.policy import Policy

@@ -12,8 +12,9 @@ from conftest import ALL_CAPS, FIXTURES, ROOT, rust_toolchain_present, toolchain
 
 from wasihost.core.admission import declared_version
 from wasihost.core.errors import AdmissionError, CallError, ConfigError, FailureClass
-from wasihost.core.registry import CBOR_PARAMS, CBOR_RESULTS, default_registry
+from wasihost.core.registry import CBOR_PARAMS, CBOR_RESULTS
 from wasihost.core.wasmbin import read_header
+from wasihost.host.defaults import default_registry
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Extension, Host
 from wasihost.packaging.package import load_package

@@ -21,7 +21,7 @@ from wasihost.brokers.jobs import MIN_PERIOD_MS, JobsBroker, ManualClock
 from wasihost.core.errors import CallError, ManifestError
 from wasihost.core.extlog import LogRecord
 from wasihost.core.manifest import MAX_HTTP_BYTES_PER_HOUR, parse_manifest
-from wasihost.core.registry import default_registry
+from wasihost.host.defaults import default_registry
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host

@@ -29,8 +29,8 @@ from wasihost.brokers.jobs import (
 from wasihost.core.errors import AdmissionError, CallError, ConfigError, ManifestError
 from wasihost.core.extlog import LogRecord
 from wasihost.core.manifest import parse_manifest
-from wasihost.core.registry import default_registry
 from wasihost.core.status import Status
+from wasihost.host.defaults import default_registry
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host

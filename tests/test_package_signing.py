@@ -28,7 +28,7 @@ from wasihost.core.errors import (
     UntrustedKeyError,
 )
 from wasihost.core.manifest import parse_manifest
-from wasihost.core.registry import default_registry
+from wasihost.host.defaults import default_registry
 from wasihost.packaging import signing
 from wasihost.packaging.archive import read_archive, write_archive
 from wasihost.packaging.files import read_signing_key, write_key_pair

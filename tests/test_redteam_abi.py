@@ -24,9 +24,9 @@ from wasihost.brokers.jobs import MIN_RESCHEDULE_MS, JobsBroker, ManualClock
 from wasihost.brokers.secrets import SecretsBroker
 from wasihost.core.errors import CallError, FailureClass
 from wasihost.core.manifest import parse_manifest
-from wasihost.core.registry import default_registry
 from wasihost.core.scrub import MIN_FORM_BYTES
 from wasihost.core.status import HostStatus, Status
+from wasihost.host.defaults import default_registry
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.packaging.package import Package

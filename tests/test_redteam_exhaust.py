@@ -25,8 +25,8 @@ from wasihost.brokers.jobs import JobsBroker, ManualClock
 from wasihost.core.event_classes import MAX_SELECTORS
 from wasihost.core.extlog import LogRecord
 from wasihost.core.manifest import parse_manifest
-from wasihost.core.registry import default_registry
 from wasihost.engine import hostcalls
+from wasihost.host.defaults import default_registry
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.packaging.package import Package

@@ -13,11 +13,12 @@ import pytest
 from conftest import ALL_CAPS, bare
 from guests import build, guest_wat
 
-from wasihost.core.budgets import Action, BudgetPolicy, Resource
+from wasihost.core.budgets import BudgetPolicy
 from wasihost.core.errors import CallError, FailureClass
+from wasihost.core.limits import Action, Resource
 from wasihost.core.manifest import parse_manifest
-from wasihost.core.registry import default_registry
 from wasihost.core.settings import EngineSettings
+from wasihost.host.defaults import default_registry
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host

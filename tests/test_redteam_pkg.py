@@ -22,8 +22,8 @@ from packages_support import PUBLISHER, hello_dir, hello_files, signed_archive
 
 from wasihost.core.errors import ConfigError, PackageError, RevocationListError
 from wasihost.core.lifecycle import ExtensionRevoked
-from wasihost.core.registry import default_registry
 from wasihost.host import updates
+from wasihost.host.defaults import default_registry
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.packaging import revocation

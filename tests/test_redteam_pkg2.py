@@ -20,7 +20,7 @@ from packages_support import PUBLISHER, hello_files, raw_zip, recorded_zip, sign
 
 from wasihost.cli import main
 from wasihost.core.errors import ArchiveError, ConfigError, ExpiredKeyError, SignatureError
-from wasihost.core.registry import default_registry
+from wasihost.host.defaults import default_registry
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.packaging import archive

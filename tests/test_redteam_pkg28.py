@@ -46,8 +46,8 @@ from wasihost.core.errors import (
     PackageError,
     SignatureError,
 )
-from wasihost.core.registry import default_registry
 from wasihost.host import updates
+from wasihost.host.defaults import default_registry
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.packaging.allowed_signers import AllowedSigners

@@ -32,9 +32,9 @@ from wasihost.brokers.secrets import SecretsBroker
 from wasihost.core.errors import CallError, ConfigError
 from wasihost.core.extlog import Level, LogRecord, to_logging
 from wasihost.core.manifest import parse_manifest
-from wasihost.core.registry import default_registry
 from wasihost.core.scrub import Unscrubbable, scrub, secret_forms
 from wasihost.core.status import HostStatus, Status
+from wasihost.host.defaults import default_registry
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.packaging.package import Package

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from wasihost.core.errors import ConfigError
-from wasihost.core.registry import AbiVersion, Registry, default_registry, major_from_json
+from wasihost.core.registry import AbiVersion, Registry, major_from_json
 from wasihost.core.status import Status
+from wasihost.host.defaults import default_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 NORMATIVE = ROOT / "abi" / "v1" / "registry.json"

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from wasihost.core.errors import CallError, ConfigError, FailureClass, ManifestError
 from wasihost.core.lifecycle import ExtensionUnavailable
+from wasihost.core.manifest import DEFAULT_PRIORITY, PRIORITY_NAMES
 from wasihost.host.call_gate import calls_as
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
@@ -149,6 +150,13 @@ def test_a_withdrawn_waiter_never_gets_a_slot_and_a_granted_one_cannot_withdraw(
     stats = sched.stats()
     assert (stats.running, stats.waiting, stats.refused) == (0, 0, 1)
     assert stats.refused_by_class == {"interactive": 1}
+
+
+def test_the_manifests_priority_names_are_the_classes_in_order() -> None:
+    # The manifest's parser checks a claimed class against core.manifest.PRIORITY_NAMES,
+    # without importing the scheduler: the two lists must be one.
+    assert tuple(p.value for p in Priority) == PRIORITY_NAMES
+    assert PRIORITY_NAMES[0] == DEFAULT_PRIORITY
 
 
 def test_the_ceiling_caps_claims_and_the_operator_assigns_any_class() -> None:

@@ -18,8 +18,9 @@ from wasihost import brokers, cli
 from wasihost.core import registry
 from wasihost.core.admission import admit
 from wasihost.core.errors import AdmissionError, ConfigError
+from wasihost.core.grants import Grant
 from wasihost.engine.lowlevel import WASMTIME_VERSION, installed_version
-from wasihost.host.policy import Grant
+from wasihost.host import defaults
 
 # What a plain run never needs: package archives, signatures and their crypto, revocation lists,
 # the durable state (sqlite3), installs and updates, asyncio (async host functions only), and an
@@ -270,8 +271,8 @@ def test_the_restart_policy_union_is_still_exported() -> None:
 def test_the_deferred_wasi_profile_says_what_the_table_says() -> None:
     from wasihost.wasi.registry import MODULE, PROFILE, PROFILE_NAME
 
-    assert (registry.WASI_PROFILE_NAME, registry.WASI_IMPORT_MODULE) == (PROFILE_NAME, MODULE)
-    assert registry.profile_capabilities(PROFILE) == registry.WASI_CAPABILITIES
+    assert (defaults.WASI_PROFILE_NAME, defaults.WASI_IMPORT_MODULE) == (PROFILE_NAME, MODULE)
+    assert registry.profile_capabilities(PROFILE) == defaults.WASI_CAPABILITIES
 
 
 def _made_registry() -> registry.Registry:
@@ -334,7 +335,7 @@ def test_a_deferred_wasi_profile_admits_and_refuses_as_the_made_one(
     case: str, caps: frozenset[str]
 ) -> None:
     wasm = build(ADMISSION_CASES[case])
-    deferred = registry.default_registry()
+    deferred = defaults.default_registry()
     assert deferred.deferred  # not made yet
     assert _outcome(wasm, deferred, caps) == _outcome(wasm, _made_registry(), caps)
 
@@ -344,7 +345,7 @@ def test_a_deferred_profile_is_listed_without_being_made_and_made_on_first_need(
 
     echo = (FIXTURES / "echo" / "echo.wasm").read_bytes()
     made = _made_registry()
-    deferred = registry.default_registry()
+    deferred = defaults.default_registry()
     # What a run reads of the registry before admission needs no entry of the profile.
     assert deferred.capabilities() == made.capabilities()
     assert deferred.serves_profile("wasi_snapshot_preview1")
@@ -361,7 +362,7 @@ def test_a_deferred_profile_is_listed_without_being_made_and_made_on_first_need(
     assert deferred.profiles == made.profiles
     assert list(deferred.functions()) == list(made.functions())
     assert (
-        registry.default_registry().lookup("wasi_snapshot_preview1", "fd_write")
+        defaults.default_registry().lookup("wasi_snapshot_preview1", "fd_write")
         is (PROFILE.functions[[f.name for f in PROFILE.functions].index("fd_write")])
     )
 
@@ -418,4 +419,4 @@ def test_a_deferred_profile_is_made_once_whatever_the_threads_asking() -> None:
         thread.join()
     assert made == [1]
     assert (found.count(PROFILE), found.count(fd_write)) == (8, 8)
-    assert registry.default_registry() == registry.default_registry()
+    assert defaults.default_registry() == defaults.default_registry()

@@ -11,12 +11,12 @@ import pytest
 from conftest import FakeClock, bare
 from guests import build, guest_wat
 
-from wasihost.core.errors import CallError, ConfigError, FailureClass
+from wasihost.core.errors import CallError, ConfigError, CrashClass, FailureClass
 from wasihost.core.lifecycle import ExtensionUnavailable, State
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
-from wasihost.supervisor.supervision import BoundedRetry, CrashClass, Never, OnCrash, Supervisor
+from wasihost.supervisor.supervision import BoundedRetry, Never, OnCrash, Supervisor
 
 # Every command traps (a load past the end of memory), except "ok" (2 characters), which
 # answers null.

@@ -20,9 +20,10 @@ import pytest
 from conftest import FIXTURES
 from guests import build, guest_wat, host_import
 
-from wasihost.core.registry import AbiVersion, HostFunction, default_registry
+from wasihost.core.registry import AbiVersion, HostFunction
 from wasihost.core.settings import EngineSettings
 from wasihost.engine import BoundImport, Budget, Instance, StoreLimits, WasmEngine
+from wasihost.host.defaults import default_registry
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 

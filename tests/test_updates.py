@@ -26,9 +26,10 @@ from packages_support import trust_of
 from wasihost.cli import main
 from wasihost.core.errors import AdmissionError, PackageError, UntrustedKeyError
 from wasihost.core.manifest import parse_manifest
-from wasihost.core.registry import HostFunction, default_registry, embedder_function
+from wasihost.core.registry import HostFunction, embedder_function
 from wasihost.core.status import HostStatus, Status
 from wasihost.host import updates
+from wasihost.host.defaults import default_registry
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host

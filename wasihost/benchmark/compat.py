@@ -117,8 +117,8 @@ def _declared(package: Any) -> Any:
     """The ABI version the module's marker declares, None for a plain profile command."""
     from ..core.admission import command_profile, declared_version
     from ..core.errors import AdmissionError
-    from ..core.registry import default_registry
     from ..core.wasmbin import read_header
+    from ..host.defaults import default_registry
 
     header = read_header(package.wasm)
     if command_profile(header, default_registry()) is not None:
@@ -196,7 +196,7 @@ def _admit_and_run(host: Any, guest: Guest, budget: Budget) -> _Verdict:
 
 
 def matrix(fixtures: Path, budget: Budget) -> list[dict[str, Any]]:
-    from ..core.registry import default_registry
+    from ..host.defaults import default_registry
     from ..host.runtime import Host
 
     registry = default_registry()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..core.budgets import Action, BudgetPolicy, Resource
+from ..core.budgets import BudgetPolicy
+from ..core.limits import Action, Resource
 from ..host.policy import Policy
 
 # A benchmark measures calls, not governance. Simple wasm runs at about 1e10 fuel a second on

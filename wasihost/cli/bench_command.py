@@ -20,6 +20,7 @@ import attrs
 
 from ..benchmark.names import SCENARIOS, SECTIONS
 from ..core.errors import ConfigError, WasihostError
+from .common import UsageError
 
 # The largest --batches accepted: more only makes a run longer, never the medians better.
 MAX_BATCHES = 1000
@@ -81,8 +82,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _subset(text: str | None, known: tuple[str, ...], what: str) -> tuple[str, ...]:
-    from . import UsageError
-
     if text is None:
         return known
     chosen = tuple(s.strip() for s in text.split(",") if s.strip())
@@ -121,8 +120,6 @@ def _version(dist: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import UsageError
-
     # Before wasmtime or extism load: an inherited RUST_BACKTRACE=1 makes every trap (and
     # Extism's calls) capture a backtrace, several times slower; it is noted in the results.
     inherited = os.environ.get("RUST_BACKTRACE")

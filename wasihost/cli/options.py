@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import cbor_json
 from ..core.errors import ConfigError
-from ..core.registry import default_registry
+from ..host.defaults import default_registry
 from ..host.policy import Policy
 from ..packaging.package import is_archive
 from .common import MAX_CLI_INPUT_BYTES, UsageError

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import UnsignedPackageError
-from ..core.registry import default_registry
 from ..core.terminal import printable
+from ..host.defaults import default_registry
 from ..packaging.names import PACKAGE_SUFFIX
 from ..packaging.package import archive_parts, identity, is_archive, load_package, open_archive
 from .common import MAX_REVOCATION_DAYS, UsageError
@@ -47,7 +47,7 @@ def _cmd_update(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
-    from ..host.options import check_extension_id
+    from ..core.manifest import check_extension_id
 
     check_extension_id(args.extension)  # before the state directory is opened or made
     with _state_host(args) as host:
@@ -267,7 +267,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_remove(args: argparse.Namespace) -> int:
-    from ..host.options import check_extension_id
+    from ..core.manifest import check_extension_id
 
     check_extension_id(args.extension)  # before the state directory is opened or made
     with _state_host(args) as host:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from ..core import cbor_json
 from ..core.errors import CallError, CodecError, ConfigError
-from ..core.registry import AbiVersion, default_registry
+from ..core.registry import AbiVersion
 from ..core.terminal import printable
+from ..host.defaults import default_registry
 from ..host.policy import Policy
 from ..packaging.package import Package, is_archive, load_package
 from .common import EXIT_FAILURE, UsageError, budget_hint, check_budget_flags
@@ -47,7 +48,7 @@ def _not_shadowing(args: argparse.Namespace) -> None:
     """``run NAME --state-dir D`` where NAME is both a path here and an extension installed in
     D: running the path would run whatever a file or directory of that name in the current
     directory holds, under the CLI's grants, instead of the installed, verified extension."""
-    from ..host.options import check_extension_id
+    from ..core.manifest import check_extension_id
     from ..store.state import StateStore
 
     try:

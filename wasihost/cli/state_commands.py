@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def _cmd_grants(args: argparse.Namespace) -> int:
-    from ..host.options import check_extension_id
+    from ..core.manifest import check_extension_id
 
     check_extension_id(args.extension)
     if args.grants_cmd == "list":
@@ -154,7 +154,7 @@ def _metrics_line(metrics: dict[str, Any]) -> str:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from ..host.options import check_extension_id
+    from ..core.manifest import check_extension_id
 
     if args.extension is not None:
         check_extension_id(args.extension)

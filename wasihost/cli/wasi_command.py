@@ -36,6 +36,7 @@ from ..wasi.config import (
     capabilities_for,
 )
 from ..wasi.registry import CAP_CLOCK, CAP_RANDOM
+from .common import UsageError, budget_hint, check_budget_flags, whole_number
 from .input_files import read_file_or_stdin
 
 if TYPE_CHECKING:
@@ -52,8 +53,6 @@ EXIT_STATUS_WRAPPED = 1
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``wasi`` subcommand to the main CLI's subparsers."""
-    from .common import whole_number  # the main CLI's, loaded with it (no cycle at import)
-
     p: argparse.ArgumentParser = subparsers.add_parser(
         "wasi",
         help="run a WASI command module (_start) through the restricted WASI profile",
@@ -335,8 +334,6 @@ def run(args: argparse.Namespace) -> int:
     from ..host.runtime import Host, default_cache_dir
     from ..packaging.package import load_package
     from ..wasi.binding import wasi_profile
-    from . import UsageError, check_budget_flags
-    from .common import budget_hint
 
     check_budget_flags(args)
     try:

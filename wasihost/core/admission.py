@@ -8,10 +8,10 @@ problem found is reported, each naming the import, export or declaration at faul
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import attrs
 
-from ..host.policy import Grant
 from .errors import AdmissionError
 from .registry import (
     AbiVersion,
@@ -23,6 +23,9 @@ from .registry import (
     namespace_module,
 )
 from .wasmbin import PAGE_BYTES, ImportEntry, ModuleHeader, shown_name
+
+if TYPE_CHECKING:
+    from .grants import Grant
 
 MARKER_SECTION = "wasihost_abi"
 MARKER_MAX_BYTES = 16

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 if TYPE_CHECKING:
-    from .budgets import Action, Resource
+    from .limits import Action, Resource
 
 
 @attrs.frozen

@@ -17,7 +17,6 @@ means, and :mod:`wasihost.supervisor.governor` applies the answer to a running e
 from __future__ import annotations
 
 import collections
-import enum
 import threading
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -27,6 +26,12 @@ import attrs
 
 from . import limits
 from .errors import ConfigError
+
+# Defined beside the limits, so that a crossing's record (budget_crossing) names them without
+# importing this module; exported from here too (``as``: an explicit re-export, for mypy).
+from .limits import Action as Action  # noqa: PLC0414
+from .limits import Resource as Resource  # noqa: PLC0414
+from .limits import ThrottleMode as ThrottleMode  # noqa: PLC0414
 from .manifest import DEFAULT_HTTP_BYTES_PER_HOUR, Manifest, Resources
 
 if TYPE_CHECKING:
@@ -40,45 +45,6 @@ def __getattr__(name: str) -> Any:
 
         return Crossing
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class Resource(enum.Enum):
-    """What a budget bounds; the values are the names the snapshot and the journal use."""
-
-    FUEL_PER_CALL = "fuel_per_call"
-    CPU_FUEL_PER_MINUTE = "cpu_fuel_per_minute"
-    MEMORY_BYTES = "memory_bytes"
-    STORAGE_BYTES = "storage_bytes"
-    NETWORK_BYTES_PER_HOUR = "network_bytes_per_hour"
-    OPEN_HANDLES = "open_handles"
-    BACKGROUND_JOBS = "background_jobs"
-    EVENT_QUEUE_DEPTH = "event_queue_depth"
-    CONCURRENT_CALLS = "concurrent_calls"
-
-
-class Action(enum.Enum):
-    """What crossing a budget does, from mildest to hardest."""
-
-    # Journal it and count it; nothing is refused.
-    WARN = "warn"
-    # Refuse what would consume more until the window has room again (a level: for
-    # LEVEL_COOL_OFF_S), with a retry hint; or, in ThrottleMode.DELAY, let a call wait for it.
-    THROTTLE = "throttle"
-    # Refuse every call until the operator resumes the extension.
-    PAUSE = "pause"
-    # Stop every call in flight; the extension crashes (class resource_limit) and may not
-    # restart until the window has room (a level: for LEVEL_COOL_OFF_S).
-    TERMINATE = "terminate"
-
-
-class ThrottleMode(enum.Enum):
-    """What ``throttle`` does to a call made while its extension is throttled."""
-
-    # Refused at once with Throttled and its retry hint: the caller decides what to do.
-    REFUSE = "refuse"
-    # Waits for room, with no lock held, at most until the call's own deadline and
-    # MAX_THROTTLE_DELAY_S; refused as under REFUSE if room would come later than that.
-    DELAY = "delay"
 
 
 # The two rate budgets and the length of their windows.

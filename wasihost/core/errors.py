@@ -9,6 +9,8 @@ never raised itself.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from types import MappingProxyType
 
 
 class FailureClass(enum.Enum):
@@ -40,6 +42,40 @@ class FailureClass(enum.Enum):
 
 
 _KEEPS_INSTANCE = frozenset({FailureClass.GUEST_ERROR, FailureClass.DENIED, FailureClass.ADMISSION})
+
+
+class CrashClass(enum.Enum):
+    """Why an extension crashed, as operators count it (the supervisor's crash records: its
+    restart policies and quarantine, :mod:`wasihost.supervisor.supervision`)."""
+
+    TRAP = "trap"
+    PANIC = "panic"
+    RESOURCE_LIMIT = "resource_limit"
+    PROTOCOL_VIOLATION = "protocol_violation"
+    HOST_CALL_FAILURE = "host_call_failure"
+    # The out-of-process runtime's worker died; no in-process failure maps to it.
+    NATIVE_PROCESS_EXIT = "native_process_exit"
+
+
+_CLASS_OF: Mapping[FailureClass, CrashClass] = MappingProxyType(
+    {
+        FailureClass.TRAP: CrashClass.TRAP,
+        FailureClass.PANIC: CrashClass.PANIC,
+        FailureClass.OUT_OF_FUEL: CrashClass.RESOURCE_LIMIT,
+        FailureClass.DEADLINE: CrashClass.RESOURCE_LIMIT,
+        FailureClass.MEMORY_LIMIT: CrashClass.RESOURCE_LIMIT,
+        FailureClass.STACK_OVERFLOW: CrashClass.RESOURCE_LIMIT,
+        FailureClass.PROTOCOL: CrashClass.PROTOCOL_VIOLATION,
+        FailureClass.HANDSHAKE: CrashClass.PROTOCOL_VIOLATION,
+        FailureClass.HOST_ERROR: CrashClass.HOST_CALL_FAILURE,
+    }
+)
+
+
+def crash_class(failure: FailureClass) -> CrashClass:
+    """The crash class of a failure that discarded an instance (a trap when nothing closer
+    fits: an interrupt out of a host function, say)."""
+    return _CLASS_OF.get(failure, CrashClass.TRAP)
 
 
 class WasihostError(Exception):

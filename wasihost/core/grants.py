@@ -29,7 +29,6 @@ from typing import Any, Protocol, TypeVar
 
 import attrs
 
-from ..host.policy import Grant
 from .errors import ConfigError
 from .registry import CORE_CAPABILITY
 
@@ -76,6 +75,17 @@ def canonical_scope(scope: Mapping[str, Any] | None) -> str:
     if len(text.encode()) > MAX_SCOPE_BYTES:
         raise ConfigError(f"grant scope exceeds {MAX_SCOPE_BYTES} bytes")
     return text
+
+
+@attrs.frozen
+class Grant:
+    """The capabilities an extension holds, at one grant epoch."""
+
+    capabilities: frozenset[str]
+    epoch: int = 0
+
+    def allows(self, capability: str) -> bool:
+        return capability == CORE_CAPABILITY or capability in self.capabilities
 
 
 @attrs.frozen

@@ -1,12 +1,14 @@
 """Default resource limits of an extension and the range a manifest may move each one within.
 
-Pure constants: the manifest parser, the policy and the engine all read them from here, so one
-number is never spelled twice. Each ``DEFAULT_*`` is what an extension gets when its manifest is
-silent; ``MIN_*``/``MAX_*`` bound what a manifest may ask for.
+Pure constants (and the resource governor's enums, at the end): the manifest parser, the policy
+and the engine all read them from here, so one number is never spelled twice. Each
+``DEFAULT_*`` is what an extension gets when its manifest is silent; ``MIN_*``/``MAX_*`` bound
+what a manifest may ask for.
 """
 
 from __future__ import annotations
 
+import enum
 import types
 from collections.abc import Mapping
 from typing import Final, NamedTuple
@@ -179,3 +181,58 @@ RESOURCE_BOUNDS: Final[Mapping[str, ResourceBound]] = types.MappingProxyType(
 # file descriptor, and the host process has about a thousand of those for every extension it
 # runs. Here, not in brokers/files.py, so that the budgets read it without importing the broker.
 MAX_OPEN_FILES: Final = 16
+
+# What a subscription's queue does when full, unless the manifest's [events] says otherwise
+# (manifest.OVERFLOW_POLICIES lists the choices; docs/events.md defines each).
+DEFAULT_OVERFLOW: Final = "drop"
+# Events queued per subscription before its overflow policy applies: enough to ride out a
+# burst, small enough that a stalled consumer holds little (the broker also caps the bytes).
+DEFAULT_QUEUE_DEPTH: Final = 64
+
+# Restart budgets an operator can mean (a BoundedRetry restart policy, the supervisor's): up to
+# a thousand restarts over up to a day.
+MAX_RESTARTS: Final = 1000
+MAX_WINDOW_S: Final = 86_400.0
+
+
+# The resource governor's vocabulary (wasihost.core.budgets accounts the budgets, and
+# re-exports these): here, so that the record of a crossing (core.budget_crossing), which the
+# budgets make, names them without importing the budgets.
+class Resource(enum.Enum):
+    """What a budget bounds; the values are the names the snapshot and the journal use."""
+
+    FUEL_PER_CALL = "fuel_per_call"
+    CPU_FUEL_PER_MINUTE = "cpu_fuel_per_minute"
+    MEMORY_BYTES = "memory_bytes"
+    STORAGE_BYTES = "storage_bytes"
+    NETWORK_BYTES_PER_HOUR = "network_bytes_per_hour"
+    OPEN_HANDLES = "open_handles"
+    BACKGROUND_JOBS = "background_jobs"
+    EVENT_QUEUE_DEPTH = "event_queue_depth"
+    CONCURRENT_CALLS = "concurrent_calls"
+
+
+class Action(enum.Enum):
+    """What crossing a budget does, from mildest to hardest."""
+
+    # Journal it and count it; nothing is refused.
+    WARN = "warn"
+    # Refuse what would consume more until the window has room again (a level: for
+    # budgets.LEVEL_COOL_OFF_S), with a retry hint; or, in ThrottleMode.DELAY, let a call
+    # wait for it.
+    THROTTLE = "throttle"
+    # Refuse every call until the operator resumes the extension.
+    PAUSE = "pause"
+    # Stop every call in flight; the extension crashes (class resource_limit) and may not
+    # restart until the window has room (a level: for budgets.LEVEL_COOL_OFF_S).
+    TERMINATE = "terminate"
+
+
+class ThrottleMode(enum.Enum):
+    """What ``throttle`` does to a call made while its extension is throttled."""
+
+    # Refused at once with Throttled and its retry hint: the caller decides what to do.
+    REFUSE = "refuse"
+    # Waits for room, with no lock held, at most until the call's own deadline and
+    # MAX_THROTTLE_DELAY_S; refused as under REFUSE if room would come later than that.
+    DELAY = "delay"

@@ -16,6 +16,7 @@ import attrs
 
 from wasihost.core import limits
 from wasihost.core.errors import ConfigError, ManifestError
+from wasihost.core.limits import DEFAULT_OVERFLOW, DEFAULT_QUEUE_DEPTH
 from wasihost.core.registry import AbiVersion
 
 if TYPE_CHECKING:
@@ -74,12 +75,9 @@ _QUOTE_CHARS: Final = 40
 _KEY_CHARS: Final = 80
 
 _UPDATE_KEYS: Final = ("health", "migrate", "reversible")
-# The overflow policies of an event subscription's queue (docs/events.md defines each).
+# The overflow policies of an event subscription's queue (docs/events.md defines each); the
+# default one and the default depth are in limits (the parsed [events] table's defaults).
 OVERFLOW_POLICIES: Final = ("coalesce", "drop", "pause")
-DEFAULT_OVERFLOW: Final = "drop"
-# Events queued per subscription before its overflow policy applies: enough to ride out a
-# burst, small enough that a stalled consumer holds little (the broker also caps the bytes).
-DEFAULT_QUEUE_DEPTH: Final = 64
 MAX_QUEUE_DEPTH: Final = 1024
 # Background jobs one extension may hold at once: each is a timer (or an event hook) the host
 # keeps for it, and a run on the jobs broker's few threads; 32 covers any plugin's upkeep.
@@ -133,6 +131,9 @@ _LIFECYCLE_KEYS: Final = ("on_shutdown",)
 # its calls; the host's scheduler caps it. Silent manifests claim the highest class, as every
 # call had before scheduling existed.
 _SCHEDULING_KEYS: Final = ("priority",)
+# The priority classes, highest first: the names of wasihost.supervisor.scheduling.Priority's
+# members, in its order (the scheduler exports this too).
+PRIORITY_NAMES: Final[tuple[str, ...]] = ("interactive", "background", "maintenance")
 DEFAULT_PRIORITY: Final = "interactive"
 # The ``[budget]`` table (docs/budgets.md): what the extension asks ``throttle`` to do to its
 # calls. A silent manifest follows the host's policy; "refuse" asks for its calls to be
@@ -141,6 +142,11 @@ _BUDGET_KEYS: Final = ("throttle",)
 THROTTLE_MODES: Final = ("refuse", "delay")
 
 _ID = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z0-9-]+)+")
+# Any extension id (a manifest's, or a bare module's file stem: check_extension_id) becomes a
+# grant-table row and, with a state directory, a path component (data/<id>, checkpoints/<id>):
+# at most one file name's bytes.
+MAX_EXTENSION_ID_BYTES = 255
+_NOT_IN_AN_ID = re.compile(r"[\x00-\x1f\x7f-\x9f/]")
 # SemVer 2.0.0, built from the grammar of semver.org: numeric identifiers without leading
 # zeros, alphanumeric pre-release identifiers, build identifiers of any [0-9A-Za-z-]+.
 _NUMBER = r"(?:0|[1-9][0-9]*)"
@@ -162,6 +168,35 @@ def is_extension_id(text: str) -> bool:
 def is_version(text: str) -> bool:
     """Whether ``text`` may be a manifest's ``extension.version`` (SemVer 2.0.0)."""
     return len(text) <= MAX_VERSION_CHARS and _SEMVER.fullmatch(text) is not None
+
+
+def check_extension_id(extension: object) -> str:
+    """``extension`` if it can name an extension (a manifest's reverse-DNS id, or a bare
+    module's file stem): a non-empty string of at most MAX_EXTENSION_ID_BYTES UTF-8 bytes, with
+    no control character or ``/``, not ``.`` or ``..``; else a ``ConfigError``. Grants, revocations
+    and reinstatements of an id nobody admitted yet are allowed (an operator grants before the
+    first start), but not of something no extension could be called."""
+    if not isinstance(extension, str):
+        raise ConfigError(f"an extension id is a string, not {type(extension).__name__}")
+    try:
+        size = len(extension.encode("utf-8"))
+    except UnicodeEncodeError:
+        # A lone surrogate (a non-UTF-8 byte of a command line) cannot be stored in SQLite
+        # nor named in a path the same way twice: it was a raw UnicodeEncodeError mid-grant.
+        raise ConfigError(
+            f"{extension!r} is not an extension id: it is not valid UTF-8"
+        ) from None
+    if (
+        not 0 < size <= MAX_EXTENSION_ID_BYTES
+        or extension in (".", "..")
+        or _NOT_IN_AN_ID.search(extension)
+    ):
+        shown = extension if len(extension) <= 64 else extension[:64] + "..."
+        raise ConfigError(
+            f"{shown!r} is not an extension id (1 to {MAX_EXTENSION_ID_BYTES} bytes, no control "
+            "character or '/')"
+        )
+    return extension
 
 
 VersionOrder = tuple[tuple[int, int, int], int, tuple[tuple[int, int | str], ...]]
@@ -826,9 +861,6 @@ def _parse_scheduling(table: Mapping[str, object] | None) -> str:
     priority = _optional_string(table, "priority", "scheduling")
     if priority is None:
         return DEFAULT_PRIORITY
-    # Here: the scheduler's module is for a manifest that names a class, or a host with one.
-    from wasihost.supervisor.scheduling import PRIORITY_NAMES
-
     if priority not in PRIORITY_NAMES:
         raise ManifestError(
             "scheduling.priority",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from .manifest import DEFAULT_OVERFLOW, DEFAULT_QUEUE_DEPTH
+from .limits import DEFAULT_OVERFLOW, DEFAULT_QUEUE_DEPTH
 
 
 @attrs.frozen

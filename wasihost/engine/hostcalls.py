@@ -37,11 +37,21 @@ from .lowlevel import (
     private_fn,
     set_fuel,
 )
-from .native import SETTLE_FUEL, NativeCall, native_dispatch
+from .native import SETTLE_FUEL, Dispatch, NativeCall, native_dispatch
 from .sigint import CALLBACK_CODES
 
 if TYPE_CHECKING:
-    from ..supervisor.hostcall_metrics import HostCallTally
+    from typing import Protocol
+
+    # For the type checker only: no class is made at start-up, where this module is loaded.
+    class HostCallCounter(Protocol):
+        """Where the host-call path reports its refusals and call-ending failures, by class:
+        the host's operator metrics (``wasihost.supervisor.hostcall_metrics.HostCallTally``,
+        a layer above the engine, which hands it in)."""
+
+        def status(self, code: int) -> None: ...
+
+        def failure(self, failure: FailureClass) -> None: ...
 
 HostHandler = Callable[[Any, Any], Any]
 """A broker entry point: ``handler(call, request)``, the instance's guest-memory accessor (a
@@ -59,10 +69,6 @@ class BoundImport:
     entry: HostFunction
     handler: HostHandler = attrs.field(eq=False, hash=False)
 
-
-Dispatch = Callable[[int, int, int, int], int]
-"""One import's host call, called by libwasmtime: (env, caller address, address of the
-wasmtime_val_raw_t array, its length) -> a trap pointer, or 0. It must not raise."""
 
 # Our own callback type: the caller and the argument array arrive as plain addresses (ints), so
 # the hot path never builds a ctypes pointer object; arguments are unpacked with struct.
@@ -179,9 +185,9 @@ class HostContext:
         self.native = NativeCall()
         self.native.can_pay = self.can_pay
         self.native._charge = self.charge_work
-        # Operator metrics hook (wasihost.supervisor.hostcall_metrics): told every refusal and every
+        # Operator metrics hook (the host's HostCallTally): told every refusal and every
         # call-ending failure of a host call, by class; None counts nothing.
-        self.tally: HostCallTally | None = None
+        self.tally: HostCallCounter | None = None
         self.native.per_byte = max(
             (b.entry.fuel_per_byte for b in self.imports if b.entry.convention == "native"),
             default=0,

@@ -63,8 +63,27 @@ from .stack import (
 from .ticker import GIL_WANTED
 
 if TYPE_CHECKING:
-    from ..supervisor.hostcall_metrics import HostCallTally
-    from .wasm_engine import WasmEngine
+    from typing import Protocol
+
+    from ..core.registry import HostFunction
+    from ..core.settings import EngineSettings
+    from .hostcalls import HostCallCounter
+
+    # For the type checker only: no class is made at start-up, where this module is loaded.
+    class EngineHandle(Protocol):
+        """What an instance reads of the engine that makes it
+        (:class:`~wasihost.engine.wasm_engine.WasmEngine`, which imports this module)."""
+
+        @property
+        def settings(self) -> EngineSettings: ...
+
+        @property
+        def keep_gil_below_fuel(self) -> int: ...
+
+        @property
+        def wasmtime_engine(self) -> wasmtime.Engine: ...
+
+        def func_type_address(self, entry: HostFunction) -> int: ...
 
 
 # Where a function sits in a wasmtime_extern_t (after its kind byte), and the struct's size.
@@ -220,7 +239,7 @@ class Instance:
 
     def __init__(
         self,
-        engine: WasmEngine,
+        engine: EngineHandle,
         module: CompiledModule,
         imports: Sequence[BoundImport],
         gate: Gate,
@@ -732,7 +751,7 @@ class Instance:
     def interrupted(self) -> bool:
         return self._ctx.interrupted
 
-    def count_host_calls(self, tally: HostCallTally | None) -> None:
+    def count_host_calls(self, tally: HostCallCounter | None) -> None:
         """Operator metrics hook: tell ``tally`` this instance's host-call refusals and
         failures (counts by class only)."""
         self._ctx.tally = tally

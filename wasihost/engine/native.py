@@ -32,7 +32,54 @@ from .lowlevel import PROCESS_MEMORY, U32, U64, memory_data, memory_data_size, n
 from .sigint import CALLBACK_CODES
 
 if TYPE_CHECKING:
-    from .hostcalls import Dispatch, HostContext
+    from typing import Protocol
+
+    from ..core.errors import CallError
+    from ..core.status import Status
+
+    # For the type checker only: no class is made at start-up, where this module is loaded.
+    class NativeHost(Protocol):
+        """What a native dispatch reads and calls of the instance's host context
+        (:class:`~wasihost.engine.hostcalls.HostContext`, which makes the dispatches): this
+        module is below that one, which imports it."""
+
+        native: NativeCall
+        gate: Callable[[HostFunction], bool]
+        interrupted: bool
+        halt: CallError | None
+        fuel_debt: int
+        exit_code: int | None
+
+        def context_of(self, caller: int) -> int: ...
+
+        def settle(self, ctx: int, debt: int) -> bool: ...
+
+        def halt_trap(self) -> int: ...
+
+        def fail(self, failure: FailureClass, message: str) -> int: ...
+
+        def crashed(self, exc: BaseException) -> int: ...
+
+        def out_of_fuel(self, ctx: int, entry: HostFunction) -> int: ...
+
+        def status_trap(self, entry: HostFunction, status: Status) -> int: ...
+
+        def denied(
+            self,
+            entry: HostFunction,
+            write_result: Callable[[int, Any], None] | None,
+            caller: int,
+            args: int,
+        ) -> int: ...
+
+        def call_unbound(
+            self, dispatch: Dispatch, env: int, caller: int, args: int, n: int
+        ) -> int: ...
+
+
+Dispatch = Callable[[int, int, int, int], int]
+"""One import's host call, called by libwasmtime: (env, caller address, address of the
+wasmtime_val_raw_t array, its length) -> a trap pointer, or 0. It must not raise."""
 
 SETTLE_FUEL = 100_000
 """Host-call fuel a Store may owe before it is taken from the Store's own counter.
@@ -476,7 +523,9 @@ CALL_ENDINGS = (
 )
 
 
-def end_call(host: Any, entry: HostFunction, name: str, caller: int, ending: Exception) -> int:
+def end_call(
+    host: NativeHost, entry: HostFunction, name: str, caller: int, ending: Exception
+) -> int:
     """The trap (or 0 after recording an exit) that ends a host call ``ending`` was raised in:
     a fault is the guest's protocol error, a deadline or interrupt ends it as the epoch would,
     and an embedder's HostStatus traps (a native entry has no status slot to answer)."""
@@ -621,7 +670,7 @@ def _routed_maker() -> Callable[..., Dispatch]:
     return _write_maker[0]
 
 
-def native_dispatch(host: HostContext, entry: HostFunction, handler: Any) -> Dispatch:
+def native_dispatch(host: NativeHost, entry: HostFunction, handler: Any) -> Dispatch:
     """The dispatch closure of one native import of ``host``'s instance."""
     unpack = _unpacker(tuple(entry.params), entry.signed_args)
     write_result = result_writer(entry.results[0]) if entry.results else None

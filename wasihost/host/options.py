@@ -6,12 +6,16 @@ anything is opened or changed. Pure: nothing here opens a file or touches the en
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError
+
+# The rule of an extension id lives with the manifest's id rules (the state store, below the
+# host, checks ids too); exported here as well (``as``: an explicit re-export, for mypy).
+from ..core.manifest import MAX_EXTENSION_ID_BYTES as MAX_EXTENSION_ID_BYTES  # noqa: PLC0414
+from ..core.manifest import check_extension_id as check_extension_id  # noqa: PLC0414
 from ..core.registry import Profile, Registry
 from ..core.settings import EngineSettings
 from ..packaging.package import Package
@@ -21,41 +25,6 @@ from .policy import Policy
 
 # Host(cache_dir=...)'s default: the user's cache directory (None turns the cache off).
 DEFAULT_CACHE_DIR: Any = object()
-
-# An operator action names an extension id that becomes a grant-table row and, with a state
-# directory, a path component (data/<id>, checkpoints/<id>): at most one file name's bytes.
-MAX_EXTENSION_ID_BYTES = 255
-_NOT_IN_AN_ID = re.compile(r"[\x00-\x1f\x7f-\x9f/]")
-
-
-def check_extension_id(extension: object) -> str:
-    """``extension`` if it can name an extension (a manifest's reverse-DNS id, or a bare
-    module's file stem): a non-empty string of at most MAX_EXTENSION_ID_BYTES UTF-8 bytes, with
-    no control character or ``/``, not ``.`` or ``..``; else a ``ConfigError``. Grants, revocations
-    and reinstatements of an id nobody admitted yet are allowed (an operator grants before the
-    first start), but not of something no extension could be called."""
-    if not isinstance(extension, str):
-        raise ConfigError(f"an extension id is a string, not {type(extension).__name__}")
-    try:
-        size = len(extension.encode("utf-8"))
-    except UnicodeEncodeError:
-        # A lone surrogate (a non-UTF-8 byte of a command line) cannot be stored in SQLite
-        # nor named in a path the same way twice: it was a raw UnicodeEncodeError mid-grant.
-        raise ConfigError(
-            f"{extension!r} is not an extension id: it is not valid UTF-8"
-        ) from None
-    if (
-        not 0 < size <= MAX_EXTENSION_ID_BYTES
-        or extension in (".", "..")
-        or _NOT_IN_AN_ID.search(extension)
-    ):
-        shown = extension if len(extension) <= 64 else extension[:64] + "..."
-        raise ConfigError(
-            f"{shown!r} is not an extension id (1 to {MAX_EXTENSION_ID_BYTES} bytes, no control "
-            "character or '/')"
-        )
-    return extension
-
 
 def iterable_option(name: str, value: object) -> Iterable[Any]:
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):

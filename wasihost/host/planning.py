@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -18,7 +19,10 @@ from ..core.manifest import Manifest, Resources
 from ..core.registry import AbiVersion, Registry
 from ..core.wasmbin import ModuleHeader, WasmFormatError, read_header_cached
 from ..packaging.package import Package
-from .policy import Grant, Policy, effective_grant
+from .policy import Policy, effective_grant
+
+if TYPE_CHECKING:
+    from ..core.grants import Grant
 
 # The manifest schema names "wasm-process" (out of process) too; this release runs neither it
 # nor anything else but in-process wasm, and says so at admission.

@@ -37,8 +37,7 @@ from ..core.extlog import LogSink
 from ..core.grants import GrantTable, withdrawn
 from ..core.lifecycle import ExtensionRevoked, State, check_reason, clip_reason
 from ..core.manifest import Resources
-from ..core.registry import WASI_IMPORT_MODULE as WASI_MODULE
-from ..core.registry import HostFunction, Profile, Registry, default_registry
+from ..core.registry import HostFunction, Profile, Registry
 from ..core.settings import EngineSettings
 from ..core.threadstack import guest_thread_stack
 from ..core.tokens import TokenIssuer
@@ -49,6 +48,8 @@ from ..supervisor.governor import Governor
 from ..supervisor.hostcall_metrics import HostCallTally
 from ..supervisor.supervision import Supervisor
 from .callworkers import DEFAULT_CALL_WORKERS, SPARE_WORKERS, CallWorkers
+from .defaults import WASI_IMPORT_MODULE as WASI_MODULE
+from .defaults import default_registry
 from .extension import CommandMemory, Extension, ProfileBinding, ProfileFactory
 from .functions import Broker, Function, HostFunctions
 from .options import (

@@ -25,8 +25,7 @@ import attrs
 
 from ..core.errors import AdmissionError, ConfigError, PackageError
 from ..core.grants import GrantEntry, GrantState
-from ..core.manifest import is_version
-from ..host.options import check_extension_id
+from ..core.manifest import check_extension_id, is_version
 from .dirtrust import UntrustedDir, open_trusted_dir
 from .statedir import UnsafeStateDir, own_dir_problem, resolve_state_dir
 

@@ -18,7 +18,7 @@ import attrs
 
 if TYPE_CHECKING:
     from ..core.budgets import ResourceBudget
-    from .supervision import CrashClass
+    from ..core.errors import CrashClass
 
 
 @attrs.frozen

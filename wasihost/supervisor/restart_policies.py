@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 
 from ..core.errors import ConfigError
-from .supervision import MAX_RESTARTS, MAX_WINDOW_S
+from ..core.limits import MAX_RESTARTS, MAX_WINDOW_S
 
 
 @attrs.frozen

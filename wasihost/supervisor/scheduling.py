@@ -36,6 +36,10 @@ import attrs
 
 from ..core.errors import CallError, ConfigError, FailureClass, WasihostError
 
+# The manifest's parser checks a claimed class against these names, without this module;
+# Priority's members are the same names in the same order (``as``: exported from here too).
+from ..core.manifest import PRIORITY_NAMES as PRIORITY_NAMES  # noqa: PLC0414
+
 
 class Priority(enum.Enum):
     """A call's priority class, highest first."""
@@ -62,7 +66,6 @@ class Priority(enum.Enum):
 for _rank, _member in enumerate(Priority):
     _member.rank = _rank
 _BY_NAME: Mapping[str, Priority] = MappingProxyType({p.value: p for p in Priority})
-PRIORITY_NAMES: tuple[str, ...] = tuple(p.value for p in Priority)
 
 # The share of contended slot time of each class is its weight over the sum of the weights of
 # the classes waiting: 16:4:1 gives interactive callers (people waiting on a screen) about 76%,

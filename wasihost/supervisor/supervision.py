@@ -21,7 +21,6 @@ what data remains and what to do. Pure bookkeeping: no engine, no I/O, an inject
 from __future__ import annotations
 
 import collections
-import enum
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +30,13 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import attrs
 
 from ..core.errors import ConfigError, FailureClass
+
+# Defined in the core (the crash records name them, and the restart policies' bounds), and
+# exported here too (``as``: an explicit re-export, for mypy).
+from ..core.errors import CrashClass as CrashClass  # noqa: PLC0414
+from ..core.errors import crash_class as crash_class  # noqa: PLC0414
+from ..core.limits import MAX_RESTARTS as MAX_RESTARTS  # noqa: PLC0414
+from ..core.limits import MAX_WINDOW_S as MAX_WINDOW_S  # noqa: PLC0414
 
 if TYPE_CHECKING:
     from .reports import CrashRecord, Metrics, QuarantineReport
@@ -64,44 +70,6 @@ def __getattr__(name: str) -> Any:
 MAX_CRASH_RECORDS = 100
 # A crash message is for an operator's screen: the first line of an error, not a novel.
 MAX_CRASH_MESSAGE_CHARS = 300
-# Restart budgets an operator can mean: up to a thousand restarts over up to a day.
-MAX_RESTARTS = 1000
-MAX_WINDOW_S = 86_400.0
-
-
-class CrashClass(enum.Enum):
-    """Why an extension crashed, as operators count it."""
-
-    TRAP = "trap"
-    PANIC = "panic"
-    RESOURCE_LIMIT = "resource_limit"
-    PROTOCOL_VIOLATION = "protocol_violation"
-    HOST_CALL_FAILURE = "host_call_failure"
-    # The out-of-process runtime's worker died; no in-process failure maps to it.
-    NATIVE_PROCESS_EXIT = "native_process_exit"
-
-
-_CLASS_OF: Mapping[FailureClass, CrashClass] = MappingProxyType(
-    {
-        FailureClass.TRAP: CrashClass.TRAP,
-        FailureClass.PANIC: CrashClass.PANIC,
-        FailureClass.OUT_OF_FUEL: CrashClass.RESOURCE_LIMIT,
-        FailureClass.DEADLINE: CrashClass.RESOURCE_LIMIT,
-        FailureClass.MEMORY_LIMIT: CrashClass.RESOURCE_LIMIT,
-        FailureClass.STACK_OVERFLOW: CrashClass.RESOURCE_LIMIT,
-        FailureClass.PROTOCOL: CrashClass.PROTOCOL_VIOLATION,
-        FailureClass.HANDSHAKE: CrashClass.PROTOCOL_VIOLATION,
-        FailureClass.HOST_ERROR: CrashClass.HOST_CALL_FAILURE,
-    }
-)
-
-
-def crash_class(failure: FailureClass) -> CrashClass:
-    """The crash class of a failure that discarded an instance (a trap when nothing closer
-    fits: an interrupt out of a host function, say)."""
-    return _CLASS_OF.get(failure, CrashClass.TRAP)
-
-
 @attrs.frozen
 class OnCrash:
     """Restart on the next call, every time (no budget: for extensions the operator watches)."""
