@@ -5,12 +5,22 @@ instance, running guest code)."""
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from ..engine import Instance
-    from ..host.extension import Extension
-    from ..supervisor.scheduling import Waiter
+
+class Cancellable(Protocol):
+    """What a cancel stops: the instance running the call (``engine.Instance``: its guest
+    traps at the next epoch tick) or the call's wait for a host call slot
+    (``supervisor.scheduling.Waiter``)."""
+
+    def cancel(self) -> None: ...
+
+
+class Wakeable(Protocol):
+    """The extension a ticket's call is of (``host.extension.Extension``): a cancel wakes its
+    calls waiting for a free instance, so that the cancelled one stops waiting."""
+
+    def wake_waiters(self) -> None: ...
 
 
 class CallTicket:
@@ -22,21 +32,21 @@ class CallTicket:
 
     __slots__ = ("_ext", "_lock", "cancelled", "delay_wake", "instance", "memory_cap", "waiter")
 
-    def __init__(self, ext: Extension, memory_cap: int | None = None) -> None:
+    def __init__(self, ext: Wakeable, memory_cap: int | None = None) -> None:
         self._ext = ext
         self.cancelled = False
         self.memory_cap = memory_cap
-        self.instance: Instance | None = None
+        self.instance: Cancellable | None = None
         # attach, detach and cancel's look at the instance, atomically: a cancel that comes
         # after the call gave its instance back must not reach that instance, now idle in the
         # pool or another call's.
         self._lock = threading.Lock()
         # Scheduling hook (wasihost.host.call_gate): the call's wait for a host call slot, if any.
-        self.waiter: Waiter | None = None
+        self.waiter: Cancellable | None = None
         # budgets: the call's wait for room (ThrottleMode.DELAY), if it waits.
         self.delay_wake: threading.Event | None = None
 
-    def attach(self, instance: Instance) -> None:
+    def attach(self, instance: Cancellable) -> None:
         with self._lock:
             self.instance = instance
             if self.cancelled:
@@ -60,4 +70,25 @@ class CallTicket:
         wake = self.delay_wake
         if wake is not None:  # budgets: stop waiting for room
             wake.set()
-        self._ext._wake_waiters()
+        self._ext.wake_waiters()
+
+
+class _CallState:
+    """One thread's view of an extension: the grant epoch of its call in flight (host calls
+    and commits check it) and what its last call burnt."""
+
+    __slots__ = ("deadline", "epoch", "fuel", "ticket")
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None
+        self.fuel: int | None = None
+        # Handed from call_cancellable to call (consumed at once).
+        self.ticket: CallTicket | None = None
+        self.deadline: float | None = None
+
+
+class _CallLocal(threading.local):
+    # One thread-local lookup per call, then plain attributes: a threading.local attribute
+    # costs several times a slot's, and a no-op call would notice a handful of them.
+    def __init__(self) -> None:
+        self.state = _CallState()

@@ -138,6 +138,11 @@ class ExtensionUnavailable(WasihostError):
         return "unavailable"
 
 
+# Why a call is refused once the host's shutdown has begun (Host.close with a timeout): the
+# reason of the ExtensionUnavailable that the call path and the scheduling hook both raise.
+SHUTTING_DOWN = "the host is shutting down"
+
+
 def legal_events(state: State) -> tuple[Event, ...]:
     return tuple(e for (s, e) in TRANSITIONS if s is state)
 

@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core.call_ticket import CallTicket
 from ..core.errors import CallError, ConfigError, FailureClass
-from ..core.lifecycle import ExtensionUnavailable, State
+from ..core.lifecycle import SHUTTING_DOWN, ExtensionUnavailable, State
 
 # The pool is its own module so that a Host, which always has one, need not import this one;
 # its names stay importable from here.
 from .callworkers import DEFAULT_CALL_WORKERS, MAX_CALL_WORKERS, CallWorkers, _Closed
-from .extension import SHUTTING_DOWN, Extension, _override
+from .extension import Extension, _override
 
 if TYPE_CHECKING:
     import asyncio

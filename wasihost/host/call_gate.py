@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core.errors import CallError, FailureClass
-from ..core.lifecycle import ExtensionUnavailable
+from ..core.lifecycle import SHUTTING_DOWN, ExtensionUnavailable
 from ..supervisor.scheduling import Priority, Scheduler, Slot, Waiter, lower
 
 if TYPE_CHECKING:
@@ -210,8 +210,6 @@ class CallGate:
                 raise CallError(FailureClass.CANCELLED, "cancelled by the caller")
             slot = self._queue(ext, priority, deadline, ticket)
             if slot is None:  # woken by the host's shutdown
-                from .extension import SHUTTING_DOWN  # at run time only: it imports this
-
                 raise ExtensionUnavailable(ext.id, ext.lifecycle.state, SHUTTING_DOWN)
         self._held.slot = slot
 

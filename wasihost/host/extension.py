@@ -21,7 +21,7 @@ import attrs
 from ..core import serving
 from ..core.admission import AdmissionPlan
 from ..core.budgets import Resource
-from ..core.call_ticket import CallTicket
+from ..core.call_ticket import CallTicket, _CallLocal
 from ..core.codec import CodecLimits, decode, encode
 from ..core.errors import (
     AdmissionError,
@@ -34,6 +34,7 @@ from ..core.errors import (
 from ..core.extlog import ExtensionLog, LogRecord
 from ..core.grants import GrantState
 from ..core.lifecycle import (
+    SHUTTING_DOWN,
     Event,
     ExtensionRevoked,
     ExtensionUnavailable,
@@ -62,8 +63,6 @@ T = TypeVar("T")
 RESERVED_PREFIX = "wasihost."
 # A command name crosses into the guest on every call; the ABI bounds it at 255 bytes.
 MAX_COMMAND_NAME_BYTES = 255
-# Why a call is refused once the host's shutdown has begun (Host.close with a timeout).
-SHUTTING_DOWN = "the host is shutting down"
 # Extension.wait_idle's longest wait: an hour is far above the longest call a manifest may
 # have (limits.MAX_TIMEOUT_MS, ten minutes), so any call in flight ends within it.
 MAX_WAIT_IDLE_S = 3600.0
@@ -178,27 +177,6 @@ class _Spare:
         self.handshake = handshake
         self.plan = plan
         self.born = time.monotonic()
-
-
-class _CallState:
-    """One thread's view of an extension: the grant epoch of its call in flight (host calls
-    and commits check it) and what its last call burnt."""
-
-    __slots__ = ("deadline", "epoch", "fuel", "ticket")
-
-    def __init__(self) -> None:
-        self.epoch: int | None = None
-        self.fuel: int | None = None
-        # Handed from call_cancellable to call (consumed at once).
-        self.ticket: CallTicket | None = None
-        self.deadline: float | None = None
-
-
-class _CallLocal(threading.local):
-    # One thread-local lookup per call, then plain attributes: a threading.local attribute
-    # costs several times a slot's, and a no-op call would notice a handful of them.
-    def __init__(self) -> None:
-        self.state = _CallState()
 
 
 # wasihost.host.aio.call_async, once Extension.acall first needs it (aio imports this module).
@@ -661,7 +639,7 @@ class Extension:
                 self._waiting -= 1
             self._check_available()
 
-    def _wake_waiters(self) -> None:
+    def wake_waiters(self) -> None:
         with self._lock:
             self._freed.notify_all()
 
