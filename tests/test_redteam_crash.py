@@ -30,11 +30,12 @@ from test_updates import CAPS, KEY, Notes, installed_running, make_host
 from test_updates import ID as NOTES_ID
 from test_updates import package as update_package
 
+from wasihost.core.errors import UpdateError
 from wasihost.host import updates
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
-from wasihost.host.updates import UpdateError
+from wasihost.store import presence
 from wasihost.store.kvtypes import DB_NAME as STORAGE_DB
 
 STORAGE = "org.wasihost.fixtures.storage"
@@ -422,7 +423,7 @@ def test_the_admitted_locks_of_many_extensions_take_one_descriptor(tmp_path: Pat
     is a byte of one file through one descriptor on Linux: a host with a state directory runs
     thousands of extensions (docs/density.md), past the usual limit of 1,024 descriptors."""
     fds = Path("/proc/self/fd")
-    if not fds.exists() or updates._OFD_SETLK is None:
+    if not fds.exists() or presence._OFD_SETLK is None:
         pytest.skip("open-file-description locks are Linux's")
     logger = (FIXTURES / "logger" / "logger.wasm").read_bytes()
     with Host(Policy(allow={"log"}), cache_dir=None, state_dir=tmp_path / "state") as host:

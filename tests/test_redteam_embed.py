@@ -29,12 +29,11 @@ from test_updates import ID, UPDATE, Notes, installed_running, make_host
 from test_updates import package as update_package
 
 from wasihost.cli import main
-from wasihost.core.errors import CallError, ConfigError, WasihostError
+from wasihost.core.errors import CallError, ConfigError, UpdateError, WasihostError
 from wasihost.core.lifecycle import ExtensionRevoked
 from wasihost.host import runtime
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
-from wasihost.host.updates import UpdateError
 from wasihost.packaging.trust import SigningKey
 
 # A refusal is a quick local check: far below this. A read that blocks on a FIFO never ends.

@@ -22,7 +22,7 @@ from conftest import ALL_CAPS, FIXTURES
 from packages_support import PUBLISHER, hello_dir, hello_files, signed_archive, trust_of
 
 from wasihost.cli import main
-from wasihost.core.errors import AdmissionError, ConfigError, PackageError
+from wasihost.core.errors import AdmissionError, ConfigError, PackageError, UpdateError
 from wasihost.engine.cachedir import UnsafeCacheDir, open_private_dir
 from wasihost.host import updates
 from wasihost.host.policy import Policy
@@ -129,7 +129,7 @@ def test_a_rollback_from_a_verified_publishers_version_to_an_unverified_one_is_r
         host.install(hello_dir(tmp_path / "u"))
         host.grant(HELLO, "log")
         assert host.install(newer).signer == PUBLISHER
-        with pytest.raises(updates.UpdateError, match="this package is not verified"):
+        with pytest.raises(UpdateError, match="this package is not verified"):
             host.rollback(HELLO)
         installed = host.require_state().package(HELLO)
         assert installed is not None and installed.signer == PUBLISHER

@@ -39,6 +39,7 @@ NOT_FOR_A_PLAIN_RUN = (
     "wasihost.packaging.trust",
     "wasihost.store.state",
     "wasihost.host.updates",
+    "wasihost.store.presence",
     # The built-in brokers of ABI 1.1 are made on first use (brokers.DeferredBroker).
     "socket",
     "wasihost.brokers.events",

@@ -24,7 +24,7 @@ from guests import build, guest_wat
 from packages_support import trust_of
 
 from wasihost.cli import main
-from wasihost.core.errors import AdmissionError, PackageError, UntrustedKeyError
+from wasihost.core.errors import AdmissionError, PackageError, UntrustedKeyError, UpdateError
 from wasihost.core.manifest import parse_manifest
 from wasihost.core.registry import HostFunction, embedder_function
 from wasihost.core.status import HostStatus, Status
@@ -33,7 +33,7 @@ from wasihost.host.defaults import default_registry
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
-from wasihost.host.updates import ARCHIVE_NAME, UpdateError
+from wasihost.host.updates import ARCHIVE_NAME
 from wasihost.packaging import contents, signing
 from wasihost.packaging.archive import write_archive
 from wasihost.packaging.files import pack_directory

@@ -124,6 +124,10 @@ class PackageError(WasihostError):
         return "package"
 
 
+class UpdateError(PackageError):
+    """An update or rollback did not happen; the version that ran before still runs."""
+
+
 class CodecError(WasihostError, ValueError):
     """Bytes from the other side are not one well-formed, in-bounds CBOR item."""
 

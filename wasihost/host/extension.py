@@ -33,8 +33,11 @@ from ..core.errors import (
 )
 from ..core.extlog import ExtensionLog, LogRecord
 from ..core.grants import GrantState
+
+# Moved to core.lifecycle (call_gate raises it too); exported from here too (``as``: an
+# explicit re-export, for mypy).
+from ..core.lifecycle import SHUTTING_DOWN as SHUTTING_DOWN  # noqa: PLC0414
 from ..core.lifecycle import (
-    SHUTTING_DOWN,
     Event,
     ExtensionRevoked,
     ExtensionUnavailable,

@@ -74,13 +74,13 @@ if TYPE_CHECKING:
     from ..packaging.allowed_signers import AllowedSigners, SshSigned
     from ..packaging.revocation import VersionFloor
     from ..packaging.trust import TrustStore
+    from ..store.presence import Presence
     from ..store.state import InstalledPackage, StateStore
     from ..supervisor.eviction import EvictionPolicy, Evictor
     from ..supervisor.opmetrics import MetricsPublisher
     from ..supervisor.reports import Metrics, QuarantineReport, Usage
     from ..supervisor.scheduling import Scheduler
     from .call_gate import CallGate
-    from .updates import Presence
 
 
 def default_cache_dir() -> Path:

@@ -14,15 +14,12 @@ checkpoint are kept, so :func:`rollback` can return to it.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
 import os
 import shutil
-import struct
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +36,10 @@ from ..core.errors import (
     SignatureError,
     WasihostError,
 )
+
+# Moved to core.errors and store.presence (state-directory locks); exported from here too
+# (``as``: an explicit re-export, for mypy).
+from ..core.errors import UpdateError as UpdateError  # noqa: PLC0414
 from ..core.lifecycle import State, clip_reason
 from ..core.manifest import Manifest, declared_publisher, parse_manifest, version_order
 from ..packaging import contents, signing, sshsig
@@ -48,6 +49,10 @@ from ..packaging.files import read_package_file
 from ..packaging.package import MANIFEST_NAME, Package, is_archive, load_package, manifest_text
 from ..packaging.revocation import Claims, RevocationList
 from ..packaging.trust import TrustStore
+from ..store.presence import LOCKS_DIR_NAME as LOCKS_DIR_NAME  # noqa: PLC0414
+from ..store.presence import PRESENCE_NAME as PRESENCE_NAME  # noqa: PLC0414
+from ..store.presence import Presence as Presence  # noqa: PLC0414
+from ..store.presence import lock_file
 from ..store.state import (
     CHECKPOINTS_DIR_NAME,
     PACKAGES_DIR_NAME,
@@ -61,23 +66,53 @@ from ..store.state import (
 from .options import check_extension_id
 
 if TYPE_CHECKING:
+    from ..core.registry import Registry
+    from ..store.state import StateStore
     from .extension import Extension
-    from .runtime import Host
+    from .functions import HostFunctions
+    from .policy import Policy
 
 ARCHIVE_NAME = "package.whpkg"
 SSH_SIGNATURE_NAME = "package.whpkg.sig"
 
 
-class UpdateError(PackageError):
-    """An update or rollback did not happen; the version that ran before still runs."""
+class UpdateHost(Protocol):
+    """What installs, updates and rollbacks use of their host (``wasihost.host.runtime.Host``,
+    which calls them): typed by this, this module need not import the runtime that imports it.
+    ``state`` is for the checkpointing brokers it is handed to (storage finds its database
+    there)."""
+
+    policy: Policy
+    registry: Registry
+    functions: HostFunctions
+    presence: Presence | None
+    state: StateStore | None
+
+    def require_state(self) -> StateStore: ...
+
+    def journal(self, extension: str, kind: str, detail: str) -> None: ...
+
+    def load_package(
+        self, source: str | Path, *, trust: TrustStore | None, ssh: SshSigned | None
+    ) -> Package: ...
+
+    def plan(self, package: Package) -> object: ...
+
+    def extension(self, extension: str) -> Extension | None: ...
+
+    def build_unregistered(self, package: Package) -> Extension: ...
+
+    def switch(self, old: Extension | None, new: Extension, reason: str) -> None: ...
+
+    def disable(self, extension: str, reason: str) -> int: ...
 
 
 class Checkpointing(Protocol):
     """A broker whose per-extension state an update checkpoints (storage rows, ...)."""
 
-    def checkpoint(self, host: Host, extension: str, directory: Path) -> None: ...
+    def checkpoint(self, host: UpdateHost, extension: str, directory: Path) -> None: ...
 
-    def restore(self, host: Host, extension: str, directory: Path) -> None: ...
+    def restore(self, host: UpdateHost, extension: str, directory: Path) -> None: ...
 
 
 def _same_publisher(package: Package, current: InstalledPackage | None) -> None:
@@ -97,7 +132,7 @@ def content_digest(manifest: bytes, module: str, wasm: bytes) -> str:
     return hashlib.sha256(contents.render({MANIFEST_NAME: manifest, module: wasm})).hexdigest()
 
 
-def _unsigned_content(host: Host, root: Path, package: Package) -> str:
+def _unsigned_content(host: UpdateHost, root: Path, package: Package) -> str:
     """The content digest of the package directory ``root``, whose module ``package`` holds:
     its manifest read again must say what ``package``'s says (else it changed meanwhile)."""
     assert package.manifest is not None
@@ -111,7 +146,7 @@ def _unsigned_content(host: Host, root: Path, package: Package) -> str:
     return content_digest(text, package.manifest.module, package.wasm)
 
 
-def _installed_content(host: Host, installed: InstalledPackage) -> str | None:
+def _installed_content(host: UpdateHost, installed: InstalledPackage) -> str | None:
     """An install's content digest: recorded, or (a record from before unsigned installs
     recorded one) of its tree as it is; None if the tree cannot be read."""
     if installed.content_digest is not None:
@@ -124,7 +159,7 @@ def _installed_content(host: Host, installed: InstalledPackage) -> str | None:
 
 
 def _check_version(
-    host: Host,
+    host: UpdateHost,
     source: str | Path,
     package: Package,
     current: InstalledPackage | None,
@@ -168,7 +203,7 @@ def _check_version(
 
 
 def candidate(
-    host: Host,
+    host: UpdateHost,
     source: str | Path,
     *,
     trust: TrustStore | None,
@@ -201,7 +236,7 @@ def candidate(
 
 
 def write_install(
-    host: Host, source: str | Path, package: Package, ssh: SshSigned | None
+    host: UpdateHost, source: str | Path, package: Package, ssh: SshSigned | None
 ) -> InstalledPackage:
     """Write the package's read-only tree and its (not yet active) install record."""
     store = host.require_state()
@@ -246,7 +281,7 @@ def write_install(
     )
 
 
-def verify_installed(host: Host, installed: InstalledPackage) -> Package:
+def verify_installed(host: UpdateHost, installed: InstalledPackage) -> Package:
     """Load an installed package again and check it is what was installed: the same module
     bytes and, for a signed archive, a signature that still verifies against the host's trust,
     by the same publisher, over the same package digest; for an unsigned install, the same
@@ -326,7 +361,7 @@ class InstalledRevocations:
     unchecked: dict[str, str]
 
 
-def revoke_installed(host: Host, revocations: RevocationList) -> InstalledRevocations:
+def revoke_installed(host: UpdateHost, revocations: RevocationList) -> InstalledRevocations:
     """Mark every installed extension that ``revocations`` revokes as revoked in the durable
     grant table (as ``Host.disable`` does), so no later start admits it.
 
@@ -389,7 +424,7 @@ def revoke_installed(host: Host, revocations: RevocationList) -> InstalledRevoca
     return InstalledRevocations(disabled, unchecked)
 
 
-def _endorsers_unknown(host: Host, installed: InstalledPackage) -> bool:
+def _endorsers_unknown(host: UpdateHost, installed: InstalledPackage) -> bool:
     """Whether ``installed`` was verified by a trust-file key whose endorsers the host cannot
     know: it has no trust store (an OpenSSH-signed or unsigned package has no endorsers)."""
     return (
@@ -399,7 +434,7 @@ def _endorsers_unknown(host: Host, installed: InstalledPackage) -> bool:
     )
 
 
-def _tree_claims(host: Host, installed: InstalledPackage, record: Claims) -> Claims:
+def _tree_claims(host: UpdateHost, installed: InstalledPackage, record: Claims) -> Claims:
     """``record`` with what the installed tree claims: a signed archive's signing key (and,
     with the host's trust, the keys that endorsed it), an unsigned manifest's publisher."""
     if installed.package_digest is not None:
@@ -430,7 +465,7 @@ def _claimed_signing_key(tree: Path, archive_path: Path) -> bytes | None:
 # -- checkpoints ------------------------------------------------------------------------------
 
 
-def take_checkpoint(host: Host, extension: str, version: str) -> Path:
+def take_checkpoint(host: UpdateHost, extension: str, version: str) -> Path:
     """Copy the extension's durable state (its data directory and what each checkpointing
     broker keeps for it) into a new checkpoint directory."""
     store = host.require_state()
@@ -464,35 +499,15 @@ MAX_PENDING_BYTES = 64 * 1024
 # extension, under the state directory's locks/, held (flock, not waited for) for the whole
 # transaction; it is never removed, since a locked file removed lets the next opener lock a
 # new one beside it.
-LOCKS_DIR_NAME = "locks"
-
-
-def _lock_file(directory: Path, name: str) -> int:
-    """The lock file ``locks/<name>``, made if missing; a ``ConfigError`` naming it if
-    something else is in its place (a link or a directory was an internal error, exit 70)."""
-    locks = directory / LOCKS_DIR_NAME
-    path = locks / name
-    try:
-        locks.mkdir(mode=0o700, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        link = exc.errno == errno.ELOOP
-        what = f"{path} is a symbolic link" if link else f"{path}: {exc.strerror}"
-        raise ConfigError(
-            f"state directory {directory} is damaged: {what}, where the host keeps a lock "
-            "file; move it away while no host runs on the state directory"
-        ) from None
-
-
 @contextmanager
-def exclusive(host: Host, extension: str, *, alone: bool = False) -> Iterator[None]:
+def exclusive(host: UpdateHost, extension: str, *, alone: bool = False) -> Iterator[None]:
     """Hold ``extension``'s transaction lock for the ``with`` block, or raise
     :class:`UpdateError` at once if another install, update or rollback of it holds it (in
     this host, another thread, or another host on the same state directory). With ``alone``
     (a transaction that changes the extension's state: update, rollback, removal), also
     refuse if another host on the state directory has it admitted (:class:`Presence`), and
     keep any from admitting it until the block ends."""
-    fd = _lock_file(host.require_state().directory, f"{check_extension_id(extension)}.lock")
+    fd = lock_file(host.require_state().directory, f"{check_extension_id(extension)}.lock")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -510,132 +525,7 @@ def exclusive(host: Host, extension: str, *, alone: bool = False) -> Iterator[No
         os.close(fd)  # the lock goes with its descriptor
 
 
-# With Linux's open-file-description locks, a host's locks on every id are byte ranges of one
-# file through one descriptor (a host may admit 10,000 extensions: a descriptor per id would
-# pass the usual limit of 1,024). Elsewhere, one lock file per id (flock).
-_OFD_SETLK: int | None = getattr(fcntl, "F_OFD_SETLK", None)
-PRESENCE_NAME = "admitted"
-
-
-def _slot(extension: str) -> int:
-    """The byte of the presence file that stands for ``extension`` (62 bits of its hash: two
-    ids sharing one would only refuse an update spuriously)."""
-    return int.from_bytes(hashlib.sha256(extension.encode()).digest()[:8], "big") >> 2
-
-
-class Presence:
-    """Which hosts on one state directory have an extension admitted: each holds a shared lock
-    for the id (a byte of ``locks/admitted``, or ``locks/<id>.admitted``) from the admission of
-    its first extension of the id to the close of its last. An update, rollback or removal
-    takes it exclusive for its whole transaction (:func:`exclusive` with ``alone``): refused
-    while another host runs the extension, whose calls it could neither pause nor wait for (a
-    checkpoint restored under them drops writes the guest was told are stored, and a switch
-    leaves that host running the old version on the new version's data); and, meanwhile,
-    another host's admission of it is refused. The locks go with the process holding them: a
-    killed host blocks nothing."""
-
-    def __init__(self, directory: Path) -> None:
-        self._directory = directory
-        self._lock = threading.Lock()
-        self._count: dict[str, int] = {}  # extensions of the id open in this host
-        self._alone: set[str] = set()  # ids this host holds exclusive
-        self._fd: int | None = None  # OFD locks: the one descriptor
-        self._fds: dict[str, int] = {}  # flock: a descriptor per id
-
-    def _set(self, extension: str, kind: int) -> bool:
-        """Under ``_lock``: make this host's lock on the id ``kind`` (``F_RDLCK``,
-        ``F_WRLCK``, ``F_UNLCK``) without waiting; False if another host's stands in the way
-        (this host's lock is then as it was)."""
-        if _OFD_SETLK is not None:
-            if self._fd is None:
-                self._fd = _lock_file(self._directory, PRESENCE_NAME)
-            request = struct.pack("hhqqi", kind, os.SEEK_SET, _slot(extension), 1, 0)
-            try:
-                fcntl.fcntl(self._fd, _OFD_SETLK, request)
-            except OSError as exc:
-                if exc.errno in (errno.EAGAIN, errno.EACCES):
-                    return False
-                raise
-            return True
-        fd = self._fds.get(extension)
-        if kind == fcntl.F_UNLCK:
-            if fd is not None:
-                os.close(fd)
-                del self._fds[extension]
-            return True
-        if fd is None:
-            fd = self._fds[extension] = _lock_file(self._directory, f"{extension}.admitted")
-        try:
-            fcntl.flock(
-                fd, (fcntl.LOCK_SH if kind == fcntl.F_RDLCK else fcntl.LOCK_EX) | fcntl.LOCK_NB
-            )
-        except BlockingIOError:
-            if self._count.get(extension):
-                # flock's conversion is not atomic: the shared lock may be gone; take it again
-                # (no other host holds it exclusive: that needs the transaction lock we hold).
-                fcntl.flock(fd, fcntl.LOCK_SH)
-            else:
-                os.close(fd)
-                del self._fds[extension]
-            return False
-        return True
-
-    def enter(self, extension: str) -> None:
-        """An extension of the id is being admitted here; :class:`UpdateError` if another
-        host's update, rollback or removal of it is under way."""
-        with self._lock:
-            held = self._count.get(extension, 0)
-            if (
-                not held
-                and extension not in self._alone
-                and not self._set(extension, fcntl.F_RDLCK)
-            ):
-                raise UpdateError(
-                    f"{extension}: an update, rollback or removal of it is under way in another "
-                    "host; try again when it has ended"
-                )
-            self._count[extension] = held + 1
-
-    def leave(self, extension: str) -> None:
-        """An extension of the id closed here (or its admission failed)."""
-        with self._lock:
-            held = self._count.get(extension, 0) - 1
-            if held > 0:
-                self._count[extension] = held
-                return
-            self._count.pop(extension, None)
-            if extension not in self._alone:
-                self._set(extension, fcntl.F_UNLCK)
-
-    @contextmanager
-    def alone(self, extension: str) -> Iterator[None]:
-        with self._lock:
-            if not self._set(extension, fcntl.F_WRLCK):
-                raise UpdateError(
-                    f"{extension} is running in another host on this state directory (admitted "
-                    "there): close it there first, an update, rollback or removal cannot pause "
-                    "its calls"
-                )
-            self._alone.add(extension)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._alone.discard(extension)
-                # Open here still: shared again, so other hosts may admit it too.
-                self._set(extension, fcntl.F_RDLCK if self._count.get(extension) else fcntl.F_UNLCK)
-
-    def close(self) -> None:
-        """The host closes: every lock goes."""
-        with self._lock:
-            for fd in [*self._fds.values(), *([self._fd] if self._fd is not None else [])]:
-                os.close(fd)
-            self._fds.clear()
-            self._fd = None
-            self._count.clear()
-
-
-def still_current(host: Host, extension: str, seen: InstalledPackage | None) -> None:
+def still_current(host: UpdateHost, extension: str, seen: InstalledPackage | None) -> None:
     """Under :func:`exclusive`: what is installed is still ``seen``, the record a transaction
     was prepared against before it took the lock; else :class:`UpdateError`."""
     if host.require_state().package(extension) != seen:
@@ -645,11 +535,11 @@ def still_current(host: Host, extension: str, seen: InstalledPackage | None) -> 
         )
 
 
-def _pending(host: Host, extension: str) -> Path:
+def _pending(host: UpdateHost, extension: str) -> Path:
     return host.require_state().checkpoint_dir(extension) / PENDING_NAME
 
 
-def _mark_pending(host: Host, extension: str, checkpoint: Path, running: Path) -> int:
+def _mark_pending(host: UpdateHost, extension: str, checkpoint: Path, running: Path) -> int:
     """Record durably that ``extension``'s state may change from here until the transaction
     ends: ``checkpoint`` holds it as it was, while ``running`` was the installed tree. The
     marker stays locked (``flock``) by the returned descriptor until :func:`_clear_pending`:
@@ -674,19 +564,19 @@ def _mark_pending(host: Host, extension: str, checkpoint: Path, running: Path) -
     return fd
 
 
-def _clear_pending(host: Host, extension: str, fd: int) -> None:
+def _clear_pending(host: UpdateHost, extension: str, fd: int) -> None:
     """The transaction committed or was undone: the marker goes, then its lock."""
     _pending(host, extension).unlink(missing_ok=True)
     os.close(fd)
 
 
-def interrupted(host: Host, extension: str) -> bool:
+def interrupted(host: UpdateHost, extension: str) -> bool:
     """Whether a host died during an update or rollback of ``extension`` and nothing has
     undone it yet (its marker is there; ``wasihost status`` says so)."""
     return _pending(host, extension).exists()
 
 
-def recover_interrupted(host: Host, extension: str) -> str | None:
+def recover_interrupted(host: UpdateHost, extension: str) -> str | None:
     """Finish what a host that died during an update or rollback of ``extension`` left: if
     the install record still names the version that ran before it, the transaction never
     committed, and the state its migration (or restore) may have half changed is put back
@@ -711,7 +601,7 @@ def recover_interrupted(host: Host, extension: str) -> str | None:
         os.close(fd)
 
 
-def _recover(host: Host, extension: str, marker: Path, fd: int) -> str:
+def _recover(host: UpdateHost, extension: str, marker: Path, fd: int) -> str:
     store = host.require_state()
     try:
         doc = json.loads(os.read(fd, MAX_PENDING_BYTES))
@@ -741,7 +631,7 @@ def _unreadable_marker(extension: str, marker: Path, exc: BaseException) -> Pack
     )
 
 
-def restore_checkpoint(host: Host, extension: str, checkpoint: Path) -> None:
+def restore_checkpoint(host: UpdateHost, extension: str, checkpoint: Path) -> None:
     store = host.require_state()
     # Into the directory data/<id> leads to, where it is a link (data on another disk): the
     # link was replaced by a local copy, leaving the data it led to for no purge to find.
@@ -752,7 +642,7 @@ def restore_checkpoint(host: Host, extension: str, checkpoint: Path) -> None:
         broker.restore(host, extension, checkpoint / "brokers" / broker.name)
 
 
-def remove(host: Host, extension: str, *, purge: bool) -> None:
+def remove(host: UpdateHost, extension: str, *, purge: bool) -> None:
     """Uninstall ``extension`` (``wasihost remove``); with ``purge`` forget it with everything
     kept for it (``--purge``): its package, records and data directory, and what each
     checkpointing broker keeps for it, which is not under the data directory (storage rows
@@ -780,12 +670,12 @@ def remove(host: Host, extension: str, *, purge: bool) -> None:
         store.remove(extension, purge=purge)
 
 
-def purge(host: Host, extension: str) -> None:
+def purge(host: UpdateHost, extension: str) -> None:
     """``remove(host, extension, purge=True)``."""
     remove(host, extension, purge=True)
 
 
-def _checkpointing(host: Host) -> list[Any]:
+def _checkpointing(host: UpdateHost) -> list[Any]:
     return [
         b
         for b in host.functions.brokers()
@@ -797,7 +687,7 @@ def _checkpointing(host: Host) -> list[Any]:
 
 
 def _start_checked(
-    host: Host, package: Package, steps: list[tuple[str, dict[str, Any] | None]]
+    host: UpdateHost, package: Package, steps: list[tuple[str, dict[str, Any] | None]]
 ) -> Extension:
     """An extension of ``package``, not registered with the host, started and put through
     ``steps`` (command, input); closed again if any fails."""
@@ -840,7 +730,7 @@ def _pause(ext: Extension | None, reason: str) -> bool:
 
 
 def update(
-    host: Host,
+    host: UpdateHost,
     source: str | Path,
     *,
     trust: TrustStore | None,
@@ -859,7 +749,7 @@ def update(
 
 
 def _update(
-    host: Host,
+    host: UpdateHost,
     source: str | Path,
     ssh: SshSigned | None,
     package: Package,
@@ -934,7 +824,7 @@ def _update(
     return record
 
 
-def rollback(host: Host, extension: str) -> InstalledPackage:
+def rollback(host: UpdateHost, extension: str) -> InstalledPackage:
     """Return ``extension`` to the version its last update replaced: the current version's
     reversible migration runs down, or else the checkpoint taken before that update is
     restored; the earlier version is verified again and started before the switch."""
@@ -943,7 +833,7 @@ def rollback(host: Host, extension: str) -> InstalledPackage:
         return _rollback(host, extension)
 
 
-def _rollback(host: Host, extension: str) -> InstalledPackage:
+def _rollback(host: UpdateHost, extension: str) -> InstalledPackage:
     store = host.require_state()
     recover_interrupted(host, extension)
     current = store.package(extension)
@@ -999,7 +889,7 @@ def _rollback(host: Host, extension: str) -> InstalledPackage:
     return record
 
 
-def prune(host: Host, record: InstalledPackage) -> None:
+def prune(host: UpdateHost, record: InstalledPackage) -> None:
     """After ``record`` was activated, under the extension's transaction lock: keep the active
     tree, the one a rollback returns to and its checkpoint; drop the rest, half-written trees
     a killed host left (``.*.installing``) included, since no other write runs meanwhile."""

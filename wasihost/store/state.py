@@ -151,7 +151,7 @@ def _installed(directory: Path, row: Any, record: Any) -> InstalledPackage | Non
 PACKAGES_DIR_NAME = "packages"
 CHECKPOINTS_DIR_NAME = "checkpoints"
 DATA_DIR_NAME = "data"
-# The directories the host makes in a state directory as it needs them (updates.LOCKS_DIR_NAME
+# The directories the host makes in a state directory as it needs them (presence.LOCKS_DIR_NAME
 # is "locks"), and in each but data/ one per extension: a file or link in the place of one is
 # damage, refused by name (it was an internal error, exit 70, at the first write under it).
 # data/ and data/<id> may be links to a directory (data kept on another disk).
