@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from .call_gate import CallGate
     from .handshake import Handshake
     from .policy import Policy
-    from .runtime import Host
+    from .services import HostServices
 
 T = TypeVar("T")
 
@@ -404,7 +404,9 @@ async def call_async(
     return outcome
 
 
-async def _on_thread(host: Host, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+async def _on_thread(
+    host: HostServices[Extension], fn: Callable[..., T], *args: Any, **kwargs: Any
+) -> T:
     """A blocking host operation (admission compiles, a start runs guest code) on one of the
     host's call threads, so the loop stays free. (Not a close: see AsyncExtension.aclose.)"""
     import asyncio

@@ -59,7 +59,7 @@ from .policy import Grant
 if TYPE_CHECKING:
     from ..supervisor.eviction import Room
     from ..supervisor.reports import Usage
-    from .runtime import Host
+    from .services import HostServices
 
 T = TypeVar("T")
 
@@ -215,7 +215,7 @@ class Extension:
 
     def __init__(
         self,
-        host: Host,
+        host: HostServices[Extension],
         package: Package,
         plan: AdmissionPlan,
         grant: Grant,
