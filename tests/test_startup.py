@@ -54,6 +54,7 @@ NOT_FOR_A_PLAIN_RUN = (
     "concurrent.futures",
     "logging",
     "wasihost.host.aio",  # asyncio's front end; the Host's call threads are wasihost.host.callworkers
+    "wasihost.host.acall",  # what an acall runs, imported by its first
     "wasihost.core.event_classes",  # the manifest's [events] patterns
     "wasihost.core.netpolicy",
     # A host with no eviction policy, no scheduler, no state directory (published metrics).

@@ -13,6 +13,8 @@ import types
 from collections.abc import Mapping
 from typing import Final, NamedTuple
 
+from .errors import ConfigError
+
 # Instructions a call may burn. Shopify Functions allow 11M instructions per run: 10M is the same
 # order and a round number.
 DEFAULT_FUEL_PER_CALL: Final = 10_000_000
@@ -176,6 +178,21 @@ RESOURCE_BOUNDS: Final[Mapping[str, ResourceBound]] = types.MappingProxyType(
         ),
     }
 )
+
+
+def lowered(name: str, value: int | None, ceiling: int, key: str) -> int:
+    """A per-call budget (``fuel`` or ``timeout_ms`` of one call): ``ceiling``, what the
+    extension was admitted with (its ``key``), unless the caller lowered it to ``value``;
+    a ``ConfigError`` for anything but an int in 1..ceiling."""
+    if value is None:
+        return ceiling
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= ceiling:
+        raise ConfigError(
+            f"{name}={value!r}: a per-call {name} must be an int in 1..{ceiling}, this "
+            f"extension's {key} (raise it in the manifest, Host.load({name}=...) or the policy)"
+        )
+    return value
+
 
 # Open handles of one extension in the files broker (temporary files included): each is a host
 # file descriptor, and the host process has about a thousand of those for every extension it

@@ -36,17 +36,49 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..core.errors import CallError, FailureClass
 from ..core.lifecycle import SHUTTING_DOWN, ExtensionUnavailable
 from ..supervisor.scheduling import Priority, Scheduler, Slot, Waiter, lower
 
 if TYPE_CHECKING:
-    from ..core.call_ticket import CallTicket
-    from .extension import Extension
+    from ..core.call_ticket import CallTicket, _CallLocal
+    from ..core.lifecycle import Lifecycle
+    from ..core.manifest import Manifest, Resources
 
 T = TypeVar("T")
+
+
+class Gated(Protocol):
+    """An extension as the gate sees it (``wasihost.host.extension.Extension``): its id and
+    claimed class, its deadline and state, the call it lets through, and the call in flight
+    on this thread (its ticket and deadline, handed over by an acall)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def manifest(self) -> Manifest | None: ...
+
+    @property
+    def resources(self) -> Resources: ...
+
+    @property
+    def lifecycle(self) -> Lifecycle: ...
+
+    # Set by the host's shutdown: a call waiting for a slot then refuses itself.
+    _draining: bool
+    _local: _CallLocal
+
+    def call(
+        self,
+        command: str,
+        value: Any = None,
+        *,
+        fuel: int | None = None,
+        timeout_ms: int | None = None,
+    ) -> Any: ...
 
 # The class of the calls made in this context, when it is lower than their extensions' own
 # (None: the extension's class). Thread-local in effect: each thread starts in its own context.
@@ -86,7 +118,7 @@ class _Held(threading.local):
         # The slot that call holds (None: none yet, or given back for a wait for room), the
         # extension whose call took it, and its class.
         self.slot: Slot | None = None
-        self.owner: Extension | None = None
+        self.owner: Gated | None = None
         self.priority = Priority.INTERACTIVE
 
 
@@ -114,7 +146,7 @@ class CallGate:
         """Whether this thread is inside a scheduled call (a nested call goes on in its slot)."""
         return self._held.inside
 
-    def priority(self, ext: Extension) -> Priority:
+    def priority(self, ext: Gated) -> Priority:
         """The class of a call of ``ext`` made now, on this thread."""
         manifest = ext.manifest
         claimed = _CLAIMS[manifest.priority] if manifest is not None else Priority.INTERACTIVE
@@ -124,7 +156,7 @@ class CallGate:
 
     def call(
         self,
-        ext: Extension,
+        ext: Gated,
         command: str,
         value: Any,
         fuel: int | None,
@@ -151,7 +183,7 @@ class CallGate:
             if slot is not None:
                 scheduler.release(slot)
 
-    def run_in(self, ext: Extension, slot: Slot, priority: Priority, call: Callable[[], T]) -> T:
+    def run_in(self, ext: Gated, slot: Slot, priority: Priority, call: Callable[[], T]) -> T:
         """Run ``call`` (a call of ``ext``) on this thread in ``slot``, taken for it before it
         came here (an acall waits for its slot on its event loop, not on a call thread: see
         wasihost.host.aio), and give the slot back after, as :meth:`call` does."""
@@ -181,7 +213,7 @@ class CallGate:
         with self._lock:
             self._waiters.discard(waiter)
 
-    def suspend(self, ext: Extension) -> Priority | None:
+    def suspend(self, ext: Gated) -> Priority | None:
         """A call of ``ext`` on this thread, in no call of ``ext`` already, is about to wait
         for room under its budget: give its slot back for the wait, if this call took one
         (not a nested call going on in another's slot). Returns the class to queue in again
@@ -196,7 +228,7 @@ class CallGate:
 
     def resume(
         self,
-        ext: Extension,
+        ext: Gated,
         priority: Priority,
         deadline: float,
         ticket: CallTicket | None,
@@ -213,7 +245,7 @@ class CallGate:
                 raise ExtensionUnavailable(ext.id, ext.lifecycle.state, SHUTTING_DOWN)
         self._held.slot = slot
 
-    def _wait(self, ext: Extension, priority: Priority, timeout_ms: int | None) -> Slot | None:
+    def _wait(self, ext: Gated, priority: Priority, timeout_ms: int | None) -> Slot | None:
         """Queue for a slot until the call's deadline; None if the call was cancelled before
         it queued or the host's shutdown woke it (the call then refuses itself, with its own
         error)."""
@@ -240,7 +272,7 @@ class CallGate:
         return slot
 
     def _queue(
-        self, ext: Extension, priority: Priority, deadline: float, ticket: CallTicket | None
+        self, ext: Gated, priority: Priority, deadline: float, ticket: CallTicket | None
     ) -> Slot | None:
         """Wait in the scheduler's queue until ``deadline`` (``time.monotonic()``); None if
         the host's shutdown woke the call."""
@@ -272,7 +304,7 @@ class CallGate:
         return slot
 
     def _run(
-        self, ext: Extension, command: str, value: Any, fuel: int | None, timeout_ms: int | None
+        self, ext: Gated, command: str, value: Any, fuel: int | None, timeout_ms: int | None
     ) -> Any:
         held = self._held
         held.inside = True

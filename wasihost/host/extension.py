@@ -45,6 +45,7 @@ from ..core.lifecycle import (
     State,
     check_reason,
 )
+from ..core.limits import lowered
 from ..core.manifest import PAYLOAD_BYTES, Manifest, Resources
 from ..core.registry import CORE_CAPABILITY, HostFunction
 from ..core.wasmbin import PAGE_BYTES, read_header_cached
@@ -182,12 +183,12 @@ class _Spare:
         self.born = time.monotonic()
 
 
-# wasihost.host.aio.call_async, once Extension.acall first needs it (aio imports this module).
+# wasihost.host.acall.call_async, once Extension.acall first needs it (a plain run never does).
 _CALL_ASYNC: list[Callable[..., Coroutine[Any, Any, Any]]] = []
 
 
 def _load_call_async() -> Callable[..., Coroutine[Any, Any, Any]]:
-    from .aio import call_async
+    from .acall import call_async
 
     _CALL_ASYNC[:] = [call_async]
     return call_async
@@ -315,8 +316,8 @@ class Extension:
         # Scheduling hook (wasihost.host.call_gate): the host's call slots, None without a
         # scheduler.
         self._call_gate = host.call_gate
-        # wasihost.host.aio's share of the host's call threads for this extension's acalls (made
-        # by the first acall: aio._Turns).
+        # wasihost.host.acall's share of the host's call threads for this extension's acalls
+        # (made by the first acall: acall._Turns).
         self._acall_turns: Any = None
         # The host's grant table holds this id's record for it (Host._build): let go once, at
         # close.
@@ -527,8 +528,8 @@ class Extension:
         """A call's budget from now, what the caller asked for checked against ``r``: at most
         its ``fuel_per_call`` and ``timeout_ms`` (a ConfigError naming the bound otherwise)."""
         return self._budget(
-            _override("fuel", fuel, r.fuel_per_call, "fuel_per_call"),
-            _override("timeout_ms", timeout_ms, r.timeout_ms, "timeout_ms"),
+            lowered("fuel", fuel, r.fuel_per_call, "fuel_per_call"),
+            lowered("timeout_ms", timeout_ms, r.timeout_ms, "timeout_ms"),
         )
 
     def _store_limits(self) -> StoreLimits:
@@ -1593,8 +1594,8 @@ class Extension:
         """:meth:`call` for asyncio (``await ext.acall(...)``): the call runs on one of the
         host's call threads and the event loop is never blocked by guest code. Cancelling the
         awaiting task stops this call's instance at its next epoch tick (class ``cancelled``)
-        and raises ``asyncio.CancelledError`` (see :mod:`wasihost.host.aio`). A plain method that
-        returns :func:`wasihost.host.aio.call_async`'s coroutine: one coroutine frame and one
+        and raises ``asyncio.CancelledError`` (see :mod:`wasihost.host.acall`). A plain method that
+        returns :func:`wasihost.host.acall.call_async`'s coroutine: one coroutine frame and one
         import statement less per call than a coroutine awaiting it."""
         call_async = _CALL_ASYNC[0] if _CALL_ASYNC else _load_call_async()
         return call_async(self, command, value, fuel=fuel, timeout_ms=timeout_ms)
@@ -1806,15 +1807,3 @@ def _raw_input(command: str, value: Any, limit: int) -> bytes | bytearray | memo
     if len(data) > limit:
         raise CodecError(f"input of {len(data)} bytes exceeds max_input_bytes {limit}")
     return data
-
-
-def _override(name: str, value: int | None, ceiling: int, key: str) -> int:
-    """A per-call budget: at most what the extension was admitted with."""
-    if value is None:
-        return ceiling
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= ceiling:
-        raise ConfigError(
-            f"{name}={value!r}: a per-call {name} must be an int in 1..{ceiling}, this "
-            f"extension's {key} (raise it in the manifest, Host.load({name}=...) or the policy)"
-        )
-    return value
