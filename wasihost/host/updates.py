@@ -42,6 +42,7 @@ from ..core.errors import (
 from ..core.errors import UpdateError as UpdateError  # noqa: PLC0414
 from ..core.lifecycle import State, clip_reason
 from ..core.manifest import Manifest, declared_publisher, parse_manifest, version_order
+from ..core.serving import HostView
 from ..packaging import contents, signing, sshsig
 from ..packaging.allowed_signers import SshSigned, read_ssh_signature
 from ..packaging.archive import read_archive
@@ -76,21 +77,18 @@ ARCHIVE_NAME = "package.whpkg"
 SSH_SIGNATURE_NAME = "package.whpkg.sig"
 
 
-class UpdateHost(Protocol):
+class UpdateHost(HostView, Protocol):
     """What installs, updates and rollbacks use of their host (``wasihost.host.runtime.Host``,
     which calls them): typed by this, this module need not import the runtime that imports it.
-    ``state`` is for the checkpointing brokers it is handed to (storage finds its database
-    there)."""
+    A :class:`~wasihost.core.serving.HostView` (its journal, and what the checkpointing brokers
+    it is handed to read), and the members below besides; the policy whole (its trust)."""
 
     policy: Policy
     registry: Registry
     functions: HostFunctions
     presence: Presence | None
-    state: StateStore | None
 
     def require_state(self) -> StateStore: ...
-
-    def journal(self, extension: str, kind: str, detail: str) -> None: ...
 
     def load_package(
         self, source: str | Path, *, trust: TrustStore | None, ssh: SshSigned | None
