@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from wasihost.core.errors import CallError, ConfigError, FailureClass, ManifestError
 from wasihost.core.lifecycle import ExtensionUnavailable
-from wasihost.host.call_gate import calls_as
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
@@ -30,6 +29,7 @@ from wasihost.supervisor.scheduling import (
     Scheduler,
     Slot,
     Waiter,
+    calls_as,
 )
 
 FG, BG, MT = Priority.INTERACTIVE, Priority.BACKGROUND, Priority.MAINTENANCE
