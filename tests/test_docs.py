@@ -85,7 +85,7 @@ NOT_RUN = {
         "needs an SSH signature (above); test_package_ssh loads through the same API",
     ("docs/packages.md", "wasihost install hello-0.1.0.whpkg --state-dir /var/lib/app --trust trusted-publishers"):
         "needs two signed releases with a migration; test_updates runs install/update/rollback",
-    ("docs/scheduling.md", "from wasihost.host.call_gate import calls_as"):
+    ("docs/scheduling.md", "from wasihost.supervisor.scheduling import calls_as"):
         "a fragment inside a broker's handler; test_scheduling runs calls_as",
 }
 

@@ -23,11 +23,10 @@ from wasihost.core.serving import CallContext
 from wasihost.core.status import GuestInterrupted
 from wasihost.engine.native import SETTLE_FUEL
 from wasihost.host.aio import AsyncExtension, AsyncHost
-from wasihost.host.call_gate import calls_as
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
-from wasihost.supervisor.scheduling import HostBusy, Priority, Scheduler
+from wasihost.supervisor.scheduling import HostBusy, Priority, Scheduler, calls_as
 
 # A bounded wait for something that takes milliseconds: generous, for a loaded CI machine.
 WAIT_S = 30.0

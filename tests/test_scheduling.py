@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from wasihost.core.errors import CallError, ConfigError, FailureClass, ManifestError
 from wasihost.core.lifecycle import ExtensionUnavailable
 from wasihost.core.manifest import DEFAULT_PRIORITY, PRIORITY_NAMES
-from wasihost.host.call_gate import calls_as
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
@@ -31,6 +30,7 @@ from wasihost.supervisor.scheduling import (
     Scheduler,
     Slot,
     Waiter,
+    calls_as,
 )
 
 FG, BG, MT = Priority.INTERACTIVE, Priority.BACKGROUND, Priority.MAINTENANCE

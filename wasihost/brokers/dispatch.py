@@ -17,8 +17,7 @@ import time
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..core.threadstack import guest_thread_stack
-from ..host.call_gate import run_calls_as
-from ..supervisor.scheduling import Priority
+from ..supervisor.scheduling import Priority, run_calls_as
 
 LOG = logging.getLogger("wasihost")
 

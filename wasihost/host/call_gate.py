@@ -31,16 +31,26 @@ it goes on in (the call that took the slot is still in guest code, its instance 
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..core.errors import CallError, FailureClass
 from ..core.lifecycle import SHUTTING_DOWN, ExtensionUnavailable
-from ..supervisor.scheduling import Priority, Scheduler, Slot, Waiter, lower
+
+# calls_as and run_calls_as live in supervisor.scheduling with the class they set (the brokers'
+# dispatchers, below the host, set it too); they are re-exported from here, their old home.
+from ..supervisor.scheduling import (  # noqa: F401
+    _CALLS_AS,
+    Priority,
+    Scheduler,
+    Slot,
+    Waiter,
+    calls_as,
+    lower,
+    run_calls_as,
+)
 
 if TYPE_CHECKING:
     from ..core.call_ticket import CallTicket, _CallLocal
@@ -80,35 +90,9 @@ class Gated(Protocol):
         timeout_ms: int | None = None,
     ) -> Any: ...
 
-# The class of the calls made in this context, when it is lower than their extensions' own
-# (None: the extension's class). Thread-local in effect: each thread starts in its own context.
-_CALLS_AS: contextvars.ContextVar[Priority | None] = contextvars.ContextVar(
-    "wasihost_calls_as", default=None
-)
-
 
 # A manifest's claim, by name (the manifest parser admitted only these).
 _CLAIMS = {p.value: p for p in Priority}
-
-
-@contextlib.contextmanager
-def calls_as(priority: Priority | str) -> Iterator[None]:
-    """Run the calls made in this block at most in class ``priority``::
-
-    with calls_as("maintenance"):
-        ext.call("reindex")
-    """
-    token = _CALLS_AS.set(Priority.parse(priority))
-    try:
-        yield
-    finally:
-        _CALLS_AS.reset(token)
-
-
-def run_calls_as(priority: Priority) -> None:
-    """For a worker thread that does one kind of work for its whole life (the brokers'
-    dispatchers): its calls run at most in class ``priority``."""
-    _CALLS_AS.set(priority)
 
 
 class _Held(threading.local):

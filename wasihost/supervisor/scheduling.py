@@ -25,11 +25,13 @@ any call ends) and the rest of its held time when it is released.
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import enum
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 
 import attrs
@@ -97,6 +99,35 @@ HOLD_SMOOTHING = 0.2
 def lower(a: Priority, b: Priority) -> Priority:
     """The lower of two classes (a call never runs above its extension's class)."""
     return a if a.rank >= b.rank else b
+
+
+# The class of the calls made in this context, when it is lower than their extensions' own
+# (None: the extension's class). Thread-local in effect: each thread starts in its own context.
+# The host's call gate (wasihost.host.call_gate) reads it; it lives here so that the brokers'
+# dispatchers, below the host, can set it.
+_CALLS_AS: contextvars.ContextVar[Priority | None] = contextvars.ContextVar(
+    "wasihost_calls_as", default=None
+)
+
+
+@contextlib.contextmanager
+def calls_as(priority: Priority | str) -> Iterator[None]:
+    """Run the calls made in this block at most in class ``priority``::
+
+    with calls_as("maintenance"):
+        ext.call("reindex")
+    """
+    token = _CALLS_AS.set(Priority.parse(priority))
+    try:
+        yield
+    finally:
+        _CALLS_AS.reset(token)
+
+
+def run_calls_as(priority: Priority) -> None:
+    """For a worker thread that does one kind of work for its whole life (the brokers'
+    dispatchers): its calls run at most in class ``priority``."""
+    _CALLS_AS.set(priority)
 
 
 class HostBusy(WasihostError):
