@@ -626,12 +626,7 @@ class JobsBroker(ExtensionDispatcher["ExtensionJobs", "Run"]):
         # The run's own memory and network bytes: the command grows linear memory to at most
         # [jobs] max_memory_bytes, and its http requests move at most max_network_bytes.
         memory = spec.max_memory_bytes
-        # CallTicket is typed by the host's Extension until core.call_ticket takes a protocol of
-        # what a ticket cancels (LAYOUT.md cut 1, done apart); ext is an Extension at run time.
-        ticket = CallTicket(
-            ext,  # type: ignore[arg-type]
-            memory if memory < resources.max_memory_bytes else None,
-        )
+        ticket = CallTicket(ext, memory if memory < resources.max_memory_bytes else None)
         network = spec.max_network_bytes
         allowance = None if network is None else NetworkAllowance(ext.id, network)
         try:

@@ -237,6 +237,11 @@ class ExtensionView(Protocol):
 
     def evict(self) -> int | None: ...
 
+    # A job run's call ticket (core.call_ticket.Wakeable): a cancel wakes the calls waiting for
+    # a free instance.
+
+    def wake_waiters(self) -> None: ...
+
 
 class Broker(Protocol):
     """The host side of some registry entries, with its per-extension state and teardown."""

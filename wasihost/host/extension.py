@@ -32,7 +32,7 @@ from ..core.errors import (
     WasihostError,
 )
 from ..core.extlog import ExtensionLog, LogRecord
-from ..core.grants import GrantState
+from ..core.grants import Grant, GrantState
 
 # Moved to core.lifecycle (call_gate raises it too); exported from here too (``as``: an
 # explicit re-export, for mypy).
@@ -55,7 +55,6 @@ from ..supervisor.governor import TERMINATED_PREFIX, Delayed, DelayState
 from ..supervisor.supervision import BackingOff, crash_class
 from .handshake import Handshake, guest_error, guest_error_line, run_handshake
 from .planning import check_package_policy, plan_package
-from .policy import Grant
 
 if TYPE_CHECKING:
     from ..supervisor.eviction import Room

@@ -20,11 +20,11 @@ from ..core.errors import CallError, CodecError, FailureClass
 
 if TYPE_CHECKING:
     from ..core.admission import AdmissionPlan
+    from ..core.grants import Grant
     from ..core.manifest import Manifest
     from ..core.registry import Registry
     from ..core.tokens import TokenIssuer
     from ..engine import Budget, Instance
-    from .policy import Grant
 
 # Handshake answers are a few short fields; anything bigger is a confused or hostile guest.
 MAX_HANDSHAKE_BYTES = 4096

@@ -34,7 +34,7 @@ from ..core.errors import (
     WasihostError,
 )
 from ..core.extlog import LogSink
-from ..core.grants import GrantTable, withdrawn
+from ..core.grants import Grant, GrantTable, withdrawn
 from ..core.lifecycle import ExtensionRevoked, State, check_reason, clip_reason
 from ..core.manifest import Resources
 from ..core.registry import HostFunction, Profile, Registry
@@ -61,7 +61,7 @@ from .options import (
     iterable_option,
 )
 from .planning import plan_package, unsigned_refusal
-from .policy import Grant, Policy
+from .policy import Policy
 
 # What only some hosts use is imported where it is used: the state store (sqlite3) with a state
 # directory, installs and updates, the signature code with trust material, the WASI binding

@@ -41,7 +41,13 @@ from ..core.errors import (
 # (``as``: an explicit re-export, for mypy).
 from ..core.errors import UpdateError as UpdateError  # noqa: PLC0414
 from ..core.lifecycle import State, clip_reason
-from ..core.manifest import Manifest, declared_publisher, parse_manifest, version_order
+from ..core.manifest import (
+    Manifest,
+    check_extension_id,
+    declared_publisher,
+    parse_manifest,
+    version_order,
+)
 from ..core.serving import HostView
 from ..packaging import contents, signing, sshsig
 from ..packaging.allowed_signers import SshSigned, read_ssh_signature
@@ -64,7 +70,6 @@ from ..store.state import (
     remove_tree,
     sync_tree,
 )
-from .options import check_extension_id
 
 if TYPE_CHECKING:
     from ..core.registry import Registry
