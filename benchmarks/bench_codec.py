@@ -4,7 +4,8 @@ Each case is one value, encoded and decoded by:
 
 - ``wasihost``: ``wasihost.core.codec`` with the limits it is used with (every bound checked);
 - ``cbor2``: ``cbor2.dumps``/``cbor2.loads``, C, no bounds at all;
-- ``before``: the codec before its fast paths, kept as the oracle in ``tests/reference_codec.py``.
+- ``before``: the codec before its fast paths, kept as the oracle in
+  ``tests/support/reference_codec.py``.
 
 Every round times each contender on each case in turn (the order rotates round by round), so
 drift of the machine hits all of them alike. A batch is timed with the process CPU clock by
@@ -19,7 +20,7 @@ a ~58 KiB structured value at most 2x cbor2.
 ``--echo``: the codec's share of a whole call instead. ``Extension.call("echo", 64 bytes)`` on
 ``fixtures/echo`` (the ``echo64`` case of ``bench_calls.py``), rounds alternating between the
 codec as it is and the codec before (``wasihost.host.extension``'s ``encode``/``decode`` swapped for
-``tests/reference_codec.py``'s), same process, same instance.
+``tests/support/reference_codec.py``'s), same process, same instance.
 
 Usage: ``python benchmarks/bench_codec.py [--rounds 15] [--budget-ms 40] [--clock cpu|wall]
 [--only CASE...] [--echo] [--json]``.
@@ -41,10 +42,8 @@ import cbor2
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-import reference_codec
-
+from tests.support import reference_codec
 from wasihost.core import codec
 from wasihost.core.codec import CodecLimits
 

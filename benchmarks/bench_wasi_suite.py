@@ -6,7 +6,7 @@ args and env, clocks and random granted; the verdict (exit code, stdout) is chec
 hosts. A "run" of a test is instantiate + ``_start`` to its end; copying the root is done
 before the clock starts, and compiling once, before any round (wasihost's module cache, the
 reference's ``Module``; both engines have fuel and epoch interruption on). wasihost serves
-every test from one Host, as tests/test_wasi_conformance.py does, each test admitted once (as
+every test from one Host, as tests/wasi/test_wasi_conformance.py does, each test admitted once (as
 the reference compiles its ``Module`` once); the admission's own time is reported apart.
 Rounds of the two alternate, so that drift on a shared machine falls on both alike; the figure
 is the median round.
@@ -36,9 +36,8 @@ import wasmtime
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from wasi_testsuite import SUITE, Outcome, SuiteRunner, SuiteTest, copy_root, discover
+from tests.support.wasi_testsuite import SUITE, Outcome, SuiteRunner, SuiteTest, copy_root, discover
 
 FUEL = 10_000_000_000
 TARGET_RATIO = 2.0

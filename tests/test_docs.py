@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from conftest import FIXTURES, ROOT
 
+from tests.support.common import FIXTURES, ROOT
 from wasihost.cli import _parser, main
 from wasihost.core import limits, manifest
 
@@ -512,7 +512,7 @@ def _doc_lines() -> Iterator[tuple[Path, int, str]]:
 
 def test_cited_tests_exist() -> None:
     """`test_x.py::test_y` and bare `test_y` names on the pages are tests of the suite."""
-    sources = {p.name: p.read_text() for p in (ROOT / "tests").glob("*.py")}
+    sources = {p.name: p.read_text() for p in (ROOT / "tests").rglob("*.py")}
     defined = set(re.findall(r"def (test_\w+)", "\n".join(sources.values())))
     wrong = []
     for page, number, line in _doc_lines():

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT
+from tests.support.common import ROOT
 
 
 def test_greeter_app_runs_as_documented(tmp_path: Path) -> None:

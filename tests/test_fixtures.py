@@ -8,8 +8,8 @@ import subprocess
 from typing import Any
 
 import pytest
-from conftest import ALL_CAPS, FIXTURES, ROOT, rust_toolchain_present, toolchain_present
 
+from tests.support.common import ALL_CAPS, FIXTURES, ROOT, rust_toolchain_present, toolchain_present
 from wasihost.core.admission import declared_version
 from wasihost.core.errors import AdmissionError, CallError, ConfigError, FailureClass
 from wasihost.core.registry import CBOR_PARAMS, CBOR_RESULTS
@@ -50,7 +50,7 @@ def test_every_fixture_folder_is_complete() -> None:
 
 
 # The application functions of the native convention a fixture imports, as the tests'
-# applications register them (tests/test_native_functions.py); the others are cbor.
+# applications register them (tests/host/test_native_functions.py); the others are cbor.
 NATIVE_APP_FUNCTIONS = {
     ("nativefns", "add"): (("i64", "i64"), ("i64",)),
     ("nativefns", "tally"): (("i64",), ("i64",)),

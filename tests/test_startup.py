@@ -11,9 +11,9 @@ from pathlib import Path
 
 import attrs
 import pytest
-from conftest import FIXTURES, run_child
-from guests import build, guest_wat
 
+from tests.support.common import FIXTURES, run_child
+from tests.support.guests import build, guest_wat
 from wasihost import brokers, cli
 from wasihost.core import registry
 from wasihost.core.admission import admit

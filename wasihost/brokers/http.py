@@ -109,7 +109,7 @@ MAX_RESPONSE_WIRE_BYTES: Final = 512 * 1024
 # What a header line costs on the wire besides its name and value (": " and CRLF), and the
 # request line's fixed part (the space after the method, " HTTP/1.1\r\n" and the blank line),
 # for the traffic account: with every header the host sends listed (Request.wire_headers), it
-# counts the request's bytes exactly (tests/test_redteam_jobs.py).
+# counts the request's bytes exactly (tests/brokers/test_redteam_jobs.py).
 HEADER_LINE_OVERHEAD: Final = 4
 REQUEST_LINE_OVERHEAD: Final = 14
 # The User-Agent of a request whose guest set none. The host sends it itself, and Content-Length

@@ -16,8 +16,8 @@ of scalars by one loop of :mod:`wasihost.core.codec_fast` (``flat``, ``flat_enco
 payload is first checked against every bound there (a scan of its heads, or a walk of the value)
 and then built by cbor2's C code. Whatever those paths do not vouch for, and so
 every error, goes to the exact decoder and encoder below, the codec as it always was:
-``tests/test_codec_differential.py`` proves the whole gives the same value, bytes or error as
-that codec alone (kept as ``tests/reference_codec.py``).
+``tests/core/test_codec_differential.py`` proves the whole gives the same value, bytes or error as
+that codec alone (kept as ``tests/support/reference_codec.py``).
 """
 
 from __future__ import annotations

@@ -253,7 +253,7 @@ class MetadataEndpoint:
 
 # Cloud metadata and credential endpoints: no grant reaches them, allow_local_network
 # included. Data, one row per address with its source, so that adding one is a row (and
-# tests/test_issue28_brokers.py checks every row is refused and cites a source). Red-team
+# tests/brokers/test_issue28_brokers.py checks every row is refused and cites a source). Red-team
 # 2026-12-01 (issue 28 item 13): EKS Pod Identity's, Tencent's and GCE's IPv6 endpoint were
 # missing, so a grant with allow_local_network reached them; and then OpenStack's IPv6 one.
 METADATA_ENDPOINTS: Final = (

@@ -174,7 +174,7 @@ class ModuleCompiler:
         shape = scan_code(wasm, imported)
         # A forked child compiles in the worker whatever the size: wasmtime's parallel compile
         # threads of the parent are not in the child, and a compile there waits for them
-        # forever (tests/test_short_calls.py::test_a_forked_child_ticks_on_its_own).
+        # forever (tests/engine/test_short_calls.py::test_a_forked_child_ticks_on_its_own).
         small = len(wasm) <= self._settings.compile_in_process_max_bytes
         if small and cheap(shape) and not in_forked_child():
             try:

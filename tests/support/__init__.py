@@ -1,0 +1,1 @@
+"""What the tests share: helpers, guests, strategies and reference implementations."""
