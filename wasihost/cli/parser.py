@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -82,6 +82,27 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     if only is not None:
         sub = _OnlySubparsers(sub, only)
 
+    for add_command in _BUILT_IN:
+        add_command(sub)
+
+    if only in (None, "wasi"):
+        from . import wasi_command as wasi_cli  # its options' types, for its command only
+
+        wasi_cli.add_parser(sub)
+    if only in (None, "bench"):
+        from . import bench_command as bench_cli  # the benchmark's code, for its command only
+
+        bench_cli.add_parser(sub)
+
+    _add_abi(sub)
+    return p
+
+
+# One function per subcommand, each adding its parser to ``sub`` (the subparsers action, or an
+# _OnlySubparsers that drops the others) with every flag in the order ``--help`` lists them.
+
+
+def _add_run(sub: Any) -> None:
     run = sub.add_parser("run", help="run one command of a package or module")
     run.add_argument("source", help=".whpkg, package directory or .wasm module")
     run.add_argument("command", help="command name")
@@ -126,37 +147,61 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     run.add_argument("--cache-dir", type=Path, help="compiled-module cache directory")
     run.add_argument("--no-cache", action="store_true", help="do not use the on-disk cache")
+    _trust_flags(run)
+    _ssh_flags(run)
+    _revocations_flag(run)
+    _state_flag(run)
 
+
+def _add_inspect(sub: Any) -> None:
     inspect = sub.add_parser("inspect", help="show imports, exports and the admission verdict")
     inspect.add_argument("source", help=".whpkg, package directory or .wasm module")
     inspect.add_argument("--grant", action="append", default=[], metavar="CAP")
     inspect.add_argument("--json", action="store_true")
+    _trust_flags(inspect)
+    _ssh_flags(inspect)
+    _revocations_flag(inspect)
+    _state_flag(inspect)
+
+
+def _add_verify(sub: Any) -> None:
     verify = sub.add_parser("verify", help="verify a .whpkg against trusted publishers")
     verify.add_argument("package", type=Path, metavar="FILE.whpkg")
     verify.add_argument("--trust", type=Path, metavar="TRUSTFILE")
-    for parser in (run, inspect):
-        _trust_flags(parser)
-    for parser in (run, inspect, verify):
-        _ssh_flags(parser)
-        _revocations_flag(parser)
+    _ssh_flags(verify)
+    _revocations_flag(verify)
+    _state_flag(verify)
 
+
+def _add_keygen(sub: Any) -> None:
     keygen = sub.add_parser("keygen", help="create a publisher's Ed25519 signing key pair")
     keygen.add_argument("--publisher", required=True, metavar="ID", help="publisher id")
     keygen.add_argument(
         "--out", required=True, metavar="PREFIX", help="writes PREFIX.key and PREFIX.pub"
     )
+
+
+def _add_endorse(sub: Any) -> None:
     endorse = sub.add_parser(
         "endorse", help="print a trust-file line endorsing a publisher's new key with its old one"
     )
     endorse.add_argument("new", type=Path, metavar="NEW.pub", help="the new key's .pub file")
     endorse.add_argument("--key", required=True, type=Path, metavar="OLD.key")
+
+
+def _add_pack(sub: Any) -> None:
     pack = sub.add_parser("pack", help="pack a package directory into a .whpkg archive")
     pack.add_argument("directory", type=Path)
     pack.add_argument("-o", "--output", required=True, type=Path, metavar="FILE.whpkg")
+
+
+def _add_sign(sub: Any) -> None:
     sign = sub.add_parser("sign", help="sign a .whpkg (replacing any signature it has)")
     sign.add_argument("package", type=Path, metavar="FILE.whpkg")
     sign.add_argument("--key", required=True, type=Path, metavar="PREFIX.key")
 
+
+def _add_revoke(sub: Any) -> None:
     revoke = sub.add_parser(
         "revoke", help="add entries to a signed revocation list (a new version, re-signed)"
     )
@@ -191,14 +236,8 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         "that a revoked key also disables what is signed by a key it endorsed",
     )
 
-    def state_opt(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--state-dir", type=Path, help="durable state directory (default: per-user data dir)"
-        )
 
-    state_opt(run)
-    state_opt(verify)
-    state_opt(inspect)
+def _add_install(sub: Any) -> None:
     install = sub.add_parser("install", help="copy a package into the state directory")
     install.add_argument("source", help=".whpkg (verified) or package directory")
     install.add_argument(
@@ -207,69 +246,112 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         help="give this package the grants and data a removal kept for its id, though another "
         "publisher's package held them",
     )
+    _downgrade_flag(install)
+    _installed_flags(install)
+
+
+def _add_update(sub: Any) -> None:
     update = sub.add_parser(
         "update",
         help="update an installed extension: verify, checkpoint, start, health, switch",
     )
     update.add_argument("source", help=".whpkg (verified) or package directory")
-    for parser in (install, update):
-        parser.add_argument(
-            "--allow-downgrade",
-            action="store_true",
-            help="install even if a higher version is installed",
-        )
+    _downgrade_flag(update)
+    _installed_flags(update)
+
+
+def _add_rollback(sub: Any) -> None:
     rollback = sub.add_parser(
         "rollback", help="return an installed extension to the version its last update replaced"
     )
     rollback.add_argument("extension")
-    for parser in (install, update, rollback):
-        state_opt(parser)
-        _trust_flags(parser)
-        _ssh_flags(parser)
-        _revocations_flag(parser)
+    _installed_flags(rollback)
+
+
+def _add_remove(sub: Any) -> None:
     remove = sub.add_parser("remove", help="forget an installed package")
     remove.add_argument("extension")
     remove.add_argument(
         "--purge", action="store_true", help="also delete its data, grants history and journal"
     )
-    state_opt(remove)
+    _state_flag(remove)
+
+
+def _add_grants(sub: Any) -> None:
     grants = sub.add_parser("grants", help="list, grant or revoke capabilities")
     gsub = grants.add_subparsers(dest="grants_cmd", required=True, parser_class=_Parser)
     glist = gsub.add_parser("list", help="active grants and the grant epoch")
     glist.add_argument("extension")
     glist.add_argument("--json", action="store_true")
-    state_opt(glist)
+    _state_flag(glist)
     ggrant = gsub.add_parser("grant", help="grant a capability (bumps the epoch)")
     ggrant.add_argument("extension")
     ggrant.add_argument("capability")
     ggrant.add_argument("--scope", default=None, help="scope as a JSON object")
-    state_opt(ggrant)
+    _state_flag(ggrant)
     grevoke = gsub.add_parser("revoke", help="revoke a capability, or everything")
     grevoke.add_argument("extension")
     grevoke.add_argument("capability", nargs="?", help="omit to revoke everything (disable)")
     grevoke.add_argument("--reason", default="", help="why (shown by status)")
-    state_opt(grevoke)
+    _state_flag(grevoke)
     greinstate = gsub.add_parser("reinstate", help="lift a whole-extension revocation")
     greinstate.add_argument("extension")
-    state_opt(greinstate)
+    _state_flag(greinstate)
+
+
+def _add_status(sub: Any) -> None:
     status = sub.add_parser("status", help="state, grants and remaining data of extensions")
     status.add_argument("extension", nargs="?")
     status.add_argument("--json", action="store_true")
-    state_opt(status)
+    _state_flag(status)
 
-    if only in (None, "wasi"):
-        from . import wasi_command as wasi_cli  # its options' types, for its command only
 
-        wasi_cli.add_parser(sub)
-    if only in (None, "bench"):
-        from . import bench_command as bench_cli  # the benchmark's code, for its command only
-
-        bench_cli.add_parser(sub)
-
+def _add_abi(sub: Any) -> None:
     abi = sub.add_parser("abi", help="list the host-function registry")
     abi.add_argument("--version", help="an ABI version such as 1.0 (default: every version)")
     abi.add_argument("--json", action="store_true")
-    return p
+
+
+# The built-in subcommands before wasi and bench, in the order ``wasihost --help`` lists them.
+_BUILT_IN: tuple[Callable[[Any], None], ...] = (
+    _add_run,
+    _add_inspect,
+    _add_verify,
+    _add_keygen,
+    _add_endorse,
+    _add_pack,
+    _add_sign,
+    _add_revoke,
+    _add_install,
+    _add_update,
+    _add_rollback,
+    _add_remove,
+    _add_grants,
+    _add_status,
+)
+
+
+def _state_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--state-dir", type=Path, help="durable state directory (default: per-user data dir)"
+    )
+
+
+def _downgrade_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-downgrade",
+        action="store_true",
+        help="install even if a higher version is installed",
+    )
+
+
+def _installed_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the commands that change what is installed: its state directory, and how
+    what is installed is verified."""
+    _state_flag(parser)
+    _trust_flags(parser)
+    _ssh_flags(parser)
+    _revocations_flag(parser)
 
 
 def _trust_flags(parser: argparse.ArgumentParser) -> None:

@@ -34,7 +34,7 @@ import functools
 import struct
 import types
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 __all__ = [
     "UNSURE",
@@ -69,6 +69,19 @@ _RECORD_MAX: Final = 64
 
 # What decode() answers when the exact decoder must decide (None is a value).
 UNSURE: Final = object()
+
+
+if TYPE_CHECKING:
+    # The scan's functions: (buf, pos, depth, left) for an item, (buf, pos, count, depth,
+    # left) for a container's children; each answers the offset after and the budget left.
+    _ItemScan = Callable[[bytes, int, int, int], tuple[int, int]]
+    _ContainerScan = Callable[[bytes, int, int, int, int], tuple[int, int]]
+    # The quick walk's: (value, depth, left), answering a bound of the string bytes and the
+    # budget left; and the exact UTF-8 size of a long text.
+    _ItemWalk = Callable[[Any, int, int], tuple[int, int]]
+    _ListWalk = Callable[[list[Any] | tuple[Any, ...], int, int], tuple[int, int]]
+    _MapWalk = Callable[[dict[Any, Any], int, int], tuple[int, int]]
+    _TextSize = Callable[[str], int]
 
 
 class _Unsure(Exception):
@@ -207,133 +220,164 @@ class _Scanner:
                 return pos, left
             raise _Unsure  # a tag, undefined, another simple value, a float for the exact path
 
-        def array(buf: bytes, pos: int, count: int, depth: int, left: int) -> tuple[int, int]:
-            """The elements of an array whose head ends at ``pos``, charged to the budget."""
-            depth += 1
-            left -= count
-            # Every child takes at least one byte, as in the exact decoder.
-            if depth > max_depth or left < 0 or count > len(buf) - pos:
-                raise _Unsure
-            if count >= _RUN_MIN:
-                # A long run of same-sized scalars (ids, names of one width, numbers): when
-                # every element's head, taken at the first one's stride, is the same byte,
-                # each element is that whole item. One slice and one count, in C.
-                step = steps[buf[pos]]
-                if step > 0:
-                    stop = pos + step * count
-                    heads = buf[pos:stop:step]
-                    if stop <= len(buf) and heads.count(heads[0]) == count:
-                        return stop, left
-            for _ in range(count):
-                step = steps[buf[pos]]
-                if step > 0:
-                    pos += step
-                elif step == -1:  # _STRING_1
-                    length = buf[pos + 1]
-                    if length > max_string:
-                        raise _Unsure
-                    pos += 2 + length
-                elif step == -2:  # _STRING_2
-                    length = buf[pos + 1] << 8 | buf[pos + 2]
-                    if length > max_string:
-                        raise _Unsure
-                    pos += 3 + length
-                elif step == -4:  # _MAP, a record: its entries here, as mapping() does them
-                    count_in = buf[pos] - 0xA0
-                    left -= 2 * count_in
-                    if depth >= max_depth or left < 0 or 2 * count_in >= len(buf) - pos:
-                        raise _Unsure
-                    pos += 1
-                    inner = depth + 1
-                    for _ in range(count_in):
-                        step = keys[buf[pos]]
-                        if step > 0:
-                            pos += step
-                        elif 0x60 <= buf[pos] < 0x80:
-                            pos, left = item(buf, pos, inner, left)
-                        else:
-                            raise _Unsure
-                        step = steps[buf[pos]]
-                        if step > 0:
-                            pos += step
-                        elif step == -2:  # _STRING_2
-                            length = buf[pos + 1] << 8 | buf[pos + 2]
-                            if length > max_string:
-                                raise _Unsure
-                            pos += 3 + length
-                        elif step == -1:  # _STRING_1
-                            length = buf[pos + 1]
-                            if length > max_string:
-                                raise _Unsure
-                            pos += 2 + length
-                        elif step == -3:  # _ARRAY, a record's list: here too
-                            count_in = buf[pos] - 0x80
-                            left -= count_in
-                            if inner >= max_depth or left < 0 or count_in >= len(buf) - pos:
-                                raise _Unsure
-                            pos += 1
-                            for _ in range(count_in):
-                                step = steps[buf[pos]]
-                                if step > 0:
-                                    pos += step
-                                else:
-                                    pos, left = item(buf, pos, inner + 1, left)
-                        else:
-                            pos, left = item(buf, pos, inner, left)
-                elif step == -3:  # _ARRAY
-                    pos, left = array(buf, pos + 1, buf[pos] - 0x80, depth, left)
-                else:
-                    pos, left = item(buf, pos, depth, left)
-            return pos, left
-
-        def mapping(buf: bytes, pos: int, count: int, depth: int, left: int) -> tuple[int, int]:
-            """The entries of a map whose head ends at ``pos``, charged to the budget."""
-            depth += 1
-            left -= 2 * count
-            if depth > max_depth or left < 0 or 2 * count > len(buf) - pos:
-                raise _Unsure
-            for _ in range(count):
-                # The key first, on its own table: text or an integer only.
-                step = keys[buf[pos]]
-                if step > 0:
-                    pos += step
-                elif 0x60 <= buf[pos] < 0x80:  # text with a longer head (or refused)
-                    pos, left = item(buf, pos, depth, left)
-                else:
-                    raise _Unsure
-                step = steps[buf[pos]]
-                if step > 0:
-                    pos += step
-                elif step == -2:  # _STRING_2
-                    length = buf[pos + 1] << 8 | buf[pos + 2]
-                    if length > max_string:
-                        raise _Unsure
-                    pos += 3 + length
-                elif step == -1:  # _STRING_1
-                    length = buf[pos + 1]
-                    if length > max_string:
-                        raise _Unsure
-                    pos += 2 + length
-                elif step == -3:  # _ARRAY, its elements here: one level deeper
-                    count_in = buf[pos] - 0x80
-                    left -= count_in
-                    if depth >= max_depth or left < 0 or count_in >= len(buf) - pos:
-                        raise _Unsure
-                    pos += 1
-                    for _ in range(count_in):
-                        step = steps[buf[pos]]
-                        if step > 0:
-                            pos += step
-                        else:
-                            pos, left = item(buf, pos, depth + 1, left)
-                elif step == -4:  # _MAP
-                    pos, left = mapping(buf, pos + 1, buf[pos] - 0xA0, depth, left)
-                else:
-                    pos, left = item(buf, pos, depth, left)
-            return pos, left
+        # The loops over a container, each made by a factory of its own over the same limits
+        # and tables; item() reads them from this frame's cells, bound before any scan runs.
+        mapping = _scan_mapping(max_depth, max_string, steps, keys, item)
+        array = _scan_array(max_depth, max_string, steps, keys, item)
 
         self.values = steps
         self.item = item
+
+
+def _scan_array(
+    max_depth: int,
+    max_string: int,
+    steps: tuple[int, ...],
+    keys: tuple[int, ...],
+    item: _ItemScan,
+) -> _ContainerScan:
+    """_Scanner's loop over the elements of an array, closing over the limits, the tables
+    and item() as _Scanner's own functions do (no attribute loads per item)."""
+
+    def array(buf: bytes, pos: int, count: int, depth: int, left: int) -> tuple[int, int]:
+        """The elements of an array whose head ends at ``pos``, charged to the budget."""
+        depth += 1
+        left -= count
+        # Every child takes at least one byte, as in the exact decoder.
+        if depth > max_depth or left < 0 or count > len(buf) - pos:
+            raise _Unsure
+        if count >= _RUN_MIN:
+            # A long run of same-sized scalars (ids, names of one width, numbers): when
+            # every element's head, taken at the first one's stride, is the same byte,
+            # each element is that whole item. One slice and one count, in C.
+            step = steps[buf[pos]]
+            if step > 0:
+                stop = pos + step * count
+                heads = buf[pos:stop:step]
+                if stop <= len(buf) and heads.count(heads[0]) == count:
+                    return stop, left
+        for _ in range(count):
+            step = steps[buf[pos]]
+            if step > 0:
+                pos += step
+            elif step == -1:  # _STRING_1
+                length = buf[pos + 1]
+                if length > max_string:
+                    raise _Unsure
+                pos += 2 + length
+            elif step == -2:  # _STRING_2
+                length = buf[pos + 1] << 8 | buf[pos + 2]
+                if length > max_string:
+                    raise _Unsure
+                pos += 3 + length
+            elif step == -4:  # _MAP, a record: its entries here, as mapping() does them
+                count_in = buf[pos] - 0xA0
+                left -= 2 * count_in
+                if depth >= max_depth or left < 0 or 2 * count_in >= len(buf) - pos:
+                    raise _Unsure
+                pos += 1
+                inner = depth + 1
+                for _ in range(count_in):
+                    step = keys[buf[pos]]
+                    if step > 0:
+                        pos += step
+                    elif 0x60 <= buf[pos] < 0x80:
+                        pos, left = item(buf, pos, inner, left)
+                    else:
+                        raise _Unsure
+                    step = steps[buf[pos]]
+                    if step > 0:
+                        pos += step
+                    elif step == -2:  # _STRING_2
+                        length = buf[pos + 1] << 8 | buf[pos + 2]
+                        if length > max_string:
+                            raise _Unsure
+                        pos += 3 + length
+                    elif step == -1:  # _STRING_1
+                        length = buf[pos + 1]
+                        if length > max_string:
+                            raise _Unsure
+                        pos += 2 + length
+                    elif step == -3:  # _ARRAY, a record's list: here too
+                        count_in = buf[pos] - 0x80
+                        left -= count_in
+                        if inner >= max_depth or left < 0 or count_in >= len(buf) - pos:
+                            raise _Unsure
+                        pos += 1
+                        for _ in range(count_in):
+                            step = steps[buf[pos]]
+                            if step > 0:
+                                pos += step
+                            else:
+                                pos, left = item(buf, pos, inner + 1, left)
+                    else:
+                        pos, left = item(buf, pos, inner, left)
+            elif step == -3:  # _ARRAY
+                pos, left = array(buf, pos + 1, buf[pos] - 0x80, depth, left)
+            else:
+                pos, left = item(buf, pos, depth, left)
+        return pos, left
+
+    return array
+
+
+def _scan_mapping(
+    max_depth: int,
+    max_string: int,
+    steps: tuple[int, ...],
+    keys: tuple[int, ...],
+    item: _ItemScan,
+) -> _ContainerScan:
+    """_Scanner's loop over the entries of a map, closing over the limits, the tables and
+    item() as _Scanner's own functions do (no attribute loads per item)."""
+
+    def mapping(buf: bytes, pos: int, count: int, depth: int, left: int) -> tuple[int, int]:
+        """The entries of a map whose head ends at ``pos``, charged to the budget."""
+        depth += 1
+        left -= 2 * count
+        if depth > max_depth or left < 0 or 2 * count > len(buf) - pos:
+            raise _Unsure
+        for _ in range(count):
+            # The key first, on its own table: text or an integer only.
+            step = keys[buf[pos]]
+            if step > 0:
+                pos += step
+            elif 0x60 <= buf[pos] < 0x80:  # text with a longer head (or refused)
+                pos, left = item(buf, pos, depth, left)
+            else:
+                raise _Unsure
+            step = steps[buf[pos]]
+            if step > 0:
+                pos += step
+            elif step == -2:  # _STRING_2
+                length = buf[pos + 1] << 8 | buf[pos + 2]
+                if length > max_string:
+                    raise _Unsure
+                pos += 3 + length
+            elif step == -1:  # _STRING_1
+                length = buf[pos + 1]
+                if length > max_string:
+                    raise _Unsure
+                pos += 2 + length
+            elif step == -3:  # _ARRAY, its elements here: one level deeper
+                count_in = buf[pos] - 0x80
+                left -= count_in
+                if depth >= max_depth or left < 0 or count_in >= len(buf) - pos:
+                    raise _Unsure
+                pos += 1
+                for _ in range(count_in):
+                    step = steps[buf[pos]]
+                    if step > 0:
+                        pos += step
+                    else:
+                        pos, left = item(buf, pos, depth + 1, left)
+            elif step == -4:  # _MAP
+                pos, left = mapping(buf, pos + 1, buf[pos] - 0xA0, depth, left)
+            else:
+                pos, left = item(buf, pos, depth, left)
+        return pos, left
+
+    return mapping
 
 
 # Scanners by (max_depth, max_string), built once: nearly every payload has the default limits.
@@ -539,200 +583,235 @@ class _QuickWalk:
                 raise _Unsure  # a subclass, or a type outside the profile
             return 0, left
 
-        def sequence(value: list[Any] | tuple[Any, ...], depth: int, left: int) -> tuple[int, int]:
-            depth += 1
-            left -= len(value)
-            if depth > max_depth or left < 0:
-                raise _Unsure
-            chars = 0
-            total = 0
-            for element in value:
-                kind = type(element)
-                if kind is str:
-                    size = len(element)
-                    if size <= short:
-                        chars += size
-                    else:
-                        total += text(element)
-                elif kind is int:
-                    if not -0x1_0000_0000_0000_0000 <= element <= 0xFFFF_FFFF_FFFF_FFFF:
-                        raise _Unsure
-                elif kind is dict:  # a record: its entries here, as mapping() does them
-                    before = left, total
-                    left -= 2 * len(element)
-                    if depth >= max_depth or left < 0:
-                        raise _Unsure
-                    # The record's texts are summed without a test each: a sum within the
-                    # short length bounds every one of them. Keys first, then values; a long
-                    # list is walked on its own, so that it is never walked twice.
-                    texts = 0
-                    for key in element:
-                        if type(key) is str:
-                            texts += len(key)
-                        elif type(key) is not int or not (
-                            -0x1_0000_0000_0000_0000 <= key <= 0xFFFF_FFFF_FFFF_FFFF
-                        ):
-                            raise _Unsure
-                    for entry in element.values():
-                        kind = type(entry)
-                        if kind is str:
-                            texts += len(entry)
-                        elif kind is int:
-                            if not -0x1_0000_0000_0000_0000 <= entry <= 0xFFFF_FFFF_FFFF_FFFF:
-                                raise _Unsure
-                        elif entry is None or kind is bool:
-                            pass
-                        elif kind is float:
-                            if entry - entry != 0.0:
-                                raise _Unsure
-                        elif kind is bytes:
-                            size = len(entry)
-                            if size > max_string:
-                                raise _Unsure
-                            total += size
-                        elif kind is list and len(entry) <= _RECORD_MAX:  # its short list
-                            left -= len(entry)
-                            if depth + 1 >= max_depth or left < 0:
-                                raise _Unsure
-                            for part in entry:
-                                if type(part) is str:
-                                    texts += len(part)
-                                else:
-                                    more, left = item(part, depth + 2, left)
-                                    total += more
-                        else:
-                            more, left = item(entry, depth + 1, left)
-                            total += more
-                    if texts <= short:
-                        chars += texts
-                    else:
-                        # Some text may be past the limit: the record again, text by text.
-                        left, total = before
-                        more, left = each(element, depth, left)
-                        total += more
-                elif element is None or kind is bool:
-                    pass
-                elif kind is float:
-                    if element - element != 0.0:
-                        raise _Unsure
-                else:
-                    more, left = item(element, depth, left)
-                    total += more
-            return total + 4 * chars, left
-
-        def mapping(value: dict[Any, Any], depth: int, left: int) -> tuple[int, int]:
-            if len(value) > _RECORD_MAX:
-                return each(value, depth, left)
-            # As a record in sequence(): texts summed, then tested together.
-            before = left
-            depth += 1
-            left -= 2 * len(value)
-            if depth > max_depth or left < 0:
-                raise _Unsure
-            texts = 0
-            total = 0
-            for key in value:
-                if type(key) is str:
-                    texts += len(key)
-                elif type(key) is not int or not (
-                    -0x1_0000_0000_0000_0000 <= key <= 0xFFFF_FFFF_FFFF_FFFF
-                ):
-                    raise _Unsure  # refused by the profile, or a subclass: the exact encoder says
-            for element in value.values():
-                kind = type(element)
-                if kind is str:
-                    texts += len(element)
-                elif kind is int:
-                    if not -0x1_0000_0000_0000_0000 <= element <= 0xFFFF_FFFF_FFFF_FFFF:
-                        raise _Unsure
-                elif element is None or kind is bool:
-                    pass
-                elif kind is float:
-                    if element - element != 0.0:
-                        raise _Unsure
-                elif kind is bytes:
-                    size = len(element)
-                    if size > max_string:
-                        raise _Unsure
-                    total += size
-                elif kind is list and len(element) <= _RECORD_MAX:  # a short list, one level down
-                    left -= len(element)
-                    if depth >= max_depth or left < 0:
-                        raise _Unsure
-                    for entry in element:
-                        if type(entry) is str:
-                            texts += len(entry)
-                        else:
-                            more, left = item(entry, depth + 1, left)
-                            total += more
-                else:
-                    more, left = item(element, depth, left)
-                    total += more
-            if texts <= short:
-                return total + 4 * texts, left
-            return each(value, depth - 1, before)  # some text may be past the limit
-
-        def each(value: dict[Any, Any], depth: int, left: int) -> tuple[int, int]:
-            """A map, its texts tested one by one."""
-            depth += 1
-            left -= 2 * len(value)
-            if depth > max_depth or left < 0:
-                raise _Unsure
-            chars = 0
-            total = 0
-            for key, element in value.items():
-                kind = type(key)
-                if kind is str:
-                    size = len(key)
-                    if size <= short:
-                        chars += size
-                    else:
-                        total += text(key)
-                elif kind is not int or not (
-                    -0x1_0000_0000_0000_0000 <= key <= 0xFFFF_FFFF_FFFF_FFFF
-                ):
-                    raise _Unsure  # refused by the profile, or a subclass: the exact encoder says
-                kind = type(element)
-                if kind is str:
-                    size = len(element)
-                    if size <= short:
-                        chars += size
-                    else:
-                        total += text(element)
-                elif kind is int:
-                    if not -0x1_0000_0000_0000_0000 <= element <= 0xFFFF_FFFF_FFFF_FFFF:
-                        raise _Unsure
-                elif element is None or kind is bool:
-                    pass
-                elif kind is float:
-                    if element - element != 0.0:
-                        raise _Unsure
-                elif kind is bytes:
-                    size = len(element)
-                    if size > max_string:
-                        raise _Unsure
-                    total += size
-                elif kind is list:  # a list as a value: its elements here, one level down
-                    left -= len(element)
-                    if depth >= max_depth or left < 0:
-                        raise _Unsure
-                    for entry in element:
-                        kind = type(entry)
-                        if kind is str:
-                            size = len(entry)
-                            if size <= short:
-                                chars += size
-                            else:
-                                total += text(entry)
-                        else:
-                            more, left = item(entry, depth + 1, left)
-                            total += more
-                else:
-                    more, left = item(element, depth, left)
-                    total += more
-            return total + 4 * chars, left
+        # The loops over a container, each made by a factory of its own over the same limits;
+        # item() reads them from this frame's cells, bound before any walk runs.
+        each = _quick_each(max_depth, max_string, short, text, item)
+        mapping = _quick_mapping(max_depth, max_string, short, item, each)
+        sequence = _quick_sequence(max_depth, max_string, short, text, item, each)
 
         self.item = item
+
+
+def _quick_sequence(
+    max_depth: int,
+    max_string: int,
+    short: int,
+    text: _TextSize,
+    item: _ItemWalk,
+    each: _MapWalk,
+) -> _ListWalk:
+    """_QuickWalk's loop over a list or tuple, closing over the limits and its peers as
+    _QuickWalk's own functions do (no attribute loads per item)."""
+
+    def sequence(value: list[Any] | tuple[Any, ...], depth: int, left: int) -> tuple[int, int]:
+        depth += 1
+        left -= len(value)
+        if depth > max_depth or left < 0:
+            raise _Unsure
+        chars = 0
+        total = 0
+        for element in value:
+            kind = type(element)
+            if kind is str:
+                size = len(element)
+                if size <= short:
+                    chars += size
+                else:
+                    total += text(element)
+            elif kind is int:
+                if not -0x1_0000_0000_0000_0000 <= element <= 0xFFFF_FFFF_FFFF_FFFF:
+                    raise _Unsure
+            elif kind is dict:  # a record: its entries here, as mapping() does them
+                before = left, total
+                left -= 2 * len(element)
+                if depth >= max_depth or left < 0:
+                    raise _Unsure
+                # The record's texts are summed without a test each: a sum within the
+                # short length bounds every one of them. Keys first, then values; a long
+                # list is walked on its own, so that it is never walked twice.
+                texts = 0
+                for key in element:
+                    if type(key) is str:
+                        texts += len(key)
+                    elif type(key) is not int or not (
+                        -0x1_0000_0000_0000_0000 <= key <= 0xFFFF_FFFF_FFFF_FFFF
+                    ):
+                        raise _Unsure
+                for entry in element.values():
+                    kind = type(entry)
+                    if kind is str:
+                        texts += len(entry)
+                    elif kind is int:
+                        if not -0x1_0000_0000_0000_0000 <= entry <= 0xFFFF_FFFF_FFFF_FFFF:
+                            raise _Unsure
+                    elif entry is None or kind is bool:
+                        pass
+                    elif kind is float:
+                        if entry - entry != 0.0:
+                            raise _Unsure
+                    elif kind is bytes:
+                        size = len(entry)
+                        if size > max_string:
+                            raise _Unsure
+                        total += size
+                    elif kind is list and len(entry) <= _RECORD_MAX:  # its short list
+                        left -= len(entry)
+                        if depth + 1 >= max_depth or left < 0:
+                            raise _Unsure
+                        for part in entry:
+                            if type(part) is str:
+                                texts += len(part)
+                            else:
+                                more, left = item(part, depth + 2, left)
+                                total += more
+                    else:
+                        more, left = item(entry, depth + 1, left)
+                        total += more
+                if texts <= short:
+                    chars += texts
+                else:
+                    # Some text may be past the limit: the record again, text by text.
+                    left, total = before
+                    more, left = each(element, depth, left)
+                    total += more
+            elif element is None or kind is bool:
+                pass
+            elif kind is float:
+                if element - element != 0.0:
+                    raise _Unsure
+            else:
+                more, left = item(element, depth, left)
+                total += more
+        return total + 4 * chars, left
+
+    return sequence
+
+
+def _quick_mapping(
+    max_depth: int, max_string: int, short: int, item: _ItemWalk, each: _MapWalk
+) -> _MapWalk:
+    """_QuickWalk's loop over a map of at most _RECORD_MAX entries, its texts summed (a
+    bigger one, or one whose sum is past the short length, goes to each())."""
+
+    def mapping(value: dict[Any, Any], depth: int, left: int) -> tuple[int, int]:
+        if len(value) > _RECORD_MAX:
+            return each(value, depth, left)
+        # As a record in sequence(): texts summed, then tested together.
+        before = left
+        depth += 1
+        left -= 2 * len(value)
+        if depth > max_depth or left < 0:
+            raise _Unsure
+        texts = 0
+        total = 0
+        for key in value:
+            if type(key) is str:
+                texts += len(key)
+            elif type(key) is not int or not (
+                -0x1_0000_0000_0000_0000 <= key <= 0xFFFF_FFFF_FFFF_FFFF
+            ):
+                raise _Unsure  # refused by the profile, or a subclass: the exact encoder says
+        for element in value.values():
+            kind = type(element)
+            if kind is str:
+                texts += len(element)
+            elif kind is int:
+                if not -0x1_0000_0000_0000_0000 <= element <= 0xFFFF_FFFF_FFFF_FFFF:
+                    raise _Unsure
+            elif element is None or kind is bool:
+                pass
+            elif kind is float:
+                if element - element != 0.0:
+                    raise _Unsure
+            elif kind is bytes:
+                size = len(element)
+                if size > max_string:
+                    raise _Unsure
+                total += size
+            elif kind is list and len(element) <= _RECORD_MAX:  # a short list, one level down
+                left -= len(element)
+                if depth >= max_depth or left < 0:
+                    raise _Unsure
+                for entry in element:
+                    if type(entry) is str:
+                        texts += len(entry)
+                    else:
+                        more, left = item(entry, depth + 1, left)
+                        total += more
+            else:
+                more, left = item(element, depth, left)
+                total += more
+        if texts <= short:
+            return total + 4 * texts, left
+        return each(value, depth - 1, before)  # some text may be past the limit
+
+    return mapping
+
+
+def _quick_each(
+    max_depth: int, max_string: int, short: int, text: _TextSize, item: _ItemWalk
+) -> _MapWalk:
+    """_QuickWalk's loop over a map whose texts are tested one by one."""
+
+    def each(value: dict[Any, Any], depth: int, left: int) -> tuple[int, int]:
+        """A map, its texts tested one by one."""
+        depth += 1
+        left -= 2 * len(value)
+        if depth > max_depth or left < 0:
+            raise _Unsure
+        chars = 0
+        total = 0
+        for key, element in value.items():
+            kind = type(key)
+            if kind is str:
+                size = len(key)
+                if size <= short:
+                    chars += size
+                else:
+                    total += text(key)
+            elif kind is not int or not (-0x1_0000_0000_0000_0000 <= key <= 0xFFFF_FFFF_FFFF_FFFF):
+                raise _Unsure  # refused by the profile, or a subclass: the exact encoder says
+            kind = type(element)
+            if kind is str:
+                size = len(element)
+                if size <= short:
+                    chars += size
+                else:
+                    total += text(element)
+            elif kind is int:
+                if not -0x1_0000_0000_0000_0000 <= element <= 0xFFFF_FFFF_FFFF_FFFF:
+                    raise _Unsure
+            elif element is None or kind is bool:
+                pass
+            elif kind is float:
+                if element - element != 0.0:
+                    raise _Unsure
+            elif kind is bytes:
+                size = len(element)
+                if size > max_string:
+                    raise _Unsure
+                total += size
+            elif kind is list:  # a list as a value: its elements here, one level down
+                left -= len(element)
+                if depth >= max_depth or left < 0:
+                    raise _Unsure
+                for entry in element:
+                    kind = type(entry)
+                    if kind is str:
+                        size = len(entry)
+                        if size <= short:
+                            chars += size
+                        else:
+                            total += text(entry)
+                    else:
+                        more, left = item(entry, depth + 1, left)
+                        total += more
+            else:
+                more, left = item(element, depth, left)
+                total += more
+        return total + 4 * chars, left
+
+    return each
 
 
 # Quick walks by (max_depth, max_string), bounded as the scanners are.

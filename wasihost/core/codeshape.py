@@ -184,12 +184,8 @@ def _refuse(index: int, problem: str) -> CodeShapeError:
     return CodeShapeError([f"function {index}: {problem}"])
 
 
-def _scan_body(
-    data: bytes, i: int, end: int, index: int, grows: list[tuple[int, int]] | None = None
-) -> tuple[int, int, int, int, int, int]:
-    """Check one body; return (locals, max depth, loops, locals x blocks, conditional
-    branches, table accesses and indirect calls). ``IndexError`` means it is truncated.
-    ``grows``, when given, gets the offset and length of each ``memory.grow`` of memory 0."""
+def _read_locals(data: bytes, i: int, end: int, index: int) -> tuple[int, int]:
+    """A body's local declarations: how many locals, and the offset after them."""
     groups, i = _read_uleb(data, i, end)
     n_locals = 0
     for _ in range(groups):
@@ -198,6 +194,59 @@ def _scan_body(
         if n_locals > MAX_LOCALS:
             raise _refuse(index, f"declares more than {MAX_LOCALS} locals (MAX_LOCALS)")
         i = _skip_valtype(data, i, end)
+    return n_locals, i
+
+
+# The rarer instructions' immediates, read out of _scan_body's loop: each answers the offset
+# after them (and what they add to the counts).
+
+
+def _skip_catches(data: bytes, i: int, end: int, index: int) -> tuple[int, int]:
+    """A try_table's catch clauses: how many, and the offset after them."""
+    catches, i = _read_uleb(data, i, end)
+    if catches > MAX_BR_TABLE_TARGETS:
+        raise _refuse(index, f"try_table with {catches} catch clauses")
+    for _ in range(catches):
+        clause = data[i]
+        i += 1
+        if clause in (0, 1):  # catch / catch_ref: a tag, then a label
+            i = _skip_leb(data, i, end)
+        i = _skip_leb(data, i, end)
+    return catches, i
+
+
+def _skip_br_table(data: bytes, i: int, end: int, index: int) -> int:
+    """A br_table's targets and default: the offset after them."""
+    targets, i = _read_uleb(data, i, end)
+    if targets > MAX_BR_TABLE_TARGETS:
+        raise _refuse(
+            index,
+            f"br_table with {targets} targets, over {MAX_BR_TABLE_TARGETS} (MAX_BR_TABLE_TARGETS)",
+        )
+    for _ in range(targets + 1):
+        i = _skip_leb(data, i, end)
+    return i
+
+
+def _skip_fc(data: bytes, i: int, end: int, index: int) -> tuple[int, int]:
+    """A 0xfc instruction after its prefix: the offset after it, and 1 if it is a table
+    access (counted with the indirect calls), else 0."""
+    sub, i = _read_uleb(data, i, end)
+    lebs = _FC_LEBS.get(sub)
+    if lebs is None:
+        raise _refuse(index, f"unsupported instruction 0xfc {sub}")
+    for _ in range(lebs):
+        i = _skip_leb(data, i, end)
+    return i, 1 if sub in _FC_INDIRECT else 0
+
+
+def _scan_body(
+    data: bytes, i: int, end: int, index: int, grows: list[tuple[int, int]] | None = None
+) -> tuple[int, int, int, int, int, int]:
+    """Check one body; return (locals, max depth, loops, locals x blocks, conditional
+    branches, table accesses and indirect calls). ``IndexError`` means it is truncated.
+    ``grows``, when given, gets the offset and length of each ``memory.grow`` of memory 0."""
+    n_locals, i = _read_locals(data, i, end, index)
     depth = max_depth = 1  # the body itself is a block ended by the final `end`
     loops = blocks = branches = indirect = 0
     # Past this many blocks the locals-times-blocks product crosses its limit.
@@ -243,16 +292,8 @@ def _scan_body(
             b = data[i]
             i = _skip_leb(data, i + 1, end) if b in (0x63, 0x64) else _skip_leb(data, i, end)
             if kind == _TRY_TABLE:
-                catches, i = _read_uleb(data, i, end)
-                if catches > MAX_BR_TABLE_TARGETS:
-                    raise _refuse(index, f"try_table with {catches} catch clauses")
+                catches, i = _skip_catches(data, i, end, index)
                 branches += catches  # each an edge out of every call in the block
-                for _ in range(catches):
-                    clause = data[i]
-                    i += 1
-                    if clause in (0, 1):  # catch / catch_ref: a tag, then a label
-                        i = _skip_leb(data, i, end)
-                    i = _skip_leb(data, i, end)
         elif kind == _END:
             if op == _DELEGATE:
                 i = _skip_leb(data, i, end)
@@ -272,15 +313,7 @@ def _scan_body(
             i = _skip_leb(data, _skip_leb(data, i, end), end)
         elif kind == _BR_TABLE:
             branches += 1
-            targets, i = _read_uleb(data, i, end)
-            if targets > MAX_BR_TABLE_TARGETS:
-                raise _refuse(
-                    index,
-                    f"br_table with {targets} targets, over {MAX_BR_TABLE_TARGETS} "
-                    "(MAX_BR_TABLE_TARGETS)",
-                )
-            for _ in range(targets + 1):
-                i = _skip_leb(data, i, end)
+            i = _skip_br_table(data, i, end, index)
         elif kind == _GROW:
             start = i - 1
             memory, i = _read_uleb(data, i, end)
@@ -296,14 +329,8 @@ def _scan_body(
             for _ in range(count):
                 i = _skip_valtype(data, i, end)
         elif kind == _FC:
-            sub, i = _read_uleb(data, i, end)
-            lebs = _FC_LEBS.get(sub)
-            if lebs is None:
-                raise _refuse(index, f"unsupported instruction 0xfc {sub}")
-            if sub in _FC_INDIRECT:
-                indirect += 1
-            for _ in range(lebs):
-                i = _skip_leb(data, i, end)
+            i, more = _skip_fc(data, i, end, index)
+            indirect += more
         elif kind == _FD:
             sub, i = _read_uleb(data, i, end)
             if sub > _FD_MAX:

@@ -8,7 +8,7 @@ registry and the policy.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.admission import command_profile, declared_namespaces, declared_version
 from ..core.codeshape import scan_module
@@ -20,6 +20,13 @@ from ..packaging.package import Package
 from .planning import plan_package
 from .policy import Policy
 
+if TYPE_CHECKING:
+    from ..core.admission import AdmissionPlan
+    from ..core.grants import Grant
+    from ..core.manifest import Resources
+    from ..core.registry import RegistryView
+    from ..core.wasmbin import ImportEntry, ModuleHeader
+
 
 def inspect_package(
     package: Package, registry: Registry, policy: Policy, grants: Sequence[str]
@@ -28,80 +35,16 @@ def inspect_package(
         "source": package.source,
         "sha256": package.sha256,
         "size": len(package.wasm),
-        "manifest": None,
-        "signature": None,
+        "manifest": _manifest_report(package),
+        "signature": _signature_report(package),
     }
-    if package.signer is not None:
-        report["signature"] = {
-            "publisher": package.signer,
-            "package_sha256": package.package_digest,
-            "verified": True,
-            "verified_by": package.verified_by or "an Ed25519 key of the trust file",
-        }
-    manifest = package.manifest
-    if manifest is not None:
-        report["manifest"] = {
-            "id": manifest.id,
-            "version": manifest.version,
-            "publisher": manifest.publisher,
-            "abi": manifest.abi,
-            "required": sorted(manifest.required),
-            "optional": sorted(manifest.optional),
-            "commands": {c.name: c.description for c in manifest.commands},
-            "events": (
-                {
-                    "classes": list(manifest.events.classes),
-                    "command": manifest.events.command,
-                    "on_overflow": manifest.events.on_overflow,
-                    "queue_depth": manifest.events.queue_depth,
-                }
-                if manifest.events is not None
-                else None
-            ),
-            "identity": "enforced" if package.signer is not None else "declared",
-        }
     try:
         header = read_header(package.wasm)
     except WasmFormatError as exc:
         report["admission"] = {"admitted": False, "problems": [f"not a valid module: {exc}"]}
         return report
-    profile = command_profile(header, registry)
-    view = None
-    if profile is not None:
-        report["abi"] = f"none: a plain {profile.name} command"
-        view = registry.profile_view(profile)
-    else:
-        try:
-            version = declared_version(header)
-            report["abi"] = str(version)
-            namespaces, _ = declared_namespaces(header, registry)
-            view = registry.view(version, namespaces) if registry.supports(version) else None
-            if view is not None:
-                report["features"] = list(view.features)
-        except AdmissionError:
-            report["abi"] = None
-    imports = []
-    for imp in header.imports:
-        row: dict[str, Any] = {
-            "module": imp.module,
-            "name": imp.name,
-            "kind": imp.kind,
-            "type": str(imp.func_type) if imp.func_type else None,
-            "entry": None,
-        }
-        entry = view.lookup(imp.module, imp.name) if view is not None else None
-        if entry is not None:
-            row["entry"] = {
-                "capability": entry.capability,
-                "max_request_bytes": entry.max_request_bytes,
-                "max_response_bytes": entry.max_response_bytes,
-                "fuel_base": entry.fuel_base,
-                "fuel_per_byte": entry.fuel_per_byte,
-            }
-            if entry.convention != "cbor":  # as the registry's JSON says it
-                row["entry"]["convention"] = entry.convention
-        imports.append(row)
-    report["imports"] = imports
+    view = _abi_report(header, registry, report)
+    report["imports"] = [_import_row(imp, view) for imp in header.imports]
     report["exports"] = [
         {"name": e.name, "kind": e.kind, "type": str(e.func_type) if e.func_type else None}
         for e in header.exports
@@ -122,7 +65,101 @@ def inspect_package(
         "abi": str(plan.version) if plan.version is not None else plan.view.label,
         "granted": sorted(grant.capabilities),
     }
-    report["enforced"] = [
+    report["enforced"], report["declared"] = _protections(package, plan, grant, resources)
+    return report
+
+
+def _signature_report(package: Package) -> dict[str, Any] | None:
+    """Who signed the package and how it was verified; None when it is not signed."""
+    if package.signer is None:
+        return None
+    return {
+        "publisher": package.signer,
+        "package_sha256": package.package_digest,
+        "verified": True,
+        "verified_by": package.verified_by or "an Ed25519 key of the trust file",
+    }
+
+
+def _manifest_report(package: Package) -> dict[str, Any] | None:
+    """What the manifest declares; None for a bare module."""
+    manifest = package.manifest
+    if manifest is None:
+        return None
+    return {
+        "id": manifest.id,
+        "version": manifest.version,
+        "publisher": manifest.publisher,
+        "abi": manifest.abi,
+        "required": sorted(manifest.required),
+        "optional": sorted(manifest.optional),
+        "commands": {c.name: c.description for c in manifest.commands},
+        "events": (
+            {
+                "classes": list(manifest.events.classes),
+                "command": manifest.events.command,
+                "on_overflow": manifest.events.on_overflow,
+                "queue_depth": manifest.events.queue_depth,
+            }
+            if manifest.events is not None
+            else None
+        ),
+        "identity": "enforced" if package.signer is not None else "declared",
+    }
+
+
+def _abi_report(
+    header: ModuleHeader, registry: Registry, report: dict[str, Any]
+) -> RegistryView | None:
+    """Put the module's ABI (and the view's features) in ``report``; the registry view its
+    imports are looked up in, None when there is none."""
+    profile = command_profile(header, registry)
+    view = None
+    if profile is not None:
+        report["abi"] = f"none: a plain {profile.name} command"
+        view = registry.profile_view(profile)
+    else:
+        try:
+            version = declared_version(header)
+            report["abi"] = str(version)
+            namespaces, _ = declared_namespaces(header, registry)
+            view = registry.view(version, namespaces) if registry.supports(version) else None
+            if view is not None:
+                report["features"] = list(view.features)
+        except AdmissionError:
+            report["abi"] = None
+    return view
+
+
+def _import_row(imp: ImportEntry, view: RegistryView | None) -> dict[str, Any]:
+    """One import, with the registry entry that serves it (None when none does)."""
+    row: dict[str, Any] = {
+        "module": imp.module,
+        "name": imp.name,
+        "kind": imp.kind,
+        "type": str(imp.func_type) if imp.func_type else None,
+        "entry": None,
+    }
+    entry = view.lookup(imp.module, imp.name) if view is not None else None
+    if entry is not None:
+        row["entry"] = {
+            "capability": entry.capability,
+            "max_request_bytes": entry.max_request_bytes,
+            "max_response_bytes": entry.max_response_bytes,
+            "fuel_base": entry.fuel_base,
+            "fuel_per_byte": entry.fuel_per_byte,
+        }
+        if entry.convention != "cbor":  # as the registry's JSON says it
+            row["entry"]["convention"] = entry.convention
+    return row
+
+
+def _protections(
+    package: Package, plan: AdmissionPlan, grant: Grant, resources: Resources
+) -> tuple[list[str], list[str]]:
+    """What the host enforces for an admitted package, and what the package merely declares."""
+    manifest = package.manifest
+    enforced = [
         "wasm isolation: the guest reaches the host only through the imports listed above",
         f"imports limited to the registry view of {plan.view.label} and the granted capabilities",
         "capability checked again on every host call; payload limits per registry entry",
@@ -135,22 +172,22 @@ def inspect_package(
         f"{resources.max_output_bytes} B, log <= {resources.max_log_bytes} B",
     ]
     if "storage" in grant.capabilities:
-        report["enforced"].append(
+        enforced.append(
             f"storage: the extension's own namespace, at most {resources.storage_max_bytes} B "
             f"in {resources.storage_max_objects} keys (a grant scope may lower both)"
         )
-    report["declared"] = [
+    declared = [
         "command descriptions and optional capabilities the guest may or may not use",
     ]
     events = manifest.events if manifest is not None else None
     if events is not None and "events" in grant.capabilities:
-        report["enforced"].append(
+        enforced.append(
             f"events: subscriptions only within {', '.join(events.classes)} (and the grant's "
             f"scope); each queue <= {events.queue_depth} events, '{events.on_overflow}' when "
             f"full; delivered through {events.command} under the per-call budget"
         )
     if package.signer is not None and manifest is not None:
-        report["enforced"].insert(
+        enforced.insert(
             0,
             f"extension id {manifest.id}, version {manifest.version} and publisher "
             f"{package.signer}: verified by "
@@ -163,12 +200,12 @@ def inspect_package(
             + ", which covers every file",
         )
     else:
-        report["declared"].insert(
+        declared.insert(
             0,
             "extension id, version and publisher: taken from the manifest, not verified "
             "(only a signed .whpkg checked against a trust store is verified)",
         )
-    return report
+    return enforced, declared
 
 
 def render_text(report: dict[str, Any]) -> str:

@@ -252,34 +252,9 @@ class Host:
         # How far a plain command of each profile may grow its memory, where its factory says
         # (WasiOptions.max_memory_bytes); planning gives the others the command default.
         self.command_memory: dict[str, int] = {}
-        for profile, factory in profiles:
-            if self.registry.profile_for_module(profile.module) is None:
-                self.registry.add_profile(profile)
-            self.profile_factories[profile.module] = factory
-            if isinstance(factory, CommandMemory):
-                self.command_memory[profile.module] = factory.command_max_memory_bytes
-        if (
-            self.registry.serves_profile(WASI_MODULE)
-            and WASI_MODULE not in self.profile_factories
-        ):
-            # WASI is served by default with nothing configured: no mounts, no args or env,
-            # stdio to the extension log; what a guest may use still depends on its grant.
-            self.profile_factories[WASI_MODULE] = _default_wasi_binding
-        # Which broker serves each cbor entry: the built-ins register as an embedder's would,
-        # and a broker the embedder passes replaces the built-in of the same name (a storage
-        # broker on its own database, a secrets broker on its own store).
+        self._add_profiles(profiles)
         self.functions = HostFunctions(self.registry)
-        given: dict[str, Broker] = {}
-        for broker in brokers:
-            if broker.name in given:
-                raise ConfigError(f"two brokers named {broker.name!r} given")
-            given[broker.name] = broker
-        for builtin in builtin_brokers():
-            broker = given.pop(builtin.name, builtin)
-            if all(self._has_entry(f) for f in broker.functions):
-                self.functions.add_broker(broker)
-        for broker in given.values():
-            self.functions.add_broker(broker)
+        self._add_brokers(brokers)
         directory = default_cache_dir() if cache_dir is DEFAULT_CACHE_DIR else cache_dir
         if directory is not None and not isinstance(directory, Path):
             directory = Path(str(directory))
@@ -288,11 +263,7 @@ class Host:
         # it (an update there is refused meanwhile): updates.Presence.
         self.presence: Presence | None = None
         if state_dir is not None:
-            from ..store.state import StateStore
-            from .updates import Presence
-
-            self.state = StateStore(state_dir)
-            self.presence = Presence(self.state.directory)
+            self._open_state(state_dir)
         # The highest revocation-list version seen: durable with a state directory. Made when
         # a policy with a revocation list first needs it (see _floor).
         self._revocation_floor: VersionFloor | None = None
@@ -336,23 +307,74 @@ class Host:
         self.scheduler = scheduler
         self.call_gate: CallGate | None = None
         if scheduler is not None:
-            from ..supervisor.scheduling import Scheduler
-            from .call_gate import CallGate
-
-            if not isinstance(scheduler, Scheduler):
-                raise ConfigError(
-                    f"scheduler must be a wasihost.supervisor.scheduling.Scheduler: {scheduler!r}"
-                )
-            self.call_gate = CallGate(scheduler)
+            self.call_gate = self._call_gate_of(scheduler)
         self.host_call_tally = HostCallTally()
         self._metrics_publisher: MetricsPublisher | None = None
         if self.state is not None:
-            from ..supervisor.opmetrics import MetricsPublisher
+            self._metrics_publisher = self._publisher_of(self.state)
 
-            me = weakref.ref(self)
-            self._metrics_publisher = MetricsPublisher(
-                self.state, _snapshot_of(me), tick=_grant_sync_of(me)
+    # Host.__init__'s steps that need more than a line, in the order it takes them.
+
+    def _add_profiles(self, profiles: Iterable[tuple[Profile, ProfileFactory]]) -> None:
+        """Serve each profile given (added to the registry when it lacks it) with its factory,
+        and WASI, when the registry serves it, by default."""
+        for profile, factory in profiles:
+            if self.registry.profile_for_module(profile.module) is None:
+                self.registry.add_profile(profile)
+            self.profile_factories[profile.module] = factory
+            if isinstance(factory, CommandMemory):
+                self.command_memory[profile.module] = factory.command_max_memory_bytes
+        if (
+            self.registry.serves_profile(WASI_MODULE)
+            and WASI_MODULE not in self.profile_factories
+        ):
+            # WASI is served by default with nothing configured: no mounts, no args or env,
+            # stdio to the extension log; what a guest may use still depends on its grant.
+            self.profile_factories[WASI_MODULE] = _default_wasi_binding
+
+    def _add_brokers(self, brokers: Iterable[Broker]) -> None:
+        """Which broker serves each cbor entry: the built-ins register as an embedder's would,
+        and a broker the embedder passes replaces the built-in of the same name (a storage
+        broker on its own database, a secrets broker on its own store)."""
+        given: dict[str, Broker] = {}
+        for broker in brokers:
+            if broker.name in given:
+                raise ConfigError(f"two brokers named {broker.name!r} given")
+            given[broker.name] = broker
+        for builtin in builtin_brokers():
+            broker = given.pop(builtin.name, builtin)
+            if all(self._has_entry(f) for f in broker.functions):
+                self.functions.add_broker(broker)
+        for broker in given.values():
+            self.functions.add_broker(broker)
+
+    def _open_state(self, state_dir: Path) -> None:
+        """The durable state store, and this host's presence on its directory."""
+        from ..store.state import StateStore
+        from .updates import Presence
+
+        self.state = StateStore(state_dir)
+        self.presence = Presence(self.state.directory)
+
+    @staticmethod
+    def _call_gate_of(scheduler: Scheduler) -> CallGate:
+        """The gate of the host's calls on ``scheduler``'s host-wide slots."""
+        from ..supervisor.scheduling import Scheduler
+        from .call_gate import CallGate
+
+        if not isinstance(scheduler, Scheduler):
+            raise ConfigError(
+                f"scheduler must be a wasihost.supervisor.scheduling.Scheduler: {scheduler!r}"
             )
+        return CallGate(scheduler)
+
+    def _publisher_of(self, state: StateStore) -> MetricsPublisher:
+        """The operator metrics published to ``state``; its thread holds the host weakly
+        (see _snapshot_of)."""
+        from ..supervisor.opmetrics import MetricsPublisher
+
+        me = weakref.ref(self)
+        return MetricsPublisher(state, _snapshot_of(me), tick=_grant_sync_of(me))
 
     def _has_entry(self, qualified: str) -> bool:
         module, _, name = qualified.rpartition(".")
