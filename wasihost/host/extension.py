@@ -57,6 +57,7 @@ from .handshake import Handshake, guest_error, guest_error_line, run_handshake
 from .planning import check_package_policy, plan_package
 
 if TYPE_CHECKING:
+    from ..core.budget_crossing import Crossing
     from ..supervisor.eviction import Room
     from ..supervisor.reports import Usage
     from .services import HostServices
@@ -1360,151 +1361,87 @@ class Extension:
     ) -> Any:
         """Run ``command`` with ``value`` (any CBOR-encodable value) and return its output.
 
-        A command the manifest declares ``input = "bytes"`` takes ``value`` as bytes-like
-        (bytes, bytearray, a contiguous memoryview) and gets it as it is; ``output = "bytes"``
-        returns the guest's bytes as ``bytes``. ``max_input_bytes``/``max_output_bytes`` bound
-        the payload either way.
-
-        One budget covers everything the call runs: on a call that needs a new instance (the
-        first, the first after a crash or restart, or one more for the pool) that includes
-        the start function and the handshake, and waiting for a free instance when
-        ``max_concurrency`` calls are in flight. It is the extension's ``fuel_per_call`` and
-        ``timeout_ms``, or ``fuel``/``timeout_ms`` for this call alone, which may lower them
-        but never raise them."""
-        gate = self._call_gate  # scheduling hook: take a host call slot first (call_gate.py)
+        A command declared ``input = "bytes"`` takes ``value`` bytes-like (bytes, bytearray, a
+        contiguous memoryview) as it is, ``output = "bytes"`` returns the guest's bytes, and
+        ``max_input_bytes``/``max_output_bytes`` bound the payload either way. One budget covers
+        all the call runs (a new instance's start and handshake, a wait for one): ``fuel_per_call``
+        and ``timeout_ms``, or lower ``fuel``/``timeout_ms`` for this call (docs/embedding.md)."""
+        # -- route -- scheduling hook: take a host call slot first (call_gate.py)
+        gate = self._call_gate
         if gate is not None and not gate.holding():
             return gate.call(self, command, value, fuel, timeout_ms)
-        # _check_command's answer for a name seen before, inlined (a frame less per call).
+        # -- wire -- fast paths inline, here and below: a no-op call notices every frame
         wire = self._command_names.get(command) if isinstance(command, str) else None
         if wire is None:
             wire = self._check_command(command)
-        name = wire.name
+        # -- admit -- An async call (aio) hands its ticket and deadline over in thread state.
         if self._draining:  # refused at once, not after the call in flight
             raise ExtensionUnavailable(self.id, self.lifecycle.state, SHUTTING_DOWN)
         r = self.resources
         local = self._local.state
-        # An async call (aio) hands its ticket and deadline over through the thread's state,
-        # which keeps them off this signature and a frame off every call.
-        ticket = local.ticket
-        deadline = local.deadline
+        ticket, deadline = local.ticket, local.deadline
         if ticket is not None or deadline is not None:
             local.ticket = local.deadline = None
+        # -- encode --
         if wire.raw_input:
             payload = _raw_input(command, value, r.max_input_bytes)
-        else:
-            # null in or out is the commonest payload of all: skip the codec for it.
+        else:  # null, the commonest payload of all, without the codec
             payload = CBOR_NULL if value is None else encode(value, self._input_limits)
         max_body = r.max_output_bytes if wire.raw_output else r.max_output_bytes + CBOR_HEAD_BYTES
+        # -- budget -- none for a plain call: _checkout's, or the instance's own
         budget: Budget | None = None
         if fuel is not None or timeout_ms is not None or deadline is not None:
-            # fuel and timeout_ms stay the caller's (a restart below passes them on): with a
-            # budget, _checkout does not read them.
-            budget = self._caller_budget(r, fuel, timeout_ms)
-            if deadline is not None and deadline < budget.deadline:
-                budget.deadline = deadline
-        # _checkout's fast path inlined (an idle instance, taken at once): a no-op call
-        # notices every method call and context manager.
+            budget = self._call_budget(r, fuel, timeout_ms, deadline)
+        # -- take -- an idle instance at once, or _take_slow (a new one, a wait, new limits)
         lock = self._lock
         lock.acquire()
         slot: _Pooled | None = None
         alone = False  # no other call of this extension ever overlapped one (see below)
         try:
-            # _check_available's fast path inlined: nothing changed since the last call (the
-            # same grant state, held whole; the state one that calls run in). Anything else
-            # takes it whole.
             state = self.lifecycle._state  # without the property's frame
-            if (
+            if (  # nothing changed since the last call, or _check_available whole
                 self._grant_states.get(self._id) is not self._seen_grants
                 or self._seen_grants is None
                 or (state is not _RUNNING and state is not _PROVISIONING)
             ):
                 self._check_available()
             idle = self._idle
-            # An async call (a ticket, a deadline-made budget) takes it too: only a new
-            # instance or a wait needs _checkout's slow path.
             if idle and (ticket is None or not ticket.cancelled):
                 slot = idle.pop()
                 epoch = self.grant.epoch
-                # A short call may keep the GIL unless calls of this extension have run
-                # at once: threads sharing this lock, one keeping the GIL, made the other
-                # wait a switch interval whenever it blocked on the lock (0.27-0.37x one
-                # thread; benchmarks/README.md, Concurrency).
                 if not self._overlapped and len(self._slots) - len(idle) > 1:
                     self._overlapped = True
-                alone = not self._overlapped
+                alone = not self._overlapped  # overlapped calls keep no GIL: benchmarks/README.md
         except Delayed:
-            pass  # budgets: _checkout below waits for room, with the lock released
+            pass  # budgets: _take_slow waits for room, with the lock released
         finally:
             lock.release()
         if slot is None:
-            # The availability check (above, or in _checkout after a wait) may have applied a
-            # policy change (_regrant) that changed the limits the payload, the output bound
-            # and the budget were worked out under: then they are worked out again, or this
-            # one call would pass an input over the new max_input_bytes, or run on a fuel or
-            # timeout over the new ceilings (red-team 2026-12-01). A change of limits always
-            # discards the idle instances, so the inlined path (an idle instance taken) never
-            # meets one, and this costs that path nothing.
-            if self.resources is not r:
-                return self._call_again(command, value, fuel, timeout_ms, ticket, deadline)
-            slot, budget, epoch = self._checkout(fuel, timeout_ms, budget, ticket)
-            if self.resources is not r:  # changed while this call waited in _checkout
-                if ticket is not None:
-                    ticket.detach()
-                self._checkin(slot)  # unused: it serves the call made again
-                if budget is not None:  # a start-up's fuel counts as a call's would
-                    self._charge_fuel(budget.used)
+            slot, budget, epoch = self._take_slow(r, fuel, timeout_ms, budget, ticket)
+            if slot is None:  # the limits changed: worked out again, from the start
                 return self._call_again(command, value, fuel, timeout_ms, ticket, deadline)
         elif ticket is not None:
             ticket.attach(slot.instance)
-        instance = slot.instance
-        outer = local.epoch
+        # -- run -- no lock: the instance is this call's alone until it is given back
+        instance, outer = slot.instance, local.epoch
         local.epoch = self._last_epoch = epoch
         try:
             try:
                 if ticket is not None and ticket.memory_cap is not None:
-                    # For the command only (a start-up needs the module's own memory to
-                    # instantiate); lifted below before the instance goes back to the pool.
-                    instance.cap_memory(ticket.memory_cap)
-                # No lock here: the instance is this call's alone until it is checked in.
-                result = instance.call(name, payload, max_body, budget, alone)
+                    instance.cap_memory(ticket.memory_cap)  # the command's only: lifted below
+                result = instance.call(wire.name, payload, max_body, budget, alone)
             except BaseException as exc:
-                self._record_fuel(budget.used if budget is not None else instance.last_call_fuel)
-                self._raise_if_halted_during(instance, "call")
-                if ticket is not None and ticket.cancelled and isinstance(exc, CallError):
-                    # The caller gave up: this instance goes (interrupted mid-call, it is
-                    # dropped as it is checked in); the extension did nothing wrong.
-                    raise _cancelled() from exc
-                # A trap may have left the guest half-way, and so may a KeyboardInterrupt or
-                # SystemExit (or a bug) out of a host function: the instance goes. A refusal
-                # before the guest ran (a ConfigError: the caller's stack is too small; a
-                # CallError before_entry: the caller's frames leave too little of it) keeps
-                # it, and is no crash: a deep caller failed the extension before.
-                if isinstance(exc, CallError) and not exc.before_entry:
-                    if exc.failure in _LEVEL_FAILURES:
-                        self._level_failure(exc, budget, instance)
-                    if exc.failure.discards_instance:
-                        self._crash(f"{exc.failure.value}: {exc.message}", exc.failure)
-                elif not isinstance(exc, WasihostError):
-                    self._crash(f"interrupted: {type(exc).__name__}")
+                self._call_failed(exc, budget, instance, ticket)
                 raise
-            used = local.fuel = self._last_fuel = (
-                budget.used if budget is not None else result.fuel_used
-            )
-            # budgets: count the fuel; a crossing under terminate ends this call too.
+            # -- charge -- budgets: count the fuel; a crossing under terminate ends this call.
+            used = budget.used if budget is not None else result.fuel_used
+            local.fuel = self._last_fuel = used
             crossing = self._add_fuel(used)
             if crossing is not None:
-                ended = self.host.governor.fuel_crossed(self, crossing)
-                if ended is not None:
-                    self._crash(f"{ended.failure.value}: {ended.message}", ended.failure)
-                    raise ended
+                self._fuel_crossed(crossing)
+            # -- answer --
             if result.status != 0:
-                cls, msg = guest_error(result.body)
-                raise CallError(
-                    FailureClass.GUEST_ERROR,
-                    guest_error_line(cls, msg),
-                    guest_class=cls,
-                    guest_message=msg,
-                )
+                raise self._guest_error(result.body)
             if wire.raw_output:
                 return result.body
             if result.body == CBOR_NULL:
@@ -1512,18 +1449,12 @@ class Extension:
             try:
                 return decode(result.body, self._output_limits)
             except CodecError as exc:
-                # The guest broke the protocol: its state is not to be trusted any more.
-                self._crash(f"protocol: command output: {exc.message}", FailureClass.PROTOCOL)
-                raise CallError(
-                    FailureClass.PROTOCOL, f"command output: {exc.message}"
-                ) from None
+                raise self._protocol_error(exc) from None
         finally:
+            # -- give back --
             local.epoch = outer
             if ticket is not None:
-                ticket.detach()  # first: a cancel from now on does not reach the instance
-                if ticket.memory_cap is not None:
-                    instance.cap_memory(None)
-            # _checkin inlined, for the no-op call's sake.
+                self._ticket_done(ticket, instance)
             healthy = not instance.closed and not instance.context.interrupted
             lock.acquire()
             keep = healthy and slot.generation == self._generation
@@ -1539,8 +1470,119 @@ class Extension:
             elif self._evictor is not None:
                 self._evictor.touch(self)  # [density]
             if self._spare_due:
-                self._spare_due = False
-                self._schedule_spare()
+                self._spare_after_call()
+
+    def _call_budget(
+        self, r: Resources, fuel: int | None, timeout_ms: int | None, deadline: float | None
+    ) -> Budget:
+        """:meth:`call`'s budget when the caller set ``fuel`` or ``timeout_ms``, or an async
+        call handed over its ``deadline`` (the budget ends no later). ``fuel`` and
+        ``timeout_ms`` stay the caller's: a call made again (:meth:`_call_again`) passes them
+        on, and with a budget ``_checkout`` does not read them."""
+        budget = self._caller_budget(r, fuel, timeout_ms)
+        if deadline is not None and deadline < budget.deadline:
+            budget.deadline = deadline
+        return budget
+
+    def _take_slow(
+        self,
+        r: Resources,
+        fuel: int | None,
+        timeout_ms: int | None,
+        budget: Budget | None,
+        ticket: CallTicket | None,
+    ) -> tuple[_Pooled | None, Budget | None, int]:
+        """:meth:`call`'s take when no idle instance was there at once (a new one to start, a
+        wait for a free one or for room): :meth:`_checkout`'s slot, budget and epoch, or no
+        slot if the limits ``r`` the call was prepared under changed (it is then made again).
+
+        The availability check (in :meth:`call`, or in ``_checkout`` after a wait) may have
+        applied a policy change (``_regrant``) that changed the limits the payload, the output
+        bound and the budget were worked out under: then they are worked out again, or this
+        one call would pass an input over the new ``max_input_bytes``, or run on a fuel or
+        timeout over the new ceilings (red-team 2026-12-01). A change of limits always
+        discards the idle instances, so the inlined path (an idle instance taken) never meets
+        one, and this costs that path nothing."""
+        if self.resources is not r:
+            return None, budget, 0
+        slot, budget, epoch = self._checkout(fuel, timeout_ms, budget, ticket)
+        if self.resources is not r:  # changed while this call waited in _checkout
+            if ticket is not None:
+                ticket.detach()
+            self._checkin(slot)  # unused: it serves the call made again
+            if budget is not None:  # a start-up's fuel counts as a call's would
+                self._charge_fuel(budget.used)
+            return None, budget, 0
+        return slot, budget, epoch
+
+    def _call_failed(
+        self,
+        exc: BaseException,
+        budget: Budget | None,
+        instance: Instance,
+        ticket: CallTicket | None,
+    ) -> None:
+        """``instance.call`` raised ``exc`` in :meth:`call`, which re-raises it after this:
+        the fuel burnt is recorded, and the instance's fate and the extension's are decided.
+        Raises instead the revocation or close that interrupted the call, or ``cancelled``
+        for a call its caller gave up."""
+        self._record_fuel(budget.used if budget is not None else instance.last_call_fuel)
+        self._raise_if_halted_during(instance, "call")
+        if ticket is not None and ticket.cancelled and isinstance(exc, CallError):
+            # The caller gave up: this instance goes (interrupted mid-call, it is dropped as
+            # it is checked in); the extension did nothing wrong.
+            raise _cancelled() from exc
+        # A trap may have left the guest half-way, and so may a KeyboardInterrupt or
+        # SystemExit (or a bug) out of a host function: the instance goes. A refusal before
+        # the guest ran (a ConfigError: the caller's stack is too small; a CallError
+        # before_entry: the caller's frames leave too little of it) keeps it, and is no
+        # crash: a deep caller failed the extension before.
+        if isinstance(exc, CallError) and not exc.before_entry:
+            if exc.failure in _LEVEL_FAILURES:
+                self._level_failure(exc, budget, instance)
+            if exc.failure.discards_instance:
+                self._crash(f"{exc.failure.value}: {exc.message}", exc.failure)
+        elif not isinstance(exc, WasihostError):
+            self._crash(f"interrupted: {type(exc).__name__}")
+
+    def _ticket_done(self, ticket: CallTicket, instance: Instance) -> None:
+        """An async call's ticket, as :meth:`call` gives its instance back: detached first (a
+        cancel from now on does not reach the instance), then the memory cap it set for the
+        command lifted (a start-up needs the module's own memory to instantiate)."""
+        ticket.detach()
+        if ticket.memory_cap is not None:
+            instance.cap_memory(None)
+
+    def _spare_after_call(self) -> None:
+        """This call started from the warm spare: the next spare is made now that it is over."""
+        self._spare_due = False
+        self._schedule_spare()
+
+    def _fuel_crossed(self, crossing: Crossing) -> None:
+        """budgets: this call's fuel crossed a level; under ``terminate`` the governor's
+        failure ends this call too (and the extension restarts, as after a crash)."""
+        ended = self.host.governor.fuel_crossed(self, crossing)
+        if ended is not None:
+            self._crash(f"{ended.failure.value}: {ended.message}", ended.failure)
+            raise ended
+
+    @staticmethod
+    def _guest_error(body: bytes) -> CallError:
+        """The failure a command answered with a non-zero status ends with: the guest's own
+        error class and message (the instance is kept: the guest said what went wrong)."""
+        cls, msg = guest_error(body)
+        return CallError(
+            FailureClass.GUEST_ERROR,
+            guest_error_line(cls, msg),
+            guest_class=cls,
+            guest_message=msg,
+        )
+
+    def _protocol_error(self, exc: CodecError) -> CallError:
+        """The guest's command output is not the CBOR the protocol promises: its state is not
+        to be trusted any more, so the extension restarts, and the call fails ``protocol``."""
+        self._crash(f"protocol: command output: {exc.message}", FailureClass.PROTOCOL)
+        return CallError(FailureClass.PROTOCOL, f"command output: {exc.message}")
 
     def _call_again(
         self,
