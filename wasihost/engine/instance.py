@@ -11,7 +11,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from ctypes import POINTER, byref
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
 
 import attrs
 import wasmtime
@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from ..core.registry import HostFunction
     from ..core.settings import EngineSettings
     from .hostcalls import HostCallCounter
+    from .native import NativeCall
 
     # For the type checker only: no class is made at start-up, where this module is loaded.
     class EngineHandle(Protocol):
@@ -84,6 +85,10 @@ if TYPE_CHECKING:
         def wasmtime_engine(self) -> wasmtime.Engine: ...
 
         def func_type_address(self, entry: HostFunction) -> int: ...
+
+
+# Refusals pass their exception through Instance._refused as it is.
+_E = TypeVar("_E", bound=Exception)
 
 
 # Where a function sits in a wasmtime_extern_t (after its kind byte), and the struct's size.
@@ -568,26 +573,17 @@ class Instance:
         budget: Budget | None = None,
         may_keep_gil: bool = True,
     ) -> CallResult:
-        """Run one command per the ABI calling convention, under what is left of ``budget``
-        (a fresh per-call budget when None). One thread at a time. ``may_keep_gil`` False
-        releases the GIL across guest code even for a short call (the owner knows another
-        thread is busy with something this call shares).
-
-        ``payload`` (bytes-like, one byte per item) is copied once into the guest's block and
-        the response body once out of guest memory; each copy costs ``COMMAND_FUEL_PER_BYTE`` a
-        byte of the call's fuel."""
+        """Run one command per the ABI calling convention, under what is left of ``budget`` (a fresh
+        per-call budget when None). One thread at a time. ``may_keep_gil`` False releases the GIL
+        across guest code even for a short call (the owner knows another thread is busy with
+        something this call shares). ``payload`` (bytes-like, one byte per item) is copied once
+        into the guest's block and the response body once out of guest memory; each copy costs
+        ``COMMAND_FUEL_PER_BYTE`` a byte of the call's fuel."""
+        # -- refuse -- _arm, _account, _invoke, check_stack_here inline: frames cost a no-op call
         host = self._ctx
         if self.closed or host.interrupted:
-            # Each refusal before the guest runs says the call burnt nothing: an owner charges
-            # last_call_fuel after a failure, and the last call's figure would charge that
-            # call twice (12M fuel again for a deep caller's refusal, issue 28 second pass).
-            self.last_call_fuel = 0
-            raise CallError(
-                FailureClass.HOST_ERROR if self.closed else FailureClass.DEADLINE,
-                "instance is closed" if self.closed else "interrupted by the host",
-            )
-        # The stack left below this frame, where the guest is entered: a deep caller, or a
-        # guest nested through a host function, finds too little (check_stack_here inlined).
+            raise self._refused(_not_enterable(self.closed))
+        # -- stack -- left below this frame for the guest: a deep caller, or a nested guest
         stack, needed = THREAD_STACK, self._stack_needed
         context = stack.context
         if context is None:
@@ -595,48 +591,34 @@ class Instance:
         GET_CONTEXT(context)
         left = context[SP_WORD] - stack.low
         if left < needed or left > stack.size:  # too little, or not the thread's stack
-            self.last_call_fuel = 0
-            raise refuse_entry(needed, left)
-        # _arm and _account inlined: method calls are a measurable share of a no-op call.
+            raise self._refused(refuse_entry(needed, left))
+        # -- budget -- the host's copy of the input is paid for before it is made
         started = time.monotonic()
         if budget is None:
-            fuel = self._limits.fuel
-            deadline = started + self._timeout_s
+            fuel, deadline = self._limits.fuel, started + self._timeout_s
         else:
-            fuel = budget.fuel
-            deadline = budget.deadline
-        # The host's copy of the input is paid for before it is made, like the guest's work.
+            fuel, deadline = budget.fuel, budget.deadline
         input_price = len(payload) * COMMAND_FUEL_PER_BYTE
         if input_price >= fuel:
-            self.last_call_fuel = 0
-            raise CallError(
-                FailureClass.OUT_OF_FUEL,
-                f"{fuel} fuel cannot pay for copying {len(payload)} bytes of input "
-                f"({COMMAND_FUEL_PER_BYTE} a byte)",
-            )
+            raise self._refused(_input_unpaid(fuel, len(payload)))
+        # -- enter -- the guest is entered in this frame only: sigint's ENTRY_CODES find it
         token = self._token
         try:
             token.pop()
         except IndexError:
             raise _in_use() from None
         ctx = self._context
-        # A short call keeps the GIL through both crossings: releasing it costs more than its
-        # guest work, and hands it to any other thread waiting (see docs/engine.md). The
-        # ticker needs no GIL, so the deadline holds either way.
+        # A short call keeps the GIL through both crossings (docs/engine.md, Threads and the GIL)
         keep = host.keep_gil = (
-            may_keep_gil
-            and command in self._short_commands
-            and self._gil_trust.kept
-            and not GIL_WANTED
+            may_keep_gil and command in self._short_commands
+            and self._gil_trust.kept and not GIL_WANTED
         )
-        if keep:
-            cross = command_call_keeping_gil
-        else:
-            cross = command_call
+        cross = command_call_keeping_gil if keep else command_call
+        if not keep:
             GIL_WANTED.add(self)
-        fuel_left = self._fuel_left
-        trap = self._trap_slot
+        fuel_left, trap = self._fuel_left, self._trap_slot
         try:
+            # -- arm --
             fuel_arg = self._fuel_arg
             fuel_arg.value = fuel - input_price
             command_set_fuel(ctx, fuel_arg)
@@ -644,30 +626,22 @@ class Instance:
             host.fuel_debt = 0
             mem = host.native
             mem.deadline = deadline
+            # -- alloc --
             cmd_len = len(command)
             total = cmd_len + len(payload)
             words = self._words1
             words[0] = total
-            # _invoke inlined: two method calls are a measurable share of a no-op call.
             err = cross(ctx, self._alloc_ref, self._args1, _ONE_ARG, trap)
             if err or trap[0]:
                 self._raise_failure(err)
             ptr = words[0] & U32
-            # The guest may have grown its memory in wasihost_alloc: size_for sees that (and
-            # is only called then: its frame is a measurable share of a no-op call).
-            size = mem._size
-            if ptr + total > size:
-                size = mem.size_for(ptr + total)
-            if ptr == 0 or ptr + total > size:
-                raise CallError(
-                    FailureClass.PROTOCOL,
-                    f"wasihost_alloc({total}) returned {ptr}, not a block inside memory of "
-                    f"{size} bytes",
-                )
-            # Name and payload written in place: no joined copy of a large payload first.
+            if ptr == 0 or ptr + total > mem._size:
+                _check_block(mem, ptr, total)
+            # -- write -- name and payload in place: no joined copy of a large payload first
             view = mem._view
             view[ptr : ptr + cmd_len] = command
             view[ptr + cmd_len : ptr + total] = payload
+            # -- run --
             words = self._words3
             words[0] = ptr
             words[_RAW_WORDS] = cmd_len
@@ -675,36 +649,17 @@ class Instance:
             err = cross(ctx, self._call_ref, self._args3, _THREE_ARGS, trap)
             if err or trap[0]:
                 self._raise_failure(err)
+            # -- read -- the copy out is paid for like a host call's bytes, as the call ends
             packed = words[0]
-            resp_ptr = packed >> 32
-            resp_len = packed & U32
+            resp_ptr, resp_len = packed >> 32, packed & U32
             resp_end = resp_ptr + resp_len
-            # The guest may have grown its memory during the call: size_for sees that.
-            size = mem._size
-            if resp_end > size:
-                size = mem.size_for(resp_end)
-                if resp_end > size:
-                    raise CallError(
-                        FailureClass.PROTOCOL,
-                        f"response [{resp_ptr}, +{resp_len}) outside memory of {size} bytes",
-                    )
-            if resp_len < 4:
-                raise CallError(
-                    FailureClass.PROTOCOL, f"response of {resp_len} bytes has no status"
-                )
-            if resp_len - 4 > max_output_bytes:
-                raise CallError(
-                    FailureClass.PROTOCOL,
-                    f"response body of {resp_len - 4} bytes over the output limit of "
-                    f"{max_output_bytes}",
-                )
-            # The copy out is paid for like a host call's bytes: settled as the call ends.
+            if resp_end > mem._size or resp_len < 4 or resp_len - 4 > max_output_bytes:
+                _check_response(mem, resp_ptr, resp_len, max_output_bytes)
             host.fuel_debt += resp_len * COMMAND_FUEL_PER_BYTE
             status = _STATUS(mem._view, resp_ptr)[0]
-            # The one copy out: slicing the char array at the memory's base makes the bytes in
-            # one step (a view slice makes a view, then its copy). Inside the size checked above.
-            body = mem._bytes[resp_ptr + 4 : resp_end]
+            body = mem._bytes[resp_ptr + 4 : resp_end]  # bytes at once (a view slice: view, copy)
         finally:
+            # -- account --
             if not keep:
                 GIL_WANTED.discard(self)
             command_get_fuel(ctx, fuel_left)
@@ -713,19 +668,13 @@ class Instance:
             used = fuel - left + debt
             self.fuel_used += used
             self.last_call_fuel = used
-            if used < self._keep_gil_below:
-                if not keep and len(self._short_commands) < MAX_SHORT_COMMANDS:
-                    self._short_commands.add(command)
-            else:
-                self._short_commands.discard(command)
-                if keep and time.monotonic() - started > self._tick_s:
-                    # Kept the GIL past a whole tick: one bulk memory instruction (memory.fill
-                    # of 512 MiB) runs to its end between two epoch checks and meets at most
-                    # one tick, so the two-tick rule of on_epoch_tick never saw it. No later
-                    # call of its module keeps the GIL.
-                    self._gil_trust.withdraw()
+            if used >= self._keep_gil_below:
+                self._not_short(command, keep, started)
+            elif not keep and len(self._short_commands) < MAX_SHORT_COMMANDS:
+                self._short_commands.add(command)
             if budget is not None:
                 budget.spend(used)
+            # -- leave --
             token.append(True)
             if self._close_pending:
                 self.close()
@@ -736,6 +685,24 @@ class Instance:
         if debt > left:
             raise _overrun()
         return _new_result((status, body, used))
+
+    def _refused(self, error: _E) -> _E:
+        """``error``, refusing a call before the guest runs, which therefore burnt nothing: an
+        owner charges ``last_call_fuel`` after a failure, and the last call's figure would
+        charge that call twice (12M fuel again for a deep caller's refusal, issue 28 second
+        pass)."""
+        self.last_call_fuel = 0
+        return error
+
+    def _not_short(self, command: bytes, kept: bool, started: float) -> None:
+        """A call of ``command`` burnt ``keep_gil_below_fuel`` or more: its next call releases
+        the GIL. If this one ``kept`` it past a whole tick, one bulk memory instruction
+        (memory.fill of 512 MiB) ran to its end between two epoch checks and met at most one
+        tick, so the two-tick rule of on_epoch_tick never saw it: no later call of its module
+        keeps the GIL (docs/engine.md, "Threads and the GIL on the call path")."""
+        self._short_commands.discard(command)
+        if kept and time.monotonic() - started > self._tick_s:
+            self._gil_trust.withdraw()
 
     @property
     def kept_gil(self) -> bool:
@@ -904,3 +871,57 @@ def _overrun() -> CallError:
     return CallError(
         FailureClass.OUT_OF_FUEL, "fuel ran out paying for host calls (settled at the end)"
     )
+
+
+def _not_enterable(closed: bool) -> CallError:
+    return CallError(
+        FailureClass.HOST_ERROR if closed else FailureClass.DEADLINE,
+        "instance is closed" if closed else "interrupted by the host",
+    )
+
+
+def _input_unpaid(fuel: int, size: int) -> CallError:
+    return CallError(
+        FailureClass.OUT_OF_FUEL,
+        f"{fuel} fuel cannot pay for copying {size} bytes of input "
+        f"({COMMAND_FUEL_PER_BYTE} a byte)",
+    )
+
+
+def _check_block(mem: NativeCall, ptr: int, total: int) -> None:
+    """The block ``wasihost_alloc`` answered is not inside the memory as last seen, or is 0:
+    the guest may have grown its memory in the call (``size_for`` sees that, and is only
+    called then: its frame is a measurable share of a no-op call); else the guest broke the
+    protocol."""
+    size = mem._size
+    if ptr + total > size:
+        size = mem.size_for(ptr + total)
+    if ptr == 0 or ptr + total > size:
+        raise CallError(
+            FailureClass.PROTOCOL,
+            f"wasihost_alloc({total}) returned {ptr}, not a block inside memory of "
+            f"{size} bytes",
+        )
+
+
+def _check_response(mem: NativeCall, resp_ptr: int, resp_len: int, max_output_bytes: int) -> None:
+    """The response is not inside the memory as last seen, or is shorter than its status or
+    longer than the output limit: the guest may have grown its memory during the call
+    (``size_for`` sees that); else it broke the protocol."""
+    resp_end = resp_ptr + resp_len
+    size = mem._size
+    if resp_end > size:
+        size = mem.size_for(resp_end)
+        if resp_end > size:
+            raise CallError(
+                FailureClass.PROTOCOL,
+                f"response [{resp_ptr}, +{resp_len}) outside memory of {size} bytes",
+            )
+    if resp_len < 4:
+        raise CallError(FailureClass.PROTOCOL, f"response of {resp_len} bytes has no status")
+    if resp_len - 4 > max_output_bytes:
+        raise CallError(
+            FailureClass.PROTOCOL,
+            f"response body of {resp_len - 4} bytes over the output limit of "
+            f"{max_output_bytes}",
+        )
