@@ -312,33 +312,12 @@ class HostContext:
         bound = self.imports[index]
         entry = bound.entry
         if entry.never_returns:
-
-            def final(env: int, caller: int, args: int, nargs: int) -> int:
-                try:
-                    if self.interrupted:  # its handler records the guest's message: not now
-                        return self.halt_trap()
-                    if not self.native.bound:
-                        return self.call_unbound(final, env, caller, args, nargs)
-                    req_ptr, req_len, _, _ = _CBOR_ARGS(PROCESS_MEMORY, args)
-                    return self._final_call(bound, caller, req_ptr, req_len)
-                except BaseException as exc:
-                    return self.crashed(exc)
-
-            CALLBACK_CODES.add(final.__code__)
-            return final
-
-        handler = bound.handler
+            return self._final_dispatch(bound)
+        handler, gate, mem, settle = bound.handler, self.gate, self.native, self.settle
         limits = self.codec_limits[index]
-        max_items = limits.max_items
-        max_string = limits.max_string_bytes
-        gate = self.gate
-        mem = self.native
-        settle = self.settle
-        name = entry.qualified_name
-        base_price = entry.fuel_base
-        per_byte = entry.fuel_per_byte
-        max_request = entry.max_request_bytes
-        max_response = entry.max_response_bytes
+        max_items, max_string = limits.max_items, limits.max_string_bytes
+        base_price, per_byte = entry.fuel_base, entry.fuel_per_byte
+        max_request, max_response = entry.max_request_bytes, entry.max_response_bytes
         commits = entry.commits
 
         def dispatch(env: int, caller: int, args: int, nargs: int) -> int:
@@ -351,54 +330,47 @@ class HostContext:
                     return self.halt_trap()
                 if not mem.bound:
                     return self.call_unbound(dispatch, env, caller, args, nargs)
+                # -- ranges -- Python ints do not overflow, so these sums are exact; a u32
+                # ptr+len past 2**32 is simply larger than any memory.
                 req_ptr, req_len, resp_ptr, resp_cap = _CBOR_ARGS(PROCESS_MEMORY, args)
-                # Python ints do not overflow, so these sums are exact; a u32 ptr+len past 2**32
-                # is simply larger than any memory.
                 req_end = req_ptr + req_len
                 resp_end = resp_ptr + resp_cap
                 size = mem._size
-                if req_end > size or resp_end > size:  # the guest may have grown its memory
-                    size = mem.size_for(req_end if req_end > resp_end else resp_end)
-                if req_end > size:
-                    return self.fail(
-                        FailureClass.PROTOCOL,
-                        f"{name}: request [{req_ptr}, +{req_len}) outside memory of {size} bytes",
-                    )
-                if resp_end > size:
-                    return self.fail(
-                        FailureClass.PROTOCOL,
-                        f"{name}: response buffer [{resp_ptr}, +{resp_cap}) outside memory of "
-                        f"{size} bytes",
-                    )
-                if req_len and resp_cap and req_ptr < resp_end and resp_ptr < req_end:
-                    return self.fail(FailureClass.PROTOCOL, f"{name}: request and response overlap")
-                # charge() inlined: the request's price joins the debt, settled past SETTLE_FUEL.
+                if (
+                    req_end > size
+                    or resp_end > size
+                    or (req_len and resp_cap and req_ptr < resp_end and resp_ptr < req_end)
+                ):
+                    fault = self._bad_ranges(entry, req_ptr, req_len, resp_ptr, resp_cap)
+                    if fault is not None:
+                        return fault
+                # -- price -- charge() inlined: the request's price joins the debt, settled
+                # past SETTLE_FUEL.
                 debt = self.fuel_debt + base_price + per_byte * req_len
                 self.fuel_debt = debt
                 if debt >= SETTLE_FUEL and not settle(self.context_of(caller), debt):
                     return self.out_of_fuel(self.context_of(caller), entry)
+                # -- admit --
                 if not gate(entry):
                     answer = _DENIED
                 elif req_len > max_request:
                     answer = _PAYLOAD_TOO_LARGE
                 elif commits and resp_cap < max_response:
-                    # Before the effect, so a retry with a bigger buffer (ABI section 7) commits
-                    # once.
+                    # Before the effect: a retry with a bigger buffer (ABI section 7) commits once.
                     answer = _BUFFER_TOO_SMALL
                 else:
                     # The response is paid once its length is known, but the broker's work grows
-                    # with what the guest lets it answer: refuse before the work if the most it
-                    # may answer is more than the Store can pay.
+                    # with what it may answer: refused before the work if the Store cannot pay.
                     most = per_byte * (resp_cap if resp_cap < max_response else max_response)
                     if self.fuel_debt + most >= SETTLE_FUEL and not self.can_pay(most):
                         return self.out_of_fuel(self.context_of(caller), entry)
+                    # -- decode --
                     request: Any = None
                     answer = 0
                     if req_len:
                         raw = mem._view[req_ptr:req_end].tobytes()
                         # A small flat array or map (most requests) straight to its builder,
-                        # without decode()'s dispatch; anything else, and anything it is
-                        # unsure of, to decode().
+                        # without decode()'s dispatch; anything it is unsure of, decoded whole.
                         head = raw[0]
                         request = (
                             flat(raw, max_items, max_string)
@@ -406,29 +378,10 @@ class HostContext:
                             else UNSURE
                         )
                         if request is UNSURE:
-                            try:
-                                if head < 0x80 or head >= 0xE0:
-                                    # A number, a string or a simple value: one item, and
-                                    # decode's direct path for it.
-                                    request, items = decode(raw, limits), 1
-                                else:
-                                    request, items = decode_counted(raw, limits)
-                            except CodecError as exc:
-                                # Read twice at worst: scanned and built by cbor2, then by the
-                                # exact decoder that names the fault.
-                                items = 2 * exc.items
-                                answer = _INVALID_ARGUMENT
-                            if items > FREE_REQUEST_ITEMS:
-                                # The decode's work grows with the items, not the bytes: paid
-                                # per item (refused requests too, for what was read).
-                                debt = self.fuel_debt + FUEL_PER_REQUEST_ITEM * (
-                                    items - FREE_REQUEST_ITEMS
-                                )
-                                self.fuel_debt = debt
-                                if debt >= SETTLE_FUEL and not settle(
-                                    self.context_of(caller), debt
-                                ):
-                                    return self.out_of_fuel(self.context_of(caller), entry)
+                            request, answer, trap = self._decode_priced(raw, limits, caller, entry)
+                            if trap is not None:  # the items' price could not be paid
+                                return trap
+                    # -- serve --
                     if not answer:
                         mem.room = resp_cap
                         try:
@@ -436,37 +389,18 @@ class HostContext:
                         except HostStatus as st:
                             answer = _failure_answer(st.status)
                             if not answer:
-                                # OK, or not a status at all: the handler's bug, never an
-                                # answer (OK would tell the guest 0 bytes were written, a
-                                # negative number that some were).
-                                return self.fail(
-                                    FailureClass.HOST_ERROR,
-                                    f"{name} raised HostStatus({st.status!r}), not a failure "
-                                    "status",
-                                )
-                        except GuestAbort as abort:
-                            return self.fail(FailureClass.PANIC, abort.message)
-                        except GuestOutOfFuel:  # a per-step price the budget could not pay
-                            return self.out_of_fuel(self.context_of(caller), entry)
-                        except GuestDeadline:
-                            return self.fail(FailureClass.DEADLINE, f"{name}: deadline reached")
-                        except GuestInterrupted:
-                            return self.fail(
-                                FailureClass.DEADLINE, f"{name}: interrupted by the host"
-                            )
+                                return self._not_a_failure(entry, st.status)
+                        except (GuestAbort, GuestOutOfFuel, GuestDeadline, GuestInterrupted) as e:
+                            return self._stopped_by_handler(e, caller, entry)
                         else:
+                            # -- answer --
                             if type(response) is StatusAnswer:
                                 answer = response.result
-                            else:
-                                # null, the commonest answer, without the encoder.
+                            else:  # null, the commonest answer, without the encoder
                                 body = _NULL if response is None else encode(response)
                                 size = len(body)
                                 if size > max_response:
-                                    return self.fail(
-                                        FailureClass.HOST_ERROR,
-                                        f"{name}: host produced {size} bytes over the entry's "
-                                        f"{max_response}",
-                                    )
+                                    return self._over_entry(entry, size)
                                 if size > resp_cap:
                                     answer = _BUFFER_TOO_SMALL
                                 else:
@@ -476,8 +410,7 @@ class HostContext:
                                         self.context_of(caller), debt
                                     ):
                                         return self.out_of_fuel(self.context_of(caller), entry)
-                                    # No wasm ran during the handler, so the memory the view
-                                    # shows is what was checked.
+                                    # No wasm ran in the handler: the view is what was checked.
                                     mem._view[resp_ptr : resp_ptr + size] = body
                                     answer = size
                 if answer < 0 and self.tally is not None:  # operator metrics hook
@@ -491,6 +424,112 @@ class HostContext:
 
         CALLBACK_CODES.add(dispatch.__code__)
         return dispatch
+
+    def _bad_ranges(
+        self, entry: HostFunction, req_ptr: int, req_len: int, resp_ptr: int, resp_cap: int
+    ) -> int | None:
+        """The request or the response buffer lies past the memory as last seen, or they
+        overlap: the guest may have grown its memory since (re-read then); else its call ends
+        (``protocol``), and the trap is returned. None: the ranges are good after all."""
+        name = entry.qualified_name
+        mem = self.native
+        req_end = req_ptr + req_len
+        resp_end = resp_ptr + resp_cap
+        size = mem._size
+        if req_end > size or resp_end > size:
+            size = mem.size_for(req_end if req_end > resp_end else resp_end)
+        if req_end > size:
+            return self.fail(
+                FailureClass.PROTOCOL,
+                f"{name}: request [{req_ptr}, +{req_len}) outside memory of {size} bytes",
+            )
+        if resp_end > size:
+            return self.fail(
+                FailureClass.PROTOCOL,
+                f"{name}: response buffer [{resp_ptr}, +{resp_cap}) outside memory of "
+                f"{size} bytes",
+            )
+        if req_len and resp_cap and req_ptr < resp_end and resp_ptr < req_end:
+            return self.fail(FailureClass.PROTOCOL, f"{name}: request and response overlap")
+        return None
+
+    def _decode_priced(
+        self, raw: bytes, limits: CodecLimits, caller: int, entry: HostFunction
+    ) -> tuple[Any, int, int | None]:
+        """A request the flat builder was unsure of, decoded whole: the request and the answer
+        so far (0, or INVALID_ARGUMENT's for one not well-formed or over ``limits``), and None;
+        or, third, the out-of-fuel trap if its items' price cannot be paid. The decode's work
+        grows with the items, not the bytes: they are paid per item past FREE_REQUEST_ITEMS
+        (refused requests too, for what was read)."""
+        request: Any = None
+        answer = 0
+        head = raw[0]
+        try:
+            if head < 0x80 or head >= 0xE0:
+                # A number, a string or a simple value: one item, and decode's direct path.
+                request, items = decode(raw, limits), 1
+            else:
+                request, items = decode_counted(raw, limits)
+        except CodecError as exc:
+            # Read twice at worst: scanned and built by cbor2, then by the exact decoder that
+            # names the fault.
+            items = 2 * exc.items
+            answer = _INVALID_ARGUMENT
+        if items > FREE_REQUEST_ITEMS:
+            debt = self.fuel_debt + FUEL_PER_REQUEST_ITEM * (items - FREE_REQUEST_ITEMS)
+            self.fuel_debt = debt
+            if debt >= SETTLE_FUEL and not self.settle(self.context_of(caller), debt):
+                return None, 0, self.out_of_fuel(self.context_of(caller), entry)
+        return request, answer, None
+
+    def _not_a_failure(self, entry: HostFunction, status: object) -> int:
+        """A handler raised HostStatus with OK, or with no status at all: the handler's bug,
+        never an answer (OK would tell the guest 0 bytes were written, a negative number that
+        some were). The call ends ``host_error``."""
+        return self.fail(
+            FailureClass.HOST_ERROR,
+            f"{entry.qualified_name} raised HostStatus({status!r}), not a failure status",
+        )
+
+    def _stopped_by_handler(self, stop: Exception, caller: int, entry: HostFunction) -> int:
+        """A handler ended the guest's call: it panicked (:class:`GuestAbort`), a per-step
+        price could not be paid (:class:`GuestOutOfFuel`), or its wait met the deadline or an
+        interrupt."""
+        name = entry.qualified_name
+        if isinstance(stop, GuestAbort):
+            return self.fail(FailureClass.PANIC, stop.message)
+        if isinstance(stop, GuestOutOfFuel):
+            return self.out_of_fuel(self.context_of(caller), entry)
+        if isinstance(stop, GuestDeadline):
+            return self.fail(FailureClass.DEADLINE, f"{name}: deadline reached")
+        return self.fail(FailureClass.DEADLINE, f"{name}: interrupted by the host")
+
+    def _over_entry(self, entry: HostFunction, size: int) -> int:
+        """The handler answered more than its entry's ``max_response_bytes``: the host's bug,
+        so the call ends ``host_error`` (the guest's buffer is never the judge of that)."""
+        return self.fail(
+            FailureClass.HOST_ERROR,
+            f"{entry.qualified_name}: host produced {size} bytes over the entry's "
+            f"{entry.max_response_bytes}",
+        )
+
+    def _final_dispatch(self, bound: BoundImport) -> Dispatch:
+        """The dispatch closure of an entry that never returns (``abort``): see
+        :meth:`_final_call`."""
+
+        def final(env: int, caller: int, args: int, nargs: int) -> int:
+            try:
+                if self.interrupted:  # its handler records the guest's message: not now
+                    return self.halt_trap()
+                if not self.native.bound:
+                    return self.call_unbound(final, env, caller, args, nargs)
+                req_ptr, req_len, _, _ = _CBOR_ARGS(PROCESS_MEMORY, args)
+                return self._final_call(bound, caller, req_ptr, req_len)
+            except BaseException as exc:
+                return self.crashed(exc)
+
+        CALLBACK_CODES.add(final.__code__)
+        return final
 
     def _final_call(self, bound: BoundImport, caller: int, req_ptr: int, req_len: int) -> int:
         """An entry that never returns (``abort``): the call ends whatever the request, so no
