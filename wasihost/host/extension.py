@@ -46,10 +46,10 @@ from ..core.lifecycle import (
     check_reason,
 )
 from ..core.limits import lowered
-from ..core.manifest import PAYLOAD_BYTES, Manifest, Resources
+from ..core.manifest import DEFAULT_RUNTIME, PAYLOAD_BYTES, Manifest, Resources
 from ..core.registry import CORE_CAPABILITY, HostFunction
 from ..core.wasmbin import PAGE_BYTES, read_header_cached
-from ..engine import BoundImport, Budget, CompiledModule, Instance, StoreLimits
+from ..engine import BoundImport, Budget, CompiledModule, StoreLimits
 from ..packaging.package import Package
 from ..supervisor.governor import TERMINATED_PREFIX, Delayed, DelayState
 from ..supervisor.supervision import BackingOff, crash_class
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from ..core.budget_crossing import Crossing
     from ..supervisor.eviction import Room
     from ..supervisor.reports import Usage
+    from .backend import GuestInstance
     from .services import HostServices
 
 T = TypeVar("T")
@@ -158,7 +159,7 @@ class _Pooled:
     __slots__ = ("bindings", "epoch", "generation", "instance", "room")
 
     def __init__(
-        self, instance: Instance, bindings: dict[str, ProfileBinding], generation: int
+        self, instance: GuestInstance, bindings: dict[str, ProfileBinding], generation: int
     ) -> None:
         self.instance = instance
         self.bindings = bindings
@@ -228,6 +229,10 @@ class Extension:
         self.host = host
         self.package = package
         self._id = package.name
+        # Where its instances live and run: the backend of its manifest's runtime class.
+        self.backend = host.backend_for(
+            package.manifest.runtime if package.manifest is not None else DEFAULT_RUNTIME
+        )
         self.plan = plan
         self.grant = grant
         self.resources = resources
@@ -557,7 +562,7 @@ class Extension:
         assert self.handshake is not None
         return self.handshake
 
-    def _instances(self) -> tuple[Instance, ...]:
+    def _instances(self) -> tuple[GuestInstance, ...]:
         """Every live instance of the pool, idle or in a call (for tests and diagnostics)."""
         with self._lock:
             return tuple(s.instance for s in self._slots)
@@ -580,7 +585,7 @@ class Extension:
                 for entry in self.plan.imports
             ]
             profile = self.plan.view.profile
-            instance = self.host.engine.new_instance(
+            instance = self.backend.new_instance(
                 self._compiled,
                 bound,
                 self._gate,
@@ -812,7 +817,7 @@ class Extension:
             if slot is not None:
                 self._unregister(slot)
 
-    def _note_refused_grow(self, instance: Instance, failure: CallError | None) -> None:
+    def _note_refused_grow(self, instance: GuestInstance, failure: CallError | None) -> None:
         """A command's run failed (``failure``, or a nonzero exit code): if a memory.grow was
         refused in it, say so in ``last_refused_memory_bytes`` and the failure's hint (the
         program's own words, "Out of memory" or a trap, never name the limit)."""
@@ -885,7 +890,7 @@ class Extension:
             # A caller too deep in its stack to enter the guest is refused before the
             # lifecycle moves (instantiate checks again where it enters): the refusal is the
             # caller's, no failed start of the extension's (docs/engine.md, Stack).
-            self.host.engine.check_entry_stack()
+            self.backend.check_entry_stack()
             owns_lifecycle = self._enter_start()
             spare = self._take_spare()
             if spare is None:
@@ -1151,7 +1156,7 @@ class Extension:
             reason = f"{reason or state.value} during the {during}"
         return ExtensionUnavailable(self.id, state, reason)
 
-    def _interrupt_if_halted(self, instance: Instance) -> None:
+    def _interrupt_if_halted(self, instance: GuestInstance) -> None:
         """A revocation or close that landed before ``instance`` was visible to it."""
         if self.lifecycle.state in (State.REVOKED, State.CLOSED):
             instance.interrupt()
@@ -1248,7 +1253,7 @@ class Extension:
             self._output_limits = payload_limits(resources.max_output_bytes)
             self.host.governor.rebudget(self)  # budgets
 
-    def _raise_if_halted_during(self, instance: Instance, what: str) -> None:
+    def _raise_if_halted_during(self, instance: GuestInstance, what: str) -> None:
         """A failure caused by an operator's revocation, or by a close, interrupting the guest
         is reported as that (the instance is dropped), not as the deadline it used."""
         if instance.interrupted and self.lifecycle.state in (State.REVOKED, State.CLOSED):
@@ -1315,7 +1320,7 @@ class Extension:
                 # throttled) it goes to stopping, and the instances are gone now.
                 self.lifecycle.try_fire(Event.STOPPED)
 
-    def _run_handshake(self, instance: Instance, budget: Budget) -> Handshake:
+    def _run_handshake(self, instance: GuestInstance, budget: Budget) -> Handshake:
         host = self.host
         return run_handshake(
             instance,
@@ -1519,7 +1524,7 @@ class Extension:
         self,
         exc: BaseException,
         budget: Budget | None,
-        instance: Instance,
+        instance: GuestInstance,
         ticket: CallTicket | None,
     ) -> None:
         """``instance.call`` raised ``exc`` in :meth:`call`, which re-raises it after this:
@@ -1545,7 +1550,7 @@ class Extension:
         elif not isinstance(exc, WasihostError):
             self._crash(f"interrupted: {type(exc).__name__}")
 
-    def _ticket_done(self, ticket: CallTicket, instance: Instance) -> None:
+    def _ticket_done(self, ticket: CallTicket, instance: GuestInstance) -> None:
         """An async call's ticket, as :meth:`call` gives its instance back: detached first (a
         cancel from now on does not reach the instance), then the memory cap it set for the
         command lifted (a start-up needs the module's own memory to instantiate)."""
@@ -1641,7 +1646,9 @@ class Extension:
         call_async = _CALL_ASYNC[0] if _CALL_ASYNC else _load_call_async()
         return call_async(self, command, value, fuel=fuel, timeout_ms=timeout_ms)
 
-    def _level_failure(self, exc: CallError, budget: Budget | None, instance: Instance) -> None:
+    def _level_failure(
+        self, exc: CallError, budget: Budget | None, instance: GuestInstance
+    ) -> None:
         """budgets: a call failed at a level's static limit (out of fuel, memory): the
         governor fires that level's action (the call crashes the extension anyway). A trap
         or panic counts as memory's when the guest's memory had grown to within a page of

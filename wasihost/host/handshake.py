@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from ..core.manifest import Manifest
     from ..core.registry import Registry
     from ..core.tokens import TokenIssuer
-    from ..engine import Budget, Instance
+    from ..engine import Budget
+    from .backend import GuestInstance
 
 # Handshake answers are a few short fields; anything bigger is a confused or hostile guest.
 MAX_HANDSHAKE_BYTES = 4096
@@ -64,7 +65,7 @@ class Handshake:
 
 
 def run_handshake(
-    instance: Instance,
+    instance: GuestInstance,
     budget: Budget,
     *,
     ext_id: str,
@@ -155,7 +156,7 @@ def guest_error_line(cls: str, msg: str) -> str:
     return f"{cls}: {msg}" if msg else cls
 
 
-def _reserved(instance: Instance, command: str, request: bytes, budget: Budget) -> bytes:
+def _reserved(instance: GuestInstance, command: str, request: bytes, budget: Budget) -> bytes:
     """The body of a reserved command's OK answer (any other status fails the handshake)."""
     try:
         with instance.lock:

@@ -36,7 +36,7 @@ from ..core.errors import (
 from ..core.extlog import LogSink
 from ..core.grants import Grant, GrantTable, withdrawn
 from ..core.lifecycle import ExtensionRevoked, State, check_reason, clip_reason
-from ..core.manifest import Resources
+from ..core.manifest import DEFAULT_RUNTIME, Resources
 from ..core.registry import HostFunction, Profile, Registry
 from ..core.settings import EngineSettings
 from ..core.threadstack import guest_thread_stack
@@ -80,6 +80,7 @@ if TYPE_CHECKING:
     from ..supervisor.opmetrics import MetricsPublisher
     from ..supervisor.reports import Metrics, QuarantineReport, Usage
     from ..supervisor.scheduling import Scheduler
+    from .backend import ExecutionBackend
     from .call_gate import CallGate
 
 
@@ -1038,10 +1039,13 @@ class Host:
         plan, grant, resources = self.plan(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
         try:
             grow_probed = False
+            backend = self.backend_for(
+                package.manifest.runtime if package.manifest is not None else DEFAULT_RUNTIME
+            )
             if plan.is_command:
-                compiled, grow_probed = self._compile_command(package)
+                compiled, grow_probed = self._compile_command(package, backend)
             else:
-                compiled = self.engine.compile(package.wasm, package.sha256)
+                compiled = backend.compile(package.wasm, package.sha256)
         except CallError as exc:
             raise AdmissionError([exc.message]) from None
         if replacing is not None:
@@ -1074,7 +1078,9 @@ class Host:
             ext.record_step(step, detail)
         return ext
 
-    def _compile_command(self, package: Package) -> tuple[CompiledModule, bool]:
+    def _compile_command(
+        self, package: Package, backend: ExecutionBackend
+    ) -> tuple[CompiledModule, bool]:
         """A plain command compiled with its memory.grow refusals recorded (growprobe), so
         that a run that fails after one names the memory limit; and whether it was probed
         (only then is the probe's global the host's to read: a module that exports its name
@@ -1086,9 +1092,17 @@ class Host:
                 FailureClass.ADMISSION, "the package's sha256 does not match its module bytes"
             )
         probed = probe_refused_grows(
-            package.wasm, read_header_cached(package.wasm), self.engine.validates
+            package.wasm, read_header_cached(package.wasm), backend.validates
         )
-        return self.engine.compile(probed), probed is not package.wasm
+        return backend.compile(probed), probed is not package.wasm
+
+    def backend_for(self, runtime: str) -> ExecutionBackend:
+        """Where extensions of the manifest's runtime class ``runtime`` run (host/backend.py):
+        this host's engine, in this process. Admission (planning.check_package_policy) has
+        refused every other class, so asking for one is the host's own error."""
+        if runtime != DEFAULT_RUNTIME:
+            raise ConfigError(f"this host runs no {runtime!r} extensions (it serves 'wasm')")
+        return self.engine
 
     def extension(self, extension: str) -> Extension | None:
         if not isinstance(extension, str):

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from ..core.serving import Broker, ProfileBinding
     from ..core.sources import Clock
     from ..core.tokens import TokenIssuer
-    from ..engine import WasmEngine
     from ..store.presence import Presence
     from ..store.state import StateStore
     from ..supervisor.eviction import Evictor
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
     from ..supervisor.hostcall_metrics import HostCallTally
     from ..supervisor.scheduling import Scheduler
     from ..supervisor.supervision import Supervisor
+    from .backend import ExecutionBackend
     from .call_gate import CallGate
     from .callworkers import CallWorkers
     from .functions import HostFunctions
@@ -48,7 +48,8 @@ class HostServices(Protocol[E]):
     grants: GrantTable
     tokens: TokenIssuer
     # Instances: the engine, the profiles (WASI) bound per instance, the brokers of the rest.
-    engine: WasmEngine
+    def backend_for(self, runtime: str) -> ExecutionBackend: ...
+
     profile_factories: dict[str, Callable[[E], ProfileBinding]]
     command_memory: dict[str, int]
     functions: HostFunctions
