@@ -527,6 +527,35 @@ def test_cited_tests_exist() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+# Words in backticks on ARCHITECTURE.md that are not names of the code.
+_NOT_CODE_NAMES = frozenset(
+    {"backticks", "extension.toml", "pyproject.toml", "__main__", "TYPE_CHECKING", "wasmtime",
+     "_bindings", "_ffi", "wasi_snapshot_preview1", "None", "bench",
+     "wasmtime_func_call_unchecked"}
+)
+
+
+def test_architecture_names_only_what_exists() -> None:
+    """ARCHITECTURE.md tells a reader to search for the names in backticks: each file it names
+    exists, and each name is defined (a def, a class, an assignment or a module)."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    code = [*(ROOT / "wasihost").rglob("*.py"), *(ROOT / "tests" / "support").glob("*.py")]
+    source = "\n".join(path.read_text() for path in code)
+    modules = {path.stem for path in code}
+    wrong = []
+    for path in re.findall(r"`((?:[a-z_]+/)+[a-z_]+\.py)", text):
+        if not any((base / path).exists() for base in (ROOT, ROOT / "wasihost")):
+            wrong.append(path)
+    for token in re.findall(r"`([^`\s]+)`", text):
+        name = re.fullmatch(r"(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*)(?:\(\))?", token)
+        if name is None or token in _NOT_CODE_NAMES or name.group(1) in modules:
+            continue
+        leaf = name.group(1)
+        if not re.search(rf"\b(def|class) {leaf}\b|^\s*{leaf}\s*[:=]|\bself\.{leaf}\s*[:=]", source, re.M):
+            wrong.append(token)
+    assert not wrong, wrong
+
+
 def test_cited_repository_paths_exist() -> None:
     wrong = []
     for page, number, line in _doc_lines():
