@@ -50,197 +50,202 @@ handlers); ``request`` is the decoded, bounded CBOR value."""
 ASYNC_WAKE_CHECK_S = 0.005
 
 
-class GrantView(Protocol):
-    """The capabilities an extension holds, at one grant epoch (``wasihost.host.policy.Grant``):
-    the WASI profile and the secrets broker ask it :meth:`allows`, and an embedder's function
-    reads it whole through :attr:`CallContext.grant`."""
+# The views the layers below the host have of it and of its extensions: for the type checker
+# only (imported under TYPE_CHECKING by their users), since Protocol classes this large cost
+# a millisecond to make and a plain run would make them at start-up for nothing.
+if TYPE_CHECKING:
 
-    @property
-    def capabilities(self) -> frozenset[str]: ...
+    class GrantView(Protocol):
+        """The capabilities an extension holds, at one grant epoch (``wasihost.host.policy.Grant``):
+        the WASI profile and the secrets broker ask it :meth:`allows`, and an embedder's function
+        reads it whole through :attr:`CallContext.grant`."""
 
-    @property
-    def epoch(self) -> int: ...
+        @property
+        def capabilities(self) -> frozenset[str]: ...
 
-    def allows(self, capability: str) -> bool: ...
+        @property
+        def epoch(self) -> int: ...
 
-
-class PolicyView(Protocol):
-    """What brokers, the WASI profile and the governor read of the host's policy
-    (``wasihost.host.policy.Policy``, which also holds trust material they never see)."""
-
-    @property
-    def allow(self) -> frozenset[str]: ...
-
-    @property
-    def clock_resolution_ns(self) -> int: ...
-
-    @property
-    def random_seed(self) -> bytes | None: ...
-
-    @property
-    def budgets(self) -> BudgetPolicy: ...
+        def allows(self, capability: str) -> bool: ...
 
 
-class GovernorView(Protocol):
-    """What brokers report to the host's budgets (``wasihost.supervisor.governor.Governor``):
-    network bytes as they move, and a level's static limit refusing something."""
+    class PolicyView(Protocol):
+        """What brokers, the WASI profile and the governor read of the host's policy
+        (``wasihost.host.policy.Policy``, which also holds trust material they never see)."""
 
-    def charge_request(self, ext: ExtensionView, amount: int) -> None: ...
+        @property
+        def allow(self) -> frozenset[str]: ...
 
-    def take_received(self, ext: ExtensionView, amount: int) -> tuple[int, int]: ...
+        @property
+        def clock_resolution_ns(self) -> int: ...
 
-    def refund_received(self, ext: ExtensionView, amount: int, index: int) -> None: ...
+        @property
+        def random_seed(self) -> bytes | None: ...
 
-    def refund(self, ext: ExtensionView, resource: Resource, amount: int) -> None: ...
-
-    def level_crossed(
-        self,
-        ext: ExtensionView,
-        resource: Resource,
-        used: int,
-        limit: int,
-        refusal: str,
-        *,
-        in_call: bool,
-        ending: bool = False,
-    ) -> None: ...
+        @property
+        def budgets(self) -> BudgetPolicy: ...
 
 
-class StateView(Protocol):
-    """The host's state directory as the storage broker finds its database in it
-    (``wasihost.store.state.StateStore``)."""
+    class GovernorView(Protocol):
+        """What brokers report to the host's budgets (``wasihost.supervisor.governor.Governor``):
+        network bytes as they move, and a level's static limit refusing something."""
 
-    @property
-    def directory(self) -> Path: ...
+        def charge_request(self, ext: ExtensionView, amount: int) -> None: ...
 
+        def take_received(self, ext: ExtensionView, amount: int) -> tuple[int, int]: ...
 
-class HostView(Protocol):
-    """What the layers below the host read on it (``wasihost.host.runtime.Host``)."""
+        def refund_received(self, ext: ExtensionView, amount: int, index: int) -> None: ...
 
-    @property
-    def grants(self) -> GrantTable: ...
+        def refund(self, ext: ExtensionView, resource: Resource, amount: int) -> None: ...
 
-    @property
-    def policy(self) -> PolicyView: ...
-
-    @property
-    def clock(self) -> Clock: ...
-
-    @property
-    def governor(self) -> GovernorView: ...
-
-    @property
-    def state(self) -> StateView | None: ...
-
-    def broker(self, name: str) -> Broker:
-        """The broker named ``name`` serving this host (``ConfigError`` if none)."""
-        ...
-
-    def journal(self, extension: str, kind: str, detail: str) -> None:
-        """Record an operator-visible event of ``extension`` (a budget's action fired)."""
-        ...
-
-    def revocations_allow_commit(self) -> bool:
-        """Whether the host's revocation list (if any) lets a broker commit now."""
-        ...
+        def level_crossed(
+            self,
+            ext: ExtensionView,
+            resource: Resource,
+            used: int,
+            limit: int,
+            refusal: str,
+            *,
+            in_call: bool,
+            ending: bool = False,
+        ) -> None: ...
 
 
-class ExtensionView(Protocol):
-    """What the layers below the host read on an extension (``wasihost.host.extension.Extension``):
-    brokers open their state from it, profile bindings bind to it, the governor and the evictor
-    bound it."""
+    class StateView(Protocol):
+        """The host's state directory as the storage broker finds its database in it
+        (``wasihost.store.state.StateStore``)."""
 
-    @property
-    def id(self) -> str: ...
+        @property
+        def directory(self) -> Path: ...
 
-    @property
-    def host(self) -> HostView: ...
 
-    @property
-    def manifest(self) -> Manifest | None: ...
+    class HostView(Protocol):
+        """What the layers below the host read on it (``wasihost.host.runtime.Host``)."""
 
-    @property
-    def resources(self) -> Resources: ...
+        @property
+        def grants(self) -> GrantTable: ...
 
-    @property
-    def grant(self) -> GrantView: ...
+        @property
+        def policy(self) -> PolicyView: ...
 
-    @property
-    def log(self) -> ExtensionLog: ...
+        @property
+        def clock(self) -> Clock: ...
 
-    @property
-    def lifecycle(self) -> Lifecycle: ...
+        @property
+        def governor(self) -> GovernorView: ...
 
-    @property
-    def account(self) -> Account:
-        """Its rate accounts under the host's budgets (the governor's)."""
-        ...
+        @property
+        def state(self) -> StateView | None: ...
 
-    @property
-    def call_epoch(self) -> int:
-        """The grant epoch the call in flight on this thread was authorised under."""
-        ...
+        def broker(self, name: str) -> Broker:
+            """The broker named ``name`` serving this host (``ConfigError`` if none)."""
+            ...
 
-    @property
-    def last_fuel_used(self) -> int: ...
+        def journal(self, extension: str, kind: str, detail: str) -> None:
+            """Record an operator-visible event of ``extension`` (a budget's action fired)."""
+            ...
 
-    def grant_scopes(self) -> dict[str, dict[str, Any]]:
-        """The scopes of the capabilities it holds now."""
-        ...
+        def revocations_allow_commit(self) -> bool:
+            """Whether the host's revocation list (if any) lets a broker commit now."""
+            ...
 
-    def commit(self, capability: str, action: Callable[[], T]) -> tuple[bool, T | None]:
-        """Run ``action`` only if the call's epoch still authorises ``capability``:
-        (authorised, its result)."""
-        ...
 
-    def committer(self, capability: str) -> Callable[..., tuple[bool, Any]]:
-        """:meth:`commit` bound once, for a broker that commits on every call."""
-        ...
+    class ExtensionView(Protocol):
+        """What the layers below the host read on an extension
+        (``wasihost.host.extension.Extension``): brokers open their state from it, profile
+        bindings bind to it, the governor and the evictor bound it."""
 
-    def call(
-        self,
-        command: str,
-        value: Any = None,
-        *,
-        fuel: int | None = None,
-        timeout_ms: int | None = None,
-    ) -> Any:
-        """Run one of its commands (an event delivery)."""
-        ...
+        @property
+        def id(self) -> str: ...
 
-    def call_cancellable(
-        self,
-        ticket: CallTicket,
-        command: str,
-        value: Any = None,
-        *,
-        fuel: int | None = None,
-        timeout_ms: int | None = None,
-        deadline: float | None = None,
-    ) -> Any:
-        """:meth:`call`, stopped by ``ticket.cancel()`` (a job's run)."""
-        ...
+        @property
+        def host(self) -> HostView: ...
 
-    # The governor's hooks: a budget's action reaches the extension through these.
+        @property
+        def manifest(self) -> Manifest | None: ...
 
-    def recheck(self) -> None: ...
+        @property
+        def resources(self) -> Resources: ...
 
-    def stop_calls(self, failure: CallError, *, locked: bool = False) -> int: ...
+        @property
+        def grant(self) -> GrantView: ...
 
-    def terminate(self, failure: CallError) -> None: ...
+        @property
+        def log(self) -> ExtensionLog: ...
 
-    def delay_wake(self, seen_generation: int) -> threading.Event: ...
+        @property
+        def lifecycle(self) -> Lifecycle: ...
 
-    def delay_done(self, wake: threading.Event) -> None: ...
+        @property
+        def account(self) -> Account:
+            """Its rate accounts under the host's budgets (the governor's)."""
+            ...
 
-    # The evictor's: drop its idle instances.
+        @property
+        def call_epoch(self) -> int:
+            """The grant epoch the call in flight on this thread was authorised under."""
+            ...
 
-    def evict(self) -> int | None: ...
+        @property
+        def last_fuel_used(self) -> int: ...
 
-    # A job run's call ticket (core.call_ticket.Wakeable): a cancel wakes the calls waiting for
-    # a free instance.
+        def grant_scopes(self) -> dict[str, dict[str, Any]]:
+            """The scopes of the capabilities it holds now."""
+            ...
 
-    def wake_waiters(self) -> None: ...
+        def commit(self, capability: str, action: Callable[[], T]) -> tuple[bool, T | None]:
+            """Run ``action`` only if the call's epoch still authorises ``capability``:
+            (authorised, its result)."""
+            ...
+
+        def committer(self, capability: str) -> Callable[..., tuple[bool, Any]]:
+            """:meth:`commit` bound once, for a broker that commits on every call."""
+            ...
+
+        def call(
+            self,
+            command: str,
+            value: Any = None,
+            *,
+            fuel: int | None = None,
+            timeout_ms: int | None = None,
+        ) -> Any:
+            """Run one of its commands (an event delivery)."""
+            ...
+
+        def call_cancellable(
+            self,
+            ticket: CallTicket,
+            command: str,
+            value: Any = None,
+            *,
+            fuel: int | None = None,
+            timeout_ms: int | None = None,
+            deadline: float | None = None,
+        ) -> Any:
+            """:meth:`call`, stopped by ``ticket.cancel()`` (a job's run)."""
+            ...
+
+        # The governor's hooks: a budget's action reaches the extension through these.
+
+        def recheck(self) -> None: ...
+
+        def stop_calls(self, failure: CallError, *, locked: bool = False) -> int: ...
+
+        def terminate(self, failure: CallError) -> None: ...
+
+        def delay_wake(self, seen_generation: int) -> threading.Event: ...
+
+        def delay_done(self, wake: threading.Event) -> None: ...
+
+        # The evictor's: drop its idle instances.
+
+        def evict(self) -> int | None: ...
+
+        # A job run's call ticket (core.call_ticket.Wakeable): a cancel wakes the calls waiting for
+        # a free instance.
+
+        def wake_waiters(self) -> None: ...
 
 
 class Broker(Protocol):
@@ -313,8 +318,9 @@ class ProfileBinding(Protocol):
     def close(self) -> None: ...
 
 
-ProfileFactory = Callable[[ExtensionView], ProfileBinding]
-"""Makes the :class:`ProfileBinding` of each new instance of an extension."""
+if TYPE_CHECKING:
+    ProfileFactory = Callable[[ExtensionView], ProfileBinding]
+    """Makes the :class:`ProfileBinding` of each new instance of an extension."""
 
 
 class CallContext:

@@ -48,7 +48,6 @@ from ..core.manifest import (
     parse_manifest,
     version_order,
 )
-from ..core.serving import HostView
 from ..packaging import contents, signing, sshsig
 from ..packaging.allowed_signers import SshSigned, read_ssh_signature
 from ..packaging.archive import read_archive
@@ -73,6 +72,7 @@ from ..store.state import (
 
 if TYPE_CHECKING:
     from ..core.registry import Registry
+    from ..core.serving import HostView
     from ..store.state import StateStore
     from .extension import Extension
     from .functions import HostFunctions
@@ -82,32 +82,35 @@ ARCHIVE_NAME = "package.whpkg"
 SSH_SIGNATURE_NAME = "package.whpkg.sig"
 
 
-class UpdateHost(HostView, Protocol):
-    """What installs, updates and rollbacks use of their host (``wasihost.host.runtime.Host``,
-    which calls them): typed by this, this module need not import the runtime that imports it.
-    A :class:`~wasihost.core.serving.HostView` (its journal, and what the checkpointing brokers
-    it is handed to read), and the members below besides; the policy whole (its trust)."""
+# For the type checker only: HostView is (core/serving.py).
+if TYPE_CHECKING:
 
-    policy: Policy
-    registry: Registry
-    functions: HostFunctions
-    presence: Presence | None
+    class UpdateHost(HostView, Protocol):
+        """What installs, updates and rollbacks use of their host (``wasihost.host.runtime.Host``,
+        which calls them): typed by this, this module need not import the runtime that imports it.
+        A :class:`~wasihost.core.serving.HostView` (its journal, and what the checkpointing brokers
+        it is handed to read), and the members below besides; the policy whole (its trust)."""
 
-    def require_state(self) -> StateStore: ...
+        policy: Policy
+        registry: Registry
+        functions: HostFunctions
+        presence: Presence | None
 
-    def load_package(
-        self, source: str | Path, *, trust: TrustStore | None, ssh: SshSigned | None
-    ) -> Package: ...
+        def require_state(self) -> StateStore: ...
 
-    def plan(self, package: Package) -> object: ...
+        def load_package(
+            self, source: str | Path, *, trust: TrustStore | None, ssh: SshSigned | None
+        ) -> Package: ...
 
-    def extension(self, extension: str) -> Extension | None: ...
+        def plan(self, package: Package) -> object: ...
 
-    def build_unregistered(self, package: Package) -> Extension: ...
+        def extension(self, extension: str) -> Extension | None: ...
 
-    def switch(self, old: Extension | None, new: Extension, reason: str) -> None: ...
+        def build_unregistered(self, package: Package) -> Extension: ...
 
-    def disable(self, extension: str, reason: str) -> int: ...
+        def switch(self, old: Extension | None, new: Extension, reason: str) -> None: ...
+
+        def disable(self, extension: str, reason: str) -> int: ...
 
 
 class Checkpointing(Protocol):

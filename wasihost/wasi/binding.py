@@ -16,7 +16,6 @@ from ..core.errors import ConfigError
 from ..core.registry import CORE_CAPABILITY, HostFunction, Profile
 
 # What wasi_profile returns (its name here was the module's own alias of it).
-from ..core.serving import ProfileFactory
 from .clock_calls import HANDLERS as CLOCK_HANDLERS
 from .config import WasiOptions
 from .errno import Errno, WasiError, from_oserror
@@ -32,7 +31,7 @@ from .sock_calls import HANDLERS as SOCK_HANDLERS
 from .state import WasiState
 
 if TYPE_CHECKING:
-    from ..core.serving import ExtensionView, ProfileBinding
+    from ..core.serving import ExtensionView, ProfileBinding, ProfileFactory
 
 Handler = Callable[..., Any]
 
