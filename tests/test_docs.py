@@ -563,7 +563,14 @@ def test_cited_repository_paths_exist() -> None:
             path = match.group(1)
             if not (ROOT / path).exists() and not path.startswith("wasihost/modules"):
                 wrong.append(f"{page.name}:{number}: {path}")
+        # A module named from its subpackage (`host/extension.py`), as the pages mostly do.
+        for match in re.finditer(rf"`((?:{'|'.join(_SUBPACKAGES)})/[\w/]*\.py)`", line):
+            if not (ROOT / "wasihost" / match.group(1)).exists():
+                wrong.append(f"{page.name}:{number}: {match.group(1)}")
     assert not wrong, "\n".join(wrong)
+
+
+_SUBPACKAGES = sorted(p.parent.name for p in (ROOT / "wasihost").glob("*/__init__.py"))
 
 
 # -- the manifest reference --------------------------------------------------------------------
