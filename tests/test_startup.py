@@ -82,6 +82,8 @@ WASI_PROFILE_TABLES = (
 )
 # What only `wasihost wasi` (and a WASI grant's scope) needs: its options and their checks.
 WASI_COMMAND_ONLY = ("wasihost.cli.wasi_command", "wasihost.wasi.config", "wasihost.wasi.scopes")
+# What only `wasihost doctor` needs: the probe of the process walls.
+DOCTOR_ONLY = ("wasihost.cli.doctor", "wasihost.engine.walls")
 
 LOADED = """
 import contextlib, io, json, sys
@@ -104,6 +106,8 @@ def test_run_of_a_package_directory_imports_no_packaging_state_or_asyncio() -> N
     assert "wasihost.wasi.binding" not in loaded
     assert loaded.isdisjoint(WASI_PROFILE_TABLES), loaded & set(WASI_PROFILE_TABLES)
     assert loaded.isdisjoint(WASI_COMMAND_ONLY), loaded & set(WASI_COMMAND_ONLY)
+    # The process walls' probe is for `wasihost doctor` only.
+    assert loaded.isdisjoint(DOCTOR_ONLY), loaded & set(DOCTOR_ONLY)
 
 
 def test_wasi_run_imports_the_wasi_handlers_and_no_packaging_or_state() -> None:
@@ -141,6 +145,7 @@ def test_a_run_from_a_warm_cache_starts_no_subprocess_nor_loads_the_benchmark(
         *NOT_FOR_A_PLAIN_RUN,
         *NOT_FOR_A_WARM_RUN,
         *WASI_PROFILE_TABLES,
+        *DOCTOR_ONLY,
     }
     assert loaded.isdisjoint(unwanted), loaded & unwanted
 
@@ -158,6 +163,7 @@ def _choices(parser: argparse.ArgumentParser) -> set[str]:
         ["grants", "grant", "ext", "cap", "--scope", "{}"],
         ["bench", "--quick", "--sections", "calls"],
         ["abi", "--version", "1.0", "--json"],
+        ["doctor", "--json"],
     ],
 )
 def test_the_parser_of_one_command_parses_as_the_full_parser_does(argv: list[str]) -> None:

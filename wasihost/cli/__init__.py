@@ -7,8 +7,8 @@ status; a traceback is a bug.
 The package's modules: :mod:`.parser` (every subcommand and its flags), :mod:`.common` (the
 usage error, exit statuses and flag limits), :mod:`.options` (readers of the shared options),
 :mod:`.run` (run, inspect, abi, wasi, bench), :mod:`.packages` (keygen, pack, sign, verify,
-revoke, endorse, install, update, rollback, remove), :mod:`.state_commands` (grants, status)
-and :mod:`.remedies` (the hint under a refusal).
+revoke, endorse, install, update, rollback, remove), :mod:`.state_commands` (grants, status),
+:mod:`.doctor` (doctor) and :mod:`.remedies` (the hint under a refusal).
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ _HANDLERS: dict[str, tuple[str, str]] = {
     "status": ("state_commands", "_cmd_status"),
     "wasi": ("run", "_cmd_wasi"),
     "bench": ("run", "_cmd_bench"),
+    "doctor": ("doctor", "_cmd_doctor"),
 }
 
 

@@ -36,6 +36,7 @@ COMMANDS = frozenset(
         "status",
         "wasi",
         "bench",
+        "doctor",
     }
 )
 """Every subcommand (tests check the parser defines exactly these)."""
@@ -306,6 +307,13 @@ def _add_status(sub: Any) -> None:
     _state_flag(status)
 
 
+def _add_doctor(sub: Any) -> None:
+    doctor = sub.add_parser(
+        "doctor", help="probe which process walls (namespaces, Landlock, ...) this machine enforces"
+    )
+    doctor.add_argument("--json", action="store_true", help='print {"schema": 1, "walls": [...]}')
+
+
 def _add_abi(sub: Any) -> None:
     abi = sub.add_parser("abi", help="list the host-function registry")
     abi.add_argument("--version", help="an ABI version such as 1.0 (default: every version)")
@@ -328,6 +336,7 @@ _BUILT_IN: tuple[Callable[[Any], None], ...] = (
     _add_remove,
     _add_grants,
     _add_status,
+    _add_doctor,
 )
 
 

@@ -1,0 +1,73 @@
+"""`wasihost doctor`: one line per process wall, or a versioned JSON document; exit 0 whatever
+the machine lacks. The probe runs in a real child process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.common import run_child
+from tests.test_startup import LOADED, NOT_FOR_A_PLAIN_RUN
+from wasihost.cli import doctor, main
+from wasihost.engine.walls import WALL_NAMES, Wall, failed_probe
+
+STATES = ("enforced", "available", "unavailable")
+
+
+def test_doctor_prints_one_line_per_wall(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(WALL_NAMES)
+    for line in lines:
+        assert line.split()[1] in STATES, line
+    # The reason a wall is missing, or what an enforced one holds, follows in parentheses.
+    assert all(line.endswith(")") for line in lines)
+
+
+def test_doctor_json_is_a_versioned_document(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert list(doc) == ["schema", "walls"] and doc["schema"] == 1
+    assert [w["name"] for w in doc["walls"]] == list(WALL_NAMES)
+    assert all(list(w) == ["name", "state", "detail"] for w in doc["walls"])
+    assert {w["state"] for w in doc["walls"]} <= set(STATES)
+    assert doc["walls"][WALL_NAMES.index("seccomp")]["state"] != "enforced"
+
+
+def test_a_failed_probe_is_reported_and_still_exits_0(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(doctor, "probe_walls", lambda: failed_probe("no report within 10 s"))
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "no_new_privs  unavailable (probe failed: no report within 10 s)"
+    assert len(out.splitlines()) == len(WALL_NAMES)
+
+
+def test_the_text_shows_each_state_as_its_word(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walls = [
+        Wall("no_new_privs", "enforced", "set and read back"),
+        Wall("seccomp", "available", "libseccomp 2.5.4, not applied yet"),
+        Wall("landlock", "unavailable", "landlock_create_ruleset(VERSION): EOPNOTSUPP"),
+    ]
+    monkeypatch.setattr(doctor, "probe_walls", lambda: walls)
+    assert main(["doctor"]) == 0
+    assert capsys.readouterr().out == (
+        "no_new_privs  enforced (set and read back)\n"
+        "seccomp       available (libseccomp 2.5.4, not applied yet)\n"
+        "landlock      unavailable (landlock_create_ruleset(VERSION): EOPNOTSUPP)\n"
+    )
+
+
+def test_doctor_loads_no_packaging_state_or_asyncio() -> None:
+    # The command needs the walls module. It does load wasmtime today, through
+    # wasihost/engine/__init__.py's eager exports: the probe child does not (it runs walls.py
+    # as a script under -I).
+    report, _ = run_child(LOADED, "doctor", "--json")
+    assert report["code"] == 0
+    loaded = set(report["modules"])
+    assert "wasihost.engine.walls" in loaded
+    assert loaded.isdisjoint(NOT_FOR_A_PLAIN_RUN), loaded & set(NOT_FOR_A_PLAIN_RUN)
