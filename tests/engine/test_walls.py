@@ -74,6 +74,15 @@ def test_each_check_sees_a_wall_that_is_not_there() -> None:
     assert walls.rlimit_problem({"RLIMIT_CORE": -1}) is not None
 
 
+def test_the_child_shortens_its_own_details_to_what_the_parent_accepts() -> None:
+    for text in ("é\x1b[2J" + "x" * 1000, "ok", ""):
+        shown = walls.short_detail(text)
+        entries = [{"name": n, "state": "unavailable", "detail": shown} for n in WALL_NAMES]
+        line = json.dumps({"schema": 1, "walls": entries}).encode() + b"\n"
+        assert [w.detail for w in parse_report(line)] == [shown] * len(WALL_NAMES)
+    assert walls.short_detail("ok") == "ok"
+
+
 def _child(source: str) -> list[str]:
     return [sys.executable, "-I", "-c", source]
 

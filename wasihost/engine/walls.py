@@ -294,6 +294,8 @@ def _attempt(name: str, apply: Callable[[], str | None], detail: str) -> Wall:
         problem = apply()
     except OSError as exc:
         return Wall(name, "unavailable", str(exc.strerror or exc))
+    except ValueError as exc:  # setrlimit's refusal of a value, rather than an errno
+        return Wall(name, "unavailable", str(exc))
     if problem is not None:
         return Wall(name, "unavailable", f"applied but not holding: {problem}")
     return Wall(name, "enforced", detail)
@@ -346,9 +348,20 @@ def _probe_in_child(parent_namespace: str) -> list[Wall]:
     return [walls[name] for name in WALL_NAMES]
 
 
+def short_detail(text: str) -> str:
+    """``text`` as the parent accepts a detail: printable ASCII, at most MAX_DETAIL_CHARS. An
+    honest child's long or non-ASCII error text (a path, a localised message) must not turn a
+    good report into a failed probe."""
+    ascii_text = text.encode("ascii", "backslashreplace").decode("ascii")
+    shown = "".join(c if c.isprintable() else "?" for c in ascii_text)
+    return shown if len(shown) <= MAX_DETAIL_CHARS else shown[: MAX_DETAIL_CHARS - 3] + "..."
+
+
 def _child_main(argv: Sequence[str]) -> int:
     parent_namespace = argv[0] if argv else ""
-    walls = _probe_in_child(parent_namespace)
+    walls = [
+        Wall(w.name, w.state, short_detail(w.detail)) for w in _probe_in_child(parent_namespace)
+    ]
     report = {"schema": REPORT_SCHEMA, "walls": [w.as_json() for w in walls]}
     sys.stdout.write(json.dumps(report) + "\n")
     sys.stdout.flush()
