@@ -338,7 +338,9 @@ def test_an_interactive_acall_is_served_before_background_acalls_that_hold_the_c
             return order
 
         order = asyncio.run(main())
-        assert order[:2] == ["b1", "i"] and sorted(order[2:]) == ["b2", "b3"], order
+        # b1's and i's results may reach the loop in either order (b1 gives its slot back
+        # before its result is handed over); what matters is that b2 and b3 come last.
+        assert sorted(order[:2]) == ["b1", "i"] and sorted(order[2:]) == ["b2", "b3"], order
 
 
 def wait_until(predicate: Callable[[], bool]) -> bool:
