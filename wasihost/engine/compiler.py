@@ -6,10 +6,12 @@ superlinear in some shapes (see :mod:`wasihost.core.codeshape`). So:
 1. the pure shape scan refuses, as ``admission``, a module over any of its named limits;
 2. a module bigger than ``compile_in_process_max_bytes`` is compiled in a fresh interpreter
    (``compile_worker.py``, exec'd: a fork()ed child of a threaded host hangs when wasmtime
-   compiles) under RLIMIT_CPU, RLIMIT_AS and a wall-clock timeout. Its artifact comes back
-   through a pipe only this process holds, framed with the digests of the request and of the
-   module and its own length and SHA-256; all are checked before ``Module.deserialize``,
-   which also checks that the artifact was compiled for this engine's configuration;
+   compiles) under RLIMIT_CPU, RLIMIT_AS and a wall-clock timeout, started and ended (its
+   whole process group killed) by :func:`.spawn.spawn`, like every walled child. Its artifact
+   comes back through a pipe only this process holds, framed with the digests of the request
+   and of the module and its own length and SHA-256; all are checked before
+   ``Module.deserialize``, which also checks that the artifact was compiled for this engine's
+   configuration;
 3. a small module (the default threshold is where the worker's start-up would dominate) is
    compiled in-process: its worst admitted compile cost is bounded by its size (measured in
    ``docs/engine.md``).
@@ -20,6 +22,7 @@ killed, and nothing in the host grew.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
     import subprocess
 
     from ..core.codeshape import CodeShape
+    from .spawn import Spawned
 
 WORKER = Path(__file__).with_name("compile_worker.py")
 _FRAME_HEADER = len(FRAME_MAGIC) + 32 + 32 + 8 + 32
@@ -62,6 +66,26 @@ MAX_CONCURRENT_WORKERS = 2
 # glibc gives every thread its own malloc arena, each reserving 64 MiB of address space; the
 # compile threads would spend RLIMIT_AS on reservations instead of memory.
 _WORKER_ENV = {"MALLOC_ARENA_MAX": "2", "RUST_BACKTRACE": "0"}
+
+
+def worker_env() -> dict[str, str]:
+    """What the worker's environment holds beyond the locale and time zone (spawn() clears the
+    rest): ``_WORKER_ENV``, and ``PYTHONPATH`` naming the one directory the host imported
+    wasmtime from, when the interpreter would not find it by itself.
+
+    The worker imports only the standard library and wasmtime (never wasihost), so that
+    directory is all it needs. A host run from a source checkout with its dependencies on
+    PYTHONPATH (or an embedder that put them on sys.path) imports wasmtime from a directory a
+    fresh interpreter does not search; the worker gets exactly that one, not the parent's whole
+    PYTHONPATH. A wasmtime in the interpreter's own site-packages (or its venv's) needs nothing:
+    putting site-packages ahead of the standard library would let a stale backport shadow it."""
+    import site
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(wasmtime.__file__)))
+    own = {os.path.realpath(p) for p in site.getsitepackages()}
+    if os.path.realpath(root) in own:
+        return dict(_WORKER_ENV)
+    return {**_WORKER_ENV, "PYTHONPATH": root}
 
 
 # Within compile_in_process_max_bytes, a module compiles in-process only if it has none of the
@@ -191,7 +215,7 @@ class ModuleCompiler:
             ) from None
 
     def _compile_in_worker(self, wasm: bytes) -> bytes:
-        import subprocess
+        from .spawn import PIPE, spawn
 
         s = self._settings
         header = json.dumps(
@@ -203,34 +227,27 @@ class ModuleCompiler:
             sort_keys=True,
         ).encode()
         request = struct.pack(">I", len(header)) + header + wasm
-        env = {**os.environ, **_WORKER_ENV}
         self.worker_compiles += 1
         # -P: the worker's own directory (wasihost/engine) must not shadow top-level modules.
-        proc = subprocess.Popen(  # noqa: S603 - our own interpreter and script
-            [sys.executable, "-P", str(WORKER)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            close_fds=True,
-        )
-        deadline = time.monotonic() + s.compile_timeout_seconds
-        try:
-            out, err = _exchange(proc, request, deadline)
-            status = proc.wait(timeout=max(0.01, deadline - time.monotonic()))
-        except (TimeoutError, subprocess.TimeoutExpired):
-            raise _refuse(
-                f"compiling took longer than the budget of {s.compile_timeout_seconds} s "
-                "of wall-clock time"
-            ) from None
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                proc.wait()
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
+        argv = [sys.executable, "-P", str(WORKER)]
+        worker = spawn(
+            argv, env=worker_env(), stdin=PIPE, stdout=PIPE, stderr=PIPE,
+            prefix="wasihost-compile-",
+        )  # fmt: skip
+        with worker:
+            out, err, status = self._run_worker(worker, request)
         return self._check_artifact(status, out, err, header, wasm)
+
+    def _run_worker(self, worker: Spawned, request: bytes) -> tuple[bytes, bytes, int]:
+        """The worker's output and exit status; ``admission`` past the wall-clock budget. The
+        caller's ``with`` ends the worker's whole process group on every path."""
+        timeout = self._settings.compile_timeout_seconds
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(TimeoutError):
+            out, err = _exchange(worker.proc, request, deadline)
+            if worker.exited(deadline - time.monotonic()):
+                return out, err, worker.end()
+        raise _refuse(f"compiling took longer than the budget of {timeout} s of wall-clock time")
 
     def _check_artifact(
         self, status: int, out: bytes, err: bytes, header: bytes, wasm: bytes

@@ -1,9 +1,11 @@
 """The process walls: applied in, and checked from inside, a child process (issue 30, step 1).
 
-The out-of-process runtime will run a guest in a child behind these walls. This module is the
-start of the one spawn-and-wall mechanism the compile worker, the process runtime and native
-plugins will share. For now it applies each wall in a short-lived probe child and checks it
-from inside, so that ``wasihost doctor`` reports what this machine enforces.
+The out-of-process runtime will run a guest in a child behind these walls. With
+:mod:`.spawn` (the one way a child is started and ended, which the compile worker uses too),
+this module is the start of the one spawn-and-wall mechanism the compile worker, the process
+runtime and native plugins will share. For now it applies each wall in a short-lived probe
+child and checks it from inside, so that ``wasihost doctor`` reports what this machine
+enforces.
 
 Each wall has a function that APPLIES it in the calling process (irreversible: call it only in
 a child) and one that CHECKS it from inside. :func:`probe_walls` runs them in a fresh
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, cast
 
 if TYPE_CHECKING:
-    import subprocess
+    from .spawn import Spawned
 
 State = Literal["enforced", "available", "unavailable"]
 STATES: frozenset[str] = frozenset({"enforced", "available", "unavailable"})
@@ -424,70 +426,50 @@ def probe_walls(
     ``program`` replaces the child's command line (tests use it for a broken child). Never
     raises for what the child does: a child that times out, prints too much or prints
     anything but a well-formed report makes every wall ``unavailable: probe failed``."""
-    import subprocess
-    import tempfile
+    from .spawn import PIPE, spawn
 
     try:
         parent_namespace = net_namespace()
     except OSError:
         parent_namespace = ""  # no /proc: the child's check then compares with nothing
     argv = list(program or [sys.executable, "-I", os.path.abspath(__file__), parent_namespace])
-    # Only the locale and time zone pass: nothing of the parent's environment reaches the child.
-    env = {k: os.environ[k] for k in ("LANG", "LC_ALL", "TZ") if k in os.environ}
-    with tempfile.TemporaryDirectory(prefix="wasihost-probe-") as cwd:
-        try:
-            proc = subprocess.Popen(  # noqa: S603 - our own interpreter and this file
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                env=env,
-                cwd=cwd,
-                close_fds=True,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            return failed_probe(f"cannot start the child ({exc.strerror or exc})")
-        return _collect(proc, timeout_s)
+    # spawn() passes only the locale and time zone: nothing else of the parent's environment.
+    try:
+        child = spawn(argv, stdout=PIPE, prefix="wasihost-probe-")
+    except OSError as exc:
+        return failed_probe(f"cannot start the child ({exc.strerror or exc})")
+    with child:
+        return _collect(child, timeout_s)
 
 
-def _collect(proc: subprocess.Popen[bytes], timeout_s: float) -> list[Wall]:
-    """Read at most MAX_REPORT_BYTES + 1 of ``proc``'s output before the deadline, then end
+def _collect(child: Spawned, timeout_s: float) -> list[Wall]:
+    """Read at most MAX_REPORT_BYTES + 1 of the child's output before the deadline, then end
     it and its process group, whatever it is doing."""
-    import contextlib
     import selectors
-    import signal
-    import subprocess
     import time
 
-    assert proc.stdout is not None
+    stdout = child.proc.stdout
+    assert stdout is not None
     out, reason = bytearray(), None
     deadline = time.monotonic() + timeout_s
     with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
+        sel.register(stdout, selectors.EVENT_READ)
         while reason is None:
             left = deadline - time.monotonic()
             if left <= 0 or not sel.select(left):
                 reason = f"no report within {timeout_s:g} s"
                 break
-            chunk = os.read(proc.stdout.fileno(), 65536)
+            chunk = os.read(stdout.fileno(), 65536)
             if not chunk:
                 break
             out += chunk
             if len(out) > MAX_REPORT_BYTES:
                 reason = f"output over {MAX_REPORT_BYTES} bytes"
-    proc.stdout.close()
-    if reason is None:
-        # End of output: the child should be exiting; one that lingers is not a clean probe.
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            reason = f"the child did not exit within {timeout_s:g} s"
-    # The child leads its own session: killing the group also ends anything it left running.
-    # Safe after wait(): Linux does not reuse a pid while a process group of that id exists.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    status = proc.wait()
+    # End of output: the child should be exiting; one that lingers is not a clean probe.
+    if reason is None and not child.exited(deadline - time.monotonic()):
+        reason = f"the child did not exit within {timeout_s:g} s"
+    # The child leads its own session: ending it kills the group, so anything it left running.
+    status = child.end()
     if reason is not None:
         return failed_probe(reason)
     if status != 0:
