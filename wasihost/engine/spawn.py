@@ -1,4 +1,4 @@
-"""The one way wasihost starts a child process (issue 30: "one mechanism").
+"""The one way wasihost starts a walled child process (issue 30: "one mechanism").
 
 :func:`spawn` starts a fresh interpreter (or any argv) with the walls every child of wasihost
 has from the first instruction:
