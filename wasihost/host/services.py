@@ -47,9 +47,8 @@ class HostServices(Protocol[E]):
     registry: Registry
     grants: GrantTable
     tokens: TokenIssuer
-    # Instances: the engine, the profiles (WASI) bound per instance, the brokers of the rest.
-    def backend_for(self, runtime: str) -> ExecutionBackend: ...
-
+    # Instances: the profiles (WASI) bound per instance, the brokers of the rest; where the
+    # instances run is backend_for's answer (below).
     profile_factories: dict[str, Callable[[E], ProfileBinding]]
     command_memory: dict[str, int]
     functions: HostFunctions
@@ -69,6 +68,9 @@ class HostServices(Protocol[E]):
     # both as core.serving's HostView, and asyncio (call_workers: the threads its calls and
     # starts run on).
     clock: Clock
+
+    def backend_for(self, runtime: str) -> ExecutionBackend:
+        """Where instances of the manifest's runtime class ``runtime`` compile and run."""
 
     def broker(self, name: str) -> Broker: ...
 
