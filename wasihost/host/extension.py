@@ -46,7 +46,7 @@ from ..core.lifecycle import (
     check_reason,
 )
 from ..core.limits import lowered
-from ..core.manifest import DEFAULT_RUNTIME, PAYLOAD_BYTES, Manifest, Resources
+from ..core.manifest import PAYLOAD_BYTES, Manifest, Resources
 from ..core.registry import CORE_CAPABILITY, HostFunction
 from ..core.wasmbin import PAGE_BYTES, read_header_cached
 from ..engine import BoundImport, Budget, CompiledModule, StoreLimits
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from ..core.budget_crossing import Crossing
     from ..supervisor.eviction import Room
     from ..supervisor.reports import Usage
-    from .backend import GuestInstance
+    from .backend import ExecutionBackend, GuestInstance
     from .services import HostServices
 
 T = TypeVar("T")
@@ -223,16 +223,16 @@ class Extension:
         grant: Grant,
         resources: Resources,
         compiled: CompiledModule,
+        backend: ExecutionBackend,
         *,
         grow_probed: bool = False,
     ) -> None:
         self.host = host
         self.package = package
         self._id = package.name
-        # Where its instances live and run: the backend of its manifest's runtime class.
-        self.backend = host.backend_for(
-            package.manifest.runtime if package.manifest is not None else DEFAULT_RUNTIME
-        )
+        # Where its instances live and run: the backend of its manifest's runtime class, the
+        # one the host compiled it with (Host.backend_for).
+        self.backend = backend
         self.plan = plan
         self.grant = grant
         self.resources = resources

@@ -1073,7 +1073,9 @@ class Host:
                 ),
             ),
         ]
-        ext = Extension(self, package, plan, grant, resources, compiled, grow_probed=grow_probed)
+        ext = Extension(
+            self, package, plan, grant, resources, compiled, backend, grow_probed=grow_probed
+        )
         for step, detail in steps:
             ext.record_step(step, detail)
         return ext

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from ..supervisor.hostcall_metrics import HostCallTally
     from ..supervisor.scheduling import Scheduler
     from ..supervisor.supervision import Supervisor
-    from .backend import ExecutionBackend
     from .call_gate import CallGate
     from .callworkers import CallWorkers
     from .functions import HostFunctions
@@ -47,8 +46,8 @@ class HostServices(Protocol[E]):
     registry: Registry
     grants: GrantTable
     tokens: TokenIssuer
-    # Instances: the profiles (WASI) bound per instance, the brokers of the rest; where the
-    # instances run is backend_for's answer (below).
+    # Instances: the profiles (WASI) bound per instance, the brokers of the rest (where they
+    # run is the backend the host hands the extension).
     profile_factories: dict[str, Callable[[E], ProfileBinding]]
     command_memory: dict[str, int]
     functions: HostFunctions
@@ -68,9 +67,6 @@ class HostServices(Protocol[E]):
     # both as core.serving's HostView, and asyncio (call_workers: the threads its calls and
     # starts run on).
     clock: Clock
-
-    def backend_for(self, runtime: str) -> ExecutionBackend:
-        """Where instances of the manifest's runtime class ``runtime`` compile and run."""
 
     def broker(self, name: str) -> Broker: ...
 
