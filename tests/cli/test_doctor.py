@@ -32,7 +32,8 @@ def test_doctor_json_is_a_versioned_document(capsys: pytest.CaptureFixture[str])
     assert [w["name"] for w in doc["walls"]] == list(WALL_NAMES)
     assert all(list(w) == ["name", "state", "detail"] for w in doc["walls"])
     assert {w["state"] for w in doc["walls"]} <= set(STATES)
-    assert doc["walls"][WALL_NAMES.index("seccomp")]["state"] != "enforced"
+    # Every wall is applied in the probe now: none is merely "available".
+    assert {w["state"] for w in doc["walls"]} <= {"enforced", "unavailable"}
 
 
 def test_a_failed_probe_is_reported_and_still_exits_0(
@@ -50,15 +51,17 @@ def test_the_text_shows_each_state_as_its_word(
 ) -> None:
     walls = [
         Wall("no_new_privs", "enforced", "set and read back"),
-        Wall("seccomp", "available", "libseccomp 2.5.4, not applied yet"),
+        Wall("seccomp", "enforced", "libseccomp 2.5.4, allow-list of 65 calls, default EPERM"),
         Wall("landlock", "unavailable", "landlock_create_ruleset(VERSION): EOPNOTSUPP"),
+        Wall("rlimits", "available", "a wall present but not applied"),  # no wall says so today
     ]
     monkeypatch.setattr(doctor, "probe_walls", lambda: walls)
     assert main(["doctor"]) == 0
     assert capsys.readouterr().out == (
         "no_new_privs  enforced (set and read back)\n"
-        "seccomp       available (libseccomp 2.5.4, not applied yet)\n"
+        "seccomp       enforced (libseccomp 2.5.4, allow-list of 65 calls, default EPERM)\n"
         "landlock      unavailable (landlock_create_ruleset(VERSION): EOPNOTSUPP)\n"
+        "rlimits       available (a wall present but not applied)\n"
     )
 
 

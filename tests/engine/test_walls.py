@@ -1,16 +1,24 @@
-"""The process walls (issue 30, step 1): each applied and checked in a real probe child, and
-the parent's reading of that child's report, which treats it as hostile."""
+"""The process walls (issue 30): each applied and checked in a real probe child, and the
+parent's reading of that child's report, which treats it as hostile; and real walled children
+(apply_child_walls, the one sequence every walled child runs) that run a wasmtime engine and
+cannot open a file, a socket or a process."""
 
 from __future__ import annotations
 
 import json
+import platform
+import re
+import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.support.common import ROOT, run_child
 from wasihost.engine import walls
+from wasihost.engine.spawn import PIPE, spawn
 from wasihost.engine.walls import MAX_REPORT_BYTES, WALL_NAMES, Wall, parse_report, probe_walls
 
 # A broken child must be told apart quickly; the real probe takes ~0.1 s.
@@ -46,14 +54,25 @@ def test_the_report_names_every_wall_in_order_with_landlocks_abi() -> None:
         assert landlock.detail.startswith("ABI "), landlock
 
 
-def test_seccomp_is_reported_as_available_not_applied_never_enforced(
-    probed: dict[str, Wall],
-) -> None:
-    # No filter is built in this step: claiming "enforced" would be a lie.
+# What the seccomp wall says when this machine has no pyseccomp or libseccomp to load.
+NO_LIBSECCOMP = (
+    "pyseccomp cannot be imported",
+    "libseccomp cannot be loaded",
+    "libseccomp without",
+)
+
+
+def test_seccomp_is_enforced_in_the_probe_child(probed: dict[str, Wall]) -> None:
     seccomp = probed["seccomp"]
-    assert seccomp.state in {"available", "unavailable"}, seccomp
-    if seccomp.state == "available":
-        assert seccomp.detail.startswith("libseccomp ") and "not applied yet" in seccomp.detail
+    if seccomp.state == "unavailable" and seccomp.detail.startswith(NO_LIBSECCOMP):
+        pytest.skip(f"no libseccomp here: {seccomp.detail}")
+    assert seccomp.state == "enforced", seccomp
+    pattern = r"libseccomp \d+\.\d+\.\d+, allow-list of (\d+) calls, default EPERM"
+    found = re.fullmatch(pattern, seccomp.detail)
+    assert found is not None, seccomp
+    # Every call of SECCOMP_ALLOWED exists on x86_64, and six more are allowed on conditions.
+    if platform.machine() == "x86_64":
+        assert int(found.group(1)) == len(walls.SECCOMP_ALLOWED) + 6
 
 
 def test_the_probe_leaves_the_calling_process_unwalled() -> None:
@@ -66,12 +85,297 @@ def test_the_probe_leaves_the_calling_process_unwalled() -> None:
     assert walls.net_isolation_problem(before) == "still in the parent's network namespace"
 
 
+UNWALLED_CHECKS = """
+import errno, json, sys
+from wasihost.engine import walls
+answers = walls.seccomp_answers()
+print(json.dumps({
+    "answers": {name: errno.errorcode.get(code, code) for name, code in answers.items()},
+    "problem": walls.seccomp_problem(),
+}))
+"""
+
+
 def test_each_check_sees_a_wall_that_is_not_there() -> None:
     # The checks are what make "enforced" mean something: in this unwalled process they fail.
-    assert walls.read_restriction_problem(__file__, sys.executable) == (
-        "a file outside the allowed directory was still readable"
+    assert walls.read_restriction_problem([], [sys.executable]) == (
+        f"{sys.executable}, outside the readable paths, could still be opened"
+    )
+    assert walls.read_restriction_problem(["/nonexistent-wasihost"], []) == (
+        "cannot read /nonexistent-wasihost, which is allowed (ENOENT)"
     )
     assert walls.rlimit_problem({"RLIMIT_CORE": -1}) is not None
+    # Without a filter each call the seccomp check makes gets the kernel's own answer, never
+    # the filter's (and does no harm: no process, mount or trace is made). In a child, so that
+    # this process does not keep /proc/self/status open.
+    report, _ = run_child(UNWALLED_CHECKS)
+    assert report == {
+        "answers": {
+            "socket": 0,  # made, then closed
+            "execve": "ENOTDIR",
+            "mount": "EFAULT",
+            "ptrace": "ESRCH",
+            "clone": "EINVAL",
+            "clone3": "EINVAL",
+        },
+        "problem": "/proc/self/status says Seccomp: 0",
+    }
+
+
+# -- real walled children: apply_child_walls, then a wasmtime engine ---------------------------
+
+# A guest with a memory and a data segment, calls that trap by signal (out of bounds), by fuel
+# and by epoch, and memory.grow: what a walled child must keep running.
+GUEST_WAT = """
+(module
+  (memory (export "memory") 1 4)
+  (data (i32.const 16) "walled")
+  (func (export "add") (param i32 i32) (result i32)
+    local.get 0 local.get 1 i32.add)
+  (func (export "load") (param i32) (result i32) local.get 0 i32.load)
+  (func (export "grow") (result i32) i32.const 1 memory.grow)
+  (func (export "spin") (loop br 0)))
+"""
+# The engine's settings, the same in the parent that compiles and the child that deserialises.
+# A small reservation keeps the child's address space within RLIMIT_AS below.
+ENGINE_SETTINGS = {"memory_reservation": 1 << 24, "memory_guard_size": 1 << 16}
+CHILD_RLIMITS = {
+    "RLIMIT_AS": 1 << 30,
+    "RLIMIT_CPU": 10,
+    "RLIMIT_NOFILE": 64,
+    "RLIMIT_FSIZE": 0,
+    "RLIMIT_CORE": 0,
+}
+WALLED_TIMEOUT_S = 30
+
+# The head of every walled child: the repository and its dependencies on the path (the child
+# runs under -I, with spawn()'s cleared environment), then everything imported and opened
+# before the walls close the filesystem.
+CHILD_HEAD = """
+import sys
+sys.path[:0] = {paths!r}
+import ctypes, errno, json, os, socket, threading
+{imports}
+from wasihost.engine import walls
+walls.prepare_walls()
+"""
+
+WORKLOAD = """
+module_bytes = sys.stdin.buffer.read()
+status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)  # read again below
+applied = walls.apply_child_walls(rlimits={rlimits!r}, readable=[])
+
+config = wasmtime.Config()
+config.consume_fuel = True
+config.epoch_interruption = True
+for name, value in {settings!r}.items():
+    setattr(config, name, value)
+engine = wasmtime.Engine(config)
+module = wasmtime.Module.deserialize(engine, module_bytes)
+store = wasmtime.Store(engine)
+store.set_fuel(10**9)
+store.set_epoch_deadline(10**6)
+exports = wasmtime.Instance(store, module, []).exports(store)
+total = 0
+for i in range(3000):
+    total = exports["add"](store, total, i)
+ticker = threading.Thread(target=lambda: [engine.increment_epoch() for _ in range(3)])
+ticker.start()
+ticker.join()
+
+traps = []
+def trap(name, *args):
+    try:
+        exports[name](store, *args)
+    except wasmtime.Trap as exc:
+        traps.append(str(exc.trap_code).rsplit(".", 1)[-1])
+trap("load", 1 << 20)
+store.set_fuel(10_000)
+trap("spin")
+store.set_fuel(10**12)
+store.set_epoch_deadline(1)
+ticker = threading.Thread(target=engine.increment_epoch)
+ticker.start()
+trap("spin")
+ticker.join()
+store.set_epoch_deadline(10**6)
+grown = exports["grow"](store)
+
+def answer(action):
+    try:
+        action()
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+    return "allowed"
+
+def fork():
+    if os.fork() == 0:
+        os._exit(0)
+
+refused = {{
+    "socket": answer(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM)),
+    "socketpair": answer(socket.socketpair),
+    "execv": answer(lambda: os.execv("/bin/true", ["true"])),
+    "fork": answer(fork),
+    "posix_spawn": answer(lambda: os.posix_spawn("/bin/true", ["true"], {{}})),
+    "kill_parent": answer(lambda: os.kill(os.getppid(), 0)),
+    "open_interpreter": answer(lambda: open(sys.executable, "rb")),
+    "open_status": answer(lambda: open("/proc/self/status", "rb")),
+    "create_here": answer(lambda: open("new-file", "wb")),
+    "list_root": answer(lambda: os.listdir("/")),
+}}
+lines = os.pread(status, 65536, 0).decode().splitlines()
+print(json.dumps({{
+    "walls": [[w.name, w.state, w.detail] for w in applied],
+    "total": total, "traps": traps, "grown": grown, "refused": refused,
+    "status": [line for line in lines if line.split(":")[0] in ("Seccomp", "NoNewPrivs")],
+}}))
+"""
+
+
+def _child_head(*modules: str) -> str:
+    import importlib.util
+
+    import wasmtime
+
+    deps = {str(Path(wasmtime.__file__).resolve().parents[1])}
+    pyseccomp = importlib.util.find_spec("pyseccomp")  # found, not imported (nor required)
+    if pyseccomp is not None and pyseccomp.origin is not None:
+        deps.add(str(Path(pyseccomp.origin).resolve().parent))
+    paths = [str(ROOT), *sorted(deps)]
+    return CHILD_HEAD.format(paths=paths, imports="\n".join(f"import {m}" for m in modules))
+
+
+def _run_walled(source: str, stdin: bytes = b"") -> tuple[int, str, str]:
+    """Run ``source`` as a child started by spawn(), like every walled child; its status,
+    stdout and stderr."""
+    argv = [sys.executable, "-I", "-c", source]
+    with spawn(argv, stdin=PIPE, stdout=PIPE, stderr=PIPE, env={"RUST_BACKTRACE": "0"}) as child:
+        out, err = child.proc.communicate(stdin, timeout=WALLED_TIMEOUT_S)
+    return child.end(), out.decode(), err.decode()
+
+
+def _compiled_guest() -> bytes:
+    import wasmtime
+
+    config = wasmtime.Config()
+    config.consume_fuel = True
+    config.epoch_interruption = True
+    for name, value in ENGINE_SETTINGS.items():
+        setattr(config, name, value)
+    return bytes(wasmtime.Module(wasmtime.Engine(config), GUEST_WAT).serialize())
+
+
+def _seccomp_here(probed: dict[str, Wall]) -> None:
+    if probed["seccomp"].state != "enforced":
+        pytest.skip(f"seccomp is not enforced here: {probed['seccomp'].detail}")
+
+
+@pytest.fixture(scope="module")
+def walled_run(probed: dict[str, Wall]) -> dict[str, Any]:
+    _seccomp_here(probed)
+    source = _child_head("wasmtime") + WORKLOAD.format(
+        rlimits=CHILD_RLIMITS, settings=ENGINE_SETTINGS
+    )
+    status, out, err = _run_walled(source, _compiled_guest())
+    assert status == 0, err[-2000:]
+    report: dict[str, Any] = json.loads(out)
+    return report
+
+
+def test_a_walled_child_runs_a_wasmtime_engine(walled_run: dict[str, Any]) -> None:
+    # Every wall enforced (the landlock detail: it reads nothing) ...
+    states = {name: (state, detail) for name, state, detail in walled_run["walls"]}
+    for name in WALL_NAMES:
+        if states[name][0] != "enforced":
+            _enforced_or_refused(Wall(name, *states[name]))
+    assert states["landlock"][1].endswith(", reads nothing")
+    # ... and still: a module the parent compiled, 3000 calls, a thread that ticks the epoch,
+    # a trap by signal, by fuel and by epoch, and memory.grow.
+    assert walled_run["total"] == sum(range(3000))
+    assert walled_run["traps"] == ["MEMORY_OUT_OF_BOUNDS", "OUT_OF_FUEL", "INTERRUPT"]
+    assert walled_run["grown"] == 1
+
+
+def test_a_walled_child_can_start_no_process_nor_open_a_socket_or_a_file(
+    walled_run: dict[str, Any],
+) -> None:
+    # EPERM is the filter's answer; EACCES is Landlock's (open is allowed by the filter so
+    # that the filesystem's wall is the one that answers).
+    assert walled_run["refused"] == {
+        "socket": "EPERM",
+        "socketpair": "EPERM",
+        "execv": "EPERM",
+        "fork": "EPERM",
+        "posix_spawn": "EPERM",
+        "kill_parent": "EPERM",
+        "open_interpreter": "EACCES",
+        "open_status": "EACCES",
+        "create_here": "EACCES",
+        "list_root": "EACCES",
+    }
+
+
+def test_a_walled_childs_status_says_seccomp_filter_and_no_new_privs(
+    walled_run: dict[str, Any],
+) -> None:
+    assert walled_run["status"] == ["NoNewPrivs:\t1", "Seccomp:\t2"]
+
+
+NO_PYSECCOMP = """
+sys.modules["pyseccomp"] = None  # as on a machine without it: importing it raises
+walls.prepare_walls()
+try:  # a readable path that does not exist is refused before any wall
+    walls.apply_child_walls(rlimits={}, readable=["/nonexistent-wasihost"])
+    missing = "applied"
+except FileNotFoundError:
+    missing = "refused, no_new_privs %s" % walls.no_new_privs()
+applied = walls.apply_child_walls(rlimits={"RLIMIT_CORE": 0}, readable=[])
+print(json.dumps({"missing": missing, "walls": [[w.name, w.state, w.detail] for w in applied]}))
+"""
+
+
+def test_without_pyseccomp_the_wall_is_unavailable_and_the_others_still_apply(
+    probed: dict[str, Wall],
+) -> None:
+    head = _child_head().replace("walls.prepare_walls()\n", "")
+    status, out, err = _run_walled(head + NO_PYSECCOMP)
+    assert status == 0, err[-2000:]
+    report = json.loads(out)
+    assert report["missing"] == "refused, no_new_privs False"
+    got = {name: (state, detail) for name, state, detail in report["walls"]}
+    assert got["seccomp"][0] == "unavailable"
+    assert got["seccomp"][1].startswith("pyseccomp cannot be imported ("), got["seccomp"]
+    for name in ("no_new_privs", "namespaces", "landlock", "rlimits"):
+        assert got[name][0] == probed[name].state, (name, got[name])
+
+
+# A call in another architecture's numbering, after the walls: x32's getpid (the x32 bit set
+# on x86_64's number) and ia32's getpid through int 0x80 (from a page of machine code mapped
+# before the walls). Each prints "walled" first, so a death before the walls shows.
+OTHER_ABI = """
+import mmap
+code = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+code.write(bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3]))  # mov eax, 20; int 0x80; ret
+ia32_getpid = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(code)))
+libc = ctypes.CDLL(None, use_errno=True)
+walls.apply_child_walls(rlimits={{}}, readable=[])
+print("walled", flush=True)
+{call}
+print("survived", flush=True)
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x32 and ia32 are x86_64's")
+@pytest.mark.parametrize(
+    "call", ["libc.syscall(0x40000000 | 39)", "ia32_getpid()"], ids=["x32", "ia32"]
+)
+def test_a_call_in_another_abis_numbering_kills_the_walled_child(
+    probed: dict[str, Wall], call: str
+) -> None:
+    _seccomp_here(probed)
+    status, out, err = _run_walled(_child_head() + OTHER_ABI.format(call=call))
+    assert (status, out) == (-signal.SIGSYS, "walled\n"), err[-2000:]
 
 
 def test_the_child_shortens_its_own_details_to_what_the_parent_accepts() -> None:

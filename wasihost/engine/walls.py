@@ -1,19 +1,22 @@
-"""The process walls: applied in, and checked from inside, a child process (issue 30, step 1).
+"""The process walls: applied in, and checked from inside, a child process (issue 30).
 
-The out-of-process runtime will run a guest in a child behind these walls. With
-:mod:`.spawn` (the one way a child is started and ended, which the compile worker uses too),
-this module is the start of the one spawn-and-wall mechanism the compile worker, the process
-runtime and native plugins will share. For now it applies each wall in a short-lived probe
-child and checks it from inside, so that ``wasihost doctor`` reports what this machine
-enforces.
+The out-of-process runtime will run a guest in a child behind these walls. With :mod:`.spawn`
+(the one way a child is started and ended, which the compile worker uses too), this module is
+the one spawn-and-wall mechanism the compile worker, the process runtime and native plugins
+share. :func:`apply_child_walls` is the one sequence every walled child runs on itself:
+no_new_privs, user and network namespaces, rlimits, Landlock, then seccomp, each applied and
+checked from inside. ``wasihost doctor`` runs that same function in a short-lived probe child
+(:func:`probe_walls`: this file run as a script, its one line of JSON parsed defensively).
 
 Each wall has a function that APPLIES it in the calling process (irreversible: call it only in
-a child) and one that CHECKS it from inside. :func:`probe_walls` runs them in a fresh
-interpreter (this file run as a script) and parses its one line of JSON defensively.
+a child) and one that CHECKS it from inside. Whatever must be imported or opened is loaded by
+:func:`prepare_walls`, which a child calls before the walls close the filesystem (finding
+libseccomp runs ldconfig in a subprocess, which seccomp forbids, and no module can be read once
+Landlock is in force).
 
-Standard library only (ctypes, os, resource), and no wasmtime: the probe child runs this file
-as a script under ``-I``, so it must not import wasihost, and a child that imported the engine
-would pay its start-up for nothing.
+Standard library and pyseccomp only (pyseccomp imported inside functions), and no wasmtime:
+the probe child runs this file as a script under ``-I``, so it must not import wasihost, and a
+child that imported the engine would pay its start-up for nothing.
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ import json
 import os
 import platform
 import resource
+import stat
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 if TYPE_CHECKING:
     from .spawn import Spawned
@@ -44,15 +48,16 @@ MAX_REPORT_BYTES = 16 * 1024
 # A detail is one short human sentence; longer ones are refused rather than cut, because a
 # cut would hide that the child is not saying what the probe says.
 MAX_DETAIL_CHARS = 300
-# Interpreter start-up plus five walls is ~50 ms; a child still running after this is stuck.
+# Interpreter start-up, loading libseccomp and five walls take ~100 ms; a child still running
+# after this is stuck.
 PROBE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
 class Wall:
-    """One wall on this machine: ``enforced`` (applied and checked in the probe child),
-    ``available`` (present, but wasihost does not apply it yet) or ``unavailable`` (``detail``
-    says why)."""
+    """One wall on this machine: ``enforced`` (applied and checked from inside the child),
+    ``available`` (present, but wasihost does not apply it: no wall is reported so today) or
+    ``unavailable`` (``detail`` says why)."""
 
     name: str
     state: State
@@ -117,7 +122,7 @@ def unshare_user_and_net() -> None:
 def net_isolation_problem(parent_namespace: str) -> str | None:
     """Check: None when this process is in another network namespace than ``parent_namespace``
     with no interface but ``lo``; otherwise what is wrong."""
-    import socket  # the probe child imports it here, before Landlock forbids reading modules
+    import socket  # loaded by prepare_walls, before Landlock forbids reading modules
 
     if net_namespace() == parent_namespace:
         return "still in the parent's network namespace"
@@ -180,46 +185,88 @@ def _handled_access(abi: int) -> int:
     return _ACCESS_FS_BY_ABI[max(v for v in _ACCESS_FS_BY_ABI if v <= abi)]
 
 
-def restrict_to_reading(directory: str) -> None:
-    """Apply: from now on this process may read files and list directories under ``directory``
-    and do nothing else to the filesystem (files already open stay usable). Needs
-    no_new_privs (or CAP_SYS_ADMIN)."""
+def _allow_reading(ruleset: int, add_rule: int, path: str) -> None:
+    # A directory's rule lets it be listed and the files under it read; a file's, only that
+    # file read (the kernel refuses directory rights on a file).
+    beneath = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        is_dir = stat.S_ISDIR(os.fstat(beneath).st_mode)
+        rights = ACCESS_FS_READ_FILE | (ACCESS_FS_READ_DIR if is_dir else 0)
+        rule = _PathBeneathAttr(rights, beneath)
+        args = (ctypes.c_int(ruleset), ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH))
+        if _syscall(add_rule, *args, ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+            raise _os_error("landlock_add_rule")
+    finally:
+        os.close(beneath)
+
+
+def restrict_to_reading(paths: Sequence[str]) -> None:
+    """Apply: from now on this process may read the files and list the directories under each
+    of ``paths`` (a file: only that file) and do nothing else to the filesystem. With no paths
+    it can open nothing at all. Descriptors already open stay usable. Needs no_new_privs (or
+    CAP_SYS_ADMIN)."""
     create, add_rule, restrict_self = _landlock_syscalls()
     attr = _RulesetAttr(_handled_access(landlock_abi()))
     ruleset = _syscall(create, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0)
     if ruleset < 0:
         raise _os_error("landlock_create_ruleset")
     try:
-        beneath = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            rule = _PathBeneathAttr(ACCESS_FS_READ_FILE | ACCESS_FS_READ_DIR, beneath)
-            args = (ctypes.c_int(ruleset), ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH))
-            if _syscall(add_rule, *args, ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
-                raise _os_error("landlock_add_rule")
-        finally:
-            os.close(beneath)
+        for path in paths:
+            _allow_reading(ruleset, add_rule, path)
         if _syscall(restrict_self, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
             raise _os_error("landlock_restrict_self")
     finally:
         os.close(ruleset)
 
 
-def read_restriction_problem(inside: str, outside: str) -> str | None:
-    """Check: None when ``inside`` can be read and ``outside`` cannot; otherwise what is
-    wrong."""
+def _errno_name(exc: OSError) -> str:
+    return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+
+
+def _read_problem(path: str) -> str | None:
+    """None when ``path`` reads: a file, its first byte; a directory, its listing and the first
+    byte of its first regular file, if it has one."""
     try:
-        with open(inside, "rb") as f:
+        if os.path.isdir(path):
+            files = [e for e in sorted(os.listdir(path)) if os.path.isfile(os.path.join(path, e))]
+            if not files:
+                return None
+            path = os.path.join(path, files[0])
+        with open(path, "rb") as f:
             f.read(1)
     except OSError as exc:
-        return f"cannot read inside the allowed directory ({errno.errorcode.get(exc.errno or 0)})"
-    try:
-        with open(outside, "rb") as f:
-            f.read(1)
-    except PermissionError:
-        return None
-    except OSError as exc:
-        return f"reading outside failed otherwise ({errno.errorcode.get(exc.errno or 0)})"
-    return "a file outside the allowed directory was still readable"
+        return f"cannot read {path}, which is allowed ({_errno_name(exc)})"
+    return None
+
+
+def read_restriction_problem(readable: Sequence[str], outside: Sequence[str]) -> str | None:
+    """Check: None when every path of ``readable`` can be read and none of ``outside`` can be
+    opened (EACCES); otherwise what is wrong."""
+    for path in readable:
+        problem = _read_problem(path)
+        if problem is not None:
+            return problem
+    for path in outside:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except PermissionError:
+            continue
+        except OSError as exc:
+            return f"opening {path} failed otherwise ({_errno_name(exc)})"
+        os.close(fd)
+        return f"{path}, outside the readable paths, could still be opened"
+    return None
+
+
+def _outside(readable: Sequence[str]) -> list[str]:
+    """Paths the Landlock check expects to be refused: the interpreter's file and the root
+    directory, each unless it is under one of ``readable`` (real paths)."""
+
+    def under(path: str, base: str) -> bool:
+        return os.path.commonpath([path, base]) == base
+
+    candidates = [os.path.realpath(sys.executable)] if sys.executable else []
+    return [p for p in [*candidates, "/"] if not any(under(p, base) for base in readable)]
 
 
 # -- rlimits -----------------------------------------------------------------------------------
@@ -262,36 +309,270 @@ def rlimit_problem(limits: Mapping[str, int]) -> str | None:
 
 # -- seccomp -----------------------------------------------------------------------------------
 
+# Allowed whatever their arguments. Under strace, the workload of tests/engine/test_walls.py
+# (deserialise, instantiate, 3000 calls, traps by signal, fuel and epoch, a thread) made only
+# calls of the memory, thread, signal and time groups below, write, ioctl(TCGETS), getrandom
+# and exit_group once the filter was loaded; the rest is what an interpreter may need on the
+# descriptors it holds (the process runtime's channel) and about itself. None reaches beyond
+# the process. Everything not allowed here or in _seccomp_rules fails with EPERM: no new
+# socket, process, program, mount, namespace, trace, or signal to another process.
+SECCOMP_ALLOWED = (
+    # Memory: wasmtime maps code and linear memories and resets them with madvise.
+    *("brk", "mmap", "munmap", "mprotect", "madvise", "mremap", "membarrier"),
+    # The process's own threads (clone itself is filtered below).
+    *("futex", "gettid", "set_robust_list", "rseq", "sched_yield", "sched_getaffinity"),
+    "exit",
+    # Its own signals: wasmtime's trap handlers and their alternate stacks. restart_syscall is
+    # how the kernel resumes a sleep that a signal interrupted.
+    *("rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "sigaltstack", "restart_syscall"),
+    # Time.
+    *("clock_gettime", "clock_getres", "clock_nanosleep", "nanosleep", "gettimeofday"),
+    # I/O on descriptors it already holds (it opens new ones only where Landlock lets it).
+    *("read", "write", "readv", "writev", "pread64", "pwrite64", "lseek", "close"),
+    *("fstat", "newfstatat", "getdents64", "poll", "ppoll", "select", "pselect6"),
+    *("epoll_create1", "epoll_ctl", "epoll_wait", "epoll_pwait", "epoll_pwait2"),
+    *("recvfrom", "recvmsg", "sendmsg", "shutdown", "getsockopt"),
+    # The filesystem: Landlock is its wall, so a refused open says EACCES as it would anywhere.
+    *("openat", "getcwd", "readlink"),
+    # About itself.
+    *("exit_group", "getpid", "getppid", "getrandom", "uname", "sysinfo", "getrlimit"),
+)
+
+# clone only makes a thread of this process: CLONE_THREAD and CLONE_VM set, no new namespace.
+# fork() and posix_spawn() are clones without CLONE_THREAD, so they fail with EPERM.
+CLONE_THREAD = 0x00010000
+CLONE_VM = 0x00000100
+CLONE_SIGHAND = 0x00000800
+_CLONE_NEW_NAMESPACES = (
+    0x00020000  # CLONE_NEWNS
+    | 0x02000000  # CLONE_NEWCGROUP
+    | 0x04000000  # CLONE_NEWUTS
+    | 0x08000000  # CLONE_NEWIPC
+    | CLONE_NEWUSER
+    | 0x20000000  # CLONE_NEWPID
+    | CLONE_NEWNET
+)
+_PTRACE_ATTACH = 16
+
+
+@dataclass(slots=True)
+class _Prepared:
+    """What the walls need loaded before the filesystem closes: ``/proc/self/status`` open (the
+    thread count and the Seccomp line are read from it later), and pyseccomp with the version of
+    its libseccomp, or why it cannot be loaded."""
+
+    status_fd: int
+    seccomp: Any  # the pyseccomp module, or None
+    seccomp_detail: str  # "libseccomp X.Y.Z", or the reason it is unavailable
+
+
+_PREPARED: list[_Prepared] = []
+
 
 class _ScmpVersion(ctypes.Structure):
     _fields_ = [("major", ctypes.c_uint), ("minor", ctypes.c_uint), ("micro", ctypes.c_uint)]
 
 
-def seccomp_version() -> str:
-    """Check: the version of the system's libseccomp (OSError when it cannot be loaded). No
-    filter is built yet: that is the next step of issue 30."""
-    import ctypes.util  # runs ldconfig in a subprocess: the probe child calls this first
-
-    found = ctypes.util.find_library("seccomp")
-    if found is None:
-        raise OSError(errno.ENOENT, "libseccomp not found")
-    lib = ctypes.CDLL(found)
-    get = lib.seccomp_version  # libseccomp 2.3+
+def _load_pyseccomp() -> tuple[Any, str]:
+    """(pyseccomp, "libseccomp X.Y.Z"), or (None, why not). Importing pyseccomp finds libc and
+    libseccomp with ctypes.util.find_library, which runs ldconfig in a subprocess."""
+    try:
+        import pyseccomp
+    except ImportError as exc:
+        return None, f"pyseccomp cannot be imported ({exc})"
+    except (OSError, RuntimeError, AttributeError) as exc:  # no libseccomp, or a too old one
+        return None, f"libseccomp cannot be loaded ({exc})"
+    try:
+        # pyseccomp has no version call of its own: ask the library it loaded (2.3+).
+        get = pyseccomp._libseccomp.seccomp_version
+    except AttributeError:
+        return None, "libseccomp without seccomp_version (< 2.3)"
     get.restype = ctypes.POINTER(_ScmpVersion)
     v = get().contents
-    return f"libseccomp {v.major}.{v.minor}.{v.micro}"
+    return pyseccomp, f"libseccomp {v.major}.{v.minor}.{v.micro}"
 
 
-# -- the probe child ---------------------------------------------------------------------------
+def prepare_walls() -> None:
+    """Load and open, while the filesystem is still open, everything :func:`apply_child_walls`
+    needs: pyseccomp (and through it libseccomp), the modules the checks import, and
+    ``/proc/self/status``. A child calls it before anything that closes the filesystem, and
+    itself imports everything else it will need before :func:`apply_child_walls` (which calls
+    this too, in case it was not). Idempotent; never raises for a missing libseccomp, which only
+    makes the seccomp wall unavailable."""
+    if _PREPARED:
+        return
+    import fcntl  # noqa: F401 - the filter's constants: modules cannot be read after Landlock
+    import socket  # noqa: F401 - the namespace and seccomp checks
+    import termios  # noqa: F401 - the filter's constants
+
+    try:
+        status_fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        status_fd = -1  # no /proc: the checks that read it say so
+    seccomp, detail = _load_pyseccomp()
+    _PREPARED.append(_Prepared(status_fd, seccomp, detail))
+
+
+def _prepared() -> _Prepared:
+    prepare_walls()
+    return _PREPARED[0]
+
+
+def _status_field(name: str) -> str | None:
+    """A field of this process's ``/proc/self/status``, read through the descriptor opened by
+    :func:`prepare_walls` (Landlock forbids opening it again); None without it."""
+    fd = _prepared().status_fd
+    if fd < 0:
+        return None
+    for line in os.pread(fd, 65536, 0).decode("ascii", "replace").splitlines():
+        key, _, value = line.partition(":")
+        if key == name:
+            return value.strip()
+    return None
+
+
+def seccomp_version() -> str:
+    """Check: ``libseccomp X.Y.Z``, the library pyseccomp loaded (OSError when pyseccomp or
+    libseccomp cannot be loaded, with the reason)."""
+    prepared = _prepared()
+    if prepared.seccomp is None:
+        raise OSError(errno.ENOSYS, prepared.seccomp_detail)
+    return prepared.seccomp_detail
+
+
+def _seccomp_rules(scmp: Any) -> Iterator[tuple[int, str, tuple[Any, ...]]]:
+    """(action, call, argument conditions) of every rule but the default. Several rules for one
+    call are alternatives; the conditions of one rule must all hold."""
+    import fcntl
+    import termios
+
+    allow, arg = scmp.ALLOW, scmp.Arg
+    for name in SECCOMP_ALLOWED:
+        yield allow, name, ()
+    thread_mask = CLONE_THREAD | CLONE_VM | _CLONE_NEW_NAMESPACES
+    yield allow, "clone", (arg(0, scmp.MASKED_EQ, thread_mask, CLONE_THREAD | CLONE_VM),)
+    # glibc tries clone3 first and falls back to clone only on ENOSYS. clone3's flags are in a
+    # structure in memory, which a filter cannot read.
+    yield scmp.ERRNO(errno.ENOSYS), "clone3", ()
+    # wasmtime puts a module's initial memory in a memfd when it can, and copies it into each
+    # instance when the kernel has none (ENOSYS; EPERM fails the instantiation). An anonymous
+    # file the child could fill and map is more than it needs.
+    yield scmp.ERRNO(errno.ENOSYS), "memfd_create", ()
+    # A signal to one of its own threads (abort() and raise() send one): never another process.
+    yield allow, "tgkill", (arg(0, scmp.EQ, os.getpid()),)
+    # Reading its own limits; never setting them, nor another process's.
+    yield allow, "prlimit64", (arg(0, scmp.EQ, 0), arg(2, scmp.EQ, 0))
+    # isatty, a socket's blocking mode, the close-on-exec flag: never TIOCSTI (typing into a
+    # terminal) nor FIOSETOWN (signals at another process).
+    for request in (termios.TCGETS, termios.FIONBIO, termios.FIOCLEX, termios.FIONCLEX):
+        yield allow, "ioctl", (arg(1, scmp.EQ, request),)
+    # Descriptor and status flags and dup: never F_SETOWN or F_SETSIG, which would aim SIGIO
+    # (or any signal) at another process of the same user.
+    getset = (fcntl.F_GETFD, fcntl.F_SETFD, fcntl.F_GETFL, fcntl.F_SETFL, fcntl.F_DUPFD_CLOEXEC)
+    for command in getset:
+        yield allow, "fcntl", (arg(1, scmp.EQ, command),)
+    # send() on a connected socket: no destination address of its own.
+    yield allow, "sendto", (arg(4, scmp.EQ, 0),)
+
+
+def build_seccomp_filter() -> tuple[Any, int]:
+    """The allow-list filter, not loaded yet, and how many calls it allows (some only with the
+    arguments above). Default action ERRNO(EPERM): an unexpected call fails where the caller
+    can report it, instead of killing the process. A call made with another architecture's
+    numbering (ia32's int 0x80, x32's, on x86_64) kills the process: libseccomp filters the
+    native architecture only. OSError when pyseccomp or libseccomp cannot be loaded."""
+    seccomp_version()
+    scmp = _prepared().seccomp
+    syscalls = scmp.SyscallFilter(scmp.ERRNO(errno.EPERM))
+    syscalls.set_attr(scmp.Attr.ACT_BADARCH, scmp.KILL_PROCESS)
+    allowed: set[str] = set()
+    for action, name, conditions in _seccomp_rules(scmp):
+        # A call this architecture does not have (select, poll on aarch64) resolves below 0.
+        if scmp.resolve_syscall(scmp.Arch.NATIVE, name) < 0:
+            continue
+        syscalls.add_rule(action, name, *conditions)
+        if action == scmp.ALLOW:
+            allowed.add(name)
+    return syscalls, len(allowed)
+
+
+def apply_seccomp() -> int:
+    """Apply: load the allow-list filter (:func:`build_seccomp_filter`) on this process, for
+    good. Returns how many calls it allows. Needs no_new_privs (or CAP_SYS_ADMIN), and a
+    process of one thread (the filter binds the calling thread and what it starts after)."""
+    syscalls, count = build_seccomp_filter()
+    syscalls.load()
+    return count
+
+
+def _syscall_number(name: str) -> int:
+    return int(_prepared().seccomp.resolve_syscall(0, name))  # 0: the native architecture
+
+
+def _denied_call(name: str, *args: object) -> int:
+    """The errno a raw call answers (0 when it succeeds)."""
+    ctypes.set_errno(0)
+    result = _syscall(_syscall_number(name), *args)
+    return ctypes.get_errno() if result < 0 else 0
+
+
+def seccomp_answers() -> dict[str, int]:
+    """The errno each call the filter must deny answers (0: it succeeded). Each is made with
+    arguments the kernel itself would refuse with another errno, so that EPERM proves the
+    filter answered before the kernel looked, and an unfiltered process comes to no harm."""
+    import socket
+
+    answers = {}
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+        answers["socket"] = 0
+    except OSError as exc:
+        answers["socket"] = exc.errno or 0
+    nowhere = ctypes.c_char_p(b"/dev/null/nowhere")  # ENOTDIR unfiltered: it cannot exist
+    argv = (ctypes.c_char_p * 2)(nowhere.value, None)
+    answers["execve"] = _denied_call("execve", nowhere, argv, None)
+    answers["mount"] = _denied_call("mount", None, None, None, ctypes.c_ulong(0), None)  # EFAULT
+    answers["ptrace"] = _denied_call("ptrace", ctypes.c_long(_PTRACE_ATTACH), 0, 0, 0)  # ESRCH
+    # CLONE_SIGHAND without CLONE_VM: EINVAL unfiltered; not a thread, so EPERM filtered.
+    answers["clone"] = _denied_call("clone", ctypes.c_ulong(CLONE_SIGHAND), 0, 0, 0, 0)
+    answers["clone3"] = _denied_call("clone3", None, ctypes.c_size_t(0))  # EINVAL unfiltered
+    return answers
+
+
+# What the filter answers each call of seccomp_answers with.
+SECCOMP_EXPECTED = {
+    "socket": errno.EPERM,
+    "execve": errno.EPERM,
+    "mount": errno.EPERM,
+    "ptrace": errno.EPERM,
+    "clone": errno.EPERM,
+    "clone3": errno.ENOSYS,
+}
+
+
+def seccomp_problem() -> str | None:
+    """Check: None when ``/proc/self/status`` says ``Seccomp: 2`` (a filter) and each call of
+    :func:`seccomp_answers` gets the filter's answer; otherwise what is wrong."""
+    mode = _status_field("Seccomp")
+    if mode != "2":
+        return f"/proc/self/status says Seccomp: {mode}"
+    for name, got in seccomp_answers().items():
+        if got != SECCOMP_EXPECTED[name]:
+            said = errno.errorcode.get(got, str(got)) if got else "success"
+            return f"{name} answered {said}, not {errno.errorcode[SECCOMP_EXPECTED[name]]}"
+    return None
+
+
+# -- every wall, in a child ------------------------------------------------------------------------
 
 
 def _rlimits_detail(limits: Mapping[str, int]) -> str:
     return " ".join(f"{name.removeprefix('RLIMIT_')}={value}" for name, value in limits.items())
 
 
-def _attempt(name: str, apply: Callable[[], str | None], detail: str) -> Wall:
+def _attempt(name: str, apply: Callable[[], str | None], detail: str | Callable[[], str]) -> Wall:
     """Run one wall's apply-then-check: ``apply`` returns None when the check passed, or what
-    is wrong."""
+    is wrong. ``detail`` (or what it returns, once applied) describes the enforced wall."""
     try:
         problem = apply()
     except OSError as exc:
@@ -300,23 +581,46 @@ def _attempt(name: str, apply: Callable[[], str | None], detail: str) -> Wall:
         return Wall(name, "unavailable", str(exc))
     if problem is not None:
         return Wall(name, "unavailable", f"applied but not holding: {problem}")
-    return Wall(name, "enforced", detail)
+    return Wall(name, "enforced", detail if isinstance(detail, str) else detail())
 
 
-def _probe_in_child(parent_namespace: str) -> list[Wall]:
-    """Apply every wall to this process, in the order a walled child will, and check each.
-    Irreversible: only ever run in the probe child."""
-    # seccomp first: finding the library runs ldconfig, which the walls below would stop.
+def _one_thread() -> None:
+    # unshare(CLONE_NEWUSER) refuses a process of several threads, and Landlock and seccomp
+    # would bind only the calling one: the others would run unwalled.
+    threads = _status_field("Threads")
+    if threads is not None and threads != "1":
+        raise RuntimeError(f"apply_child_walls needs a process of one thread, not {threads}")
+
+
+def _reads(readable: Sequence[str]) -> str:
+    if not readable:
+        return "reads nothing"
+    return f"reads only under {len(readable)} path{'s' if len(readable) > 1 else ''}"
+
+
+def apply_child_walls(*, rlimits: Mapping[str, int], readable: Sequence[str] = ()) -> list[Wall]:
+    """Apply every wall to this process, for good, and check each from inside: no_new_privs,
+    a new user and network namespace, ``rlimits`` (soft and hard), Landlock (reading only under
+    the paths of ``readable``; with none, nothing on the filesystem can be opened), then the
+    seccomp allow-list. Returns the walls in WALL_NAMES' order, each ``enforced`` or
+    ``unavailable`` with the reason: a wall the kernel refuses does not stop the others.
+
+    The one sequence of every walled child (the doctor's probe, the process runtime). Only ever
+    call it in a child of one thread (RuntimeError otherwise), after :func:`prepare_walls` and
+    after importing and opening everything the child will need: afterwards it can read no
+    module, start no process and open no socket. A path of ``readable`` that does not exist is
+    the caller's mistake, not a wall the kernel refuses: FileNotFoundError, before any wall."""
+    prepare_walls()
+    _one_thread()
+    readable = [os.path.realpath(path) for path in readable]
+    for path in readable:
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, "a readable path does not exist", path)
+    outside = _outside(readable)
     try:
-        seccomp = Wall("seccomp", "available", f"{seccomp_version()}, not applied yet")
-    except OSError as exc:
-        seccomp = Wall("seccomp", "unavailable", str(exc.strerror or exc))
-    except AttributeError:  # a libseccomp older than 2.3 has no seccomp_version
-        seccomp = Wall("seccomp", "unavailable", "libseccomp without seccomp_version (< 2.3)")
-    # A file the Landlock check may read, written before the walls close the directory.
-    with open("inside", "wb") as f:
-        f.write(b"x")
-    here, outside = os.getcwd(), os.path.realpath(sys.executable)
+        before = net_namespace()
+    except OSError:
+        before = ""  # no /proc: the check then compares with nothing
 
     def nnp() -> str | None:
         set_no_new_privs()
@@ -324,30 +628,50 @@ def _probe_in_child(parent_namespace: str) -> list[Wall]:
 
     def namespaces() -> str | None:
         unshare_user_and_net()
-        return net_isolation_problem(parent_namespace)
+        return net_isolation_problem(before)
+
+    def limits() -> str | None:
+        apply_rlimits(rlimits)
+        return rlimit_problem(rlimits)
 
     def landlock() -> str | None:
-        restrict_to_reading(here)
-        return read_restriction_problem(os.path.join(here, "inside"), outside)
+        restrict_to_reading(readable)
+        return read_restriction_problem(readable, outside)
 
-    def rlimits() -> str | None:
-        apply_rlimits(PROBE_RLIMITS)
-        return rlimit_problem(PROBE_RLIMITS)
+    counted: list[int] = []
+
+    def seccomp() -> str | None:
+        counted.append(apply_seccomp())
+        return seccomp_problem()
 
     walls = {
         "no_new_privs": _attempt("no_new_privs", nnp, "set and read back"),
         "namespaces": _attempt("namespaces", namespaces, "new user and network namespace"),
-        "rlimits": _attempt("rlimits", rlimits, _rlimits_detail(PROBE_RLIMITS)),
+        "rlimits": _attempt("rlimits", limits, _rlimits_detail(rlimits)),
+        "landlock": _attempt(
+            "landlock", landlock, lambda: f"ABI {landlock_abi()}, {_reads(readable)}"
+        ),
     }
-    # Last: after it the child can open nothing new, not even a module to import.
-    try:
-        abi = landlock_abi()
-    except OSError as exc:
-        walls["landlock"] = Wall("landlock", "unavailable", str(exc.strerror or exc))
-    else:
-        walls["landlock"] = _attempt("landlock", landlock, f"ABI {abi}, reads one directory")
-    walls["seccomp"] = seccomp
+    # Last: after it the child can start nothing and open no socket, even to check a wall.
+    walls["seccomp"] = _attempt(
+        "seccomp",
+        seccomp,
+        lambda: f"{seccomp_version()}, allow-list of {counted[0]} calls, default EPERM",
+    )
     return [walls[name] for name in WALL_NAMES]
+
+
+# -- the probe child ---------------------------------------------------------------------------
+
+
+def _probe_in_child() -> list[Wall]:
+    """Apply every wall to this process through :func:`apply_child_walls`, reading only its own
+    directory. Irreversible: only ever run in the probe child."""
+    prepare_walls()
+    # A file the Landlock check may read, written before the walls close the directory.
+    with open("inside", "wb") as f:
+        f.write(b"x")
+    return apply_child_walls(rlimits=PROBE_RLIMITS, readable=[os.getcwd()])
 
 
 def short_detail(text: str) -> str:
@@ -360,10 +684,9 @@ def short_detail(text: str) -> str:
 
 
 def _child_main(argv: Sequence[str]) -> int:
-    parent_namespace = argv[0] if argv else ""
-    walls = [
-        Wall(w.name, w.state, short_detail(w.detail)) for w in _probe_in_child(parent_namespace)
-    ]
+    # Directories to search for pyseccomp after the interpreter's own (see _import_dirs).
+    sys.path.extend(argv)
+    walls = [Wall(w.name, w.state, short_detail(w.detail)) for w in _probe_in_child()]
     report = {"schema": REPORT_SCHEMA, "walls": [w.as_json() for w in walls]}
     sys.stdout.write(json.dumps(report) + "\n")
     sys.stdout.flush()
@@ -428,11 +751,7 @@ def probe_walls(
     anything but a well-formed report makes every wall ``unavailable: probe failed``."""
     from .spawn import PIPE, spawn
 
-    try:
-        parent_namespace = net_namespace()
-    except OSError:
-        parent_namespace = ""  # no /proc: the child's check then compares with nothing
-    argv = list(program or [sys.executable, "-I", os.path.abspath(__file__), parent_namespace])
+    argv = list(program or [sys.executable, "-I", os.path.abspath(__file__), *_import_dirs()])
     # spawn() passes only the locale and time zone: nothing else of the parent's environment.
     try:
         child = spawn(argv, stdout=PIPE, prefix="wasihost-probe-")
@@ -440,6 +759,23 @@ def probe_walls(
         return failed_probe(f"cannot start the child ({exc.strerror or exc})")
     with child:
         return _collect(child, timeout_s)
+
+
+def _import_dirs() -> list[str]:
+    """The directory the probe child must search for pyseccomp beyond its interpreter's own
+    (none when pyseccomp is in the interpreter's site-packages). A host run with its
+    dependencies on PYTHONPATH finds pyseccomp where a child under ``-I`` does not look, as the
+    compile worker's environment allows for wasmtime; the child appends the directory after its
+    own paths, so that it shadows nothing."""
+    import importlib.util
+    import site
+
+    spec = importlib.util.find_spec("pyseccomp")  # finds it without importing it
+    if spec is None or spec.origin is None:
+        return []
+    root = os.path.dirname(os.path.abspath(spec.origin))
+    own = {os.path.realpath(p) for p in site.getsitepackages()}
+    return [] if os.path.realpath(root) in own else [root]
 
 
 def _collect(child: Spawned, timeout_s: float) -> list[Wall]:
