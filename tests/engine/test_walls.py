@@ -86,14 +86,57 @@ def test_the_probe_leaves_the_calling_process_unwalled() -> None:
 
 
 UNWALLED_CHECKS = """
-import errno, json, sys
+import errno, json, re, sys, tempfile
 from wasihost.engine import walls
 answers = walls.seccomp_answers()
+# The filter as libseccomp has it, in its pseudo-code: which calls have a rule of their own.
+syscalls, _ = walls.build_seccomp_filter()
+with tempfile.TemporaryFile("w+") as pfc:
+    syscalls.export_pfc(pfc)
+    pfc.seek(0)
+    ruled = sorted(set(re.findall(r'filter for syscall "(\\w+)"', pfc.read())))
 print(json.dumps({
     "answers": {name: errno.errorcode.get(code, code) for name, code in answers.items()},
     "problem": walls.seccomp_problem(),
+    "ruled": ruled,
 }))
 """
+
+# The calls the filter must deny, whatever their arguments: none has a rule in the filter, and
+# in a walled child each answers EPERM. The arguments are harmless, and with them the kernel
+# alone answers otherwise (EBADF, EFAULT, EINVAL, ESRCH, ENOTDIR...), all but pivot_root,
+# which checks its capability first: so EPERM is the filter's answer. fork is made raw (and
+# os.fork, a clone without CLONE_THREAD, below); vfork is not, as a vfork child returning into
+# Python would corrupt its parent: the filter has no rule for it.
+NOWHERE = "/dev/null/nowhere"
+DENIED_CALLS: dict[str, tuple[object, ...]] = {
+    "socket": (2, 1, 0),  # AF_INET, SOCK_STREAM
+    "socketpair": (1, 1, 0, None),  # AF_UNIX, SOCK_STREAM, nowhere to write the pair
+    "connect": (-1, None, 0),
+    "bind": (-1, None, 0),
+    "listen": (-1, 0),
+    "accept": (-1, None, None),
+    "accept4": (-1, None, None, 0),
+    "execve": (NOWHERE, None, None),
+    "execveat": (-100, NOWHERE, None, None, 0),  # AT_FDCWD
+    "ptrace": (16, 0, 0, 0),  # PTRACE_ATTACH to no process
+    "mount": (None, None, None, 0, None),
+    "umount2": (None, 0),
+    "pivot_root": (None, None),
+    "chroot": (None,),
+    "unshare": (1,),  # not a flag unshare knows
+    "setns": (-1, 0),
+    "fork": (),
+    "vfork": None,  # not made: see above
+    "kexec_load": (0, 0, None, 0),
+    "kexec_file_load": (-1, -1, 0, None, 0),
+    "bpf": (-1, None, 0),
+    "perf_event_open": (None, 0, -1, -1, 0),
+    "process_vm_readv": (0, None, 0, None, 0, 1),  # flags must be 0
+    "process_vm_writev": (0, None, 0, None, 0, 1),
+    "keyctl": (-1, 0, 0, 0, 0),
+    "add_key": (None, None, None, 0, 0),
+}
 
 
 def test_each_check_sees_a_wall_that_is_not_there() -> None:
@@ -119,7 +162,12 @@ def test_each_check_sees_a_wall_that_is_not_there() -> None:
             "clone3": "EINVAL",
         },
         "problem": "/proc/self/status says Seccomp: 0",
+        "ruled": report["ruled"],
     }
+    # The filter rules on what the allow-list names, and on nothing that must be denied.
+    ruled = set(report["ruled"])
+    assert {"clone", "clone3", "memfd_create", "ioctl", "fcntl", "openat"} <= ruled
+    assert ruled.isdisjoint(DENIED_CALLS), ruled & set(DENIED_CALLS)
 
 
 # -- real walled children: apply_child_walls, then a wasmtime engine ---------------------------
@@ -212,6 +260,8 @@ def fork():
     if os.fork() == 0:
         os._exit(0)
 
+{raw_calls}
+
 refused = {{
     "socket": answer(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM)),
     "socketpair": answer(socket.socketpair),
@@ -227,10 +277,38 @@ refused = {{
 lines = os.pread(status, 65536, 0).decode().splitlines()
 print(json.dumps({{
     "walls": [[w.name, w.state, w.detail] for w in applied],
-    "total": total, "traps": traps, "grown": grown, "refused": refused,
+    "total": total, "traps": traps, "grown": grown, "refused": refused, "raw": raw_calls,
     "status": [line for line in lines if line.split(":")[0] in ("Seccomp", "NoNewPrivs")],
 }}))
 """
+
+
+# Each call of DENIED_CALLS made raw, its answer in raw_calls: "allowed", "absent" (not a call
+# of this architecture) or the errno's name.
+RAW_CALLS = """
+import pyseccomp
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+me = os.getpid()
+def raw(name, args):
+    number = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
+    if number < 0:
+        return "absent"
+    def value(arg):
+        if isinstance(arg, int):
+            return ctypes.c_long(arg)
+        return ctypes.c_char_p(arg.encode()) if isinstance(arg, str) else arg
+    ctypes.set_errno(0)
+    result = libc.syscall(ctypes.c_long(number), *map(value, args))
+    if result == 0 and name == "fork" and os.getpid() != me:
+        os._exit(0)  # a fork that went through: the parent reports it "allowed"
+    return "allowed" if result >= 0 else errno.errorcode.get(ctypes.get_errno())
+raw_calls = {name: raw(name, args) for name, args in DENIED.items() if args is not None}
+"""
+
+
+def _raw_calls() -> str:
+    return f"DENIED = {DENIED_CALLS!r}\n{RAW_CALLS}"
 
 
 def _child_head(*modules: str) -> str:
@@ -275,7 +353,7 @@ def _seccomp_here(probed: dict[str, Wall]) -> None:
 def walled_run(probed: dict[str, Wall]) -> dict[str, Any]:
     _seccomp_here(probed)
     source = _child_head("wasmtime") + WORKLOAD.format(
-        rlimits=CHILD_RLIMITS, settings=ENGINE_SETTINGS
+        rlimits=CHILD_RLIMITS, settings=ENGINE_SETTINGS, raw_calls=_raw_calls()
     )
     status, out, err = _run_walled(source, _compiled_guest())
     assert status == 0, err[-2000:]
@@ -314,6 +392,40 @@ def test_a_walled_child_can_start_no_process_nor_open_a_socket_or_a_file(
         "create_here": "EACCES",
         "list_root": "EACCES",
     }
+
+
+def test_a_walled_child_gets_eperm_for_every_call_the_filter_denies(
+    walled_run: dict[str, Any],
+) -> None:
+    made = {name for name, args in DENIED_CALLS.items() if args is not None}
+    answers = walled_run["raw"]
+    assert set(answers) == made
+    # A call this architecture does not have (aarch64 has no fork) is denied by not existing.
+    assert {name: answer for name, answer in answers.items() if answer != "absent"} == {
+        name: "EPERM" for name, answer in answers.items() if answer != "absent"
+    }
+    if platform.machine() == "x86_64":
+        assert "absent" not in answers.values()
+
+
+UNFILTERED = """
+walls.set_no_new_privs()
+walls.unshare_user_and_net()  # no capability outside: kexec_load and mount do nothing here
+{raw_calls}
+print(json.dumps(raw_calls))
+"""
+
+
+def test_without_the_filter_the_kernel_answers_those_calls_otherwise() -> None:
+    # The control of the test above: no_new_privs and a user namespace as in a walled child,
+    # no filter. Only pivot_root answers EPERM by itself; fork goes through.
+    status, out, err = _run_walled(_child_head() + UNFILTERED.format(raw_calls=_raw_calls()))
+    if status != 0 and "unshare" in err:
+        pytest.skip(f"no user namespaces here: {err[-300:]}")
+    assert status == 0, err[-2000:]
+    answers = json.loads(out)
+    assert answers["fork"] == "allowed"
+    assert {name for name, answer in answers.items() if answer == "EPERM"} <= {"pivot_root"}
 
 
 def test_a_walled_childs_status_says_seccomp_filter_and_no_new_privs(
