@@ -15,7 +15,8 @@ every path (an answer, a timeout, an error) ends with it.
 
 Users: the walls probe of ``wasihost doctor`` (:mod:`.walls`) and the compile worker
 (:mod:`.compiler`); the process runtime will be the third. The walls a child applies to itself
-(rlimits, no_new_privs, namespaces, Landlock) stay in the child's own code.
+(no_new_privs, namespaces, rlimits, Landlock, seccomp: ``walls.apply_child_walls``) stay in the
+child's own code.
 
 A module of its own rather than part of :mod:`.walls`: the compile path must not load the walls
 (only ``wasihost doctor`` does, tests/test_startup.py), and ``walls.py`` is also the probe
