@@ -245,9 +245,13 @@ def test_readme_quick_start_prints_the_documented_greeting(
     """README.md's quick start: the install is the test environment's; the run is checked."""
     (install_and_run, tests) = shell_commands(block_at("README.md", "python3 -m venv"))
     assert tests == "python3 -m pytest"
-    # .ci/run runs the same test command (README.md says so).
+    # .ci/run runs the same test command (README.md says so), then again with the process
+    # runtime as the default (README.md says that too).
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert [line for line in ci if "pytest" in line and not line.startswith("#")] == [tests]
+    assert [line for line in ci if "pytest" in line and not line.startswith("#")] == [
+        tests,
+        f"{tests} --runtime=process",
+    ]
     run = install_and_run.split(" && ")[-1]
     assert run.startswith("wasihost run ")
     code = main(shlex.split(run)[1:])
@@ -413,6 +417,11 @@ def _python_cases(tmp: Path) -> dict[tuple[str, str], dict[str, object]]:
     secrets.mkdir(mode=0o700)
     return {
         ("README.md", "from wasihost import Host, Policy"): {},
+        ("README.md", 'ext = host.load("fixtures/hello", runtime="process-only")  # or the manifest\'s runtime = "wasm-process"'): {
+            "prelude": "from wasihost import Host, Policy\nhost = Host(Policy(allow={'log'}))\n",
+            "suffix": "assert ext.call('greet', {'name': 'ada'}) == {'greeting': 'hello, ada'}\n"
+            "assert ext.runtime == 'process-only'\nhost.close()\n",
+        },
         ("docs/embedding.md", "from wasihost import Host, Policy, CallError, AdmissionError"): {
             "replace": {"path/to/package": "fixtures/hello"},
         },

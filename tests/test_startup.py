@@ -97,6 +97,7 @@ print(json.dumps({"code": code, "out": text, "modules": sorted(sys.modules)}))
 """
 
 
+@pytest.mark.in_process  # a process runtime run starts a child: its imports differ
 def test_run_of_a_package_directory_imports_no_packaging_state_or_asyncio() -> None:
     report, _ = run_child(LOADED, "run", "fixtures/echo", "noop", "--no-cache")
     assert (report["code"], report["out"]) == (0, "null\n")
@@ -110,6 +111,7 @@ def test_run_of_a_package_directory_imports_no_packaging_state_or_asyncio() -> N
     assert loaded.isdisjoint(DOCTOR_ONLY), loaded & set(DOCTOR_ONLY)
 
 
+@pytest.mark.in_process  # a process runtime run starts a child: its imports differ
 def test_wasi_run_imports_the_wasi_handlers_and_no_packaging_or_state() -> None:
     report, _ = run_child(
         LOADED, "wasi", "--no-cache", "fixtures/wasi-libc/wasi-libc.wasm", "hello"
@@ -126,6 +128,7 @@ def test_the_wasmtime_version_read_beside_the_package_is_the_installed_one() -> 
     assert installed_version() == WASMTIME_VERSION == importlib.metadata.version("wasmtime")
 
 
+@pytest.mark.in_process  # a process runtime run starts a child: its imports differ
 def test_a_run_from_a_warm_cache_starts_no_subprocess_nor_loads_the_benchmark(
     tmp_path: Path,
 ) -> None:

@@ -18,7 +18,7 @@ from wasihost.core.grants import Grant
 from wasihost.core.registry import AbiVersion
 from wasihost.core.wasmbin import WasmFormatError, read_header
 from wasihost.host.defaults import default_registry
-from wasihost.host.planning import plan_package
+from wasihost.host.planning import plan_package, resolve_runtime
 from wasihost.host.policy import Policy
 from wasihost.packaging.package import load_package
 
@@ -150,7 +150,7 @@ def test_header_reader_never_raises_anything_else(tail: bytes, cut: int) -> None
             read_header(data)
 
 
-def test_an_out_of_process_package_is_refused_not_run_in_process(tmp_path: Path) -> None:
+def test_an_out_of_process_package_is_never_planned_in_process(tmp_path: Path) -> None:
     folder = tmp_path / "pkg"
     shutil.copytree(FIXTURES / "echo", folder, ignore=shutil.ignore_patterns("target", "src"))
     manifest = folder / "extension.toml"
@@ -161,5 +161,11 @@ def test_an_out_of_process_package_is_refused_not_run_in_process(tmp_path: Path)
     registry = default_registry()
     package = load_package(folder, registry.capabilities())
     assert package.manifest is not None and package.manifest.runtime == "wasm-process"
-    with pytest.raises(AdmissionError, match="runtime 'wasm-process' is not available"):
-        plan_package(package, registry, Policy(allow={"log"}))
+    plan_package(package, registry, Policy(allow={"log"}))  # admitted: the runtime exists
+    policy = Policy(allow={"log"})
+    assert resolve_runtime(package, None, policy) == "process-only"
+    assert resolve_runtime(package, "prefer-process", policy) == "process-only"
+    with pytest.raises(AdmissionError, match="would weaken its isolation"):
+        resolve_runtime(package, "in-process", policy)
+    with pytest.raises(AdmissionError, match="would weaken its isolation"):
+        resolve_runtime(package, None, Policy(allow={"log"}, runtime="in-process"))

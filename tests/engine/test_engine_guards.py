@@ -192,6 +192,7 @@ def test_a_native_bulk_host_call_is_priced_before_its_work(bulk_host: Host, name
     assert BulkBinding.work == [MiB]
 
 
+@pytest.mark.in_process  # patches the engine's settling batch, which a child does not see
 def test_a_cbor_host_call_is_priced_on_its_response_capacity_before_its_work(
     bulk_host: Host, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -205,6 +205,7 @@ def _ctrl_c_during(ext: Extension, delay: float = 0.2) -> tuple[CallError, float
     [(SPIN, "spin.wasm"), (HAMMER, "hammer.wasm"), (HAMMER_CBOR, "hammer-cbor.wasm")],
     ids=["spinning", "native-host-calls", "cbor-host-calls"],
 )
+@pytest.mark.in_process
 def test_ctrl_c_ends_a_guest_call_on_the_main_thread(host: Host, wasm: bytes, name: str) -> None:
     ext = load(host, wasm, name)
     ext.start()
@@ -217,6 +218,7 @@ def test_ctrl_c_ends_a_guest_call_on_the_main_thread(host: Host, wasm: bytes, na
     assert sigint.installed()
 
 
+@pytest.mark.in_process
 def test_ctrl_c_outside_a_guest_is_a_keyboard_interrupt(host: Host) -> None:
     load(host, COUNTING, "counting.wasm").call("run")  # the handler is installed by now
     assert sigint.installed()
@@ -281,6 +283,7 @@ print(json.dumps(outcomes))
 """
 
 
+@pytest.mark.in_process
 def test_another_signal_handler_runs_after_the_call_not_inside_it() -> None:
     report, stderr = run_child(OTHER_SIGNAL)
     assert "Exception ignored" not in stderr

@@ -11,6 +11,8 @@ The accesses run in a child process, so a regression shows as a failed test, not
 
 from __future__ import annotations
 
+import pytest
+
 from tests.support.common import run_child
 
 CHILD = """
@@ -102,6 +104,7 @@ print(json.dumps(report))
 """
 
 
+@pytest.mark.in_process
 def test_kept_guest_memory_fails_cleanly_after_its_instance_closes() -> None:
     report, _ = run_child(CHILD)
     assert report["has_view"] is False  # brokers get no memoryview to keep

@@ -106,6 +106,7 @@ with Host(Policy(allow={"myapp.read"}), cache_dir=None) as host:
 """
 
 
+@pytest.mark.in_process
 def test_guests_nested_through_host_functions_cannot_overflow_the_threads_stack() -> None:
     # Break (red-team 2026-12-01): the stack check compared the thread's whole stack with one
     # guest's need (max_wasm_stack + STACK_MARGIN), and wasmtime bounds each Store's wasm

@@ -23,9 +23,14 @@ from wasihost.engine.ticker import GIL_WANTED
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Extension, Host
 
+# In-process mechanics (the GIL and the epoch ticker of the in-process engine):
+# these run in-process under --runtime=process too.
+pytestmark = pytest.mark.in_process
+
 # "run" returns at once. "burn" loops BURN_ITERATIONS times: over the fuel line. "spins"
 # returns at once for an input of CBOR false and loops forever for CBOR true (so it is first
 # seen short, then spins while keeping the GIL).
+
 BURN_ITERATIONS = 100_000
 BODY = f"""
     (if (i32.eq (local.get $cmd_len) (i32.const 4))
@@ -186,6 +191,7 @@ from tests.engine.test_short_calls import TIMEOUT_MS, WASM, bare, load
 from wasihost.core.errors import CallError, FailureClass
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
+
 
 with Host(Policy(), cache_dir=None) as host, Host(Policy(), cache_dir=None) as unused:
     ext = load(host)

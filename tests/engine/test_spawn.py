@@ -216,3 +216,59 @@ def test_a_host_with_wasmtime_only_on_pythonpath_still_compiles_in_a_worker(
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["env"] == {**compiler._WORKER_ENV, "PYTHONPATH": deps}
     assert (report["result"], report["workers"]) == (None, 1)
+
+
+WALLED_WORKER = """
+import importlib.util, json, os, socket, sys
+spec = importlib.util.spec_from_file_location("real_worker", {worker!r})
+worker = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(worker)
+before = os.readlink("/proc/self/ns/net")
+worker._wall_self({{"RLIMIT_CORE": 0, "RLIMIT_CPU": 30, "RLIMIT_AS": 2 << 30}})
+seen = {{"net_changed": os.readlink("/proc/self/ns/net") != before}}
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    seen["socket"] = "opened"
+except OSError as exc:
+    seen["socket"] = exc.errno
+try:
+    open({outside!r}, "rb")
+    seen["read_outside"] = "read"
+except OSError as exc:
+    seen["read_outside"] = exc.errno
+try:
+    os.fork()
+    seen["fork"] = "forked"
+except OSError as exc:
+    seen["fork"] = exc.errno
+print(json.dumps(seen), file=sys.stderr)
+sys.exit(1)
+"""
+
+
+def test_the_compile_worker_applies_every_wall_a_walled_child_has(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # One mechanism (issue 30): the worker compiling a hostile module runs behind the walls
+    # of the process runtime's children, not only in their spawn.
+    import errno
+
+    secret = tmp_path / "outside.txt"
+    secret.write_text("not for the worker")
+    script = tmp_path / "worker.py"
+    script.write_text(WALLED_WORKER.format(worker=str(compiler.WORKER), outside=str(secret)))
+    monkeypatch.setattr(compiler, "WORKER", script)
+    host = Host(
+        Policy(allow=ALL_CAPS),
+        cache_dir=None,
+        settings=EngineSettings(compile_in_process_max_bytes=0),
+    )
+    with host, pytest.raises(AdmissionError) as info:
+        host.admit(bare(build(guest_wat())))
+    seen = json.loads(info.value.problems[0].split("): ", 1)[1])
+    assert seen == {
+        "net_changed": True,
+        "socket": errno.EPERM,
+        "read_outside": errno.EACCES,
+        "fork": errno.EPERM,
+    }, seen

@@ -18,6 +18,10 @@ from tests.support.common import run_child
 from wasihost.core.settings import DEFAULT_MAX_WASM_STACK
 from wasihost.engine.stack import ENTRY_HEADROOM, STACK_MARGIN
 
+# In-process mechanics: the calling thread's stack matters to the in-process engine only (a
+# process runtime's guest runs on its child's own stack). In-process under --runtime=process.
+pytestmark = pytest.mark.in_process
+
 KiB = 1024
 NEEDED = DEFAULT_MAX_WASM_STACK + STACK_MARGIN
 ADVISED = NEEDED + ENTRY_HEADROOM
@@ -295,6 +299,7 @@ from pathlib import Path
 from wasihost.core.errors import CallError, ConfigError
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
+
 
 host = Host(Policy(allow=set()), cache_dir=None)
 ext = host.load(Path("fixtures/recurse"))

@@ -91,7 +91,8 @@ def test_an_extension_is_compiled_started_and_called_through_its_backend(
         assert ext.backend is recorder
         assert ext.call("greet", {"name": "ada"}) == {"greeting": "hello, ada"}
         assert ext.call("greet", {"name": "bo"}) == {"greeting": "hello, bo"}
-        assert recorder.runtimes == ["wasm"]  # asked once: the extension runs where it compiled
+        # Asked once, for the mode it was admitted under: it runs where it compiled.
+        assert recorder.runtimes == [ext.runtime]
         assert recorder.calls.count("compile") == 1
         assert recorder.calls.count("new_instance") == 1  # one instance, used twice
         assert "check_entry_stack" in recorder.calls
@@ -110,8 +111,16 @@ def test_a_plain_command_is_probed_and_compiled_through_its_backend(
         assert {"validates", "compile", "new_instance"} <= set(recorder.calls)
 
 
-def test_a_runtime_class_the_host_does_not_serve_has_no_backend() -> None:
+def test_each_runtime_mode_has_its_backend_and_nothing_else_has_one() -> None:
+    from wasihost.engine.process import ProcessBackend
+
     with Host(Policy(allow=ALL_CAPS), cache_dir=None) as host:
-        assert host.backend_for("wasm") is host.engine
+        assert host.backend_for("in-process") is host.engine
+        process = host.backend_for("process-only")
+        assert isinstance(process, ProcessBackend) and not process.fallback
+        assert host.backend_for("process-only") is process  # one per host and mode
+        prefer = host.backend_for("prefer-process")
+        assert isinstance(prefer, ProcessBackend) and prefer.fallback
+        # A manifest's runtime class is not a mode: asking for it is the host's own error.
         with pytest.raises(ConfigError, match="runs no 'wasm-process' extensions"):
             host.backend_for("wasm-process")

@@ -248,6 +248,7 @@ def test_fuel_used_is_per_calling_thread(app: App) -> None:
     assert ext.last_fuel_used == small  # this thread's last call, not the other thread's
 
 
+@pytest.mark.in_process
 def test_once_two_calls_overlapped_no_call_of_the_extension_keeps_the_gil(app: App) -> None:
     """Threads sharing an extension share its pool lock: one keeping the GIL across guest
     code would make the other wait a switch interval whenever it blocked on that lock. Short

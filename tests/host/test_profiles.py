@@ -237,6 +237,7 @@ def test_native_calls_work_from_a_start_function(host: Host) -> None:
     assert ext.run_command() == 42
 
 
+@pytest.mark.in_process
 def test_host_function_callbacks_go_with_their_store(host: Host) -> None:
     # Each import of each instance has its own C callback, owned by the Instance with its
     # Store: once an instance is closed and dropped, nothing (no module-level table) keeps it,

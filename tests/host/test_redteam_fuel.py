@@ -222,6 +222,7 @@ def _fill_package() -> Package:
     return Package("fill", manifest, wasm, hashlib.sha256(wasm).hexdigest())
 
 
+@pytest.mark.in_process
 def test_a_bulk_instruction_holds_the_gil_for_one_call_of_its_module_at_most() -> None:
     # The attack: a command alternates a short call (trusted: its next call keeps the GIL)
     # with one memory.fill far longer than a tick. A single instruction meets at most one
@@ -251,6 +252,7 @@ def test_a_bulk_instruction_holds_the_gil_for_one_call_of_its_module_at_most() -
         assert not instance.keeps_gil(b"fill")
 
 
+@pytest.mark.in_process
 def test_the_withdrawn_gil_trust_stays_withdrawn_when_the_same_bytes_are_admitted_again() -> None:
     # Break (issue 28, second pass on item 22): the trust lived on the CompiledModule, which
     # goes once no extension holds it; the same bytes admitted again after a close (or

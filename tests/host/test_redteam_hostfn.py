@@ -63,6 +63,7 @@ def test_a_charge_after_its_call_ended_never_reaches_the_store(app: Host) -> Non
         return 1
 
     ext = app.admit(bare(fn_guest("lookup"), name="slow"), grants=["myapp.read"])
+    ext.start()  # so the short call below spends its 50 ms in the function, not starting up
     with pytest.raises(CallError) as err:
         ext.call("go", 1, timeout_ms=50)
     assert err.value.failure is FailureClass.DEADLINE

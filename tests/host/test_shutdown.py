@@ -228,6 +228,7 @@ print(json.dumps({"first": first, "after_first": after_first, "after_second": le
 """
 
 
+@pytest.mark.in_process
 def test_a_close_cut_short_by_ctrl_c_is_finished_by_the_next_close() -> None:
     # Break (red-team, issue 28 item 23): close set `closed` first and a second close()
     # returned at once, so Ctrl-C in close(timeout_s=...) left the extension, its call in
@@ -316,6 +317,7 @@ class BrokenShutdownJobs(JobsBroker):
         super().shutdown(timeout_s)
 
 
+@pytest.mark.in_process
 def test_a_close_that_raised_in_a_phase_is_finished_by_the_next_close(cache: Path) -> None:
     # Break (issue 28 item 23): the same with any exception. The brokers' shutdown raised
     # after the extensions were closed, and the engine (its ticker) and the jobs broker's timer

@@ -232,6 +232,7 @@ def test_copy_on_write_is_an_engine_setting_in_the_cache_key() -> None:
         EngineSettings(pooling_instances=-1)
 
 
+@pytest.mark.in_process
 def test_the_pooling_allocator_runs_extensions_up_to_its_slots() -> None:
     with Host(Policy(), settings=EngineSettings(pooling_instances=2), cache_dir=None) as host:
         first, second, third = echo(host), echo(host), echo(host)
@@ -323,6 +324,7 @@ class StoreCounter:
         engine.new_instance = new_instance  # type: ignore[method-assign]
 
 
+@pytest.mark.in_process
 def test_the_live_count_never_exceeds_the_limit_under_threads() -> None:
     limit = 2
     host, _ = evicting_host(limit=limit)

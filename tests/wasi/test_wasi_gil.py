@@ -6,7 +6,13 @@ interpreter, where the thread count is the test's own, through the real engine w
 
 from __future__ import annotations
 
+import pytest
+
 from tests.support.common import run_child
+
+# In-process mechanics (the GIL of the in-process engine):
+# these run in-process under --runtime=process too.
+pytestmark = pytest.mark.in_process
 
 # A guest that prints one line, then (argv[1] == "spin") loops until its deadline.
 _CHILD = r'''
@@ -17,6 +23,7 @@ from wasihost.packaging.package import Package
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 from wasihost.wasi import WasiOptions, capabilities_for, wasi_profile
+
 
 WAT = """
 (module

@@ -65,3 +65,17 @@ def budget_hint(failure: FailureClass | None, fuel: int, timeout_ms: int) -> str
             return f"this run had {timeout_ms} ms, the most --timeout-ms allows"
         return f"raise --timeout-ms (this run had {timeout_ms} ms)"
     return None
+
+
+RUNTIME_CHOICES = ("in-process", "process", "prefer-process", "process-only")
+
+
+def add_runtime_flag(parser: argparse.ArgumentParser) -> None:
+    """``--runtime``: where the guest runs (docs/process-runtime.md)."""
+    parser.add_argument(
+        "--runtime",
+        choices=RUNTIME_CHOICES,
+        default=None,
+        help="run the guest in this process, or in a walled child process ('process' is "
+        "process-only; default: the manifest's runtime, or WASIHOST_RUNTIME)",
+    )

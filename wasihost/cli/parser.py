@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .common import DEFAULT_REVOCATION_DAYS, UsageError, whole_number
+from .common import DEFAULT_REVOCATION_DAYS, UsageError, add_runtime_flag, whole_number
 
 
 class _Parser(argparse.ArgumentParser):
@@ -128,6 +128,7 @@ def _add_run(sub: Any) -> None:
     )
     run.add_argument("--fuel", type=whole_number, help="fuel budget per call")
     run.add_argument("--timeout-ms", type=whole_number, help="wall-clock deadline per call")
+    add_runtime_flag(run)
     run.add_argument(
         "--json",
         action="store_true",
@@ -159,6 +160,7 @@ def _add_inspect(sub: Any) -> None:
     inspect.add_argument("source", help=".whpkg, package directory or .wasm module")
     inspect.add_argument("--grant", action="append", default=[], metavar="CAP")
     inspect.add_argument("--json", action="store_true")
+    add_runtime_flag(inspect)
     _trust_flags(inspect)
     _ssh_flags(inspect)
     _revocations_flag(inspect)

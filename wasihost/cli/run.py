@@ -115,9 +115,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         host = _host(_cli_policy(package, args.grant, args), args)
     try:
         if package is None:
-            ext = host.load_installed(args.source, fuel=args.fuel, timeout_ms=args.timeout_ms)
+            ext = host.load_installed(
+                args.source, fuel=args.fuel, timeout_ms=args.timeout_ms, runtime=args.runtime
+            )
         else:
-            ext = host.admit(package, grants=args.grant, fuel=args.fuel, timeout_ms=args.timeout_ms)
+            ext = host.admit(
+                package,
+                grants=args.grant,
+                fuel=args.fuel,
+                timeout_ms=args.timeout_ms,
+                runtime=args.runtime,
+            )
         if args.secret and package is not None:
             host.grant(ext.id, "secrets", {"names": sorted(set(args.secret))})
         if ext.plan.is_command:
@@ -172,7 +180,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     revocations = _revocations(args)
     if revocations is not None:
         revocations.check(package, revocations.floor or MemoryFloor())
-    report = inspect_package(package, registry, _cli_policy(package, args.grant, args), args.grant)
+    policy = _cli_policy(package, args.grant, args)
+    report = inspect_package(package, registry, policy, args.grant, args.runtime)
     if args.json:
         print(cbor_json.dumps(report, indent=2))
     else:

@@ -36,7 +36,13 @@ from ..wasi.config import (
     capabilities_for,
 )
 from ..wasi.registry import CAP_CLOCK, CAP_RANDOM
-from .common import UsageError, budget_hint, check_budget_flags, whole_number
+from .common import (
+    UsageError,
+    add_runtime_flag,
+    budget_hint,
+    check_budget_flags,
+    whole_number,
+)
 from .input_files import read_file_or_stdin
 
 if TYPE_CHECKING:
@@ -131,6 +137,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--cache-dir", type=Path, help="compiled-module cache directory")
     p.add_argument("--no-cache", action="store_true", help="do not use the on-disk cache")
+    add_runtime_flag(p)
     p.add_argument("module", help="the WASI command module (.wasm)")
     guest_args = p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the guest")
     # argparse marks a REMAINDER positional required, and a run with no module then said
@@ -347,7 +354,9 @@ def run(args: argparse.Namespace) -> int:
     host = Host(Policy(allow=caps), cache_dir=cache, profiles=[wasi_profile(config)])
     try:
         package = load_package(args.module, host.registry.capabilities())
-        ext = host.admit(package, grants=caps, fuel=args.fuel, timeout_ms=args.timeout_ms)
+        ext = host.admit(
+            package, grants=caps, fuel=args.fuel, timeout_ms=args.timeout_ms, runtime=args.runtime
+        )
         try:
             code = ext.run_command()
         except WasihostError as exc:

@@ -34,6 +34,9 @@ class FailureClass(enum.Enum):
     # guest was stopped at its next epoch tick and its instance dropped. The extension did
     # nothing wrong, so its lifecycle does not record a crash.
     CANCELLED = "cancelled"
+    # The process runtime's child died, was killed, or broke the channel protocol (and was
+    # ended for it): the call's class whatever the guest was doing.
+    NATIVE_PROCESS_EXIT = "native_process_exit"
 
     @property
     def discards_instance(self) -> bool:
@@ -68,6 +71,7 @@ _CLASS_OF: Mapping[FailureClass, CrashClass] = MappingProxyType(
         FailureClass.PROTOCOL: CrashClass.PROTOCOL_VIOLATION,
         FailureClass.HANDSHAKE: CrashClass.PROTOCOL_VIOLATION,
         FailureClass.HOST_ERROR: CrashClass.HOST_CALL_FAILURE,
+        FailureClass.NATIVE_PROCESS_EXIT: CrashClass.NATIVE_PROCESS_EXIT,
     }
 )
 

@@ -76,6 +76,28 @@ def _read_exactly(stream: object, n: int) -> bytes:
     return bytes(data)
 
 
+def _wall_self(rlimits: dict[str, int]) -> None:
+    """Apply the walls of engine/walls.py to this worker: loaded from its file (it imports
+    nothing of wasihost), after everything the worker will import, with reads only of the
+    directories code is imported from. A wall the kernel refuses is not there, as in every
+    walled child; the rlimits, which the compile budget rests on, are set in any case."""
+    import importlib.util
+    import os
+
+    for name, value in rlimits.items():  # the budget holds whatever the walls below do
+        resource.setrlimit(getattr(resource, name), (value, value))
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "walls.py")
+    spec = importlib.util.spec_from_file_location("wasihost_compile_walls", path)
+    if spec is None or spec.loader is None:
+        return
+    walls = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = walls  # its dataclasses look their module up there
+    spec.loader.exec_module(walls)
+    walls.prepare_walls()
+    readable = sorted({os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)})
+    walls.apply_child_walls(rlimits=rlimits, readable=readable)
+
+
 def main() -> int:
     stdin = sys.stdin.buffer
     (size,) = struct.unpack(">I", _read_exactly(stdin, 4))
@@ -86,11 +108,10 @@ def main() -> int:
     request = json.loads(raw)
     cpu = int(request["cpu_seconds"])
     memory = int(request["memory_bytes"])
-    # No core files from a worker the budget kills; CPU: SIGXCPU at the soft limit, SIGKILL
-    # one second later if it is ignored; address space: allocations fail past it.
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    # The walls every child of wasihost gets (walls.apply_child_walls): the module is hostile
+    # input to the compiler. Its rlimits: no core files; CPU: SIGXCPU at the budget;
+    # address space: allocations fail past it.
+    _wall_self({"RLIMIT_CORE": 0, "RLIMIT_CPU": cpu, "RLIMIT_AS": memory})
     wasm = stdin.read()
     try:
         engine = wasmtime.Engine(build_config(request["options"]))

@@ -5,7 +5,8 @@ has from the first instruction:
 
 - an environment cleared to ``LANG``, ``LC_ALL`` and ``TZ``, plus exactly what the caller
   passes;
-- every file descriptor but the three standard ones closed (``close_fds``);
+- every file descriptor but the three standard ones (and those the caller names in
+  ``pass_fds``) closed (``close_fds``);
 - its own session, so its own process group;
 - a working directory that is an empty private temporary directory, removed afterwards.
 
@@ -131,10 +132,13 @@ def spawn(
     stdout: int = DEVNULL,
     stderr: int = DEVNULL,
     prefix: str = "wasihost-child-",
+    pass_fds: Sequence[int] = (),
 ) -> Spawned:
     """Start ``argv`` as a walled child (see the module's docstring). ``env`` is added to the
-    locale and time zone; ``stdin``/``stdout``/``stderr`` are ``PIPE`` or ``DEVNULL``. Raises
-    OSError when the child cannot start (its directory is removed then)."""
+    locale and time zone; ``stdin``/``stdout``/``stderr`` are ``PIPE``, ``DEVNULL`` or a
+    descriptor of the caller's (the process runtime hands its channel socket as ``stdin``);
+    ``pass_fds`` are the only other descriptors the child keeps. Raises OSError when the child
+    cannot start (its directory is removed then)."""
     cwd = tempfile.mkdtemp(prefix=prefix)
     try:
         proc = subprocess.Popen(  # noqa: S603 - callers pass our own interpreter and script
@@ -145,6 +149,7 @@ def spawn(
             env=child_env(env or {}),
             cwd=cwd,
             close_fds=True,
+            pass_fds=tuple(pass_fds),
             start_new_session=True,
         )
     except BaseException:

@@ -230,9 +230,10 @@ class Extension:
         self.host = host
         self.package = package
         self._id = package.name
-        # Where its instances live and run: the backend of its manifest's runtime class, the
-        # one the host compiled it with (Host.backend_for).
+        # Where its instances live and run: the backend of its runtime mode, the one the host
+        # compiled it with (Host.backend_for); the mode is set by the host after admission.
         self.backend = backend
+        self.runtime = "in-process"
         self.plan = plan
         self.grant = grant
         self.resources = resources
@@ -261,6 +262,9 @@ class Extension:
         # Instances being built for a call. Those in calls plus these (_in_use()) stay within
         # resources.max_concurrency.
         self._building = 0
+        # The governor's terminate that came while instances were being built (a process
+        # runtime's child takes tens of milliseconds to start): each is stopped as it registers.
+        self._stop_building: CallError | None = None
         self._waiting = 0
         self._generation = 0
         self.handshake: Handshake | None = None
@@ -364,6 +368,16 @@ class Extension:
             denied.add(entry.capability)
             return False
 
+        def peek(entry: HostFunction) -> bool:
+            """The gate's answer, without counting it as the guest's asking: the process
+            runtime tells its child, before a call, what the grant is."""
+            epoch = local.state.epoch
+            capability = entry.capability
+            return authorizes(self._last_epoch if epoch is None else epoch, capability) and (
+                capability == CORE_CAPABILITY or capability in self.grant.capabilities
+            )
+
+        gate.peek = peek  # type: ignore[attr-defined]
         return gate
 
     def grant_scopes(self) -> dict[str, dict[str, Any]]:
@@ -421,12 +435,19 @@ class Extension:
         the caller holds ``_lock`` (a check before a call). Returns how many it stopped."""
         if not locked:
             with self._lock:
-                busy = [slot for slot in self._slots if slot not in self._idle]
+                busy, building = self._busy_for_stop(failure)
         else:
-            busy = [slot for slot in self._slots if slot not in self._idle]
+            busy, building = self._busy_for_stop(failure)
         for slot in busy:
             slot.instance.stop(failure)
-        return len(busy)
+        return len(busy) + building
+
+    def _busy_for_stop(self, failure: CallError) -> tuple[list[_Pooled], int]:
+        """Caller holds ``_lock``: the slots in a call, and how many calls are still building
+        their instance (each is stopped as it registers)."""
+        if self._building:
+            self._stop_building = failure
+        return [slot for slot in self._slots if slot not in self._idle], self._building
 
     def terminate(self, failure: CallError) -> None:
         """The governor's ``terminate`` with no call in flight to end: the extension crashes
@@ -595,6 +616,9 @@ class Extension:
                 else None,
             )
             instance.count_host_calls(self.host.host_call_tally)  # operator metrics hook
+            unclaimed = getattr(instance, "charge_unclaimed", None)
+            if unclaimed is not None:  # budgets: a child's CPU time beyond its fuel claim
+                unclaimed(self._charge_fuel)
         except BaseException:
             _close_bindings(bindings)
             raise
@@ -606,6 +630,11 @@ class Extension:
         with self._lock:
             self._building -= 1
             self._slots.add(slot)
+            stop = self._stop_building
+            if not self._building:
+                self._stop_building = None
+        if stop is not None:
+            slot.instance.stop(stop)
         self._interrupt_if_halted(slot.instance)
         if ticket is not None:
             ticket.attach(slot.instance)
@@ -614,6 +643,8 @@ class Extension:
         """A reservation that made no instance (its start failed before one existed)."""
         with self._lock:
             self._building -= 1
+            if not self._building:
+                self._stop_building = None
             self._freed.notify()
 
     def _in_use(self) -> int:

@@ -17,8 +17,8 @@ from ..core.registry import AbiVersion, Registry
 from ..core.terminal import printable
 from ..core.wasmbin import WasmFormatError, read_header
 from ..packaging.package import Package
-from .planning import plan_package
-from .policy import Policy
+from .planning import plan_package, resolve_runtime
+from .policy import IN_PROCESS, Policy
 
 if TYPE_CHECKING:
     from ..core.admission import AdmissionPlan
@@ -29,8 +29,15 @@ if TYPE_CHECKING:
 
 
 def inspect_package(
-    package: Package, registry: Registry, policy: Policy, grants: Sequence[str]
+    package: Package,
+    registry: Registry,
+    policy: Policy,
+    grants: Sequence[str],
+    runtime: str | None = None,
 ) -> dict[str, Any]:
+    """What admission would say of ``package``, and which of its protections the host
+    enforces. For the process runtime (``runtime``, else the policy's and the manifest's
+    choice), the walls are those a probe child gets on this machine (``wasihost doctor``)."""
     report: dict[str, Any] = {
         "source": package.source,
         "sha256": package.sha256,
@@ -50,6 +57,11 @@ def inspect_package(
         for e in header.exports
     ]
     try:
+        report["runtime"] = resolve_runtime(package, runtime, policy)
+        if report["runtime"] != IN_PROCESS:
+            from ..engine.walls import probe_walls
+
+            report["walls"] = [w.as_json() for w in probe_walls()]
         plan, grant, resources = plan_package(
             package, registry, policy, grants=grants if grants else None
         )
@@ -64,9 +76,38 @@ def inspect_package(
         "admitted": True,
         "abi": str(plan.version) if plan.version is not None else plan.view.label,
         "granted": sorted(grant.capabilities),
+        "runtime": report["runtime"],
     }
     report["enforced"], report["declared"] = _protections(package, plan, grant, resources)
+    _runtime_protections(report)
     return report
+
+
+def _runtime_protections(report: dict[str, Any]) -> None:
+    """The process runtime's rows: the second wall, and each OS wall as this machine gives
+    it (enforced, or declared only with the reason it is not)."""
+    walls = report.get("walls")
+    if walls is None:
+        return
+    report["enforced"].append(
+        "a second wall: each instance runs in its own child process; its host calls are "
+        "served by this host (grants, quotas and state never enter the child); the deadline "
+        "is the host's kill of the child's process group; a dead child fails its call "
+        "native_process_exit"
+    )
+    for wall in walls:
+        if wall["state"] == "enforced" and wall["name"] == "rlimits":
+            # The probe's values are its own; say what each child of this runtime gets.
+            report["enforced"].append(
+                "process wall rlimits: address space = the guest memory's reservation + 2 GiB, "
+                "3600 CPU seconds in all, 64 open files, file size 0, core dumps 0"
+            )
+        elif wall["state"] == "enforced":
+            report["enforced"].append(f"process wall {wall['name']}: {wall['detail']}")
+        else:
+            report["declared"].append(
+                f"process wall {wall['name']}: not on this machine ({wall['detail']})"
+            )
 
 
 def _signature_report(package: Package) -> dict[str, Any] | None:
@@ -242,6 +283,7 @@ def render_text(report: dict[str, Any]) -> str:
     adm = report["admission"]
     if adm["admitted"]:
         lines.append(f"admission: admitted (granted: {s(', '.join(adm['granted'])) or 'nothing'})")
+        lines.append(f"runtime: {adm['runtime']}")
         lines.append("enforced by the host:")
         lines += [f"  - {s(e)}" for e in report["enforced"]]
         lines.append("declared only (not enforced):")

@@ -15,35 +15,56 @@ import attrs
 from ..core import limits
 from ..core.admission import AdmissionPlan, admit_cached, command_profile
 from ..core.errors import AdmissionError, ConfigError
-from ..core.manifest import Manifest, Resources
+from ..core.manifest import DEFAULT_RUNTIME, Manifest, Resources
 from ..core.registry import AbiVersion, Registry
 from ..core.wasmbin import ModuleHeader, WasmFormatError, read_header_cached
 from ..packaging.package import Package
-from .policy import Policy, effective_grant
+from .policy import (
+    IN_PROCESS,
+    PROCESS_ONLY,
+    RUNTIME_ENV,
+    Policy,
+    effective_grant,
+    runtime_mode_of,
+)
 
 if TYPE_CHECKING:
     from ..core.grants import Grant
 
-# The manifest schema names "wasm-process" (out of process) too; this release runs neither it
-# nor anything else but in-process wasm, and says so at admission.
-SERVED_RUNTIMES = frozenset({"wasm"})
+def resolve_runtime(package: Package, override: str | None, policy: Policy) -> str:
+    """The mode an extension runs under: the caller's ``override``, else the policy's, else
+    the ``WASIHOST_RUNTIME`` environment variable, else what its manifest asks. A manifest
+    asking for ``wasm-process`` is never run in this process: that would quietly give it
+    weaker isolation than it asked for."""
+    import os
+
+    asked = package.manifest.runtime if package.manifest is not None else DEFAULT_RUNTIME
+    if override is not None:
+        mode = runtime_mode_of(override, "load")
+    elif policy.runtime is not None:
+        mode = policy.runtime
+    elif os.environ.get(RUNTIME_ENV):
+        mode = runtime_mode_of(os.environ[RUNTIME_ENV], RUNTIME_ENV)
+    else:
+        mode = PROCESS_ONLY if asked == "wasm-process" else IN_PROCESS
+    if asked == "wasm-process" and mode != PROCESS_ONLY:
+        if mode == IN_PROCESS:
+            raise AdmissionError(
+                [
+                    f"{package.name} asks for runtime 'wasm-process' (a walled child process); "
+                    "running it in-process would weaken its isolation: use runtime "
+                    "'process-only' or 'prefer-process' for it"
+                ]
+            )
+        mode = PROCESS_ONLY  # never the in-process fallback for a package that asked
+    return mode
 
 
 def check_package_policy(package: Package, policy: Policy) -> None:
-    """What the policy says of the package as a whole, whatever it imports: its signature and
-    the runtime it asks for. Checked at admission and again when the policy changes."""
+    """What the policy says of the package as a whole, whatever it imports: its signature.
+    Checked at admission and again when the policy changes."""
     if policy.require_signed and package.signer is None:
         raise AdmissionError([unsigned_refusal(package)])
-    manifest = package.manifest
-    if manifest is not None and manifest.runtime not in SERVED_RUNTIMES:
-        # Running it in-process would quietly give it weaker isolation than it asked for.
-        raise AdmissionError(
-            [
-                f"runtime {manifest.runtime!r} is not available in this host (it serves "
-                f"{', '.join(sorted(SERVED_RUNTIMES))}); the out-of-process runtime is not "
-                "implemented yet"
-            ]
-        )
 
 
 def plan_package(

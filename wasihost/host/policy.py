@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
@@ -99,6 +99,35 @@ STRICT_CEILINGS: Mapping[str, int] = MappingProxyType(
 )
 
 
+# The runtime modes an extension can run under (docs/process-runtime.md): in this process;
+# in a walled child, falling back to this process only when no child can start (before any
+# guest code ran, so nothing is ever replayed); or only in a walled child.
+IN_PROCESS: Final = "in-process"
+PREFER_PROCESS: Final = "prefer-process"
+PROCESS_ONLY: Final = "process-only"
+RUNTIME_MODES: Final = (IN_PROCESS, PREFER_PROCESS, PROCESS_ONLY)
+# What the CLI's --runtime and the environment accept besides the modes themselves.
+_RUNTIME_ALIASES: Final = {"process": PROCESS_ONLY, "in_process": IN_PROCESS}
+# The default mode for extensions whose manifest does not ask for the process runtime, when
+# neither the caller nor the policy says: an operator's switch (and the test suite's option).
+RUNTIME_ENV: Final = "WASIHOST_RUNTIME"
+
+
+def runtime_mode_of(text: object, where: str) -> str:
+    """``text`` as a runtime mode, or a ConfigError naming the modes."""
+    mode = _RUNTIME_ALIASES.get(text, text) if isinstance(text, str) else text
+    if mode not in RUNTIME_MODES:
+        raise ConfigError(
+            f"{where}: runtime {text!r} is not one of {', '.join(RUNTIME_MODES)} "
+            "(or 'process' for process-only)"
+        )
+    return str(mode)
+
+
+def _runtime(value: object) -> str | None:
+    return None if value is None else runtime_mode_of(value, "Policy")
+
+
 @attrs.frozen
 class Policy:
     """What the host is willing to grant, and how it shapes granted capabilities.
@@ -129,6 +158,9 @@ class Policy:
     allowed_signers: AllowedSigners | None = None
     # budgets: the rate ceilings and the action each crossing fires (docs/budgets.md).
     budgets: BudgetPolicy = attrs.field(factory=BudgetPolicy)
+    # Where extensions run (docs/process-runtime.md): "in-process", "prefer-process" or
+    # "process-only"; None leaves it to each manifest (and the WASIHOST_RUNTIME variable).
+    runtime: str | None = attrs.field(default=None, converter=_runtime)
 
     @classmethod
     def strict(cls, allow: Iterable[str] = ("log",)) -> Policy:

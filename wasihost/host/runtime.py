@@ -36,7 +36,7 @@ from ..core.errors import (
 from ..core.extlog import LogSink
 from ..core.grants import Grant, GrantTable, withdrawn
 from ..core.lifecycle import ExtensionRevoked, State, check_reason, clip_reason
-from ..core.manifest import DEFAULT_RUNTIME, Resources
+from ..core.manifest import Resources
 from ..core.registry import HostFunction, Profile, Registry
 from ..core.settings import EngineSettings
 from ..core.threadstack import guest_thread_stack
@@ -60,8 +60,8 @@ from .options import (
     check_package,
     iterable_option,
 )
-from .planning import plan_package, unsigned_refusal
-from .policy import Policy
+from .planning import plan_package, resolve_runtime, unsigned_refusal
+from .policy import IN_PROCESS, PREFER_PROCESS, PROCESS_ONLY, Policy
 
 # What only some hosts use is imported where it is used: the state store (sqlite3) with a state
 # directory, installs and updates, the signature code with trust material, the WASI binding
@@ -292,6 +292,9 @@ class Host:
         # Where extension logs go instead of each extension's bounded buffer (see ExtensionLog).
         self.log_sink = log_sink
         self._extensions: dict[str, Extension] = {}
+        # The process runtime's backends, made on first use (by mode: with the in-process
+        # fallback or without).
+        self._process_backends: dict[str, ExecutionBackend] = {}
         self._admitting: set[str] = set()
         self._closes_since_trim = 0  # [density]
         self._lock = threading.Lock()
@@ -668,17 +671,22 @@ class Host:
         trust: TrustStore | None = None,
         allowed_signers: AllowedSigners | None = None,
         ssh_signature: bytes | None = None,
+        runtime: str | None = None,
     ) -> Extension:
         """Load and admit a ``.whpkg``, a package directory, or a bare module with explicit
-        ``grants``. A signed ``.whpkg`` is verified against ``trust`` (default: the policy's
-        trusted publishers); passing ``trust`` also requires that this package verify. With
+        ``grants``. ``runtime`` ("in-process", "prefer-process" or "process-only") overrides
+        the policy's and the manifest's (docs/process-runtime.md). A signed ``.whpkg`` is
+        verified against ``trust`` (default: the policy's trusted publishers); passing
+        ``trust`` also requires that this package verify. With
         ``allowed_signers`` and ``ssh_signature`` (an ``ssh-keygen -Y sign -n wasihost``
         signature of the file), the archive must verify by that OpenSSH signature instead."""
         ssh = _ssh(allowed_signers, ssh_signature)
         package = self._load_package(source, trust, ssh)
         if (trust is not None or ssh is not None) and package.signer is None:
             raise AdmissionError([unsigned_refusal(package)])
-        return self.admit(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
+        return self.admit(
+            package, grants=grants, fuel=fuel, timeout_ms=timeout_ms, runtime=runtime
+        )
 
     def _load_package(
         self, source: str | Path, trust: TrustStore | None = None, ssh: SshSigned | None = None
@@ -825,10 +833,16 @@ class Host:
         old.close(reason)
 
     def load_installed(
-        self, extension: str, *, fuel: int | None = None, timeout_ms: int | None = None
+        self,
+        extension: str,
+        *,
+        fuel: int | None = None,
+        timeout_ms: int | None = None,
+        runtime: str | None = None,
     ) -> Extension:
         """Rebuild an installed extension from durable state, under its stored grants, after
-        verifying it again (:func:`wasihost.host.updates.verify_installed`)."""
+        verifying it again (:func:`wasihost.host.updates.verify_installed`); ``runtime`` as
+        :meth:`load`'s."""
         check_extension_id(extension)
         store = self.require_state()
         installed = store.package(extension)
@@ -841,7 +855,7 @@ class Host:
             assert installed is not None
         package = updates.verify_installed(self, installed)
         recorded = store.lifecycle(extension)
-        ext = self.admit(package, fuel=fuel, timeout_ms=timeout_ms)
+        ext = self.admit(package, fuel=fuel, timeout_ms=timeout_ms, runtime=runtime)
         if recorded is not None and recorded[0] == State.QUARANTINED.value:
             # A quarantine outlives the host that decided it: the operator releases it.
             ext.quarantine(clip_reason(recorded[1] or "quarantined before the host restarted"))
@@ -913,12 +927,15 @@ class Host:
         grants: Iterable[str] | None = None,
         fuel: int | None = None,
         timeout_ms: int | None = None,
+        runtime: str | None = None,
     ) -> Extension:
         """Verify, admit statically and compile a package; the extension starts on first use.
 
         An extension id is admitted once: while one is admitted under that id, another
         package claiming it is refused (replacing it is :meth:`update`)."""
-        return self._admit(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
+        return self._admit(
+            package, grants=grants, fuel=fuel, timeout_ms=timeout_ms, runtime=runtime
+        )
 
     def update(
         self,
@@ -930,6 +947,7 @@ class Host:
         trust: TrustStore | None = None,
         allowed_signers: AllowedSigners | None = None,
         ssh_signature: bytes | None = None,
+        runtime: str | None = None,
     ) -> Extension:
         """Replace the admitted extension of the same id by ``source``, explicitly.
 
@@ -953,7 +971,14 @@ class Host:
                     f"must be signed by {signer!r} too"
                 ]
             )
-        return self._admit(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms, replacing=old)
+        return self._admit(
+            package,
+            grants=grants,
+            fuel=fuel,
+            timeout_ms=timeout_ms,
+            replacing=old,
+            runtime=runtime,
+        )
 
     def _admit(
         self,
@@ -963,6 +988,7 @@ class Host:
         fuel: int | None,
         timeout_ms: int | None,
         replacing: Extension | None = None,
+        runtime: str | None = None,
     ) -> Extension:
         check_package(package)
         name = package.name
@@ -986,7 +1012,7 @@ class Host:
             # What this extension is admitted against stays as it is (no entry added later).
             self.registry.seal()
         try:
-            ext = self._build(package, grants, fuel, timeout_ms, replacing)
+            ext = self._build(package, grants, fuel, timeout_ms, replacing, runtime)
             with self._lock:
                 closed = self.closed
                 if not closed:
@@ -1008,6 +1034,7 @@ class Host:
         fuel: int | None,
         timeout_ms: int | None,
         replacing: Extension | None,
+        runtime: str | None = None,
     ) -> Extension:
         if self.state is not None:
             # Bound to the id's kept grants, data and storage rows from here: only as the
@@ -1020,7 +1047,7 @@ class Host:
         self.grants.hold(package.name)
         self.supervisor.opened(package.name)
         try:
-            return self._build_held(package, grants, fuel, timeout_ms, replacing)
+            return self._build_held(package, grants, fuel, timeout_ms, replacing, runtime)
         except BaseException:
             self.grants.release(package.name)
             if self.presence is not None:
@@ -1034,14 +1061,14 @@ class Host:
         fuel: int | None,
         timeout_ms: int | None,
         replacing: Extension | None,
+        runtime: str | None,
     ) -> Extension:
         steps = [("verify package", f"sha256 {package.sha256[:16]}")]
+        mode = resolve_runtime(package, runtime, self.policy)
         plan, grant, resources = self.plan(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
         try:
             grow_probed = False
-            backend = self.backend_for(
-                package.manifest.runtime if package.manifest is not None else DEFAULT_RUNTIME
-            )
+            backend = self.backend_for(mode)
             if plan.is_command:
                 compiled, grow_probed = self._compile_command(package, backend)
             else:
@@ -1062,6 +1089,7 @@ class Host:
             ("load manifest", package.manifest.id if package.manifest else "bare module"),
             ("resolve ABI compatibility", plan.view.label),
             ("load active grants", ", ".join(sorted(grant.capabilities)) or "none"),
+            ("choose runtime", mode),
             (
                 "apply resource policy",
                 f"fuel {resources.fuel_per_call}, "
@@ -1076,6 +1104,7 @@ class Host:
         ext = Extension(
             self, package, plan, grant, resources, compiled, backend, grow_probed=grow_probed
         )
+        ext.runtime = mode
         for step, detail in steps:
             ext.record_step(step, detail)
         return ext
@@ -1099,12 +1128,21 @@ class Host:
         return backend.compile(probed), probed is not package.wasm
 
     def backend_for(self, runtime: str) -> ExecutionBackend:
-        """Where extensions of the manifest's runtime class ``runtime`` run (host/backend.py):
-        this host's engine, in this process. Admission (planning.check_package_policy) has
-        refused every other class, so asking for one is the host's own error."""
-        if runtime != DEFAULT_RUNTIME:
-            raise ConfigError(f"this host runs no {runtime!r} extensions (it serves 'wasm')")
-        return self.engine
+        """Where extensions of the runtime mode ``runtime`` run (host/backend.py): this host's
+        engine in this process, or a walled child per instance (engine/process.py), with or
+        without the in-process fallback for a child that cannot start."""
+        if runtime == IN_PROCESS:
+            return self.engine
+        if runtime not in (PREFER_PROCESS, PROCESS_ONLY):
+            raise ConfigError(f"this host runs no {runtime!r} extensions")
+        with self._lock:
+            backend = self._process_backends.get(runtime)
+            if backend is None:
+                from ..engine.process import ProcessBackend
+
+                backend = ProcessBackend(self.engine, fallback=runtime == PREFER_PROCESS)
+                self._process_backends[runtime] = backend
+            return backend
 
     def extension(self, extension: str) -> Extension | None:
         if not isinstance(extension, str):
