@@ -95,7 +95,7 @@ def test_quick_json_has_the_documented_shape(
         assert rows[("echo-1MiB", "extism")]["mb_per_s"] > 0
     variants = {r["variant"] for r in doc["overhead"]}
     assert {"raw none", "raw fuel", "raw epoch", "raw fuel+epoch"} <= variants
-    assert doc["not_run"].keys() == {"compat", "scaling"}
+    assert doc["not_run"].keys() == {"compat", "scaling", "process"}
 
 
 def test_an_absent_peer_is_skipped_with_the_reason(
@@ -136,10 +136,12 @@ def test_compat_matrix_runs_links_and_refuses_with_reasons(
     assert cells[(sneaky, "1.1", "in-process")]["verdict"] == "refused"
     assert sneaky.removeprefix("wat-1.0-imports-") in cells[(sneaky, "1.1", "in-process")]["reason"]
     assert "declares ABI 2.0" in cells[("wat-2.0-noop", "1.1", "in-process")]["reason"]
-    # Every guest x view has an out-of-process cell, reported as not built.
+    # Every guest x view has an out-of-process cell, run in a walled child: the same verdict.
     for guest in guests:
         for view in ("1.0", "1.1", "2.0"):
-            assert cells[(guest, view, "out-of-process")]["verdict"] == "not built"
+            twin = cells[(guest, view, "out-of-process")]
+            assert twin["verdict"] == cells[(guest, view, "in-process")]["verdict"], twin
+    assert cells[("echo", "1.0", "out-of-process")]["call_cost"]["median_us"] > 0
     assert "refusals:" in out and "events on 1.0: module declares ABI 1.1" in out
 
 

@@ -10,7 +10,8 @@ declaring a newer minor than V, naming every import V lacks.
 
 Each row has a ``reason_class`` a test can pin (timings and texts aside): None (ran),
 ``wasi-command`` / ``start-failed`` (linked), ``other-major`` / ``newer-minor`` /
-``admission`` / ``package`` (refused), ``not-built`` (out-of-process).
+``admission`` / ``package`` (refused); each cell twice, in-process and out-of-process (each
+instance in a walled child, docs/process-runtime.md).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from .hosts import bench_policy
 from .runner import Budget, interleave, median, spread
 
 RUNTIME_CLASSES = ("in-process", "out-of-process")
-NOT_BUILT = "not built: wasihost has no out-of-process runtime yet"
+# Each runtime class and the mode a guest is admitted under for it (docs/process-runtime.md).
+RUNTIMES = (("in-process", "in-process"), ("out-of-process", "process-only"))
 
 
 @attrs.frozen
@@ -159,12 +161,14 @@ class _Verdict:
         self.reason_class = reason_class
 
 
-def _admit_and_run(host: Any, guest: Guest, budget: Budget) -> _Verdict:
+def _admit_and_run(host: Any, guest: Guest, budget: Budget, runtime: str) -> _Verdict:
     from ..core.errors import AdmissionError, WasihostError
 
     required = guest.package.manifest.required if guest.package.manifest else frozenset()
     try:
-        ext = host.admit(guest.package, grants=sorted({*required, *guest.grants}))
+        ext = host.admit(
+            guest.package, grants=sorted({*required, *guest.grants}), runtime=runtime
+        )
     except AdmissionError as exc:
         return _Verdict("refused", "; ".join(exc.problems), reason_class="admission")
     try:
@@ -210,51 +214,43 @@ def matrix(fixtures: Path, budget: Budget) -> list[dict[str, Any]]:
                 declared, header = None, None
             else:
                 declared, header = _declared(guest.package)
-            real: _Verdict | None = None
+            real: dict[str, _Verdict] = {}
             for view in views:
                 covered = declared is None or (
                     declared.major == view.major and declared.minor <= view.minor
                 )
-                if guest.load_error is not None:
-                    verdict = _Verdict("refused", guest.load_error, reason_class="package")
-                elif covered:
-                    real = real or _admit_and_run(host, guest, budget)
-                    verdict = real
-                else:
-                    assert declared is not None  # a guest declaring nothing is covered
-                    verdict = _Verdict(
-                        "refused",
-                        "; ".join(_beyond(view, declared, header, registry)),
-                        reason_class="other-major"
-                        if declared.major != view.major
-                        else "newer-minor",
-                    )
                 base = {
                     "guest": guest.name,
                     "source": guest.source,
                     "declares": str(declared) if declared else None,
                     "view": str(view),
                 }
-                rows.append(
-                    base
-                    | {
-                        "runtime": "in-process",
-                        "verdict": verdict.verdict,
-                        "reason": verdict.reason,
-                        "reason_class": verdict.reason_class,
-                        "call_cost": verdict.cost,
-                    }
-                )
-                rows.append(
-                    base
-                    | {
-                        "runtime": "out-of-process",
-                        "verdict": "not built",
-                        "reason": NOT_BUILT,
-                        "reason_class": "not-built",
-                        "call_cost": None,
-                    }
-                )
+                for runtime_class, mode in RUNTIMES:
+                    if guest.load_error is not None:
+                        verdict = _Verdict("refused", guest.load_error, reason_class="package")
+                    elif covered:
+                        if mode not in real:
+                            real[mode] = _admit_and_run(host, guest, budget, mode)
+                        verdict = real[mode]
+                    else:
+                        assert declared is not None  # a guest declaring nothing is covered
+                        verdict = _Verdict(
+                            "refused",
+                            "; ".join(_beyond(view, declared, header, registry)),
+                            reason_class="other-major"
+                            if declared.major != view.major
+                            else "newer-minor",
+                        )
+                    rows.append(
+                        base
+                        | {
+                            "runtime": runtime_class,
+                            "verdict": verdict.verdict,
+                            "reason": verdict.reason,
+                            "reason_class": verdict.reason_class,
+                            "call_cost": verdict.cost,
+                        }
+                    )
     finally:
         host.close()
     return rows

@@ -18,5 +18,5 @@ SCENARIOS = (
     "instantiate-cached",
     "cold-start",
 )
-SECTIONS = ("call_cost", "compat", "overhead", "scaling")
+SECTIONS = ("call_cost", "compat", "overhead", "scaling", "process")
 FLOOR = "wasmtime-floor"

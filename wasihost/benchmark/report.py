@@ -53,26 +53,34 @@ def call_cost_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def compat_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The matrix, in-process; then, out-of-process, each cell whose verdict differs (a guest
+    that runs in one runtime and not the other) and the per-call cost of those that ran."""
     views = list(dict.fromkeys(r["view"] for r in rows))
-    inproc = [r for r in rows if r["runtime"] == "in-process"]
-    guests = list(dict.fromkeys(r["guest"] for r in inproc))
-    by = {(r["guest"], r["view"]): r for r in inproc}
+    by = {(r["guest"], r["view"], r["runtime"]): r for r in rows}
+    guests = list(dict.fromkeys(r["guest"] for r in rows))
     lines = [f"{'guest':<34}{'declares':>9}" + "".join(f"{'view ' + v:>22}" for v in views)]
     reasons: list[str] = []
+    outside: list[str] = []
     for guest in guests:
-        first = by[(guest, views[0])]
+        first = by[(guest, views[0], "in-process")]
         cells = []
         for view in views:
-            row = by[(guest, view)]
+            row = by[(guest, view, "in-process")]
             cell = row["verdict"]
             if row["call_cost"]:
                 cell += f" {row['call_cost']['median_us']:.1f} µs"
             if row["verdict"] == "refused":
                 reasons.append(f"  {guest} on {view}: {row['reason']}")
             cells.append(cell)
+            twin = by.get((guest, view, "out-of-process"))
+            if twin is not None and twin["verdict"] != row["verdict"]:
+                outside.append(f"  {guest} on {view}: {twin['verdict']} ({twin['reason']})")
+            elif twin is not None and twin["call_cost"] and view == views[0]:
+                outside.append(f"  {guest}: ran, {twin['call_cost']['median_us']:.1f} µs a call")
         declares = first["declares"] or "-"
         lines.append(f"{guest:<34}{declares:>9}" + "".join(f"{c:>22}" for c in cells))
-    lines.append("out-of-process: not built (every guest, every view)")
+    lines.append("out-of-process (each instance in a walled child): the same verdicts, except:")
+    lines += outside or ["  (none)"]
     if reasons:
         lines += ["refusals:", *reasons]
     return lines
@@ -101,6 +109,61 @@ def scaling_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _fig(value: dict[str, Any] | None, fmt: str, sign: str = "") -> str:
+    if value is None:
+        return "-"
+    lo, mid, hi = (format(value[k], fmt) for k in ("min", "median", "max"))
+    return f"{sign}{mid} [{lo}-{hi}]"
+
+
+def process_table(result: dict[str, Any]) -> list[str]:
+    """The section as text: the load, the three tables (median [min-max]) and the targets."""
+    before, after = result["load_before"], result["load_after"]
+    settings = result["settings"]
+    lines = [
+        f"load average {before[0]:.2f} {before[1]:.2f} {before[2]:.2f} before, "
+        f"{after[0]:.2f} {after[1]:.2f} {after[2]:.2f} after (1, 5, 15 min), "
+        f"{result['cpus']} CPUs",
+        "",
+        f"per call, µs: median [min-max] over {settings['batches']} interleaved batches; "
+        "control: a bare process round trip in the same batches",
+        f"{'scenario':<20}{'in-process':>20}{'process-only':>22}{'added':>22}{'control':>20}",
+    ]
+    for row in result["calls"]:
+        lines.append(
+            f"{row['scenario']:<20}{_fig(row['in_process_us'], '.1f'):>20}"
+            f"{_fig(row['process_us'], '.1f'):>22}{_fig(row['added_us'], '.1f', '+'):>22}"
+            f"{_fig(row['control_round_trip_us'], '.1f'):>20}"
+        )
+    lines += [
+        "",
+        f"throughput, calls/s: median [min-max] over {settings['rounds']} rounds; control: "
+        "GIL-free hashing in the same rounds",
+        f"{'runtime':<14}{'1 ext, 1 thread':>28}{'2 exts, 2 threads':>28}{'2 vs 1':>20}",
+    ]
+    for row in result["throughput"]:
+        lines.append(
+            f"{row['runtime']:<14}{_fig(row['one_thread_calls_per_s'], ',.0f'):>28}"
+            f"{_fig(row['two_threads_calls_per_s'], ',.0f'):>28}"
+            f"{_fig(row['ratio'], '.2f'):>20}"
+        )
+    lines += [
+        "",
+        f"cold start of fixtures/echo, ms: median [min-max] over {settings['cold_runs']} runs",
+        f"{'phase':<36}{'in-process':>22}{'process-only':>22}",
+    ]
+    for row in result["cold"]:
+        lines.append(
+            f"{row['phase']:<36}{_fig(row['in_process_ms'], '.1f'):>22}"
+            f"{_fig(row['process_ms'], '.1f'):>22}"
+        )
+    lines += ["", "targets (issue 30)"]
+    for row in result["targets"]:
+        verdict = {True: "PASS", False: "MISS", None: "-"}[row["met"]]
+        lines.append(f"  {row['target']:<64}{row['measured']:>12}  {row['bound']:<10} {verdict}")
+    return lines
+
+
 def render(doc: dict[str, Any]) -> str:
     m = doc["machine"]
     out = [
@@ -124,6 +187,11 @@ def render(doc: dict[str, Any]) -> str:
         ("compat", "Compatibility: guest x ABI view (in-process)", compat_table),
         ("overhead", "Fuel and limits overhead (fixtures/compute)", overhead_table),
         ("scaling", "Scaling: 2 extensions", scaling_table),
+        (
+            "process",
+            "Process runtime (issue 30): process-only beside in-process",
+            process_table,
+        ),
     )
     for key, title, table in sections:
         if key in doc["not_run"]:

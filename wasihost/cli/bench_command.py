@@ -41,16 +41,33 @@ class Plan:
     compat_batch_s: float
     scaling_calls: dict[str, int]
     scaling_rounds: int
+    # The process section (benchmark/process_runtime.ProcessPlan): interleaved batches of the
+    # per-call rows and their length, throughput rounds and the length of one measurement,
+    # cold starts per runtime.
+    process_batches: int
+    process_batch_s: float
+    process_rounds: int
+    process_round_s: float
+    process_cold_runs: int
 
 
-QUICK = Plan(5, 0.015, 3, 300_000, 3, 0.03, 3, 0.01, {"noop": 4_000, "compute": 40}, 1)
-FULL = Plan(15, 0.1, 15, 1_000_000, 9, 0.2, 5, 0.05, {"noop": 40_000, "compute": 400}, 3)
+QUICK = Plan(
+    5, 0.015, 3, 300_000, 3, 0.03, 3, 0.01, {"noop": 4_000, "compute": 40}, 1,
+    process_batches=5, process_batch_s=0.015, process_rounds=3, process_round_s=0.05,
+    process_cold_runs=4,
+)  # fmt: skip
+FULL = Plan(
+    15, 0.1, 15, 1_000_000, 9, 0.2, 5, 0.05, {"noop": 40_000, "compute": 400}, 3,
+    process_batches=15, process_batch_s=0.1, process_rounds=9, process_round_s=0.2,
+    process_cold_runs=10,
+)  # fmt: skip
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "bench",
-        help="measure call cost, ABI compatibility, metering overhead and scaling",
+        help="measure call cost, ABI compatibility, metering overhead, scaling and the process "
+        "runtime",
         description="Measure wasihost beside raw wasmtime-py and Extism in one process "
         "(see docs/bench.md). Peers that are not installed are reported as skipped.",
     )
@@ -75,7 +92,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--batches",
         type=int,
         metavar="N",
-        help="interleaved batches per call-cost scenario (default 5 quick, 15 full)",
+        help="interleaved batches per call-cost scenario, and the process section's batches, "
+        "rounds and cold starts (default 5 quick, 15 full)",
     )
 
     return p
@@ -143,7 +161,15 @@ def run(args: argparse.Namespace) -> int:
     fixtures = _fixtures(args.fixtures)
     plan = QUICK if args.quick else FULL
     if args.batches is not None:
-        plan = attrs.evolve(plan, batches=args.batches, cold_batches=args.batches)
+        n = args.batches
+        plan = attrs.evolve(
+            plan,
+            batches=n,
+            cold_batches=n,
+            process_batches=n,
+            process_rounds=n,
+            process_cold_runs=n,
+        )
     doc = measure(fixtures, plan, sections, scenarios, args.quick, inherited)
     from ..benchmark.report import plot, render, write_json
 
@@ -193,6 +219,7 @@ def measure(
         "compat": [],
         "overhead": [],
         "scaling": [],
+        "process": {},
         "not_run": {s: "not selected (--sections)" for s in SECTIONS if s not in sections},
     }
     if "call_cost" in sections:
@@ -234,6 +261,8 @@ def measure(
             doc["scaling"] = scaling(fixtures, plan.scaling_calls, plan.scaling_rounds, _log)
         except WasihostError as exc:
             doc["not_run"]["scaling"] = f"failed: {exc.error_class}: {exc.message}"
+    if "process" in sections:
+        _process(doc, fixtures, plan)
     missing = extism_unavailable()
     doc["machine"] = {
         "load_before": [round(x, 2) for x in load_before],
@@ -247,3 +276,28 @@ def measure(
         "rust_backtrace_inherited": inherited,
     }
     return doc
+
+
+def _process(doc: dict[str, Any], fixtures: Path, plan: Plan) -> None:
+    """The process section into ``doc``, or why it did not run."""
+    for fixture in ("echo", "hello"):
+        wasm = fixtures / fixture / f"{fixture}.wasm"
+        if not wasm.is_file():
+            doc["not_run"]["process"] = f"{wasm} is missing"
+            return
+    from ..benchmark.process_runtime import ProcessPlan
+    from ..benchmark.process_runtime import measure as measure_process
+
+    process_plan = ProcessPlan(
+        batches=plan.process_batches,
+        batch_s=plan.process_batch_s,
+        rounds=plan.process_rounds,
+        round_s=plan.process_round_s,
+        cold_runs=plan.process_cold_runs,
+    )
+    try:
+        doc["process"] = measure_process(fixtures, process_plan, _log)
+    except WasihostError as exc:  # a machine that cannot start a walled child, say
+        doc["not_run"]["process"] = f"failed: {exc.error_class}: {exc.message}"
+    except RuntimeError as exc:  # a fixture that did not answer what it should
+        doc["not_run"]["process"] = f"failed: {exc}"
