@@ -32,7 +32,7 @@ pub const MAX_MESSAGE_BYTES: usize = ABORT.max_request_bytes - 3;
 ///
 /// The instance is discarded afterwards; the next call runs in a fresh one. The SDK's
 /// panic hook calls this, so `panic!` has the same effect.
-pub fn abort(message: &str) -> ! {
+#[cfg(not(feature = "native"))] pub fn abort(message: &str) -> ! {
     let message = host::truncate(message, MAX_MESSAGE_BYTES);
     let mut request = Vec::with_capacity(message.len() + 3);
     host::push_text(&mut request, message);
@@ -47,9 +47,20 @@ pub fn abort(message: &str) -> ! {
 }
 
 /// Traps immediately (`unreachable`), without calling the host.
-pub(crate) fn trap() -> ! {
+#[cfg_attr(feature = "native", allow(dead_code))] pub(crate) fn trap() -> ! {
     #[cfg(target_arch = "wasm32")]
     core::arch::wasm32::unreachable();
     #[cfg(not(target_arch = "wasm32"))]
     std::process::abort();
+}
+
+/// Ends the current command as a guest panic (failure class `panic`) with `message`
+/// (truncated to [`MAX_MESSAGE_BYTES`]): in a native plugin (feature `native`), the command
+/// unwinds to the runtime, which reports the message through the host's `abort` and answers
+/// the call's failure. The process serves the next call (the host decides whether to).
+/// (Appended, with the wasm `abort`'s `#[cfg]` on its first line, so that no line of the wasm
+/// build moves; see `host::call`.)
+#[cfg(feature = "native")]
+pub fn abort(message: &str) -> ! {
+    crate::native::abort(host::truncate(message, MAX_MESSAGE_BYTES))
 }

@@ -592,7 +592,9 @@ pub(crate) const fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
 /// }
 /// ```
 ///
-/// Invoke it once, at the crate root of a `cdylib`. Names are checked at compile time.
+/// Invoke it once, at the crate root of a `cdylib`. Names are checked at compile time. With the
+/// SDK's `native` feature it generates `fn main` instead of the exports (invoke it at the root
+/// of a binary): see [`native`](crate::native) and the README's "Native plugins".
 #[macro_export]
 macro_rules! guest {
     (
@@ -628,17 +630,7 @@ macro_rules! guest {
             welcome: $crate::__wasihost_welcome_hook!($($welcome)?),
         };
 
-        /// ABI export: allocate a block for the host to write a call into (0 on failure).
-        #[no_mangle]
-        pub extern "C" fn wasihost_alloc(size: i32) -> i32 {
-            $crate::guest::alloc(size)
-        }
-
-        /// ABI export: run one command; returns `(resp_ptr << 32) | resp_len`.
-        #[no_mangle]
-        pub extern "C" fn wasihost_call(ptr: i32, cmd_len: i32, in_len: i32) -> i64 {
-            $crate::guest::call(&__WASIHOST_GUEST, ptr, cmd_len, in_len)
-        }
+        $crate::__wasihost_entry!(__WASIHOST_GUEST);
     };
 }
 
@@ -651,4 +643,70 @@ macro_rules! __wasihost_welcome_hook {
     ($hook:expr) => {
         ::core::option::Option::Some($hook as $crate::guest::WelcomeHook)
     };
+}
+
+/// The guest's entry points: the two ABI exports of a wasm guest (without the `native`
+/// feature), or `fn main` running [`native::main`](crate::native::main) (with it).
+#[cfg(not(feature = "native"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __wasihost_entry {
+    ($guest:ident) => {
+        /// ABI export: allocate a block for the host to write a call into (0 on failure).
+        #[no_mangle]
+        pub extern "C" fn wasihost_alloc(size: i32) -> i32 {
+            $crate::guest::alloc(size)
+        }
+
+        /// ABI export: run one command; returns `(resp_ptr << 32) | resp_len`.
+        #[no_mangle]
+        pub extern "C" fn wasihost_call(ptr: i32, cmd_len: i32, in_len: i32) -> i64 {
+            $crate::guest::call(&$guest, ptr, cmd_len, in_len)
+        }
+    };
+}
+
+/// The guest's entry points: the two ABI exports of a wasm guest (without the `native`
+/// feature), or `fn main` running [`native::main`](crate::native::main) (with it).
+#[cfg(feature = "native")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __wasihost_entry {
+    ($guest:ident) => {
+        /// The native plugin's entry: serves the host over the channel on descriptor 0.
+        fn main() {
+            $crate::native::main(&$guest)
+        }
+    };
+}
+
+/// Runs one command for the native runtime (feature `native`): the dispatch and the response
+/// bytes of [`call`] (status word, then the body), with the name and input as slices rather
+/// than a block of guest memory. Appended here, after every line of the wasm path, so that
+/// the wasm build's code (and its panic locations) does not move.
+#[cfg(feature = "native")]
+pub(crate) fn call_native(guest: &Guest, name: &[u8], input: &[u8]) -> Vec<u8> {
+    respond(run_native(guest, name, input))
+}
+
+#[cfg(feature = "native")]
+fn run_native(guest: &Guest, name: &[u8], input: &[u8]) -> Result<Output> {
+    let decoded = || {
+        if input.is_empty() {
+            Ok(Value::Null)
+        } else {
+            cbor::decode_with(input, &Limits::COMMAND)
+        }
+    };
+    match resolve(guest, name) {
+        Target::Bytes(handler) => handler(input).map(Output::Bytes),
+        Target::Unknown(name) => Err(Error::new(
+            "unknown_command",
+            format!("no command named \"{}\"", truncate(&name, 255)),
+        )
+        .with_status(Status::NOT_FOUND)),
+        Target::Hello => Ok(Output::Value(hello(guest))),
+        Target::Welcome => Ok(Output::Value(handle_welcome(guest, decoded().ok()).to_value())),
+        Target::User(handler) => handler(decoded()?).map(Output::Value),
+    }
 }

@@ -9,7 +9,7 @@ use crate::cbor::{self, Limits, Value};
 ///
 /// Requests over the entry's `max_request_bytes` fail locally with `PAYLOAD_TOO_LARGE`,
 /// without spending a host call.
-pub(crate) fn call<F>(entry: &HostFn, request: &[u8], first_cap: usize, mut raw: F) -> Result<Vec<u8>>
+#[cfg(not(feature = "native"))] pub(crate) fn call<F>(entry: &HostFn, request: &[u8], first_cap: usize, mut raw: F) -> Result<Vec<u8>>
 where
     F: FnMut(i32, i32, i32, i32) -> i32,
 {
@@ -88,5 +88,37 @@ pub(crate) fn push_head(out: &mut Vec<u8>, major: u8, arg: u64) {
     } else {
         out.push(m | 27);
         out.extend_from_slice(&arg.to_be_bytes());
+    }
+}
+
+/// [`call`] in a native plugin (feature `native`): the same checks and retry, each attempt a
+/// host call over the channel (the raw import's stand-in is never called).
+///
+/// The wasm `call` above carries its `#[cfg]` on its own first line, and the native code is
+/// appended here, so that no line of the wasm build moves: a module's panic locations carry
+/// the SDK's line numbers, and `fixtures/build --check` compares the modules byte for byte.
+#[cfg(feature = "native")]
+pub(crate) fn call<F>(entry: &HostFn, request: &[u8], first_cap: usize, _raw: F) -> Result<Vec<u8>>
+where
+    F: FnMut(i32, i32, i32, i32) -> i32,
+{
+    call_in(crate::abi::IMPORT_MODULE, entry, request, first_cap)
+}
+
+/// [`call`] of an entry of import module `module` in a native plugin.
+#[cfg(feature = "native")]
+pub(crate) fn call_in(module: &str, entry: &HostFn, request: &[u8], first_cap: usize) -> Result<Vec<u8>> {
+    if request.len() > entry.max_request_bytes {
+        return Err(Error::from_status(Status::PAYLOAD_TOO_LARGE));
+    }
+    let mut cap = first_cap.min(entry.max_response_bytes);
+    loop {
+        match crate::native::host_call(module, entry.name, request, cap) {
+            Ok(response) => return Ok(response),
+            Err(Status::BUFFER_TOO_SMALL) if cap < entry.max_response_bytes => {
+                cap = entry.max_response_bytes;
+            }
+            Err(status) => return Err(Error::from_status(status)),
+        }
     }
 }

@@ -134,7 +134,7 @@ macro_rules! __wasihost_import_items {
             }
             #[cfg(not(target_arch = "wasm32"))]
             use $crate::import::unsupported as raw;
-            $crate::import::call(stringify!($name), raw, request)
+            $crate::__wasihost_import_call!($module, stringify!($name), raw, request)
         }
         $crate::__wasihost_import_items! { $module; $($rest)* }
     };
@@ -154,11 +154,73 @@ macro_rules! __wasihost_import_items {
             #[cfg(not(target_arch = "wasm32"))]
             #[allow(unused_variables)]
             unsafe fn raw($($arg: $ty),*) $(-> $ret)? {
-                panic!(concat!($module, ".", stringify!($name), " is a host import: only a wasm guest can call it"))
+                $crate::__wasihost_native_import!($module, $name, [$($arg),*] $(, $ret)?)
             }
             // Safety: integers only cross; the host checks the call and never touches memory.
             unsafe { raw($($arg),*) }
         }
         $crate::__wasihost_import_items! { $module; $($rest)* }
+    };
+}
+
+/// [`call`] in a native plugin (feature `native`): the function `name` of import module
+/// `module`, called over the channel.
+#[cfg(feature = "native")]
+pub fn call_in(module: &'static str, name: &'static str, request: &Value) -> Result<Value> {
+    let entry = HostFn {
+        name,
+        capability: "",
+        max_request_bytes: MAX_RESPONSE_BYTES,
+        max_response_bytes: MAX_RESPONSE_BYTES,
+        since: "",
+    };
+    let body = cbor::encode(request).map_err(|_| Error::invalid_input("request is not encodable"))?;
+    let response = host::call_in(module, &entry, &body, FIRST_RESPONSE_CAP)?;
+    host::decode(&entry, &response)
+}
+
+/// How [`import!`](crate::import)'s cbor functions call: through their raw import (a wasm
+/// guest), or over the channel with their module (a native plugin, feature `native`).
+#[cfg(not(feature = "native"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __wasihost_import_call {
+    ($module:literal, $name:expr, $raw:ident, $request:ident) => {
+        $crate::import::call($name, $raw, $request)
+    };
+}
+
+/// How [`import!`](crate::import)'s cbor functions call (see the other definition).
+#[cfg(feature = "native")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __wasihost_import_call {
+    ($module:literal, $name:expr, $raw:ident, $request:ident) => {{
+        let _ = $raw;
+        $crate::import::call_in($module, $name, $request)
+    }};
+}
+
+/// The body of a native-convention function off wasm: a panic in native unit tests, a host
+/// call over the channel in a native plugin (feature `native`).
+#[cfg(not(feature = "native"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __wasihost_native_import {
+    ($module:literal, $name:ident, [$($arg:ident),*] $(, $ret:ty)?) => {
+        panic!(concat!($module, ".", stringify!($name), " is a host import: only a wasm guest can call it"))
+    };
+}
+
+/// The body of a native-convention function in a native plugin (see the other definition).
+#[cfg(feature = "native")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __wasihost_native_import {
+    ($module:literal, $name:ident, [$($arg:ident),*]) => {{
+        $crate::native::call_native_import($module, stringify!($name), &[$($arg as i64),*]);
+    }};
+    ($module:literal, $name:ident, [$($arg:ident),*], $ret:ty) => {
+        $crate::native::call_native_import($module, stringify!($name), &[$($arg as i64),*]) as $ret
     };
 }

@@ -11,6 +11,8 @@ pub mod http;
 pub mod import;
 pub mod jobs;
 pub mod log;
+#[cfg(feature = "native")]
+pub mod native;
 pub mod random;
 pub mod secrets;
 pub mod storage;
@@ -21,6 +23,9 @@ mod host;
 pub use abi::{Error, Result, Status};
 pub use abort::{abort, MAX_MESSAGE_BYTES as ABORT_MAX_MESSAGE_BYTES};
 pub use cbor::Value;
+
+#[cfg(all(feature = "native", target_arch = "wasm32"))]
+compile_error!("the `native` feature builds a host executable: build it for the host's target, not wasm32");
 
 /// The raw host imports, for guests that must control the exact bytes and pointers (tests of
 /// the host's checks). Prefer the safe wrappers in the modules ([`log`], [`clock`],
