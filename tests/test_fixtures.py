@@ -213,7 +213,8 @@ def test_host_keeps_serving_after_every_hostile_fixture(host: Host) -> None:
     not toolchain_present(), reason="fixture toolchains (Rust, clang, wasi-libc) absent"
 )
 def test_committed_wasm_matches_a_fresh_build() -> None:
-    """fixtures/build --check rebuilds every fixture (SDK guests and WASI commands)."""
+    """fixtures/build --check rebuilds every fixture (SDK guests, native plugins, WASI
+    commands)."""
     proc = subprocess.run(
         [str(FIXTURES / "build"), "--check"],
         capture_output=True,
