@@ -102,6 +102,9 @@ def frame_limits(max_frame_bytes: int = MAX_FRAME_BYTES) -> CodecLimits:
 
 
 DEFAULT_FRAME_LIMITS: Final = frame_limits()
+# A value carried inside a frame (a host call's request or response, as CBOR bytes): any
+# shape the codec allows, as large as a frame.
+PAYLOAD_LIMITS: Final = CodecLimits(max_bytes=MAX_FRAME_BYTES, max_string_bytes=MAX_FRAME_BYTES)
 
 
 def encode_frame(message: Sequence[Any]) -> bytes:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.channel import (
     HEADER_BYTES,
+    PAYLOAD_LIMITS,
     PROTOCOL_VERSION,
     REFUSED_PREFIX,
     SECRET_BYTES,
@@ -109,7 +110,6 @@ CPU_ALLOWANCE_PER_MESSAGE_NS = 100_000
 # deadline kill is what bounds one call.
 CHILD_CPU_SECONDS = 3600
 
-_ANSWER_LIMITS = CodecLimits(max_bytes=64 * 1024 * 1024, max_string_bytes=64 * 1024 * 1024)
 
 
 def _died(status: int, stderr: bytes) -> CallError:
@@ -352,7 +352,12 @@ class ProcessInstance:
         self._request_limits = [
             CodecLimits(max_bytes=max(1, b.entry.max_request_bytes)) for b in self._imports
         ]
-        self._caps = sorted({b.entry.capability for b in self._imports})
+        # One entry of each capability the module imports: the gate asks of an entry, and
+        # one answers for all of its capability's. Its ``peek``, where it has one, does not
+        # count the asking as the guest's (the grant told the child before each call).
+        self._entry_of = {b.entry.capability: b.entry for b in reversed(self._imports)}
+        self._caps = sorted(self._entry_of)
+        self._peek: Gate = getattr(gate, "peek", gate)
         self._most_overrun = _most_overrun(self._imports)
         # Every host call costs at least its entry's base price, so a call's fuel bounds how
         # many it can make; a child making more is lying about its fuel.
@@ -497,7 +502,8 @@ class ProcessInstance:
             self._token.append(True)
 
     def _run_entered(self, head: list[Any], budget: Budget) -> tuple[int, bytes]:
-        granted = [c for c in self._caps if self._granted(c)]
+        peek, entry_of = self._peek, self._entry_of
+        granted = [c for c in self._caps if peek(entry_of[c])]
         message = [*head, budget.fuel, max(0.0, budget.deadline - time.monotonic()), granted]
         try:
             most = (budget.fuel + SETTLE_FUEL) // self._cheapest_call + 1
@@ -547,23 +553,13 @@ class ProcessInstance:
             self.unclaimed_fuel += worth - claimed
             charge(worth - claimed)
 
-    def _granted(self, capability: str) -> bool:
-        # The gate asks of an entry; one entry of each capability answers for all of them.
-        # Its ``peek``, where it has one, does not count the asking as the guest's.
-        peek = getattr(self._gate, "peek", self._gate)
-        for bound in self._imports:
-            if bound.entry.capability == capability:
-                return bool(peek(bound.entry))
-        return False
-
     def _refused_in_child(self, capability: str) -> None:
         """The child's gate refused ``capability`` to the guest: the host's gate is asked for
         it, so it is recorded as asked for (and refused) as in-process."""
-        for bound in self._imports:
-            if bound.entry.capability == capability:
-                self._gate(bound.entry)
-                return
-        raise self._fail_closed(f"a refusal of {capability!r}, which it does not import")
+        entry = self._entry_of.get(capability)
+        if entry is None:
+            raise self._fail_closed(f"a refusal of {capability!r}, which it does not import")
+        self._gate(entry)
 
     def _count(self, flat: list[Any]) -> None:
         """The child's host-call refusals and failures since its last answer, into the host's
@@ -712,11 +708,11 @@ class ProcessInstance:
         try:
             if native:
                 result = handler(self._remote, *args)
-                return [Kind.HOST_OK, encode(result, _ANSWER_LIMITS), None]
+                return [Kind.HOST_OK, encode(result, PAYLOAD_LIMITS), None]
             response = handler(self._remote, request)
             if type(response) is StatusAnswer:
                 return [Kind.HOST_OK, b"", int(response.status)]
-            body = b"\xf6" if response is None else encode(response, _ANSWER_LIMITS)
+            body = b"\xf6" if response is None else encode(response, PAYLOAD_LIMITS)
             return [Kind.HOST_OK, body, None]
         except HostStatus as st:
             status = st.status

@@ -36,14 +36,14 @@ import cbor2
 import wasmtime
 
 from ..core.channel import (
+    PAYLOAD_LIMITS,
     PROTOCOL_VERSION,
     REFUSED_PREFIX,
     ChannelError,
     Kind,
     encode_frame,
 )
-from ..core.codec import CodecLimits, decode, encode
-from ..core.codec import decode as decode_value
+from ..core.codec import decode, encode
 from ..core.errors import CallError, FailureClass
 from ..core.registry import AbiVersion, HostFunction
 from ..core.settings import EngineSettings
@@ -109,10 +109,6 @@ ENTRY_FIELDS = (
     "signed_args",
     "revoked_result",
 )
-
-# The values a host's response may hold: what the codec gives, at its largest frame.
-_RESPONSE_LIMITS = CodecLimits(max_bytes=64 * 1024 * 1024, max_string_bytes=64 * 1024 * 1024)
-_ANY_LIMITS = _RESPONSE_LIMITS
 
 
 def entry_record(entry: HostFunction) -> dict[str, Any]:
@@ -203,7 +199,7 @@ class Link:
                 body, answer = message[1], message[2]
                 if answer is not None:  # the host's StatusAnswer: its status code
                     return StatusAnswer.of(Status(answer))
-                return decode_value(body, _RESPONSE_LIMITS) if body else None
+                return decode(body, PAYLOAD_LIMITS) if body else None
             if kind == Kind.HOST_STATUS:
                 raise HostStatus(_status_of(message[1]))
             if kind == Kind.HOST_STOP:
@@ -266,7 +262,7 @@ def _proxy(link: Link, index: int, entry: HostFunction) -> Callable[..., Any]:
     def cbor(call: NativeCall, request: Any) -> Any:
         if isinstance(request, UnreadableRequest):  # an entry that never returns (abort)
             return link.host_call(index, call, [b"", 0, request.reason])
-        raw = b"" if request is None else encode(request, _ANY_LIMITS)
+        raw = b"" if request is None else encode(request, PAYLOAD_LIMITS)
         return link.host_call(index, call, [raw, call.room, None])
 
     return cbor
