@@ -75,6 +75,9 @@ NOT_RUN_LANGS = {
     "": "a format or value shape with placeholders, not a program",
 }
 NOT_RUN = {
+    ("docs/native-plugins.md", "wasihost run fixtures/hello-native greet --input '{\"name\": \"ada\"}'"):
+        "needs a signing key and a trust file: test_native_runtime.py runs each of these "
+        "commands (run, inspect, pack, sign, verify, install) on hello-native",
     ("docs/bench.md", "pip install -e '.[bench]'          # extism==1.1.1 (the peer) and matplotlib (for --plot)"):
         "installs packages; the synopsis line is checked by test_every_documented_flag_exists",
     ("docs/bench.md", "python - old.json new.json <<'EOF'"):
@@ -418,6 +421,11 @@ def _python_cases(tmp: Path) -> dict[tuple[str, str], dict[str, object]]:
     return {
         ("README.md", "from wasihost import Host, Policy"): {},
         ("README.md", 'ext = host.load("fixtures/hello", runtime="process-only")  # or the manifest\'s runtime = "wasm-process"'): {
+            "prelude": "from wasihost import Host, Policy\nhost = Host(Policy(allow={'log'}))\n",
+            "suffix": "assert ext.call('greet', {'name': 'ada'}) == {'greeting': 'hello, ada'}\n"
+            "assert ext.runtime == 'process-only'\nhost.close()\n",
+        },
+        ("docs/native-plugins.md", 'ext = host.load("fixtures/hello-native")          # runtime "process-only", always'): {
             "prelude": "from wasihost import Host, Policy\nhost = Host(Policy(allow={'log'}))\n",
             "suffix": "assert ext.call('greet', {'name': 'ada'}) == {'greeting': 'hello, ada'}\n"
             "assert ext.runtime == 'process-only'\nhost.close()\n",

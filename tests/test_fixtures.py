@@ -19,7 +19,14 @@ from wasihost.host.policy import Policy
 from wasihost.host.runtime import Extension, Host
 from wasihost.packaging.package import load_package
 
-FIXTURE_NAMES = sorted(p.parent.name for p in FIXTURES.glob("*/extension.toml"))
+# The Wasm fixtures; the native plugins (fixtures/*-native, runtime = "native-process") are
+# executables, run by tests/host/test_native_runtime.py.
+NATIVE_FIXTURE_NAMES = sorted(p.parent.name for p in FIXTURES.glob("*-native/extension.toml"))
+FIXTURE_NAMES = sorted(
+    p.parent.name
+    for p in FIXTURES.glob("*/extension.toml")
+    if p.parent.name not in NATIVE_FIXTURE_NAMES
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +54,11 @@ def test_every_fixture_folder_is_complete() -> None:
     assert len(FIXTURE_NAMES) >= 14
     for name in FIXTURE_NAMES:
         assert (FIXTURES / name / f"{name}.wasm").is_file(), name
+    assert NATIVE_FIXTURE_NAMES == ["hello-native", "hostile-native", "storage-native"]
+    for name in NATIVE_FIXTURE_NAMES:
+        executable = FIXTURES / name / name
+        assert executable.is_file() and executable.read_bytes()[:4] == b"\x7fELF", name
+        assert 'runtime = "native-process"' in (FIXTURES / name / "extension.toml").read_text()
 
 
 # The application functions of the native convention a fixture imports, as the tests'

@@ -476,3 +476,20 @@ def test_the_process_runtime_drives_a_native_plugin_in_place_of_its_wasm_child()
             "keys": ["notes/1"],
             "next": None,
         }
+
+
+def test_the_launchers_walls_report_is_the_cbor_the_plugin_echoes() -> None:
+    """walls.walls_cbor is hand-written (the launcher imports no codec): cbor2 reads it as the
+    list of [name, state, detail] text triples the SDK checks, details cut as the host's."""
+    from wasihost.engine import walls
+
+    report = [
+        walls.Wall("landlock", "enforced", "x" * 400),
+        walls.Wall("seccomp", "unavailable", "é"),
+    ]
+    decoded = cbor2.loads(walls.walls_cbor(report))
+    assert decoded == [
+        ["landlock", "enforced", "x" * (walls.MAX_DETAIL_CHARS - 3) + "..."],
+        ["seccomp", "unavailable", "\\xe9"],
+    ]
+    assert walls.WALLS_ENV == "WASIHOST_CHILD_WALLS"  # the SDK's WALLS_ENV (native.rs)

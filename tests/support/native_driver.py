@@ -5,7 +5,8 @@ process runtime's channel (``wasihost/core/channel.py``, docs/process-runtime.md
 child does. :class:`NativeDriver` starts one the way the process runtime starts its children:
 through :func:`wasihost.engine.spawn.spawn`, its end of an AF_UNIX socketpair as descriptor 0,
 the control socket's number as its first argument, rlimits after it, the per-child secret in
-the environment. It applies no wall: the launcher that will is the next step.
+the environment. It applies no wall: that is the launcher's (engine/native_plugins.py, whose
+runs tests/host/test_native_runtime.py covers).
 
 Everything the plugin sends is read as the host reads a child's frames: bounded by
 :func:`~wasihost.core.channel.decode_frame` and shape-checked by
@@ -40,10 +41,10 @@ from wasihost.core.channel import (
 from wasihost.core.registry import AbiVersion, HostFunction
 from wasihost.engine.process_child import SECRET_ENV, entry_record
 from wasihost.engine.spawn import DEVNULL, PIPE, Spawned, spawn
+from wasihost.engine.walls import WALLS_ENV
 from wasihost.host.defaults import default_registry
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-WALLS_ENV = "WASIHOST_CHILD_WALLS"
 TIMEOUT_S = 10.0
 
 

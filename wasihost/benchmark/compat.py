@@ -47,6 +47,10 @@ def _fixture_guests(fixtures: Path, capabilities: frozenset[str]) -> list[Guest]
 
     guests = []
     for directory in sorted(p for p in fixtures.iterdir() if p.is_dir()):
+        if not any(directory.glob("*.wasm")):
+            # A source-only directory (a shared crate), or a native plugin (an executable,
+            # runtime "native-process", with one ABI and no view to vary): not a Wasm guest.
+            continue
         if (directory / "extension.toml").is_file():
             try:
                 package = load_package(directory, capabilities)
@@ -62,8 +66,6 @@ def _fixture_guests(fixtures: Path, capabilities: frozenset[str]) -> list[Guest]
             )
         else:
             modules = sorted(directory.glob("*.wasm"))
-            if not modules:
-                continue  # a source-only directory (e.g. a shared crate), not a guest
             wasm = modules[0].read_bytes()
             package = Package(str(modules[0]), None, wasm, hashlib.sha256(wasm).hexdigest())
             commands = frozenset()

@@ -464,3 +464,45 @@ def _admit_with(
         )
         raise AdmissionError(problems, ungranted=ungranted)
     return AdmissionPlan(version=view.version, view=view, imports=tuple(bound))
+
+
+def admit_native(
+    version: AbiVersion,
+    registry: Registry,
+    grant: Grant,
+    requested: frozenset[str],
+) -> AdmissionPlan:
+    """The plan of a native plugin (``runtime = "native-process"``), which has no import
+    section to read: the host offers it every entry it may call, and nothing else.
+
+    Those are the core ABI entries of ``version`` and every embedder namespace entry whose
+    capability is core or ``requested`` by its manifest, and, of those, the ones granted now
+    or that the grant gates at call time (as a Wasm module's import of an ungranted optional
+    capability is bound, and denied when called). The child learns this list in LOAD; a host
+    call outside it never reaches the host. A WASI capability is refused: a native plugin
+    does not run the WASI profile. Raises :class:`AdmissionError` naming every problem."""
+    problems: list[str] = []
+    if not registry.supports(version):
+        served = ", ".join(str(v) for v in registry.versions)
+        problems.append(f"manifest declares ABI {version}; this host serves {served}")
+    wasi = sorted(c for c in requested if c.startswith("wasi."))
+    if wasi:
+        problems.append(
+            f"a native plugin has no WASI: remove {', '.join(map(repr, wasi))} from its "
+            "manifest (its files, clocks and randomness come through the brokers' capabilities)"
+        )
+    if problems:
+        raise AdmissionError(problems)
+    view = registry.view(version)
+    offered: list[HostFunction] = [
+        entry for (module, _), entry in view.entries.items() if module == version.import_module
+    ]
+    for entries in registry.namespaces.values():
+        offered.extend(entries)
+    bound = tuple(
+        entry
+        for entry in offered
+        if (entry.capability in requested or grant.allows(entry.capability))
+        and (grant.allows(entry.capability) or not entry.refused_when_ungranted)
+    )
+    return AdmissionPlan(version=version, view=view, imports=bound)

@@ -35,8 +35,10 @@ def __getattr__(name: str) -> Any:
 
 # The one schema this parser understands; a new one gets a new parser branch, not a guess.
 SCHEMA: Final = "wasihost-manifest/1"
-# The runtimes a manifest may name: in-process wasm, or wasm in a separate worker process.
-RUNTIMES: Final = frozenset({"wasm", "wasm-process"})
+# The runtimes a manifest may name: in-process wasm, wasm in a walled child process, or a
+# native executable in a walled child process (its module is the executable; docs/native.md).
+NATIVE_RUNTIME: Final = "native-process"
+RUNTIMES: Final = frozenset({"wasm", "wasm-process", NATIVE_RUNTIME})
 # In-process is the cheapest runtime and the one every host has.
 DEFAULT_RUNTIME: Final = "wasm"
 
@@ -505,15 +507,6 @@ def _parse_extension(table: Mapping[str, object]) -> _Extension:
             f"{_show(abi)} is not MAJOR.MINOR (decimal, no leading zeros, at most 4 digits each)",
         ) from None
 
-    module = _required_string(table, "module", "extension")
-    problem = _module_problem(module)
-    if problem is not None:
-        raise ManifestError("extension.module", problem)
-
-    sha256 = _optional_string(table, "sha256", "extension")
-    if sha256 is not None and not _SHA256.fullmatch(sha256):
-        raise ManifestError("extension.sha256", "must be 64 lowercase hexadecimal characters")
-
     runtime = _optional_string(table, "runtime", "extension")
     if runtime is None:
         runtime = DEFAULT_RUNTIME
@@ -523,10 +516,19 @@ def _parse_extension(table: Mapping[str, object]) -> _Extension:
             f"unknown runtime {_show(runtime)}, expected one of {', '.join(sorted(RUNTIMES))}",
         )
 
+    module = _required_string(table, "module", "extension")
+    problem = _module_problem(module, native=runtime == NATIVE_RUNTIME)
+    if problem is not None:
+        raise ManifestError("extension.module", problem)
+
+    sha256 = _optional_string(table, "sha256", "extension")
+    if sha256 is not None and not _SHA256.fullmatch(sha256):
+        raise ManifestError("extension.sha256", "must be 64 lowercase hexadecimal characters")
+
     return _Extension(schema, ext_id, version, publisher, abi, module, sha256, runtime)
 
 
-def _module_problem(module: str) -> str | None:
+def _module_problem(module: str, native: bool = False) -> str | None:
     # The loader joins this path to the package directory: anything that could climb out of it
     # or mean different files on different systems is refused here, before any file is opened.
     if not module:
@@ -544,8 +546,18 @@ def _module_problem(module: str) -> str | None:
         return "must not contain '..'"
     if any(segment in ("", ".") for segment in segments):
         return "must not contain empty or '.' path segments"
+    if native:
+        if module.endswith(".wasm"):
+            return (
+                "names a .wasm file, but runtime 'native-process' runs an executable: name the "
+                "plugin's executable, or use runtime 'wasm-process' for a module"
+            )
+        return None
     if not module.endswith(".wasm"):
-        return "must name a .wasm file"
+        return (
+            "must name a .wasm file (a native plugin's executable needs runtime = "
+            '"native-process")'
+        )
     return None
 
 

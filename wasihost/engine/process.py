@@ -73,6 +73,7 @@ from .instance import CallResult, Instance
 from .native import PREPAY_FUEL, SETTLE_FUEL, MemoryGone
 
 if TYPE_CHECKING:
+    from ..core.registry import HostFunction
     from ..core.settings import EngineSettings
     from .hostcalls import BoundImport, Gate, HostCallCounter
     from .instance import Budget, CompiledModule, StoreLimits
@@ -281,12 +282,16 @@ class ChildProcess:
         self.cpu_fd = _open_schedstat(spawned.pid)
         self._lock = threading.Lock()
         self._ended: tuple[int, bytes] | None = None
+        self._final_cpu_ns: int | None = None  # read as it is ended: a killed child's is kept
 
     def end(self) -> tuple[int, bytes]:
         """Its exit status (negative: the signal) and the tail of what it wrote on stderr."""
         with self._lock:
             if self._ended is not None:
                 return self._ended
+            # Its CPU time, read before the kill: a call ended by its deadline is charged for
+            # the CPU it burnt as much as one that answered.
+            self._final_cpu_ns = self.cpu_ns(-1)
             stderr = _stderr_tail(self.spawned)
             status = self.spawned.end()
             for sock in (self.channel, self.control):
@@ -303,7 +308,8 @@ class ChildProcess:
         """Its CPU time so far in nanoseconds, as the kernel counts it (``otherwise`` when it
         cannot be read)."""
         if self.cpu_fd < 0:
-            return otherwise
+            final = self._final_cpu_ns
+            return final if final is not None and final >= 0 else otherwise
         try:
             return int(_pread(self.cpu_fd, 64, 0).split()[0])
         except (OSError, ValueError, IndexError):
@@ -315,6 +321,10 @@ class ProcessInstance:
 
     One thread at a time calls it (``lock``), as an in-process Instance; ``interrupt``,
     ``cancel``, ``stop`` and ``close`` come from any thread."""
+
+    # Whether the host prices the child's host calls itself: a Wasm child's engine charges
+    # them to its own fuel meter; a native plugin has none (native_plugins.NativeInstance).
+    meters_host_calls = False
 
     def __init__(
         self,
@@ -342,6 +352,10 @@ class ProcessInstance:
         self._reraise: BaseException | None = None
         self._unclaimed: Callable[[int], object] | None = None
         self._messages = 0  # host calls and memory requests of the call in flight
+        # The fuel of the call in flight and what its host calls cost so far, when the host
+        # prices them (meters_host_calls).
+        self._fuel_cap = 0
+        self._metered = 0
         self.unclaimed_fuel = 0  # charged for CPU time beyond the claims (charge_unclaimed)
         self._interrupted = False
         self._dead: CallError | None = None
@@ -362,7 +376,7 @@ class ProcessInstance:
         # Every host call costs at least its entry's base price, so a call's fuel bounds how
         # many it can make; a child making more is lying about its fuel.
         self._cheapest_call = max(1, min((b.entry.fuel_base for b in self._imports), default=1))
-        child = self._child = backend.start_child(limits)
+        child = self._child = backend.start_child(limits, module)
         self._channel, self._control, self.walls = child.channel, child.control, child.walls
         self._reader = Reader(child.channel)
         # A dropped instance (its Extension never closed) still ends its child.
@@ -505,20 +519,26 @@ class ProcessInstance:
         peek, entry_of = self._peek, self._entry_of
         granted = [c for c in self._caps if peek(entry_of[c])]
         message = [*head, budget.fuel, max(0.0, budget.deadline - time.monotonic()), granted]
+        self._fuel_cap, self._metered = budget.fuel, 0
+        answered = False
         try:
             most = (budget.fuel + SETTLE_FUEL) // self._cheapest_call + 1
             reply = self._exchange(message, budget.deadline + DEADLINE_GRACE_S, most)
             kind = self._expect(reply, Kind.DONE, Kind.FAIL)
+            answered = True
         finally:
             # Since the last reading: this call, and the child's bounded wait after the last.
             now = self._cpu()
             self.last_call_cpu_ns = now - self.cpu_ns
             self.cpu_ns = now
+            if not answered:  # killed at its deadline, or ended for a violation: no claim
+                self._charge_cpu(self._metered)
         stopped = self._interrupted  # by the host, before the child's own word below
         used = reply[3]
         # A call may overrun its fuel by the settling batch and one host call's price.
         if not 0 <= used <= budget.fuel + SETTLE_FUEL + self._most_overrun:
             raise self._fail_closed(f"it claimed {used} fuel of {budget.fuel}")
+        used += self._metered  # 0 but for a plugin whose host calls the host priced
         self.fuel_used += used
         self.last_call_fuel = used
         budget.spend(used)
@@ -676,15 +696,32 @@ class ProcessInstance:
         try:
             if self._interrupted:  # revoked, disabled, cancelled: no handler runs after that
                 answer: list[Any] = [Kind.HOST_STOP, "interrupted", "interrupted by the host"]
+            elif self.meters_host_calls and not self._pay_for(bound.entry, args):
+                # As the engine refuses a host call the guest's fuel cannot pay for: before
+                # the handler runs, so it has no effect.
+                answer = [Kind.HOST_STOP, "out_of_fuel", f"out of fuel for {bound.entry.name}"]
             else:
                 answer = self._host_answer(index, bound, args)
         except BaseException as exc:  # KeyboardInterrupt, SystemExit: raised after the call
             if self._reraise is None:
                 self._reraise = exc
             answer = [Kind.HOST_STOP, "error", type(exc).__name__]
-        answer.append(remote.take_pending())
+        charge = remote.take_pending()
+        if self.meters_host_calls:
+            self._metered += charge
+        answer.append(charge)
         answer.append(max(0, remote.extra_moved))
         self._send(answer, deadline)
+
+    def _pay_for(self, entry: HostFunction, args: Any) -> bool:
+        """Charge a host call's price (its entry's base and per-byte price) to the call in
+        flight, when the host prices them; False, and nothing charged, past the call's fuel."""
+        raw = args[0] if type(args) is list and args and type(args[0]) is bytes else b""
+        price = entry.fuel_price(len(raw)) if entry.convention != "native" else entry.fuel_base
+        if self._metered + price > self._fuel_cap:
+            return False
+        self._metered += price
+        return True
 
     def _host_answer(self, index: int, bound: BoundImport, args: Any) -> list[Any]:
         entry = bound.entry
@@ -755,7 +792,15 @@ class ProcessInstance:
             raise self._fail_closed(f"{entry.qualified_name}: {exc}") from None
 
     def ask_memory(self, op: str, args: list[Any], kind: type | None, charge: int) -> Any:
-        """One MEM request, served by the child while a broker runs here."""
+        """One MEM request, served by the child while a broker runs here. When the host
+        prices host calls, it answers the fuel requests itself."""
+        if self.meters_host_calls:
+            self._metered += charge
+            charge = 0
+            if op == "charge":
+                return None
+            if op == "can_pay":
+                return self._metered + int(args[0]) <= self._fuel_cap
         deadline = self._remote.deadline + DEADLINE_GRACE_S
         self._messages += 1
         self._send([Kind.MEM, op, args, charge], deadline)
@@ -1004,7 +1049,17 @@ class ProcessBackend:
         defaults.update(self.rlimit_overrides)
         return defaults
 
-    def start_child(self, limits: StoreLimits) -> ChildProcess:
+    def child_env(self) -> dict[str, str]:
+        """What a child's environment holds besides the locale and its secret."""
+        return {**CHILD_ENV, **_import_path()}
+
+    def child_program(self, module: Any) -> tuple[list[str], tuple[int, ...]]:
+        """The child's command line before its own arguments (the control descriptor and the
+        rlimits), and the descriptors it must inherit beyond the channel and the control
+        socket: wasihost's child, or ``program``."""
+        return self.program or [sys.executable, "-P", "-m", "wasihost.engine.process_child"], ()
+
+    def start_child(self, limits: StoreLimits, module: Any = None) -> ChildProcess:
         """A new walled child that has said HELLO, with its walls as it checked them."""
         from .process_child import SECRET_ENV
         from .spawn import DEVNULL, PIPE, spawn
@@ -1012,9 +1067,9 @@ class ProcessBackend:
         secret = os.urandom(SECRET_BYTES)
         channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         control, their_control = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = {**CHILD_ENV, **_import_path(), SECRET_ENV: secret.hex()}
+        env = {**self.child_env(), SECRET_ENV: secret.hex()}
         fd = their_control.fileno()
-        program = self.program or [sys.executable, "-P", "-m", "wasihost.engine.process_child"]
+        program, inherited = self.child_program(module)
         argv = [*program, str(fd)]
         argv += [f"{k}={v}" for k, v in self.rlimits(limits).items()]
         try:
@@ -1025,7 +1080,7 @@ class ProcessBackend:
                 stdout=DEVNULL,
                 stderr=PIPE,
                 prefix="wasihost-process-",
-                pass_fds=(fd,),
+                pass_fds=(fd, *inherited),
             )
         except OSError as exc:
             channel.close()

@@ -6,7 +6,9 @@ the one spawn-and-wall mechanism the compile worker, the process runtime and nat
 share. :func:`apply_child_walls` is the one sequence every walled child runs on itself:
 no_new_privs, user and network namespaces, rlimits, Landlock, then seccomp, each applied and
 checked from inside. ``wasihost doctor`` runs that same function in a short-lived probe child
-(:func:`probe_walls`: this file run as a script, its one line of JSON parsed defensively).
+(:func:`probe_walls`: this file run as a script, its one line of JSON parsed defensively), and
+a native plugin's launcher runs it before it executes the plugin (this file run as a script
+with ``--launch``, see LAUNCH_FLAG).
 
 Each wall has a function that APPLIES it in the calling process (irreversible: call it only in
 a child) and one that CHECKS it from inside. Whatever must be imported or opened is loaded by
@@ -15,8 +17,8 @@ libseccomp runs ldconfig in a subprocess, which seccomp forbids, and no module c
 Landlock is in force).
 
 Standard library and pyseccomp only (pyseccomp imported inside functions), and no wasmtime:
-the probe child runs this file as a script under ``-I``, so it must not import wasihost, and a
-child that imported the engine would pay its start-up for nothing.
+the probe child and the launcher run this file as a script under ``-I``, so it must not import
+wasihost, and a child that imported the engine would pay its start-up for nothing.
 """
 
 from __future__ import annotations
@@ -141,6 +143,7 @@ def net_isolation_problem(parent_namespace: str) -> str | None:
 _LANDLOCK_SYSCALLS = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446)}
 LANDLOCK_CREATE_RULESET_VERSION = 1
 LANDLOCK_RULE_PATH_BENEATH = 1
+ACCESS_FS_EXECUTE = 1 << 0
 ACCESS_FS_READ_FILE = 1 << 2
 ACCESS_FS_READ_DIR = 1 << 3
 # Every filesystem right of each ABI version: the ruleset handles (denies unless a rule allows)
@@ -185,13 +188,14 @@ def _handled_access(abi: int) -> int:
     return _ACCESS_FS_BY_ABI[max(v for v in _ACCESS_FS_BY_ABI if v <= abi)]
 
 
-def _allow_reading(ruleset: int, add_rule: int, path: str) -> None:
+def _allow_reading(ruleset: int, add_rule: int, path: str, execute: bool = False) -> None:
     # A directory's rule lets it be listed and the files under it read; a file's, only that
-    # file read (the kernel refuses directory rights on a file).
+    # file read (the kernel refuses directory rights on a file), and executed when ``execute``.
     beneath = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:
         is_dir = stat.S_ISDIR(os.fstat(beneath).st_mode)
         rights = ACCESS_FS_READ_FILE | (ACCESS_FS_READ_DIR if is_dir else 0)
+        rights |= ACCESS_FS_EXECUTE if execute else 0
         rule = _PathBeneathAttr(rights, beneath)
         args = (ctypes.c_int(ruleset), ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH))
         if _syscall(add_rule, *args, ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
@@ -200,11 +204,11 @@ def _allow_reading(ruleset: int, add_rule: int, path: str) -> None:
         os.close(beneath)
 
 
-def restrict_to_reading(paths: Sequence[str]) -> None:
+def restrict_to_reading(paths: Sequence[str], executable: Sequence[str] = ()) -> None:
     """Apply: from now on this process may read the files and list the directories under each
-    of ``paths`` (a file: only that file) and do nothing else to the filesystem. With no paths
-    it can open nothing at all. Descriptors already open stay usable. Needs no_new_privs (or
-    CAP_SYS_ADMIN)."""
+    of ``paths`` (a file: only that file), read and execute the files of ``executable``, and
+    do nothing else to the filesystem. With no paths it can open nothing at all. Descriptors
+    already open stay usable. Needs no_new_privs (or CAP_SYS_ADMIN)."""
     create, add_rule, restrict_self = _landlock_syscalls()
     attr = _RulesetAttr(_handled_access(landlock_abi()))
     ruleset = _syscall(create, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0)
@@ -213,6 +217,8 @@ def restrict_to_reading(paths: Sequence[str]) -> None:
     try:
         for path in paths:
             _allow_reading(ruleset, add_rule, path)
+        for path in executable:
+            _allow_reading(ruleset, add_rule, path, execute=True)
         if _syscall(restrict_self, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
             raise _os_error("landlock_restrict_self")
     finally:
@@ -344,6 +350,20 @@ SECCOMP_ALLOWED = (
     *("exit_group", "getpid", "getppid", "getrandom", "uname", "sysinfo", "getrlimit"),
 )
 
+# A native plugin's launcher (this file's --launch, started by engine/native_plugins.py)
+# applies the walls to itself, then executes the plugin, which keeps them: so its filter also
+# lets a program start in this process. execve and execveat replace this process's program,
+# never start another one (clone still makes only threads), and Landlock lets them execute
+# only the dynamic loader; the plugin itself
+# comes from a sealed memfd, which Landlock does not govern (internal files are outside its
+# hierarchy) and which the plugin cannot make (memfd_create stays ENOSYS). A dynamically
+# linked program's start needs the rest: arch_prctl to set its thread pointer,
+# set_tid_address, and access to look for /etc/ld.so.preload.
+SECCOMP_LAUNCHER_ALLOWED = (
+    *("execve", "execveat", "arch_prctl", "set_tid_address", "access", "faccessat"),
+    "faccessat2",
+)
+
 # clone only makes a thread of this process: CLONE_THREAD and CLONE_VM set, no new namespace.
 # fork() and posix_spawn() are clones without CLONE_THREAD, so they fail with EPERM.
 CLONE_THREAD = 0x00010000
@@ -446,14 +466,17 @@ def seccomp_version() -> str:
     return prepared.seccomp_detail
 
 
-def _seccomp_rules(scmp: Any) -> Iterator[tuple[int, str, tuple[Any, ...]]]:
+def _seccomp_rules(
+    scmp: Any, launcher: bool = False
+) -> Iterator[tuple[int, str, tuple[Any, ...]]]:
     """(action, call, argument conditions) of every rule but the default. Several rules for one
-    call are alternatives; the conditions of one rule must all hold."""
+    call are alternatives; the conditions of one rule must all hold. ``launcher``: the filter
+    of a native plugin's launcher, which also allows SECCOMP_LAUNCHER_ALLOWED."""
     import fcntl
     import termios
 
     allow, arg = scmp.ALLOW, scmp.Arg
-    for name in SECCOMP_ALLOWED:
+    for name in SECCOMP_ALLOWED + (SECCOMP_LAUNCHER_ALLOWED if launcher else ()):
         yield allow, name, ()
     thread_mask = CLONE_THREAD | CLONE_VM | _CLONE_NEW_NAMESPACES
     yield allow, "clone", (arg(0, scmp.MASKED_EQ, thread_mask, CLONE_THREAD | CLONE_VM),)
@@ -481,7 +504,7 @@ def _seccomp_rules(scmp: Any) -> Iterator[tuple[int, str, tuple[Any, ...]]]:
     yield allow, "sendto", (arg(4, scmp.EQ, 0),)
 
 
-def build_seccomp_filter() -> tuple[Any, int]:
+def build_seccomp_filter(launcher: bool = False) -> tuple[Any, int]:
     """The allow-list filter, not loaded yet, and how many calls it allows (some only with the
     arguments above). Default action ERRNO(EPERM): an unexpected call fails where the caller
     can report it, instead of killing the process. A call made with another architecture's
@@ -492,7 +515,7 @@ def build_seccomp_filter() -> tuple[Any, int]:
     syscalls = scmp.SyscallFilter(scmp.ERRNO(errno.EPERM))
     syscalls.set_attr(scmp.Attr.ACT_BADARCH, scmp.KILL_PROCESS)
     allowed: set[str] = set()
-    for action, name, conditions in _seccomp_rules(scmp):
+    for action, name, conditions in _seccomp_rules(scmp, launcher):
         # A call this architecture does not have (select, poll on aarch64) resolves below 0.
         if scmp.resolve_syscall(scmp.Arch.NATIVE, name) < 0:
             continue
@@ -502,11 +525,11 @@ def build_seccomp_filter() -> tuple[Any, int]:
     return syscalls, len(allowed)
 
 
-def apply_seccomp() -> int:
+def apply_seccomp(launcher: bool = False) -> int:
     """Apply: load the allow-list filter (:func:`build_seccomp_filter`) on this process, for
     good. Returns how many calls it allows. Needs no_new_privs (or CAP_SYS_ADMIN), and a
     process of one thread (the filter binds the calling thread and what it starts after)."""
-    syscalls, count = build_seccomp_filter()
+    syscalls, count = build_seccomp_filter(launcher)
     syscalls.load()
     return count
 
@@ -556,16 +579,18 @@ SECCOMP_EXPECTED = {
 }
 
 
-def seccomp_problem() -> str | None:
+def seccomp_problem(launcher: bool = False) -> str | None:
     """Check: None when ``/proc/self/status`` says ``Seccomp: 2`` (a filter) and each call of
-    :func:`seccomp_answers` gets the filter's answer; otherwise what is wrong."""
+    :func:`seccomp_answers` gets the filter's answer; otherwise what is wrong. A launcher's
+    filter lets execve through to the kernel, which refuses the nonexistent path itself."""
     mode = _status_field("Seccomp")
     if mode != "2":
         return f"/proc/self/status says Seccomp: {mode}"
+    expected = {**SECCOMP_EXPECTED, "execve": errno.ENOTDIR} if launcher else SECCOMP_EXPECTED
     for name, got in seccomp_answers().items():
-        if got != SECCOMP_EXPECTED[name]:
+        if got != expected[name]:
             said = errno.errorcode.get(got, str(got)) if got else "success"
-            return f"{name} answered {said}, not {errno.errorcode[SECCOMP_EXPECTED[name]]}"
+            return f"{name} answered {said}, not {errno.errorcode[expected[name]]}"
     return None
 
 
@@ -598,18 +623,32 @@ def _one_thread() -> None:
         raise RuntimeError(f"apply_child_walls needs a process of one thread, not {threads}")
 
 
-def _reads(readable: Sequence[str]) -> str:
+def _reads(readable: Sequence[str], executable: Sequence[str] = ()) -> str:
+    if executable:
+        return (
+            f"executes only {', '.join(executable)}; reads only {len(readable) + len(executable)} "
+            "files"
+        )
     if not readable:
         return "reads nothing"
     return f"reads only under {len(readable)} path{'s' if len(readable) > 1 else ''}"
 
 
-def apply_child_walls(*, rlimits: Mapping[str, int], readable: Sequence[str] = ()) -> list[Wall]:
+def apply_child_walls(
+    *,
+    rlimits: Mapping[str, int],
+    readable: Sequence[str] = (),
+    executable: Sequence[str] | None = None,
+) -> list[Wall]:
     """Apply every wall to this process, for good, and check each from inside: no_new_privs,
     a new user and network namespace, ``rlimits`` (soft and hard), Landlock (reading only under
     the paths of ``readable``; with none, nothing on the filesystem can be opened), then the
     seccomp allow-list. Returns the walls in WALL_NAMES' order, each ``enforced`` or
     ``unavailable`` with the reason: a wall the kernel refuses does not stop the others.
+
+    ``executable`` (files, possibly none) makes the walls of a native plugin's launcher:
+    Landlock lets those files be read and executed too, and the seccomp filter lets this
+    process replace its program (SECCOMP_LAUNCHER_ALLOWED), which keeps every wall.
 
     The one sequence of every walled child (the doctor's probe, the process runtime). Only ever
     call it in a child of one thread (RuntimeError otherwise), after :func:`prepare_walls` and
@@ -619,10 +658,12 @@ def apply_child_walls(*, rlimits: Mapping[str, int], readable: Sequence[str] = (
     prepare_walls()
     _one_thread()
     readable = [os.path.realpath(path) for path in readable]
-    for path in readable:
+    launcher = executable is not None
+    executable = [os.path.realpath(path) for path in executable or ()]
+    for path in readable + executable:
         if not os.path.exists(path):
             raise FileNotFoundError(errno.ENOENT, "a readable path does not exist", path)
-    outside = _outside(readable)
+    outside = _outside(readable + executable)
     try:
         before = net_namespace()
     except OSError:
@@ -641,21 +682,21 @@ def apply_child_walls(*, rlimits: Mapping[str, int], readable: Sequence[str] = (
         return rlimit_problem(rlimits)
 
     def landlock() -> str | None:
-        restrict_to_reading(readable)
-        return read_restriction_problem(readable, outside)
+        restrict_to_reading(readable, executable)
+        return read_restriction_problem(readable + executable, outside)
 
     counted: list[int] = []
 
     def seccomp() -> str | None:
-        counted.append(apply_seccomp())
-        return seccomp_problem()
+        counted.append(apply_seccomp(launcher))
+        return seccomp_problem(launcher)
 
     walls = {
         "no_new_privs": _attempt("no_new_privs", nnp, "set and read back"),
         "namespaces": _attempt("namespaces", namespaces, "new user and network namespace"),
         "rlimits": _attempt("rlimits", limits, _rlimits_detail(rlimits)),
         "landlock": _attempt(
-            "landlock", landlock, lambda: f"ABI {landlock_abi()}, {_reads(readable)}"
+            "landlock", landlock, lambda: f"ABI {landlock_abi()}, {_reads(readable, executable)}"
         ),
     }
     # Last: after it the child can start nothing and open no socket, even to check a wall.
@@ -690,13 +731,96 @@ def short_detail(text: str) -> str:
 
 
 def _child_main(argv: Sequence[str]) -> int:
-    # Directories to search for pyseccomp after the interpreter's own (see _import_dirs).
+    # Directories to search for pyseccomp after the interpreter's own (see import_dirs).
     sys.path.extend(argv)
     walls = [Wall(w.name, w.state, short_detail(w.detail)) for w in _probe_in_child()]
     report = {"schema": REPORT_SCHEMA, "walls": [w.as_json() for w in walls]}
     sys.stdout.write(json.dumps(report) + "\n")
     sys.stdout.flush()
     return 0
+
+
+# -- a native plugin's launcher ----------------------------------------------------------------
+
+# ``python -I walls.py --launch [--path DIR]... [--read FILE]... [--exec FILE]... --
+# PLUGIN_FD CONTROL_FD NAME=VALUE...``: the process a native plugin runs in (engine/
+# native_plugins.py). It applies every wall to itself, reading only the ``--read`` files and
+# executing only the ``--exec`` ones, then replaces its program with the plugin's executable
+# (the sealed memfd PLUGIN_FD), which keeps every wall. The plugin's command line is its
+# control descriptor and the rlimits; its environment is the launcher's (the locale, the
+# per-child secret) and WALLS_ENV, the walls as checked here.
+LAUNCH_FLAG = "--launch"
+WALLS_ENV = "WASIHOST_CHILD_WALLS"
+# Exit status when the plugin cannot be executed (as a shell says of a command it cannot run).
+CANNOT_EXECUTE = 126
+# A native plugin's rlimits arrive as RLIMIT_NAME=VALUE, nothing else.
+_RLIMIT_ARG = "RLIMIT_"
+
+
+def _cbor_text(text: str) -> bytes:
+    data = text.encode("utf-8")
+    return _cbor_head(3, len(data)) + data
+
+
+def _cbor_head(major: int, length: int) -> bytes:
+    if length < 24:
+        return bytes([major << 5 | length])
+    if length < 256:
+        return bytes([major << 5 | 24, length])
+    return bytes([major << 5 | 25]) + length.to_bytes(2, "big")
+
+
+def walls_cbor(walls: Sequence[Wall]) -> bytes:
+    """The walls as the plugin's HELLO carries them: a CBOR array of [name, state, detail]
+    text triples. Written by hand: the launcher imports nothing beyond the standard library
+    and pyseccomp (it runs as a script, and every import is start-up time), and the shape is
+    fixed and tiny."""
+    out = bytearray(_cbor_head(4, len(walls)))
+    for wall in walls:
+        out += _cbor_head(4, 3)
+        for text in (wall.name, wall.state, short_detail(wall.detail)):
+            out += _cbor_text(text)
+    return bytes(out)
+
+
+def _launch_main(argv: Sequence[str]) -> int:
+    """The launcher (see LAUNCH_FLAG). Never returns when the plugin starts."""
+    options: dict[str, list[str]] = {"--path": [], "--read": [], "--exec": []}
+    args = list(argv)
+    while args and args[0] in options:
+        options[args.pop(0)].append(args.pop(0))
+    if len(args) < 3 or args[0] != "--":
+        print(
+            "wasihost launcher: usage: --launch [OPTIONS] -- PLUGIN_FD CONTROL_FD ...",
+            file=sys.stderr,
+        )
+        return 2
+    plugin_fd, control, limit_args = int(args[1]), args[2], args[3:]
+    rlimits = {}
+    for item in limit_args:
+        name, _, value = item.partition("=")
+        if not name.startswith(_RLIMIT_ARG) or not value.isdigit():
+            print(f"wasihost launcher: not an rlimit: {item!r}", file=sys.stderr)
+            return 2
+        rlimits[name] = int(value)
+    sys.path.extend(options["--path"])
+    prepare_walls()
+    walls = apply_child_walls(
+        rlimits=rlimits, readable=options["--read"], executable=options["--exec"]
+    )
+    env = dict(os.environ)
+    env[WALLS_ENV] = walls_cbor(walls).hex()
+    # The plugin does not inherit its own executable's descriptor.
+    os.set_inheritable(plugin_fd, False)
+    try:
+        # The launcher's whole job: replace itself with the plugin (an argv, no shell).
+        os.execve(plugin_fd, ["wasihost-plugin", control, *limit_args], env)  # noqa: S606
+    except OSError as exc:
+        print(
+            f"wasihost launcher: cannot execute the plugin ({exc.strerror or exc})",
+            file=sys.stderr,
+        )
+    return CANNOT_EXECUTE
 
 
 # -- the parent --------------------------------------------------------------------------------
@@ -757,7 +881,7 @@ def probe_walls(
     anything but a well-formed report makes every wall ``unavailable: probe failed``."""
     from .spawn import PIPE, spawn
 
-    argv = list(program or [sys.executable, "-I", os.path.abspath(__file__), *_import_dirs()])
+    argv = list(program or [sys.executable, "-I", os.path.abspath(__file__), *import_dirs()])
     # spawn() passes only the locale and time zone: nothing else of the parent's environment.
     try:
         child = spawn(argv, stdout=PIPE, prefix="wasihost-probe-")
@@ -767,7 +891,7 @@ def probe_walls(
         return _collect(child, timeout_s)
 
 
-def _import_dirs() -> list[str]:
+def import_dirs() -> list[str]:
     """The directory the probe child must search for pyseccomp beyond its interpreter's own
     (none when pyseccomp is in the interpreter's site-packages). A host run with its
     dependencies on PYTHONPATH finds pyseccomp where a child under ``-I`` does not look, as the
@@ -820,4 +944,6 @@ def _collect(child: Spawned, timeout_s: float) -> list[Wall]:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == [LAUNCH_FLAG]:
+        sys.exit(_launch_main(sys.argv[2:]))
     sys.exit(_child_main(sys.argv[1:]))

@@ -17,14 +17,14 @@ from ..core.registry import AbiVersion, Registry
 from ..core.terminal import printable
 from ..core.wasmbin import WasmFormatError, read_header
 from ..packaging.package import Package
-from .planning import plan_package, resolve_runtime
+from .planning import is_native, plan_package, resolve_runtime
 from .policy import IN_PROCESS, Policy
 
 if TYPE_CHECKING:
     from ..core.admission import AdmissionPlan
     from ..core.grants import Grant
     from ..core.manifest import Resources
-    from ..core.registry import RegistryView
+    from ..core.registry import HostFunction, RegistryView
     from ..core.wasmbin import ImportEntry, ModuleHeader
 
 
@@ -45,6 +45,8 @@ def inspect_package(
         "manifest": _manifest_report(package),
         "signature": _signature_report(package),
     }
+    if is_native(package):
+        return _inspect_native(package, registry, policy, grants, runtime, report)
     try:
         header = read_header(package.wasm)
     except WasmFormatError as exc:
@@ -83,7 +85,83 @@ def inspect_package(
     return report
 
 
-def _runtime_protections(report: dict[str, Any]) -> None:
+def _inspect_native(
+    package: Package,
+    registry: Registry,
+    policy: Policy,
+    grants: Sequence[str],
+    runtime: str | None,
+    report: dict[str, Any],
+) -> dict[str, Any]:
+    """inspect_package of a native plugin: its executable's header in place of a module's
+    imports and exports, the registry entries it is offered, and what is enforced for
+    machine code (docs/native.md)."""
+    import platform
+
+    from ..core.elfbin import ElfFormatError, read_elf_header
+
+    try:
+        header = read_elf_header(package.wasm)
+        report["native"] = {
+            "machine": header.machine,
+            "kind": header.kind,
+            "interpreter": header.interpreter,
+        }
+    except ElfFormatError as exc:
+        report["native"] = {"problem": str(exc)}
+    manifest = package.manifest
+    assert manifest is not None
+    report["abi"] = manifest.abi
+    report["exports"] = []
+    try:
+        report["runtime"] = resolve_runtime(package, runtime, policy)
+        from ..engine.walls import probe_walls
+
+        report["walls"] = [w.as_json() for w in probe_walls()]
+        plan, grant, resources = plan_package(
+            package, registry, policy, grants=grants if grants else None
+        )
+    except WasihostError as exc:
+        problems = list(exc.problems) if isinstance(exc, AdmissionError) else [exc.message]
+        report["admission"] = {"admitted": False, "problems": problems}
+        return report
+    report["imports"] = [
+        {"module": e.module, "name": e.name, "kind": "func", "type": e.signature}
+        | {"entry": _entry(e)}
+        for e in plan.imports
+    ]
+    report["admission"] = {
+        "admitted": True,
+        "abi": manifest.abi,
+        "granted": sorted(grant.capabilities),
+        "runtime": f"{report['runtime']} (native plugin on {platform.machine()})",
+    }
+    enforced, declared = _protections(package, plan, grant, resources)
+    # A native plugin's rows replace the Wasm sandbox's: its process is its only wall.
+    report["enforced"] = [
+        row
+        for row in enforced
+        if not row.startswith(("wasm isolation", "guest pointers", "fuel:", "wall-clock", "linear"))
+    ] + [
+        f"host calls priced by the host: {resources.fuel_per_call} fuel per call, each host "
+        "call charged before it runs",
+        f"wall-clock deadline: {resources.timeout_ms} ms per call (the host kills the "
+        "plugin's process group)",
+        f"address space: {resources.max_memory_bytes} bytes + 256 MiB for the executable, "
+        "the C library and the stacks (RLIMIT_AS); CPU time measured and charged to budgets",
+    ]
+    report["declared"] = [
+        *declared,
+        "no fuel metering of the plugin's own code: its computing is bounded by the deadline "
+        "and charged by the CPU time the host measures, not counted instruction by instruction",
+        "no sandbox inside the process: the plugin is machine code, confined by the process "
+        "walls alone (a wall unavailable here is not replaced by anything)",
+    ]
+    _runtime_protections(report, native=True)
+    return report
+
+
+def _runtime_protections(report: dict[str, Any], native: bool = False) -> None:
     """The process runtime's rows: the second wall, and each OS wall as this machine gives
     it (enforced, or declared only with the reason it is not)."""
     walls = report.get("walls")
@@ -96,7 +174,9 @@ def _runtime_protections(report: dict[str, Any]) -> None:
         "native_process_exit"
     )
     for wall in walls:
-        if wall["state"] == "enforced" and wall["name"] == "rlimits":
+        if wall["state"] == "enforced" and native and wall["name"] in _NATIVE_WALLS:
+            report["enforced"].append(f"process wall {wall['name']}: {_NATIVE_WALLS[wall['name']]}")
+        elif wall["state"] == "enforced" and wall["name"] == "rlimits":
             # The probe's values are its own; say what each child of this runtime gets.
             report["enforced"].append(
                 "process wall rlimits: address space = the guest memory's reservation + 2 GiB, "
@@ -108,6 +188,17 @@ def _runtime_protections(report: dict[str, Any]) -> None:
             report["declared"].append(
                 f"process wall {wall['name']}: not on this machine ({wall['detail']})"
             )
+
+
+# What the launcher's walls are for a native plugin, where they differ from the probe's.
+_NATIVE_WALLS = {
+    "rlimits": "address space as above, 3600 CPU seconds in all, 64 open files, file size 0, "
+    "core dumps 0",
+    "landlock": "executes only the dynamic loader; reads only the library cache and the C "
+    "library; writes nothing",
+    "seccomp": "the allow-list of every child, plus replacing its own program (the launcher's "
+    "exec of the plugin); no socket, no new process, default EPERM",
+}
 
 
 def _signature_report(package: Package) -> dict[str, Any] | None:
@@ -183,16 +274,22 @@ def _import_row(imp: ImportEntry, view: RegistryView | None) -> dict[str, Any]:
     }
     entry = view.lookup(imp.module, imp.name) if view is not None else None
     if entry is not None:
-        row["entry"] = {
-            "capability": entry.capability,
-            "max_request_bytes": entry.max_request_bytes,
-            "max_response_bytes": entry.max_response_bytes,
-            "fuel_base": entry.fuel_base,
-            "fuel_per_byte": entry.fuel_per_byte,
-        }
-        if entry.convention != "cbor":  # as the registry's JSON says it
-            row["entry"]["convention"] = entry.convention
+        row["entry"] = _entry(entry)
     return row
+
+
+def _entry(entry: HostFunction) -> dict[str, Any]:
+    """A registry entry's limits and prices, as an import's row shows them."""
+    shown: dict[str, Any] = {
+        "capability": entry.capability,
+        "max_request_bytes": entry.max_request_bytes,
+        "max_response_bytes": entry.max_response_bytes,
+        "fuel_base": entry.fuel_base,
+        "fuel_per_byte": entry.fuel_per_byte,
+    }
+    if entry.convention != "cbor":  # as the registry's JSON says it
+        shown["convention"] = entry.convention
+    return shown
 
 
 def _protections(

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ..core import limits
-from ..core.admission import AdmissionPlan, admit_cached, command_profile
+from ..core.admission import AdmissionPlan, admit_cached, admit_native, command_profile
+from ..core.elfbin import native_problem
 from ..core.errors import AdmissionError, ConfigError
-from ..core.manifest import DEFAULT_RUNTIME, Manifest, Resources
+from ..core.manifest import DEFAULT_RUNTIME, NATIVE_RUNTIME, Manifest, Resources
 from ..core.registry import AbiVersion, Registry
 from ..core.wasmbin import ModuleHeader, WasmFormatError, read_header_cached
 from ..packaging.package import Package
@@ -39,6 +40,8 @@ def resolve_runtime(package: Package, override: str | None, policy: Policy) -> s
     import os
 
     asked = package.manifest.runtime if package.manifest is not None else DEFAULT_RUNTIME
+    if asked == NATIVE_RUNTIME:
+        return _native_runtime(package, override)
     if override is not None:
         mode = runtime_mode_of(override, "load")
     elif policy.runtime is not None:
@@ -58,6 +61,25 @@ def resolve_runtime(package: Package, override: str | None, policy: Policy) -> s
             )
         mode = PROCESS_ONLY  # never the in-process fallback for a package that asked
     return mode
+
+
+def _native_runtime(package: Package, override: str | None) -> str:
+    """A native plugin runs only in a walled child: ``process-only``, whatever the policy or
+    the environment default to; a caller asking for ``in-process`` by name is refused (there
+    is no in-process fallback for machine code)."""
+    if override is not None and runtime_mode_of(override, "load") == IN_PROCESS:
+        raise AdmissionError(
+            [
+                f"{package.name} is a native plugin (runtime 'native-process'): it runs only in "
+                "a walled child process, never in-process; use runtime 'process-only'"
+            ]
+        )
+    return PROCESS_ONLY
+
+
+def is_native(package: Package) -> bool:
+    """Whether the package is a native plugin: its module is an executable, not Wasm."""
+    return package.manifest is not None and package.manifest.runtime == NATIVE_RUNTIME
 
 
 def check_package_policy(package: Package, policy: Policy) -> None:
@@ -92,6 +114,10 @@ def plan_package(
         raise ConfigError(f"grants must be a collection of capability names, not {grants!r}")
     check_package_policy(package, policy)
     manifest = package.manifest
+    if manifest is not None and manifest.runtime == NATIVE_RUNTIME:
+        return _plan_native(
+            package, manifest, registry, policy, grants, fuel, timeout_ms, granted, epoch
+        )
     try:
         header = read_header_cached(package.wasm)
     except WasmFormatError as exc:
@@ -101,6 +127,31 @@ def plan_package(
     else:
         base = bare_module_resources(header, registry, command_memory or {})
     resources = policy.cap(_with_overrides(base, fuel, timeout_ms))
+    grant = _grant_of(package, registry, policy, grants, granted, epoch)
+    plan = admit_cached(
+        header,
+        registry,
+        grant,
+        module_digest=package.sha256,
+        max_memory_bytes=resources.max_memory_bytes,
+        max_table_elements=resources.max_table_elements,
+        manifest_abi=_manifest_abi(manifest),
+    )
+    return plan, grant, resources
+
+
+def _grant_of(
+    package: Package,
+    registry: Registry,
+    policy: Policy,
+    grants: Iterable[str] | None,
+    granted: frozenset[str] | None,
+    epoch: int,
+) -> Grant:
+    """The effective grant of a package: the operator's grant table (``granted``) capped by
+    the policy, or the policy's answer to what the manifest requests and the caller's
+    ``grants`` name."""
+    manifest = package.manifest
     if granted is not None:
         required = manifest.required if manifest is not None else frozenset()
         requested = (manifest.required | manifest.optional) if manifest is not None else granted
@@ -126,15 +177,34 @@ def plan_package(
         if unknown:
             raise AdmissionError([f"unknown capability {c!r}" for c in unknown])
         grant = effective_grant(requested, (), policy)
-    plan = admit_cached(
-        header,
-        registry,
-        grant,
-        module_digest=package.sha256,
-        max_memory_bytes=resources.max_memory_bytes,
-        max_table_elements=resources.max_table_elements,
-        manifest_abi=_manifest_abi(manifest),
-    )
+    return grant
+
+
+def _plan_native(
+    package: Package,
+    manifest: Manifest,
+    registry: Registry,
+    policy: Policy,
+    grants: Iterable[str] | None,
+    fuel: int | None,
+    timeout_ms: int | None,
+    granted: frozenset[str] | None,
+    epoch: int,
+) -> tuple[AdmissionPlan, Grant, Resources]:
+    """plan_package of a native plugin: its executable checked (elfbin.native_problem), its
+    grant worked out as a Wasm extension's, and its entries those its capabilities reach
+    (admission.admit_native)."""
+    import platform
+
+    problem = native_problem(package.wasm, platform.machine())
+    if problem is not None:
+        raise AdmissionError(
+            [f"{manifest.module} is not a native plugin this host can run: {problem}"]
+        )
+    resources = policy.cap(_with_overrides(manifest.resources, fuel, timeout_ms))
+    grant = _grant_of(package, registry, policy, grants, granted, epoch)
+    requested = manifest.required | manifest.optional
+    plan = admit_native(_abi_version(manifest.abi), registry, grant, requested)
     return plan, grant, resources
 
 

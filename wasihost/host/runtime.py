@@ -36,7 +36,7 @@ from ..core.errors import (
 from ..core.extlog import LogSink
 from ..core.grants import Grant, GrantTable, withdrawn
 from ..core.lifecycle import ExtensionRevoked, State, check_reason, clip_reason
-from ..core.manifest import Resources
+from ..core.manifest import NATIVE_RUNTIME, Resources
 from ..core.registry import HostFunction, Profile, Registry
 from ..core.settings import EngineSettings
 from ..core.threadstack import guest_thread_stack
@@ -60,7 +60,7 @@ from .options import (
     check_package,
     iterable_option,
 )
-from .planning import plan_package, resolve_runtime, unsigned_refusal
+from .planning import is_native, plan_package, resolve_runtime, unsigned_refusal
 from .policy import IN_PROCESS, PREFER_PROCESS, PROCESS_ONLY, Policy
 
 # What only some hosts use is imported where it is used: the state store (sqlite3) with a state
@@ -760,9 +760,10 @@ class Host:
         # Refuse what could not run even with every capability it requests granted.
         manifest = package.manifest
         self.plan(package, granted=frozenset(manifest.required | manifest.optional))
-        from ..core.codeshape import scan_module  # an install's check, not a run's
+        if not is_native(package):  # plan() checked a native plugin's executable
+            from ..core.codeshape import scan_module  # an install's check, not a run's
 
-        scan_module(read_header(package.wasm), package.wasm)
+            scan_module(read_header(package.wasm), package.wasm)
         record = updates.write_install(self, source, package, ssh)
         try:
             # What was written is read again from the source: it must be what was checked.
@@ -1068,7 +1069,7 @@ class Host:
         plan, grant, resources = self.plan(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
         try:
             grow_probed = False
-            backend = self.backend_for(mode)
+            backend = self.backend_for(NATIVE_RUNTIME if is_native(package) else mode)
             if plan.is_command:
                 compiled, grow_probed = self._compile_command(package, backend)
             else:
@@ -1089,7 +1090,7 @@ class Host:
             ("load manifest", package.manifest.id if package.manifest else "bare module"),
             ("resolve ABI compatibility", plan.view.label),
             ("load active grants", ", ".join(sorted(grant.capabilities)) or "none"),
-            ("choose runtime", mode),
+            ("choose runtime", f"{mode} (native plugin)" if is_native(package) else mode),
             (
                 "apply resource policy",
                 f"fuel {resources.fuel_per_call}, "
@@ -1130,17 +1131,24 @@ class Host:
     def backend_for(self, runtime: str) -> ExecutionBackend:
         """Where extensions of the runtime mode ``runtime`` run (host/backend.py): this host's
         engine in this process, or a walled child per instance (engine/process.py), with or
-        without the in-process fallback for a child that cannot start."""
+        without the in-process fallback for a child that cannot start; ``native-process``:
+        native plugins, each instance a walled child executing the plugin
+        (engine/native_plugins.py)."""
         if runtime == IN_PROCESS:
             return self.engine
-        if runtime not in (PREFER_PROCESS, PROCESS_ONLY):
+        if runtime not in (PREFER_PROCESS, PROCESS_ONLY, NATIVE_RUNTIME):
             raise ConfigError(f"this host runs no {runtime!r} extensions")
         with self._lock:
             backend = self._process_backends.get(runtime)
             if backend is None:
-                from ..engine.process import ProcessBackend
+                if runtime == NATIVE_RUNTIME:
+                    from ..engine.native_plugins import NativeBackend
 
-                backend = ProcessBackend(self.engine, fallback=runtime == PREFER_PROCESS)
+                    backend = NativeBackend(self.engine)
+                else:
+                    from ..engine.process import ProcessBackend
+
+                    backend = ProcessBackend(self.engine, fallback=runtime == PREFER_PROCESS)
                 self._process_backends[runtime] = backend
             return backend
 
