@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +22,9 @@ from tests.support.common import FIXTURES
 from wasihost.cli import main
 from wasihost.core.errors import AdmissionError, CallError, FailureClass
 from wasihost.core.serving import CallContext
+from wasihost.engine import StoreLimits
 from wasihost.engine.native_plugins import NativeBackend, NativeInstance, NativeProgram
-from wasihost.engine.process import CPU_ALLOWANCE_NS, FUEL_PER_CPU_NS
+from wasihost.engine.process import CPU_ALLOWANCE_NS, FUEL_PER_CPU_NS, ChildDidNotStart
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
@@ -154,6 +156,35 @@ def test_a_native_plugin_never_runs_in_process(host: Host) -> None:
     # The policy's or the environment's default does not move it into the host either.
     with Host(Policy(allow=CAPS, runtime="in-process"), cache_dir=None) as other:
         assert other.load(HELLO).runtime == "process-only"
+
+
+def _built_c(tmp_path: Path, name: str, *flags: str) -> bytes:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the lying plugin")
+    out = tmp_path / name
+    source = Path(__file__).resolve().parents[1] / "support" / "native" / "liar.c"
+    subprocess.run([compiler, "-O1", *flags, "-o", str(out), str(source)], check=True)
+    return out.read_bytes()
+
+
+def test_the_walls_are_the_launchers_word_never_the_plugins(host: Host, tmp_path: Path) -> None:
+    """The plugin is untrusted code: its HELLO may claim any wall. The host keeps the walls of
+    the launcher's own HELLO, sent before the plugin ran; the plugin's must still carry the
+    secret."""
+    backend = host.backend_for("native-process")
+    assert isinstance(backend, NativeBackend)
+    limits = StoreLimits(max_memory_bytes=16 << 20, max_table_elements=10, fuel=1, timeout_ms=1)
+    liar = backend.compile(_built_c(tmp_path, "liar"))
+    child = backend.start_child(limits, liar)
+    try:
+        assert [w.name for w in child.walls] == list(WALLS)
+        assert not any("lies" in w.detail for w in child.walls), child.walls
+    finally:
+        child.end()
+    wrong = backend.compile(_built_c(tmp_path, "wrong", "-DWRONG_SECRET"))
+    with pytest.raises(ChildDidNotStart, match="failed its hello"):
+        backend.start_child(limits, wrong)
 
 
 # -- host calls ---------------------------------------------------------------------------------

@@ -39,9 +39,9 @@ from wasihost.core.channel import (
     host_call_args,
 )
 from wasihost.core.registry import AbiVersion, HostFunction
-from wasihost.engine.process_child import SECRET_ENV, entry_record
+from wasihost.engine.process_child import entry_record
 from wasihost.engine.spawn import DEVNULL, PIPE, Spawned, spawn
-from wasihost.engine.walls import WALLS_ENV
+from wasihost.engine.walls import SECRET_ENV, WALLS_ENV
 from wasihost.host.defaults import default_registry
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"

@@ -171,6 +171,8 @@ class NativeBackend(ProcessBackend):
         defaults.update(self.rlimit_overrides)
         return defaults
 
+    launched = True
+
     def child_env(self) -> dict[str, str]:
         """The plugin's environment: the launcher finds what it imports by its command line
         (``-I``, ``--path``), so the plugin gets no PYTHONPATH; glibc's arenas are capped."""

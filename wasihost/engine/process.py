@@ -1049,6 +1049,10 @@ class ProcessBackend:
         defaults.update(self.rlimit_overrides)
         return defaults
 
+    # Whether each child is a launcher that says HELLO itself (with the walls it checked)
+    # before it executes the program, which says its own (native_plugins.NativeBackend).
+    launched = False
+
     def child_env(self) -> dict[str, str]:
         """What a child's environment holds besides the locale and its secret."""
         return {**CHILD_ENV, **_import_path()}
@@ -1061,8 +1065,8 @@ class ProcessBackend:
 
     def start_child(self, limits: StoreLimits, module: Any = None) -> ChildProcess:
         """A new walled child that has said HELLO, with its walls as it checked them."""
-        from .process_child import SECRET_ENV
         from .spawn import DEVNULL, PIPE, spawn
+        from .walls import SECRET_ENV
 
         secret = os.urandom(SECRET_BYTES)
         channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -1092,6 +1096,8 @@ class ProcessBackend:
         started = ChildProcess(child, channel, control)
         try:
             started.walls = _hello(child, channel, secret)
+            if self.launched:
+                _hello(child, channel, secret)  # the program's own, its walls its word only
         except BaseException:
             started.end()
             raise

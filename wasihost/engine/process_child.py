@@ -65,10 +65,8 @@ from .channel_io import Reader
 from .hostcalls import BoundImport
 from .instance import Budget, CompiledModule, Instance, StoreLimits
 from .native import MemoryGone, NativeCall
+from .walls import SECRET_ENV  # the variable the per-child secret arrives in
 from .wasm_engine import WasmEngine
-
-# Names the variable the per-child secret arrives in (the value itself is random per child).
-SECRET_ENV = "WASIHOST_CHILD_SECRET"  # noqa: S105
 
 # What a MEM request may ask of the guest-memory accessor: the GuestMemory protocol's methods.
 MEM_OPS = frozenset(

@@ -751,6 +751,11 @@ def _child_main(argv: Sequence[str]) -> int:
 # per-child secret) and WALLS_ENV, the walls as checked here.
 LAUNCH_FLAG = "--launch"
 WALLS_ENV = "WASIHOST_CHILD_WALLS"
+# The per-child secret's variable (hex), as every child of the process runtime gets it.
+SECRET_ENV = "WASIHOST_CHILD_SECRET"  # noqa: S105 - a variable's name, not a secret
+# The channel protocol's version (core/channel.PROTOCOL_VERSION) and HELLO's kind (Kind.HELLO).
+_PROTOCOL_VERSION = 1
+_HELLO = 1
 # Exit status when the plugin cannot be executed (as a shell says of a command it cannot run).
 CANNOT_EXECUTE = 126
 # A native plugin's rlimits arrive as RLIMIT_NAME=VALUE, nothing else.
@@ -768,6 +773,22 @@ def _cbor_head(major: int, length: int) -> bytes:
     if length < 256:
         return bytes([major << 5 | 24, length])
     return bytes([major << 5 | 25]) + length.to_bytes(2, "big")
+
+
+def _cbor_uint(value: int) -> bytes:
+    if value < 24:
+        return bytes([value])
+    return bytes([0x1A]) + value.to_bytes(4, "big")
+
+
+def launcher_hello(secret: bytes, walls: Sequence[Wall]) -> bytes:
+    """The launcher's own HELLO frame, ``[HELLO, version, secret, pid, walls]`` with its
+    4-byte length: the walls as the launcher checked them, sent before the plugin runs. The
+    host takes the walls from this frame, never from the plugin's HELLO: the plugin is
+    untrusted code, and its report of its walls would be its word."""
+    body = bytes([0x85]) + _cbor_uint(_HELLO) + _cbor_uint(_PROTOCOL_VERSION)
+    body += _cbor_head(2, len(secret)) + secret + _cbor_uint(os.getpid()) + walls_cbor(walls)
+    return len(body).to_bytes(4, "big") + body
 
 
 def walls_cbor(walls: Sequence[Wall]) -> bytes:
@@ -810,6 +831,13 @@ def _launch_main(argv: Sequence[str]) -> int:
     )
     env = dict(os.environ)
     env[WALLS_ENV] = walls_cbor(walls).hex()
+    try:
+        secret = bytes.fromhex(env.get(SECRET_ENV, ""))
+    except ValueError:
+        secret = b""
+    frame = launcher_hello(secret, walls)
+    while frame:  # descriptor 0 is the channel; the frame fits its buffer many times over
+        frame = frame[os.write(0, frame) :]
     # The plugin does not inherit its own executable's descriptor.
     os.set_inheritable(plugin_fd, False)
     try:
