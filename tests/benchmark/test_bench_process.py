@@ -102,6 +102,16 @@ def test_the_process_section_reports_every_row_and_target(
                 assert row[runtime]["median"] >= 0
     assert cold["spawn to first answer"]["process_ms"]["median"] > 0
 
+    # Native plugins, reported beside the same calls of a Wasm guest in a walled child.
+    native = section["native"]
+    rows = {row["scenario"]: row for row in native["calls"]}
+    assert set(rows) == {"no host call", "greet (1 host call)"}
+    assert rows["no host call"]["native"] == "hostile-native ping"
+    for row in rows.values():
+        assert _is_figure(row["native_us"]) and _is_figure(row["process_us"])
+    assert _is_figure(native["cold"]["load_ms"]) and _is_figure(native["cold"]["first_call_ms"])
+    assert "native plugins (runtime native-process)" in stdout
+
     # The targets: each named, with its bound, its figure and a verdict (greet: reported).
     targets = {row["target"]: row for row in section["targets"]}
     assert set(targets) == {
@@ -136,3 +146,21 @@ def test_a_missing_fixture_is_reported_not_raised(
     assert doc["process"] == {}
     assert "hello.wasm is missing" in doc["not_run"]["process"]
     assert "Process runtime (issue 30)" in stdout and "not run" in stdout
+
+
+def test_without_the_native_fixtures_the_wasm_rows_stand(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    for name in ("echo", "hello"):
+        (tmp_path / name).symlink_to(FIXTURES / name)
+    out = tmp_path / "r.json"
+    code = main(["bench", "--quick", "--sections", "process", "--fixtures", str(tmp_path),
+                 "--json", str(out)])  # fmt: skip
+    stdout, _ = capsys.readouterr()
+    assert code == 0
+    section = json.loads(out.read_text())["process"]
+    assert section["calls"] and section["throughput"] and section["cold"]
+    assert section["native"] == {
+        "not_run": f"{tmp_path / 'hello-native' / 'hello-native'} is missing"
+    }
+    assert "native plugins: not run" in stdout

@@ -10,6 +10,11 @@ two hosts built alike (one per runtime), measured against issue 30's three targe
 3. a cold child: a fresh ``host.load`` of ``fixtures/echo`` and its first call, spawn to
    answer, with its phases.
 
+Native plugins (``runtime = "native-process"``) are reported beside them, not judged: a call
+with no host call (``fixtures/hostile-native``'s ``ping``) and one with one host call
+(``hello-native``'s ``greet``), each interleaved with the same call of a Wasm guest in a
+walled child, and a new plugin's load and first call.
+
 Every figure is a median with the range (min-max) over batches, rounds or runs, and the two
 runtimes are measured interleaved (batch by batch, round by round, run by run, the order
 rotated) so that drift of the machine hits both alike. Two controls, measured in the same
@@ -111,6 +116,8 @@ def measure(fixtures: Path, plan: ProcessPlan, log: Callable[[str], None]) -> di
         throughput = scaling(hosts, fixtures, plan)
         log("process runtime: cold start")
         cold = cold_start(hosts, fixtures, plan)
+        log("process runtime: native plugins")
+        native = native_plugins(hosts[PROCESS], fixtures, plan)
     finally:
         for host in hosts.values():
             host.close()
@@ -122,6 +129,7 @@ def measure(fixtures: Path, plan: ProcessPlan, log: Callable[[str], None]) -> di
         "calls": calls,
         "throughput": throughput,
         "cold": cold,
+        "native": native,
     }
     result["targets"] = judge(result)
     return result
@@ -440,6 +448,108 @@ def cold_start(hosts: dict[str, Any], fixtures: Path, plan: ProcessPlan) -> list
         }
         for phase in COLD_PHASES
     ]
+
+
+# -- native plugins ------------------------------------------------------------------------
+
+# Each row: (the native plugin's fixture, command, input, answer), and the same call of a Wasm
+# guest in a walled child.
+NATIVE_CALLS: dict[str, tuple[tuple[str, str, Any, Any], tuple[str, str, Any, Any]]] = {
+    "no host call": (("hostile-native", "ping", None, "pong"), ("echo", "noop", None, None)),
+    "greet (1 host call)": (
+        ("hello-native", "greet", {"name": "ada"}, {"greeting": "hello, ada"}),
+        ("hello", "greet", {"name": "ada"}, {"greeting": "hello, ada"}),
+    ),
+}
+NATIVE = "native-process"
+
+
+def _native_host() -> Any:
+    """A host that serves hostile-native's application namespace (myapp.read), which its
+    manifest names; the bench never calls it."""
+    from ..host.runtime import Host
+
+    host = Host(bench_policy((*GRANTS, "myapp.read")), cache_dir=None)
+    for name in ("lookup",):
+        host.add_function(
+            f"myapp.{name}",
+            lambda ctx, request: request,
+            capability="myapp.read",
+            fuel_base=100,
+            fuel_per_byte=1,
+            max_request_bytes=64,
+            max_response_bytes=64,
+        )
+    host.add_function(
+        "myapp.add",
+        lambda ctx, a, b: a + b,
+        capability="myapp.read",
+        convention="native",
+        params=("i64", "i64"),
+        results=("i64",),
+        fuel_base=100,
+    )
+    return host
+
+
+def native_plugins(wasm_host: Any, fixtures: Path, plan: ProcessPlan) -> dict[str, Any]:
+    """Per call: each NATIVE_CALLS row's native plugin and Wasm guest (process-only),
+    interleaved batch by batch; cold: ``cold_runs`` fresh loads of hello-native and their first
+    call, ms. ``{"not_run": why}`` when a native fixture is missing or cannot run here: the
+    Wasm rows of the section stand without them."""
+    from ..core.errors import WasihostError
+
+    for name in ("hello-native", "hostile-native"):
+        if not (fixtures / name / name).is_file():
+            return {"not_run": f"{fixtures / name / name} is missing"}
+    try:
+        return _native_rows(wasm_host, fixtures, plan)
+    except WasihostError as exc:  # a machine without glibc's loader, say
+        return {"not_run": f"failed: {exc.error_class}: {exc.message}"}
+
+
+def _native_rows(wasm_host: Any, fixtures: Path, plan: ProcessPlan) -> dict[str, Any]:
+    host = _native_host()
+    try:
+        rows = []
+        for name, (native, wasm) in NATIVE_CALLS.items():
+            plugin = host.load(fixtures / native[0])
+            guest = wasm_host.load(fixtures / wasm[0], runtime=PROCESS)
+            try:
+                ops = {
+                    NATIVE: _checked(plugin, native[1], native[2], native[3]),
+                    PROCESS: _checked(guest, wasm[1], wasm[2], wasm[3]),
+                }
+                samples = interleave(ops, Budget(plan.batches, plan.batch_s))
+            finally:
+                plugin.close()
+                guest.close()
+            rows.append(
+                {
+                    "scenario": name,
+                    "native": f"{native[0]} {native[1]}",
+                    "wasm": f"{wasm[0]} {wasm[1]}",
+                    "native_us": figure(samples[NATIVE]),
+                    "process_us": figure(samples[PROCESS]),
+                }
+            )
+        loads, firsts = [], []
+        for _ in range(plan.cold_runs):
+            gc.collect()
+            start = time.perf_counter()
+            ext = host.load(fixtures / "hello-native")
+            loaded = time.perf_counter()
+            try:
+                ext.call("greet", {"name": "ada"})
+                end = time.perf_counter()
+            finally:
+                ext.close()
+            loads.append((loaded - start) * 1000)
+            firsts.append((end - loaded) * 1000)
+        cold = {"load_ms": figure(loads), "first_call_ms": figure(firsts)}
+    finally:
+        host.close()
+    return {"calls": rows, "cold": cold}
 
 
 # -- targets ----------------------------------------------------------------------

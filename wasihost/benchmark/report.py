@@ -157,6 +157,27 @@ def process_table(result: dict[str, Any]) -> list[str]:
             f"{row['phase']:<36}{_fig(row['in_process_ms'], '.1f'):>22}"
             f"{_fig(row['process_ms'], '.1f'):>22}"
         )
+    native = result.get("native")
+    if native is not None and "not_run" in native:
+        lines += ["", f"native plugins: not run ({native['not_run']})"]
+    elif native is not None:
+        lines += [
+            "",
+            "native plugins (runtime native-process), µs per call: median [min-max], "
+            "interleaved with the same call of a Wasm guest in a walled child",
+            f"{'scenario':<22}{'native plugin':>22}{'wasm, process-only':>24}",
+        ]
+        for row in native["calls"]:
+            lines.append(
+                f"{row['scenario']:<22}{_fig(row['native_us'], '.1f'):>22}"
+                f"{_fig(row['process_us'], '.1f'):>24}"
+            )
+        cold = native["cold"]
+        lines.append(
+            f"a new plugin (hello-native), ms: load {_fig(cold['load_ms'], '.1f')}, "
+            f"first call (spawn, launcher, walls, exec, HELLO, LOAD, handshake, greet) "
+            f"{_fig(cold['first_call_ms'], '.1f')}"
+        )
     lines += ["", "targets (issue 30)"]
     for row in result["targets"]:
         verdict = {True: "PASS", False: "MISS", None: "-"}[row["met"]]
