@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.common import FIXTURES
 from wasihost.cli import main
-from wasihost.core.errors import AdmissionError, CallError, FailureClass
+from wasihost.core.errors import AdmissionError, CallError, FailureClass, ManifestError
 from wasihost.core.serving import CallContext
 from wasihost.engine import StoreLimits
 from wasihost.engine.native_plugins import NativeBackend, NativeInstance, NativeProgram
@@ -327,6 +327,21 @@ def test_admission_refuses_what_cannot_run_here_before_anything_runs(
         host.load(_native_package(tmp_path / "d", (HELLO / "hello-native").read_bytes(), abi="9.0"))
 
 
+def test_a_native_manifest_names_an_executable_and_no_wasi(host: Host, tmp_path: Path) -> None:
+    root = _native_package(tmp_path / "a", (HELLO / "hello-native").read_bytes())
+    manifest = root / "extension.toml"
+    text = manifest.read_text()
+    manifest.write_text(text.replace('module = "hello-native"', 'module = "hello.wasm"'))
+    with pytest.raises(ManifestError, match="names a .wasm file, but runtime 'native-process'"):
+        host.load(root)
+    manifest.write_text(text.replace('runtime = "native-process"\n', ""))
+    with pytest.raises(ManifestError, match='needs runtime = "native-process"'):
+        host.load(root)
+    manifest.write_text(text.replace('optional = ["clock"]', 'optional = ["clock", "wasi.fs.read"]'))
+    with pytest.raises(AdmissionError, match="a native plugin has no WASI"):
+        host.load(root)
+
+
 def test_only_the_entries_of_its_capabilities_are_offered(host: Host) -> None:
     plan, _, _ = host.plan(host.load_package(HELLO))
     names = {(e.module, e.name) for e in plan.imports}
@@ -421,3 +436,8 @@ def test_the_cli_runs_a_native_plugin_and_refuses_it_in_process(
     assert (code, out) == (0, '{"greeting": "hello, ada"}\n')
     code, _, err = _cli(capsys, "run", "--runtime", "in-process", HELLO, "greet", "--no-cache")
     assert code == 1 and "never in-process" in err
+    code, out, _ = _cli(capsys, "inspect", "--runtime", "in-process", HELLO)
+    assert code == 1 and "never in-process" in out
+    # Not a WASI command: the wasi subcommand says which command runs it.
+    code, _, err = _cli(capsys, "wasi", HELLO)
+    assert code == 2 and f"wasihost run {HELLO} COMMAND" in err

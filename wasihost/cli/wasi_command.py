@@ -339,6 +339,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the module; return the process exit status (the guest's exit code)."""
     from ..host.policy import Policy
     from ..host.runtime import Host, default_cache_dir
+    from ..core.manifest import NATIVE_RUNTIME
     from ..packaging.package import load_package
     from ..wasi.binding import wasi_profile
 
@@ -354,6 +355,11 @@ def run(args: argparse.Namespace) -> int:
     host = Host(Policy(allow=caps), cache_dir=cache, profiles=[wasi_profile(config)])
     try:
         package = load_package(args.module, host.registry.capabilities())
+        if package.manifest is not None and package.manifest.runtime == NATIVE_RUNTIME:
+            raise UsageError(
+                f"{args.module} is a native plugin (runtime 'native-process'), not a WASI "
+                f"command: run one of its commands with: wasihost run {args.module} COMMAND"
+            )
         ext = host.admit(
             package, grants=caps, fuel=args.fuel, timeout_ms=args.timeout_ms, runtime=args.runtime
         )
