@@ -158,13 +158,14 @@ def test_a_native_plugin_never_runs_in_process(host: Host) -> None:
         assert other.load(HELLO).runtime == "process-only"
 
 
-def _built_c(tmp_path: Path, name: str, *flags: str) -> bytes:
+def _built_c(tmp_path: Path, name: str, *flags: str, source: str = "liar.c") -> bytes:
+    """A test plugin of tests/support/native/, built with the system's C compiler."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        pytest.skip("no C compiler to build the lying plugin")
+        pytest.skip("no C compiler to build the test plugin")
     out = tmp_path / name
-    source = Path(__file__).resolve().parents[1] / "support" / "native" / "liar.c"
-    subprocess.run([compiler, "-O1", *flags, "-o", str(out), str(source)], check=True)
+    path = Path(__file__).resolve().parents[1] / "support" / "native" / source
+    subprocess.run([compiler, "-O1", *flags, "-o", str(out), str(path)], check=True)
     return out.read_bytes()
 
 
@@ -185,6 +186,48 @@ def test_the_walls_are_the_launchers_word_never_the_plugins(host: Host, tmp_path
     wrong = backend.compile(_built_c(tmp_path, "wrong", "-DWRONG_SECRET"))
     with pytest.raises(ChildDidNotStart, match="failed its hello"):
         backend.start_child(limits, wrong)
+
+
+# Each attempt of tests/support/native/escape.c and the refusal the walls give it.
+ESCAPES = {
+    "socket-inet": "EPERM",
+    "socket-unix": "EPERM",
+    "socketpair": "EPERM",
+    "fork": "EPERM",
+    "vfork": "EPERM",
+    "execve-shell": "EACCES",
+    "open-passwd": "EACCES",
+    "open-proc-parent": "EACCES",
+    "create-file": "EACCES",
+    "memfd_create": "ENOSYS",
+    "ptrace": "EPERM",
+    "kill-parent": "EPERM",
+    "setsid": "EPERM",
+    "setpgid": "EPERM",
+    "unshare-user": "EPERM",
+    "mount": "EPERM",
+    "chroot": "EPERM",
+    "raise-rlimit": "EPERM",
+    "process_vm_readv": "EPERM",
+    "bpf": "EPERM",
+    "io_uring_setup": "EPERM",
+    "userfaultfd": "EPERM",
+    "perf_event_open": "EPERM",
+}
+
+
+def test_every_way_out_the_docs_name_is_refused(host: Host, tmp_path: Path) -> None:
+    """docs/native-plugins.md's table of what a plugin cannot do, tried by a plugin in C
+    before its HELLO: each attempt is refused with the wall's errno."""
+    backend = host.backend_for("native-process")
+    assert isinstance(backend, NativeBackend)
+    limits = StoreLimits(max_memory_bytes=16 << 20, max_table_elements=10, fuel=1, timeout_ms=1)
+    escape = backend.compile(_built_c(tmp_path, "escape", source="escape.c"))
+    child = backend.start_child(limits, escape)
+    _, stderr = child.end()
+    lines = stderr.decode().splitlines()
+    assert lines[-1] == "done", lines
+    assert dict(line.split(" ", 1) for line in lines[:-1]) == ESCAPES
 
 
 # -- host calls ---------------------------------------------------------------------------------
