@@ -337,9 +337,9 @@ def exit_status(code: int) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the module; return the process exit status (the guest's exit code)."""
+    from ..core.manifest import NATIVE_RUNTIME
     from ..host.policy import Policy
     from ..host.runtime import Host, default_cache_dir
-    from ..core.manifest import NATIVE_RUNTIME
     from ..packaging.package import load_package
     from ..wasi.binding import wasi_profile
 
