@@ -249,12 +249,15 @@ def test_readme_quick_start_prints_the_documented_greeting(
     (install_and_run, tests) = shell_commands(block_at("README.md", "python3 -m venv"))
     assert tests == "python3 -m pytest"
     # .ci/run runs the same test command (README.md says so), then again with the process
-    # runtime as the default (README.md says that too).
+    # runtime as the default, and with the compiled call path off (README.md says both).
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert [line for line in ci if "pytest" in line and not line.startswith("#")] == [
         tests,
         f"{tests} --runtime=process",
+        f"WASIHOST_FASTCALL=0 {tests}",
     ]
+    readme_text = " ".join((ROOT / "README.md").read_text().split())
+    assert f"`WASIHOST_FASTCALL=0 {tests}`" in readme_text
     run = install_and_run.split(" && ")[-1]
     assert run.startswith("wasihost run ")
     code = main(shlex.split(run)[1:])

@@ -10,6 +10,7 @@ import pytest
 from tests.support.common import run_child
 from tests.test_startup import LOADED, NOT_FOR_A_PLAIN_RUN
 from wasihost.cli import doctor, main
+from wasihost.engine import fastcall
 from wasihost.engine.walls import WALL_NAMES, Wall, failed_probe
 
 STATES = ("enforced", "available", "unavailable")
@@ -17,7 +18,10 @@ STATES = ("enforced", "available", "unavailable")
 
 def test_doctor_prints_one_line_per_wall(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    *lines, call_path = capsys.readouterr().out.splitlines()
+    assert call_path == f"call path: {fastcall.PATH} (" + (
+        "" if fastcall.PATH == "compiled" else "warning: slower calls; "
+    ) + f"{fastcall.WHY})"
     assert [line.split()[0] for line in lines] == list(WALL_NAMES)
     for line in lines:
         assert line.split()[1] in STATES, line
@@ -28,7 +32,8 @@ def test_doctor_prints_one_line_per_wall(capsys: pytest.CaptureFixture[str]) -> 
 def test_doctor_json_is_a_versioned_document(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert list(doc) == ["schema", "walls"] and doc["schema"] == 1
+    assert list(doc) == ["schema", "walls", "call_path"] and doc["schema"] == 1
+    assert doc["call_path"] == {"path": fastcall.PATH, "detail": fastcall.WHY}
     assert [w["name"] for w in doc["walls"]] == list(WALL_NAMES)
     assert all(list(w) == ["name", "state", "detail"] for w in doc["walls"])
     assert {w["state"] for w in doc["walls"]} <= set(STATES)
@@ -43,7 +48,7 @@ def test_a_failed_probe_is_reported_and_still_exits_0(
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "no_new_privs  unavailable (probe failed: no report within 10 s)"
-    assert len(out.splitlines()) == len(WALL_NAMES)
+    assert len(out.splitlines()) == len(WALL_NAMES) + 1  # and the call path
 
 
 def test_the_text_shows_each_state_as_its_word(
@@ -57,7 +62,7 @@ def test_the_text_shows_each_state_as_its_word(
     ]
     monkeypatch.setattr(doctor, "probe_walls", lambda: walls)
     assert main(["doctor"]) == 0
-    assert capsys.readouterr().out == (
+    assert capsys.readouterr().out.split("call path: ")[0] == (
         "no_new_privs  enforced (set and read back)\n"
         "seccomp       enforced (libseccomp 2.5.4, allow-list of 65 calls, default EPERM)\n"
         "landlock      unavailable (landlock_create_ruleset(VERSION): EOPNOTSUPP)\n"

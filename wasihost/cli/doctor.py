@@ -1,4 +1,5 @@
-"""``wasihost doctor``: which process walls this machine enforces (issue 30, step 1).
+"""``wasihost doctor``: which process walls this machine enforces (issue 30), and which call
+path the engine runs commands on (issue 31: the compiled one, or ctypes and why).
 
 Imported only when the command runs: it starts a probe child, which no other command needs."""
 
@@ -15,9 +16,16 @@ DOCTOR_SCHEMA = 1
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
+    from ..engine import fastcall
+
     walls = probe_walls()
     if args.json:
-        print(json.dumps({"schema": DOCTOR_SCHEMA, "walls": [w.as_json() for w in walls]}))
+        document = {
+            "schema": DOCTOR_SCHEMA,
+            "walls": [w.as_json() for w in walls],
+            "call_path": {"path": fastcall.PATH, "detail": fastcall.WHY},
+        }
+        print(json.dumps(document))
         return 0
     width = max(len(w.name) for w in walls)
     for wall in walls:
@@ -25,5 +33,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         # is the CLI's rule for anything that reaches the terminal all the same.
         detail = f" ({printable(wall.detail)})" if wall.detail else ""
         print(f"{wall.name:<{width}}  {wall.state}{detail}")
+    warning = "" if fastcall.PATH == fastcall.COMPILED else "warning: slower calls; "
+    print(f"call path: {fastcall.PATH} ({warning}{printable(fastcall.WHY)})")
     # A diagnosis, not a verdict: the exit status is 0 whatever the machine lacks.
     return 0

@@ -22,6 +22,7 @@ from ..core.errors import CallError, ConfigError, FailureClass
 from ..core.growprobe import GROW_REFUSED_EXPORT, refused_bytes
 from ..core.limits import COMMAND_FUEL_PER_BYTE
 from . import sigint
+from .fastcall import BAD_BLOCK, ENGINE_FAILED, FAST
 from .hostcalls import (
     BoundImport,
     Gate,
@@ -379,6 +380,7 @@ class Instance:
         # Raw addresses for run_command; every object they point into is kept alive by self.
         self._alloc_addr = ctypes.addressof(self._alloc)
         self._call_addr = ctypes.addressof(self._call)
+        self._memory_addr = ctypes.addressof(self._memory)
         self._args1_addr = ctypes.addressof(self._args1)
         self._args3_addr = ctypes.addressof(self._args3)
         # The trap slot wasmtime fills: an array, so the command path passes it as it is.
@@ -613,57 +615,46 @@ class Instance:
             may_keep_gil and command in self._short_commands
             and self._gil_trust.kept and not GIL_WANTED
         )
-        cross = command_call_keeping_gil if keep else command_call
         if not keep:
             GIL_WANTED.add(self)
-        fuel_left, trap = self._fuel_left, self._trap_slot
+        fuel_left = self._fuel_left
+        left = -1  # the fuel left, once the compiled path has read it
         try:
-            # -- arm --
-            fuel_arg = self._fuel_arg
-            fuel_arg.value = fuel - input_price
-            command_set_fuel(ctx, fuel_arg)
-            command_set_epoch_deadline(ctx, _ONE_TICK)
-            host.fuel_debt = 0
-            mem = host.native
-            mem.deadline = deadline
-            # -- alloc --
-            cmd_len = len(command)
-            total = cmd_len + len(payload)
-            words = self._words1
-            words[0] = total
-            err = cross(ctx, self._alloc_ref, self._args1, _ONE_ARG, trap)
-            if err or trap[0]:
-                self._raise_failure(err)
-            ptr = words[0] & U32
-            if ptr == 0 or ptr + total > mem._size:
-                _check_block(mem, ptr, total)
-            # -- write -- name and payload in place: no joined copy of a large payload first
-            view = mem._view
-            view[ptr : ptr + cmd_len] = command
-            view[ptr + cmd_len : ptr + total] = payload
-            # -- run --
-            words = self._words3
-            words[0] = ptr
-            words[_RAW_WORDS] = cmd_len
-            words[2 * _RAW_WORDS] = total - cmd_len
-            err = cross(ctx, self._call_ref, self._args3, _THREE_ARGS, trap)
-            if err or trap[0]:
-                self._raise_failure(err)
-            # -- read -- the copy out is paid for like a host call's bytes, as the call ends
-            packed = words[0]
-            resp_ptr, resp_len = packed >> 32, packed & U32
-            resp_end = resp_ptr + resp_len
-            if resp_end > mem._size or resp_len < 4 or resp_len - 4 > max_output_bytes:
-                _check_response(mem, resp_ptr, resp_len, max_output_bytes)
-            host.fuel_debt += resp_len * COMMAND_FUEL_PER_BYTE
-            status = _STATUS(mem._view, resp_ptr)[0]
-            body = mem._bytes[resp_ptr + 4 : resp_end]  # bytes at once (a view slice: view, copy)
+            if FAST is not None:
+                # -- arm, alloc, write, run, read: one crossing (engine/fastcall.py) --
+                host.fuel_debt = 0
+                mem = host.native
+                mem.deadline = deadline
+                code, status, body, left = FAST(
+                    self._ctx_addr,
+                    self._alloc_addr,
+                    self._call_addr,
+                    self._args1_addr,
+                    self._args3_addr,
+                    self._trap_slot_addr,
+                    self._memory_addr,
+                    fuel - input_price,
+                    keep,
+                    command,
+                    payload,
+                    max_output_bytes,
+                )
+                if code:
+                    if code == ENGINE_FAILED:
+                        left = -1  # a trap may forfeit the fuel: read after _raise_failure
+                    self._compiled_path_failed(code, status, body, mem, max_output_bytes)
+                host.fuel_debt += (len(body) + 4) * COMMAND_FUEL_PER_BYTE
+            else:
+                status, body = self._call_by_ctypes(
+                    command, payload, max_output_bytes, fuel - input_price, deadline, keep
+                )
         finally:
             # -- account --
             if not keep:
                 GIL_WANTED.discard(self)
-            command_get_fuel(ctx, fuel_left)
-            left = fuel_left[0]
+            if left < 0:
+                command_get_fuel(ctx, fuel_left)
+                left = fuel_left[0]
             debt, host.fuel_debt = host.fuel_debt, 0
             used = fuel - left + debt
             self.fuel_used += used
@@ -685,6 +676,75 @@ class Instance:
         if debt > left:
             raise _overrun()
         return _new_result((status, body, used))
+
+    def _call_by_ctypes(
+        self,
+        command: bytes,
+        payload: bytes | bytearray | memoryview,
+        max_output_bytes: int,
+        fuel: int,
+        deadline: float,
+        keep: bool,
+    ) -> tuple[int, bytes]:
+        """The command path without the C extension (engine/fastcall.py): the same steps as
+        ``FAST``, in five ctypes crossings; the caller reads the fuel left and accounts."""
+        ctx, host, trap = self._context, self._ctx, self._trap_slot
+        cross = command_call_keeping_gil if keep else command_call
+        # -- arm --
+        fuel_arg = self._fuel_arg
+        fuel_arg.value = fuel
+        command_set_fuel(ctx, fuel_arg)
+        command_set_epoch_deadline(ctx, _ONE_TICK)
+        host.fuel_debt = 0
+        mem = host.native
+        mem.deadline = deadline
+        # -- alloc --
+        cmd_len = len(command)
+        total = cmd_len + len(payload)
+        words = self._words1
+        words[0] = total
+        err = cross(ctx, self._alloc_ref, self._args1, _ONE_ARG, trap)
+        if err or trap[0]:
+            self._raise_failure(err)
+        ptr = words[0] & U32
+        if ptr == 0 or ptr + total > mem._size:
+            _check_block(mem, ptr, total)
+        # -- write -- name and payload in place, no joined copy of a large payload
+        view = mem._view
+        view[ptr : ptr + cmd_len] = command
+        view[ptr + cmd_len : ptr + total] = payload
+        # -- run --
+        words = self._words3
+        words[0] = ptr
+        words[_RAW_WORDS] = cmd_len
+        words[2 * _RAW_WORDS] = total - cmd_len
+        err = cross(ctx, self._call_ref, self._args3, _THREE_ARGS, trap)
+        if err or trap[0]:
+            self._raise_failure(err)
+        # -- read -- the copy out is paid for like a host call's bytes, as the call ends
+        packed = words[0]
+        resp_ptr, resp_len = packed >> 32, packed & U32
+        resp_end = resp_ptr + resp_len
+        if resp_end > mem._size or resp_len < 4 or resp_len - 4 > max_output_bytes:
+            _check_response(mem, resp_ptr, resp_len, max_output_bytes)
+        host.fuel_debt += resp_len * COMMAND_FUEL_PER_BYTE
+        status = _STATUS(mem._view, resp_ptr)[0]
+        body: bytes = mem._bytes[resp_ptr + 4 : resp_end]  # type: ignore[assignment]  # bytes
+        return status, body
+
+    def _compiled_path_failed(
+        self, code: int, first: int, second: int, mem: NativeCall, max_output_bytes: int
+    ) -> NoReturn:
+        """Raise the failure the compiled path reported (``code``, with its two numbers) as the
+        ctypes path raises it: the same checks, classes and messages."""
+        if code == ENGINE_FAILED:
+            self._raise_failure(first or None)
+        if code == BAD_BLOCK:
+            _check_block(mem, first, second)
+            raise CallError(FailureClass.PROTOCOL, f"wasihost_alloc returned {first}")
+        resp_ptr, resp_len = first >> 32, first & U32
+        _check_response(mem, resp_ptr, resp_len, max_output_bytes)
+        raise CallError(FailureClass.PROTOCOL, f"response [{resp_ptr}, +{resp_len}) refused")
 
     def _refused(self, error: _E) -> _E:
         """``error``, refusing a call before the guest runs, which therefore burnt nothing: an
@@ -857,7 +917,15 @@ class Instance:
 
 
 sigint.ENTRY_CODES.update(
-    {f.__code__: "self" for f in (Instance.instantiate, Instance.call, Instance.run_command)}
+    {
+        f.__code__: "self"
+        for f in (
+            Instance.instantiate,
+            Instance.call,
+            Instance._call_by_ctypes,
+            Instance.run_command,
+        )
+    }
 )
 
 
