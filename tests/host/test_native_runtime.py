@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.common import FIXTURES
+from tests.support.common import FIXTURES, proc_status_field
 from wasihost.cli import main
 from wasihost.core.errors import AdmissionError, CallError, FailureClass, ManifestError
 from wasihost.core.serving import CallContext
@@ -82,19 +82,11 @@ def only_instance(ext: Extension) -> NativeInstance:
     return instance
 
 
-def _status_field(pid: int, name: str) -> str:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(name + ":"):
-                return line.split(":", 1)[1].strip()
-    return ""
-
-
 def _gone(pid: int) -> bool:
     """Whether process ``pid`` has ended (reaped, or dead and not yet reaped)."""
     for _ in range(int(PROMPT_S / 0.01)):
         try:
-            if _status_field(pid, "State").startswith(("Z", "X")):
+            if proc_status_field(pid, "State").startswith(("Z", "X")):
                 return True
         except FileNotFoundError:
             return True
@@ -118,8 +110,8 @@ def test_a_native_plugin_runs_walled_and_its_host_calls_reach_the_hosts_brokers(
     # The host's own view of the process: the plugin's executable (a memfd, never a path),
     # no new privileges, a seccomp filter, another network namespace.
     assert os.readlink(f"/proc/{child.pid}/exe").startswith("/memfd:wasihost-plugin-")
-    assert _status_field(child.pid, "NoNewPrivs") == "1"
-    assert _status_field(child.pid, "Seccomp") == "2"
+    assert proc_status_field(child.pid, "NoNewPrivs") == "1"
+    assert proc_status_field(child.pid, "Seccomp") == "2"
     assert os.readlink(f"/proc/{child.pid}/ns/net") != os.readlink("/proc/self/ns/net")
     # And the launcher's report of each wall, checked from inside before the plugin started.
     assert {w.name: w.state for w in child.walls} == dict.fromkeys(WALLS, "enforced"), child.walls

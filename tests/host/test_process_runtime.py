@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.host.test_host_functions import LIMITS, fn_guest
-from tests.support.common import ALL_CAPS, FIXTURES, bare, run_in_thread
+from tests.support.common import ALL_CAPS, FIXTURES, bare, proc_status_field, run_in_thread
 from tests.support.guests import build, guest_wat
 from wasihost.core.errors import AdmissionError, CallError, ConfigError, FailureClass
 from wasihost.core.serving import CallContext
@@ -63,14 +63,6 @@ def _hostile(host: Host, mode: str) -> ProcessBackend:
     return backend
 
 
-def _status_field(pid: int, name: str) -> str:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(name + ":"):
-                return line.split(":", 1)[1].strip()
-    return ""
-
-
 # -- the runtime works, walled ---------------------------------------------------------------
 
 
@@ -82,8 +74,8 @@ def test_an_extension_runs_in_a_walled_child_and_its_host_calls_come_back(host: 
     assert child.pid != os.getpid()
     # The host's own view of the child: no new privileges, a seccomp filter, another network
     # namespace; and the child's report of each wall it checked from inside.
-    assert _status_field(child.pid, "NoNewPrivs") == "1"
-    assert _status_field(child.pid, "Seccomp") == "2"
+    assert proc_status_field(child.pid, "NoNewPrivs") == "1"
+    assert proc_status_field(child.pid, "Seccomp") == "2"
     assert os.readlink(f"/proc/{child.pid}/ns/net") != os.readlink("/proc/self/ns/net")
     walls = {w.name: w.state for w in child.walls}
     assert walls == dict.fromkeys(

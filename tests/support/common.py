@@ -173,3 +173,13 @@ APPFNS_REMEMBER: dict[str, Any] = {
     "fuel_base": 1000,
     "fuel_per_byte": 1,
 }
+
+
+def proc_status_field(pid: int, name: str) -> str:
+    """A field of ``/proc/PID/status`` (``NoNewPrivs``, ``Seccomp``, ``State``...); "" if absent.
+    FileNotFoundError once the process is reaped."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(name + ":"):
+                return line.split(":", 1)[1].strip()
+    return ""

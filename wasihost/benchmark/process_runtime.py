@@ -470,16 +470,15 @@ def _native_host() -> Any:
     from ..host.runtime import Host
 
     host = Host(bench_policy((*GRANTS, "myapp.read")), cache_dir=None)
-    for name in ("lookup",):
-        host.add_function(
-            f"myapp.{name}",
-            lambda ctx, request: request,
-            capability="myapp.read",
-            fuel_base=100,
-            fuel_per_byte=1,
-            max_request_bytes=64,
-            max_response_bytes=64,
-        )
+    host.add_function(
+        "myapp.lookup",
+        lambda ctx, request: request,
+        capability="myapp.read",
+        fuel_base=100,
+        fuel_per_byte=1,
+        max_request_bytes=64,
+        max_response_bytes=64,
+    )
     host.add_function(
         "myapp.add",
         lambda ctx, a, b: a + b,

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 from ..core.elfbin import LIBRARIES, LOADERS
 from ..core.errors import CallError, FailureClass
 from .process import (
-    CHILD_CPU_SECONDS,
     CHILD_ENV,
     ChildDidNotStart,
     ProcessBackend,
@@ -157,19 +156,10 @@ class NativeBackend(ProcessBackend):
     def child_settings(self) -> dict[str, Any]:
         return {}
 
-    def rlimits(self, limits: StoreLimits) -> dict[str, int]:
-        """A plugin's rlimits: address space its manifest's memory and
-        NATIVE_BASE_ADDRESS_SPACE; the rest as a Wasm child's (ProcessBackend.rlimits)."""
-        defaults = {
-            "RLIMIT_AS": limits.max_memory_bytes + NATIVE_BASE_ADDRESS_SPACE,
-            "RLIMIT_CPU": CHILD_CPU_SECONDS,
-            "RLIMIT_NOFILE": 64,
-            "RLIMIT_NPROC": 4096,
-            "RLIMIT_FSIZE": 0,
-            "RLIMIT_CORE": 0,
-        }
-        defaults.update(self.rlimit_overrides)
-        return defaults
+    def address_space(self, limits: StoreLimits) -> int:
+        """A plugin's RLIMIT_AS: the memory its manifest allows and NATIVE_BASE_ADDRESS_SPACE
+        (its other rlimits are a Wasm child's, ProcessBackend.rlimits)."""
+        return limits.max_memory_bytes + NATIVE_BASE_ADDRESS_SPACE
 
     launched = True
 

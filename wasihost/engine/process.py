@@ -1035,11 +1035,8 @@ class ProcessBackend:
         (SIGXCPU, then SIGKILL a second later). Open files: the interpreter's own few, no
         more. Processes: counted per user, so it bounds a fork bomb's size, not the child's
         own threads (the seccomp filter refuses every fork). File size 0: it writes no file."""
-        settings = self._engine.settings
         defaults = {
-            "RLIMIT_AS": settings.memory_reservation
-            + settings.memory_guard_size
-            + CHILD_BASE_ADDRESS_SPACE,
+            "RLIMIT_AS": self.address_space(limits),
             "RLIMIT_CPU": CHILD_CPU_SECONDS,
             "RLIMIT_NOFILE": 64,
             "RLIMIT_NPROC": 4096,
@@ -1048,6 +1045,12 @@ class ProcessBackend:
         }
         defaults.update(self.rlimit_overrides)
         return defaults
+
+    def address_space(self, limits: StoreLimits) -> int:
+        """RLIMIT_AS of a child: its guest memory's reservation and guard, and
+        CHILD_BASE_ADDRESS_SPACE for the interpreter and the engine."""
+        settings = self._engine.settings
+        return settings.memory_reservation + settings.memory_guard_size + CHILD_BASE_ADDRESS_SPACE
 
     # Whether each child is a launcher that says HELLO itself (with the walls it checked)
     # before it executes the program, which says its own (native_plugins.NativeBackend).
