@@ -171,3 +171,32 @@ def test_traps_fail_alike_and_charge_alike(host: Host, body: str, fuel: int) -> 
         finally:
             instance_module.FAST = saved
     assert answers[0] == answers[1], answers
+
+
+@pytest.mark.skipif(fastcall.FAST is None, reason=f"the compiled path is off: {fastcall.WHY}")
+def test_a_memory_grown_during_the_call_is_read_again(host: Host) -> None:
+    """The guest grows its memory in wasihost_alloc (the block lies in the new page) and again
+    in wasihost_call (the answer lies in the next new page): both paths see the memory as it
+    is after each step, not as it was."""
+    grown = MEMORY_BYTES  # the first byte of the page each grow adds
+    alloc = f"""
+  (func (export "wasihost_alloc") (param $n i32) (result i32)
+    (if (i32.eq (local.get $n) (i32.const {BAD_ALLOC_TOTAL}))
+      (then (drop (memory.grow (i32.const 1))) (return (i32.const {grown}))))
+    (i32.const {HEAP_START}))"""
+    body = f"""
+    (drop (memory.grow (i32.const 1)))
+    (i32.store (i32.const {grown + 65536}) (i32.const 7))
+    (i64.store (i32.const {grown + 65536 + 4}) (i64.const 0x0102030405060708))
+    (call $packed (i32.const {grown + 65536}) (i32.const 12))"""
+    wasm = build(guest_wat(body, alloc=alloc, memory='(memory (export "memory") 2 8)'))
+    limits = StoreLimits(
+        max_memory_bytes=8 * 65536, max_table_elements=100, fuel=10_000_000, timeout_ms=5000
+    )
+    answers = []
+    for compiled in (True, False):
+        inst = host.engine.new_instance(host.engine.compile(wasm), [], lambda e: True, limits)
+        inst.instantiate(Budget(limits.fuel, limits.timeout_ms))
+        answers.append(_outcome(inst, bytes(BAD_ALLOC_TOTAL - 1), compiled, 1024))
+    assert answers[0] == answers[1], answers
+    assert answers[0][:3] == ("answered", 7, (0x0102030405060708).to_bytes(8, "little"))
