@@ -87,11 +87,11 @@ def _outcome(inst: Instance, payload: bytes, compiled: bool, max_output: int) ->
     return ("answered", result.status, bytes(result.body), result.fuel_used, inst.last_call_fuel)
 
 
-def _instance(host: Host, wasm: bytes) -> Instance:
+def _instance(host: Host, wasm: bytes, max_memory_bytes: int = MEMORY_BYTES) -> Instance:
     """A started instance of ``wasm`` on the host's engine, with no import: the engine's own
     path, under the Extension."""
     limits = StoreLimits(
-        max_memory_bytes=MEMORY_BYTES, max_table_elements=100, fuel=10_000_000, timeout_ms=5000
+        max_memory_bytes=max_memory_bytes, max_table_elements=100, fuel=10_000_000, timeout_ms=5000
     )
     inst = host.engine.new_instance(host.engine.compile(wasm), [], lambda entry: True, limits)
     inst.instantiate(Budget(limits.fuel, limits.timeout_ms))
@@ -190,13 +190,9 @@ def test_a_memory_grown_during_the_call_is_read_again(host: Host) -> None:
     (i64.store (i32.const {grown + 65536 + 4}) (i64.const 0x0102030405060708))
     (call $packed (i32.const {grown + 65536}) (i32.const 12))"""
     wasm = build(guest_wat(body, alloc=alloc, memory='(memory (export "memory") 2 8)'))
-    limits = StoreLimits(
-        max_memory_bytes=8 * 65536, max_table_elements=100, fuel=10_000_000, timeout_ms=5000
-    )
-    answers = []
-    for compiled in (True, False):
-        inst = host.engine.new_instance(host.engine.compile(wasm), [], lambda e: True, limits)
-        inst.instantiate(Budget(limits.fuel, limits.timeout_ms))
-        answers.append(_outcome(inst, bytes(BAD_ALLOC_TOTAL - 1), compiled, 1024))
+    answers = [
+        _outcome(_instance(host, wasm, 8 * 65536), bytes(BAD_ALLOC_TOTAL - 1), compiled, 1024)
+        for compiled in (True, False)
+    ]
     assert answers[0] == answers[1], answers
     assert answers[0][:3] == ("answered", 7, (0x0102030405060708).to_bytes(8, "little"))

@@ -47,7 +47,8 @@ def _fixture_guests(fixtures: Path, capabilities: frozenset[str]) -> list[Guest]
 
     guests = []
     for directory in sorted(p for p in fixtures.iterdir() if p.is_dir()):
-        if not any(directory.glob("*.wasm")):
+        modules = sorted(directory.glob("*.wasm"))
+        if not modules:
             # A source-only directory (a shared crate), or a native plugin (an executable,
             # runtime "native-process", with one ABI and no view to vary): not a Wasm guest.
             continue
@@ -65,7 +66,6 @@ def _fixture_guests(fixtures: Path, capabilities: frozenset[str]) -> list[Guest]
                 else frozenset()
             )
         else:
-            modules = sorted(directory.glob("*.wasm"))
             wasm = modules[0].read_bytes()
             package = Package(str(modules[0]), None, wasm, hashlib.sha256(wasm).hexdigest())
             commands = frozenset()

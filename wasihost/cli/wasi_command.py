@@ -337,7 +337,7 @@ def exit_status(code: int) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the module; return the process exit status (the guest's exit code)."""
-    from ..core.manifest import NATIVE_RUNTIME
+    from ..host.planning import is_native
     from ..host.policy import Policy
     from ..host.runtime import Host, default_cache_dir
     from ..packaging.package import load_package
@@ -355,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
     host = Host(Policy(allow=caps), cache_dir=cache, profiles=[wasi_profile(config)])
     try:
         package = load_package(args.module, host.registry.capabilities())
-        if package.manifest is not None and package.manifest.runtime == NATIVE_RUNTIME:
+        if is_native(package):
             raise UsageError(
                 f"{args.module} is a native plugin (runtime 'native-process'), not a WASI "
                 f"command: run one of its commands with: wasihost run {args.module} COMMAND"

@@ -620,11 +620,11 @@ class Instance:
         fuel_left = self._fuel_left
         left = -1  # the fuel left, once the compiled path has read it
         try:
+            host.fuel_debt = 0
+            mem = host.native
+            mem.deadline = deadline
             if FAST is not None:
                 # -- arm, alloc, write, run, read: one crossing (engine/fastcall.py) --
-                host.fuel_debt = 0
-                mem = host.native
-                mem.deadline = deadline
                 code, status, body, left = FAST(
                     self._ctx_addr,
                     self._alloc_addr,
@@ -646,7 +646,7 @@ class Instance:
                 host.fuel_debt += (len(body) + 4) * COMMAND_FUEL_PER_BYTE
             else:
                 status, body = self._call_by_ctypes(
-                    command, payload, max_output_bytes, fuel - input_price, deadline, keep
+                    command, payload, max_output_bytes, fuel - input_price, mem, keep
                 )
         finally:
             # -- account --
@@ -683,11 +683,12 @@ class Instance:
         payload: bytes | bytearray | memoryview,
         max_output_bytes: int,
         fuel: int,
-        deadline: float,
+        mem: NativeCall,
         keep: bool,
     ) -> tuple[int, bytes]:
         """The command path without the C extension (engine/fastcall.py): the same steps as
-        ``FAST``, in five ctypes crossings; the caller reads the fuel left and accounts."""
+        ``FAST``, in five ctypes crossings; the caller armed ``mem``'s deadline and the debt,
+        and reads the fuel left and accounts."""
         ctx, host, trap = self._context, self._ctx, self._trap_slot
         cross = command_call_keeping_gil if keep else command_call
         # -- arm --
@@ -695,9 +696,6 @@ class Instance:
         fuel_arg.value = fuel
         command_set_fuel(ctx, fuel_arg)
         command_set_epoch_deadline(ctx, _ONE_TICK)
-        host.fuel_debt = 0
-        mem = host.native
-        mem.deadline = deadline
         # -- alloc --
         cmd_len = len(command)
         total = cmd_len + len(payload)

@@ -767,18 +767,16 @@ def _cbor_text(text: str) -> bytes:
     return _cbor_head(3, len(data)) + data
 
 
-def _cbor_head(major: int, length: int) -> bytes:
-    if length < 24:
-        return bytes([major << 5 | length])
-    if length < 256:
-        return bytes([major << 5 | 24, length])
-    return bytes([major << 5 | 25]) + length.to_bytes(2, "big")
-
-
-def _cbor_uint(value: int) -> bytes:
-    if value < 24:
-        return bytes([value])
-    return bytes([0x1A]) + value.to_bytes(4, "big")
+def _cbor_head(major: int, argument: int) -> bytes:
+    """A CBOR item's head: its major type and its argument (a length, or an unsigned value
+    for major 0), in the shortest form up to 4 bytes (a pid, a secret's length)."""
+    if argument < 24:
+        return bytes([major << 5 | argument])
+    if argument < 1 << 8:
+        return bytes([major << 5 | 24, argument])
+    if argument < 1 << 16:
+        return bytes([major << 5 | 25]) + argument.to_bytes(2, "big")
+    return bytes([major << 5 | 26]) + argument.to_bytes(4, "big")
 
 
 def launcher_hello(secret: bytes, walls: Sequence[Wall]) -> bytes:
@@ -786,8 +784,8 @@ def launcher_hello(secret: bytes, walls: Sequence[Wall]) -> bytes:
     4-byte length: the walls as the launcher checked them, sent before the plugin runs. The
     host takes the walls from this frame, never from the plugin's HELLO: the plugin is
     untrusted code, and its report of its walls would be its word."""
-    body = bytes([0x85]) + _cbor_uint(_HELLO) + _cbor_uint(_PROTOCOL_VERSION)
-    body += _cbor_head(2, len(secret)) + secret + _cbor_uint(os.getpid()) + walls_cbor(walls)
+    body = _cbor_head(4, 5) + _cbor_head(0, _HELLO) + _cbor_head(0, _PROTOCOL_VERSION)
+    body += _cbor_head(2, len(secret)) + secret + _cbor_head(0, os.getpid()) + walls_cbor(walls)
     return len(body).to_bytes(4, "big") + body
 
 

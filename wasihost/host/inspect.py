@@ -136,27 +136,9 @@ def _inspect_native(
         "granted": sorted(grant.capabilities),
         "runtime": f"{report['runtime']} (native plugin on {platform.machine()})",
     }
-    enforced, declared = _protections(package, plan, grant, resources)
-    # A native plugin's rows replace the Wasm sandbox's: its process is its only wall.
-    report["enforced"] = [
-        row
-        for row in enforced
-        if not row.startswith(("wasm isolation", "guest pointers", "fuel:", "wall-clock", "linear"))
-    ] + [
-        f"host calls priced by the host: {resources.fuel_per_call} fuel per call, each host "
-        "call charged before it runs",
-        f"wall-clock deadline: {resources.timeout_ms} ms per call (the host kills the "
-        "plugin's process group)",
-        f"address space: {resources.max_memory_bytes} bytes + 256 MiB for the executable, "
-        "the C library and the stacks (RLIMIT_AS); CPU time measured and charged to budgets",
-    ]
-    report["declared"] = [
-        *declared,
-        "no fuel metering of the plugin's own code: its computing is bounded by the deadline "
-        "and charged by the CPU time the host measures, not counted instruction by instruction",
-        "no sandbox inside the process: the plugin is machine code, confined by the process "
-        "walls alone (a wall unavailable here is not replaced by anything)",
-    ]
+    report["enforced"], report["declared"] = _protections(
+        package, plan, grant, resources, native=True
+    )
     _runtime_protections(report, native=True)
     return report
 
@@ -293,22 +275,38 @@ def _entry(entry: HostFunction) -> dict[str, Any]:
 
 
 def _protections(
-    package: Package, plan: AdmissionPlan, grant: Grant, resources: Resources
+    package: Package,
+    plan: AdmissionPlan,
+    grant: Grant,
+    resources: Resources,
+    native: bool = False,
 ) -> tuple[list[str], list[str]]:
-    """What the host enforces for an admitted package, and what the package merely declares."""
+    """What the host enforces for an admitted package, and what the package merely declares.
+    A ``native`` plugin has no Wasm sandbox: its process is its only wall, and the rows of
+    the sandbox (isolation, pointer checks, fuel, epoch deadline, linear memory) give way to
+    what the host enforces for machine code."""
     manifest = package.manifest
-    enforced = [
-        "wasm isolation: the guest reaches the host only through the imports listed above",
+    enforced = []
+    if not native:
+        enforced.append(
+            "wasm isolation: the guest reaches the host only through the imports listed above"
+        )
+    enforced += [
         f"imports limited to the registry view of {plan.view.label} and the granted capabilities",
         "capability checked again on every host call; payload limits per registry entry",
-        "guest pointers and lengths bounds-checked before every host read or write",
-        f"fuel: {resources.fuel_per_call} per call, host calls charged",
-        f"wall-clock deadline: {resources.timeout_ms} ms per call (epoch interruption)",
-        f"linear memory: at most {resources.max_memory_bytes} bytes; "
-        f"tables: at most {resources.max_table_elements} elements",
-        f"command input <= {resources.max_input_bytes} B, output <= "
-        f"{resources.max_output_bytes} B, log <= {resources.max_log_bytes} B",
     ]
+    if not native:
+        enforced += [
+            "guest pointers and lengths bounds-checked before every host read or write",
+            f"fuel: {resources.fuel_per_call} per call, host calls charged",
+            f"wall-clock deadline: {resources.timeout_ms} ms per call (epoch interruption)",
+            f"linear memory: at most {resources.max_memory_bytes} bytes; "
+            f"tables: at most {resources.max_table_elements} elements",
+        ]
+    enforced.append(
+        f"command input <= {resources.max_input_bytes} B, output <= "
+        f"{resources.max_output_bytes} B, log <= {resources.max_log_bytes} B"
+    )
     if "storage" in grant.capabilities:
         enforced.append(
             f"storage: the extension's own namespace, at most {resources.storage_max_bytes} B "
@@ -343,6 +341,22 @@ def _protections(
             "extension id, version and publisher: taken from the manifest, not verified "
             "(only a signed .whpkg checked against a trust store is verified)",
         )
+    if native:
+        enforced += [
+            f"host calls priced by the host: {resources.fuel_per_call} fuel per call, each "
+            "host call charged before it runs",
+            f"wall-clock deadline: {resources.timeout_ms} ms per call (the host kills the "
+            "plugin's process group)",
+            f"address space: {resources.max_memory_bytes} bytes + 256 MiB for the executable, "
+            "the C library and the stacks (RLIMIT_AS); CPU time measured and charged to budgets",
+        ]
+        declared += [
+            "no fuel metering of the plugin's own code: its computing is bounded by the "
+            "deadline and charged by the CPU time the host measures, not counted instruction "
+            "by instruction",
+            "no sandbox inside the process: the plugin is machine code, confined by the "
+            "process walls alone (a wall unavailable here is not replaced by anything)",
+        ]
     return enforced, declared
 
 

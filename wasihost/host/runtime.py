@@ -1067,9 +1067,10 @@ class Host:
         steps = [("verify package", f"sha256 {package.sha256[:16]}")]
         mode = resolve_runtime(package, runtime, self.policy)
         plan, grant, resources = self.plan(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
+        native = is_native(package)
         try:
             grow_probed = False
-            backend = self.backend_for(NATIVE_RUNTIME if is_native(package) else mode)
+            backend = self.backend_for(NATIVE_RUNTIME if native else mode)
             if plan.is_command:
                 compiled, grow_probed = self._compile_command(package, backend)
             else:
@@ -1090,7 +1091,7 @@ class Host:
             ("load manifest", package.manifest.id if package.manifest else "bare module"),
             ("resolve ABI compatibility", plan.view.label),
             ("load active grants", ", ".join(sorted(grant.capabilities)) or "none"),
-            ("choose runtime", f"{mode} (native plugin)" if is_native(package) else mode),
+            ("choose runtime", f"{mode} (native plugin)" if native else mode),
             (
                 "apply resource policy",
                 f"fuel {resources.fuel_per_call}, "
