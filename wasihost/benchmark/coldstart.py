@@ -19,7 +19,8 @@ from .systems import Skip
 # ms on a loaded machine; a minute means something is wrong, not slow.
 PROCESS_TIMEOUT_S = 60
 
-WASIHOST_SCRIPT = "import sys\nfrom wasihost.cli import main\nsys.exit(main())\n"
+# As the console script starts the command (pyproject.toml: wasihost.cli:program).
+WASIHOST_SCRIPT = "import sys\nfrom wasihost.cli import program\nsys.exit(program())\n"
 
 # wasmtime-py's public API in a fresh process: import, deserialize the module compiled by the
 # warm-up (its disk cache), instantiate, handshake, one no-op call.

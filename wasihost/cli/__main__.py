@@ -2,10 +2,11 @@
 
 When the command line was one module, ``-m`` ran that file as __main__, a second copy of the
 module: the subcommands raised wasihost.cli's UsageError, which only that module's main caught.
-A package's __main__ imports main from the package itself, the one copy the subcommands use."""
+A package's __main__ imports the entry point (program, which runs main) from the package itself,
+the one copy the subcommands use."""
 
 import sys
 
-from . import main
+from . import program
 
-sys.exit(main())
+sys.exit(program())
