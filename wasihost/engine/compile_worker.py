@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import resource
 import struct
 import sys
 from collections.abc import Mapping
@@ -83,6 +82,7 @@ def _wall_self(rlimits: dict[str, int]) -> None:
     walled child; the rlimits, which the compile budget rests on, are set in any case."""
     import importlib.util
     import os
+    import resource  # here, not at the top: the host imports this module for build_config
 
     for name, value in rlimits.items():  # the budget holds whatever the walls below do
         resource.setrlimit(getattr(resource, name), (value, value))

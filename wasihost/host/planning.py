@@ -14,7 +14,6 @@ import attrs
 
 from ..core import limits
 from ..core.admission import AdmissionPlan, admit_cached, admit_native, command_profile
-from ..core.elfbin import native_problem
 from ..core.errors import AdmissionError, ConfigError
 from ..core.manifest import DEFAULT_RUNTIME, NATIVE_RUNTIME, Manifest, Resources
 from ..core.registry import AbiVersion, Registry
@@ -195,6 +194,10 @@ def _plan_native(
     grant worked out as a Wasm extension's, and its entries those its capabilities reach
     (admission.admit_native)."""
     import platform
+
+    # The ELF reader (and the dataclasses module under it) is for native plugins alone: a Wasm
+    # run does not load it.
+    from ..core.elfbin import native_problem
 
     problem = native_problem(package.wasm, platform.machine())
     if problem is not None:
