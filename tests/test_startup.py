@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib.metadata
+import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import attrs
 import pytest
 
-from tests.support.common import FIXTURES, run_child
+from tests.support.common import FIXTURES, ROOT, run_child
 from tests.support.guests import build, guest_wat
 from wasihost import brokers, cli
 from wasihost.core import registry
@@ -84,6 +89,20 @@ WASI_PROFILE_TABLES = (
 WASI_COMMAND_ONLY = ("wasihost.cli.wasi_command", "wasihost.wasi.config", "wasihost.wasi.scopes")
 # What only `wasihost doctor` needs: the probe of the process walls.
 DOCTOR_ONLY = ("wasihost.cli.doctor", "wasihost.engine.walls")
+# What only a native plugin needs (issue 31): its ELF reader, the dataclasses module under it,
+# and its backend; and what only the compile worker needs, its rlimits (a warm run compiles
+# nothing).
+NATIVE_PLUGINS_ONLY = ("wasihost.core.elfbin", "dataclasses", "wasihost.engine.native_plugins")
+COMPILE_WORKER_ONLY = ("resource",)
+# The other commands' modules, and the process runtime's (a run in this process starts no child).
+OTHER_COMMANDS = (
+    "wasihost.cli.bench_command",
+    "wasihost.cli.packages",
+    "wasihost.cli.state_commands",
+    "wasihost.cli.remedies",
+    "wasihost.host.inspect",
+    "wasihost.engine.process",
+)
 
 LOADED = """
 import contextlib, io, json, sys
@@ -151,6 +170,72 @@ def test_a_run_from_a_warm_cache_starts_no_subprocess_nor_loads_the_benchmark(
         *DOCTOR_ONLY,
     }
     assert loaded.isdisjoint(unwanted), loaded & unwanted
+
+
+# The wasihost process as the console script runs it (wasihost.cli.program), then what it loaded
+# and whether its exit froze the collector's objects, on a last line of its own; an atexit
+# handler registered before it must still run at its exit.
+PROGRAM = """
+import atexit, gc, json, sys
+from wasihost.cli import program
+atexit.register(lambda: print("atexit ran", file=sys.stderr))
+code = program()
+print(json.dumps({"code": code, "frozen": gc.get_freeze_count(), "modules": sorted(sys.modules)}))
+"""
+
+
+@pytest.mark.in_process  # a process runtime run starts a child: its imports differ
+def test_the_wasihost_process_running_hello_from_a_warm_cache_loads_only_what_the_run_needs(
+    tmp_path: Path,
+) -> None:
+    # Issue 31: the command of the issue, as a whole process started the way the console script
+    # starts it, every cache warm. It must say what `main` says, and load no broker it was not
+    # granted, no package, signature or state code, no benchmark, no other command's module,
+    # nothing only a native plugin or a compile uses.
+    argv = [sys.executable, "-c", PROGRAM, "run", "fixtures/hello", "greet"]
+    argv += ["--input", '{"name":"ada"}', "--cache-dir", str(tmp_path / "modules")]
+    env = {**os.environ, "RUST_BACKTRACE": "0"}
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    assert run().returncode == 0  # fills the module cache
+    done = run()
+    assert done.returncode == 0, done.stderr[-2000:]
+    output, last = done.stdout.splitlines()
+    assert output == '{"greeting": "hello, ada"}'
+    assert done.stderr == "[org.wasihost.fixtures.hello] debug: greeting\natexit ran\n"
+    report = json.loads(last)
+    assert report["code"] == 0
+    assert report["frozen"] > 0  # program's exit: the survivors left out of its collections
+    loaded = set(report["modules"])
+    assert {"wasihost.host.runtime", "wasihost.engine.cache", "wasmtime"} <= loaded  # it ran
+    unwanted = {
+        "subprocess",
+        "ctypes.util",
+        *NOT_FOR_A_PLAIN_RUN,
+        *NOT_FOR_A_WARM_RUN,
+        *WASI_PROFILE_TABLES,
+        *WASI_COMMAND_ONLY,
+        *DOCTOR_ONLY,
+        *NATIVE_PLUGINS_ONLY,
+        *COMPILE_WORKER_ONLY,
+        *OTHER_COMMANDS,
+    }
+    assert loaded.isdisjoint(unwanted), loaded & unwanted
+    benchmark = {name for name in loaded if name.split(".")[:2] == ["wasihost", "benchmark"]}
+    assert not benchmark, benchmark
+
+
+def test_main_leaves_its_callers_collector_as_it_was(capsys: pytest.CaptureFixture[str]) -> None:
+    # Only the process entry point (program) freezes at its end: an embedder or a test calling
+    # main keeps collecting what it drops.
+    frozen = gc.get_freeze_count()
+    assert cli.main(["run", str(FIXTURES / "echo"), "noop", "--no-cache"]) == 0
+    assert capsys.readouterr().out == "null\n"
+    assert gc.get_freeze_count() == frozen
 
 
 def _choices(parser: argparse.ArgumentParser) -> set[str]:
