@@ -16,13 +16,21 @@
  *
  * The GIL: released across each guest crossing unless the caller keeps it (a short call,
  * docs/engine.md "Threads and the GIL"), exactly as the ctypes prototypes do (CDLL releases
- * it, PyDLL keeps it). Host functions re-enter Python through wasmtime-py's ctypes callbacks,
- * which take the GIL themselves.
+ * it, PyDLL keeps it).
+ *
+ * Host calls come back through the trampolines below, not through ctypes callbacks (a ctypes
+ * callback builds its argument objects through its converters and costs most of a small host
+ * call): host_trampoline calls an import's Python dispatch with four ints; native_trampoline
+ * serves a native-convention import whose parameters and result are integers from C, with no
+ * Python frame of the engine's, calling the handler itself and falling back to the engine's
+ * Python closures for everything but the common case (docs/engine.md "Host-call
+ * trampolines").
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <structmember.h>
 
 typedef struct wasmtime_error wasmtime_error_t;
 typedef struct wasm_trap_t wasm_trap_t;
@@ -46,6 +54,7 @@ typedef wasmtime_error_t *(*get_fuel_fn)(const wasmtime_context_t *, uint64_t *)
 typedef void (*set_epoch_deadline_fn)(wasmtime_context_t *, uint64_t);
 typedef uint8_t *(*memory_data_fn)(const wasmtime_context_t *, const wasmtime_memory_t *);
 typedef size_t (*memory_data_size_fn)(const wasmtime_context_t *, const wasmtime_memory_t *);
+typedef wasm_trap_t *(*trap_new_fn)(const char *, size_t);
 
 static func_call_unchecked_fn func_call_unchecked;
 static set_fuel_fn set_fuel;
@@ -53,6 +62,7 @@ static get_fuel_fn get_fuel;
 static set_epoch_deadline_fn set_epoch_deadline;
 static memory_data_fn memory_data;
 static memory_data_size_fn memory_data_size;
+static trap_new_fn trap_new;
 
 /* What command() returns first: the call ran, or which step stopped it. */
 enum { DONE = 0, ENGINE_FAILED = 1, BAD_BLOCK = 2, BAD_RESPONSE = 3 };
@@ -61,13 +71,15 @@ static void *as_pointer(PyObject *value) {
     return PyLong_AsVoidPtr(value);
 }
 
-/* bind(call, set_fuel, get_fuel, set_epoch_deadline, memory_data, memory_data_size, raw_size) */
+/* bind(call, set_fuel, get_fuel, set_epoch_deadline, memory_data, memory_data_size, trap_new,
+ *      raw_size) */
+#define BOUND_FUNCTIONS 7
 static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "bind takes 7 arguments");
+    if (nargs != BOUND_FUNCTIONS + 1) {
+        PyErr_SetString(PyExc_TypeError, "bind takes 8 arguments");
         return NULL;
     }
-    Py_ssize_t raw_size = PyLong_AsSsize_t(args[6]);
+    Py_ssize_t raw_size = PyLong_AsSsize_t(args[BOUND_FUNCTIONS]);
     if (raw_size == -1 && PyErr_Occurred())
         return NULL;
     if (raw_size != (Py_ssize_t)sizeof(raw_val_t)) {
@@ -75,8 +87,8 @@ static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                      sizeof(raw_val_t));
         return NULL;
     }
-    void *found[6];
-    for (int i = 0; i < 6; i++) {
+    void *found[BOUND_FUNCTIONS];
+    for (int i = 0; i < BOUND_FUNCTIONS; i++) {
         found[i] = as_pointer(args[i]);
         if (found[i] == NULL) {
             if (!PyErr_Occurred())
@@ -90,6 +102,7 @@ static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     set_epoch_deadline = (set_epoch_deadline_fn)found[3];
     memory_data = (memory_data_fn)found[4];
     memory_data_size = (memory_data_size_fn)found[5];
+    trap_new = (trap_new_fn)found[6];
     Py_RETURN_NONE;
 }
 
@@ -243,13 +256,416 @@ out:
     return result;
 }
 
+/* ---- host calls ----------------------------------------------------------------------- */
+
+/* How many host calls this thread is inside: sigint.py asks (in_host_call) whether a signal
+ * arrived while a guest's host call runs, which a native entry's handler frame does not show
+ * (it has no frame of the engine's on the stack). */
+static __thread long host_depth;
+
+/* A host call that failed in a way no closure of the engine's could answer (an exception
+ * escaped the dispatch, or a closure's answer was not an address): the exception goes to
+ * sys.unraisablehook with the callable, which stops the instance (sigint.py), and the guest
+ * gets a trap, so its call ends there. */
+static wasm_trap_t *escaped(PyObject *where) {
+    static const char message[] = "wasihost: host call failed";
+    PyErr_WriteUnraisable(where);
+    return trap_new(message, sizeof(message) - 1);
+}
+
+/* A closure's answer: the trap's address, or 0 to carry on. Consumes ``answer``. */
+static wasm_trap_t *as_trap(PyObject *answer, PyObject *where) {
+    if (answer == NULL)
+        return escaped(where);
+    void *trap = PyLong_AsVoidPtr(answer);
+    Py_DECREF(answer);
+    if (trap == NULL && PyErr_Occurred())
+        return escaped(where);
+    return (wasm_trap_t *)trap;
+}
+
+/* Calls ``fn(env, caller, args, nargs)``, a dispatch of the engine's. */
+static wasm_trap_t *call_dispatch(PyObject *fn, void *env, void *caller, raw_val_t *args,
+                                  size_t nargs) {
+    PyObject *argv[4];
+    argv[0] = PyLong_FromVoidPtr(env);
+    argv[1] = PyLong_FromVoidPtr(caller);
+    argv[2] = PyLong_FromVoidPtr(args);
+    argv[3] = PyLong_FromSize_t(nargs);
+    PyObject *answer = NULL;
+    if (argv[0] && argv[1] && argv[2] && argv[3])
+        answer = PyObject_Vectorcall(fn, argv, 4, NULL);
+    for (int i = 0; i < 4; i++)
+        Py_XDECREF(argv[i]);
+    return as_trap(answer, fn);
+}
+
+/* The wasmtime_func_unchecked_callback_t of every import without a native entry: ``env`` is
+ * the import's dispatch (engine/hostcalls.py), which the Instance keeps alive as long as the
+ * Store that calls it. */
+static wasm_trap_t *host_trampoline(void *env, void *caller, raw_val_t *args, size_t nargs) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    host_depth++;
+    wasm_trap_t *trap = call_dispatch((PyObject *)env, env, caller, args, nargs);
+    host_depth--;
+    PyGILState_Release(gil);
+    return trap;
+}
+
+/* A native entry: the C half of one native import's dispatch (engine/native.py,
+ * fast_native_entry), for an entry whose parameters are i32/i64 and whose result is at most
+ * one i32/i64. The common call (not interrupted, granted, memory bound, the handler returns an
+ * int, the fuel debt stays under SETTLE_FUEL) is served here; each other turn is handed to the
+ * Python closure that serves it in the generic dispatch, so both paths decide alike. */
+#define MAX_PARAMS 16
+enum { R_NONE = 0, R_I32 = 1, R_I64 = 2 };
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *host_dict; /* the HostContext's __dict__: interrupted, halt, fuel_debt */
+    PyObject *call;      /* its NativeCall: bound and moved, read by slot offset */
+    Py_ssize_t bound_at, moved_at;
+    PyObject *gate;      /* gate(entry) -> bool, or None for an ungated (core) entry */
+    PyObject *entry;
+    PyObject *handler;   /* handler(call, *ints) */
+    PyObject *slow;      /* the generic dispatch(env, caller, args, nargs) of this import */
+    PyObject *on_denied; /* on_denied(caller, args) -> trap: the gate said no */
+    PyObject *on_raise;  /* on_raise(caller, exception) -> trap: the handler raised */
+    PyObject *pay;       /* pay(caller) -> trap or 0: the price the C sum does not cover */
+    PyObject *finish;    /* finish(args, result) -> trap or 0: a result that is not an int */
+    long long base_price, per_byte, settle_at;
+    int nparams;
+    char params[MAX_PARAMS]; /* 'I' u32, 'i' i32, 'Q' u64, 'q' i64 */
+    int result;
+    PyObject *weakrefs;
+} NativeEntry;
+
+static PyObject *str_interrupted, *str_halt, *str_fuel_debt;
+
+/* The exception being raised, taken (normalized, with its traceback): a new reference. */
+static PyObject *take_exception(void) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (value != NULL && traceback != NULL)
+        PyException_SetTraceback(value, traceback);
+    Py_XDECREF(type);
+    Py_XDECREF(traceback);
+    return value != NULL ? value : Py_NewRef(Py_None);
+}
+
+static int entry_traverse(NativeEntry *self, visitproc visit, void *arg) {
+    Py_VISIT(self->host_dict);
+    Py_VISIT(self->call);
+    Py_VISIT(self->gate);
+    Py_VISIT(self->entry);
+    Py_VISIT(self->handler);
+    Py_VISIT(self->slow);
+    Py_VISIT(self->on_denied);
+    Py_VISIT(self->on_raise);
+    Py_VISIT(self->pay);
+    Py_VISIT(self->finish);
+    return 0;
+}
+
+static int entry_clear(NativeEntry *self) {
+    Py_CLEAR(self->host_dict);
+    Py_CLEAR(self->call);
+    Py_CLEAR(self->gate);
+    Py_CLEAR(self->entry);
+    Py_CLEAR(self->handler);
+    Py_CLEAR(self->slow);
+    Py_CLEAR(self->on_denied);
+    Py_CLEAR(self->on_raise);
+    Py_CLEAR(self->pay);
+    Py_CLEAR(self->finish);
+    return 0;
+}
+
+static void entry_dealloc(NativeEntry *self) {
+    PyObject_GC_UnTrack(self);
+    if (self->weakrefs != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    entry_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The offset of ``name``, a __slots__ member of ``call``'s exact type holding an object. */
+static Py_ssize_t slot_offset(PyObject *call, const char *name) {
+    PyObject *descr = PyDict_GetItemString(Py_TYPE(call)->tp_dict, name);
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyErr_Format(PyExc_TypeError, "%s is not a slot of %s", name, Py_TYPE(call)->tp_name);
+        return -1;
+    }
+    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+    if (member->type != T_OBJECT_EX || (member->flags & READONLY)) {
+        PyErr_Format(PyExc_TypeError, "%s of %s is not a writable object slot", name,
+                     Py_TYPE(call)->tp_name);
+        return -1;
+    }
+    return member->offset;
+}
+
+static PyObject *entry_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *host, *call, *gate, *entry, *handler, *slow, *on_denied, *on_raise, *pay, *finish;
+    long long base_price, per_byte, settle_at;
+    const char *params;
+    Py_ssize_t nparams;
+    int result;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "NativeEntry takes positional arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOLLLy#i:NativeEntry", &host, &call, &gate, &entry,
+                          &handler, &slow, &on_denied, &on_raise, &pay, &finish, &base_price,
+                          &per_byte, &settle_at, &params, &nparams, &result))
+        return NULL;
+    if (nparams > MAX_PARAMS || result < R_NONE || result > R_I64 || base_price < 0 ||
+        per_byte < 0 || settle_at <= 0) {
+        PyErr_SetString(PyExc_ValueError, "NativeEntry: a signature or price out of range");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nparams; i++) {
+        if (strchr("IiQq", params[i]) == NULL || params[i] == 0) {
+            PyErr_Format(PyExc_ValueError, "NativeEntry: parameter code %c", params[i]);
+            return NULL;
+        }
+    }
+    Py_ssize_t bound_at = slot_offset(call, "bound");
+    Py_ssize_t moved_at = bound_at < 0 ? -1 : slot_offset(call, "moved");
+    if (moved_at < 0)
+        return NULL;
+    PyObject *host_dict = PyObject_GenericGetDict(host, NULL);
+    if (host_dict == NULL)
+        return NULL;
+    NativeEntry *self = (NativeEntry *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(host_dict);
+        return NULL;
+    }
+    self->host_dict = host_dict;
+    self->call = Py_NewRef(call);
+    self->bound_at = bound_at;
+    self->moved_at = moved_at;
+    self->gate = gate == Py_None ? NULL : Py_NewRef(gate);
+    self->entry = Py_NewRef(entry);
+    self->handler = Py_NewRef(handler);
+    self->slow = Py_NewRef(slow);
+    self->on_denied = Py_NewRef(on_denied);
+    self->on_raise = Py_NewRef(on_raise);
+    self->pay = Py_NewRef(pay);
+    self->finish = Py_NewRef(finish);
+    self->base_price = base_price;
+    self->per_byte = per_byte;
+    self->settle_at = settle_at;
+    self->nparams = (int)nparams;
+    memcpy(self->params, params, (size_t)nparams);
+    self->result = result;
+    return (PyObject *)self;
+}
+
+static PyObject *slot_of(PyObject *obj, Py_ssize_t offset) {
+    return *(PyObject **)((char *)obj + offset);
+}
+
+static PyObject *call2(PyObject *fn, PyObject *a, PyObject *b) {
+    PyObject *argv[2] = {a, b};
+    return PyObject_Vectorcall(fn, argv, 2, NULL);
+}
+
+/* One host call of a native entry: see NativeEntry. */
+static wasm_trap_t *serve_native(NativeEntry *self, void *env, void *caller, raw_val_t *args,
+                                 size_t nargs) {
+    PyObject *interrupted = PyDict_GetItemWithError(self->host_dict, str_interrupted);
+    if (interrupted != Py_False || slot_of(self->call, self->bound_at) != Py_True)
+        /* Stopped, not bound (a start function's call) or something odd: the generic way. */
+        return call_dispatch(self->slow, env, caller, args, nargs);
+    PyObject *caller_int = PyLong_FromVoidPtr(caller);
+    if (caller_int == NULL)
+        return escaped((PyObject *)self);
+    wasm_trap_t *trap = NULL;
+    if (self->gate != NULL) {
+        PyObject *granted = PyObject_CallOneArg(self->gate, self->entry);
+        int yes = granted == NULL ? -1 : granted == Py_True ? 1 : PyObject_IsTrue(granted);
+        Py_XDECREF(granted);
+        if (yes != 1) {
+            if (yes < 0) { /* the gate raised: as the generic dispatch, the call ends */
+                PyObject *exc = take_exception();
+                trap = as_trap(call2(self->on_raise, caller_int, exc), self->on_raise);
+                Py_DECREF(exc);
+            } else {
+                PyObject *args_int = PyLong_FromVoidPtr(args);
+                trap = args_int == NULL
+                           ? escaped((PyObject *)self)
+                           : as_trap(call2(self->on_denied, caller_int, args_int),
+                                     self->on_denied);
+                Py_XDECREF(args_int);
+            }
+            Py_DECREF(caller_int);
+            return trap;
+        }
+    }
+    /* call.moved = 0 */
+    PyObject **moved = (PyObject **)((char *)self->call + self->moved_at);
+    PyObject *zero = PyLong_FromLong(0);
+    Py_XSETREF(*moved, zero);
+    /* handler(call, *ints) */
+    PyObject *argv[MAX_PARAMS + 1];
+    argv[0] = self->call;
+    int made = 0;
+    for (; made < self->nparams; made++) {
+        raw_val_t *value = &args[made];
+        PyObject *arg;
+        switch (self->params[made]) {
+        case 'I': arg = PyLong_FromUnsignedLong((uint32_t)value->i32); break;
+        case 'i': arg = PyLong_FromLong(value->i32); break;
+        case 'Q': arg = PyLong_FromUnsignedLongLong((uint64_t)value->i64); break;
+        default: arg = PyLong_FromLongLong(value->i64); break;
+        }
+        if (arg == NULL)
+            break;
+        argv[made + 1] = arg;
+    }
+    PyObject *result = NULL;
+    if (made == self->nparams)
+        result = PyObject_Vectorcall(self->handler, argv, (size_t)made + 1, NULL);
+    for (int i = 0; i < made; i++)
+        Py_DECREF(argv[i + 1]);
+    if (result == NULL) {
+        PyObject *exc = take_exception();
+        trap = as_trap(call2(self->on_raise, caller_int, exc), self->on_raise);
+        Py_DECREF(exc);
+        Py_DECREF(caller_int);
+        return trap;
+    }
+    /* The price, after the handler (the bytes moved are known now): summed here while the
+     * debt stays under SETTLE_FUEL and nothing asks to stop; else pay() does it all. */
+    PyObject *halt = PyDict_GetItemWithError(self->host_dict, str_halt);
+    PyObject *debt_now = PyDict_GetItemWithError(self->host_dict, str_fuel_debt);
+    PyObject *moved_now = *moved;
+    long long debt = -1;
+    if (halt == Py_None && debt_now != NULL && PyLong_CheckExact(debt_now) && moved_now != NULL &&
+        PyLong_CheckExact(moved_now)) {
+        int over_a = 0, over_b = 0;
+        long long owed = PyLong_AsLongLongAndOverflow(debt_now, &over_a);
+        long long bytes = PyLong_AsLongLongAndOverflow(moved_now, &over_b);
+        long long price;
+        if (!over_a && !over_b && owed >= 0 && bytes >= 0 &&
+            !__builtin_mul_overflow(bytes, self->per_byte, &price) &&
+            !__builtin_add_overflow(price, self->base_price, &price) &&
+            !__builtin_add_overflow(price, owed, &debt) && debt < self->settle_at) {
+            PyObject *sum = PyLong_FromLongLong(debt);
+            if (sum == NULL || PyDict_SetItem(self->host_dict, str_fuel_debt, sum) < 0)
+                debt = -1;
+            Py_XDECREF(sum);
+        } else {
+            debt = -1;
+        }
+    }
+    if (PyErr_Occurred()) {
+        PyErr_Clear(); /* pay() reads the same values again, and answers what it finds */
+        debt = -1;
+    }
+    if (debt < 0) {
+        trap = as_trap(PyObject_CallOneArg(self->pay, caller_int), self->pay);
+        if (trap != NULL) {
+            Py_DECREF(result);
+            Py_DECREF(caller_int);
+            return trap;
+        }
+    }
+    Py_DECREF(caller_int);
+    /* The result, into slot 0 of the array (masked to its width, as the generic dispatch). */
+    if (self->result != R_NONE) {
+        if (PyLong_Check(result) && nargs >= 1) {
+            unsigned long long bits = PyLong_AsUnsignedLongLongMask(result);
+            memset(&args[0], 0, sizeof(raw_val_t));
+            if (self->result == R_I32)
+                args[0].i32 = (int32_t)(uint32_t)bits;
+            else
+                args[0].i64 = (int64_t)bits;
+        } else { /* a float, an object with __index__, nothing: the dispatch's own writer */
+            PyObject *args_int = PyLong_FromVoidPtr(args);
+            trap = args_int == NULL
+                       ? escaped((PyObject *)self)
+                       : as_trap(call2(self->finish, args_int, result), self->finish);
+            Py_XDECREF(args_int);
+        }
+    }
+    Py_DECREF(result);
+    return trap;
+}
+
+/* The wasmtime_func_unchecked_callback_t of every import with a native entry (``env``). */
+static wasm_trap_t *native_trampoline(void *env, void *caller, raw_val_t *args, size_t nargs) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    host_depth++;
+    wasm_trap_t *trap = serve_native((NativeEntry *)env, env, caller, args, nargs);
+    host_depth--;
+    PyGILState_Release(gil);
+    return trap;
+}
+
+/* entry(caller, args, nargs): the same call from Python, for the differential tests. */
+static PyObject *entry_call(PyObject *self, PyObject *args_tuple, PyObject *kwargs) {
+    PyObject *caller_int, *args_int;
+    Py_ssize_t nargs;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "a native entry takes positional arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args_tuple, "OOn:NativeEntry", &caller_int, &args_int, &nargs))
+        return NULL;
+    void *caller = PyLong_AsVoidPtr(caller_int);
+    void *args = PyLong_AsVoidPtr(args_int);
+    if (PyErr_Occurred())
+        return NULL;
+    if (args == NULL || nargs < 0) {
+        PyErr_SetString(PyExc_ValueError, "a native entry needs its argument array");
+        return NULL;
+    }
+    host_depth++;
+    wasm_trap_t *trap = serve_native((NativeEntry *)self, self, caller, args, (size_t)nargs);
+    host_depth--;
+    if (PyErr_Occurred()) /* reported as unraisable already; the trap says it */
+        PyErr_Clear();
+    return PyLong_FromVoidPtr(trap);
+}
+
+static PyMemberDef entry_members[] = {
+    {"entry", T_OBJECT, offsetof(NativeEntry, entry), READONLY, "the registry entry"},
+    {NULL},
+};
+
+static PyTypeObject NativeEntryType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "wasihost.engine._fastcall.NativeEntry",
+    .tp_basicsize = sizeof(NativeEntry),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "NativeEntry(host, call, gate, entry, handler, slow, on_denied, on_raise, pay, "
+              "finish, base_price, per_byte, settle_at, params, result): one native import "
+              "served from C (engine/native.py, fast_native_entry)",
+    .tp_new = entry_new,
+    .tp_dealloc = (destructor)entry_dealloc,
+    .tp_traverse = (traverseproc)entry_traverse,
+    .tp_clear = (inquiry)entry_clear,
+    .tp_call = entry_call,
+    .tp_members = entry_members,
+    .tp_weaklistoffset = offsetof(NativeEntry, weakrefs),
+};
+
+static PyObject *in_host_call(PyObject *self, PyObject *unused) {
+    return PyBool_FromLong(host_depth > 0);
+}
+
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "bind(call, set_fuel, get_fuel, set_epoch_deadline, memory_data, memory_data_size, "
-     "raw_size): the libwasmtime functions this module calls"},
+     "trap_new, raw_size): the libwasmtime functions this module calls"},
     {"command", (PyCFunction)(void (*)(void))command, METH_FASTCALL,
      "command(ctx, alloc, call, args1, args3, trap_slot, memory, fuel, keep_gil, name, "
      "payload, max_output) -> (code, a, b, fuel_left): one ABI command call"},
+    {"in_host_call", in_host_call, METH_NOARGS,
+     "in_host_call() -> bool: whether this thread is inside a guest's host call"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -269,5 +685,22 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
         Py_DECREF(m);
         return NULL;
     }
+    str_interrupted = PyUnicode_InternFromString("interrupted");
+    str_halt = PyUnicode_InternFromString("halt");
+    str_fuel_debt = PyUnicode_InternFromString("fuel_debt");
+    PyObject *host = PyLong_FromVoidPtr((void *)host_trampoline);
+    PyObject *native = PyLong_FromVoidPtr((void *)native_trampoline);
+    if (!str_interrupted || !str_halt || !str_fuel_debt || !host || !native ||
+        PyModule_AddObjectRef(m, "HOST_TRAMPOLINE", host) < 0 ||
+        PyModule_AddObjectRef(m, "NATIVE_TRAMPOLINE", native) < 0 ||
+        PyType_Ready(&NativeEntryType) < 0 ||
+        PyModule_AddObjectRef(m, "NativeEntry", (PyObject *)&NativeEntryType) < 0) {
+        Py_XDECREF(host);
+        Py_XDECREF(native);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_DECREF(host);
+    Py_DECREF(native);
     return m;
 }

@@ -39,18 +39,19 @@ _SYMBOLS = (
     "wasmtime_context_set_epoch_deadline",
     "wasmtime_memory_data",
     "wasmtime_memory_data_size",
+    "wasmtime_trap_new",
 )
 
 
-def _load() -> tuple[Callable[..., Any] | None, str, str]:
-    """(the bound ``command``, or None; the path; why)."""
+def _load() -> tuple[Any, str, str]:
+    """(the bound extension module, or None; the path; why)."""
     if os.environ.get(ENV, "1") == "0":
         return None, CTYPES, f"{ENV}=0 in the environment"
     try:
         # By name: a compiled module has no source for the layer checks to read, and an import
         # statement of it reads, to them, as one of this package's __init__ (a cycle).
         extension = importlib.import_module(f"{__package__}._fastcall")
-        bind, command = extension.bind, extension.command
+        bind = extension.bind
     except ImportError as exc:
         return None, CTYPES, f"the C extension is not built ({exc}): install with a C compiler"
     if WASMTIME_VERSION not in DECLARED_FOR:
@@ -65,9 +66,19 @@ def _load() -> tuple[Callable[..., Any] | None, str, str]:
         bind(*addresses, ctypes.sizeof(ffi.wasmtime_val_raw_t))
     except (AttributeError, ValueError, TypeError) as exc:
         return None, CTYPES, f"the C extension cannot bind libwasmtime ({exc})"
-    return command, COMPILED, f"wasmtime {WASMTIME_VERSION}"
+    return extension, COMPILED, f"wasmtime {WASMTIME_VERSION}"
 
 
-FAST, PATH, WHY = _load()
+_EXTENSION, PATH, WHY = _load()
+FAST: Callable[..., Any] | None = None if _EXTENSION is None else _EXTENSION.command
+# The host-call trampolines (docs/engine.md "Host-call trampolines"): the addresses of the two
+# C callbacks an import is made with (0 without the extension: the ctypes callback then),
+# the C type of a native entry, and whether this thread is inside a host call (None without).
+HOST_TRAMPOLINE: int = 0 if _EXTENSION is None else _EXTENSION.HOST_TRAMPOLINE
+NATIVE_TRAMPOLINE: int = 0 if _EXTENSION is None else _EXTENSION.NATIVE_TRAMPOLINE
+NATIVE_ENTRY: Any = None if _EXTENSION is None else _EXTENSION.NativeEntry
+IN_HOST_CALL: Callable[[], bool] | None = (
+    None if _EXTENSION is None else _EXTENSION.in_host_call
+)
 # The codes command() answers first (_fastcall.c).
 DONE, ENGINE_FAILED, BAD_BLOCK, BAD_RESPONSE = 0, 1, 2, 3

@@ -29,6 +29,7 @@ from ..core.status import (
     StatusAnswer,
     UnreadableRequest,
 )
+from .fastcall import HOST_TRAMPOLINE, NATIVE_TRAMPOLINE
 from .lowlevel import (
     PROCESS_MEMORY,
     VP,
@@ -37,7 +38,7 @@ from .lowlevel import (
     private_fn,
     set_fuel,
 )
-from .native import SETTLE_FUEL, Dispatch, NativeCall, native_dispatch
+from .native import SETTLE_FUEL, Dispatch, NativeCall, fast_native_entry, native_dispatch
 from .sigint import CALLBACK_CODES
 
 if TYPE_CHECKING:
@@ -70,15 +71,16 @@ class BoundImport:
     handler: HostHandler = attrs.field(eq=False, hash=False)
 
 
-# Our own callback type: the caller and the argument array arrive as plain addresses (ints), so
-# the hot path never builds a ctypes pointer object; arguments are unpacked with struct.
+# The ctypes callback type, where the C extension is not there (engine/fastcall.py): the
+# caller and the argument array arrive as plain addresses (ints), so the hot path never builds
+# a ctypes pointer object; arguments are unpacked with struct.
 _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_size_t, VP, VP, VP, ctypes.c_size_t)
 
-# Each import gets its own callback, so a host call goes straight to its prepared closure (a
-# shared trampoline and a table lookup were a tenth of a line of WASI output). The callback
-# must live as long as wasmtime's function, that is as long as the Store: the Instance owning
-# the Store holds it (a module-level table would keep every dropped Store alive).
-func_new_unchecked = private_fn("wasmtime_func_new_unchecked", None, VP, VP, _CALLBACK, VP, VP, VP)
+# Each import is made with its own prepared closure as the callback's env (a table lookup per
+# call was a tenth of a line of WASI output). Whatever the callback reaches must live as long as
+# wasmtime's function, that is as long as the Store: the Instance owning the Store holds it (a
+# module-level table would keep every dropped Store alive).
+func_new_unchecked = private_fn("wasmtime_func_new_unchecked", None, VP, VP, VP, VP, VP, VP)
 _caller_context = private_fn("wasmtime_caller_context", VP, VP)
 _caller_export_get = private_fn(
     "wasmtime_caller_export_get", ctypes.c_bool, VP, ctypes.c_char_p, ctypes.c_size_t, VP
@@ -124,9 +126,17 @@ def _request_limits(max_request_bytes: int) -> CodecLimits:
     return CodecLimits(max_bytes=max(1, max_request_bytes))
 
 
-def host_callback(dispatch: Dispatch) -> Any:
-    """A C callback for ``dispatch``; the caller keeps it alive as long as its Store."""
-    return _CALLBACK(dispatch)
+def host_callback(dispatch: Dispatch, fast: object = None) -> tuple[int, int | None, object]:
+    """How to make the import ``dispatch`` serves: (the C callback's address, its env, what
+    must live as long as the Store). With the C extension, a trampoline of ``_fastcall.c``
+    (the native one when the import has a native entry, ``fast``); without, a ctypes callback.
+    The caller keeps the third alive as long as its Store."""
+    if HOST_TRAMPOLINE:
+        if fast is not None and NATIVE_TRAMPOLINE:
+            return NATIVE_TRAMPOLINE, id(fast), fast
+        return HOST_TRAMPOLINE, id(dispatch), dispatch
+    callback = _CALLBACK(dispatch)
+    return ctypes.cast(callback, VP).value or 0, None, callback
 
 
 class GilTrust:
@@ -203,6 +213,13 @@ class HostContext:
             if b.entry.convention == "native"
             else self._cbor_dispatch(i)
             for i, b in enumerate(self.imports)
+        )
+        # The C half of each native dispatch that has one (native.fast_native_entry), or None.
+        self.fast: tuple[object, ...] = tuple(
+            fast_native_entry(self, b.entry, b.handler, d)
+            if b.entry.convention == "native"
+            else None
+            for b, d in zip(self.imports, self.dispatch, strict=True)
         )
 
     def context_of(self, caller: int) -> int:

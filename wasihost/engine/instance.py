@@ -299,17 +299,21 @@ class Instance:
         externs = (ffi.wasmtime_extern_t * max(1, len(imports)))()
         # The C callbacks live exactly as long as this Instance, which owns the Store calling
         # them (nothing module-level refers to either: a dropped Instance is collected).
-        self._callbacks = [host_callback(d) for d in self._ctx.dispatch]
+        made = [
+            host_callback(d, f) for d, f in zip(self._ctx.dispatch, self._ctx.fast, strict=True)
+        ]
+        self._callbacks = [keep for _, _, keep in made]
         # Each function is made in place, in its slot of the array instantiation reads: no
         # wasmtime_func_t and no extern built and copied per import (two dozen for WASI).
         slot = ctypes.addressof(externs) + _EXTERN_OF
         for i, bound in enumerate(imports):
             externs[i].kind = ffi.WASMTIME_EXTERN_FUNC
+            callback, env, _ = made[i]
             func_new_unchecked(
                 self._ctx_addr,
                 engine.func_type_address(bound.entry),
-                self._callbacks[i],
-                None,
+                callback,
+                env,
                 None,
                 slot + i * _EXTERN_SIZE,
             )

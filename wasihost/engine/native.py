@@ -28,6 +28,7 @@ from ..core.status import (
     GuestOutOfFuel,
     HostStatus,
 )
+from .fastcall import NATIVE_ENTRY
 from .lowlevel import PROCESS_MEMORY, U32, U64, memory_data, memory_data_size, new_trap
 from .sigint import CALLBACK_CODES
 
@@ -698,3 +699,90 @@ def native_dispatch(host: NativeHost, entry: HostFunction, handler: Any) -> Disp
         dispatch = _maker(len(entry.params))(host, entry, handler, unpack, write_result)
     CALLBACK_CODES.add(dispatch.__code__)
     return dispatch
+
+
+# A native entry's parameter codes for the C side (_fastcall.c's NativeEntry): unsigned, or
+# signed for an embedder's entry (signed_args), as _unpacker reads them.
+_ENTRY_PARAM_CODES = {"i32": "I", "i64": "Q"}
+_ENTRY_SIGNED_CODES = {"i32": "i", "i64": "q"}
+_ENTRY_RESULTS = {(): 0, ("i32",): 1, ("i64",): 2}
+
+
+def fast_native_entry(host: NativeHost, entry: HostFunction, handler: Any, slow: Dispatch) -> Any:
+    """The C half of ``slow``, the native dispatch of ``entry`` (``_fastcall.NativeEntry``,
+    called by the native trampoline), or None where there is none: the extension is not built,
+    the handler is a write route (its own shortcut), or a parameter or the result is a float.
+
+    The C half serves the common call alone (docs/engine.md "Host-call trampolines"); every
+    other turn goes to one of the closures below, each doing exactly what ``slow`` does at that
+    point, so a call decides the same on either path (tests/engine/test_host_trampolines.py)."""
+    params, results = tuple(entry.params), tuple(entry.results)
+    if (
+        NATIVE_ENTRY is None
+        or type(handler) is WriteRoute
+        or results not in _ENTRY_RESULTS
+        or len(params) > MAX_NATIVE_PARAMS
+        or any(kind not in _ENTRY_PARAM_CODES for kind in params)
+    ):
+        return None
+    codes = _ENTRY_SIGNED_CODES if entry.signed_args else _ENTRY_PARAM_CODES
+    name = entry.qualified_name
+    call = host.native
+    write_result = result_writer(results[0]) if results else None
+    i32_result = results == ("i32",)
+
+    def on_denied(caller: int, args: int) -> int:
+        try:
+            return host.denied(entry, write_result, caller, args)
+        except BaseException as exc:
+            return host.crashed(exc)
+
+    def on_raise(caller: int, exc: BaseException) -> int:
+        try:
+            if isinstance(exc, CALL_ENDINGS):
+                return end_call(host, entry, name, caller, exc)
+            return host.crashed(exc)
+        except BaseException as again:
+            return host.crashed(again)
+
+    def pay(caller: int) -> int:
+        try:
+            if host.halt is not None:  # e.g. Ctrl-C during this call (see sigint.py): stop now
+                return host.halt_trap()
+            debt = host.fuel_debt + entry.fuel_base + entry.fuel_per_byte * call.moved
+            host.fuel_debt = debt
+            if debt >= SETTLE_FUEL and not host.settle(host.context_of(caller), debt):
+                return host.out_of_fuel(host.context_of(caller), entry)
+            return 0
+        except BaseException as exc:
+            return host.crashed(exc)
+
+    def finish(args: int, result: Any) -> int:
+        try:
+            if i32_result:
+                _put_u32(PROCESS_MEMORY, args, result & U32)
+            elif write_result is not None:
+                write_result(args, result)
+            return 0
+        except BaseException as exc:
+            return host.crashed(exc)
+
+    for closure in (on_denied, on_raise, pay, finish):
+        CALLBACK_CODES.add(closure.__code__)
+    return NATIVE_ENTRY(
+        host,
+        call,
+        host.gate if entry.capability != CORE_CAPABILITY else None,
+        entry,
+        handler,
+        slow,
+        on_denied,
+        on_raise,
+        pay,
+        finish,
+        entry.fuel_base,
+        entry.fuel_per_byte,
+        SETTLE_FUEL,
+        "".join(codes[kind] for kind in params).encode(),
+        _ENTRY_RESULTS[results],
+    )

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any, Protocol
 
+from .fastcall import IN_HOST_CALL, NATIVE_ENTRY
+
 # How far up the main thread's stack to look for the callback and the Instance entry point.
 # Host callbacks call brokers, which call the codec and the OS: a few dozen frames at most.
 MAX_FRAMES_SEARCHED = 200
@@ -96,8 +98,12 @@ def install_unraisable_hook() -> None:
 
 def _on_unraisable(unraisable: Any) -> None:
     try:
-        code = getattr(unraisable.object, "__code__", None)
-        if code in CALLBACK_CODES and unraisable.exc_value is not None:
+        culprit = unraisable.object
+        code = getattr(culprit, "__code__", None)
+        ours = code in CALLBACK_CODES or (
+            NATIVE_ENTRY is not None and type(culprit) is NATIVE_ENTRY
+        )
+        if ours and unraisable.exc_value is not None:
             owner = _entry_owner(sys._getframe())
             if owner is not None:
                 owner.stop_by_exception(unraisable.exc_value)
@@ -141,6 +147,10 @@ def _deferring(handler: Handler) -> Handler:
 
 def guest_under(frame: FrameType | None) -> Interruptible | None:
     """The Instance whose guest called the callback on this stack, if a callback is on it."""
+    if IN_HOST_CALL is not None and IN_HOST_CALL():
+        # A native entry's handler runs with no frame of the engine's above it (the C
+        # trampoline called it): the thread's host-call depth says a guest is under it.
+        return _entry_owner(frame)
     for _ in range(MAX_FRAMES_SEARCHED):
         if frame is None:
             break

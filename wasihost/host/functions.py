@@ -290,31 +290,11 @@ class FunctionBroker:
         returns = bool(entry.results)
         low, high = NATIVE_RESULT_RANGE[entry.results[0]] if returns else (0, 0)
 
-        def handle(call: Any, *args: int) -> Any:
-            result: Any
-            ctx = CallContext(ext, entry, call, threading.Lock() if is_async else None)
-            try:
-                if is_async:
-                    if call.woken:  # interrupted since the engine's check: start nothing
-                        raise GuestInterrupted
-                    coro: Awaitable[Any] = fn(ctx, *args)
-                    result = wait_for(loop.submit(coro), call)  # type: ignore[arg-type]
-                else:
-                    result = fn(ctx, *args)
-            except (HostStatus, GuestDeadline, GuestInterrupted, GuestOutOfFuel):
-                raise
-            except Exception:
-                host_logger().exception(
-                    "host function %s failed serving extension %s", name, ext.id
-                )
-                raise HostFunctionFailed(name) from None
-            finally:
-                ctx._end()
+        def failed(result: Any) -> Exception:
+            """The function's result is not what its entry declares: its bug, logged."""
             if type(result) is types.CoroutineType:
-                raise _returned_coroutine(result, name, ext.id)
+                return _returned_coroutine(result, name, ext.id)
             if returns:
-                if type(result) is int and low <= result <= high:
-                    return result
                 host_logger().error(
                     "host function %s returned %s, not an %s, to extension %s",
                     name,
@@ -322,8 +302,6 @@ class FunctionBroker:
                     entry.results[0],
                     ext.id,
                 )
-            elif result is None:
-                return None
             else:
                 host_logger().error(
                     "host function %s returned a %s to extension %s: it has no result",
@@ -331,9 +309,61 @@ class FunctionBroker:
                     type(result).__name__,
                     ext.id,
                 )
-            raise HostFunctionFailed(name)
+            return HostFunctionFailed(name)
 
-        return handle
+        def crashed() -> Exception:
+            host_logger().exception("host function %s failed serving extension %s", name, ext.id)
+            return HostFunctionFailed(name)
+
+        if not is_async:
+            # The plain function, the common case, on the native trampoline's hot path
+            # (docs/engine.md "Host-call trampolines"): its context ends inline, without a
+            # ``finally`` or a method call.
+            def handle(call: Any, *args: int) -> Any:
+                ctx = CallContext(ext, entry, call)
+                try:
+                    result = fn(ctx, *args)
+                except (HostStatus, GuestDeadline, GuestInterrupted, GuestOutOfFuel):
+                    ctx._call = None
+                    raise
+                except Exception:
+                    ctx._call = None
+                    raise crashed() from None
+                except BaseException:
+                    ctx._call = None
+                    raise
+                ctx._call = None
+                if returns:
+                    if type(result) is int and low <= result <= high:
+                        return result
+                elif result is None:
+                    return None
+                raise failed(result)
+
+            return handle
+
+        def handle_async(call: Any, *args: int) -> Any:
+            result: Any
+            ctx = CallContext(ext, entry, call, threading.Lock())
+            try:
+                if call.woken:  # interrupted since the engine's check: start nothing
+                    raise GuestInterrupted
+                coro: Awaitable[Any] = fn(ctx, *args)
+                result = wait_for(loop.submit(coro), call)  # type: ignore[arg-type]
+            except (HostStatus, GuestDeadline, GuestInterrupted, GuestOutOfFuel):
+                raise
+            except Exception:
+                raise crashed() from None
+            finally:
+                ctx._end()
+            if returns:
+                if type(result) is int and low <= result <= high:
+                    return result
+            elif result is None:
+                return None
+            raise failed(result)
+
+        return handle_async
 
 
 class HostFunctions:
