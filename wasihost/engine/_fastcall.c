@@ -31,6 +31,8 @@
 #include <stdint.h>
 #include <string.h>
 #include <structmember.h>
+#include <sched.h>
+#include <time.h>
 
 typedef struct wasmtime_error wasmtime_error_t;
 typedef struct wasm_trap_t wasm_trap_t;
@@ -653,6 +655,65 @@ static PyTypeObject NativeEntryType = {
     .tp_weaklistoffset = offsetof(NativeEntry, weakrefs),
 };
 
+
+/* ---- quick hand-overs between threads ------------------------------------------------- */
+
+static uint64_t now_ns(void) {
+    struct timespec at;
+    clock_gettime(CLOCK_MONOTONIC, &at);
+    return (uint64_t)at.tv_sec * 1000000000u + (uint64_t)at.tv_nsec;
+}
+
+/* wait_flag(flag, ns, signal=None) -> bool
+ *
+ * Waits, without the GIL, up to ``ns`` nanoseconds for byte 0 of ``flag`` (a bytearray) to
+ * become nonzero, yielding the CPU between looks; answers whether it did. ``signal``, a
+ * bytearray too, gets its byte 0 set once the GIL is released: a thread handing an outcome to
+ * another that waits here sets it this way, so the other finds the GIL free when it sees the
+ * flag instead of sleeping on it (docs/engine.md "The acall hand-over"). A hand-over between
+ * two threads that each sleep costs two wake-ups of tens of microseconds; this costs a few. */
+static PyObject *wait_flag(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 2 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "wait_flag takes (flag, ns, signal=None)");
+        return NULL;
+    }
+    if (!PyByteArray_CheckExact(args[0]) || PyByteArray_GET_SIZE(args[0]) < 1) {
+        PyErr_SetString(PyExc_TypeError, "the flag must be a non-empty bytearray");
+        return NULL;
+    }
+    PyObject *signal_obj = nargs == 3 ? args[2] : Py_None;
+    if (signal_obj != Py_None &&
+        (!PyByteArray_CheckExact(signal_obj) || PyByteArray_GET_SIZE(signal_obj) < 1)) {
+        PyErr_SetString(PyExc_TypeError, "the signal must be a non-empty bytearray or None");
+        return NULL;
+    }
+    long long ns = PyLong_AsLongLong(args[1]);
+    if (ns == -1 && PyErr_Occurred())
+        return NULL;
+    if (ns < 0 || ns > 1000000000LL) {
+        PyErr_SetString(PyExc_ValueError, "wait_flag waits 0..1 s");
+        return NULL;
+    }
+    /* Both stay alive (the caller holds them) and cannot be resized while this runs: they are
+     * only ever written one byte at a time, in place. */
+    volatile char *flag = PyByteArray_AS_STRING(args[0]);
+    volatile char *to_signal = signal_obj == Py_None ? NULL : PyByteArray_AS_STRING(signal_obj);
+    int seen;
+    Py_BEGIN_ALLOW_THREADS
+    if (to_signal != NULL) {
+        __atomic_store_n(to_signal, 1, __ATOMIC_RELEASE);
+    }
+    uint64_t until = now_ns() + (uint64_t)ns;
+    for (;;) {
+        seen = __atomic_load_n(flag, __ATOMIC_ACQUIRE) != 0;
+        if (seen || now_ns() >= until)
+            break;
+        sched_yield();
+    }
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(seen);
+}
+
 static PyObject *in_host_call(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(host_depth > 0);
 }
@@ -664,6 +725,8 @@ static PyMethodDef methods[] = {
     {"command", (PyCFunction)(void (*)(void))command, METH_FASTCALL,
      "command(ctx, alloc, call, args1, args3, trap_slot, memory, fuel, keep_gil, name, "
      "payload, max_output) -> (code, a, b, fuel_left): one ABI command call"},
+    {"wait_flag", (PyCFunction)(void (*)(void))wait_flag, METH_FASTCALL,
+     "wait_flag(flag, ns, signal=None) -> bool: wait without the GIL for flag[0] to be set"},
     {"in_host_call", in_host_call, METH_NOARGS,
      "in_host_call() -> bool: whether this thread is inside a guest's host call"},
     {NULL, NULL, 0, NULL},

@@ -80,5 +80,8 @@ NATIVE_ENTRY: Any = None if _EXTENSION is None else _EXTENSION.NativeEntry
 IN_HOST_CALL: Callable[[], bool] | None = (
     None if _EXTENSION is None else _EXTENSION.in_host_call
 )
+# wait_flag(flag, ns, signal=None): a short wait without the GIL for another thread's hand-over
+# (host/acall.py, host/callworkers.py); None without the extension (they then sleep and wake).
+WAIT_FLAG: Callable[..., bool] | None = None if _EXTENSION is None else _EXTENSION.wait_flag
 # The codes command() answers first (_fastcall.c).
 DONE, ENGINE_FAILED, BAD_BLOCK, BAD_RESPONSE = 0, 1, 2, 3

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..core.errors import ConfigError
 from ..core.hostlog import host_logger
 from ..core.threadstack import guest_thread_stack
+from ..engine.fastcall import WAIT_FLAG
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -38,6 +39,12 @@ MAX_CALL_WORKERS = 256
 # start-up: two threads serve a host's crashes, and a spare that waits for one delays only
 # other spares, never a call.
 SPARE_WORKERS = 2
+# How long a call thread that has just handed an outcome over stays awake for its next job
+# before it sleeps on its lock: a caller answering each outcome with its next call (``await
+# acall`` in a loop) then hands that job over without waking a sleeping thread, tens of
+# microseconds saved (docs/engine.md "The acall hand-over"). It waits without the GIL, yielding
+# the CPU between looks, so for at most this long a thread spins per job.
+HOT_WAIT_NS = 50_000
 
 
 class _Job:
@@ -63,8 +70,11 @@ class _Job:
         return True
 
 
-Done = Callable[[bool, Any], None]
-"""Told a job's outcome on its thread: ``(True, result)`` or ``(False, exception)``."""
+Done = Callable[[bool, Any], "bytearray | None"]
+"""Told a job's outcome on its thread: ``(True, result)`` or ``(False, exception)``. It may
+answer a flag that a thread waiting for the outcome watches without the GIL: the call thread
+sets it once it has released the GIL (:data:`WAIT_FLAG`'s ``signal``), so the waiter finds the
+GIL free."""
 
 
 class _Closed(Exception):
@@ -72,14 +82,35 @@ class _Closed(Exception):
 
 
 class _Thread:
-    """One call thread's hand-over slot: the job given to it and the lock it sleeps on."""
+    """One call thread's hand-over slot: the job given to it, the lock it sleeps on, and the
+    flag it watches, awake, for a while before it sleeps (HOT_WAIT_NS)."""
 
-    __slots__ = ("job", "wake")
+    __slots__ = ("given", "job", "wake")
 
     def __init__(self, job: _Job | None) -> None:
         self.job = job
         self.wake = threading.Lock()
         self.wake.acquire()  # held: the thread sleeps on it until a job (or stop) is given
+        # Set with every release of ``wake``: a job (or stop) was given.
+        self.given = bytearray(1)
+
+    def give(self, job: _Job | None) -> None:
+        """Hand ``job`` (None: stop) to this idle thread, awake or asleep."""
+        self.job = job
+        self.given[0] = 1
+        self.wake.release()
+
+    def wait(self, signal: bytearray | None) -> _Job | None:
+        """Idle: the next job given (None: stop), watched for HOT_WAIT_NS without the GIL,
+        then slept for; ``signal`` is set once the GIL is released."""
+        if WAIT_FLAG is not None:
+            WAIT_FLAG(self.given, HOT_WAIT_NS, signal)
+        elif signal is not None:
+            signal[0] = 1
+        self.wake.acquire()  # released with the flag: at once if the flag was seen
+        self.given[0] = 0
+        job, self.job = self.job, None
+        return job
 
 
 class _Shared:
@@ -109,8 +140,7 @@ class _Shared:
             queued = list(self.queue)
             self.queue.clear()
         for slot in idle:
-            slot.job = None
-            slot.wake.release()
+            slot.give(None)
         return queued
 
 
@@ -133,6 +163,7 @@ def _work(shared: _Shared, slot: _Thread) -> None:
     slot.job = None
     while job is not None:
         done: Done | None = None
+        signal: bytearray | None = None
         if job.withdraw():
             args, job.args = job.args, ()
             try:
@@ -152,13 +183,14 @@ def _work(shared: _Shared, slot: _Thread) -> None:
                     sleep = True
         if done is not None:
             try:
-                done(ok, result)
+                signal = done(ok, result)
             except BaseException:  # pragma: no cover - a done callback must not kill us
                 host_logger().exception("wasihost: a call thread's completion failed")
             del done, result
         if sleep:
-            slot.wake.acquire()
-            job, slot.job = slot.job, None  # None: the pool closed
+            job = slot.wait(signal)  # None: the pool closed
+        elif signal is not None:
+            signal[0] = 1
 
 
 class CallWorkers:
@@ -191,9 +223,7 @@ class CallWorkers:
             if shared.closed:
                 raise ConfigError("this host is closed")
             if shared.idle:
-                slot = shared.idle.pop()
-                slot.job = job
-                slot.wake.release()
+                shared.idle.pop().give(job)
             elif len(shared.threads) < self.workers:
                 thread = threading.Thread(
                     target=_work,
@@ -229,6 +259,7 @@ class CallWorkers:
                 future.set_exception(ConfigError("this host is closed"))
             else:
                 future.set_exception(result)
+            return
 
         job = self.start(run, (), done)
         future.add_done_callback(lambda f: f.cancelled() and job.withdraw())
