@@ -202,3 +202,39 @@ def test_instances_of_a_real_fixture_answer_independently(engine: WasmEngine) ->
             result = instances[i].call(b"echo", encode([i]), 4096)
         assert cbor2.loads(result.body) == [i]
         instances[i].close()
+
+
+def test_a_store_is_freed_once_by_close_or_by_collection(
+    engine: WasmEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Store is the instance's own (instance._Store, on its address): close() frees it
+    once; a second close(), a cap after it and the collection of the closed instance free
+    nothing again; an instance dropped without close() frees its Store when collected."""
+    import gc
+
+    freed: list[int] = []
+    delete = instance_module.store_delete
+
+    def counted(address: int) -> None:
+        freed.append(address)
+        delete(address)
+
+    monkeypatch.setattr(instance_module, "store_delete", counted)
+    module = engine.compile(counter())
+    inst = started(engine, module, [])
+    address = inst._store.address
+    inst.close()
+    assert freed == [address] and inst._store.address == 0
+    inst.close()
+    inst.cap_memory(64 * 1024)  # a closed instance's cap touches nothing
+    with pytest.raises(ValueError, match="already closed"):
+        inst._store.set_limits(1, 1, 1, 1, 1)
+    del inst
+    gc.collect()
+    assert freed == [address]
+    dropped = started(engine, module, [])
+    answer(dropped)
+    address = dropped._store.address
+    del dropped
+    gc.collect()
+    assert freed[1:] == [address]

@@ -51,7 +51,11 @@ from .lowlevel import (
     set_epoch_deadline,
     set_fuel,
     short_message,
+    store_context,
+    store_delete,
     store_epoch_deadline_callback,
+    store_limiter,
+    store_new,
     trap_failure,
 )
 from .stack import (
@@ -129,6 +133,36 @@ class _Block(ctypes.Structure):
 
 # Where each field sits in a _Block, from its start.
 _AT: dict[str, int] = {field[0]: getattr(_Block, field[0]).offset for field in _Block._fields_}
+
+
+class _Store:
+    """A libwasmtime Store on its address, made and freed through our own prototypes
+    (lowlevel.store_new and the others) instead of wasmtime-py's ``Store``, whose typed
+    wrappers and pointer objects were about 3 µs of every instance. Freed by :meth:`close`,
+    once; an Instance dropped without close() frees it when collected, as wasmtime-py's did."""
+
+    __slots__ = ("address", "context")
+
+    def __init__(self, engine: wasmtime.Engine) -> None:
+        self.address = 0  # what __del__ reads if the next line fails
+        self.address = store_new(ctypes.cast(engine.ptr(), ctypes.c_void_p), None, None)
+        # The Store's context, as the command path's object-argument prototypes take it.
+        self.context = ctypes.c_void_p(store_context(self.address))
+
+    def set_limits(
+        self, memory_size: int, table_elements: int, instances: int, tables: int, memories: int
+    ) -> None:
+        if not self.address:
+            raise ValueError("already closed")  # never a freed Store's address (wasmtime-py's)
+        store_limiter(self.address, memory_size, table_elements, instances, tables, memories)
+
+    def close(self) -> None:
+        address, self.address = self.address, 0
+        if address:
+            store_delete(address)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 @attrs.frozen
@@ -310,19 +344,17 @@ class Instance:
         self._stack_needed = engine.settings.max_wasm_stack + STACK_MARGIN
         self._engine = engine
         self._limits = limits
-        self._store = wasmtime.Store(engine.wasmtime_engine)
+        self._store = _Store(engine.wasmtime_engine)
         self._set_memory_limit(limits.max_memory_bytes)
-        self._context = self._store._context()
-        self._ctx_addr = ctypes.cast(self._context, ctypes.c_void_p).value
+        self._context = self._store.context
+        self._ctx_addr: int = self._context.value or 0
         self._ctx = HostContext(imports, gate)
         # The same, for an owner's per-call look at ``interrupted`` without a property's frame.
         self.context = self._ctx
         self._ctx.expected_ctx = self._ctx_addr or 0
         epoch_env = next(EPOCH_TARGET_IDS)
         EPOCH_TARGETS[epoch_env] = self._ctx
-        store_epoch_deadline_callback(
-            ctypes.cast(self._store.ptr(), ctypes.c_void_p).value, on_epoch_tick, epoch_env, None
-        )
+        store_epoch_deadline_callback(self._store.address, on_epoch_tick, epoch_env, None)
         self._timeout_s = limits.timeout_ms / 1000
         self._tick_s = engine.settings.epoch_tick_ms / 1000
         # 0 when the engine's ticks need the GIL (then no call may keep it).
@@ -524,15 +556,16 @@ class Instance:
                 return None
             name = GROW_REFUSED_EXPORT.encode()
             item = ffi.wasmtime_extern_t()
-            if not raw._wasmtime_instance_export_get(
-                self._context, byref(instance), name, len(name), byref(item)
+            if not instance_export_get(
+                self._ctx_addr, ctypes.addressof(instance), name, len(name), ctypes.addressof(item)
             ):
                 return None
             kind: Any = item.kind  # ctypes reads the field as an int; its stub says c_ubyte
             if kind != ffi.WASMTIME_EXTERN_GLOBAL.value:
                 return None
             value = ffi.wasmtime_val_t()
-            raw.wasmtime_global_get(self._context, byref(item.of.global_), byref(value))
+            context = ctypes.cast(self._ctx_addr, POINTER(ffi.wasmtime_context_t))
+            raw.wasmtime_global_get(context, byref(item.of.global_), byref(value))
             pages = int(value.of.i64) & 0xFFFF_FFFF_FFFF_FFFF
         finally:
             self._leave()
