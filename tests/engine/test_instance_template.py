@@ -219,22 +219,24 @@ def test_a_store_is_freed_once_by_close_or_by_collection(
         freed.append(address)
         delete(address)
 
+    gc.collect()  # other tests' dropped instances free their Stores first, not counted below
     monkeypatch.setattr(instance_module, "store_delete", counted)
     module = engine.compile(counter())
     inst = started(engine, module, [])
     address = inst._store.address
     inst.close()
-    assert freed == [address] and inst._store.address == 0
+    assert freed.count(address) == 1 and inst._store.address == 0
     inst.close()
     inst.cap_memory(64 * 1024)  # a closed instance's cap touches nothing
     with pytest.raises(ValueError, match="already closed"):
         inst._store.set_limits(1, 1, 1, 1, 1)
+    seen = len(freed)
     del inst
     gc.collect()
-    assert freed == [address]
+    assert address not in freed[seen:]
     dropped = started(engine, module, [])
     answer(dropped)
-    address = dropped._store.address
+    address, seen = dropped._store.address, len(freed)
     del dropped
     gc.collect()
-    assert freed[1:] == [address]
+    assert freed[seen:].count(address) == 1
