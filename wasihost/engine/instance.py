@@ -46,10 +46,16 @@ from .lowlevel import (
     error_new,
     fuel_kept_by,
     get_fuel,
+    instance_export_get,
+    instance_new,
     set_epoch_deadline,
     set_fuel,
     short_message,
+    store_context,
+    store_delete,
     store_epoch_deadline_callback,
+    store_limiter,
+    store_new,
     trap_failure,
 )
 from .stack import (
@@ -105,6 +111,58 @@ _ONE_ARG = ctypes.c_size_t(1)
 _THREE_ARGS = ctypes.c_size_t(3)
 _ONE_TICK = ctypes.c_uint64(1)
 _STATUS = struct.Struct("<I").unpack_from
+
+
+class _Block(ctypes.Structure):
+    """What an instance hands libwasmtime by address, in one allocation instead of a ctypes
+    object each: the command path's argument arrays and trap slot, the fuel read back after a
+    phase, and, from instantiation on, the instance and the three exports the ABI calls (each
+    a ``wasmtime_extern_t`` as the export look-up writes it)."""
+
+    _fields_ = [
+        ("args1", ffi.wasmtime_val_raw_t * 1),
+        ("args3", ffi.wasmtime_val_raw_t * 3),
+        ("trap", ctypes.c_void_p * 1),
+        ("fuel_left", ctypes.c_uint64 * 1),
+        ("instance", ffi.wasmtime_instance_t),
+        ("memory", ffi.wasmtime_extern_t),
+        ("alloc", ffi.wasmtime_extern_t),
+        ("call", ffi.wasmtime_extern_t),
+    ]
+
+
+# Where each field sits in a _Block, from its start.
+_AT: dict[str, int] = {field[0]: getattr(_Block, field[0]).offset for field in _Block._fields_}
+
+
+class _Store:
+    """A libwasmtime Store on its address, made and freed through our own prototypes
+    (lowlevel.store_new and the others) instead of wasmtime-py's ``Store``, whose typed
+    wrappers and pointer objects were about 3 µs of every instance. Freed by :meth:`close`,
+    once; an Instance dropped without close() frees it when collected, as wasmtime-py's did."""
+
+    __slots__ = ("address", "context")
+
+    def __init__(self, engine: wasmtime.Engine) -> None:
+        self.address = 0  # what __del__ reads if the next line fails
+        self.address = store_new(ctypes.cast(engine.ptr(), ctypes.c_void_p), None, None)
+        # The Store's context, as the command path's object-argument prototypes take it.
+        self.context = ctypes.c_void_p(store_context(self.address))
+
+    def set_limits(
+        self, memory_size: int, table_elements: int, instances: int, tables: int, memories: int
+    ) -> None:
+        if not self.address:
+            raise ValueError("already closed")  # never a freed Store's address (wasmtime-py's)
+        store_limiter(self.address, memory_size, table_elements, instances, tables, memories)
+
+    def close(self) -> None:
+        address, self.address = self.address, 0
+        if address:
+            store_delete(address)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 @attrs.frozen
@@ -224,13 +282,38 @@ class CompiledModule:
     gil_trust: GilTrust = attrs.field(factory=GilTrust, eq=False, repr=False)
     # Read from the engine once per compiled module, not once per instance (about 12 µs).
     _imports: tuple[tuple[str, str], ...] = attrs.field(init=False, eq=False, repr=False)
+    # The module's address, as instantiation passes it (the module lives as long as this).
+    address: int = attrs.field(init=False, eq=False, repr=False)
+    # The registry entries last linked to the module and whether one is native: an instance
+    # linked with the same entries (every instance of an extension, and of its restarts) is
+    # checked against the module's imports by identity, not name by name (see link_check).
+    _linked: tuple[tuple[HostFunction, ...], bool] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         names = tuple((i.module, i.name or "") for i in self.module.imports)
         object.__setattr__(self, "_imports", names)
+        address = ctypes.cast(self.module.ptr(), ctypes.c_void_p).value or 0
+        object.__setattr__(self, "address", address)
+        object.__setattr__(self, "_linked", ((), False))
 
     def import_names(self) -> list[tuple[str, str]]:
         return list(self._imports)
+
+    def link_check(self, imports: Sequence[BoundImport]) -> bool:
+        """Refuse ``imports`` unless they are the module's imports, in its order (admission
+        read them from the bytes; the engine must agree exactly); answer whether one of them
+        is of the native convention. The entries of a module's instances are the same objects
+        from one instance to the next (the registry's, sealed), so the entries that passed
+        are kept with the answer, and the same entries pass again on their identity."""
+        entries = tuple(b.entry for b in imports)
+        linked, native = self._linked
+        if entries == linked and (entries or not self._imports):
+            return native
+        if self._imports != tuple((e.module, e.name) for e in entries):
+            raise CallError(FailureClass.ADMISSION, "engine and admission disagree on imports")
+        native = any(e.convention == "native" for e in entries)
+        object.__setattr__(self, "_linked", (entries, native))  # one tuple: swapped whole
+        return native
 
 
 class Instance:
@@ -261,19 +344,17 @@ class Instance:
         self._stack_needed = engine.settings.max_wasm_stack + STACK_MARGIN
         self._engine = engine
         self._limits = limits
-        self._store = wasmtime.Store(engine.wasmtime_engine)
+        self._store = _Store(engine.wasmtime_engine)
         self._set_memory_limit(limits.max_memory_bytes)
-        self._context = self._store._context()
-        self._ctx_addr = ctypes.cast(self._context, ctypes.c_void_p).value
+        self._context = self._store.context
+        self._ctx_addr: int = self._context.value or 0
         self._ctx = HostContext(imports, gate)
         # The same, for an owner's per-call look at ``interrupted`` without a property's frame.
         self.context = self._ctx
         self._ctx.expected_ctx = self._ctx_addr or 0
         epoch_env = next(EPOCH_TARGET_IDS)
         EPOCH_TARGETS[epoch_env] = self._ctx
-        store_epoch_deadline_callback(
-            ctypes.cast(self._store.ptr(), ctypes.c_void_p).value, on_epoch_tick, epoch_env, None
-        )
+        store_epoch_deadline_callback(self._store.address, on_epoch_tick, epoch_env, None)
         self._timeout_s = limits.timeout_ms / 1000
         self._tick_s = engine.settings.epoch_tick_ms / 1000
         # 0 when the engine's ticks need the GIL (then no call may keep it).
@@ -282,20 +363,17 @@ class Instance:
         # The commands whose last call here burnt less fuel than that: their next call keeps
         # the GIL. A command is trusted only once seen short, so a long one never starts so.
         self._short_commands: set[bytes] = set()
-        self._has_native = any(b.entry.convention == "native" for b in imports)
-        # What get_fuel answers (an array: passed to the command path's calls as it is), and
-        # what set_fuel is given.
-        self._fuel_left = (ctypes.c_uint64 * 1)()
-        self._fuel_left_addr = ctypes.addressof(self._fuel_left)
+        # What get_fuel answers (an array: passed to the command path's calls as it is), in
+        # the block of what libwasmtime is handed by address; and what set_fuel is given.
+        self._block = block = _Block()
+        self._block_addr = ctypes.addressof(block)
+        self._fuel_left: ctypes.Array[ctypes.c_uint64] = block.fuel_left
+        self._fuel_left_addr = self._block_addr + _AT["fuel_left"]
         self._fuel_arg = ctypes.c_uint64(0)
         self.closed = False
         self.fuel_used = 0
         self.last_call_fuel = 0
-        names = module._imports
-        expected = tuple((b.entry.module, b.entry.name) for b in imports)
-        if names != expected:
-            # Admission read the imports from the bytes; the engine must agree exactly.
-            raise CallError(FailureClass.ADMISSION, "engine and admission disagree on imports")
+        self._has_native = module.link_check(imports)
         externs = (ffi.wasmtime_extern_t * max(1, len(imports)))()
         # The C callbacks live exactly as long as this Instance, which owns the Store calling
         # them (nothing module-level refers to either: a dropped Instance is collected).
@@ -338,29 +416,34 @@ class Instance:
         except IndexError:
             raise _in_use() from None
         self.started = True
-        instance = ffi.wasmtime_instance_t()
+        block, base = self._block, self._block_addr
         externs, module, command_export = self._externs, self._module, self._command_export
         try:
             self._arm(budget)
-            trap = POINTER(ffi.wasm_trap_t)()
             GIL_WANTED.add(self)
             try:
-                err = raw._wasmtime_instance_new(
-                    self._context,
-                    module.module.ptr(),
-                    externs,
+                err = instance_new(
+                    self._ctx_addr,
+                    module.address,
+                    ctypes.addressof(externs),
                     len(self._ctx.imports),
-                    byref(instance),
-                    byref(trap),
+                    base + _AT["instance"],
+                    base + _AT["trap"],
                 )
             finally:
                 GIL_WANTED.discard(self)
+            trap = block.trap[0]
             if trap:
-                self._forfeit_lost_fuel(ctypes.cast(trap, ctypes.c_void_p).value or 0)
+                block.trap[0] = None  # the command path's trap slot, empty between calls
+                self._forfeit_lost_fuel(trap)
             overran = self._account(budget)
             failure: BaseException | None = None
             if err or trap:
-                failure = self._failure(err, trap, instantiating=True)
+                failure = self._failure(
+                    ctypes.cast(err, POINTER(ffi.wasmtime_error_t)) if err else None,
+                    ctypes.cast(trap, POINTER(ffi.wasm_trap_t)) if trap else None,
+                    instantiating=True,
+                )
             elif overran:
                 failure = _overrun()
             elif self._ctx.halt is not None:
@@ -371,35 +454,46 @@ class Instance:
             self.close()
             raise failure
         self._externs = None
-        self._instance = instance
-        self._memory = self._export(b"memory").of.memory
+        self._instance = block.instance
+        self._export(b"memory", "memory")
+        self._memory = block.memory.of.memory
         self._ctx.set_memory(self._memory, self._store)
         if command_export is not None:
-            self._alloc = self._call = self._export(command_export.encode()).of.func
+            self._export(command_export.encode(), "call")
+            alloc = "call"
         else:
-            self._alloc = self._export(b"wasihost_alloc").of.func
-            self._call = self._export(b"wasihost_call").of.func
-        self._args1 = (ffi.wasmtime_val_raw_t * 1)()
-        self._args3 = (ffi.wasmtime_val_raw_t * 3)()
-        # Raw addresses for run_command; every object they point into is kept alive by self.
-        self._alloc_addr = ctypes.addressof(self._alloc)
-        self._call_addr = ctypes.addressof(self._call)
-        self._memory_addr = ctypes.addressof(self._memory)
-        self._args1_addr = ctypes.addressof(self._args1)
-        self._args3_addr = ctypes.addressof(self._args3)
+            self._export(b"wasihost_alloc", "alloc")
+            self._export(b"wasihost_call", "call")
+            alloc = "alloc"
+        self._alloc = getattr(block, alloc).of.func
+        self._call = block.call.of.func
+        self._args1 = block.args1
+        self._args3 = block.args3
+        # Raw addresses for the command path, all in the block, which self keeps alive.
+        self._alloc_addr = base + _AT[alloc] + _EXTERN_OF
+        self._call_addr = base + _AT["call"] + _EXTERN_OF
+        self._memory_addr = base + _AT["memory"] + _EXTERN_OF
+        self._args1_addr = base + _AT["args1"]
+        self._args3_addr = base + _AT["args3"]
         # The trap slot wasmtime fills: an array, so the command path passes it as it is.
-        self._trap_slot = (ctypes.c_void_p * 1)()
-        self._trap_slot_addr = ctypes.addressof(self._trap_slot)
-        # The command path's arguments as objects (lowlevel.object_arg_fn), and the argument
-        # arrays as 8-byte words (_RAW_WORDS); self keeps what each points into alive.
+        self._trap_slot = block.trap
+        self._trap_slot_addr = base + _AT["trap"]
+        # What only the ctypes command path uses is made by its first call (_ctypes_path).
+        self._words1: memoryview | None = None
+
+    def _ctypes_path(self) -> tuple[memoryview, memoryview]:
+        """The command path's arguments as objects (lowlevel.object_arg_fn), and the argument
+        arrays as 8-byte words (_RAW_WORDS), for _call_by_ctypes; self keeps what each points
+        into alive. Made once, by its first call: the compiled path needs none of them."""
         self._alloc_ref = ctypes.pointer(self._alloc)
         self._call_ref = ctypes.pointer(self._call)
-        self._words1 = PROCESS_MEMORY[
-            self._args1_addr : self._args1_addr + ctypes.sizeof(self._args1)
-        ].cast("Q")
         self._words3 = PROCESS_MEMORY[
             self._args3_addr : self._args3_addr + ctypes.sizeof(self._args3)
         ].cast("Q")
+        self._words1 = PROCESS_MEMORY[
+            self._args1_addr : self._args1_addr + ctypes.sizeof(self._args1)
+        ].cast("Q")
+        return self._words1, self._words3
 
     @property
     def exit_code(self) -> int | None:
@@ -466,27 +560,28 @@ class Instance:
                 return None
             name = GROW_REFUSED_EXPORT.encode()
             item = ffi.wasmtime_extern_t()
-            if not raw._wasmtime_instance_export_get(
-                self._context, byref(instance), name, len(name), byref(item)
+            if not instance_export_get(
+                self._ctx_addr, ctypes.addressof(instance), name, len(name), ctypes.addressof(item)
             ):
                 return None
             kind: Any = item.kind  # ctypes reads the field as an int; its stub says c_ubyte
             if kind != ffi.WASMTIME_EXTERN_GLOBAL.value:
                 return None
             value = ffi.wasmtime_val_t()
-            raw.wasmtime_global_get(self._context, byref(item.of.global_), byref(value))
+            context = ctypes.cast(self._ctx_addr, POINTER(ffi.wasmtime_context_t))
+            raw.wasmtime_global_get(context, byref(item.of.global_), byref(value))
             pages = int(value.of.i64) & 0xFFFF_FFFF_FFFF_FFFF
         finally:
             self._leave()
         return refused_bytes(pages) if pages else None
 
-    def _export(self, name: bytes) -> Any:
-        item = ffi.wasmtime_extern_t()
-        if not raw._wasmtime_instance_export_get(
-            self._context, byref(self._instance), name, len(name), byref(item)
+    def _export(self, name: bytes, field: str) -> None:
+        """Look ``name`` up among the instance's exports, into the block's ``field``."""
+        base = self._block_addr
+        if not instance_export_get(
+            self._ctx_addr, base + _AT["instance"], name, len(name), base + _AT[field]
         ):
             raise CallError(FailureClass.PROTOCOL, f"export {name.decode()} missing")
-        return item
 
     def _arm(self, budget: Budget) -> None:
         """Before a phase: what is left of the call's fuel and its deadline."""
@@ -704,6 +799,8 @@ class Instance:
         cmd_len = len(command)
         total = cmd_len + len(payload)
         words = self._words1
+        if words is None:
+            words, _ = self._ctypes_path()
         words[0] = total
         err = cross(ctx, self._alloc_ref, self._args1, _ONE_ARG, trap)
         if err or trap[0]:

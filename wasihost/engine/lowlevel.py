@@ -151,6 +151,29 @@ command_set_epoch_deadline = object_arg_fn(
     "wasmtime_context_set_epoch_deadline", None, keep_gil=True
 )
 error_new = private_fn("wasmtime_error_new", VP, ctypes.c_char_p)
+# A Store on plain addresses (instance._Store): made with no host data and no finalizer, as
+# wasmtime-py's Store makes one, its limits set whole, and freed. wasmtime-py's Store wraps each
+# in a typed prototype and a Python object per pointer: about 3 µs of every instance.
+store_new = private_fn("wasmtime_store_new", VP, VP, VP, VP)
+store_context = private_fn("wasmtime_store_context", VP, VP, keep_gil=True)
+store_delete = private_fn("wasmtime_store_delete", None, VP)
+_I64 = ctypes.c_int64
+store_limiter = private_fn("wasmtime_store_limiter", None, VP, _I64, _I64, _I64, _I64, _I64)
+# Instantiation and its export look-ups on plain addresses (Instance.instantiate): wasmtime-py's
+# typed prototypes convert each pointer argument (about a tenth of a start's engine time went
+# to ctypes). instance_new runs the guest's start function, so it releases the GIL; an export
+# look-up is a hash-map read, made with the GIL held.
+instance_new = private_fn("wasmtime_instance_new", VP, VP, VP, VP, ctypes.c_size_t, VP, VP)
+instance_export_get = private_fn(
+    "wasmtime_instance_export_get",
+    ctypes.c_bool,
+    VP,
+    VP,
+    ctypes.c_char_p,
+    ctypes.c_size_t,
+    VP,
+    keep_gil=True,
+)
 # wasmtime_error_t* (*)(wasmtime_context_t*, void* env, uint64_t* delta, uint8_t* update_kind)
 EPOCH_CALLBACK = ctypes.CFUNCTYPE(
     VP, VP, VP, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint8)

@@ -512,9 +512,12 @@ class Extension:
         return run
 
     def record_step(self, step: str, detail: str) -> None:
-        """One observable step of admission or start-up (also journaled when durable)."""
+        """One observable step of admission or start-up (also journaled when durable: only
+        then is the journal's line made, ten times a start)."""
         self.steps.append((step, detail))
-        self.host.journal(self.id, "step", f"{step}: {detail}")
+        host = self.host
+        if host.state is not None:
+            host.journal(self._id, "step", f"{step}: {detail}")
 
     def _on_transition(self, before: State, event: Event, after: State) -> None:
         self._wake_delays()  # a call waiting for room sees the change at once

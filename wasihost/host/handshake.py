@@ -17,6 +17,7 @@ import attrs
 
 from ..core.codec import CodecLimits, decode, encode
 from ..core.errors import CallError, CodecError, FailureClass
+from ..core.tokens import TOKEN_BYTES
 
 if TYPE_CHECKING:
     from ..core.admission import AdmissionPlan
@@ -45,6 +46,9 @@ READINESS = ("ready", "degraded", "failed")
 # answer that fails them is worked out, and refused, every time). Bounded by entries, each
 # at most MAX_HANDSHAKE_BYTES.
 HANDSHAKE_ANSWERS_KEPT = 64
+# The welcome request's part that depends only on the granted capabilities, kept per distinct
+# set (_welcome_template): grants change rarely, and each entry is a few hundred bytes at most.
+WELCOME_TEMPLATES_KEPT = 64
 
 
 @attrs.frozen
@@ -92,16 +96,9 @@ def run_handshake(
             f"says {manifest.id} {manifest.version}",
         )
     runtime_id = secrets.token_bytes(RUNTIME_ID_BYTES)
-    granted = sorted(grant.capabilities)
-    welcome = {
-        "runtime_id": runtime_id,
-        "granted": granted,
-        "epoch": grant.epoch,
-        "token": tokens.issue(ext_id, runtime_id, grant.epoch),
-    }
-    readiness, reason = _welcome_answer(
-        _reserved(instance, "wasihost.welcome", encode(welcome), budget)
-    )
+    token = tokens.issue(ext_id, runtime_id, grant.epoch)
+    granted, welcome = welcome_request(grant.capabilities, runtime_id, grant.epoch, token)
+    readiness, reason = _welcome_answer(_reserved(instance, "wasihost.welcome", welcome, budget))
     if readiness == "failed":
         raise CallError(
             FailureClass.HANDSHAKE, f"guest reported failed start-up: {reason or 'no reason'}"
@@ -112,7 +109,7 @@ def run_handshake(
         guest_version=guest_version,
         abi=abi,
         requested=features,
-        granted=tuple(granted),
+        granted=granted,
         epoch=grant.epoch,
         readiness=readiness,
         reason=reason,
@@ -135,6 +132,44 @@ def hello_request(registry: Registry, plan: AdmissionPlan) -> bytes:
         request = encode({"host": "wasihost", "abi": versions, "features": features})
         registry.remember(key, request)
     return request
+
+
+@functools.lru_cache(maxsize=WELCOME_TEMPLATES_KEPT)
+def _welcome_template(capabilities: frozenset[str]) -> tuple[tuple[str, ...], bytes, bytes, bytes]:
+    """``wasihost.welcome``'s request for a set of granted capabilities, less what changes
+    from one start to the next: (the capabilities, sorted; the bytes before the runtime id;
+    those between it and the epoch; those between the epoch and the token).
+
+    The request is ``encode({"runtime_id", "granted", "epoch", "token"})``, a definite map
+    whose pairs are written in that order, so the rest is the same at every start with those
+    capabilities: encoded once per set (a stateless host's epoch moves at each admission, so
+    the set, not the grant, is the key). Made by encoding the whole map once, with stand-ins
+    of the per-start values' sizes, and cut where their encodings sit; a map that would not
+    cut so is refused (it would be a bug: each encoding is fixed by its value alone)."""
+    granted = sorted(capabilities)
+    runtime_id, token = bytes(RUNTIME_ID_BYTES), bytes(TOKEN_BYTES)
+    whole = encode({"runtime_id": runtime_id, "granted": granted, "epoch": 0, "token": token})
+    head, value, tail = b"\xa4" + encode("runtime_id"), encode(runtime_id), encode(token)
+    epoch_key = encode("epoch") + encode(0)
+    start, end = len(head) + len(value), len(whole) - len(tail) - len(encode("token"))
+    if not (
+        whole.startswith(head + value)
+        and whole.endswith(encode("token") + tail)
+        and whole[end - len(epoch_key) : end] == epoch_key
+    ):
+        raise AssertionError("the welcome request does not cut at its runtime id and token")
+    before_epoch = whole[start : end - len(encode(0))]
+    return tuple(granted), head, before_epoch, encode("token")
+
+
+def welcome_request(
+    capabilities: frozenset[str], runtime_id: bytes, epoch: int, token: bytes
+) -> tuple[tuple[str, ...], bytes]:
+    """(the granted capabilities, sorted; ``wasihost.welcome``'s request): the same bytes as
+    ``encode({"runtime_id": ..., "granted": [...], "epoch": ..., "token": ...})``."""
+    granted, head, before_epoch, before_token = _welcome_template(capabilities)
+    parts = (head, encode(runtime_id), before_epoch, encode(epoch), before_token, encode(token))
+    return granted, b"".join(parts)
 
 
 def guest_error(body: bytes) -> tuple[str, str]:
