@@ -479,6 +479,8 @@ static PyObject *call2(PyObject *fn, PyObject *a, PyObject *b) {
 static wasm_trap_t *serve_native(NativeEntry *self, void *env, void *caller, raw_val_t *args,
                                  size_t nargs) {
     PyObject *interrupted = PyDict_GetItemWithError(self->host_dict, str_interrupted);
+    if (interrupted == NULL)
+        PyErr_Clear(); /* not there: the generic dispatch reads it, and answers what it finds */
     if (interrupted != Py_False || slot_of(self->call, self->bound_at) != Py_True)
         /* Stopped, not bound (a start function's call) or something odd: the generic way. */
         return call_dispatch(self->slow, env, caller, args, nargs);

@@ -758,6 +758,7 @@ def fast_native_entry(host: NativeHost, entry: HostFunction, handler: Any, slow:
             return host.crashed(exc)
 
     def finish(args: int, result: Any) -> int:
+        # The generic dispatch's last step, as it is there (a result that is not an int).
         try:
             if i32_result:
                 _put_u32(PROCESS_MEMORY, args, result & U32)
