@@ -1,12 +1,14 @@
 """Signals while a guest runs on the main thread: deferred out of host callbacks, never lost.
 
 Python runs a signal's handler on the main thread at the next bytecode boundary. While a guest
-runs, that boundary is the entry of one of our ctypes callbacks (an epoch tick, a host call),
-before its ``try``: an exception the handler raises (the default SIGINT handler's
-``KeyboardInterrupt``, a SIGTERM handler's ``SystemExit``) would escape the callback, ctypes
-would print "Exception ignored" and hand libwasmtime an unset return value. libwasmtime reads
-it as "no trap" (the host call is skipped, the guest carries on with a made-up result, or runs
-on to its deadline) or as a pointer to free (the process aborts).
+runs, that boundary is the entry of one of our callbacks (an epoch tick, a host call), before
+its ``try``: an exception the handler raises (the default SIGINT handler's
+``KeyboardInterrupt``, a SIGTERM handler's ``SystemExit``) would escape the callback. Through a
+ctypes callback (the epoch tick, and host calls without the C extension) ctypes prints
+"Exception ignored" and hands libwasmtime an unset return value, which it reads as "no trap"
+(the host call is skipped, the guest carries on with a made-up result, or runs on to its
+deadline) or as a pointer to free (the process aborts); the C trampolines of ``_fastcall.c``
+answer a trap instead, but the guest's call must still end for the right reason.
 
 So the engine wraps, from the main thread, every Python-level signal handler it finds. While
 one of the callbacks libwasmtime calls is on the main thread's stack, the wrapper raises
