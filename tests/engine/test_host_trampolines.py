@@ -225,3 +225,50 @@ def test_host_call_depth_is_per_thread() -> None:
         release.set()
         worker.join(10)
     assert seen == [True] and here is False
+
+
+def ctrl_c_run() -> list[Any]:
+    """Ctrl-C arriving while a native function runs on the main thread (as a terminal's would,
+    between two bytecodes of the function): the call must end ``interrupted``, not with the
+    KeyboardInterrupt raised inside the function, and the extension serves the next call."""
+    import os
+    import signal
+
+    calls = [0]
+
+    def probe(ctx: CallContext, x: int) -> int:
+        calls[0] += 1
+        if calls[0] == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the handler runs at a bytecode boundary in here
+                pass
+        return x
+
+    seen: list[Any] = []
+    host, package = probing_host(probe)
+    with host:
+        ext = host.admit(package, grants=["myapp.math"])
+        for _ in range(3):
+            try:
+                seen.append(("ok", ext.call("go")))
+            except CallError as exc:
+                seen.append(("failed", exc.failure.value, exc.message))
+    return seen
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="signals: main thread"
+)
+def test_ctrl_c_in_a_native_entry_ends_its_call_as_on_ctypes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with monkeypatch.context() as ctypes_path:
+        on_path(ctypes_path, "ctypes")
+        expected = ctrl_c_run()
+    assert expected[1][:2] == ("failed", "interrupted") and expected[2] == ("ok", None)
+    assert ctrl_c_run() == expected
+    # Without the thread's host-call depth the signal finds no engine frame above the function
+    # and the KeyboardInterrupt is raised inside it instead: the depth is what decides.
+    monkeypatch.setattr(sigint, "IN_HOST_CALL", None)
+    with pytest.raises(KeyboardInterrupt):
+        ctrl_c_run()
