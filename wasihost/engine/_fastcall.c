@@ -339,6 +339,8 @@ typedef struct {
     int nparams;
     char params[MAX_PARAMS]; /* 'I' u32, 'i' i32, 'Q' u64, 'q' i64 */
     int result;
+    /* The Instance holds its entries as long as its Store; a weak reference lets a test see
+     * them go with it (tests/host/test_profiles.py). */
     PyObject *weakrefs;
 } NativeEntry;
 

@@ -284,36 +284,33 @@ class CompiledModule:
     _imports: tuple[tuple[str, str], ...] = attrs.field(init=False, eq=False, repr=False)
     # The module's address, as instantiation passes it (the module lives as long as this).
     address: int = attrs.field(init=False, eq=False, repr=False)
-    # The registry entries last linked to the module and whether one is native: an instance
-    # linked with the same entries (every instance of an extension, and of its restarts) is
-    # checked against the module's imports by identity, not name by name (see link_check).
-    _linked: tuple[tuple[HostFunction, ...], bool] = attrs.field(init=False, eq=False, repr=False)
+    # The registry entries last linked to the module: an instance linked with the same entries
+    # (every instance of an extension, and of its restarts) is checked against the module's
+    # imports by identity, not name by name (see link_check).
+    _linked: tuple[HostFunction, ...] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         names = tuple((i.module, i.name or "") for i in self.module.imports)
         object.__setattr__(self, "_imports", names)
         address = ctypes.cast(self.module.ptr(), ctypes.c_void_p).value or 0
         object.__setattr__(self, "address", address)
-        object.__setattr__(self, "_linked", ((), False))
+        object.__setattr__(self, "_linked", ())
 
     def import_names(self) -> list[tuple[str, str]]:
         return list(self._imports)
 
-    def link_check(self, imports: Sequence[BoundImport]) -> bool:
+    def link_check(self, imports: Sequence[BoundImport]) -> None:
         """Refuse ``imports`` unless they are the module's imports, in its order (admission
-        read them from the bytes; the engine must agree exactly); answer whether one of them
-        is of the native convention. The entries of a module's instances are the same objects
-        from one instance to the next (the registry's, sealed), so the entries that passed
-        are kept with the answer, and the same entries pass again on their identity."""
+        read them from the bytes; the engine must agree exactly). The entries of a module's
+        instances are the same objects from one instance to the next (the registry's,
+        sealed), so the entries that passed are kept, and the same entries pass again on
+        their identity."""
         entries = tuple(b.entry for b in imports)
-        linked, native = self._linked
-        if entries == linked and (entries or not self._imports):
-            return native
+        if entries == self._linked and (entries or not self._imports):
+            return
         if self._imports != tuple((e.module, e.name) for e in entries):
             raise CallError(FailureClass.ADMISSION, "engine and admission disagree on imports")
-        native = any(e.convention == "native" for e in entries)
-        object.__setattr__(self, "_linked", (entries, native))  # one tuple: swapped whole
-        return native
+        object.__setattr__(self, "_linked", entries)  # one tuple: swapped whole
 
 
 class Instance:
@@ -373,7 +370,7 @@ class Instance:
         self.closed = False
         self.fuel_used = 0
         self.last_call_fuel = 0
-        self._has_native = module.link_check(imports)
+        module.link_check(imports)
         externs = (ffi.wasmtime_extern_t * max(1, len(imports)))()
         # The C callbacks live exactly as long as this Instance, which owns the Store calling
         # them (nothing module-level refers to either: a dropped Instance is collected).
