@@ -259,7 +259,6 @@ class CallWorkers:
                 future.set_exception(ConfigError("this host is closed"))
             else:
                 future.set_exception(result)
-            return
 
         job = self.start(run, (), done)
         future.add_done_callback(lambda f: f.cancelled() and job.withdraw())

@@ -199,6 +199,18 @@ def is_async_function(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
+# What a host function may raise for the engine to answer: a status, or the end of the guest's
+# call (deadline, interrupt, fuel). Anything else is the function's bug (_crashed).
+_PASSED_TO_ENGINE = (HostStatus, GuestDeadline, GuestInterrupted, GuestOutOfFuel)
+
+
+def _crashed(name: str, ext_id: str) -> HostFunctionFailed:
+    """The function ``name`` raised while serving ``ext_id``; called in its ``except``. The
+    details are the host's: they go to its log, never to the guest."""
+    host_logger().exception("host function %s failed serving extension %s", name, ext_id)
+    return HostFunctionFailed(name)
+
+
 def _returned_coroutine(
     coro: types.CoroutineType[Any, Any, Any], name: str, ext_id: str
 ) -> Exception:
@@ -256,11 +268,6 @@ class FunctionBroker:
 
         name = entry.qualified_name
 
-        def crashed() -> Exception:
-            # The details are the host's: they go to its log, never to the guest.
-            host_logger().exception("host function %s failed serving extension %s", name, ext.id)
-            return HostFunctionFailed(name)
-
         if not is_async:
             # The plain function, the common case: its context ends inline, without a
             # ``finally`` or a method call (a measurable share of a small host call).
@@ -268,14 +275,10 @@ class FunctionBroker:
                 ctx = CallContext(ext, entry, call)
                 try:
                     result = fn(ctx, request)
-                except (HostStatus, GuestDeadline, GuestInterrupted, GuestOutOfFuel):
+                except BaseException as exc:
                     ctx._call = None
-                    raise
-                except Exception:
-                    ctx._call = None
-                    raise crashed() from None
-                except BaseException:
-                    ctx._call = None
+                    if isinstance(exc, Exception) and not isinstance(exc, _PASSED_TO_ENGINE):
+                        raise _crashed(name, ext.id) from None
                     raise
                 ctx._call = None
                 if type(result) is types.CoroutineType:
@@ -291,10 +294,10 @@ class FunctionBroker:
                     raise GuestInterrupted
                 coro: Awaitable[Any] = fn(ctx, request)
                 return wait_for(loop.submit(coro), call)  # type: ignore[arg-type]
-            except (HostStatus, GuestDeadline, GuestInterrupted, GuestOutOfFuel):
+            except _PASSED_TO_ENGINE:
                 raise
             except Exception:
-                raise crashed() from None
+                raise _crashed(name, ext.id) from None
             finally:
                 ctx._end()
 
@@ -341,10 +344,6 @@ class FunctionBroker:
                 return None
             raise failed(result)
 
-        def crashed() -> Exception:
-            host_logger().exception("host function %s failed serving extension %s", name, ext.id)
-            return HostFunctionFailed(name)
-
         if not is_async:
             # The plain function, the common case, on the native trampoline's hot path
             # (docs/engine.md "Host-call trampolines"): its context ends inline, without a
@@ -353,14 +352,10 @@ class FunctionBroker:
                 ctx = CallContext(ext, entry, call)
                 try:
                     result = fn(ctx, *args)
-                except (HostStatus, GuestDeadline, GuestInterrupted, GuestOutOfFuel):
+                except BaseException as exc:
                     ctx._call = None
-                    raise
-                except Exception:
-                    ctx._call = None
-                    raise crashed() from None
-                except BaseException:
-                    ctx._call = None
+                    if isinstance(exc, Exception) and not isinstance(exc, _PASSED_TO_ENGINE):
+                        raise _crashed(name, ext.id) from None
                     raise
                 ctx._call = None
                 # checked(result), inline: a call more is measurable on a native host call.
@@ -381,10 +376,10 @@ class FunctionBroker:
                     raise GuestInterrupted
                 coro: Awaitable[Any] = fn(ctx, *args)
                 result = wait_for(loop.submit(coro), call)  # type: ignore[arg-type]
-            except (HostStatus, GuestDeadline, GuestInterrupted, GuestOutOfFuel):
+            except _PASSED_TO_ENGINE:
                 raise
             except Exception:
-                raise crashed() from None
+                raise _crashed(name, ext.id) from None
             finally:
                 ctx._end()
             return checked(result)
