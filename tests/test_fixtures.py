@@ -4,12 +4,21 @@ and the host carries on afterwards."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.common import ALL_CAPS, FIXTURES, ROOT, rust_toolchain_present, toolchain_present
+from tests.support.common import (
+    ALL_CAPS,
+    FIXTURES,
+    ROOT,
+    fixture_toolchain_missing,
+    rust_toolchain_gap,
+    rust_toolchain_missing,
+)
 from wasihost.core.admission import declared_version
 from wasihost.core.errors import AdmissionError, CallError, ConfigError, FailureClass
 from wasihost.core.registry import CBOR_PARAMS, CBOR_RESULTS
@@ -222,7 +231,7 @@ def test_host_keeps_serving_after_every_hostile_fixture(host: Host) -> None:
 
 @pytest.mark.toolchain
 @pytest.mark.skipif(
-    not toolchain_present(), reason="fixture toolchains (Rust, clang, wasi-libc) absent"
+    fixture_toolchain_missing() is not None, reason=str(fixture_toolchain_missing())
 )
 def test_committed_wasm_matches_a_fresh_build() -> None:
     """fixtures/build --check rebuilds every fixture (SDK guests, native plugins, WASI
@@ -238,7 +247,7 @@ def test_committed_wasm_matches_a_fresh_build() -> None:
 
 
 @pytest.mark.toolchain
-@pytest.mark.skipif(not rust_toolchain_present(), reason="Debian Rust wasm toolchain absent")
+@pytest.mark.skipif(rust_toolchain_missing() is not None, reason=str(rust_toolchain_missing()))
 @pytest.mark.parametrize(
     ("crate", "features"),
     [("guest-sdk", ""), ("guest-sdk", "native"), ("guest-sdk/v2", "")],
@@ -257,6 +266,39 @@ def test_guest_sdk_unit_tests_and_vectors_pass(crate: str, features: str) -> Non
         env={**os.environ, "RUST_BACKTRACE": "0"},
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+@pytest.mark.skipif(not Path("/usr/bin/cargo").exists(), reason="cargo is not installed")
+def test_a_machine_with_cargo_but_not_the_sdk_crates_is_told_what_to_install(
+    tmp_path: Path,
+) -> None:
+    """Debian's cargo with an empty crate registry, as on a Rust user's machine without
+    librust-ciborium-ll-dev: the Rust tests skip, naming the crate and the apt-get line,
+    instead of failing with cargo's resolution error."""
+    sdk = tmp_path / "guest-sdk"
+    sdk.mkdir()
+    for name in ("Cargo.toml", "Cargo.lock", "src"):
+        source = ROOT / "guest-sdk" / name
+        if source.is_dir():
+            shutil.copytree(source, sdk / name)
+        else:
+            shutil.copy(source, sdk / name)
+    (tmp_path / "registry").mkdir()
+    (tmp_path / ".cargo").mkdir()
+    config = (ROOT / ".cargo" / "config.toml").read_text()
+    assert "/usr/share/cargo/registry" in config
+    (tmp_path / ".cargo" / "config.toml").write_text(
+        config.replace("/usr/share/cargo/registry", str(tmp_path / "registry"))
+    )
+    gap = rust_toolchain_gap(tmp_path)
+    assert gap is not None
+    if "standard library" in gap or "not installed" in gap:
+        pytest.skip(f"this machine lacks more than the crates: {gap}")
+    assert "ciborium" in gap, gap
+    assert "do not resolve offline" in gap
+    assert gap.endswith(
+        "apt-get install -y rustc cargo libstd-rust-dev-wasm32 lld librust-ciborium-ll-dev"
+    )
 
 
 def test_strict_policy_caps_resources_to_its_ceilings() -> None:

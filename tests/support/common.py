@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import itertools
@@ -131,10 +132,23 @@ def native_entry(
     )
 
 
-def rust_toolchain_present() -> bool:
-    """Debian's Rust with the wasm32 standard libraries (the SDK and its fixtures)."""
+# What Debian packages a Rust guest build needs here: the compiler with the wasm32 standard
+# libraries, the linker, and the crates the guest SDK depends on (crates.io is not used).
+RUST_APT_LINE = "apt-get install -y rustc cargo libstd-rust-dev-wasm32 lld librust-ciborium-ll-dev"
+FIXTURE_APT_LINE = "apt-get install -y clang wasi-libc libclang-rt-14-dev-wasm32"
+# The Rust workspaces the tests build: the SDK (both ABI crates) and the fixtures.
+RUST_CRATES = ("guest-sdk", "guest-sdk/v2", "fixtures")
+
+
+def rust_toolchain_gap(root: Path = ROOT) -> str | None:
+    """Why the Rust guest builds cannot run on this machine, with the line that installs what
+    is missing; None when they can. A machine with ``cargo`` but without the packaged crates
+    the SDK needs (librust-ciborium-ll-dev) is the common case: ``cargo metadata --offline``
+    must resolve every workspace the tests build, not only find the compiler. Each resolves
+    from its own directory under ``root``, so that the repository's .cargo/config.toml (the
+    Debian registry) applies."""
     if not (Path("/usr/bin/cargo").exists() and shutil.which("bash")):
-        return False
+        return f"Debian's Rust is not installed: {RUST_APT_LINE}"
     for target in ("wasm32-unknown-unknown", "wasm32-wasi"):
         probe = subprocess.run(
             ["/usr/bin/rustc", "--print", "target-libdir", "--target", target],
@@ -143,18 +157,43 @@ def rust_toolchain_present() -> bool:
             check=False,
         )
         if probe.returncode != 0 or not Path(probe.stdout.strip()).is_dir():
-            return False
-    return True
+            return f"Rust's {target} standard library is not installed: {RUST_APT_LINE}"
+    for crate in RUST_CRATES:
+        resolve = subprocess.run(
+            ["/usr/bin/cargo", "metadata", "--offline", "--format-version", "1"],
+            cwd=root / crate,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        if resolve.returncode != 0:
+            first = next((line for line in resolve.stderr.splitlines() if line.strip()), "")
+            return (
+                f"the Rust crates {crate}/ depends on do not resolve offline ({first.strip()}): "
+                f"{RUST_APT_LINE}"
+            )
+    return None
 
 
-def toolchain_present() -> bool:
+@functools.cache
+def rust_toolchain_missing() -> str | None:
+    """:func:`rust_toolchain_gap` for this machine, asked once per test run."""
+    return rust_toolchain_gap()
+
+
+def fixture_toolchain_missing() -> str | None:
     """Everything fixtures/build needs: Rust as above, and clang with wasi-libc."""
-    return (
-        rust_toolchain_present()
-        and Path("/usr/bin/clang").exists()
+    rust = rust_toolchain_missing()
+    if rust is not None:
+        return rust
+    if not (
+        Path("/usr/bin/clang").exists()
         and Path("/usr/include/wasm32-wasi/stdio.h").exists()  # wasi-libc
-        and bool(glob.glob("/usr/lib/llvm-*/lib/clang/*/lib/wasi/libclang_rt.builtins-wasm32.a"))
-    )
+        and glob.glob("/usr/lib/llvm-*/lib/clang/*/lib/wasi/libclang_rt.builtins-wasm32.a")
+    ):
+        return f"clang for wasm32 with wasi-libc is not installed: {FIXTURE_APT_LINE}"
+    return None
 
 
 # fixtures/appfns' two embedder functions as the pool and density tests declare them (each
