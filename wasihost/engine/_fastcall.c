@@ -739,6 +739,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "wasihost.engine._fastcall",
     "One ABI command call as one crossing into libwasmtime (engine/fastcall.py).", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__fastcall(void) {
