@@ -543,3 +543,58 @@ def test_an_integer_flag_of_more_digits_than_any_limit_is_a_usage_error(
     assert main(["run", str(FIXTURES / "hello"), "greet", "--fuel", "9" * 5000]) == 2
     err = capsys.readouterr().err
     assert "has more digits than any limit here" in err and len(err) < 200
+
+
+def test_status_counts_what_storage_keeps_and_says_when_it_cannot_read_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Issue 35 item 7: status said "data 0 bytes" while the storage broker held entries."""
+    state_dir = tmp_path / "state"
+    state = ["--state-dir", str(state_dir)]
+    ext = "org.wasihost.fixtures.storage"
+    assert run_cli(capsys, "install", str(FIXTURES / "storage"), *state)[0] == 0
+    assert run_cli(capsys, "grants", "grant", ext, "storage", *state)[0] == 0
+    code, out, _ = run_cli(capsys, "status", ext, *state)
+    assert "storage 0 bytes in 0 entries" in out  # nothing stored yet, and no database made
+    assert not (state_dir / "storage.sqlite3").exists()
+    value = {"$bytes": b"hello world".hex()}
+    for key in ("k1", "k2"):
+        put = json.dumps({"key": key, "value": value})
+        assert run_cli(capsys, "run", ext, "put", "--input", put, *state)[:2] == (0, "null\n")
+    code, out, _ = run_cli(capsys, "status", ext, "--json", *state)
+    (report,) = json.loads(out)["extensions"]
+    kept = report["remaining"]
+    # Each entry counts its key and its value, as the storage quota does.
+    assert (kept["storage_bytes"], kept["storage_entries"]) == (2 * (2 + 11), 2)
+    assert kept["storage_error"] is None
+    code, out, _ = run_cli(capsys, "status", ext, *state)
+    assert code == 0 and "storage 26 bytes in 2 entries" in out
+    # A storage database that is not one: status says so, and still reports the rest.
+    for suffix in ("", "-wal", "-shm"):
+        (state_dir / f"storage.sqlite3{suffix}").unlink(missing_ok=True)
+    (state_dir / "storage.sqlite3").write_bytes(b"not a database" * 100)
+    code, out, err = run_cli(capsys, "status", ext, *state)
+    assert code == 0 and "Traceback" not in err
+    assert "storage unreadable (storage database" in out and "grants (epoch 1): storage" in out
+
+
+def test_granting_what_an_extension_already_holds_writes_no_journal_line(
+    tmp_path: Path,
+) -> None:
+    """An application that grants at every start: the journal gains no line per start."""
+    from wasihost import Host, Policy
+    from wasihost.store.state import StateStore
+
+    ext = "org.wasihost.fixtures.hello"
+    for _ in range(3):
+        with Host(Policy(allow={"log", "clock"}), state_dir=tmp_path) as host:
+            assert host.grant(ext, "log") == 1
+            host.load(FIXTURES / "hello").call("greet", {"name": "a"})
+    with Host(Policy(allow={"log", "clock"}), state_dir=tmp_path) as host:
+        assert host.grant(ext, "clock") == 2  # a change is still journaled
+    store = StateStore(tmp_path)
+    try:
+        grants = [e.detail for e in store.events(ext, limit=1000) if e.kind == "grant"]
+    finally:
+        store.close()
+    assert sorted(grants) == ["clock scope {} epoch 2", "log scope {} epoch 1"]

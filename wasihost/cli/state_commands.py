@@ -134,6 +134,13 @@ def _status_of(host: Host, ext: str) -> dict[str, Any]:
     }
 
 
+def _storage_kept(remaining: dict[str, Any]) -> str:
+    """The storage broker's share of what an extension keeps, for ``status``."""
+    if remaining["storage_error"] is not None:
+        return f"unreadable ({printable(remaining['storage_error'])})"
+    return f"{remaining['storage_bytes']} bytes in {remaining['storage_entries']} entries"
+
+
 def _metrics_line(metrics: dict[str, Any]) -> str:
     """One line of host metrics for `wasihost status` (counts only)."""
     source = {
@@ -182,8 +189,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
             print(f"  grants (epoch {r['epoch']}): {', '.join(r['grants']) or 'none'}")
             rem = r["remaining"]
             print(
-                f"  kept: package {rem['package'] or '-'}; data {rem['data_bytes']} bytes; "
-                f"{rem['journal_events']} journal events"
+                f"  kept: package {rem['package'] or '-'}; files {rem['data_bytes']} bytes; "
+                f"storage {_storage_kept(rem)}; {rem['journal_events']} journal events"
             )
             if r["interrupted"]:
                 print(

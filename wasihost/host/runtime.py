@@ -1181,8 +1181,13 @@ class Host:
             check_wasi_scope(capability, scope or {})
         else:
             self.functions.check_scope(capability, scope or {})
+        before = self.grants.epoch(extension)
         epoch = self.grants.grant(extension, capability, scope)
-        self.journal(extension, "grant", f"{capability} scope {scope or {}} epoch {epoch}")
+        # A grant it already holds, with the same scope, changes nothing (the epoch stays):
+        # an application that grants at every start would otherwise grow the journal by a
+        # line per start.
+        if epoch != before:
+            self.journal(extension, "grant", f"{capability} scope {scope or {}} epoch {epoch}")
         return epoch
 
     def revoke(self, extension: str, capability: str | None = None, reason: str = "") -> int:
@@ -1356,9 +1361,14 @@ class Host:
         self._check_operator_id(extension)
         if self.state is not None:
             kept = self.state.remaining_data(extension)
+            storage = (
+                f"{kept['storage_bytes']} bytes in {kept['storage_entries']} storage entries"
+                if kept["storage_error"] is None
+                else "storage that cannot be read now"
+            )
             remains = (
-                f"{kept['data_bytes']} bytes of data, {kept['active_grants']} grants, "
-                f"{kept['journal_events']} journal events"
+                f"{kept['data_bytes']} bytes of files, {storage}, {kept['active_grants']} "
+                f"grants, {kept['journal_events']} journal events"
             )
         else:
             remains = "nothing durable: this host has no state directory"

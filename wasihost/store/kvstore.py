@@ -345,6 +345,31 @@ def _delete(db: sqlite3.Connection, ns: Namespace, key: bytes) -> bool:
     return True
 
 
+def stored_by(path: Path, extension: str) -> Usage:
+    """What ``extension`` keeps in the storage database at ``path``, over all its tenants:
+    (bytes, entries), as its quota counts them. Read-only: a missing file is nothing stored,
+    and this never creates one. Raises StoreError when the file is not a readable storage
+    database (``wasihost status`` says so rather than report 0)."""
+    if not path.exists():
+        return Usage()
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreError(f"storage database {path}: {exc}") from None
+    try:
+        db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        row = db.execute(
+            "SELECT COALESCE(SUM(bytes), 0), COALESCE(SUM(objects), 0) FROM usage "
+            "WHERE extension=?",
+            (extension,),
+        ).fetchone()
+    except sqlite3.Error as exc:
+        raise StoreError(f"storage database {path}: {exc}") from None
+    finally:
+        db.close()
+    return Usage(int(row[0]), int(row[1]))
+
+
 __all__ = [
     "DB_NAME",
     "MAX_KEY_BYTES",
@@ -358,4 +383,5 @@ __all__ = [
     "StoreError",
     "Usage",
     "prefix_end",
+    "stored_by",
 ]

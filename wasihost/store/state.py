@@ -976,10 +976,23 @@ class StateStore:
             n_grants = db.execute(
                 "SELECT COUNT(*) FROM grants WHERE extension=?", (extension,)
             ).fetchone()[0]
+        # The storage broker's entries live in their own database beside this one.
+        from .kvstore import stored_by
+        from .kvtypes import DB_NAME as STORAGE_DB_NAME
+        from .kvtypes import StoreError
+
+        storage_error = None
+        try:
+            stored = stored_by(self.directory / STORAGE_DB_NAME, extension)
+        except StoreError as exc:
+            stored, storage_error = None, str(exc)
         return {
             "package": str(pkg.path) if pkg else None,
             "data_dir": str(data) if data.exists() else None,
             "data_bytes": data_bytes,
+            "storage_bytes": stored.bytes if stored is not None else None,
+            "storage_entries": stored.objects if stored is not None else None,
+            "storage_error": storage_error,
             "journal_events": n_events,
             "active_grants": n_grants,
         }
