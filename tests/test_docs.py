@@ -267,6 +267,15 @@ def test_readme_quick_start_prints_the_documented_greeting(
     assert 'printing `{"greeting": "hello, ada"}`' in readme
 
 
+def test_the_quick_starts_virtual_environment_is_ignored_by_git() -> None:
+    """The quick start makes .venv/ in the checkout: git must not offer it for a commit."""
+    (install_and_run, _) = shell_commands(block_at("README.md", "python3 -m venv"))
+    venv = install_and_run.split()[3]
+    assert venv == ".venv"
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert f"{venv}/" in ignored or venv in ignored
+
+
 def test_lifecycle_state_commands_run_as_documented(
     fresh: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -307,3 +307,56 @@ def test_a_bench_host_counts_a_cpu_budget_crossing_but_refuses_no_call(
         else:
             with pytest.raises(Throttled):
                 ext.call("run", {"n": 1000})
+
+
+def test_the_plot_draws_each_bar_with_its_fastest_and_slowest_batch() -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    from matplotlib.container import BarContainer
+
+    from wasihost.benchmark import report
+
+    rows = [
+        {"scenario": "noop", "system": "wasihost", "median_us": 3.0, "min_us": 2.5, "max_us": 4.5},
+        {"scenario": "noop", "system": "extism", "median_us": 6.0, "min_us": 5.0, "max_us": 9.0},
+        {"scenario": "echo-64", "system": "extism", "median_us": None, "skipped": "absent"},
+    ]
+    fig = report.figure(rows)
+    try:
+        (ax,) = fig.axes
+        bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+        assert [len(c) for c in bars] == [1, 1]  # the skipped row draws nothing
+        spans = []
+        for bar in bars:
+            assert bar.errorbar is not None
+            (segments,) = bar.errorbar.lines[2]  # the vertical line of each bar's error bar
+            (low, high) = sorted(y for _, y in segments.get_segments()[0])
+            spans.append((bar.patches[0].get_height(), low, high))
+        assert sorted(spans) == [(3.0, 2.5, 4.5), (6.0, 5.0, 9.0)]
+    finally:
+        plt.close(fig)
+
+
+def test_a_scaling_row_whose_rounds_spread_more_than_its_effect_is_flagged() -> None:
+    from wasihost.benchmark import report
+    from wasihost.benchmark.scaling import settled
+
+    assert settled([1.8, 1.9, 1.85]) is True  # 0.1 of spread, 0.85 of effect
+    assert settled([0.6, 1.9, 1.2]) is False  # 1.3 of spread, 0.2 of effect
+    assert settled([1.6]) is False  # one round says nothing of its spread
+    rows = [
+        {"workload": "noop", "mode": "1 thread", "calls_per_s": 1000.0, "vs_1_thread": 1.0,
+         "ratio_by_round": [1.0, 1.0, 1.0], "settled": True, "skipped": None},
+        {"workload": "noop", "mode": "2 threads", "calls_per_s": 1200.0, "vs_1_thread": 1.2,
+         "ratio_by_round": [0.6, 1.9, 1.2], "settled": False, "skipped": None},
+        {"workload": "compute", "mode": "2 threads", "calls_per_s": 1850.0, "vs_1_thread": 1.85,
+         "ratio_by_round": [1.8, 1.9, 1.85], "settled": True, "skipped": None},
+    ]  # fmt: skip
+    lines = report.scaling_table(rows)
+    flagged = [line for line in lines if "! spread > effect" in line]
+    assert len(flagged) == 1 and flagged[0].startswith("noop      2 threads")
+    assert "0.60-1.90" in flagged[0]
+    assert any(line.startswith("! the rounds of this row spread more") for line in lines)
+    judged = targets._scaling("noop", 1.1)({"scaling": rows})
+    assert judged == ("1.20x of 1 thread, unsettled (spread > effect)", False)
+    assert targets._scaling("compute", 1.8)({"scaling": rows}) == ("1.85x of 1 thread", True)

@@ -97,15 +97,26 @@ def overhead_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def scaling_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = [f"{'workload':<10}{'mode':<14}{'calls/s':>12}{'vs 1 thread':>13}"]
+    lines = [f"{'workload':<10}{'mode':<14}{'calls/s':>12}{'vs 1 thread':>13}  rounds"]
+    unsettled = False
     for r in rows:
         if r["calls_per_s"] is None:
             lines.append(f"{r['workload']:<10}{r['mode']:<14}  skipped: {r['skipped']}")
-        else:
-            lines.append(
-                f"{r['workload']:<10}{r['mode']:<14}{r['calls_per_s']:>12.0f}"
-                f"{r['vs_1_thread']:>12.2f}x"
-            )
+            continue
+        by_round = r.get("ratio_by_round") or []
+        spread = f"{min(by_round):.2f}-{max(by_round):.2f}" if by_round else ""
+        flag = ""
+        if r.get("settled") is False:
+            flag, unsettled = "  ! spread > effect", True
+        lines.append(
+            f"{r['workload']:<10}{r['mode']:<14}{r['calls_per_s']:>12.0f}"
+            f"{r['vs_1_thread']:>12.2f}x  {spread}{flag}"
+        )
+    if unsettled:
+        lines.append(
+            "! the rounds of this row spread more than its effect (max - min of the ratio "
+            "exceeds its distance from 1.0): noise, not a result; rerun on a quiet machine"
+        )
     return lines
 
 
@@ -235,26 +246,46 @@ def plot_unavailable() -> str | None:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """Grouped bars, one group per scenario, one bar per system, log scale (µs)."""
+    """The call-cost chart (:func:`figure`) as a PNG at ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(rows)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def figure(rows: list[dict[str, Any]]) -> Any:
+    """Grouped bars, one group per scenario, one bar per system, log scale (µs): each bar the
+    median over the batches, its error bar the fastest and the slowest batch."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
-    by = {(r["scenario"], r["system"]): r["median_us"] for r in rows}
+    by = {(r["scenario"], r["system"]): r for r in rows if r.get("median_us")}
     fig, ax = plt.subplots(figsize=(max(8, len(scenarios) * 1.4), 5))
     width = 0.8 / len(SYSTEMS)
     for i, system in enumerate(SYSTEMS):
-        xs = [j + i * width for j, s in enumerate(scenarios) if by.get((s, system))]
-        ys = [by[(s, system)] for s in scenarios if by.get((s, system))]
-        ax.bar(xs, ys, width, label=system)
+        drawn = [(j, by[(s, system)]) for j, s in enumerate(scenarios) if (s, system) in by]
+        if not drawn:
+            continue
+        mids = [r["median_us"] for _, r in drawn]
+        below = [r["median_us"] - r.get("min_us", r["median_us"]) for _, r in drawn]
+        above = [r.get("max_us", r["median_us"]) - r["median_us"] for _, r in drawn]
+        ax.bar(
+            [j + i * width for j, _ in drawn],
+            mids,
+            width,
+            yerr=[below, above],
+            capsize=3,
+            label=system,
+        )
     ax.set_yscale("log")
-    ax.set_ylabel("median µs per call (log)")
+    ax.set_ylabel("median µs per call (log); bars: fastest-slowest batch")
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(scenarios))])
     ax.set_xticklabels(scenarios, rotation=30, ha="right")
     ax.legend()
     ax.set_title("wasihost bench: call cost (missing bar = skipped)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig

@@ -139,7 +139,9 @@ def worker() -> None:
 
 
 def scaling(fixtures: Path, calls: dict[str, int], rounds: int, log: Any) -> list[dict[str, Any]]:
-    """Each mode ``rounds`` times, the modes alternating round by round; median rates."""
+    """Each mode ``rounds`` times, the modes alternating round by round; median rates, and
+    each mode's ratio to 1 thread round by round, so that a row whose rounds spread more than
+    its effect is flagged rather than read as a result (:func:`settled`)."""
     import statistics
 
     rows: list[dict[str, Any]] = []
@@ -155,18 +157,45 @@ def scaling(fixtures: Path, calls: dict[str, int], rounds: int, log: Any) -> lis
                     many.append(processes(fixtures, workload, n))
                 except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
                     skipped = f"worker processes failed: {exc}"
-        one, two = statistics.median(ones), statistics.median(twos)
-        procs = statistics.median(many) if skipped is None else None
-        for mode, rate in (("1 thread", one), ("2 threads", two), ("2 processes", procs)):
-            rows.append(
-                {
-                    "workload": workload,
-                    "extensions": WORKERS,
-                    "mode": mode,
-                    "calls": n,
-                    "calls_per_s": round(rate, 1) if rate is not None else None,
-                    "vs_1_thread": round(rate / one, 3) if rate is not None else None,
-                    "skipped": skipped if rate is None else None,
-                }
-            )
+        one = statistics.median(ones)
+        by_mode: dict[str, list[float] | None] = {
+            "1 thread": ones,
+            "2 threads": twos,
+            "2 processes": many if skipped is None else None,
+        }
+        for mode, rates in by_mode.items():
+            row: dict[str, Any] = {
+                "workload": workload,
+                "extensions": WORKERS,
+                "mode": mode,
+                "calls": n,
+                "calls_per_s": None,
+                "vs_1_thread": None,
+                "ratio_by_round": None,
+                "settled": None,
+                "skipped": skipped if rates is None else None,
+            }
+            if rates is not None:
+                ratios = [r / o for r, o in zip(rates, ones, strict=False)]
+                rate = statistics.median(rates)
+                row.update(
+                    calls_per_s=round(rate, 1),
+                    vs_1_thread=round(rate / one, 3),
+                    ratio_by_round=[round(x, 3) for x in ratios],
+                    settled=mode == "1 thread" or settled(ratios),
+                )
+            rows.append(row)
     return rows
+
+
+def settled(ratios: list[float]) -> bool:
+    """Whether a mode's ratio to 1 thread, round by round, says anything: its rounds must
+    spread (max - min) less than its effect (how far the median is from 1.0). A row measured
+    while the machine was busy elsewhere spreads over both sides of 1.0, and its median is
+    then noise, not a speed-up or a slow-down."""
+    import statistics
+
+    if len(ratios) < 2:
+        return False
+    effect = abs(statistics.median(ratios) - 1.0)
+    return max(ratios) - min(ratios) < effect

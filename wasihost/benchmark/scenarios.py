@@ -80,10 +80,12 @@ def _row(
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"scenario": scenario, "system": system}
     if samples is None:
-        row.update(median_us=None, spread=None, runs=0, skipped=skip)
+        row.update(median_us=None, min_us=None, max_us=None, spread=None, runs=0, skipped=skip)
         return row
     row.update(
         median_us=round(median(samples), 3),
+        min_us=round(min(samples), 3),
+        max_us=round(max(samples), 3),
         spread=round(spread(samples), 3),
         runs=len(samples),
         skipped=None,

@@ -71,6 +71,8 @@ def _scaling(workload: str, bound: float) -> Callable[..., Any]:
         for row in doc.get("scaling", []):
             if row["workload"] == workload and row["mode"] == "2 threads" and not row["skipped"]:
                 ratio = float(row["vs_1_thread"])
+                if row.get("settled") is False:  # its rounds spread more than its effect
+                    return f"{ratio:.2f}x of 1 thread, unsettled (spread > effect)", False
                 return f"{ratio:.2f}x of 1 thread", ratio >= bound
         return None
 
