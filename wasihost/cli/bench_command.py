@@ -28,8 +28,8 @@ MAX_BATCHES = 1000
 
 @attrs.frozen
 class Plan:
-    """How much to measure; ``quick`` keeps the whole run near 30 s on 2 loaded cores, the full
-    run near 5 minutes."""
+    """How much to measure; ``quick`` keeps the whole run near 15-20 s on 2 cores, the full
+    run near 2.5 minutes (docs/bench.md)."""
 
     batches: int
     batch_s: float
@@ -71,7 +71,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Measure wasihost beside raw wasmtime-py and Extism in one process "
         "(see docs/bench.md). Peers that are not installed are reported as skipped.",
     )
-    p.add_argument("--quick", action="store_true", help="a ~30 s run instead of a few minutes")
+    p.add_argument("--quick", action="store_true", help="a ~15-20 s run instead of a few minutes")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="draw the call-cost chart")
     p.add_argument(
