@@ -90,6 +90,9 @@ NOT_RUN = {
         "needs two signed releases with a migration; test_updates runs install/update/rollback",
     ("docs/scheduling.md", "from wasihost.supervisor.scheduling import calls_as"):
         "a fragment inside a broker's handler; test_scheduling runs calls_as",
+    ("docs/host-functions.md", "# myapp_functions.py, next to where you run the CLI"):
+        "the module of the CLI example after it: test_the_cli_example_of_application_functions"
+        "_runs writes it beside the package and runs that command with it",
 }
 
 
@@ -267,6 +270,25 @@ def test_readme_quick_start_prints_the_documented_greeting(
     assert 'printing `{"greeting": "hello, ada"}`' in readme
 
 
+def test_the_cli_example_of_application_functions_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/host-functions.md: the module that registers the application's functions, and the
+    `run --functions` line that uses it, from a directory holding both."""
+    import sys
+
+    module = block_at("docs/host-functions.md", "# myapp_functions.py")
+    (command,) = shell_commands(block_at("docs/host-functions.md", "wasihost run fixtures/appfns"))
+    (tmp_path / "myapp_functions.py").write_text(module.text)
+    shutil.copytree(FIXTURES / "appfns", tmp_path / "fixtures" / "appfns")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "myapp_functions", raising=False)
+    code = main(shlex.split(command)[1:])
+    out, err = capsys.readouterr()
+    assert (code, out) == (0, '{"name": "lamp"}\n'), err
+
+
 def test_lifecycle_state_commands_run_as_documented(
     fresh: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -367,6 +389,7 @@ def test_every_wasihost_command_line_of_the_docs_is_run_or_a_synopsis() -> None:
         block_at("docs/packages.md", "wasihost keygen --publisher acme.example").key,
         block_at("docs/packages.md", "wasihost keygen --publisher ops.example").key,
         *(block_at(page, start).key for page, start in GRANT_BLOCKS),
+        block_at("docs/host-functions.md", "wasihost run fixtures/appfns").key,
     }
     unrun = [
         f"{block.page}:{block.line}: {line}"

@@ -91,7 +91,71 @@ def _host(policy: Policy, args: argparse.Namespace) -> Host:
         cache: Path | None = None
     else:
         cache = getattr(args, "cache_dir", None) or default_cache_dir()
-    return Host(policy, cache_dir=cache, brokers=_brokers(args))
+    host = Host(policy, cache_dir=cache, brokers=_brokers(args))
+    return with_application_functions(host, args, widen_policy=False)
+
+
+FUNCTIONS_FORM = (
+    "--functions takes MODULE:ATTR, a function of an importable module (the current directory "
+    "is searched first) that registers the application's functions on the Host it is given "
+    "(docs/host-functions.md)"
+)
+
+
+def _application_register(spec: str) -> Any:
+    """The ``register(host)`` function ``--functions MODULE:ATTR`` names, imported."""
+    import importlib
+    import os
+    import sys
+
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or not attr:
+        raise UsageError(f"{FUNCTIONS_FORM}; got {spec[:200]!r}")
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)  # as `python -m` finds the caller's own modules
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"--functions: cannot import {module_name!r}: {exc}") from None
+    except Exception as exc:  # the application's module failed: its error, named, no traceback
+        raise ConfigError(
+            f"--functions: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from None
+    for part in attr.split("."):
+        found = getattr(found, part, None)
+    if not callable(found):
+        raise UsageError(f"--functions: {module_name} has no function {attr!r}; {FUNCTIONS_FORM}")
+    return found
+
+
+def with_application_functions(host: Host, args: argparse.Namespace, *, widen_policy: bool) -> Host:
+    """``host`` with the application's functions of ``--functions`` registered (the host is
+    closed if that fails). ``widen_policy``: a state directory's host allows every capability
+    it serves, so it allows those too."""
+    import attrs
+
+    spec = getattr(args, "functions", None)
+    if spec is None:
+        return host
+    try:
+        register = _application_register(spec)
+        before = host.registry.capabilities()
+        try:
+            register(host)
+        except Exception as exc:  # the application's code: its error, named, no traceback
+            raise ConfigError(
+                f"--functions {spec}: registering the application's functions raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        added = host.registry.capabilities() - before
+        if widen_policy and added:
+            # Nothing has run on this new host: widening what it allows changes no grant.
+            host.policy = attrs.evolve(host.policy, allow=host.policy.allow | added)
+    except BaseException:
+        host.close()
+        raise
+    return host
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -127,7 +191,8 @@ def _state_host(args: argparse.Namespace) -> Host:
         revocations=_revocations(args),
         allowed_signers=AllowedSigners.from_file(allowed) if allowed is not None else None,
     )
-    return Host(policy, cache_dir=None, state_dir=_state_dir(args), brokers=_brokers(args))
+    host = Host(policy, cache_dir=None, state_dir=_state_dir(args), brokers=_brokers(args))
+    return with_application_functions(host, args, widen_policy=True)
 
 
 def _read_input_file(name: str, flag: str) -> bytes:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import UnsignedPackageError
+from ..core.registry import OpenCapabilities
 from ..core.terminal import printable
 from ..host.defaults import default_registry
 from ..packaging.names import PACKAGE_SUFFIX
@@ -20,7 +21,41 @@ from .common import MAX_REVOCATION_DAYS, UsageError
 from .options import _revocations, _ssh, _state_flag, _state_host, _trust
 
 if TYPE_CHECKING:
+    from ..core.manifest import Manifest
     from ..store.state import InstalledPackage
+
+
+def _known() -> OpenCapabilities:
+    """What these commands read a manifest against: they do not run the guest, so an
+    application's own capabilities (``app.users``) are taken on trust, and said to be."""
+    return OpenCapabilities(default_registry().capabilities())
+
+
+def _say_unchecked(manifest: Manifest | None) -> None:
+    """The line that says which requested capabilities were not checked here."""
+    if manifest is None:
+        return
+    names = _known().unchecked(manifest.required | manifest.optional)
+    if names:
+        print(
+            f"note: {', '.join(names)}: application capabilit{'ies' if len(names) > 1 else 'y'}, "
+            "not checked here: the application that embeds wasihost serves "
+            f"{'them' if len(names) > 1 else 'it'} and checks the extension when it loads it"
+        )
+
+
+def _source_manifest(source: str | Path) -> Manifest | None:
+    """An install or update source's manifest, for the note above only (the host checked the
+    package itself); None when it cannot be read again."""
+    from ..core.errors import WasihostError
+    from ..packaging.package import manifest_text, parse_manifest_bytes
+
+    try:
+        if is_archive(source):
+            return open_archive(Path(source), _known())[1]
+        return parse_manifest_bytes(manifest_text(Path(source)), _known())
+    except (WasihostError, OSError):
+        return None
 
 
 def _ssh_pair(args: argparse.Namespace) -> dict[str, Any]:
@@ -42,6 +77,7 @@ def _cmd_update(args: argparse.Namespace) -> int:
         )
         before = pkg.previous.version if pkg.previous is not None else "?"
         print(f"updated {pkg.id} {before} -> {pkg.version}{_signed_by(pkg)}")
+        _say_unchecked(_source_manifest(args.source))
         print(f"roll back with: wasihost rollback {pkg.id}{_state_flag(args)}")
     return 0
 
@@ -70,6 +106,7 @@ def _cmd_install(args: argparse.Namespace) -> int:
             f"installed {pkg.id} {pkg.version} (sha256 {pkg.sha256[:16]}{_signed_by(pkg)}) "
             f"into {pkg.path}"
         )
+        _say_unchecked(_source_manifest(args.source))
         held = sorted(host.grants.state(pkg.id).entries)
         if held:
             print(f"it holds the grants it had: {', '.join(held)}")
@@ -132,12 +169,13 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     data = write_archive(files)
     archive = read_archive(data)
     # What pack writes, run would accept: the manifest parses and names a packed module.
-    manifest, _ = archive_parts(archive, str(args.directory), default_registry().capabilities())
+    manifest, _ = archive_parts(archive, str(args.directory), _known())
     write_package_file(output, data)
     print(
         f"packed {manifest.id} {manifest.version}: {len(files)} files into {output} "
         f"(package sha256 {archive.digest})"
     )
+    _say_unchecked(manifest)
     return 0
 
 
@@ -148,7 +186,7 @@ def _cmd_sign(args: argparse.Namespace) -> int:
 
     path = _whpkg(args.package, "sign")
     key = read_signing_key(args.key)
-    archive, manifest, wasm = open_archive(path, default_registry().capabilities())
+    archive, manifest, wasm = open_archive(path, _known())
     who = identity(manifest, hashlib.sha256(wasm).hexdigest())
     record = signing.sign(who, archive.digest, key)
     write_package_file(path, write_archive(archive.files, record))
@@ -156,6 +194,7 @@ def _cmd_sign(args: argparse.Namespace) -> int:
         f"signed {manifest.id} {manifest.version} as {key.publisher} "
         f"(package sha256 {archive.digest})"
     )
+    _say_unchecked(manifest)
     return 0
 
 
@@ -253,7 +292,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     ssh = _ssh(args, path)
     if ssh is None and args.trust is None:
         raise UsageError("give --trust TRUSTFILE, or --allowed-signers FILE (and --ssh-sig)")
-    package = load_package(path, default_registry().capabilities(), _trust(args), ssh)
+    package = load_package(path, _known(), _trust(args), ssh)
     revocations = _revocations(args)
     if revocations is not None:
         revocations.check(package, revocations.floor or MemoryFloor())
@@ -263,6 +302,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         f"verified: {package.manifest.id} {package.manifest.version} published by "
         f"{package.signer} (package sha256 {package.package_digest})"
     )
+    _say_unchecked(package.manifest)
     return 0
 
 
