@@ -465,6 +465,10 @@ def _python_cases(tmp: Path) -> dict[tuple[str, str], dict[str, object]]:
         },
         ("docs/embedding.md", "from wasihost import AsyncHost, Policy"): {"async": True},
         ("docs/budgets.md", "from wasihost import Host"): {},
+        ("docs/packages.md", "import shutil"): {
+            "suffix": "assert verified.publisher == 'acme.example'\n"
+            "assert installed.signer == 'acme.example'\nshutil.rmtree(work)\n",
+        },
         ("docs/density.md", "from wasihost import Host"): {"prelude": POLICY},
         ("docs/events.md", "host.publish(\"orders.created\", {\"id\": 42}, key=\"order-42\")       # or"): {
             "prelude": "from wasihost import Host, Policy\nhost = Host(Policy(allow={'events', 'log'}))\n"
