@@ -90,6 +90,9 @@ NOT_RUN = {
         "needs two signed releases with a migration; test_updates runs install/update/rollback",
     ("docs/scheduling.md", "from wasihost.supervisor.scheduling import calls_as"):
         "a fragment inside a broker's handler; test_scheduling runs calls_as",
+    ("docs/host-functions.md", "# myapp_functions.py, next to where you run the CLI"):
+        "the module of the CLI example after it: test_the_cli_example_of_application_functions"
+        "_runs writes it beside the package and runs that command with it",
 }
 
 
@@ -276,6 +279,25 @@ def test_the_quick_starts_virtual_environment_is_ignored_by_git() -> None:
     assert f"{venv}/" in ignored or venv in ignored
 
 
+def test_the_cli_example_of_application_functions_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/host-functions.md: the module that registers the application's functions, and the
+    `run --functions` line that uses it, from a directory holding both."""
+    import sys
+
+    module = block_at("docs/host-functions.md", "# myapp_functions.py")
+    (command,) = shell_commands(block_at("docs/host-functions.md", "wasihost run fixtures/appfns"))
+    (tmp_path / "myapp_functions.py").write_text(module.text)
+    shutil.copytree(FIXTURES / "appfns", tmp_path / "fixtures" / "appfns")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "myapp_functions", raising=False)
+    code = main(shlex.split(command)[1:])
+    out, err = capsys.readouterr()
+    assert (code, out) == (0, '{"name": "lamp"}\n'), err
+
+
 def test_lifecycle_state_commands_run_as_documented(
     fresh: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -376,6 +398,7 @@ def test_every_wasihost_command_line_of_the_docs_is_run_or_a_synopsis() -> None:
         block_at("docs/packages.md", "wasihost keygen --publisher acme.example").key,
         block_at("docs/packages.md", "wasihost keygen --publisher ops.example").key,
         *(block_at(page, start).key for page, start in GRANT_BLOCKS),
+        block_at("docs/host-functions.md", "wasihost run fixtures/appfns").key,
     }
     unrun = [
         f"{block.page}:{block.line}: {line}"
@@ -451,6 +474,10 @@ def _python_cases(tmp: Path) -> dict[tuple[str, str], dict[str, object]]:
         },
         ("docs/embedding.md", "from wasihost import AsyncHost, Policy"): {"async": True},
         ("docs/budgets.md", "from wasihost import Host"): {},
+        ("docs/packages.md", "import shutil"): {
+            "suffix": "assert verified.publisher == 'acme.example'\n"
+            "assert installed.signer == 'acme.example'\nshutil.rmtree(work)\n",
+        },
         ("docs/density.md", "from wasihost import Host"): {"prelude": POLICY},
         ("docs/events.md", "host.publish(\"orders.created\", {\"id\": 42}, key=\"order-42\")       # or"): {
             "prelude": "from wasihost import Host, Policy\nhost = Host(Policy(allow={'events', 'log'}))\n"

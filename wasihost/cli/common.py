@@ -70,6 +70,17 @@ def budget_hint(failure: FailureClass | None, fuel: int, timeout_ms: int) -> str
 RUNTIME_CHOICES = ("in-process", "process", "prefer-process", "process-only")
 
 
+def add_functions_flag(parser: argparse.ArgumentParser) -> None:
+    """``--functions MODULE:ATTR``: an application's own host functions for this run."""
+    parser.add_argument(
+        "--functions",
+        metavar="MODULE:ATTR",
+        default=None,
+        help="serve an application's own functions: ATTR of MODULE (importable, the current "
+        "directory first) is called with the Host and registers them (docs/host-functions.md)",
+    )
+
+
 def add_runtime_flag(parser: argparse.ArgumentParser) -> None:
     """``--runtime``: where the guest runs (docs/process-runtime.md)."""
     parser.add_argument(

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import cbor_json
 from ..core.errors import ConfigError
-from ..host.defaults import default_registry
 from ..host.policy import Policy
 from ..packaging.package import is_archive
 from .common import MAX_CLI_INPUT_BYTES, UsageError
@@ -91,7 +90,81 @@ def _host(policy: Policy, args: argparse.Namespace) -> Host:
         cache: Path | None = None
     else:
         cache = getattr(args, "cache_dir", None) or default_cache_dir()
-    return Host(policy, cache_dir=cache, brokers=_brokers(args))
+    host = Host(policy, cache_dir=cache, brokers=_brokers(args))
+    return with_application_functions(host, args, widen_policy=False)
+
+
+FUNCTIONS_FORM = (
+    "--functions takes MODULE:ATTR, a function of an importable module (the current directory "
+    "is searched first) that registers the application's functions on the Host it is given "
+    "(docs/host-functions.md)"
+)
+
+
+def _application_register(spec: str) -> Any:
+    """The ``register(host)`` function ``--functions MODULE:ATTR`` names, imported."""
+    import importlib
+    import os
+    import sys
+
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or not attr:
+        raise UsageError(f"{FUNCTIONS_FORM}; got {spec[:200]!r}")
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)  # as `python -m` finds the caller's own modules
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"--functions: cannot import {module_name!r}: {exc}") from None
+    except Exception as exc:  # the application's module failed: its error, named, no traceback
+        raise ConfigError(
+            f"--functions: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from None
+    for part in attr.split("."):
+        found = getattr(found, part, None)
+    if not callable(found):
+        raise UsageError(f"--functions: {module_name} has no function {attr!r}; {FUNCTIONS_FORM}")
+    return found
+
+
+def _registering(spec: str) -> Any:
+    """``register(host)`` of ``--functions MODULE:ATTR``, with its failures as errors that
+    name it (the application's code: never a traceback)."""
+    register = _application_register(spec)
+
+    def registering(host: Host) -> None:
+        try:
+            register(host)
+        except Exception as exc:
+            raise ConfigError(
+                f"--functions {spec}: registering the application's functions raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+
+    return registering
+
+
+def with_application_functions(host: Host, args: argparse.Namespace, *, widen_policy: bool) -> Host:
+    """``host`` with the application's functions of ``--functions`` registered (the host is
+    closed if that fails). ``widen_policy``: a host whose policy allows what it serves allows
+    those too."""
+    import attrs
+
+    spec = getattr(args, "functions", None)
+    if spec is None:
+        return host
+    try:
+        before = host.registry.capabilities()
+        _registering(spec)(host)
+        added = host.registry.capabilities() - before
+        if widen_policy and added:
+            # Nothing has run on this new host: widening what it allows changes no grant.
+            host.policy = attrs.evolve(host.policy, allow=host.policy.allow | added)
+    except BaseException:
+        host.close()
+        raise
+    return host
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -112,22 +185,23 @@ def _state_dir_to_read(args: argparse.Namespace) -> None:
 
 
 def _state_host(args: argparse.Namespace) -> Host:
-    """A host on the durable state: the grant table decides; the policy allows every
-    capability the registry knows, so that it caps nothing the operator granted."""
-    from ..host.runtime import Host
+    """A host on the durable state, as the packaging API makes one (host/packages.py): the
+    grant table decides; the policy allows every capability the registry knows (and the
+    application's, with ``--functions``), so that it caps nothing the operator granted."""
+    from ..host.packages import state_host
     from ..packaging.allowed_signers import AllowedSigners
 
-    registry = default_registry()
-    trust = _trust(args)
     allowed = getattr(args, "allowed_signers", None)
-    policy = Policy(
-        allow=registry.capabilities(),
-        trusted_publishers=trust,
+    spec = getattr(args, "functions", None)
+    return state_host(
+        _state_dir(args),
+        trust=_trust(args),
+        allowed_signers=AllowedSigners.from_file(allowed) if allowed is not None else None,
         require_signed=bool(getattr(args, "require_signed", False)),
         revocations=_revocations(args),
-        allowed_signers=AllowedSigners.from_file(allowed) if allowed is not None else None,
+        functions=_registering(spec) if spec is not None else None,
+        brokers=_brokers(args),
     )
-    return Host(policy, cache_dir=None, state_dir=_state_dir(args), brokers=_brokers(args))
 
 
 def _read_input_file(name: str, flag: str) -> bytes:

@@ -5,22 +5,48 @@ and those that change what a state directory holds: ``install``, ``update``, ``r
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import UnsignedPackageError
 from ..core.terminal import printable
-from ..host.defaults import default_registry
+from ..host import packages
 from ..packaging.names import PACKAGE_SUFFIX
-from ..packaging.package import archive_parts, identity, is_archive, load_package, open_archive
+from ..packaging.package import is_archive, open_archive
 from .common import MAX_REVOCATION_DAYS, UsageError
 from .options import _revocations, _ssh, _state_flag, _state_host, _trust
 
 if TYPE_CHECKING:
     from ..store.state import InstalledPackage
+
+
+def _say_unchecked(names: tuple[str, ...] | list[str]) -> None:
+    """The line that says which requested capabilities were not checked here: an
+    application's own (host/packages.py, not_checked_here)."""
+    if names:
+        print(
+            f"note: {', '.join(names)}: application capabilit{'ies' if len(names) > 1 else 'y'}, "
+            "not checked here: the application that embeds wasihost serves "
+            f"{'them' if len(names) > 1 else 'it'} and checks the extension when it loads it"
+        )
+
+
+def _source_unchecked(source: str | Path) -> tuple[str, ...]:
+    """What an install or update source requests that was not checked here, for the note
+    above only (the host checked the package itself); nothing when it cannot be read again."""
+    from ..core.errors import WasihostError
+    from ..packaging.package import manifest_text, parse_manifest_bytes
+
+    known = packages.known_capabilities()
+    try:
+        if is_archive(source):
+            manifest = open_archive(Path(source), known)[1]
+        else:
+            manifest = parse_manifest_bytes(manifest_text(Path(source)), known)
+    except (WasihostError, OSError):
+        return ()
+    return packages.not_checked_here(manifest)
 
 
 def _ssh_pair(args: argparse.Namespace) -> dict[str, Any]:
@@ -42,6 +68,7 @@ def _cmd_update(args: argparse.Namespace) -> int:
         )
         before = pkg.previous.version if pkg.previous is not None else "?"
         print(f"updated {pkg.id} {before} -> {pkg.version}{_signed_by(pkg)}")
+        _say_unchecked(_source_unchecked(args.source))
         print(f"roll back with: wasihost rollback {pkg.id}{_state_flag(args)}")
     return 0
 
@@ -70,6 +97,7 @@ def _cmd_install(args: argparse.Namespace) -> int:
             f"installed {pkg.id} {pkg.version} (sha256 {pkg.sha256[:16]}{_signed_by(pkg)}) "
             f"into {pkg.path}"
         )
+        _say_unchecked(_source_unchecked(args.source))
         held = sorted(host.grants.state(pkg.id).entries)
         if held:
             print(f"it holds the grants it had: {', '.join(held)}")
@@ -101,18 +129,12 @@ def _cmd_endorse(args: argparse.Namespace) -> int:
 
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
-    from ..packaging.files import write_key_pair
-    from ..packaging.trust import SigningKey
-
     if not args.out:
         raise UsageError("--out is empty: give a file prefix, such as acme")
     if args.out.endswith("/") or Path(args.out).is_dir():
-        # PREFIX names the files (PREFIX.key, PREFIX.pub): a directory would give .key and
-        # .pub, hidden files named for nothing.
         example = f"{args.out.rstrip('/')}/acme"
         raise UsageError(f"--out {args.out} is a directory: give a file prefix, such as {example}")
-    key = SigningKey.generate(args.publisher)
-    private, public = write_key_pair(args.out, key)
+    private, public = packages.keygen(args.publisher, args.out)
     print(f"wrote {private} (private, mode 600) and {public} (a trust-file line)")
     return 0
 
@@ -124,38 +146,22 @@ def _whpkg(path: Path, flag: str) -> Path:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    from ..packaging.archive import read_archive, write_archive
-    from ..packaging.files import pack_directory, write_package_file
-
-    output = _whpkg(args.output, "-o")
-    files = pack_directory(args.directory)
-    data = write_archive(files)
-    archive = read_archive(data)
-    # What pack writes, run would accept: the manifest parses and names a packed module.
-    manifest, _ = archive_parts(archive, str(args.directory), default_registry().capabilities())
-    write_package_file(output, data)
+    packed = packages.pack(args.directory, _whpkg(args.output, "-o"))
     print(
-        f"packed {manifest.id} {manifest.version}: {len(files)} files into {output} "
-        f"(package sha256 {archive.digest})"
+        f"packed {packed.id} {packed.version}: {packed.files} files into {packed.path} "
+        f"(package sha256 {packed.package_sha256})"
     )
+    _say_unchecked(packed.not_checked_here)
     return 0
 
 
 def _cmd_sign(args: argparse.Namespace) -> int:
-    from ..packaging import signing
-    from ..packaging.archive import write_archive
-    from ..packaging.files import read_signing_key, write_package_file
-
-    path = _whpkg(args.package, "sign")
-    key = read_signing_key(args.key)
-    archive, manifest, wasm = open_archive(path, default_registry().capabilities())
-    who = identity(manifest, hashlib.sha256(wasm).hexdigest())
-    record = signing.sign(who, archive.digest, key)
-    write_package_file(path, write_archive(archive.files, record))
+    signed = packages.sign(_whpkg(args.package, "sign"), args.key)
     print(
-        f"signed {manifest.id} {manifest.version} as {key.publisher} "
-        f"(package sha256 {archive.digest})"
+        f"signed {signed.id} {signed.version} as {signed.publisher} "
+        f"(package sha256 {signed.package_sha256})"
     )
+    _say_unchecked(signed.not_checked_here)
     return 0
 
 
@@ -247,22 +253,22 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from ..packaging.revocation import MemoryFloor
-
     path = _whpkg(args.package, "verify")
     ssh = _ssh(args, path)
     if ssh is None and args.trust is None:
         raise UsageError("give --trust TRUSTFILE, or --allowed-signers FILE (and --ssh-sig)")
-    package = load_package(path, default_registry().capabilities(), _trust(args), ssh)
-    revocations = _revocations(args)
-    if revocations is not None:
-        revocations.check(package, revocations.floor or MemoryFloor())
-    if package.signer is None or package.manifest is None:
-        raise UnsignedPackageError(f"{path} is not signed")
-    print(
-        f"verified: {package.manifest.id} {package.manifest.version} published by "
-        f"{package.signer} (package sha256 {package.package_digest})"
+    verified = packages.verify(
+        path,
+        trust=_trust(args),
+        allowed_signers=ssh.allowed if ssh is not None else None,
+        ssh_signature=ssh.signature if ssh is not None else None,
+        revocations=_revocations(args),
     )
+    print(
+        f"verified: {verified.id} {verified.version} published by "
+        f"{verified.publisher} (package sha256 {verified.package_sha256})"
+    )
+    _say_unchecked(verified.not_checked_here)
     return 0
 
 

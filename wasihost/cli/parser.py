@@ -9,7 +9,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .common import DEFAULT_REVOCATION_DAYS, UsageError, add_runtime_flag, whole_number
+from .common import (
+    DEFAULT_REVOCATION_DAYS,
+    UsageError,
+    add_functions_flag,
+    add_runtime_flag,
+    whole_number,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -129,6 +135,7 @@ def _add_run(sub: Any) -> None:
     run.add_argument("--fuel", type=whole_number, help="fuel budget per call")
     run.add_argument("--timeout-ms", type=whole_number, help="wall-clock deadline per call")
     add_runtime_flag(run)
+    add_functions_flag(run)
     run.add_argument(
         "--json",
         action="store_true",
@@ -261,6 +268,7 @@ def _add_update(sub: Any) -> None:
     update.add_argument("source", help=".whpkg (verified) or package directory")
     _downgrade_flag(update)
     _installed_flags(update)
+    add_functions_flag(update)  # the new version is started: its application's functions
 
 
 def _add_rollback(sub: Any) -> None:

@@ -50,6 +50,14 @@ def _remedy(exc: WasihostError, args: argparse.Namespace | None) -> str | None:
             "give the bytes with --input-bytes FILE ('-': stdin) or "
             "--input '{\"$bytes\": \"HEX\"}'"
         )
+    if isinstance(exc, AdmissionError) and exc.unserved and args is not None:
+        if args.cmd in ("run", "wasi", "update"):
+            return (
+                "these are served by the application that embeds wasihost: give its functions "
+                "with --functions MODULE:ATTR (a function that registers them on the Host it "
+                "is given; docs/host-functions.md)"
+            )
+        return None
     if not isinstance(exc, AdmissionError) or not exc.ungranted or args is None:
         return None
     caps = exc.ungranted

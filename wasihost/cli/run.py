@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..core import cbor_json
 from ..core.errors import CallError, CodecError, ConfigError
-from ..core.registry import AbiVersion
+from ..core.registry import AbiVersion, OpenCapabilities
 from ..core.terminal import printable
 from ..host.defaults import default_registry
 from ..host.policy import Policy
@@ -109,8 +109,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 f"{args.source} is a .whpkg, which runs only verified: give --trust TRUSTFILE "
                 "(or --allowed-signers FILE with its --ssh-sig)"
             )
+        # Read open to application capabilities: with their functions (--functions) the
+        # host serves them; without, admission says that they need them.
         package = load_package(
-            args.source, default_registry().capabilities(), _trust(args), ssh
+            args.source, OpenCapabilities(default_registry().capabilities()), _trust(args), ssh
         )
         host = _host(_cli_policy(package, args.grant, args), args)
     try:
@@ -175,7 +177,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     registry = default_registry()
     package = load_package(
-        args.source, registry.capabilities(), _trust(args), _ssh(args, args.source)
+        args.source,
+        OpenCapabilities(registry.capabilities()),  # inspect runs nothing of the guest
+        _trust(args),
+        _ssh(args, args.source),
     )
     revocations = _revocations(args)
     if revocations is not None:

@@ -38,6 +38,7 @@ from ..wasi.config import (
 from ..wasi.registry import CAP_CLOCK, CAP_RANDOM
 from .common import (
     UsageError,
+    add_functions_flag,
     add_runtime_flag,
     budget_hint,
     check_budget_flags,
@@ -138,6 +139,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, help="compiled-module cache directory")
     p.add_argument("--no-cache", action="store_true", help="do not use the on-disk cache")
     add_runtime_flag(p)
+    add_functions_flag(p)
     p.add_argument("module", help="the WASI command module (.wasm)")
     guest_args = p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the guest")
     # argparse marks a REMAINDER positional required, and a run with no module then said
@@ -337,11 +339,13 @@ def exit_status(code: int) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the module; return the process exit status (the guest's exit code)."""
+    from ..core.registry import OpenCapabilities
     from ..host.planning import is_native
     from ..host.policy import Policy
     from ..host.runtime import Host, default_cache_dir
     from ..packaging.package import load_package
     from ..wasi.binding import wasi_profile
+    from .options import with_application_functions
 
     check_budget_flags(args)
     try:
@@ -353,8 +357,9 @@ def run(args: argparse.Namespace) -> int:
     caps = capabilities_for(config)
     cache = None if args.no_cache else (args.cache_dir or default_cache_dir())
     host = Host(Policy(allow=caps), cache_dir=cache, profiles=[wasi_profile(config)])
+    host = with_application_functions(host, args, widen_policy=True)
     try:
-        package = load_package(args.module, host.registry.capabilities())
+        package = load_package(args.module, OpenCapabilities(host.registry.capabilities()))
         if is_native(package):
             raise UsageError(
                 f"{args.module} is a native plugin (runtime 'native-process'), not a WASI "

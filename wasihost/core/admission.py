@@ -19,6 +19,7 @@ from .registry import (
     Profile,
     Registry,
     RegistryView,
+    module_namespace,
     namespace_marker,
     namespace_module,
 )
@@ -251,6 +252,7 @@ def _check_imports(
     registry: Registry,
     grant: Grant,
     declared: dict[str, AbiVersion] | None = None,
+    unchecked: frozenset[str] = frozenset(),
 ) -> tuple[list[str], list[HostFunction]]:
     problems: list[str] = []
     bound: list[HostFunction] = []
@@ -260,6 +262,8 @@ def _check_imports(
             continue  # reported by _check_limits
         entry = view.lookup(imp.module, imp.name)
         if entry is None:
+            if unchecked and module_namespace(imp.module) in unchecked:
+                continue  # an application's namespace this host does not serve: not judged
             if unknown is None:
                 unknown = _UnknownImports(view, registry, declared)
             problems.append(f"{_where(imp)}: {unknown.problem(imp.module, imp.name)}")
@@ -397,8 +401,13 @@ def admit(
     max_memory_bytes: int,
     max_table_elements: int,
     manifest_abi: AbiVersion | None = None,
+    unchecked_namespaces: frozenset[str] = frozenset(),
 ) -> AdmissionPlan:
-    """Admit the module or raise :class:`AdmissionError` listing every problem found."""
+    """Admit the module or raise :class:`AdmissionError` listing every problem found.
+
+    Imports of ``unchecked_namespaces`` (application namespaces this host does not serve) are
+    neither refused nor bound: a command that does not run the guest (``install``) checks
+    all the rest, and the application's own host checks them when it loads the extension."""
     profile = command_profile(header, registry)
     if profile is not None and manifest_abi is None:
         view = registry.profile_view(profile)
@@ -432,6 +441,7 @@ def admit(
         max_table_elements,
         declared,
         problems,
+        unchecked_namespaces,
     )
 
 
@@ -444,10 +454,11 @@ def _admit_with(
     max_table_elements: int,
     declared: dict[str, AbiVersion] | None = None,
     found: list[str] | None = None,
+    unchecked: frozenset[str] = frozenset(),
 ) -> AdmissionPlan:
     problems = list(found or [])  # what the caller found already (markers, features)
     problems += _check_limits(header, max_memory_bytes, max_table_elements)
-    import_problems, bound = _check_imports(header, view, registry, grant, declared)
+    import_problems, bound = _check_imports(header, view, registry, grant, declared, unchecked)
     problems += import_problems
     problems += _check_exports(header, view)
     if problems:

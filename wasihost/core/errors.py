@@ -154,10 +154,15 @@ MAX_REPORTED_PROBLEMS = 32
 class AdmissionError(WasihostError):
     """The module was refused before any of its code ran; ``problems`` names each offender
     (the first MAX_REPORTED_PROBLEMS, then how many more), ``ungranted`` the capabilities
-    whose grant would lift a refusal (the remedy to print)."""
+    whose grant would lift a refusal, ``unserved`` the application capabilities whose
+    functions were not registered (the remedies to print)."""
 
     def __init__(
-        self, problems: list[str] | tuple[str, ...], *, ungranted: tuple[str, ...] = ()
+        self,
+        problems: list[str] | tuple[str, ...],
+        *,
+        ungranted: tuple[str, ...] = (),
+        unserved: tuple[str, ...] = (),
     ) -> None:
         listed = tuple(problems[:MAX_REPORTED_PROBLEMS])
         more = len(problems) - len(listed)
@@ -165,6 +170,9 @@ class AdmissionError(WasihostError):
             listed += (f"... and {more} more problems not listed",)
         self.problems = listed
         self.ungranted = ungranted
+        # Application capabilities the manifest requests that the refusing host does not
+        # serve: the remedy is the application's functions, not a grant.
+        self.unserved = unserved
         super().__init__("; ".join(self.problems) if self.problems else "module refused")
 
     @property

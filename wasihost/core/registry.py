@@ -340,6 +340,46 @@ def namespace_marker(namespace: str) -> str:
     return f"wasihost_abi.{namespace}"
 
 
+_NAMESPACE_MODULE_RE = re.compile(r"([a-z][a-z0-9_]{0,31})_v[1-9][0-9]{0,3}")
+
+
+def is_application_capability(name: object) -> bool:
+    """Whether ``name`` reads as an application's own capability, namespaced as an embedder
+    function's must be (``app.users``: an embedder namespace, a dot, more), and not a
+    reserved one (``wasi.*``). Only the application that registers it can say what it is."""
+    if not isinstance(name, str) or not _CAPABILITY_RE.fullmatch(name) or "." not in name:
+        return False
+    namespace, rest = name.split(".", 1)
+    return (
+        bool(rest)
+        and bool(_NAMESPACE_RE.fullmatch(namespace))
+        and not namespace.startswith(RESERVED_NAMESPACE_PREFIXES)
+    )
+
+
+def module_namespace(module: str) -> str | None:
+    """The embedder namespace an import module names (``myapp_v1`` -> ``myapp``), or None."""
+    found = _NAMESPACE_MODULE_RE.fullmatch(module)
+    if found is None or found.group(1).startswith(RESERVED_NAMESPACE_PREFIXES):
+        return None
+    return found.group(1)
+
+
+class OpenCapabilities(frozenset[str]):
+    """The capabilities a command that does not run the guest knows: a registry's, and every
+    namespaced application capability (:func:`is_application_capability`), which only the
+    application that serves it can check. ``name in known`` holds for both, so a manifest
+    requesting ``app.users`` parses; :meth:`unchecked` says which names were taken on trust,
+    for the command to say so."""
+
+    def __contains__(self, name: object) -> bool:
+        return frozenset.__contains__(self, name) or is_application_capability(name)
+
+    def unchecked(self, names: Iterable[str]) -> list[str]:
+        """Those of ``names`` this registry does not serve: application capabilities."""
+        return sorted(n for n in names if not frozenset.__contains__(self, n))
+
+
 def split_function_name(qualified: str) -> tuple[str, str]:
     """``"myapp.lookup"`` -> ``("myapp", "lookup")``, or a ConfigError saying what is wrong."""
     if not isinstance(qualified, str):  # a raw AttributeError out of add_function before

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.admission import command_profile, declared_namespaces, declared_version
 from ..core.codeshape import scan_module
 from ..core.errors import AdmissionError, WasihostError
-from ..core.registry import AbiVersion, Registry
+from ..core.registry import AbiVersion, OpenCapabilities, Registry, module_namespace
 from ..core.terminal import printable
 from ..core.wasmbin import WasmFormatError, read_header
 from ..packaging.package import Package
@@ -64,8 +64,16 @@ def inspect_package(
             from ..engine.walls import probe_walls
 
             report["walls"] = [w.as_json() for w in probe_walls()]
+        manifest = package.manifest
+        requested = manifest.required | manifest.optional if manifest is not None else ()
+        # An application's capabilities: its host serves and checks them, not this one.
+        unchecked = frozenset(OpenCapabilities(registry.capabilities()).unchecked(requested))
+        namespaces = {c.split(".", 1)[0] for c in unchecked}
+        for row in report["imports"]:
+            if row["entry"] is None and module_namespace(row["module"]) in namespaces:
+                row["application"] = True
         plan, grant, resources = plan_package(
-            package, registry, policy, grants=grants if grants else None
+            package, registry, policy, grants=grants if grants else None, unchecked=unchecked
         )
         # The compile budget's static half: a module over a shape limit would be refused at
         # load, so inspect says so now (nothing is compiled).
@@ -79,6 +87,7 @@ def inspect_package(
         "abi": str(plan.version) if plan.version is not None else plan.view.label,
         "granted": sorted(grant.capabilities),
         "runtime": report["runtime"],
+        "not_checked_here": sorted(unchecked),
     }
     report["enforced"], report["declared"] = _protections(package, plan, grant, resources)
     _runtime_protections(report)
@@ -385,6 +394,8 @@ def render_text(report: dict[str, Any]) -> str:
             f"response<={entry['max_response_bytes']}B "
             f"fuel={entry['fuel_base']}+{entry['fuel_per_byte']}/B"
             if entry
+            else "application function: not checked here"
+            if imp.get("application")
             else "NOT A REGISTRY ENTRY"
         )
         lines.append(f"  {s(imp['module'])}.{s(imp['name'])} {imp['type'] or imp['kind']}  {desc}")
@@ -394,6 +405,12 @@ def render_text(report: dict[str, Any]) -> str:
     adm = report["admission"]
     if adm["admitted"]:
         lines.append(f"admission: admitted (granted: {s(', '.join(adm['granted'])) or 'nothing'})")
+        if adm.get("not_checked_here"):
+            lines.append(
+                f"  not checked here: {s(', '.join(adm['not_checked_here']))}: application "
+                "capabilities; the application's host checks them, and its imports of them, "
+                "when it loads the extension"
+            )
         lines.append(f"runtime: {adm['runtime']}")
         lines.append("enforced by the host:")
         lines += [f"  - {s(e)}" for e in report["enforced"]]

@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ..core import limits
-from ..core.admission import AdmissionPlan, admit_cached, admit_native, command_profile
+from ..core.admission import (
+    AdmissionPlan,
+    admit,
+    admit_cached,
+    admit_native,
+    command_profile,
+)
 from ..core.errors import AdmissionError, ConfigError
 from ..core.manifest import DEFAULT_RUNTIME, NATIVE_RUNTIME, Manifest, Resources
 from ..core.registry import AbiVersion, Registry
@@ -99,8 +105,14 @@ def plan_package(
     granted: frozenset[str] | None = None,
     epoch: int = 0,
     command_memory: Mapping[str, int] | None = None,
+    unchecked: frozenset[str] = frozenset(),
 ) -> tuple[AdmissionPlan, Grant, Resources]:
     """Resources, effective grant and static admission of a package; pure, nothing runs.
+
+    ``unchecked`` names application capabilities the manifest requests that this host does
+    not serve (:class:`~wasihost.core.registry.OpenCapabilities`): for a command that does
+    not run the guest (an install), they count as allowed, and imports of their namespaces
+    are not judged. The application's host judges them at load.
 
     ``granted`` is what the operator's grant table holds for the extension (a stateful host);
     the policy then only caps it. Without it, the policy alone decides (a stateless host).
@@ -126,6 +138,21 @@ def plan_package(
     else:
         base = bare_module_resources(header, registry, command_memory or {})
     resources = policy.cap(_with_overrides(base, fuel, timeout_ms))
+    if manifest is not None:
+        _check_served(manifest, registry, unchecked)
+    if unchecked:
+        taken_on_trust = attrs.evolve(policy, allow=policy.allow | unchecked)
+        grant = _grant_of(package, registry, taken_on_trust, grants, granted, epoch)
+        plan = admit(
+            header,
+            registry,
+            grant,
+            max_memory_bytes=resources.max_memory_bytes,
+            max_table_elements=resources.max_table_elements,
+            manifest_abi=_manifest_abi(manifest),
+            unchecked_namespaces=frozenset(c.split(".", 1)[0] for c in unchecked),
+        )
+        return plan, grant, resources
     grant = _grant_of(package, registry, policy, grants, granted, epoch)
     plan = admit_cached(
         header,
@@ -137,6 +164,24 @@ def plan_package(
         manifest_abi=_manifest_abi(manifest),
     )
     return plan, grant, resources
+
+
+def _check_served(manifest: Manifest, registry: Registry, unchecked: frozenset[str]) -> None:
+    """Refuse a manifest requesting capabilities this host does not serve. A manifest read open
+    to application capabilities (an install, the check of an installed package) may name
+    them; to run it, the application's functions must be registered."""
+    requested = manifest.required | manifest.optional
+    unserved = sorted(requested - registry.capabilities() - unchecked)
+    if unserved:
+        names = ", ".join(repr(c) for c in unserved)
+        raise AdmissionError(
+            [
+                f"{names}: application capabilit{'ies' if len(unserved) > 1 else 'y'} this "
+                "host does not serve: register the application's functions (Host.function, "
+                "docs/host-functions.md) before loading"
+            ],
+            unserved=tuple(unserved),
+        )
 
 
 def _grant_of(

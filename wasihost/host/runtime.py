@@ -37,7 +37,13 @@ from ..core.extlog import LogSink
 from ..core.grants import Grant, GrantTable, withdrawn
 from ..core.lifecycle import ExtensionRevoked, State, check_reason, clip_reason
 from ..core.manifest import NATIVE_RUNTIME, Resources
-from ..core.registry import HostFunction, Profile, Registry
+from ..core.registry import (
+    HostFunction,
+    OpenCapabilities,
+    Profile,
+    Registry,
+    is_application_capability,
+)
 from ..core.settings import EngineSettings
 from ..core.threadstack import guest_thread_stack
 from ..core.tokens import TokenIssuer
@@ -689,10 +695,15 @@ class Host:
         )
 
     def _load_package(
-        self, source: str | Path, trust: TrustStore | None = None, ssh: SshSigned | None = None
+        self,
+        source: str | Path,
+        trust: TrustStore | None = None,
+        ssh: SshSigned | None = None,
+        applications: bool = False,
     ) -> Package:
         trust = trust if trust is not None else self.policy.trusted_publishers
-        return load_package(source, self.registry.capabilities(), trust, ssh)
+        known = self.registry.capabilities()
+        return load_package(source, OpenCapabilities(known) if applications else known, trust, ssh)
 
     def load_package(
         self,
@@ -700,9 +711,13 @@ class Host:
         *,
         trust: TrustStore | None = None,
         ssh: SshSigned | None = None,
+        applications: bool = False,
     ) -> Package:
-        """Load (and, for a signed ``.whpkg``, verify) a package without admitting it."""
-        return self._load_package(source, trust, ssh)
+        """Load (and, for a signed ``.whpkg``, verify) a package without admitting it. With
+        ``applications``, a manifest may request application capabilities this host does not
+        serve (``app.users``): for what does not run the guest (an install); loading it to
+        run still needs the application's functions registered."""
+        return self._load_package(source, trust, ssh, applications)
 
     def install(
         self,
@@ -757,9 +772,13 @@ class Host:
         # have half changed the state), or this install would take the place of the version
         # the marker names and the next start would take the update for committed.
         updates.recover_interrupted(self, package.manifest.id)
-        # Refuse what could not run even with every capability it requests granted.
+        # Refuse what could not run even with every capability it requests granted; an
+        # application's capabilities this host does not serve are the application's to check
+        # (an install runs nothing).
         manifest = package.manifest
-        self.plan(package, granted=frozenset(manifest.required | manifest.optional))
+        requested = manifest.required | manifest.optional
+        unchecked = frozenset(OpenCapabilities(self.registry.capabilities()).unchecked(requested))
+        self.plan(package, granted=frozenset(requested), unchecked=unchecked)
         if not is_native(package):  # plan() checked a native plugin's executable
             from ..core.codeshape import scan_module  # an install's check, not a run's
 
@@ -890,8 +909,10 @@ class Host:
         fuel: int | None = None,
         timeout_ms: int | None = None,
         granted: frozenset[str] | None = None,
+        unchecked: frozenset[str] = frozenset(),
     ) -> tuple[AdmissionPlan, Grant, Resources]:
-        """Static admission only: no compile, no instantiation, nothing of the guest runs."""
+        """Static admission only: no compile, no instantiation, nothing of the guest runs.
+        ``unchecked``: application capabilities taken on trust (planning.plan_package)."""
         check_package(package)
         revocations = self.policy.revocations
         if revocations is not None:
@@ -913,6 +934,7 @@ class Host:
             granted=granted,
             epoch=epoch,
             command_memory=self.command_memory,
+            unchecked=unchecked,
         )
         reservation = self.engine.settings.memory_reservation
         if plan.is_command and resources.max_memory_bytes > reservation:
@@ -1173,7 +1195,10 @@ class Host:
     def grant(self, extension: str, capability: str, scope: Mapping[str, Any] | None = None) -> int:
         self._check_operator_id(extension)
         self.sync_grants()  # a change is made to what another host may have changed since
-        if not isinstance(capability, str) or capability not in self.registry.capabilities():
+        if not isinstance(capability, str) or (
+            capability not in self.registry.capabilities()
+            and not self._requested_application(extension, capability)
+        ):
             raise ConfigError(f"unknown capability {capability!r}")
         if capability.startswith("wasi."):
             from ..wasi.scopes import check_scope as check_wasi_scope
@@ -1189,6 +1214,23 @@ class Host:
         if epoch != before:
             self.journal(extension, "grant", f"{capability} scope {scope or {}} epoch {epoch}")
         return epoch
+
+    def _requested_application(self, extension: str, capability: str) -> bool:
+        """Whether ``capability`` is an application capability this host does not serve that
+        the installed ``extension``'s manifest requests: an operator grants it here (the
+        ``wasihost grants`` command), and the application's host, which serves it, reads the
+        grant. Any other capability this host does not know is a mistake."""
+        if self.state is None or not is_application_capability(capability):
+            return False
+        installed = self.state.package(extension)
+        if installed is None:
+            return False
+        from . import updates
+
+        try:
+            return capability in updates.installed_requests(self, installed)
+        except WasihostError:
+            return False
 
     def revoke(self, extension: str, capability: str | None = None, reason: str = "") -> int:
         """Withdraw a capability (the extension's next host call using it fails), or with

@@ -48,6 +48,7 @@ from ..core.manifest import (
     parse_manifest,
     version_order,
 )
+from ..core.registry import OpenCapabilities
 from ..packaging import contents, signing, sshsig
 from ..packaging.allowed_signers import SshSigned, read_ssh_signature
 from ..packaging.archive import read_archive
@@ -99,7 +100,12 @@ if TYPE_CHECKING:
         def require_state(self) -> StateStore: ...
 
         def load_package(
-            self, source: str | Path, *, trust: TrustStore | None, ssh: SshSigned | None
+            self,
+            source: str | Path,
+            *,
+            trust: TrustStore | None,
+            ssh: SshSigned | None,
+            applications: bool = False,
         ) -> Package: ...
 
         def plan(self, package: Package) -> object: ...
@@ -132,6 +138,13 @@ def _same_publisher(package: Package, current: InstalledPackage | None) -> None:
         )
 
 
+def _known(host: UpdateHost) -> OpenCapabilities:
+    """The capabilities an installed package's manifest is read against when checking it is
+    what was installed (not when admitting it): an application capability this host does not
+    serve is taken on trust, as at its install."""
+    return OpenCapabilities(host.registry.capabilities())
+
+
 def content_digest(manifest: bytes, module: str, wasm: bytes) -> str:
     """What an unsigned install records of its content: the SHA-256 of the content record
     (``packaging/contents``, as an archive's package digest) of its manifest and module."""
@@ -144,7 +157,7 @@ def _unsigned_content(host: UpdateHost, root: Path, package: Package) -> str:
     assert package.manifest is not None
     text = manifest_text(root)
     try:
-        again: Manifest | None = parse_manifest(text.decode("utf-8"), host.registry.capabilities())
+        again: Manifest | None = parse_manifest(text.decode("utf-8"), _known(host))
     except (UnicodeDecodeError, ManifestError):
         again = None
     if again != package.manifest:
@@ -158,7 +171,7 @@ def _installed_content(host: UpdateHost, installed: InstalledPackage) -> str | N
     if installed.content_digest is not None:
         return installed.content_digest
     try:
-        package = load_package(installed.path, host.registry.capabilities())
+        package = load_package(installed.path, _known(host))
         return _unsigned_content(host, installed.path, package)
     except WasihostError:
         return None
@@ -221,7 +234,7 @@ def candidate(
     what a removal kept (``adopt_data`` hands that to another publisher)."""
     store = host.require_state()
     trust_given = trust is not None or ssh is not None
-    package = host.load_package(source, trust=trust, ssh=ssh)
+    package = host.load_package(source, trust=trust, ssh=ssh, applications=True)
     manifest = package.manifest
     if manifest is None:
         raise PackageError("only packages with an extension.toml can be installed")
@@ -260,9 +273,7 @@ def write_install(
         # is refused; nothing of a directory is signed, so equal content is all we can ask.
         text = manifest_text(Path(source))
         try:
-            again: Manifest | None = parse_manifest(
-                text.decode("utf-8"), host.registry.capabilities()
-            )
+            again: Manifest | None = parse_manifest(text.decode("utf-8"), _known(host))
         except (UnicodeDecodeError, ManifestError):
             again = None
         if again != manifest:
@@ -287,12 +298,25 @@ def write_install(
     )
 
 
+def installed_requests(host: UpdateHost, installed: InstalledPackage) -> frozenset[str]:
+    """The capabilities an installed package's manifest requests, read without verifying its
+    signature (the host's own read-only tree; what runs is verified at every start): for an
+    operator's grant of an application capability, the manifest is all that is asked."""
+    from ..packaging.package import open_archive
+
+    if installed.package_digest is None:
+        manifest = load_package(installed.path, _known(host)).manifest
+    else:
+        manifest = open_archive(installed.path / ARCHIVE_NAME, _known(host))[1]
+    return frozenset() if manifest is None else manifest.required | manifest.optional
+
+
 def verify_installed(host: UpdateHost, installed: InstalledPackage) -> Package:
     """Load an installed package again and check it is what was installed: the same module
     bytes and, for a signed archive, a signature that still verifies against the host's trust,
     by the same publisher, over the same package digest; for an unsigned install, the same
     manifest and module (its content digest)."""
-    caps = host.registry.capabilities()
+    caps = _known(host)
     if installed.package_digest is None:
         if installed.content_digest is None:
             raise PackageError(

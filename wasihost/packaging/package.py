@@ -78,11 +78,13 @@ def manifest_text(root: Path) -> bytes:
     return _read_bounded(root / MANIFEST_NAME, MAX_MANIFEST_BYTES, "manifest")
 
 
-def _parse(text: bytes, known_capabilities: frozenset[str]) -> Manifest:
+def parse_manifest_bytes(text: bytes, known_capabilities: frozenset[str]) -> Manifest:
+    """A manifest file's bytes, parsed: ManifestError for text that is not UTF-8 too."""
     try:
         return parse_manifest(text.decode("utf-8"), known_capabilities)
     except UnicodeDecodeError:
         raise ManifestError("", "manifest is not UTF-8") from None
+
 
 
 def _check_module_digest(manifest: Manifest, digest: str) -> None:
@@ -124,7 +126,7 @@ def archive_parts(
         raise ArchiveError(f"{origin} has no {MANIFEST_NAME}")
     if len(text) > MAX_MANIFEST_BYTES:
         raise PackageError(f"manifest in {origin} is larger than {MAX_MANIFEST_BYTES} bytes")
-    manifest = _parse(text, known_capabilities)
+    manifest = parse_manifest_bytes(text, known_capabilities)
     wasm = archive.files.get(manifest.module)
     if wasm is None:
         raise ArchiveError(f"{origin} has no module {manifest.module!r}")
@@ -216,7 +218,7 @@ def load_package(
         raise PackageError(f"{path} is not a .whpkg: an SSH signature verifies .whpkg files")
     if path.is_dir():
         text = _read_bounded(path / MANIFEST_NAME, MAX_MANIFEST_BYTES, "manifest")
-        manifest = _parse(text, known_capabilities)
+        manifest = parse_manifest_bytes(text, known_capabilities)
         root = path.resolve()
         module_path = (root / manifest.module).resolve()
         if not module_path.is_relative_to(root):
