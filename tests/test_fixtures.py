@@ -206,16 +206,21 @@ def test_oversize_payloads_get_status_codes(host: Host, mode: str, status: int) 
     assert load(host, "oversize").call("run", {"mode": mode}) == {"status": status}
 
 
-def test_oversize_output_is_a_protocol_error(host: Host) -> None:
+def test_oversize_output_is_output_too_large(host: Host) -> None:
     err = fails(load(host, "oversize"), {"mode": "output"})
-    assert err.failure is FailureClass.PROTOCOL
-    assert "output limit" in err.message
+    assert err.failure is FailureClass.OUTPUT_TOO_LARGE
+    assert "is over its limit (max_output_bytes 65536)" in err.message
 
 
 def test_ungranted_is_refused_before_running(host: Host) -> None:
     with pytest.raises(AdmissionError) as info:
         load(host, "ungranted")
-    assert "random_bytes: needs capability 'random', which is not granted" in str(info.value)
+    # Its manifest does not request random: the refusal says so, not "not granted".
+    assert (
+        "random_bytes: needs capability 'random', which its manifest does not request"
+        in str(info.value)
+    )
+    assert info.value.unrequested == ("random",)
 
 
 @pytest.mark.parametrize("mode", ["out_of_range", "overflow", "resp_out_of_range"])

@@ -560,12 +560,8 @@ fn call(guest: &Guest, message: &[Value]) -> Result<Vec<Value>, ChannelError> {
     let body = response[4..].to_vec();
     if body.len() as u64 > max_output {
         return Ok(fail(
-            "protocol",
-            format!(
-                "response body of {} bytes over the output limit of {}",
-                body.len(),
-                max_output
-            ),
+            "output_too_large",
+            format!("the command's output of {} bytes is over its limit", body.len()),
         ));
     }
     Ok(done(status, body))

@@ -17,6 +17,7 @@ from tests.support.guests import build, guest_wat, host_import
 from wasihost.cli import main
 from wasihost.core.errors import AdmissionError
 from wasihost.core.manifest import version_order
+from wasihost.host.policy import Policy
 from wasihost.host.runtime import Host
 
 HELLO_ID = "org.wasihost.fixtures.hello"
@@ -90,6 +91,43 @@ def test_an_oversized_input_names_max_input_bytes(
         capsys, "run", str(FIXTURES / "echo"), "echo", "--input-file", str(big), "--no-cache"
     )
     assert code == 1 and "max_input_bytes" in err.splitlines()[-1]
+
+
+def test_an_import_the_manifest_does_not_request_is_remedied_in_the_manifest(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """fixtures/ungranted imports random_bytes, and its manifest does not request `random`: a
+    --grant cannot lift that (it fails "not requested by the manifest"), so the hint names
+    the manifest and the guest's features (issue 35 item 4)."""
+    code, _, err = run_cli(capsys, "run", str(FIXTURES / "ungranted"), "run", "--no-cache")
+    first, hint = err.splitlines()[-2:]
+    assert code == 1
+    assert first.endswith("needs capability 'random', which its manifest does not request "
+                          "(extension.toml [capabilities])")  # fmt: skip
+    assert hint.startswith("hint: the module imports functions of random, which its "
+                           "extension.toml does not request: add random to [capabilities]")  # fmt: skip
+    assert "--grant" not in hint
+    # And in Python: the error says which capabilities only the manifest can add.
+    with (
+        Host(Policy(allow={"log", "random"}), cache_dir=None) as host,
+        pytest.raises(AdmissionError) as refused,
+    ):
+        host.load(FIXTURES / "ungranted")
+    assert (refused.value.unrequested, refused.value.ungranted) == (("random",), ())
+
+
+def test_an_oversized_output_names_max_output_bytes_and_where_to_raise_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 35 item 4: it said `protocol` with a limit of 65545 nobody had set."""
+    code, _, err = run_cli(
+        capsys, "run", str(FIXTURES / "oversize"), "run", "--input", '{"mode": "output"}',
+        "--no-cache",
+    )  # fmt: skip
+    first, hint = err.splitlines()[-2:]
+    assert code == 1 and first.startswith("error: output_too_large: the command's output of ")
+    assert first.endswith("is over its limit (max_output_bytes 65536)") and "65545" not in err
+    assert hint.startswith("hint: raise [resources] max_output_bytes in the extension's")
 
 
 def test_input_from_a_file_and_raw_bytes(
@@ -170,3 +208,44 @@ def test_random_seed_help_says_how_long(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit):
         main(["wasi", "--help"])
     assert "16 to 64 bytes" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_grant_the_policy_does_not_allow_names_the_policy_not_the_manifest() -> None:
+    """hello's manifest requests clock (optional): refusing it is the policy's doing, and the
+    error said the manifest had not requested it (issue 35 item 4)."""
+    with (
+        Host(Policy(allow={"log"}), cache_dir=None) as host,
+        pytest.raises(AdmissionError) as refused,
+    ):
+        host.load(FIXTURES / "hello", grants=["log", "clock", "storage"])
+    assert refused.value.problems == (
+        "grant 'storage' was not requested by the manifest (a guest that uses it lists it in "
+        "extension.toml's [capabilities] optional)",
+        "grant 'clock' is requested by the manifest but not allowed by the host's policy "
+        "(Policy(allow=...) does not name it: add 'clock' there to grant it)",
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "says", "hint"),
+    [
+        ("x" * 200_000, "text string of 200000 characters exceeds 131072 bytes",
+         "raise [resources] max_input_bytes in the extension's extension.toml"),
+        (list(range(5000)), "more than 4096 data items", "at most 4096 data items"),
+        ({1, 2}, "cannot encode a value of type set", "an input is None, a bool"),
+    ],
+)  # fmt: skip
+def test_an_input_the_codec_refuses_says_so_with_its_remedy_in_python(
+    value: object, says: str, hint: str
+) -> None:
+    """Issue 35 item 4: a CodecError said what was wrong, not that it was the input, nor how
+    to lift it; the hint existed only in the CLI."""
+    from wasihost.core.errors import CodecError
+
+    with Host(Policy(allow=set()), cache_dir=None) as host:
+        ext = host.load(FIXTURES / "echo")
+        with pytest.raises(CodecError) as refused:
+            ext.call("echo", value)
+        assert ext.call("echo", "still fine") == "still fine"
+    assert refused.value.message == f"command input: {says}"
+    assert refused.value.hint is not None and hint in refused.value.hint

@@ -186,13 +186,13 @@ def test_guest_errors_and_unknown_commands_are_the_wasm_guests_answers() -> None
         assert malformed.status == 2 and malformed.value["class"] == "invalid_input"
 
 
-def test_an_answer_over_max_output_fails_protocol() -> None:
+def test_an_answer_over_max_output_fails_output_too_large() -> None:
     with started("hello-native", entries("log")) as driver:
         reply = driver.call("greet", {"name": "ada"}, max_output=4, host=logs([]))
         assert reply.message == [
             Kind.FAIL,
-            "protocol",
-            "response body of 21 bytes over the output limit of 4",
+            "output_too_large",
+            "the command's output of 21 bytes is over its limit",
             0,
             None,
             True,

@@ -147,7 +147,7 @@ def test_input_at_the_limit_passes_and_one_over_is_refused_before_the_guest(
     assert ext.starts == starts  # the refusal cost the instance nothing
 
 
-def test_output_over_the_limit_is_a_protocol_failure(host: Host, tmp_path: Path) -> None:
+def test_output_over_the_limit_is_output_too_large(host: Host, tmp_path: Path) -> None:
     ext = host.load(
         rawecho_with(tmp_path, "max_input_bytes = 4096\nmax_output_bytes = 4096"), grants=[]
     )
@@ -155,8 +155,14 @@ def test_output_over_the_limit_is_a_protocol_failure(host: Host, tmp_path: Path)
     starts = ext.starts
     with pytest.raises(CallError) as caught:
         ext.call("double", b"d" * 2049)
-    assert caught.value.failure is FailureClass.PROTOCOL
-    assert "4098 bytes over the output limit of 4096" in caught.value.message
+    assert caught.value.failure is FailureClass.OUTPUT_TOO_LARGE
+    assert caught.value.message == (
+        "the command's output of 4098 bytes is over its limit (max_output_bytes 4096)"
+    )
+    assert caught.value.hint is not None
+    assert "raise [resources] max_output_bytes in the extension's extension.toml" in (
+        caught.value.hint
+    )
     assert ext.call("echo-bytes", b"again") == b"again"  # on a fresh instance
     assert ext.starts == starts + 1
 
@@ -223,6 +229,8 @@ def test_cbor_output_over_the_limit_is_refused(host: Host, tmp_path: Path) -> No
     assert ext.call("echo", b"o" * 4096) == b"o" * 4096
     with pytest.raises(CallError) as caught:
         ext.call("echo", b"o" * 4097)
+    # Within the engine's bound (the limit and a CBOR head), a byte string over the limit is
+    # refused by the output's decoder: malformed as the protocol goes.
     assert caught.value.failure is FailureClass.PROTOCOL
 
 
@@ -238,4 +246,4 @@ def test_the_policy_ceiling_caps_a_raw_command_payload(tmp_path: Path) -> None:
             ext.call("echo-bytes", b"a" * 2049)
         with pytest.raises(CallError) as caught:
             ext.call("echo-bytes", b"a" * 1025)
-        assert caught.value.failure is FailureClass.PROTOCOL
+        assert caught.value.failure is FailureClass.OUTPUT_TOO_LARGE

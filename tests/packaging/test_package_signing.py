@@ -105,8 +105,19 @@ def test_a_valid_signature_over_another_package_is_refused(
 
 def test_a_publisher_mismatch_is_refused(files: dict[str, bytes], tmp_path: Path) -> None:
     theirs = hello_files(tmp_path, publisher="victim.example")
-    with pytest.raises(PublisherMismatchError, match="publisher is 'victim.example'"):
+    with pytest.raises(PublisherMismatchError) as mismatch:
         signature_for(theirs, KEY)  # wasihost sign refuses to make it
+    assert 'publisher is "victim.example", and this key is "acme.example"\'s' in (
+        mismatch.value.message
+    )
+    # No publisher at all: the key that was given names the line to add (issue 35 item 4; it
+    # said "the manifest's publisher is None").
+    with pytest.raises(PublisherMismatchError) as none:
+        signature_for(hello_files(tmp_path / "none", publisher=None), KEY)
+    assert none.value.message == (
+        'extension.toml has no [extension] publisher; add publisher = "acme.example" to sign '
+        "it with this key"
+    )
     # A signature made anyway, by a trusted key, over the victim's identity:
     manifest = parse_manifest(theirs["extension.toml"].decode(), CAPS)
     who = identity(manifest, hashlib.sha256(theirs["hello.wasm"]).hexdigest())

@@ -58,6 +58,13 @@ def _remedy(exc: WasihostError, args: argparse.Namespace | None) -> str | None:
                 "is given; docs/host-functions.md)"
             )
         return None
+    if isinstance(exc, AdmissionError) and exc.unrequested and not exc.ungranted:
+        names = ", ".join(exc.unrequested)
+        return (
+            f"the module imports functions of {names}, which its extension.toml does not "
+            f"request: add {names} to [capabilities] optional there (and to the guest's "
+            "features, guest-sdk/README.md), then grant it; or build the guest without them"
+        )
     if not isinstance(exc, AdmissionError) or not exc.ungranted or args is None:
         return None
     caps = exc.ungranted

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..core import cbor_json
-from ..core.errors import CallError, CodecError, ConfigError
+from ..core.errors import CallError, ConfigError
 from ..core.registry import AbiVersion, OpenCapabilities
 from ..core.terminal import printable
 from ..host.defaults import default_registry
@@ -139,14 +139,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             output = ext.call(args.command, value)
         except CallError as exc:
             resources = ext.resources
-            exc.hint = budget_hint(exc.failure, resources.fuel_per_call, resources.timeout_ms)
-            raise
-        except CodecError as exc:
-            if "exceeds" in exc.message:
-                exc.hint = (
-                    f"the input may be at most {ext.resources.max_input_bytes} bytes of CBOR: "
-                    "raise [resources] max_input_bytes in the package's extension.toml"
-                )
+            exc.hint = (
+                budget_hint(exc.failure, resources.fuel_per_call, resources.timeout_ms) or exc.hint
+            )
             raise
         finally:
             records = ext.log.drain()

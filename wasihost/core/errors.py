@@ -26,6 +26,9 @@ class FailureClass(enum.Enum):
     PROTOCOL = "protocol"
     HOST_ERROR = "host_error"
     GUEST_ERROR = "guest_error"
+    # The command answered more than the extension's ``max_output_bytes``: a limit of the
+    # manifest, raised there (a protocol failure before issue 35).
+    OUTPUT_TOO_LARGE = "output_too_large"
     HANDSHAKE = "handshake"
     DENIED = "denied"
     # Ctrl-C (SIGINT) reached the host while the guest ran on the main thread.
@@ -68,6 +71,7 @@ _CLASS_OF: Mapping[FailureClass, CrashClass] = MappingProxyType(
         FailureClass.DEADLINE: CrashClass.RESOURCE_LIMIT,
         FailureClass.MEMORY_LIMIT: CrashClass.RESOURCE_LIMIT,
         FailureClass.STACK_OVERFLOW: CrashClass.RESOURCE_LIMIT,
+        FailureClass.OUTPUT_TOO_LARGE: CrashClass.RESOURCE_LIMIT,
         FailureClass.PROTOCOL: CrashClass.PROTOCOL_VIOLATION,
         FailureClass.HANDSHAKE: CrashClass.PROTOCOL_VIOLATION,
         FailureClass.HOST_ERROR: CrashClass.HOST_CALL_FAILURE,
@@ -155,7 +159,8 @@ class AdmissionError(WasihostError):
     """The module was refused before any of its code ran; ``problems`` names each offender
     (the first MAX_REPORTED_PROBLEMS, then how many more), ``ungranted`` the capabilities
     whose grant would lift a refusal, ``unserved`` the application capabilities whose
-    functions were not registered (the remedies to print)."""
+    functions were not registered, ``unrequested`` those its imports need that its manifest
+    does not request (the remedies to print)."""
 
     def __init__(
         self,
@@ -163,6 +168,7 @@ class AdmissionError(WasihostError):
         *,
         ungranted: tuple[str, ...] = (),
         unserved: tuple[str, ...] = (),
+        unrequested: tuple[str, ...] = (),
     ) -> None:
         listed = tuple(problems[:MAX_REPORTED_PROBLEMS])
         more = len(problems) - len(listed)
@@ -173,6 +179,9 @@ class AdmissionError(WasihostError):
         # Application capabilities the manifest requests that the refusing host does not
         # serve: the remedy is the application's functions, not a grant.
         self.unserved = unserved
+        # Capabilities the module's imports need that its manifest does not request: no grant
+        # can be given (none was asked for); the remedy is the manifest (and the guest).
+        self.unrequested = unrequested
         super().__init__("; ".join(self.problems) if self.problems else "module refused")
 
     @property

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
-from ..core import serving
+from ..core import limits, serving
 from ..core.admission import AdmissionPlan
 from ..core.budgets import Resource
 from ..core.call_ticket import CallTicket, _CallLocal
@@ -1434,11 +1434,11 @@ class Extension:
         ticket, deadline = local.ticket, local.deadline
         if ticket is not None or deadline is not None:
             local.ticket = local.deadline = None
-        # -- encode --
-        if wire.raw_input:
-            payload = _raw_input(command, value, r.max_input_bytes)
-        else:  # null, the commonest payload of all, without the codec
-            payload = CBOR_NULL if value is None else encode(value, self._input_limits)
+        try:  # -- encode -- null, the commonest payload of all, without the codec
+            payload = (_raw_input(command, value, r.max_input_bytes) if wire.raw_input else
+                       CBOR_NULL if value is None else encode(value, self._input_limits))
+        except CodecError as exc:
+            raise _input_refused(exc, self._input_limits, r.max_input_bytes) from None
         max_body = r.max_output_bytes if wire.raw_output else r.max_output_bytes + CBOR_HEAD_BYTES
         # -- budget -- none for a plain call: _checkout's, or the instance's own
         budget: Budget | None = None
@@ -1594,8 +1594,26 @@ class Extension:
                 self._level_failure(exc, budget, instance)
             if exc.failure.discards_instance:
                 self._crash(f"{exc.failure.value}: {exc.message}", exc.failure)
+            if exc.failure is FailureClass.OUTPUT_TOO_LARGE:
+                raise self._output_too_large(exc) from None
         elif not isinstance(exc, WasihostError):
             self._crash(f"interrupted: {type(exc).__name__}")
+
+    def _output_too_large(self, exc: CallError) -> CallError:
+        """The engine's refusal of an oversized answer, in the manifest's terms: which limit,
+        and where to raise it."""
+        declared = self.resources.max_output_bytes
+        refused = CallError(
+            FailureClass.OUTPUT_TOO_LARGE,
+            f"{exc.message[:200]} (max_output_bytes {declared})",
+        )
+        most = limits.RESOURCE_BOUNDS["max_output_bytes"].maximum
+        refused.hint = (
+            f"raise [resources] max_output_bytes in the extension's extension.toml (now "
+            f"{declared}, at most {most}; a policy ceiling may cap it), or have the command "
+            "answer less"
+        )
+        return refused
 
     def _ticket_done(self, ticket: CallTicket, instance: GuestInstance) -> None:
         """An async call's ticket, as :meth:`call` gives its instance back: detached first (a
@@ -1886,6 +1904,29 @@ def _drop(slot: _Pooled) -> None:
     room, slot.room = slot.room, None
     if room is not None:
         room.release()  # [density]
+
+
+def _input_refused(exc: CodecError, bounds: CodecLimits, max_input_bytes: int) -> CodecError:
+    """A command input the codec refused, said as what it is and what lifts it: the
+    manifest's ``max_input_bytes`` for its size, the ABI's fixed bounds for the rest."""
+    text = exc.message
+    refused = CodecError(f"command input: {text}")
+    if "exceeds" in text:
+        refused.hint = (
+            f"the input may be at most {max_input_bytes} bytes of CBOR: raise [resources] "
+            "max_input_bytes in the extension's extension.toml, or send less"
+        )
+    elif "data items" in text or "nesting" in text:
+        refused.hint = (
+            f"an input may hold at most {bounds.max_items} data items, nested at most "
+            f"{bounds.max_depth} deep (docs/embedding.md): send it in smaller parts"
+        )
+    elif "cannot encode" in text:
+        refused.hint = (
+            "an input is None, a bool, an int, a float, str, bytes, or a list or dict of "
+            "those (docs/embedding.md)"
+        )
+    return refused
 
 
 def _raw_input(command: str, value: Any, limit: int) -> bytes | bytearray | memoryview:

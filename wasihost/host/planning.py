@@ -154,15 +154,18 @@ def plan_package(
         )
         return plan, grant, resources
     grant = _grant_of(package, registry, policy, grants, granted, epoch)
-    plan = admit_cached(
-        header,
-        registry,
-        grant,
-        module_digest=package.sha256,
-        max_memory_bytes=resources.max_memory_bytes,
-        max_table_elements=resources.max_table_elements,
-        manifest_abi=_manifest_abi(manifest),
-    )
+    try:
+        plan = admit_cached(
+            header,
+            registry,
+            grant,
+            module_digest=package.sha256,
+            max_memory_bytes=resources.max_memory_bytes,
+            max_table_elements=resources.max_table_elements,
+            manifest_abi=_manifest_abi(manifest),
+        )
+    except AdmissionError as exc:
+        raise _with_requests(exc, manifest) from None
     return plan, grant, resources
 
 
@@ -182,6 +185,28 @@ def _check_served(manifest: Manifest, registry: Registry, unchecked: frozenset[s
             ],
             unserved=tuple(unserved),
         )
+
+
+def _with_requests(exc: AdmissionError, manifest: Manifest | None) -> AdmissionError:
+    """``exc`` with the capabilities its imports need split by the manifest: those it requests
+    (a grant lifts the refusal) and those it does not (only the manifest can)."""
+    if manifest is None or not exc.ungranted:
+        return exc
+    requested = manifest.required | manifest.optional
+    unrequested = [c for c in exc.ungranted if c not in requested]
+    problems = list(exc.problems)
+    for c in unrequested:  # admission's words suggest a grant, which cannot be given
+        granted_by = (
+            f"which is not granted (Host.load(..., grants=[{c!r}]) within the policy's allow)"
+        )
+        asked_by = "which its manifest does not request (extension.toml [capabilities])"
+        problems = [p.replace(granted_by, asked_by) for p in problems]
+    return AdmissionError(
+        problems,
+        ungranted=tuple(c for c in exc.ungranted if c in requested),
+        unserved=exc.unserved,
+        unrequested=tuple(unrequested),
+    )
 
 
 def _grant_of(
@@ -212,9 +237,21 @@ def _grant_of(
         grant = effective_grant(required, requested & granted, policy, epoch=epoch)
     elif manifest is not None:
         grant = effective_grant(manifest.required, manifest.optional, policy)
-        extra = sorted(set(grants or ()) - grant.capabilities)
-        if extra:
-            raise AdmissionError([f"grant {c!r} was not requested by the manifest" for c in extra])
+        asked = set(grants or ())
+        requested = manifest.required | manifest.optional
+        # Two causes, two remedies: the manifest does not ask for it, or the policy does not
+        # allow what it asks for (one message named the manifest for both).
+        problems = [
+            f"grant {c!r} was not requested by the manifest (a guest that uses it lists it in "
+            "extension.toml's [capabilities] optional)"
+            for c in sorted(asked - requested)
+        ] + [
+            f"grant {c!r} is requested by the manifest but not allowed by the host's policy "
+            f"(Policy(allow=...) does not name it: add {c!r} there to grant it)"
+            for c in sorted((asked & requested) - policy.allow)
+        ]
+        if problems:
+            raise AdmissionError(problems)
     else:
         requested = frozenset(grants or ())
         unknown = sorted(requested - registry.capabilities())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from typing import Final
 
 import attrs
@@ -117,10 +118,16 @@ class SignatureRecord:
 
 def sign(identity: Identity, package_digest: str, key: SigningKey) -> bytes:
     """The signature record of a package by ``key``; the manifest must name its publisher."""
+    if identity.publisher is None:
+        raise PublisherMismatchError(
+            f"extension.toml has no [extension] publisher; add publisher = "
+            f"{json.dumps(key.publisher)} to sign it with this key"
+        )
     if identity.publisher != key.publisher:
         raise PublisherMismatchError(
-            f"the manifest's publisher is {identity.publisher!r}, the key is {key.publisher!r}'s "
-            "(set [extension] publisher in extension.toml)"
+            f"extension.toml's [extension] publisher is {json.dumps(identity.publisher)}, and "
+            f"this key is {json.dumps(key.publisher)}'s: sign with {identity.publisher}'s key, "
+            "or change the publisher"
         )
     signature = key.private.sign(message(identity, package_digest))
     return SignatureRecord(key.publisher, key.public_bytes, signature).render()
