@@ -306,6 +306,39 @@ def test_a_machine_with_cargo_but_not_the_sdk_crates_is_told_what_to_install(
     )
 
 
+@pytest.mark.toolchain
+@pytest.mark.skipif(rust_toolchain_missing() is not None, reason=str(rust_toolchain_missing()))
+def test_the_sdk_readme_release_profile_keeps_the_names_traps_show(tmp_path: Path) -> None:
+    """guest-sdk/README.md's Cargo.toml template, on a real guest: the built module keeps its
+    `name` section, so a trap's backtrace names functions (issue 35 item 5: the template said
+    strip = true, which removes it)."""
+    import re
+
+    from wasihost.core.wasmbin import read_header
+
+    readme = (ROOT / "guest-sdk" / "README.md").read_text()
+    profile = re.search(r"\[profile\.release\]\n(?:[a-z-]+ = .*\n)+", readme)
+    assert profile is not None
+    shutil.copytree(ROOT / "guest-sdk", tmp_path / "sdk", ignore=shutil.ignore_patterns("target"))
+    shutil.copytree(FIXTURES / "hello", tmp_path / "hello", ignore=shutil.ignore_patterns("*.wasm"))
+    shutil.copytree(ROOT / ".cargo", tmp_path / ".cargo")
+    shutil.copy(FIXTURES / "Cargo.lock", tmp_path / "hello" / "Cargo.lock")
+    manifest = tmp_path / "hello" / "Cargo.toml"
+    text = manifest.read_text().replace('path = "../../guest-sdk"', 'path = "../sdk"')
+    manifest.write_text(text + "\n" + profile.group(0))
+    proc = subprocess.run(
+        ["/usr/bin/cargo", "build", "--release", "--offline", "--target", "wasm32-unknown-unknown"],
+        cwd=tmp_path / "hello",
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    built = tmp_path / "hello" / "target" / "wasm32-unknown-unknown" / "release" / "hello.wasm"
+    assert read_header(built.read_bytes()).custom("name"), "the template strips the names"
+
+
 def test_strict_policy_caps_resources_to_its_ceilings() -> None:
     with Host(Policy.strict(allow={"log"}), cache_dir=None) as strict:
         ext = load(strict, "logger")
