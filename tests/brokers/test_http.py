@@ -226,9 +226,7 @@ def http_host(cache: Path, clock: FakeClock | None = None) -> Host:
     broker = HttpBroker(resolver=resolve, clock=clock or time.monotonic)
     # The host's network budget (governor.py) counts the same bytes on its own clock.
     governor = Governor(clock=clock or time.monotonic)
-    return Host(
-        Policy(allow={"http", "log"}), cache_dir=cache, brokers=[broker], governor=governor
-    )
+    return Host(Policy(allow={"http", "log"}), cache_dir=cache, brokers=[broker], governor=governor)
 
 
 @pytest.fixture
@@ -316,8 +314,13 @@ def test_an_origin_the_manifest_does_not_list_is_denied_unsent(
 ) -> None:
     ext = load(host, tmp_path, server)
     url = url.format(port=server.port, other=server.port + 1)
+    ext.log.drain()
     assert guest_class(ext, "fetch", {"url": url}) == "denied"
     assert server.requests == []
+    # The guest sees DENIED; the extension's log says which origin and why (issue 35 item 4).
+    (said,) = [r for r in ext.log.drain() if r.source == "host"]
+    assert said.message.startswith("http: refused a request to ")
+    assert said.message.endswith(": the origin is not one of the manifest's [http] allowed_origins")
 
 
 @pytest.mark.parametrize(
@@ -327,8 +330,14 @@ def test_an_allowed_name_resolving_to_a_local_address_is_denied(
     host: Host, tmp_path: Path, server: Server, name: str
 ) -> None:
     ext = load(host, tmp_path, server, local=False, names=[name])
+    ext.log.drain()
     assert guest_class(ext, "fetch", {"url": server.url(name)}) == "denied"
     assert server.requests == []
+    (said,) = [r.message for r in ext.log.drain() if r.source == "host"]
+    assert said.startswith(
+        f"http: refused a request to http://{name}:{server.port}: it resolves to "
+    )
+    assert "metadata address, never reached" in said or "allow_local_network = true" in said
 
 
 def test_a_names_checked_addresses_are_tried_in_turn(
@@ -443,8 +452,17 @@ def test_the_bytes_per_hour_quota_refuses_then_recovers(
                 statuses.append(str(exc.guest_class))
         assert "quota_exceeded" in statuses
         sent = len(server.requests)
+        ext.log.drain()
         assert guest_class(ext, "fetch", {"url": server.url("api.test")}) == "quota_exceeded"
         assert len(server.requests) == sent  # refused before sending
+        said = [r.message for r in ext.log.drain() if r.source == "host"]
+        # The manifest's bytes_per_hour is also the extension's network budget (budgets.md),
+        # which is charged first.
+        assert said == [
+            f"http: refused a request to http://api.test:{server.port}: its network budget "
+            "(network_bytes_per_hour, from the manifest's [http] bytes_per_hour or the host's "
+            "policy) is spent for now"
+        ]
         clock.now += 3600  # an hour later the account is empty again
         assert ext.call("fetch", {"url": server.url("api.test")})["status"] == 200
 
@@ -454,7 +472,12 @@ def test_a_manifest_without_http_origins_reaches_nothing(
 ) -> None:
     ext = host.load(package(tmp_path, []))
     host.grant(ext.id, "http", {"allow_local_network": True, "origins": ["http://*.svc.test:1"]})
+    ext.log.drain()
     assert guest_class(ext, "fetch", {"url": server.url("api.test")}) == "denied"
+    assert [r.message for r in ext.log.drain() if r.source == "host"] == [
+        f"http: refused a request to http://api.test:{server.port}: the manifest lists no "
+        "[http] allowed_origins, so no origin is allowed"
+    ]
 
 
 def test_the_grant_scope_narrows_the_manifest(host: Host, tmp_path: Path, server: Server) -> None:
@@ -465,7 +488,10 @@ def test_the_grant_scope_narrows_the_manifest(host: Host, tmp_path: Path, server
         {"allow_local_network": True, "origins": [f"http://api.test:{server.port}"]},
     )
     assert ext.call("fetch", {"url": server.url("api.test")})["status"] == 200
+    ext.log.drain()
     assert guest_class(ext, "fetch", {"url": server.url("evil.test")}) == "denied"
+    (said,) = [r.message for r in ext.log.drain() if r.source == "host"]
+    assert said.endswith("that the grant's scope (origins) also allows")
 
 
 # -- hostile requests from a WAT guest ------------------------------------------------------

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ..core.budgets import Resource
 from ..core.errors import ConfigError
+from ..core.extlog import Level
 from ..core.manifest import DEFAULT_HTTP_BYTES_PER_HOUR
 from ..core.netpolicy import (
     NetPolicyError,
@@ -744,18 +745,21 @@ class HttpBroker:
         scope = ext.grant_scopes().get(capability, {})
         manifest = ext.manifest
         manifest_origins = manifest.http.allowed_origins if manifest is not None else None
+        origin = parsed.target.origin
         try:
             patterns = scope_patterns(scope)
         except ConfigError:
             # A scope stored before this broker checked it (an older host's durable grants):
             # what it means is unknown, so it allows nothing.
-            raise HostStatus(Status.DENIED) from None
-        if not origin_allowed(parsed.target.origin, manifest_origins, patterns):
-            raise HostStatus(Status.DENIED)
+            raise refused(
+                ext, Status.DENIED, origin, "its http grant's scope cannot be read: grant it again"
+            ) from None
+        if not origin_allowed(origin, manifest_origins, patterns):
+            raise refused(ext, Status.DENIED, origin, _not_allowed(manifest_origins, patterns))
         allow_local = scope.get("allow_local_network") is True
         if parsed.has_secrets:
-            origin = str(parsed.target.origin)
-            parsed.attach_secrets(lambda name: use_secret(ext, name, origin))
+            where = str(origin)
+            parsed.attach_secrets(lambda name: use_secret(ext, name, where))
 
         sent = parsed.wire_bytes()
         # A job run's own network bytes ([jobs] max_network_bytes): taken whole before anything
@@ -764,7 +768,8 @@ class HttpBroker:
         # it as they are read (MeteredSocket).
         allowance = run_allowance.current(ext.id)
         if allowance is not None and not allowance.reserve(sent):
-            raise HostStatus(Status.QUOTA_EXCEEDED)
+            spent = "the job run's [jobs] max_network_bytes is spent"
+            raise refused(ext, Status.QUOTA_EXCEEDED, origin, spent)
         if not state.inflight.acquire(blocking=False):
             if allowance is not None:
                 allowance.refund(sent)
@@ -773,19 +778,30 @@ class HttpBroker:
         try:
             # budgets: the host's budget first; its action may refuse the request.
             governor.charge_request(ext, sent)
-        except BaseException:
+        except BaseException as exc:
             state.inflight.release()
             if allowance is not None:
                 allowance.refund(sent)
+            if isinstance(exc, HostStatus):
+                spent = (
+                    "its network budget (network_bytes_per_hour, from the manifest's [http] "
+                    "bytes_per_hour or the host's policy) is spent for now"
+                )
+                raise refused(ext, exc.status, origin, spent) from None
             raise
         try:
             # The request's bytes are counted before it is sent, through the grant table: none
             # is counted under a grant that a returned revocation withdrew.
             authorised, fits = ext.commit(capability, lambda: state.quota.reserve(sent))
             if not authorised:
-                raise HostStatus(Status.DENIED)
+                raise refused(ext, Status.DENIED, origin, "its http grant was revoked")
             if not fits:
-                raise HostStatus(Status.QUOTA_EXCEEDED)
+                raise refused(
+                    ext,
+                    Status.QUOTA_EXCEEDED,
+                    origin,
+                    "the extension's hourly http bytes ([http] bytes_per_hour) are spent",
+                )
         except BaseException:
             governor.refund(ext, Resource.NETWORK_BYTES_PER_HOUR, sent)
             state.inflight.release()
@@ -832,7 +848,9 @@ class HttpBroker:
         assert exchange.result is not None
         return exchange.result
 
-    def _addresses(self, origin: Origin, allow_local: bool) -> Sequence[str]:
+    def _addresses(
+        self, origin: Origin, allow_local: bool, ext: ExtensionView
+    ) -> Sequence[str]:
         """The checked addresses to connect to: every address the name has must pass."""
         if origin.is_ip_literal:
             addresses: Sequence[str] = [origin.host]
@@ -844,8 +862,9 @@ class HttpBroker:
         if not addresses or len(addresses) > MAX_RESOLVED_ADDRESSES:
             raise HostStatus(Status.UNAVAILABLE)
         for address in addresses:
-            if not isinstance(address, str) or address_refusal(address, allow_local) is not None:
-                raise HostStatus(Status.DENIED)
+            why = address_refusal(address, allow_local) if isinstance(address, str) else None
+            if not isinstance(address, str) or why is not None:
+                raise refused(ext, Status.DENIED, origin, _address_reason(address, why))
         return addresses
 
     def _exchange(
@@ -865,7 +884,7 @@ class HttpBroker:
         from urllib3 import HTTPHeaderDict
 
         origin = request.target.origin
-        addresses = self._addresses(origin, allow_local)
+        addresses = self._addresses(origin, allow_local, state.ext)
         # Every header the host counted, so the client adds none (see USER_AGENT).
         headers = HTTPHeaderDict()
         for name, value in request.wire_headers():
@@ -1028,3 +1047,34 @@ def scope_patterns(scope: Mapping[str, Any]) -> list[OriginPattern] | None:
         except NetPolicyError as exc:
             raise ConfigError(f"http scope: origin {text[:80]!r}: {exc}") from None
     return patterns
+
+
+def refused(ext: ExtensionView, status: Status, origin: object, reason: str) -> HostStatus:
+    """The status a refused request answers, with a line in the extension's log (source
+    ``host``) naming the origin and why: the guest sees only DENIED or QUOTA_EXCEEDED, and its
+    own error says no more, so the embedder (and ``wasihost run``, which prints the log) reads
+    the cause there."""
+    ext.log.append(Level.WARN, f"http: refused a request to {origin}: {reason}", source="host")
+    return HostStatus(status)
+
+
+def _not_allowed(manifest_origins: object, patterns: object) -> str:
+    if not manifest_origins:
+        return "the manifest lists no [http] allowed_origins, so no origin is allowed"
+    if patterns:
+        return (
+            "the origin is not one of the manifest's [http] allowed_origins that the grant's "
+            "scope (origins) also allows"
+        )
+    return "the origin is not one of the manifest's [http] allowed_origins"
+
+
+def _address_reason(address: object, why: str | None) -> str:
+    if why is None or why == "not an address":
+        return f"the resolver answered {str(address)[:64]!r}, which is not an address"
+    if why == "metadata":
+        return f"it resolves to {address}, a cloud metadata address, never reached"
+    return (
+        f"it resolves to {address}, a {why} address, reached only with the grant's scope "
+        "allow_local_network = true"
+    )
