@@ -62,7 +62,7 @@ def test_out_of_fuel_and_deadline_name_their_flags(capsys: pytest.CaptureFixture
         capsys, "run", compute, "run", "--input", '{"n": 25}', "--fuel", "2000", "--no-cache"
     )
     assert code == 1 and "error: out_of_fuel" in err
-    assert "hint: raise the budget with --fuel N (this run had 2000)" in err
+    assert "hint: it ran out of fuel: raise --fuel N (this run had 2000)" in err
     spin = str(FIXTURES / "spin")
     code, _, err = run_cli(
         capsys, "run", spin, "run", "--timeout-ms", "50", "--fuel", "10000000000", "--no-cache"
@@ -197,8 +197,19 @@ def test_install_refuses_a_silent_downgrade_and_reports_real_grants(
 
 
 def test_version_order_is_semver_precedence() -> None:
-    ordered = ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2",
-               "1.0.0-beta.11", "1.0.0-rc.1", "1.0.0", "1.0.1+build.5", "1.10.0", "2.0.0"]
+    ordered = [
+        "1.0.0-alpha",
+        "1.0.0-alpha.1",
+        "1.0.0-alpha.beta",
+        "1.0.0-beta",
+        "1.0.0-beta.2",
+        "1.0.0-beta.11",
+        "1.0.0-rc.1",
+        "1.0.0",
+        "1.0.1+build.5",
+        "1.10.0",
+        "2.0.0",
+    ]
     shuffled = ordered[5:] + ordered[:5]
     assert sorted(shuffled, key=version_order) == ordered
     assert version_order("1.0.0+a") == version_order("1.0.0+b")
@@ -249,3 +260,21 @@ def test_an_input_the_codec_refuses_says_so_with_its_remedy_in_python(
         assert ext.call("echo", "still fine") == "still fine"
     assert refused.value.message == f"command input: {says}"
     assert refused.value.hint is not None and hint in refused.value.hint
+
+
+def test_a_call_out_of_fuel_or_time_says_which_and_what_raises_it_in_python() -> None:
+    """Issue 35 item 4: a looping guest's failure names the budget it ran out of, and the
+    manifest key or call argument that raises that one."""
+    from wasihost.core.errors import CallError, FailureClass
+
+    with Host(Policy(allow=set()), cache_dir=None) as host:
+        spin = host.load(FIXTURES / "spin", fuel=10**10)
+        with pytest.raises(CallError) as late:
+            spin.call("run", timeout_ms=50)
+        with pytest.raises(CallError) as hungry:
+            spin.call("run", fuel=100_000)
+    assert late.value.failure is FailureClass.DEADLINE
+    assert late.value.hint is not None and "timeout_ms" in late.value.hint
+    assert "fuel_per_call" not in late.value.hint
+    assert hungry.value.failure is FailureClass.OUT_OF_FUEL
+    assert hungry.value.hint is not None and "fuel_per_call" in hungry.value.hint

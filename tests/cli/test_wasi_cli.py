@@ -105,7 +105,11 @@ def test_options_after_the_module_belong_to_the_guest(
         (["--dir", "/no/such/dir", str(PROBE)], UsageError, "not a directory"),
         (["--env", "NOEQUALS", str(PROBE)], UsageError, "not K=V"),
         (["--random-seed", "zz", str(PROBE)], UsageError, "--random-seed 'zz' is not hex"),
-        (["--random-seed", "00", str(PROBE)], UsageError, "--random-seed is 1 bytes; it must be 16"),
+        (
+            ["--random-seed", "00", str(PROBE)],
+            UsageError,
+            "--random-seed is 1 bytes; it must be 16",
+        ),
         (["--stdin", "/no/such/file", str(PROBE)], UsageError, "--stdin /no/such/file"),
         (["--max-write-bytes", "-5", str(PROBE)], UsageError, "--max-write-bytes must be in 0"),
         (["--fuel", "0", str(PROBE)], UsageError, "--fuel must be in 1..100000000000, got 0"),
@@ -188,10 +192,15 @@ def test_a_run_out_of_fuel_or_time_names_the_flag(capsys: pytest.CaptureFixture[
     the most a run may have, says that instead."""
     assert main(["wasi", "--cache-dir", str(CACHE_DIR), "--fuel", "1000000", str(LIBC),
                  "lines:300000"]) == 1  # fmt: skip
-    assert "hint: raise the budget with --fuel N (this run had 1000000)" in capsys.readouterr().err
+    assert (
+        "hint: it ran out of fuel: raise --fuel N (this run had 1000000)" in capsys.readouterr().err
+    )
     assert main(["wasi", "--cache-dir", str(CACHE_DIR), "--timeout-ms", "200", str(PROBE),
                  "sleep:10000000000"]) == 1  # fmt: skip
-    assert "hint: raise --timeout-ms (this run had 200 ms)" in capsys.readouterr().err
+    assert (
+        "hint: it ran past its deadline: raise --timeout-ms (this run had 200 ms)"
+        in capsys.readouterr().err
+    )
     most = str(resource_limits.MAX_FUEL_PER_CALL)
     assert budget_hint(FailureClass.OUT_OF_FUEL, int(most), 1000) == (
         f"this run had {most} fuel, the most --fuel allows"

@@ -59,11 +59,17 @@ def budget_hint(failure: FailureClass | None, fuel: int, timeout_ms: int) -> str
     if failure is FailureClass.OUT_OF_FUEL:
         if fuel >= limits.MAX_FUEL_PER_CALL:
             return f"this run had {fuel} fuel, the most --fuel allows"
-        return f"raise the budget with --fuel N (this run had {fuel})"
+        return (
+            f"it ran out of fuel: raise --fuel N (this run had {fuel}); a guest that loops "
+            "forever runs out of any budget"
+        )
     if failure is FailureClass.DEADLINE:
         if timeout_ms >= limits.MAX_TIMEOUT_MS:
             return f"this run had {timeout_ms} ms, the most --timeout-ms allows"
-        return f"raise --timeout-ms (this run had {timeout_ms} ms)"
+        return (
+            f"it ran past its deadline: raise --timeout-ms (this run had {timeout_ms} ms); a "
+            "guest that loops forever runs past any deadline"
+        )
     return None
 
 

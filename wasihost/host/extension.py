@@ -197,6 +197,17 @@ def _load_call_async() -> Callable[..., Coroutine[Any, Any, Any]]:
 
 # The failures of a call that may be at a level's static limit, reported to the governor
 # (a trap or panic only with the memory at its limit, see Extension._level_failure).
+# Which budget a call ran out of, and what raises it (the CLI says the same in its flags).
+_BUDGET_HINTS = {
+    FailureClass.OUT_OF_FUEL: (
+        "the call used all its fuel: raise [resources] fuel_per_call in extension.toml, or pass "
+        "call(..., fuel=N); a guest that loops forever runs out of any budget"
+    ),
+    FailureClass.DEADLINE: (
+        "the call ran past its deadline: raise [resources] timeout_ms in extension.toml, or "
+        "pass call(..., timeout_ms=N); a guest that loops forever runs past any deadline"
+    ),
+}
 _LEVEL_FAILURES = frozenset(
     {FailureClass.OUT_OF_FUEL, FailureClass.MEMORY_LIMIT, FailureClass.TRAP, FailureClass.PANIC}
 )
@@ -1596,6 +1607,8 @@ class Extension:
                 self._crash(f"{exc.failure.value}: {exc.message}", exc.failure)
             if exc.failure is FailureClass.OUTPUT_TOO_LARGE:
                 raise self._output_too_large(exc) from None
+            if exc.hint is None and exc.failure in _BUDGET_HINTS:
+                exc.hint = _BUDGET_HINTS[exc.failure]
         elif not isinstance(exc, WasihostError):
             self._crash(f"interrupted: {type(exc).__name__}")
 
