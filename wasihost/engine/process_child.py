@@ -453,8 +453,8 @@ def _freeze_heap() -> None:
     out of the cyclic collector's reach; what is made later is still collected. A full
     collection of that heap took 3-6 ms here, and the host charges a call for the child's CPU
     past CPU_ALLOWANCE_NS (1 ms, engine/process.py): one landing in a small call would charge
-    its extension millions of fuel its guest never used."""
-    gc.collect()
+    its extension millions of fuel its guest never used. No collection first: it would cost
+    every child's start those milliseconds, for the little garbage the imports leave."""
     gc.freeze()
 
 
