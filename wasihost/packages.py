@@ -11,34 +11,7 @@
     packages.install("my-extension.whpkg", state_dir="/var/lib/app", trust="release/bars.pub")
 """
 
-from wasihost.host.packages import (
-    Packed,
-    Signed,
-    Verified,
-    install,
-    keygen,
-    not_checked_here,
-    pack,
-    remove,
-    rollback,
-    sign,
-    state_host,
-    update,
-    verify,
-)
+from wasihost.host import packages as _home
+from wasihost.host.packages import *  # noqa: F403
 
-__all__ = [
-    "Packed",
-    "Signed",
-    "Verified",
-    "install",
-    "keygen",
-    "not_checked_here",
-    "pack",
-    "remove",
-    "rollback",
-    "sign",
-    "state_host",
-    "update",
-    "verify",
-]
+__all__ = _home.__all__
