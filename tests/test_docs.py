@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import shutil
@@ -68,7 +69,8 @@ ALL_BLOCKS = [b for page in PAGES for b in blocks(page)]
 # Blocks not run, with the reason: by language (toml is parsed below, the mermaid diagram is
 # checked by test_lifecycle, the rest are not programs), then one by one.
 NOT_RUN_LANGS = {
-    "rust": "guest code, not compiled here: the fixtures make the same SDK calls (fixtures/build)",
+    "rust": "guest code: test_rust_blocks_compile_as_guests builds each for wasm32 (a whole "
+    "guest as it is, a fragment inside a function of one)",
     "toml": "manifests: test_the_manifest_reference_* and test_manifest_fragments_* parse them",
     "mermaid": "generated from lifecycle.TRANSITIONS; test_lifecycle checks it is current",
     "json": "a schema sketch with placeholders; test_bench_cli checks the real --json output",
@@ -818,3 +820,112 @@ def test_manifest_fragments_are_valid_in_a_manifest(block: Block) -> None:
         | {"myapp.read", "myapp.write"}
     )
     manifest.parse_manifest(text, known)
+
+
+# -- Rust blocks -------------------------------------------------------------------------------
+
+# A crate of the docs' Rust: its manifest (the SDK from this checkout, the fixtures' release
+# profile) and, for the fragments, the guest they are compiled inside.
+_RUST_CRATE = """[package]
+name = "{name}"
+version = "0.1.0"
+edition = "2021"
+
+[lib]
+crate-type = ["cdylib"]
+
+[dependencies]
+wasihost-guest = {{ path = "{sdk}" }}
+
+[profile.release]
+opt-level = "z"
+panic = "abort"
+"""
+_FRAGMENT_HOST = """#![allow(dead_code, unused_imports, unused_variables, unused_mut)]
+wasihost_guest::guest! {{
+    id: "org.example.docs",
+    version: "0.1.0",
+    abi: "1.1",
+    features: [],
+    commands: {{ "noop" => noop }}
+}}
+
+fn noop(_input: wasihost_guest::Value) -> Result<wasihost_guest::Value, wasihost_guest::Error> {{
+    Ok(wasihost_guest::Value::Null)
+}}
+{fragments}
+"""
+
+
+def test_rust_blocks_compile_as_guests(tmp_path: Path) -> None:
+    """Every Rust block of the docs builds for wasm32 against this checkout's SDK: a whole
+    guest (one with ``guest!``) as it is, a fragment inside a function of a guest, with the
+    SDK's names in scope (issue 35 item 6: docs/http.md's example did not compile). The SDK's
+    own README is compiled by its doctests (tests/test_fixtures.py)."""
+    from tests.support.common import rust_toolchain_missing
+
+    missing = rust_toolchain_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    rust = [b for b in ALL_BLOCKS if b.lang == "rust"]
+    assert rust, "no Rust block found: the parser changed"
+    crates: dict[str, str] = {}
+    fragments = []
+    for n, block in enumerate(rust):
+        where = f"{block.page}:{block.line}"
+        if "guest!" in block.text:
+            crates[f"guest{n}"] = f"// {where}\n{block.text}"
+        else:
+            body = "".join(f"    {line}\n" for line in block.text.splitlines())
+            fragments.append(
+                f"// {where}\nfn fragment{n}() -> Result<(), wasihost_guest::Error> {{\n"
+                f"    use wasihost_guest::*;\n{body}    Ok(())\n}}\n"
+            )
+    crates["fragments"] = _FRAGMENT_HOST.format(fragments="\n".join(fragments))
+    shutil.copytree(ROOT / ".cargo", tmp_path / ".cargo")
+    env = {**os.environ, "CARGO_TARGET_DIR": str(tmp_path / "target"), "RUST_BACKTRACE": "0"}
+    failed = []
+    for name, source in crates.items():
+        crate = tmp_path / name
+        (crate / "src").mkdir(parents=True)
+        (crate / "Cargo.toml").write_text(_RUST_CRATE.format(name=name, sdk=ROOT / "guest-sdk"))
+        (crate / "src" / "lib.rs").write_text(source)
+        proc = subprocess.run(
+            ["/usr/bin/cargo", "build", "--release", "--offline", "--quiet",
+             "--target", "wasm32-unknown-unknown"],
+            cwd=crate, env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            failed.append(f"{name} ({source.splitlines()[0]}):\n{proc.stderr[-3000:]}")
+    assert not failed, "\n\n".join(failed)
+
+
+def sdk_capability_rows() -> list[str]:
+    """guest-sdk/README.md's capability table, from the registry: each capability of ABI 1.x
+    a guest can request, the minor that brought it, and the host functions it serves."""
+    from wasihost.host.defaults import default_registry
+
+    served: dict[str, list[tuple[str, str]]] = {}
+    for entry in default_registry().majors[1].functions:
+        served.setdefault(entry.capability, []).append((str(entry.since), entry.name))
+    rows = []
+    for capability, entries in sorted(served.items()):
+        if capability == "core":
+            continue  # always granted, never requested
+        since = min(version for version, _ in entries)
+        names = ", ".join(f"`{name}`" for _, name in entries)
+        rows.append(f"| `{capability}` | {since} | {names} |")
+    return rows
+
+
+def test_the_sdk_readme_lists_the_registrys_capabilities() -> None:
+    """Generated, so it cannot go stale (issue 35 item 6: it named log, clock and random
+    only, two ABI minors after storage, http and the rest)."""
+    readme = (ROOT / "guest-sdk" / "README.md").read_text()
+    start = "<!-- capabilities: generated from the registry; do not edit by hand -->\n"
+    end = "<!-- end of capabilities -->"
+    table = readme[readme.index(start) + len(start) : readme.index(end)].splitlines()
+    expected = ["| capability | since ABI | host functions |", "| --- | --- | --- |"]
+    expected += sdk_capability_rows()
+    assert table == expected, "guest-sdk/README.md's table should read:\n" + "\n".join(expected)
+
