@@ -146,25 +146,19 @@ def _registering(spec: str) -> Any:
 
 
 def with_application_functions(host: Host, args: argparse.Namespace, *, widen_policy: bool) -> Host:
-    """``host`` with the application's functions of ``--functions`` registered (the host is
-    closed if that fails). ``widen_policy``: a host whose policy allows what it serves allows
-    those too."""
-    import attrs
+    """``host`` with the application's functions of ``--functions`` registered
+    (host/packages.py, register_functions)."""
+    from ..host.packages import register_functions
 
     spec = getattr(args, "functions", None)
     if spec is None:
         return host
     try:
-        before = host.registry.capabilities()
-        _registering(spec)(host)
-        added = host.registry.capabilities() - before
-        if widen_policy and added:
-            # Nothing has run on this new host: widening what it allows changes no grant.
-            host.policy = attrs.evolve(host.policy, allow=host.policy.allow | added)
+        register = _registering(spec)
     except BaseException:
         host.close()
         raise
-    return host
+    return register_functions(host, register, widen_policy=widen_policy)
 
 
 def _state_dir(args: argparse.Namespace) -> Path:

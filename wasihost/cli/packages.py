@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 from ..core.terminal import printable
 from ..host import packages
 from ..packaging.names import PACKAGE_SUFFIX
-from ..packaging.package import is_archive, open_archive
+from ..packaging.package import is_archive
 from .common import MAX_REVOCATION_DAYS, UsageError
 from .options import _revocations, _ssh, _state_flag, _state_host, _trust
 
 if TYPE_CHECKING:
+    from ..host.runtime import Host
     from ..store.state import InstalledPackage
 
 
@@ -32,21 +33,17 @@ def _say_unchecked(names: tuple[str, ...] | list[str]) -> None:
         )
 
 
-def _source_unchecked(source: str | Path) -> tuple[str, ...]:
-    """What an install or update source requests that was not checked here, for the note
-    above only (the host checked the package itself); nothing when it cannot be read again."""
+def _installed_unchecked(host: Host, installed: InstalledPackage) -> tuple[str, ...]:
+    """What the package just installed requests that was not checked here, read from its
+    installed copy (host/updates.py, installed_requests), for the note above only; nothing
+    when it cannot be read again."""
     from ..core.errors import WasihostError
-    from ..packaging.package import manifest_text, parse_manifest_bytes
+    from ..host.updates import installed_requests
 
-    known = packages.known_capabilities()
     try:
-        if is_archive(source):
-            manifest = open_archive(Path(source), known)[1]
-        else:
-            manifest = parse_manifest_bytes(manifest_text(Path(source)), known)
-    except (WasihostError, OSError):
+        return tuple(packages.known_capabilities().unchecked(installed_requests(host, installed)))
+    except WasihostError:
         return ()
-    return packages.not_checked_here(manifest)
 
 
 def _ssh_pair(args: argparse.Namespace) -> dict[str, Any]:
@@ -68,7 +65,7 @@ def _cmd_update(args: argparse.Namespace) -> int:
         )
         before = pkg.previous.version if pkg.previous is not None else "?"
         print(f"updated {pkg.id} {before} -> {pkg.version}{_signed_by(pkg)}")
-        _say_unchecked(_source_unchecked(args.source))
+        _say_unchecked(_installed_unchecked(host, pkg))
         print(f"roll back with: wasihost rollback {pkg.id}{_state_flag(args)}")
     return 0
 
@@ -97,7 +94,7 @@ def _cmd_install(args: argparse.Namespace) -> int:
             f"installed {pkg.id} {pkg.version} (sha256 {pkg.sha256[:16]}{_signed_by(pkg)}) "
             f"into {pkg.path}"
         )
-        _say_unchecked(_source_unchecked(args.source))
+        _say_unchecked(_installed_unchecked(host, pkg))
         held = sorted(host.grants.state(pkg.id).entries)
         if held:
             print(f"it holds the grants it had: {', '.join(held)}")

@@ -195,8 +195,6 @@ def _load_call_async() -> Callable[..., Coroutine[Any, Any, Any]]:
     return call_async
 
 
-# The failures of a call that may be at a level's static limit, reported to the governor
-# (a trap or panic only with the memory at its limit, see Extension._level_failure).
 # Which budget a call ran out of, and what raises it (the CLI says the same in its flags).
 _BUDGET_HINTS = {
     FailureClass.OUT_OF_FUEL: (
@@ -208,6 +206,8 @@ _BUDGET_HINTS = {
         "pass call(..., timeout_ms=N); a guest that loops forever runs past any deadline"
     ),
 }
+# The failures of a call that may be at a level's static limit, reported to the governor
+# (a trap or panic only with the memory at its limit, see Extension._level_failure).
 _LEVEL_FAILURES = frozenset(
     {FailureClass.OUT_OF_FUEL, FailureClass.MEMORY_LIMIT, FailureClass.TRAP, FailureClass.PANIC}
 )

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..store.state import InstalledPackage
     from .runtime import Host
 
+
 def known_capabilities() -> OpenCapabilities:
     """What these functions read a manifest against: the built-in registry's capabilities and
     every namespaced application capability, taken on trust (none of them runs the guest)."""
@@ -241,11 +242,20 @@ def state_host(
     host = Host(policy, cache_dir=None, state_dir=directory, brokers=brokers)
     if functions is None:
         return host
+    return register_functions(host, functions, widen_policy=True)
+
+
+def register_functions(
+    host: Host, functions: Callable[[Host], object], *, widen_policy: bool
+) -> Host:
+    """``host`` once ``functions(host)`` registered an application's functions on it; the
+    host is closed if that fails. ``widen_policy``: a host whose policy allows what it serves
+    (a state directory's, the CLI's for a WASI command) allows the new capabilities too."""
     try:
         before = host.registry.capabilities()
         functions(host)
         added = host.registry.capabilities() - before
-        if added:
+        if widen_policy and added:
             # Nothing has run on this new host: widening what it allows changes no grant.
             host.policy = attrs.evolve(host.policy, allow=host.policy.allow | added)
     except BaseException:
@@ -340,6 +350,7 @@ __all__ = [
     "known_capabilities",
     "not_checked_here",
     "pack",
+    "register_functions",
     "remove",
     "rollback",
     "sign",
