@@ -18,6 +18,7 @@ from wasihost.core.errors import CallError, FailureClass
 from wasihost.core.limits import Action, Resource
 from wasihost.core.manifest import parse_manifest
 from wasihost.core.settings import EngineSettings
+from wasihost.engine import process
 from wasihost.host.defaults import default_registry
 from wasihost.host.extension import Extension
 from wasihost.host.policy import Policy
@@ -71,6 +72,16 @@ def burner(end: str, *, start: bool = False) -> bytes:
     # The command's loop counter: a local of wasihost_call.
     entry = "(param $in_len i32) (result i64)"
     return build(wat.replace(entry, f"{entry} (local $i i32)", 1))
+
+
+@pytest.fixture(autouse=True)
+def _fuel_claims_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under --runtime=process the host also bills a child's CPU time beyond its fuel claim
+    (process.FUEL_PER_CPU_NS, tested in test_process_runtime.py). These loops' millisecond is
+    at that bill's allowance, and a fresh child's first call now and then takes a millisecond
+    or two more (a stack overflow's unwinding, pages first touched), which the bill rightly
+    charges: it is off here, so these tests pin what a call's fuel claim is charged."""
+    monkeypatch.setattr(process, "FUEL_PER_CPU_NS", 0)
 
 
 @pytest.fixture
