@@ -476,6 +476,7 @@ def _python_cases(tmp: Path) -> dict[tuple[str, str], dict[str, object]]:
         },
         ("docs/embedding.md", "from wasihost import AsyncHost, Policy"): {"async": True},
         ("docs/budgets.md", "from wasihost import Host"): {},
+        ("docs/grants.md", "from wasihost import Host, Policy"): {},
         ("docs/packages.md", "import shutil"): {
             "suffix": "assert verified.publisher == 'acme.example'\n"
             "assert installed.signer == 'acme.example'\nshutil.rmtree(work)\n",

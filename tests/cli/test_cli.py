@@ -598,3 +598,18 @@ def test_granting_what_an_extension_already_holds_writes_no_journal_line(
     finally:
         store.close()
     assert sorted(grants) == ["clock scope {} epoch 2", "log scope {} epoch 1"]
+
+
+def test_granting_what_the_installed_version_does_not_request_says_it_gives_nothing_yet(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The grant rule (docs/grants.md) gives only what the manifest requests: a grant kept for
+    a later version is taken, and said to give nothing until then (before: said nothing)."""
+    state = ("--state-dir", str(tmp_path))
+    assert run_cli(capsys, "install", str(FIXTURES / "hello"), *state)[0] == 0
+    ext = "org.wasihost.fixtures.hello"
+    code, out, err = run_cli(capsys, "grants", "grant", ext, "random", *state)
+    assert code == 0 and f"granted random to {ext}" in out
+    assert "does not request random: the grant gives it nothing until a version" in err
+    code, out, err = run_cli(capsys, "grants", "grant", ext, "clock", *state)
+    assert code == 0 and "note:" not in err

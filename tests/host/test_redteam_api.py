@@ -278,7 +278,7 @@ def test_every_public_method_answers_a_wrong_argument_with_a_wasihost_error() ->
                 lambda bad=bad: ext.run_command(fuel=bad),
                 lambda bad=bad: host.grant(bad, "log"),
                 lambda bad=bad: host.grant(ECHO_ID, bad),
-                lambda bad=bad: host.grant(ECHO_ID, "log", bad),
+                lambda bad=bad: host.grant(other.id, "log", bad),
                 lambda bad=bad: host.revoke(bad, "log"),
                 lambda bad=bad: host.reinstate(bad),
                 lambda bad=bad: host.extension(bad),
@@ -302,7 +302,7 @@ def test_every_public_method_answers_a_wrong_argument_with_a_wasihost_error() ->
                 if other.lifecycle.state.value == "paused":
                     other.resume()
         assert ext.call("echo", "after") == "after"
-        host.grant(ECHO_ID, "log")
+        host.grant(other.id, "log")
         assert ext.call("echo", 2) == 2
 
 

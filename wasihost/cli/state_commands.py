@@ -46,6 +46,8 @@ def _cmd_grants(args: argparse.Namespace) -> int:
                     raise UsageError(f"--scope: {exc}") from None
             epoch = host.grant(ext, args.capability, scope)
             print(f"granted {args.capability} to {ext} (epoch {epoch})")
+            if pending_note is None:
+                pending_note = _unrequested_note(host, ext, args.capability)
         elif args.grants_cmd == "revoke":
             epoch = host.revoke(ext, args.capability, args.reason)
             what = args.capability or "everything (the extension is revoked)"
@@ -95,6 +97,27 @@ def _cmd_grants(args: argparse.Namespace) -> int:
         if pending_note is not None:
             print(pending_note, file=sys.stderr)
     return 0
+
+
+def _unrequested_note(host: Host, ext: str, capability: str) -> str | None:
+    """What to say of a grant the installed version's manifest does not request: kept, for a
+    later version that requests it, but it gives nothing now (docs/grants.md)."""
+    from ..core.errors import WasihostError
+    from ..host.updates import installed_requests
+
+    installed = host.require_state().package(ext)
+    if installed is None:
+        return None
+    try:
+        requested = installed_requests(host, installed)
+    except WasihostError:
+        return None  # an unreadable install is the status command's to report
+    if capability in requested:
+        return None
+    return (
+        f"note: {printable(ext)} {printable(installed.version)} does not request "
+        f"{capability}: the grant gives it nothing until a version that requests it"
+    )
 
 
 def _status_of(host: Host, ext: str) -> dict[str, Any]:

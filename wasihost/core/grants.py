@@ -21,6 +21,7 @@ persist a change before the change becomes visible in memory.
 
 from __future__ import annotations
 
+import enum
 import functools
 import json
 import threading
@@ -54,6 +55,7 @@ def _refuse_reentry(extension: str) -> ConfigError:
         "(a ctx.commit action or a log sink): that waits for itself; do it after the commit"
     )
 
+
 Committer = Callable[..., tuple[bool, Any]]
 """``commit(epoch, action, *args) -> (authorised, action's result or None)``: see
 :meth:`GrantTable.committer`."""
@@ -86,6 +88,32 @@ class Grant:
 
     def allows(self, capability: str) -> bool:
         return capability == CORE_CAPABILITY or capability in self.capabilities
+
+
+class GrantOrigin(enum.StrEnum):
+    """Where a capability an extension holds came from (docs/grants.md: the grant rule)."""
+
+    MANIFEST = "manifest"
+    """The manifest requests it and the load named no ``grants``: a host without a state
+    directory grants everything the manifest requests that its policy allows."""
+    LOAD = "load"
+    """Named by the load's ``grants`` (a bare module's whole request; with a state directory,
+    written to the grant table by that load)."""
+    GRANT = "grant"
+    """The grant table: ``Host.grant`` or ``wasihost grants grant``, after or before the load
+    (with a state directory, every grant the table held before this load)."""
+
+
+@attrs.frozen
+class GrantInfo:
+    """One capability an extension holds now: where it came from, since when, its scope and
+    whether its manifest requires it (:attr:`Extension.grants`)."""
+
+    capability: str
+    origin: GrantOrigin
+    since_epoch: int
+    scope: Mapping[str, Any]
+    required: bool
 
 
 @attrs.frozen

@@ -14,6 +14,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
@@ -32,7 +33,7 @@ from ..core.errors import (
     WasihostError,
 )
 from ..core.extlog import ExtensionLog, LogRecord
-from ..core.grants import Grant, GrantState
+from ..core.grants import Grant, GrantInfo, GrantOrigin, GrantState
 
 # Moved to core.lifecycle (call_gate raises it too); exported from here too (``as``: an
 # explicit re-export, for mypy).
@@ -247,6 +248,10 @@ class Extension:
         self.runtime = "in-process"
         self.plan = plan
         self.grant = grant
+        # Where each capability of the admission's grant came from, and the epoch it was
+        # granted at: one granted anew after it is the grant table's (Extension.grants).
+        self._grant_origins: Mapping[str, GrantOrigin] = {}
+        self._origins_epoch = grant.epoch
         self.resources = resources
         self._compiled = compiled
         sink = host.log_sink
@@ -403,6 +408,34 @@ class Extension:
 
         gate.peek = peek  # type: ignore[attr-defined]
         return gate
+
+    def admitted_grants(self, origins: Mapping[str, GrantOrigin], epoch: int) -> None:
+        """The host's word, at admission, on where each capability granted came from."""
+        self._grant_origins = dict(origins)
+        self._origins_epoch = epoch
+
+    @property
+    def grants(self) -> Mapping[str, GrantInfo]:
+        """The capabilities this extension holds now (requested ∩ granted ∩ allowed, the grant
+        rule of docs/grants.md), each with where it came from, the epoch since which it has
+        been held without a break, its scope, and whether the manifest requires it."""
+        entries = self.host.grants.state(self._id).entries
+        required = self.manifest.required if self.manifest is not None else frozenset()
+        held: dict[str, GrantInfo] = {}
+        for capability in sorted(self.grant.capabilities):
+            entry = entries.get(capability)
+            since = entry.since_epoch if entry is not None else self.grant.epoch
+            origin = GrantOrigin.GRANT
+            if since <= self._origins_epoch:  # held since the admission, unbroken
+                origin = self._grant_origins.get(capability, GrantOrigin.GRANT)
+            held[capability] = GrantInfo(
+                capability,
+                origin,
+                since,
+                entry.scope_value if entry is not None else {},
+                capability in required,
+            )
+        return MappingProxyType(held)
 
     def grant_scopes(self) -> dict[str, dict[str, Any]]:
         """The scopes of the capabilities this extension holds now (brokers shape from them)."""

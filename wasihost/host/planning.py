@@ -37,6 +37,7 @@ from .policy import (
 if TYPE_CHECKING:
     from ..core.grants import Grant
 
+
 def resolve_runtime(package: Package, override: str | None, policy: Policy) -> str:
     """The mode an extension runs under: the caller's ``override``, else the policy's, else
     the ``WASIHOST_RUNTIME`` environment variable, else what its manifest asks. A manifest
@@ -217,11 +218,17 @@ def _grant_of(
     granted: frozenset[str] | None,
     epoch: int,
 ) -> Grant:
-    """The effective grant of a package: the operator's grant table (``granted``) capped by
-    the policy, or the policy's answer to what the manifest requests and the caller's
-    ``grants`` name."""
+    """The effective grant of a package: requested ∩ granted ∩ allowed (docs/grants.md).
+
+    ``granted`` is the operator's grant table (a host with a state directory, or a grant
+    change): the load's ``grants`` join it. Without it, the load's ``grants`` are the
+    optional capabilities given (all of them when it names none) beside the required."""
     manifest = package.manifest
+    asked = None if grants is None else frozenset(grants)
+    if asked is not None:
+        _check_asked(package, registry, policy, asked)
     if granted is not None:
+        granted = granted | (asked or frozenset())
         required = manifest.required if manifest is not None else frozenset()
         requested = (manifest.required | manifest.optional) if manifest is not None else granted
         missing = sorted(required - granted)
@@ -229,36 +236,54 @@ def _grant_of(
             raise AdmissionError(
                 [
                     f"required capability {c!r} is not granted "
-                    f"(Host.grant({package.name!r}, {c!r}))"
+                    f"(Host.grant({package.name!r}, {c!r}), or name it in the load's grants)"
                     for c in missing
                 ],
                 ungranted=tuple(missing),
             )
-        grant = effective_grant(required, requested & granted, policy, epoch=epoch)
-    elif manifest is not None:
-        grant = effective_grant(manifest.required, manifest.optional, policy)
-        asked = set(grants or ())
-        requested = manifest.required | manifest.optional
-        # Two causes, two remedies: the manifest does not ask for it, or the policy does not
-        # allow what it asks for (one message named the manifest for both).
-        problems = [
-            f"grant {c!r} was not requested by the manifest (a guest that uses it lists it in "
-            "extension.toml's [capabilities] optional)"
-            for c in sorted(asked - requested)
-        ] + [
-            f"grant {c!r} is requested by the manifest but not allowed by the host's policy "
-            f"(Policy(allow=...) does not name it: add {c!r} there to grant it)"
-            for c in sorted((asked & requested) - policy.allow)
-        ]
-        if problems:
-            raise AdmissionError(problems)
-    else:
-        requested = frozenset(grants or ())
-        unknown = sorted(requested - registry.capabilities())
+        return effective_grant(required, requested & granted, policy, epoch=epoch)
+    if manifest is not None:
+        return effective_grant(manifest.required, load_choice(package, asked), policy)
+    return effective_grant(asked or (), (), policy)
+
+
+def load_choice(package: Package, grants: Iterable[str] | None) -> frozenset[str]:
+    """What a load gives a package, before the policy: the manifest's required capabilities
+    and the optional ones its ``grants`` name (all of them when it names none); for a bare
+    module, its ``grants``, which are its whole request. A host without a state directory
+    keeps this as the extension's grant-table record, so that a later policy allowing more
+    widens the grant without a reload."""
+    asked = None if grants is None else frozenset(grants)
+    manifest = package.manifest
+    if manifest is None:
+        return asked or frozenset()
+    return manifest.required | (manifest.optional if asked is None else asked)
+
+
+def _check_asked(
+    package: Package, registry: Registry, policy: Policy, asked: frozenset[str]
+) -> None:
+    """Refuse a load's ``grants`` naming what cannot be given, each with its own remedy."""
+    manifest = package.manifest
+    if manifest is None:
+        unknown = sorted(asked - registry.capabilities())
         if unknown:
             raise AdmissionError([f"unknown capability {c!r}" for c in unknown])
-        grant = effective_grant(requested, (), policy)
-    return grant
+        return
+    requested = manifest.required | manifest.optional
+    # Two causes, two remedies: the manifest does not ask for it, or the policy does not
+    # allow what it asks for (one message named the manifest for both).
+    problems = [
+        f"grant {c!r} was not requested by the manifest (a guest that uses it lists it in "
+        "extension.toml's [capabilities] optional)"
+        for c in sorted(asked - requested)
+    ] + [
+        f"grant {c!r} is requested by the manifest but not allowed by the host's policy "
+        f"(Policy(allow=...) does not name it: add {c!r} there to grant it)"
+        for c in sorted((asked & requested) - policy.allow)
+    ]
+    if problems:
+        raise AdmissionError(problems)
 
 
 def _plan_native(

@@ -34,7 +34,7 @@ from ..core.errors import (
     WasihostError,
 )
 from ..core.extlog import LogSink
-from ..core.grants import Grant, GrantTable, withdrawn
+from ..core.grants import Grant, GrantOrigin, GrantTable, withdrawn
 from ..core.lifecycle import ExtensionRevoked, State, check_reason, clip_reason
 from ..core.manifest import NATIVE_RUNTIME, Resources
 from ..core.registry import (
@@ -66,7 +66,7 @@ from .options import (
     check_package,
     iterable_option,
 )
-from .planning import is_native, plan_package, resolve_runtime, unsigned_refusal
+from .planning import is_native, load_choice, plan_package, resolve_runtime, unsigned_refusal
 from .policy import IN_PROCESS, PREFER_PROCESS, PROCESS_ONLY, Policy
 
 # What only some hosts use is imported where it is used: the state store (sqlite3) with a state
@@ -1089,6 +1089,14 @@ class Host:
         steps = [("verify package", f"sha256 {package.sha256[:16]}")]
         mode = resolve_runtime(package, runtime, self.policy)
         plan, grant, resources = self.plan(package, grants=grants, fuel=fuel, timeout_ms=timeout_ms)
+        held_before = frozenset(self.grants.state(package.name).entries)
+        if (
+            self.state is not None
+            and grants is not None
+            and self._write_load_grants(package.name, frozenset(grants) - held_before)
+        ):
+            # Planned again on the table as written: its epoch is the one calls check.
+            plan, grant, resources = self.plan(package, fuel=fuel, timeout_ms=timeout_ms)
         native = is_native(package)
         try:
             grow_probed = False
@@ -1104,10 +1112,24 @@ class Host:
             version = package.manifest.version if package.manifest else "a bare module"
             replacing.close(f"replaced by {version}")
         if self.state is None:
-            # A stateless host's grant is the policy's answer at admission, recorded so that
-            # revocations and the commit-time check work the same way as with durable state.
-            epoch = self.grants.reset(package.name, grant.capabilities)
+            # A stateless host's grant table records what the load gives (before the policy,
+            # which the grant rule applies live: a policy allowing more later widens it), so
+            # that revocations and the commit-time check work as with durable state.
+            chosen = load_choice(package, grants)
+            epoch = self.grants.reset(package.name, chosen)
             grant = Grant(grant.capabilities, epoch)
+            # Over the whole record, not only what the policy allows now: a policy allowing
+            # more later gives what the load chose, with the load's origin.
+            origin = GrantOrigin.MANIFEST if grants is None else GrantOrigin.LOAD
+            origins = dict.fromkeys(chosen, origin)
+            if package.manifest is not None:  # required: given whatever the load names
+                origins.update(dict.fromkeys(package.manifest.required, GrantOrigin.MANIFEST))
+        else:
+            loaded = frozenset(grants or ()) - held_before
+            origins = {
+                c: GrantOrigin.LOAD if c in loaded else GrantOrigin.GRANT
+                for c in self.grants.state(package.name).entries
+            }
         steps += [
             ("check revocation state", "not revoked"),
             ("load manifest", package.manifest.id if package.manifest else "bare module"),
@@ -1129,6 +1151,7 @@ class Host:
             self, package, plan, grant, resources, compiled, backend, grow_probed=grow_probed
         )
         ext.runtime = mode
+        ext.admitted_grants(origins, grant.epoch)
         for step, detail in steps:
             ext.record_step(step, detail)
         return ext
@@ -1206,14 +1229,44 @@ class Host:
             check_wasi_scope(capability, scope or {})
         else:
             self.functions.check_scope(capability, scope or {})
+        unrequested = self._not_requested(extension, capability)
         before = self.grants.epoch(extension)
         epoch = self.grants.grant(extension, capability, scope)
         # A grant it already holds, with the same scope, changes nothing (the epoch stays):
         # an application that grants at every start would otherwise grow the journal by a
         # line per start.
         if epoch != before:
-            self.journal(extension, "grant", f"{capability} scope {scope or {}} epoch {epoch}")
+            detail = f"{capability} scope {scope or {}} epoch {epoch}"
+            if unrequested:
+                detail += " (not requested by the running version's manifest: no effect yet)"
+            self.journal(extension, "grant", detail)
         return epoch
+
+    def _not_requested(self, extension: str, capability: str) -> bool:
+        """Whether the extension admitted here under ``extension`` has a manifest that does not
+        request ``capability``: the grant rule (requested ∩ granted ∩ allowed) gives it
+        nothing. A host without a state directory refuses such a grant (its table is the
+        admission's, and a later version is admitted with its own answer); with one, it is
+        kept for a later version that requests it, and the journal says it does nothing yet."""
+        ext = self.extension(extension)
+        manifest = ext.manifest if ext is not None else None
+        if manifest is None or capability in manifest.required | manifest.optional:
+            return False
+        if self.state is None:
+            raise ConfigError(
+                f"{extension}'s manifest does not request {capability!r}, so a grant of it "
+                "would give it nothing: list it in extension.toml's [capabilities] optional "
+                "(and enable the guest SDK's feature for it), then load the new version"
+            )
+        return True
+
+    def _write_load_grants(self, extension: str, capabilities: frozenset[str]) -> bool:
+        """A load's ``grants`` on a host with a state directory: written to the grant table as
+        :meth:`grant` writes them (durable and journalled), after the plan that checked them
+        passed. Whether any was new."""
+        for capability in sorted(capabilities):
+            self.grant(extension, capability)
+        return bool(capabilities)
 
     def _requested_application(self, extension: str, capability: str) -> bool:
         """Whether ``capability`` is an application capability this host does not serve that
