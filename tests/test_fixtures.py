@@ -234,6 +234,7 @@ def test_host_keeps_serving_after_every_hostile_fixture(host: Host) -> None:
     assert ext.call("echo", "still here") == "still here"
 
 
+@pytest.mark.soak
 @pytest.mark.toolchain
 @pytest.mark.skipif(
     fixture_toolchain_missing() is not None, reason=str(fixture_toolchain_missing())

@@ -39,6 +39,7 @@ from wasihost.packaging.package import load_package
 POLICY = Policy(allow={"events", "log"})
 # Generous: a drain or a gate only waits this long when something is broken.
 WAIT_S = 10.0
+MANY_DELIVERIES_WAIT_S = 120.0
 FIXTURE_EVENTS = """[events]
 classes = ["orders.*", "audit.login"]
 command = "on_event"
@@ -810,7 +811,9 @@ def test_concurrent_publishers_account_for_every_event(host: Host, tmp_path: Pat
         thread.start()
     for thread in threads:
         thread.join()
-    drained(host)
+    # Up to 800 deliveries, each a call: under the process runtime on a loaded machine (the
+    # suite on every core) they took past WAIT_S. What is checked is the accounting.
+    assert events_of(host).drain(MANY_DELIVERIES_WAIT_S)
     for ext, depth in ((good, 4), (bad, 64)):
         stats = events_of(host).stats(ext.id)["orders.*"]
         assert stats.accepted + stats.missed == 4 * per_thread

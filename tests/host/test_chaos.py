@@ -11,6 +11,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from tests.support.common import ALL_CAPS, FIXTURES
 from wasihost.core.errors import AdmissionError, CallError, ConfigError, WasihostError
 from wasihost.core.lifecycle import ExtensionRevoked, ExtensionUnavailable, LifecycleError
@@ -36,6 +38,7 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.soak
 def test_chaos_of_calls_and_operator_actions() -> None:
     threads_before = threading.active_count()
     fds_before = open_fds()

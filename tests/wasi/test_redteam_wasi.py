@@ -268,6 +268,11 @@ RESOLUTION_NS = 1_000_000  # the policy's default clock resolution
 CLOCK_IMPORT = f'(import "{MODULE}" "clock_time_get" (func $clock (param i32 i64 i32) (result i32)))'
 
 
+# How far apart two readings one call makes back to back may be on a loaded machine: a
+# preemption or two of the thread between them, rounded up to the clock's resolution.
+PREEMPTION_SLACK_NS = 50 * RESOLUTION_NS
+
+
 def _clock_reader() -> bytes:
     """A wasihost-ABI guest whose command answers the readings of clocks 1, 2 and 3 (monotonic,
     process and thread cputime) as one CBOR byte string of three little-endian u64s."""
@@ -311,10 +316,12 @@ def test_cputime_clocks_say_nothing_about_the_hosts_other_work() -> None:
         busy.start()
         busy.join()  # another tenant's work, on another thread
         for mono, process, thread in (first, _in_thread(lambda: _readings(ext)), _readings(ext)):
-            # They read as the monotonic clock, whatever the thread: read a moment after it,
-            # at most one resolution step on.
-            assert 0 <= process - mono <= RESOLUTION_NS, (mono, process, thread)
-            assert 0 <= thread - mono <= RESOLUTION_NS, (mono, process, thread)
+            # They read as the monotonic clock, whatever the thread: read a moment after it.
+            # On a loaded machine (the suite on every core) that moment can hold a preemption
+            # of a few milliseconds; the host's other work read as the break did is the busy
+            # thread's CPU, hundreds of them (or, from another thread, about 2**64).
+            assert 0 <= process - mono <= PREEMPTION_SLACK_NS, (mono, process, thread)
+            assert 0 <= thread - mono <= PREEMPTION_SLACK_NS, (mono, process, thread)
 
 
 # --- poll_oneoff never waits on credit --------------------------------------------------------
