@@ -84,7 +84,9 @@ def evicting_host(
 
 
 def echo(host: Host) -> Extension:
-    return host.admit(bare(ECHO), grants=())
+    # A deadline with room for a loaded machine: under --runtime=process each first call starts
+    # a child, with up to MANY of them alive.
+    return host.admit(bare(ECHO), grants=(), timeout_ms=10_000)
 
 
 def live(*exts: Extension) -> int:

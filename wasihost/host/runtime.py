@@ -1263,9 +1263,13 @@ class Host:
     def _write_load_grants(self, extension: str, capabilities: frozenset[str]) -> bool:
         """A load's ``grants`` on a host with a state directory: written to the grant table as
         :meth:`grant` writes them (durable and journalled), after the plan that checked them
-        passed. Whether any was new."""
+        against the manifest being loaded passed (so not against the version running, which
+        an update replaces). Whether any was new."""
+        if capabilities:
+            self.sync_grants()  # as Host.grant: never write over another host's change
         for capability in sorted(capabilities):
-            self.grant(extension, capability)
+            epoch = self.grants.grant(extension, capability)
+            self.journal(extension, "grant", f"{capability} scope {{}} epoch {epoch} (load)")
         return bool(capabilities)
 
     def _requested_application(self, extension: str, capability: str) -> bool:
