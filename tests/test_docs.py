@@ -253,16 +253,17 @@ def test_readme_quick_start_prints_the_documented_greeting(
     """README.md's quick start: the install is the test environment's; the run is checked."""
     (install_and_run, tests) = shell_commands(block_at("README.md", "python3 -m venv"))
     assert tests == "python3 -m pytest -n auto"
-    # .ci/run runs the same test command (README.md says so), then again with the process
-    # runtime as the default, and with the compiled call path off, then the soak tests under
-    # both runtimes (README.md says all of it).
+    # .ci/run runs the same test command (README.md says so), then again with the compiled
+    # call path off, and on one worker with the process runtime as the default, then the soak
+    # tests under both runtimes (README.md says all of it).
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    one_worker = tests.removesuffix(" -n auto")
     assert [line for line in ci if "pytest" in line and not line.startswith("#")] == [
         tests,
-        f"{tests} --runtime=process",
         f"WASIHOST_FASTCALL=0 {tests}",
+        f"{one_worker} --runtime=process",
         f"{tests} --soak -m soak",
-        f"{tests} --soak -m soak --runtime=process",
+        f"{one_worker} --soak -m soak --runtime=process",
     ]
     readme_text = " ".join((ROOT / "README.md").read_text().split())
     assert f"`WASIHOST_FASTCALL=0 {tests}`" in readme_text
