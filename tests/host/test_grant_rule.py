@@ -10,6 +10,7 @@ capability the admitted manifest does not request was taken and gave nothing.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,33 @@ def test_a_bare_modules_grants_are_its_request(tmp_path: Path, state: bool) -> N
         ext = host.load(ECHO_WASM, grants=["clock"])
         ext.call("echo", 1)
         assert {c: i.origin for c, i in ext.grants.items()} == {"clock": GrantOrigin.LOAD}
+
+
+@pytest.mark.parametrize("state", [False, True], ids=["no state directory", "state directory"])
+def test_a_loads_grants_given_as_an_iterator_are_read_once_and_mean_the_same(
+    tmp_path: Path, state: bool
+) -> None:
+    """Before: the plan read the iterator and the grant table's record read it again, empty,
+    so the extension's grant named clock and its record did not (its calls were refused)."""
+    with Host(BOTH, state_dir=tmp_path if state else None, cache_dir=None) as host:
+        ext = host.load(HELLO, grants=iter(["log", "clock"]) if state else iter(["clock"]))
+        assert set(origins(ext)) == {"log", "clock"}
+        assert {"log", "clock"} <= set(host.grants.state(HELLO_ID).entries)
+        assert ext.grants["clock"].origin is GrantOrigin.LOAD
+
+
+@pytest.mark.parametrize(
+    ("grants", "says"),
+    [
+        (5, "not int"),
+        ([["clock"]], "not list"),
+        ([1], "not int 1"),
+        ([b"clock"], "not bytes b'clock'"),
+        ("clock", "not 'clock'"),
+    ],
+)
+def test_a_loads_grants_of_the_wrong_kind_are_a_config_error(grants: object, says: str) -> None:
+    with Host(BOTH, cache_dir=None) as host:
+        with pytest.raises(ConfigError, match=f"grants must be .*{re.escape(says)}"):
+            host.load(HELLO, grants=grants)  # type: ignore[arg-type]
+        assert host.extension(HELLO_ID) is None

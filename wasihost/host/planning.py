@@ -121,9 +121,7 @@ def plan_package(
     profile may grow to (``WasiOptions.max_memory_bytes``); a profile it does not name gives
     ``limits.DEFAULT_COMMAND_MAX_MEMORY_BYTES``.
     """
-    if isinstance(grants, (str, bytes)):
-        # A string is an iterable of one-letter "capabilities": always a caller's mistake.
-        raise ConfigError(f"grants must be a collection of capability names, not {grants!r}")
+    grants = grant_names(grants)
     check_package_policy(package, policy)
     manifest = package.manifest
     if manifest is not None and manifest.runtime == NATIVE_RUNTIME:
@@ -208,6 +206,28 @@ def _with_requests(exc: AdmissionError, manifest: Manifest | None) -> AdmissionE
         unserved=exc.unserved,
         unrequested=tuple(unrequested),
     )
+
+
+def grant_names(grants: object) -> frozenset[str] | None:
+    """A load's ``grants`` as the set of names it is, read once: an iterator read twice (the
+    plan, then the grant table's record) gave the second reader nothing. None stays None."""
+    if grants is None:
+        return None
+    if isinstance(grants, (str, bytes)):
+        # A string is an iterable of one-letter "capabilities": always a caller's mistake.
+        raise ConfigError(f"grants must be a collection of capability names, not {grants!r}")
+    if not isinstance(grants, Iterable):
+        raise ConfigError(
+            f"grants must be a collection of capability names, not {type(grants).__name__}"
+        )
+    names = tuple(grants)
+    wrong = [name for name in names if not isinstance(name, str)]
+    if wrong:
+        raise ConfigError(
+            f"grants must be capability names (strings), not {type(wrong[0]).__name__} "
+            f"{wrong[0]!r}"
+        )
+    return frozenset(names)
 
 
 def _grant_of(

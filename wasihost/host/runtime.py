@@ -66,7 +66,14 @@ from .options import (
     check_package,
     iterable_option,
 )
-from .planning import is_native, load_choice, plan_package, resolve_runtime, unsigned_refusal
+from .planning import (
+    grant_names,
+    is_native,
+    load_choice,
+    plan_package,
+    resolve_runtime,
+    unsigned_refusal,
+)
 from .policy import IN_PROCESS, PREFER_PROCESS, PROCESS_ONLY, Policy
 
 # What only some hosts use is imported where it is used: the state store (sqlite3) with a state
@@ -1014,6 +1021,7 @@ class Host:
         runtime: str | None = None,
     ) -> Extension:
         check_package(package)
+        grants = grant_names(grants)  # once: the plan and the grant table's record read it
         name = package.name
         with self._lock:
             if self.closed:
